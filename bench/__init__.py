@@ -1,0 +1,1 @@
+"""Benchmarks of turnledger: turn storage cost, cold start (and the sweep); see RESULTS.md."""

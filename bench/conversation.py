@@ -1,0 +1,202 @@
+"""One benchmark conversation: deterministic messages and replies, a controlled clock,
+and the storage side of every turn measured through :class:`bench.metered.MeteredStore`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from turnledger.config import Settings
+from turnledger.exceptions import ConversationBusy
+from turnledger.models import ConversationKey, Usage
+from turnledger.pipeline import Caller, Conversations
+from turnledger.providers.base import ModelReply, ModelRequest, Provider
+from turnledger.schemas import TurnRequest
+from turnledger.store.blobs import BlobStore
+from turnledger.store.codec import A_BODY, Item
+
+from bench.metered import Commit, MeteredStore
+from bench.pricing import IndexSpec, item_size
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+USER_CHARS = 300
+REPLY_CHARS = 700
+TENANT = "bench"
+#: A conflict on a conversation nobody else writes would be a bug; it is counted and retried.
+_ATTEMPTS = 3
+
+
+_WORDS = (
+    "ledger", "turn", "state", "head", "event", "commit", "durable", "context", "window",
+    "model", "reply", "user", "conversation", "storage", "partition", "query", "capacity",
+    "append", "record", "offload", "payload", "tenant", "lambda", "table", "bucket",
+    "version", "optimistic", "lock", "transaction", "sequence", "budget",
+)  # fmt: skip
+
+
+def text_of(seed: str, chars: int) -> str:
+    """``chars`` characters of word-like text, the same for the same ``seed``."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    length = 0
+    while length < chars:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        length += len(word) + 1
+    return " ".join(words)[: chars - 1].rstrip().ljust(chars - 1, "x") + "."
+
+
+class BenchProvider(Provider):
+    """A model that answers every request with ``REPLY_CHARS`` characters, offline."""
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        last = request.messages[-1].content or ""
+        reply = text_of(f"reply:{last}", REPLY_CHARS)
+        words = sum(len((m.content or "").split()) for m in request.messages)
+        return ModelReply(
+            text=reply,
+            usage=Usage(input_tokens=words, output_tokens=len(reply.split())),
+            model=request.model,
+        )
+
+
+class BenchClock:
+    """A clock that moves only when told.
+
+    It starts half a second past the current hour, and a turn advances it one
+    second, so a 1000-turn run stays within one hour: the expiry-index key (the
+    hour the conversation expires in) moves only where a run asks for it.
+    """
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC).replace(minute=0, second=0, microsecond=500_000)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` ahead."""
+        self.now += timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class TurnSample:
+    """The storage side of one turn."""
+
+    turn: int
+    reported_wcu: float
+    reported_rcu: float
+    read_calls: int
+    write_calls: int
+    priced_wcu: float
+    #: The part of ``priced_wcu`` spent on index entries.
+    priced_index_wcu: float
+    priced_rcu: float
+    items_read: int
+    #: The largest ``Limit`` the turn's queries asked for.
+    page_limit: int
+    #: Stored events the model was sent (the messages minus this turn's user message).
+    context_events: int
+    storage_ms: float
+    user_bytes: int
+    assistant_bytes: int
+    head_bytes: int
+
+
+@dataclass
+class Conversation:
+    """One conversation driven by the benchmark, with its own store, clock and service."""
+
+    conversation_id: str
+    store: MeteredStore
+    clock: BenchClock
+    service: Conversations
+    commits: list[Commit] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)
+    conflicts: int = 0
+
+    @classmethod
+    def open(
+        cls,
+        conversation_id: str,
+        client: DynamoDBClient,
+        blobs: BlobStore,
+        settings: Settings,
+        indexes: Sequence[IndexSpec],
+    ) -> Conversation:
+        """A fresh conversation in ``settings.table_name``."""
+        store = MeteredStore(client, settings.table_name, blobs, indexes)
+        clock = BenchClock()
+        service = Conversations(
+            store=store, provider=BenchProvider(), settings=settings, clock=clock
+        )
+        return cls(conversation_id, store, clock, service)
+
+    def turn(self, number: int, *, gap_seconds: float = 1.0) -> TurnSample:
+        """Run turn ``number``, ``gap_seconds`` after the previous one; measure its storage.
+
+        A ``conversation_busy`` is counted and the turn retried.
+
+        Raises:
+            ConversationBusy: every attempt conflicted.
+        """
+        self.clock.advance(gap_seconds)
+        text = text_of(f"user:{self.conversation_id}:{number}", USER_CHARS)
+        for attempt in range(_ATTEMPTS):
+            before = self.store.meter.snapshot()
+            work = self.store.begin()
+            try:
+                response = self.service.turn(
+                    Caller(tenant=TENANT, actor="bench-user"),
+                    self.conversation_id,
+                    TurnRequest(input=text),
+                )
+                break
+            except ConversationBusy:
+                self.conflicts += 1
+                if attempt == _ATTEMPTS - 1:
+                    raise
+        used = self.store.meter.since(before)
+        self.sent.append(text)
+        self.commits.extend(work.commits)
+        last = work.commits[-1]
+        sizes = {_kind(item): item_size(item) for item in last.events}
+        return TurnSample(
+            turn=response.turn,
+            reported_wcu=used.write_units,
+            reported_rcu=used.read_units,
+            read_calls=used.read_calls,
+            write_calls=used.write_calls,
+            priced_wcu=work.priced_wcu,
+            priced_index_wcu=work.priced_index_wcu,
+            priced_rcu=work.priced_rcu,
+            items_read=work.items_read,
+            page_limit=max(work.query_limits, default=0),
+            context_events=response.context.messages_sent - 1,
+            storage_ms=work.seconds * 1000,
+            user_bytes=sizes.get("user_message", 0),
+            assistant_bytes=sizes.get("assistant_message", 0),
+            head_bytes=item_size(last.head),
+        )
+
+    def is_intact(self) -> bool:
+        """True when the stored transcript is exactly this conversation's turns, in order."""
+        key = ConversationKey(tenant=TENANT, conversation_id=self.conversation_id)
+        head = self.store.get_head(key)
+        turns = len(self.sent)
+        if head is None or head.turn != turns or head.event_count != 2 * turns:
+            return False
+        events = self.store.read_events(key, head, after=0, limit=2 * turns)
+        users = [e.payload["content"] for e in events if e.kind == "user_message"]
+        return users == self.sent and all(e.conversation_id == self.conversation_id for e in events)
+
+
+def _kind(item: Item) -> str:
+    return str(json.loads(item[A_BODY])["kind"])

@@ -1,0 +1,119 @@
+"""DynamoDB's billing rules, applied to the items the store reads and writes.
+
+DynamoDB Local reports ``ConsumedCapacity`` for ``PutItem``, ``GetItem`` and
+``Query`` by these same rules, but not for ``TransactWriteItems`` (it reports
+4 x the units of one item, whatever the item count), so the benchmark prices
+every request itself from the byte size of the items involved:
+
+* an item's size is the UTF-8 bytes of its attribute names and values (a
+  number: one byte per two significant digits, plus one);
+* a standard write costs 1 WCU per started KiB of the item; inside a
+  transaction every item is written twice (prepare and commit): 2 WCU per KiB;
+* a strongly consistent query costs 1 RCU per started 4 KiB of all the items
+  it read (the whole items, whatever it projects); at least 1;
+* a global secondary index entry (keys only, well under 1 KiB) costs 1 WCU to
+  put or delete, 2 to move when its key changes, nothing when unchanged. Index
+  updates propagate after the transaction commits; they are priced here at the
+  standard rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeSerializer
+from turnledger.local.template import load_template, table_definition
+from turnledger.store.codec import Item
+
+from tests.support.aws import TABLE_RESOURCE
+
+#: A write unit covers one started KiB of an item; a strongly consistent read unit 4 KiB.
+WRITE_UNIT_BYTES = 1024
+READ_UNIT_BYTES = 4096
+#: Every item of a TransactWriteItems is written twice (prepare and commit).
+TRANSACTION_FACTOR = 2
+
+
+def attribute_size(value: Any) -> int:
+    """The bytes DynamoDB counts for one attribute value (its name is counted apart).
+
+    Strings count their UTF-8 bytes; numbers one byte per two significant digits
+    plus one.
+
+    Raises:
+        TypeError: a type the store never writes.
+    """
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, int | float | Decimal):
+        digits = Decimal(value).normalize().as_tuple().digits
+        significant = len(digits) if any(digits) else 1
+        return math.ceil(significant / 2) + 1
+    raise TypeError(f"no size rule for {type(value).__name__}")
+
+
+def item_size(item: Item) -> int:
+    """The size of an item as DynamoDB counts it: attribute names plus values."""
+    return sum(len(name.encode()) + attribute_size(value) for name, value in item.items())
+
+
+def write_units(size: int) -> int:
+    """Write units of one standard write of an item of ``size`` bytes."""
+    return max(1, math.ceil(size / WRITE_UNIT_BYTES))
+
+
+def read_units(total_bytes: int) -> int:
+    """Read units of one strongly consistent query that read ``total_bytes`` of items."""
+    return max(1, math.ceil(total_bytes / READ_UNIT_BYTES))
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """A global secondary index: its key attributes (``KEYS_ONLY`` projection)."""
+
+    name: str
+    key_attributes: tuple[str, ...]
+
+    def entry(self, item: Item | None) -> tuple[Any, ...] | None:
+        """The index entry ``item`` has (its key values), ``None`` when it is not indexed."""
+        if item is None or any(a not in item for a in self.key_attributes):
+            return None
+        return tuple(item[a] for a in self.key_attributes)
+
+    def write_units(self, old: Item | None, new: Item) -> int:
+        """Index writes of replacing ``old`` by ``new``: entries are small (1 WCU each).
+
+        An unchanged entry costs nothing (only keys are projected); a new or
+        removed one costs one write; a moved one (key changed) two.
+        """
+        before, after = self.entry(old), self.entry(new)
+        if before == after:
+            return 0
+        return 2 if before is not None and after is not None else 1
+
+
+def index_specs() -> list[IndexSpec]:
+    """The conversations table's indexes, as ``template.yaml`` declares them."""
+    definition = table_definition(load_template(), TABLE_RESOURCE, "any")
+    specs = []
+    for index in definition.get("GlobalSecondaryIndexes", []):
+        if index["Projection"]["ProjectionType"] != "KEYS_ONLY":
+            raise ValueError(f"index {index['IndexName']}: only KEYS_ONLY is priced here")
+        specs.append(
+            IndexSpec(
+                name=index["IndexName"],
+                key_attributes=tuple(k["AttributeName"] for k in index["KeySchema"]),
+            )
+        )
+    return specs
+
+
+def to_wire(item: Item) -> dict[str, Any]:
+    """``item`` in DynamoDB's wire format (for requests the benchmark makes itself)."""
+    serializer = TypeSerializer()
+    return {name: serializer.serialize(value) for name, value in item.items()}

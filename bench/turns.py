@@ -1,0 +1,257 @@
+"""Storage cost of the turn pipeline: capacity units, round trips and time per turn.
+
+Drives one conversation to ``--turns`` turns (a 300-character user message and
+a 700-character reply each) through :class:`~turnledger.pipeline.Conversations`
+over the DynamoDB store, against DynamoDB Local (the table built from
+``template.yaml``) with S3 on moto's server; then a few turns an hour apart,
+and 20 conversations at once on threads. The section ``## Turn storage cost``
+of ``bench/RESULTS.md`` is rewritten with the results (:mod:`bench.turns_report`).
+
+Every write is reported twice, because the two differ: as DynamoDB Local
+reported it (the store's :class:`~turnledger.store.base.CapacityMeter`) and as
+DynamoDB prices it (:mod:`bench.pricing`, from the size of each item).
+
+Run from the repository root: ``.venv/bin/python -m bench.turns`` (or ``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from moto.server import ThreadedMotoServer
+from turnledger.config import Settings
+from turnledger.local.template import PROJECT_ROOT, load_template, table_definition
+from turnledger.store.blobs import BlobStore, S3BlobStore
+from turnledger.store.codec import Item
+
+from bench.conversation import Conversation, TurnSample
+from bench.metered import Commit
+from bench.pricing import (
+    TRANSACTION_FACTOR,
+    IndexSpec,
+    index_specs,
+    item_size,
+    to_wire,
+    write_units,
+)
+from bench.results import command_line, write_section
+from bench.turns_report import (
+    CUMULATIVE_AT,
+    MARKED_TURNS,
+    Calibration,
+    Floor,
+    HeadCheck,
+    ParallelRun,
+    Results,
+    render,
+)
+from tests.support.aws import (
+    TABLE_RESOURCE,
+    aws_clients,
+    create_bucket,
+    create_conversations_table,
+    unique_name,
+)
+from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+SECTION = "Turn storage cost"
+#: Turns of the conversation whose turns come an hour apart.
+IDLE_TURNS = 12
+
+
+def scratch_table(client: DynamoDBClient) -> str:
+    """A table with the conversations table's keys and no index: it prices items alone."""
+    definition = table_definition(load_template(), TABLE_RESOURCE, unique_name("scratch"))
+    definition.pop("GlobalSecondaryIndexes", None)
+    keys = {k["AttributeName"] for k in definition["KeySchema"]}
+    definition["AttributeDefinitions"] = [
+        a for a in definition["AttributeDefinitions"] if a["AttributeName"] in keys
+    ]
+    client.create_table(**definition)
+    return str(definition["TableName"])
+
+
+def put_item_units(client: DynamoDBClient, table: str, item: Item) -> float:
+    """The write units DynamoDB Local reports for one PutItem of ``item``."""
+    response = client.put_item(TableName=table, Item=to_wire(item), ReturnConsumedCapacity="TOTAL")
+    return float(response.get("ConsumedCapacity", {}).get("CapacityUnits", 0.0))
+
+
+def measure_floor(client: DynamoDBClient, table: str, commits: Sequence[Commit]) -> Floor:
+    """PutItem every event item of ``commits`` alone, as the cheapest layout would."""
+    events = [item for commit in commits for item in commit.events]
+    reported = 0.0
+    computed = 0
+    agreeing = 0
+    for item in events:
+        units = put_item_units(client, table, item)
+        expected = write_units(item_size(item))
+        reported += units
+        computed += expected
+        agreeing += units == expected
+    return Floor(len(events), reported, computed, agreeing)
+
+
+def calibrate(client: DynamoDBClient, table: str) -> list[Calibration]:
+    """Transactions of a few item counts and sizes: what DynamoDB Local reports for them."""
+    found = []
+    for count, size in ((1, 500), (3, 500), (10, 500), (3, 1500)):
+        items: list[Item] = [
+            {"pk": f"calibration-{count}-{size}", "sk": f"{n:04d}", "d": "x" * size}
+            for n in range(count)
+        ]
+        response = client.transact_write_items(
+            TransactItems=[{"Put": {"TableName": table, "Item": to_wire(i)}} for i in items],
+            ReturnConsumedCapacity="TOTAL",
+        )
+        reported = sum(float(c.get("CapacityUnits", 0.0)) for c in response["ConsumedCapacity"])
+        priced = TRANSACTION_FACTOR * sum(write_units(item_size(i)) for i in items)
+        found.append(Calibration(count, item_size(items[0]), reported, priced))
+    return found
+
+
+def run_parallel(
+    client: DynamoDBClient,
+    blobs: BlobStore,
+    settings: Settings,
+    indexes: Sequence[IndexSpec],
+    *,
+    conversations: int,
+    turns: int,
+) -> ParallelRun:
+    """``conversations`` threads, each driving its own conversation ``turns`` turns at once."""
+    start = threading.Barrier(conversations)
+
+    def drive(index: int) -> tuple[Conversation, list[TurnSample]]:
+        conversation = Conversation.open(f"parallel-{index:02d}", client, blobs, settings, indexes)
+        start.wait()  # every thread begins together, so their turns interleave
+        return conversation, [conversation.turn(n) for n in range(1, turns + 1)]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=conversations) as pool:
+        done = list(pool.map(drive, range(conversations)))
+    seconds = time.perf_counter() - started
+    return ParallelRun(
+        conversations=conversations,
+        turns=turns,
+        conflicts=sum(c.conflicts for c, _ in done),
+        intact=sum(c.is_intact() for c, _ in done),
+        seconds=seconds,
+        samples=[s for _, samples in done for s in samples],
+    )
+
+
+def ddb_local_version(jar: Path) -> str:
+    """DynamoDB Local's version, from the release notes next to the jar (and its npm package)."""
+    readme = jar.parent / "README.txt"
+    match = re.search(r"\((\d+\.\d+\.\d+)\)", readme.read_text()) if readme.is_file() else None
+    version = match.group(1) if match else "(unknown version)"
+    makefile = PROJECT_ROOT / "Makefile"
+    npm = re.search(r"^DDB_VERSION\s*:=\s*(\S+)", makefile.read_text(), re.MULTILINE)
+    package = f" (npm amplify-dynamodb-simulator {npm.group(1)})" if npm else ""
+    return f"{version}{package}"
+
+
+def run(turns: int, parallel: int, parallel_turns: int) -> Results:
+    """Start the engines, drive the conversations, measure the floor; return everything."""
+    jar = find_jar()
+    indexes = index_specs()
+    s3_port = free_port()
+    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
+    # The S3 server's request log would drown the progress lines.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    s3_server.start()
+    try:
+        with DynamoDBLocal(jar) as ddb:
+            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
+            bucket = create_bucket(clients.s3)
+            # Only the names differ from the defaults: the context budget is the deployed one.
+            settings = Settings(
+                table_name=create_conversations_table(clients.dynamodb), bucket_name=bucket
+            )
+            blobs = S3BlobStore(clients.s3, bucket)
+            db = clients.dynamodb
+
+            long = Conversation.open("bench-long", db, blobs, settings, indexes)
+            started = time.perf_counter()
+            samples = []
+            for number in range(1, turns + 1):
+                samples.append(long.turn(number))
+                if number % 100 == 0:
+                    print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
+            seconds = time.perf_counter() - started
+
+            scratch = scratch_table(db)
+            floor = measure_floor(db, scratch, long.commits[: min(CUMULATIVE_AT, turns)])
+            heads = [
+                HeadCheck(n, item_size(head), put_item_units(db, scratch, head))
+                for n in MARKED_TURNS
+                if n <= turns
+                for head in [long.commits[n - 1].head]
+            ]
+            calibration = calibrate(db, scratch)
+
+            idle = Conversation.open("bench-idle", db, blobs, settings, indexes)
+            idle_samples = [idle.turn(n, gap_seconds=3601) for n in range(1, IDLE_TURNS + 1)]
+
+            parallel_run = None
+            if parallel > 0 and parallel_turns > 0:
+                print(f"  {parallel} conversations x {parallel_turns} turns at once")
+                parallel_run = run_parallel(
+                    db, blobs, settings, indexes, conversations=parallel, turns=parallel_turns
+                )
+    finally:
+        s3_server.stop()
+    return Results(
+        ddb_version=ddb_local_version(jar),
+        settings=settings,
+        samples=samples,
+        seconds=seconds,
+        floor=floor,
+        heads=heads,
+        calibration=calibration,
+        idle=idle_samples,
+        parallel=parallel_run,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and rewrite its section of ``bench/RESULTS.md``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.turns", description=__doc__)
+    parser.add_argument("--turns", type=int, default=1000, help="turns of the long conversation")
+    parser.add_argument("--parallel", type=int, default=20, help="conversations run at once")
+    parser.add_argument(
+        "--parallel-turns", type=int, default=20, help="turns of each parallel conversation"
+    )
+    parser.add_argument(
+        "--print-only", action="store_true", help="print the section, leave RESULTS.md alone"
+    )
+    args = parser.parse_args(argv)
+    if args.turns < 1:
+        parser.error("--turns must be at least 1")
+    print(f"turn storage benchmark: {args.turns} turns", flush=True)
+    results = run(args.turns, args.parallel, args.parallel_turns)
+    command = command_line("bench.turns", sys.argv[1:] if argv is None else argv)
+    markdown = render(results, command)
+    if args.print_only:
+        print(markdown)
+    else:
+        write_section(SECTION, markdown)
+        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

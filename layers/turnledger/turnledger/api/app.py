@@ -1,0 +1,240 @@
+"""The HTTP API: Powertools event handler routes over :class:`Conversations`.
+
+Each route parses (Powertools validates path, query and body against the
+pydantic models, which also make the OpenAPI document), calls the service
+and answers. Every failure answers the contract's error shape
+``{"error": {"code", "message", "details"}}`` through the exception handlers
+below; nothing chooses a status by matching message text.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from .. import __version__
+from ..exceptions import (
+    InvalidConversationId,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestValidationFailed,
+    TurnledgerError,
+    Unauthorized,
+)
+from ..observability import logger, metrics, timed
+from ..pipeline import Caller
+from ..runtime import get_runtime
+from ..schemas import (
+    ApprovalRequest,
+    ConversationView,
+    EventsPage,
+    PurgeReportView,
+    TurnRequest,
+    TurnResponse,
+)
+from .idempotency import idempotent
+
+CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+ConversationId = Annotated[
+    str, Path(pattern=CONVERSATION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
+]
+
+app = APIGatewayHttpResolver(enable_validation=True)
+
+
+def _error(exc: TurnledgerError) -> Response[str]:
+    return Response(
+        status_code=exc.status,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps(exc.to_body()),
+    )
+
+
+def caller() -> Caller:
+    """The verified identity of the current request (JWT authorizer claims).
+
+    Raises:
+        Unauthorized: no claims, or no tenant claim.
+    """
+    settings = get_runtime().settings
+    context = app.current_event.raw_event.get("requestContext") or {}
+    claims = ((context.get("authorizer") or {}).get("jwt") or {}).get("claims") or {}
+    tenant = claims.get(settings.tenant_claim)
+    if not isinstance(tenant, str) or not tenant:
+        raise Unauthorized(f"no verified identity with a {settings.tenant_claim!r} claim")
+    actor = claims.get("sub")
+    return Caller(tenant=tenant, actor=str(actor) if actor else "anonymous")
+
+
+def _idempotency_key() -> str | None:
+    return app.current_event.headers.get("idempotency-key") or None
+
+
+@app.post("/v1/conversations/<conversation_id>/turns")
+def post_turn(
+    conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
+) -> TurnResponse:
+    """Run one turn: append the input, call the model, run or pause tools, persist, answer."""
+    who = caller()
+    logger.append_keys(tenant=who.tenant, conversation_id=conversation_id)
+    service = get_runtime().conversations
+    with timed("TurnLatency"):
+        return idempotent(
+            key=_idempotency_key(),
+            scope=(who.tenant, conversation_id, "turns"),
+            body=request.model_dump(mode="json"),
+            run=lambda: service.turn(who, conversation_id, request),
+            parse=TurnResponse.model_validate,
+        )
+
+
+@app.post("/v1/conversations/<conversation_id>/approvals")
+def post_approvals(
+    conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
+) -> TurnResponse:
+    """Decide pending tool calls; continue the turn when none is left undecided."""
+    who = caller()
+    logger.append_keys(tenant=who.tenant, conversation_id=conversation_id)
+    service = get_runtime().conversations
+    with timed("TurnLatency"):
+        return idempotent(
+            key=_idempotency_key(),
+            scope=(who.tenant, conversation_id, "approvals"),
+            body=request.model_dump(mode="json"),
+            run=lambda: service.approve(who, conversation_id, request),
+            parse=TurnResponse.model_validate,
+        )
+
+
+@app.get("/v1/conversations/<conversation_id>")
+def get_conversation(conversation_id: ConversationId) -> ConversationView:
+    """The conversation's head: status, timestamps, expiry, counts, pending calls."""
+    return get_runtime().conversations.get(caller(), conversation_id)
+
+
+@app.get("/v1/conversations/<conversation_id>/events")
+def get_events(
+    conversation_id: ConversationId,
+    after: Annotated[int, Query(ge=0, description="Return events with sequence > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many events.")] = 100,
+) -> EventsPage:
+    """The transcript: canonical events in sequence order, paginated."""
+    return get_runtime().conversations.events(caller(), conversation_id, after=after, limit=limit)
+
+
+@app.delete("/v1/conversations/<conversation_id>")
+def delete_conversation(conversation_id: ConversationId) -> Response[str]:
+    """Clear: delete the conversation, its events and its stored artifacts (204, also when absent)."""
+    get_runtime().conversations.clear(caller(), conversation_id)
+    return Response(status_code=204, body="")
+
+
+@app.delete("/v1/conversations")
+def erase_tenant() -> PurgeReportView:
+    """Tenant-wide erasure: every conversation of the caller's tenant, in time-bounded pages.
+
+    ``complete: false`` means the time budget ran out: call again to continue.
+    """
+    from ..sweep import erase_tenant as erase
+
+    context: LambdaContext | None = app.lambda_context
+    return erase(get_runtime(), caller().tenant, context)
+
+
+@app.get("/v1/openapi.json")
+def openapi() -> Response[str]:
+    """The OpenAPI 3 document of this API."""
+    return Response(
+        status_code=200,
+        content_type=content_types.APPLICATION_JSON,
+        body=app.get_openapi_json_schema(
+            title="turnledger",
+            version=__version__,
+            description="Durable, multi-turn conversation state for LLM applications. "
+            "Errors are {error: {code, message, details}}; see the README's error table.",
+        ),
+    )
+
+
+@app.exception_handler(TurnledgerError)
+def _domain_error(exc: TurnledgerError) -> Response[str]:
+    if exc.status >= 500:
+        logger.exception("request failed", extra={"code": exc.code})
+    return _error(exc)
+
+
+@app.exception_handler(RequestValidationError)
+def _validation_error(exc: RequestValidationError) -> Response[str]:
+    errors = list(exc.errors())
+    if any(tuple(e.get("loc", ()))[:1] == ("path",) for e in errors):
+        return _error(
+            InvalidConversationId(
+                "conversation_id must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+                "and start with a letter or digit"
+            )
+        )
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        if error.get("type") == "json_invalid" or (
+            loc in {("body",), ()} and error.get("type") in {"model_attributes_type", "missing",
+                                                              "dict_type", "model_type"}
+        ):
+            return _error(InvalidRequest("the body must be a JSON object"))
+    details = [
+        {"loc": [str(part) for part in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
+        for e in errors
+    ]
+    return _error(RequestValidationFailed("the request fails the schema", details={"errors": details}))
+
+
+@app.exception_handler(Exception)
+def _unexpected(exc: Exception) -> Response[str]:
+    logger.exception("unexpected failure")
+    return _error(TurnledgerError("internal error; the request left no partial state"))
+
+
+@app.not_found
+def _not_found(exc: Exception) -> Response[str]:
+    return Response(
+        status_code=404,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps(
+            {"error": {"code": "not_found", "message": "no such route", "details": {}}}
+        ),
+    )
+
+
+def _body_size(event: dict[str, Any]) -> int:
+    body = event.get("body") or ""
+    if event.get("isBase64Encoded"):
+        return len(base64.b64decode(body))
+    return len(body.encode())
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """The Lambda entry point of every API function."""
+    limit = get_runtime().settings.max_input_bytes
+    if _body_size(event) > limit:
+        error = PayloadTooLarge(
+            f"the request body is over the limit of {limit} bytes", details={"limit": limit}
+        )
+        return {
+            "statusCode": error.status,
+            "headers": {"Content-Type": content_types.APPLICATION_JSON},
+            "body": json.dumps(error.to_body()),
+        }
+    headers = event.get("headers") or {}
+    if event.get("body") and headers.get("content-type") != content_types.APPLICATION_JSON:
+        # Bodies are JSON whatever the client labels them (``curl -d`` says form data):
+        # a form or an unlabeled body would otherwise fail validation with a puzzling error.
+        event = {**event, "headers": {**headers, "content-type": content_types.APPLICATION_JSON}}
+    return app.resolve(event, context)

@@ -1,0 +1,182 @@
+"""Domain errors, one class per failure the public contract names.
+
+Every error the HTTP API answers is a :class:`TurnledgerError`: it carries the
+contract's ``code``, the HTTP ``status`` and the ``details`` a caller needs
+next. Lower-library exceptions (botocore, httpx, pydantic) are translated into
+this tree at the boundary where they happen, so the API layer maps one
+hierarchy to responses and never matches on message text::
+
+    TurnledgerError
+    ├── InvalidRequest               400 invalid_request
+    ├── InvalidConversationId        400 invalid_conversation_id
+    ├── Unauthorized                 401 unauthorized
+    ├── ConversationNotFound         404 conversation_not_found
+    ├── ConversationBusy             409 conversation_busy
+    ├── ApprovalPending              409 approval_pending
+    ├── NotAwaitingApproval          409 not_awaiting_approval
+    ├── StateError
+    │   ├── CorruptedState           409 corrupted_state
+    │   └── UnsupportedStateVersion  409 unsupported_state_version
+    ├── PayloadTooLarge              413 payload_too_large
+    ├── RequestValidationFailed      422 validation_error
+    ├── UnknownToolCall              422 unknown_tool_call
+    ├── UnknownTool                  422 unknown_tool
+    ├── IdempotencyKeyReused         422 idempotency_key_reused
+    ├── ProviderError                502 provider_error
+    ├── ProviderTimeout              504 provider_timeout
+    └── InternalError                500 internal_error
+        └── InvalidHistory           500 internal_error (strict-provider check)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class TurnledgerError(Exception):
+    """Base of every error the API answers with the contract's error shape."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+    def to_body(self) -> dict[str, Any]:
+        """The JSON body of the error response: ``{"error": {code, message, details}}``."""
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class InvalidRequest(TurnledgerError):
+    """The body is not JSON, or not a JSON object."""
+
+    status = 400
+    code = "invalid_request"
+
+
+class InvalidConversationId(TurnledgerError):
+    """The conversation id breaks the id rule."""
+
+    status = 400
+    code = "invalid_conversation_id"
+
+
+class Unauthorized(TurnledgerError):
+    """No verified identity, or one without a usable tenant."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class ConversationNotFound(TurnledgerError):
+    """The conversation is absent, expired, cleared, or another tenant's."""
+
+    status = 404
+    code = "conversation_not_found"
+
+
+class ConversationBusy(TurnledgerError):
+    """Another write on the same conversation committed first; nothing of this one was stored."""
+
+    status = 409
+    code = "conversation_busy"
+
+
+class ApprovalPending(TurnledgerError):
+    """A turn was sent while tool calls await approval."""
+
+    status = 409
+    code = "approval_pending"
+
+
+class NotAwaitingApproval(TurnledgerError):
+    """Approvals were sent to a conversation with nothing pending approval."""
+
+    status = 409
+    code = "not_awaiting_approval"
+
+
+class StateError(TurnledgerError):
+    """A stored item cannot be read by this build; ``DELETE`` recovers the conversation."""
+
+    status = 409
+
+
+class CorruptedState(StateError):
+    """A stored item fails validation."""
+
+    code = "corrupted_state"
+
+
+class UnsupportedStateVersion(StateError):
+    """A stored item has a schema version this build cannot read."""
+
+    code = "unsupported_state_version"
+
+    def __init__(self, found: object, supported: list[int], *, where: str) -> None:
+        super().__init__(
+            f"{where} has schema version {found!r}; this build reads {supported}",
+            details={"found": found, "supported": supported, "item": where},
+        )
+
+
+class PayloadTooLarge(TurnledgerError):
+    """The input is over the configured size limit."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class RequestValidationFailed(TurnledgerError):
+    """The body fails the request schema; ``details.errors`` says where."""
+
+    status = 422
+    code = "validation_error"
+
+
+class UnknownToolCall(TurnledgerError):
+    """An approval names a call id that is not pending."""
+
+    status = 422
+    code = "unknown_tool_call"
+
+
+class UnknownTool(TurnledgerError):
+    """A turn names a tool that is not registered."""
+
+    status = 422
+    code = "unknown_tool"
+
+
+class IdempotencyKeyReused(TurnledgerError):
+    """An ``Idempotency-Key`` was sent again with a different body."""
+
+    status = 422
+    code = "idempotency_key_reused"
+
+
+class ProviderError(TurnledgerError):
+    """The model provider failed (after bounded retries); the turn left no trace."""
+
+    status = 502
+    code = "provider_error"
+
+
+class ProviderTimeout(ProviderError):
+    """The model provider timed out (after bounded retries); the turn left no trace."""
+
+    status = 504
+    code = "provider_timeout"
+
+
+class InternalError(TurnledgerError):
+    """A bug or misconfiguration on our side."""
+
+    status = 500
+    code = "internal_error"
+
+
+class InvalidHistory(InternalError):
+    """The history about to be sent to a strict provider breaks its message rules."""

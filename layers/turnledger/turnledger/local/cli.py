@@ -1,0 +1,201 @@
+"""``turnledger`` command line: ``turnledger local`` serves the API on this machine.
+
+Flags, defaults and behaviour are those of the "Local runner" section of the
+HTTP contract; ``turnledger local --help`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .runner import LocalConfig, LocalRunner
+from .template import TEMPLATE_PATH
+
+_EPILOG = """\
+authentication: send 'Authorization: Bearer local:<tenant>' or
+'Bearer local:<tenant>:<user>'; anything else is 401.
+POST /_local/sweep runs the expired-conversation sweep now; a body of
+{"conversation_ids": [...]} sweeps those conversations of your tenant only.
+"""
+
+
+def _non_negative(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {value}")
+    return value
+
+
+def _port(raw: str) -> int:
+    value = _non_negative(raw)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``turnledger`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="turnledger", description="Durable multi-turn conversation state for LLM apps."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    local = commands.add_parser(
+        "local",
+        help="serve the API locally",
+        description=(
+            "Serve the routes of template.yaml through the functions' own handlers,\n"
+            "on embedded DynamoDB and S3 (moto) unless endpoints are given."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    defaults = LocalConfig()
+    local.add_argument("--host", default=defaults.host, help="address to bind (%(default)s)")
+    local.add_argument("--port", type=_port, default=defaults.port, help="port (%(default)s)")
+    local.add_argument(
+        "--ttl-seconds",
+        type=_non_negative,
+        metavar="N",
+        help="idle expiry of conversations in seconds; 0 disables (default: 604800)",
+    )
+    local.add_argument("--tools", type=Path, metavar="FILE", help="tool registry JSON file")
+    local.add_argument(
+        "--provider", metavar="NAME", help="model provider: demo or openai-chat (default: demo)"
+    )
+    local.add_argument("--model", help="default model name")
+    local.add_argument(
+        "--dynamodb-endpoint", metavar="URL", help="use this DynamoDB instead of the embedded one"
+    )
+    local.add_argument(
+        "--s3-endpoint", metavar="URL", help="use this S3 instead of the embedded one"
+    )
+    local.add_argument("--table", default=defaults.table, help="table name (%(default)s)")
+    local.add_argument("--bucket", default=defaults.bucket, help="bucket name (%(default)s)")
+    local.add_argument(
+        "--idempotency-table",
+        default=defaults.idempotency_table,
+        metavar="NAME",
+        help="idempotency table name (%(default)s)",
+    )
+    local.add_argument(
+        "--tenant-claim",
+        default=defaults.tenant_claim,
+        metavar="CLAIM",
+        help="claim the tenant is passed in (%(default)s)",
+    )
+    local.add_argument("--region", default=defaults.region, help="AWS region (%(default)s)")
+    local.add_argument(
+        "--template",
+        type=Path,
+        default=TEMPLATE_PATH,
+        metavar="FILE",
+        help="SAM template to read routes from (default: the project's template.yaml)",
+    )
+    local.add_argument(
+        "--log-level",
+        default=defaults.log_level,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level of the runner and the functions (%(default)s)",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> LocalConfig:
+    """The runner configuration of parsed ``local`` arguments."""
+    return LocalConfig(
+        host=args.host,
+        port=args.port,
+        template_path=args.template,
+        ttl_seconds=args.ttl_seconds,
+        tools_file=args.tools,
+        provider=args.provider,
+        model=args.model,
+        dynamodb_endpoint=args.dynamodb_endpoint,
+        s3_endpoint=args.s3_endpoint,
+        table=args.table,
+        bucket=args.bucket,
+        idempotency_table=args.idempotency_table,
+        tenant_claim=args.tenant_claim,
+        region=args.region,
+        log_level=args.log_level,
+    )
+
+
+def _banner(url: str, runner: LocalRunner) -> str:
+    storage = (
+        ", ".join(f"{name} {endpoint}" for name, endpoint in runner.endpoints.items()) or "none"
+    )
+    body = shlex.quote('{"input": "My name is Ada."}')
+    return (
+        f"turnledger local: serving {url} (storage: {storage})\n"
+        "try:\n"
+        f"  curl -s -X POST {url}/v1/conversations/demo-1/turns \\\n"
+        "    -H 'Authorization: Bearer local:acme' -H 'Content-Type: application/json' \\\n"
+        f"    -d {body}\n"
+        "Ctrl-C stops."
+    )
+
+
+def _serve(config: LocalConfig) -> int:
+    if config.tools_file is not None and not config.tools_file.is_file():
+        print(f"turnledger local: no such tools file: {config.tools_file}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    runner = LocalRunner(config)
+    try:
+        try:
+            url = runner.start()
+        except OSError as exc:
+            print(
+                f"turnledger local: cannot serve on {config.host}:{config.port}: {exc}",
+                file=sys.stderr,
+            )
+            return 1
+        except (BotoCoreError, ClientError) as exc:
+            print(f"turnledger local: cannot prepare storage: {exc}", file=sys.stderr)
+            return 1
+        print(_banner(url, runner), flush=True)
+        stop.wait()
+        print("turnledger local: stopping", flush=True)
+        return 0
+    finally:
+        runner.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``turnledger`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "local":
+        parser.print_help(sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    # The embedded server's and botocore's request chatter hides the runner's own lines.
+    chatter = logging.DEBUG if args.log_level == "DEBUG" else logging.WARNING
+    for noisy in ("werkzeug", "botocore", "boto3"):
+        logging.getLogger(noisy).setLevel(chatter)
+    return _serve(config_from_args(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Storage for the local runner: moto's in-process server, or endpoints the caller names.
+
+Whichever endpoints serve, :func:`provision` creates what the template
+declares and is missing: the conversations table (key schema and indexes read
+from ``template.yaml``, TTL enabled), the idempotency table and the bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.exceptions import ClientError
+from moto.server import ThreadedMotoServer
+
+from .template import table_definition, ttl_attribute
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_s3 import S3Client
+
+#: Logical ids of the stateful resources in ``template.yaml``.
+CONVERSATIONS_TABLE = "ConversationsTable"
+IDEMPOTENCY_TABLE = "IdempotencyTable"
+
+
+@dataclass(frozen=True)
+class StorageNames:
+    """Physical names of the tables and the bucket."""
+
+    table: str
+    idempotency_table: str
+    bucket: str
+
+
+class EmbeddedStorage:
+    """moto's DynamoDB and S3 server, in this process, on a free loopback port.
+
+    moto keeps its state per process: two servers in one process share tables.
+    """
+
+    def __init__(self) -> None:
+        self._server: ThreadedMotoServer | None = None
+        self._url: str | None = None
+
+    def start(self) -> str:
+        """Start the server; returns its endpoint URL (DynamoDB and S3 alike)."""
+        if self._url is not None:
+            return self._url
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        self._server = server
+        self._url = f"http://{host}:{port}"
+        return self._url
+
+    def stop(self) -> None:
+        """Stop the server; the state it held is gone with it for this runner."""
+        if self._server is not None:
+            self._server.stop()
+        self._server = None
+        self._url = None
+
+
+def _dynamodb(endpoint: str, region: str) -> DynamoDBClient:
+    return boto3.client("dynamodb", endpoint_url=endpoint, region_name=region)
+
+
+def _s3(endpoint: str, region: str) -> S3Client:
+    return boto3.client("s3", endpoint_url=endpoint, region_name=region)
+
+
+def _ensure_table(
+    client: DynamoDBClient, template: dict[str, Any], resource: str, name: str
+) -> bool:
+    try:
+        client.create_table(**table_definition(template, resource, name))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ResourceInUseException":
+            return False
+        raise
+    client.get_waiter("table_exists").wait(
+        TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+    )
+    attribute = ttl_attribute(template, resource)
+    if attribute is not None:
+        client.update_time_to_live(
+            TableName=name,
+            TimeToLiveSpecification={"AttributeName": attribute, "Enabled": True},
+        )
+    return True
+
+
+def _ensure_bucket(client: S3Client, name: str, region: str) -> bool:
+    try:
+        client.head_bucket(Bucket=name)
+        return False
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in {"404", "NoSuchBucket", "NotFound"}:
+            raise
+    if region == "us-east-1":
+        client.create_bucket(Bucket=name)
+    else:
+        client.create_bucket(
+            Bucket=name,
+            CreateBucketConfiguration={"LocationConstraint": region},  # type: ignore[typeddict-item]
+        )
+    return True
+
+
+def provision(
+    template: dict[str, Any],
+    names: StorageNames,
+    *,
+    dynamodb_endpoint: str,
+    s3_endpoint: str,
+    region: str,
+) -> list[str]:
+    """Create the tables and the bucket that do not exist yet.
+
+    Args:
+        template: the parsed ``template.yaml``.
+        names: physical names to create them under.
+        dynamodb_endpoint: DynamoDB endpoint URL.
+        s3_endpoint: S3 endpoint URL.
+        region: the region clients sign for.
+
+    Returns:
+        The names of what was created (empty when everything existed).
+
+    Raises:
+        botocore.exceptions.ClientError: an endpoint refused a call.
+    """
+    created: list[str] = []
+    dynamodb = _dynamodb(dynamodb_endpoint, region)
+    for resource, name in (
+        (CONVERSATIONS_TABLE, names.table),
+        (IDEMPOTENCY_TABLE, names.idempotency_table),
+    ):
+        if _ensure_table(dynamodb, template, resource, name):
+            created.append(name)
+    if _ensure_bucket(_s3(s3_endpoint, region), names.bucket, region):
+        created.append(names.bucket)
+    return created

@@ -1,0 +1,171 @@
+"""Read ``template.yaml``: routes and table definitions for the local runner and tests.
+
+Local runs and tests take the API routes and the table's key schema from the
+template itself, so they cannot drift from what is deployed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: The repository root (``layers/turnledger/turnledger/local/template.py`` -> four levels up).
+PROJECT_ROOT = Path(__file__).resolve().parents[4]
+TEMPLATE_PATH = PROJECT_ROOT / "template.yaml"
+
+
+class _CfnLoader(yaml.SafeLoader):
+    """A YAML loader that keeps CloudFormation short-form tags (``!Ref``, ``!Sub``...)."""
+
+
+def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
+    if isinstance(node, yaml.ScalarNode):
+        value: Any = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    return {name: value}
+
+
+_CfnLoader.add_multi_constructor("!", _tag)
+
+
+def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
+    """The parsed template, with short-form tags as their long-form mappings."""
+    with path.open(encoding="utf-8") as handle:
+        # _CfnLoader is a SafeLoader subclass: no arbitrary Python objects.
+        loaded = yaml.load(handle, Loader=_CfnLoader)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} is not a template")
+    return loaded
+
+
+def table_definition(template: dict[str, Any], resource: str, table_name: str) -> dict[str, Any]:
+    """``create_table`` arguments for the table ``resource`` of ``template``, named ``table_name``.
+
+    Keeps what both DynamoDB Local and moto understand: attribute definitions,
+    key schema, indexes and billing mode.
+    """
+    props = template["Resources"][resource]["Properties"]
+    definition: dict[str, Any] = {
+        "TableName": table_name,
+        "AttributeDefinitions": props["AttributeDefinitions"],
+        "KeySchema": props["KeySchema"],
+        "BillingMode": props.get("BillingMode", "PAY_PER_REQUEST"),
+    }
+    if props.get("GlobalSecondaryIndexes"):
+        definition["GlobalSecondaryIndexes"] = [
+            {k: v for k, v in index.items() if k in {"IndexName", "KeySchema", "Projection"}}
+            for index in props["GlobalSecondaryIndexes"]
+        ]
+    return definition
+
+
+def ttl_attribute(template: dict[str, Any], resource: str) -> str | None:
+    """The TTL attribute of the table ``resource``, when TTL is enabled."""
+    spec = template["Resources"][resource]["Properties"].get("TimeToLiveSpecification") or {}
+    return spec.get("AttributeName") if spec.get("Enabled") else None
+
+
+@dataclass(frozen=True)
+class Route:
+    """One HTTP API route of a function."""
+
+    method: str
+    path: str
+    function: str
+    code_uri: str
+    handler: str
+    #: False for routes the template opens with ``Auth: {Authorizer: NONE}``.
+    authorized: bool = True
+
+    @property
+    def route_key(self) -> str:
+        """The API Gateway route key, e.g. ``GET /v1/conversations/{id}``."""
+        return f"{self.method} {self.path}"
+
+
+def routes(template: dict[str, Any]) -> list[Route]:
+    """Every ``HttpApi`` event route of every ``AWS::Serverless::Function``."""
+    found: list[Route] = []
+    for name, resource in template.get("Resources", {}).items():
+        if resource.get("Type") != "AWS::Serverless::Function":
+            continue
+        props = resource.get("Properties", {})
+        for event in (props.get("Events") or {}).values():
+            if event.get("Type") != "HttpApi":
+                continue
+            spec = event.get("Properties", {})
+            auth = spec.get("Auth") or {}
+            found.append(
+                Route(
+                    method=str(spec["Method"]).upper(),
+                    path=str(spec["Path"]),
+                    function=name,
+                    code_uri=str(props.get("CodeUri", "")),
+                    handler=str(props.get("Handler", "app.lambda_handler")),
+                    authorized=auth.get("Authorizer") != "NONE",
+                )
+            )
+    return found
+
+
+#: What Lambda gives a function that sets neither its own value nor a global one.
+_DEFAULT_TIMEOUT_SECONDS = 3
+_DEFAULT_MEMORY_MB = 128
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One ``AWS::Serverless::Function``, with ``Globals.Function`` applied."""
+
+    name: str
+    code_uri: str
+    handler: str
+    timeout_seconds: int
+    memory_mb: int
+    #: The ``Type`` of each of its events (``HttpApi``, ``Schedule``, ``DynamoDB``...).
+    event_types: tuple[str, ...]
+
+
+def _int_setting(value: Any, default: int) -> int:
+    # Only literal numbers apply locally; an intrinsic (a !Ref to a parameter) cannot be
+    # resolved without a deployment, so the default stands in for it.
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def functions(template: dict[str, Any]) -> dict[str, FunctionSpec]:
+    """Every ``AWS::Serverless::Function`` of ``template`` by its logical id."""
+    defaults = (template.get("Globals") or {}).get("Function") or {}
+    found: dict[str, FunctionSpec] = {}
+    for name, resource in template.get("Resources", {}).items():
+        if resource.get("Type") != "AWS::Serverless::Function":
+            continue
+        props = resource.get("Properties", {})
+        events = props.get("Events") or {}
+        found[name] = FunctionSpec(
+            name=name,
+            code_uri=str(props.get("CodeUri", "")),
+            handler=str(props.get("Handler", "app.lambda_handler")),
+            timeout_seconds=_int_setting(
+                props.get("Timeout", defaults.get("Timeout")), _DEFAULT_TIMEOUT_SECONDS
+            ),
+            memory_mb=_int_setting(
+                props.get("MemorySize", defaults.get("MemorySize")), _DEFAULT_MEMORY_MB
+            ),
+            event_types=tuple(str(event.get("Type", "")) for event in events.values()),
+        )
+    return found
+
+
+def scheduled_function(template: dict[str, Any]) -> FunctionSpec | None:
+    """The function an EventBridge schedule invokes (the sweep), if the template has one."""
+    for spec in functions(template).values():
+        if {"Schedule", "ScheduleV2"} & set(spec.event_types):
+            return spec
+    return None

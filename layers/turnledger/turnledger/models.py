@@ -1,0 +1,277 @@
+"""The stored state of a conversation: its head and its canonical events.
+
+Three kinds of state live here:
+
+* the **transcript**: :class:`Event`, an append-only log in sequence order;
+* the **execution state**: :class:`Head` with its :class:`PendingCall` list
+  (tool calls waiting for approval, for the client, or for their result);
+* the **working context** is not stored: :mod:`turnledger.context` rebuilds it
+  from the events on every turn.
+
+Every model here validates strictly, so a stored item that does not fit is
+reported as corrupted instead of being guessed at.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .exceptions import InvalidConversationId
+
+#: The schema version this build writes and the versions it can read.
+SCHEMA_VERSION = 1
+SUPPORTED_SCHEMA_VERSIONS = [1]
+
+_CONVERSATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def validate_conversation_id(value: str) -> str:
+    """Return ``value`` if it is a valid conversation id.
+
+    Raises:
+        InvalidConversationId: it is not 1-128 characters of ``A-Z a-z 0-9 . _ : -``
+            starting with a letter or digit.
+    """
+    if not _CONVERSATION_ID.fullmatch(value):
+        raise InvalidConversationId(
+            "conversation_id must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+            "and start with a letter or digit",
+            details={"conversation_id": value[:200]},
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConversationKey(_Strict):
+    """Where a conversation lives: a tenant from verified identity and the caller's id."""
+
+    tenant: str = Field(min_length=1)
+    conversation_id: str
+
+
+class ConversationStatus(StrEnum):
+    """Lifecycle of a conversation's head."""
+
+    COMPLETE = "complete"
+    AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_CLIENT_TOOLS = "awaiting_client_tools"
+    #: Tool calls were recorded and are being executed; a crash here is resumed from the log.
+    RUNNING_TOOLS = "running_tools"
+    #: A tombstone: the conversation is being cleared or swept; reads see nothing.
+    CLEARED = "cleared"
+
+
+class EventKind(StrEnum):
+    """Kinds of canonical events."""
+
+    USER_MESSAGE = "user_message"
+    ASSISTANT_MESSAGE = "assistant_message"
+    TOOL_CALL_REQUESTED = "tool_call_requested"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_RESOLVED = "approval_resolved"
+    TOOL_RESULT = "tool_result"
+
+
+class Usage(_Strict):
+    """Token usage reported by a provider."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class ToolCall(_Strict):
+    """A model's request to call one tool."""
+
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any]
+    #: The provider's argument text when it was not a JSON object; the call is then
+    #: answered with a validation error instead of running.
+    raw_arguments: str | None = None
+
+
+# --- event payloads, one model per kind -------------------------------------------------
+
+
+class UserMessage(_Strict):
+    """The caller's input message."""
+
+    content: str
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class AssistantMessage(_Strict):
+    """The model's answer: text, tool calls, or both."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+
+
+Requirement = Literal["none", "approval", "client"]
+
+
+class ToolCallRequested(_Strict):
+    """Intent recorded before a tool runs (or pauses): the crash-safety anchor."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    requires: Requirement
+    idempotency_key: str
+
+
+class ApprovalRequested(_Strict):
+    """A call paused for a human decision."""
+
+    call_id: str
+    arguments_sha256: str
+    expires_at: datetime
+
+
+class ApprovalResolved(_Strict):
+    """A human (or the approval window) decided a paused call."""
+
+    call_id: str
+    decision: Literal["approved", "rejected"]
+    reason: str | None = None
+    approver: str
+    arguments_sha256: str
+
+
+class ToolResult(_Strict):
+    """The outcome of one tool call, exactly once per call."""
+
+    call_id: str
+    name: str
+    output: str
+    is_error: bool = False
+
+
+PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
+    EventKind.USER_MESSAGE: UserMessage,
+    EventKind.ASSISTANT_MESSAGE: AssistantMessage,
+    EventKind.TOOL_CALL_REQUESTED: ToolCallRequested,
+    EventKind.APPROVAL_REQUESTED: ApprovalRequested,
+    EventKind.APPROVAL_RESOLVED: ApprovalResolved,
+    EventKind.TOOL_RESULT: ToolResult,
+}
+KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
+
+Payload = (
+    UserMessage
+    | AssistantMessage
+    | ToolCallRequested
+    | ApprovalRequested
+    | ApprovalResolved
+    | ToolResult
+)
+
+
+class Event(_Strict):
+    """One canonical event, in the public shape of ``GET .../events``.
+
+    ``sequence`` counts from 1 within the conversation's current life (a
+    cleared or expired conversation restarts at 1). ``payload`` is validated
+    against the model of its ``kind``; :meth:`body` returns it typed.
+    """
+
+    event_id: str
+    conversation_id: str
+    sequence: int = Field(ge=1)
+    turn: int = Field(ge=1)
+    kind: EventKind
+    actor: str
+    occurred_at: datetime
+    payload: dict[str, Any]
+    schema_version: int = SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _payload_fits_kind(self) -> Event:
+        try:
+            PAYLOAD_MODELS[self.kind].model_validate(self.payload)
+        except ValidationError as exc:
+            raise ValueError(f"payload does not fit kind {self.kind.value}: {exc}") from exc
+        return self
+
+    def body(self) -> Payload:
+        """The payload as the typed model of this event's kind."""
+        model = PAYLOAD_MODELS[self.kind]
+        return model.model_validate(self.payload)  # type: ignore[return-value]
+
+
+class PendingCall(_Strict):
+    """A tool call of the current turn that has no result yet.
+
+    ``state`` says what it waits for: a human (``awaiting_approval``), the
+    caller (``awaiting_client``), or execution (``ready``: approved or needing
+    no approval, recorded but not yet run; after a crash it runs again under
+    the same ``idempotency_key``). ``rejected`` calls get an error result
+    without running.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    requires: Requirement
+    state: Literal["awaiting_approval", "awaiting_client", "ready", "rejected"]
+    idempotency_key: str
+    arguments_sha256: str
+    expires_at: datetime | None = None
+    reason: str | None = None
+
+
+class Head(_Strict):
+    """The conversation's head: one small item, rewritten (conditionally) by every commit.
+
+    ``version`` is the optimistic lock: each commit expects the version it
+    read and writes ``version + 1``. ``seq`` is the last stored sequence
+    (storage numbering); ``base`` is the storage sequence just before this
+    life of the conversation began, so the public ``sequence`` of an event is
+    its storage sequence minus ``base``. ``gen`` names this life: events and
+    S3 objects carry it, so leftovers of an earlier life are never read as
+    this one's.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    gen: str
+    version: int = Field(ge=1)
+    base: int = Field(ge=0)
+    seq: int = Field(ge=0)
+    turn: int = Field(ge=0)
+    status: ConversationStatus
+    created_at: datetime
+    updated_at: datetime
+    ttl_seconds: int = Field(ge=0)
+    #: Epoch seconds after which the conversation is expired; ``None`` never expires.
+    expires_at: int | None = None
+    pending: list[PendingCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+    @property
+    def event_count(self) -> int:
+        """Events in this life of the conversation."""
+        return self.seq - self.base
+
+    def is_expired(self, now: datetime) -> bool:
+        """True when the idle TTL has passed at ``now`` (read-through expiry)."""
+        return self.expires_at is not None and now.timestamp() >= self.expires_at
+
+    def is_visible(self, now: datetime) -> bool:
+        """True when reads should see this conversation at ``now``."""
+        return self.status is not ConversationStatus.CLEARED and not self.is_expired(now)

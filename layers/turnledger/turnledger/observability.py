@@ -1,0 +1,60 @@
+"""Structured logs, EMF metrics and X-Ray traces (Powertools), shared by every handler.
+
+``Tracer`` imports the X-Ray SDK, which costs most of a second of cold start:
+it is created only where tracing is on (deployed with ``Tracing: Active``),
+never in tests or the local runner (``POWERTOOLS_TRACE_DISABLED=true``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools import Tracer
+
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "turnledger"))
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turnledger"))
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def tracing_enabled() -> bool:
+    """True in a Lambda function with tracing not disabled."""
+    disabled = os.environ.get("POWERTOOLS_TRACE_DISABLED", "").lower() in {"1", "true"}
+    return bool(os.environ.get("AWS_LAMBDA_FUNCTION_NAME")) and not disabled
+
+
+@cache
+def tracer() -> Tracer | None:
+    """The process's Tracer, or ``None`` where tracing is off."""
+    if not tracing_enabled():
+        return None
+    from aws_lambda_powertools import Tracer
+
+    return Tracer()
+
+
+@contextmanager
+def timed(metric: str) -> Iterator[None]:
+    """Record the block's duration in milliseconds as ``metric`` (and a trace subsegment)."""
+    started = perf_counter()
+    active = tracer()
+    if active is None:
+        try:
+            yield
+        finally:
+            metrics.add_metric(metric, MetricUnit.Milliseconds, (perf_counter() - started) * 1000)
+        return
+    with active.provider.in_subsegment(f"## {metric}"):
+        try:
+            yield
+        finally:
+            metrics.add_metric(metric, MetricUnit.Milliseconds, (perf_counter() - started) * 1000)

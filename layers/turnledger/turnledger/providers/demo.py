@@ -1,0 +1,140 @@
+"""The demo model: deterministic, and it reads only the context it is sent.
+
+Because it remembers nothing between calls, it shows whether the working
+context a turn sends really carries the conversation (``What is my name?``
+is answered from an earlier turn's user message, or not at all). Its rules,
+from the HTTP contract, applied in this order:
+
+* the context ends with tool results: ``Tool results: NAME: OUTPUT; ...`` in
+  the order of the calling assistant message's tool calls (a rejected or
+  failed call's OUTPUT is its error text);
+* each line ``/tool NAME {json}`` of the last user message is one tool call
+  (ids ``call_1``, ``call_2``, ... in line order);
+* the last user message asks ``what is my name``: ``Your name is X.`` from the
+  latest ``my name is X`` of the user messages, or ``I don't know your name yet.``;
+* otherwise ``Noted (K user messages so far).``
+
+Usage is counted in words: ``input_tokens`` over every message's content,
+``output_tokens`` over the reply's text (for tool calls: over the ``/tool``
+lines that asked for them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..models import ToolCall, Usage
+from .base import Message, ModelReply, ModelRequest, Provider
+
+_TOOL_LINE = re.compile(r"/tool\s+(?P<name>\S+)(?:\s+(?P<arguments>.*))?", re.DOTALL)
+_ASKS_NAME = re.compile(r"what\s+is\s+my\s+name", re.IGNORECASE)
+# `[^\W_]` is a letter or a digit, in any script.
+_GIVES_NAME = re.compile(r"\bmy\s+name\s+is\s+(?P<name>[^\W_]+)", re.IGNORECASE)
+
+
+def _words(text: str | None) -> int:
+    return len(text.split()) if text else 0
+
+
+def _parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
+    """``(arguments, raw_arguments)``: the raw text is kept only when it is no JSON object."""
+    if not text.strip():
+        return {}, None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {}, text
+    if not isinstance(parsed, dict):
+        return {}, text
+    return parsed, None
+
+
+def _tool_results(messages: list[Message]) -> str | None:
+    """The answer to a context that ends with tool results, or ``None`` if it does not."""
+    end = len(messages)
+    first = end
+    while first > 0 and messages[first - 1].role == "tool":
+        first -= 1
+    if first == end:
+        return None
+    results = messages[first:end]
+    calls = messages[first - 1].tool_calls if first > 0 else []
+    outputs = {result.tool_call_id: result for result in results}
+    parts: list[str] = []
+    for call in calls:
+        result = outputs.pop(call.id, None)
+        if result is not None:
+            parts.append(f"{call.name}: {result.content or ''}")
+    # Results the assistant message did not ask for still reach the answer, so a
+    # broken context shows up instead of vanishing.
+    for result in outputs.values():
+        parts.append(f"{result.name or result.tool_call_id}: {result.content or ''}")
+    return "Tool results: " + "; ".join(parts)
+
+
+def _tool_calls(text: str) -> tuple[list[ToolCall], int]:
+    """The ``/tool`` lines of ``text`` as calls, and how many words those lines hold."""
+    calls: list[ToolCall] = []
+    words = 0
+    for line in text.splitlines():
+        match = _TOOL_LINE.fullmatch(line.strip())
+        if match is None:
+            continue
+        arguments, raw = _parse_arguments(match["arguments"] or "")
+        calls.append(
+            ToolCall(
+                id=f"call_{len(calls) + 1}",
+                name=match["name"],
+                arguments=arguments,
+                raw_arguments=raw,
+            )
+        )
+        words += _words(line)
+    return calls, words
+
+
+def _latest_name(user_texts: list[str]) -> str | None:
+    for text in reversed(user_texts):
+        found = list(_GIVES_NAME.finditer(text))
+        if found:
+            return found[-1]["name"]
+    return None
+
+
+class DemoProvider(Provider):
+    """A deterministic stand-in model for local use and tests (provider ``demo``)."""
+
+    name = "demo"
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer by the demo rules (see the module docstring); never fails."""
+        messages = request.messages
+        usage_in = sum(_words(message.content) for message in messages)
+
+        text = _tool_results(messages)
+        if text is None:
+            user_texts = [m.content or "" for m in messages if m.role == "user"]
+            last = user_texts[-1] if user_texts else ""
+            calls, words = _tool_calls(last)
+            if calls:
+                return ModelReply(
+                    tool_calls=calls,
+                    usage=Usage(input_tokens=usage_in, output_tokens=words),
+                    model=request.model,
+                )
+            text = self._answer(last, user_texts)
+
+        return ModelReply(
+            text=text,
+            usage=Usage(input_tokens=usage_in, output_tokens=_words(text)),
+            model=request.model,
+        )
+
+    @staticmethod
+    def _answer(last: str, user_texts: list[str]) -> str:
+        if _ASKS_NAME.search(last):
+            name = _latest_name(user_texts)
+            return f"Your name is {name}." if name else "I don't know your name yet."
+        return f"Noted ({len(user_texts)} user messages so far)."

@@ -1,0 +1,189 @@
+"""Request and response bodies of the HTTP API (the shapes of ``API.md``).
+
+These are the edge models: the event handler validates requests with them
+and the OpenAPI document is generated from them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .models import Usage
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputMessage(_Body):
+    """A user message given as an input item."""
+
+    type: Literal["message"]
+    role: Literal["user"]
+    content: str
+
+
+class FunctionCallOutput(_Body):
+    """The result of a client-side tool call."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str
+
+
+InputItem = Annotated[InputMessage | FunctionCallOutput, Field(discriminator="type")]
+
+
+class TurnRequest(_Body):
+    """Body of ``POST /v1/conversations/{id}/turns``."""
+
+    input: str | list[InputItem] = Field(
+        description="One user message, or a list of input items (messages and "
+        "function_call_output results of client-side tools)."
+    )
+    model: str | None = Field(default=None, description="The deployment's default otherwise.")
+    tools: list[str] | None = Field(
+        default=None, description="Subset of registered tool names; default: all."
+    )
+    require_approval: list[str] = Field(
+        default_factory=list,
+        description="Extra tool names that need approval for this call; never waives one.",
+    )
+    metadata: dict[str, str] = Field(default_factory=dict, description="Stored on the turn.")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> TurnRequest:
+        if isinstance(self.input, list) and not self.input:
+            raise ValueError("input must hold at least one item")
+        return self
+
+
+class Rejection(_Body):
+    """A rejected call with an optional reason."""
+
+    id: str = Field(min_length=1)
+    reason: str | None = None
+
+
+class ApprovalRequest(_Body):
+    """Body of ``POST /v1/conversations/{id}/approvals``."""
+
+    approve: list[str] = Field(default_factory=list)
+    reject: list[str | Rejection] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _decides_something(self) -> ApprovalRequest:
+        if not self.approve and not self.reject:
+            raise ValueError("approve or reject at least one call")
+        ids = [*self.approve, *(self.rejections())]
+        if len(ids) != len(set(ids)):
+            raise ValueError("a call id may appear only once across approve and reject")
+        return self
+
+    def rejections(self) -> dict[str, str | None]:
+        """Rejected call ids with their reasons."""
+        return {
+            r if isinstance(r, str) else r.id: None if isinstance(r, str) else r.reason
+            for r in self.reject
+        }
+
+
+class PendingToolCallView(BaseModel):
+    """A tool call waiting for approval or for the client."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    requires: Literal["approval", "client"]
+    expires_at: datetime | None = None
+
+
+class OutputMessage(BaseModel):
+    """An assistant message of this request."""
+
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class OutputFunctionCall(BaseModel):
+    """A tool call the model made during this request."""
+
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ContextInfo(BaseModel):
+    """How the working context was sent to the provider."""
+
+    messages_sent: int
+    provider_state: Literal["fresh", "continued", "fallback"] = "fresh"
+
+
+class TurnResponse(BaseModel):
+    """Answer of a turn, and of an approval that decided the last pending call."""
+
+    conversation_id: str
+    turn: int
+    status: Literal["complete", "awaiting_approval", "awaiting_client_tools"]
+    #: Extension: why a turn stopped early (``max_tool_steps``), else ``None``.
+    status_reason: str | None = None
+    output_text: str | None
+    output: list[OutputMessage | OutputFunctionCall]
+    pending_tool_calls: list[PendingToolCallView]
+    usage: Usage
+    context: ContextInfo
+
+
+class ConversationView(BaseModel):
+    """Answer of ``GET /v1/conversations/{id}``: the head."""
+
+    conversation_id: str
+    status: Literal["complete", "awaiting_approval", "awaiting_client_tools", "running_tools"]
+    turns: int
+    events: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None
+    ttl_seconds: int
+    pending_tool_calls: list[PendingToolCallView]
+    usage: Usage
+
+
+class EventView(BaseModel):
+    """One canonical event."""
+
+    event_id: str
+    conversation_id: str
+    sequence: int
+    turn: int
+    kind: str
+    actor: str
+    occurred_at: datetime
+    payload: dict[str, Any]
+    schema_version: int
+
+
+class EventsPage(BaseModel):
+    """Answer of ``GET /v1/conversations/{id}/events``."""
+
+    conversation_id: str
+    events: list[EventView]
+    #: Pass as ``after`` to get the next page; ``None`` when this page reached the end.
+    next_after: int | None
+
+
+class PurgeReportView(BaseModel):
+    """Answer of the sweep and of tenant-wide erasure."""
+
+    conversations_removed: int
+    events_removed: int
+    objects_removed: int
+    read_units: float
+    #: ``False`` when the work stopped at its time budget; run it again to continue.
+    complete: bool

@@ -1,0 +1,166 @@
+"""One request's work on one conversation: staged events, pending calls, commits.
+
+A :class:`Session` starts from what the store returned (head and context
+events), stages new events in sequence order and commits them with the new
+head in one atomic write. A request may commit more than once (a tool turn
+records its intent before running anything); each commit expects the version
+the previous one wrote, so a concurrent request on the same conversation
+loses with ``conversation_busy`` instead of interleaving.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from .models import (
+    ConversationKey,
+    ConversationStatus,
+    Event,
+    Head,
+    Payload,
+    PendingCall,
+    Usage,
+    KIND_OF_PAYLOAD,
+)
+from .store.base import ConversationStore, new_generation
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The wall clock, tz-aware."""
+    return datetime.now(UTC)
+
+
+def new_event_id() -> str:
+    """A unique, roughly time-ordered event id."""
+    return f"ev_{int(utc_now().timestamp() * 1000):x}{secrets.token_hex(5)}"
+
+
+@dataclass
+class Session:
+    """Mutable state of one request on one conversation."""
+
+    store: ConversationStore
+    key: ConversationKey
+    clock: Clock
+    ttl_seconds: int
+    #: The last committed head of this life, or ``None`` before the first commit.
+    head: Head | None
+    #: Where a new life starts: the tombstone it replaces (``None``: nothing stored).
+    predecessor: Head | None = None
+    #: Committed events the context needs, oldest first.
+    history: list[Event] = field(default_factory=list)
+    staged: list[Event] = field(default_factory=list)
+    pending: list[PendingCall] = field(default_factory=list)
+    turn: int = 0
+    usage: Usage = field(default_factory=Usage)
+    #: The life this session writes: the head's, the tombstone's successor, or a new one.
+    gen: str = field(default_factory=new_generation)
+
+    def __post_init__(self) -> None:
+        previous = self.head or self.predecessor
+        if previous is not None:
+            self.gen = previous.gen
+
+    @classmethod
+    def open(
+        cls,
+        store: ConversationStore,
+        key: ConversationKey,
+        *,
+        head: Head | None,
+        history: list[Event],
+        clock: Clock,
+        ttl_seconds: int,
+    ) -> Session:
+        """A session over a live head, or a new life over nothing or a tombstone."""
+        if head is not None and head.status is ConversationStatus.CLEARED:
+            return cls(store, key, clock, ttl_seconds, head=None, predecessor=head)
+        if head is None:
+            return cls(store, key, clock, ttl_seconds, head=None)
+        return cls(
+            store,
+            key,
+            clock,
+            ttl_seconds,
+            head=head,
+            history=list(history),
+            pending=list(head.pending),
+            turn=head.turn,
+            usage=head.usage,
+        )
+
+    @property
+    def next_sequence(self) -> int:
+        """The public sequence the next staged event gets."""
+        return self._last_sequence + 1
+
+    @property
+    def _last_sequence(self) -> int:
+        if self.staged:
+            return self.staged[-1].sequence
+        return self.head.seq - self.head.base if self.head else 0
+
+    @property
+    def events(self) -> list[Event]:
+        """Context events: committed history plus what this request staged."""
+        return [*self.history, *self.staged]
+
+    def begin_turn(self) -> int:
+        """Start a new turn number for the events staged next."""
+        self.turn += 1
+        return self.turn
+
+    def add(self, payload: Payload, *, actor: str) -> Event:
+        """Stage one event of the current turn."""
+        event = Event(
+            event_id=new_event_id(),
+            conversation_id=self.key.conversation_id,
+            sequence=self._last_sequence + 1,
+            turn=max(self.turn, 1),
+            kind=KIND_OF_PAYLOAD[type(payload)],
+            actor=actor,
+            occurred_at=self.clock(),
+            payload=payload.model_dump(mode="json", exclude_defaults=False),
+        )
+        self.staged.append(event)
+        return event
+
+    def commit(self, status: ConversationStatus) -> Head:
+        """Write the staged events and the new head atomically.
+
+        Raises:
+            ConversationBusy: another request committed on this conversation first.
+        """
+        now = self.clock()
+        previous = self.head or self.predecessor
+        base = previous.base if previous else 0
+        head = Head(
+            gen=self.gen,
+            version=(previous.version + 1) if previous else 1,
+            base=base,
+            seq=base + self._last_sequence,
+            turn=self.turn,
+            status=status,
+            created_at=self.head.created_at if self.head else now,
+            updated_at=now,
+            ttl_seconds=self.ttl_seconds,
+            expires_at=int(now.timestamp()) + self.ttl_seconds if self.ttl_seconds else None,
+            pending=self.pending,
+            usage=self.usage,
+        )
+        self.store.commit(
+            self.key,
+            expected_version=previous.version if previous else None,
+            head=head,
+            events=self.staged,
+        )
+        self.history.extend(self.staged)
+        self.staged = []
+        self.head = head
+        self.predecessor = None
+        return head

@@ -1,0 +1,202 @@
+"""Encode heads and events into table items and back, validating on every read.
+
+Items are plain dicts of ``str`` and ``int`` attributes; each backend turns
+them into its own wire format. Every item carries ``v`` (its schema version):
+an unknown version raises :class:`UnsupportedStateVersion`, anything that does
+not parse or fit raises :class:`CorruptedState`. Nothing is repaired.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..exceptions import CorruptedState, UnsupportedStateVersion
+from ..models import (
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    ConversationKey,
+    Event,
+    EventKind,
+    Head,
+)
+from . import keys
+
+Item = dict[str, Any]
+
+#: Attribute names. Events are the bulk of every write, so their names are short:
+#: an event item's size decides its write units (1 WCU per started KiB).
+A_PK = "pk"
+A_SK = "sk"
+A_SCHEMA = "v"
+A_BODY = "d"
+A_GEN = "g"
+A_VERSION = "ver"
+#: DynamoDB's TTL attribute (epoch seconds) on heads; enabled in template.yaml.
+A_EXPIRES = "expires_at"
+#: Expiry index partition (sparse: only heads that can expire).
+A_EXPIRY_BUCKET = "xb"
+#: Tenant index partition (tenant-wide erasure).
+A_TENANT = "tn"
+
+
+class BlobRef(BaseModel):
+    """Where an offloaded payload lives in S3, with the hash that proves it whole."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    sha256: str
+    size: int
+
+
+class StoredEvent(BaseModel):
+    """The body of an event item: the event without what its key already says."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    turn: int
+    kind: EventKind
+    actor: str
+    at: datetime
+    payload: dict[str, Any] | None = None
+    ref: BlobRef | None = None
+
+
+def _check_version(item: Item, where: str) -> None:
+    found = item.get(A_SCHEMA)
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise CorruptedState(
+            f"{where} has no valid schema version", details={"item": where, "found": found}
+        )
+    if found not in SUPPORTED_SCHEMA_VERSIONS:
+        raise UnsupportedStateVersion(found, SUPPORTED_SCHEMA_VERSIONS, where=where)
+
+
+def _corrupted(where: str, exc: Exception) -> CorruptedState:
+    return CorruptedState(f"{where} fails validation", details={"item": where, "reason": str(exc)})
+
+
+def encode_head(key: ConversationKey, head: Head) -> Item:
+    """The head item of ``head``."""
+    pk = keys.partition_key(key)
+    item: Item = {
+        A_PK: pk,
+        A_SK: keys.HEAD_SK,
+        A_SCHEMA: SCHEMA_VERSION,
+        A_VERSION: head.version,
+        # The life as an attribute too: commits and purges condition on it, so a turn
+        # that read an earlier life cannot land on a new life that reached the same version.
+        A_GEN: head.gen,
+        A_TENANT: key.tenant,
+        A_BODY: head.model_dump_json(exclude_defaults=True),
+    }
+    if head.expires_at is not None:
+        item[A_EXPIRES] = head.expires_at
+        item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.expires_at, pk)
+    return item
+
+
+def decode_head(item: Item) -> Head:
+    """The head in ``item``.
+
+    Raises:
+        UnsupportedStateVersion: the item's schema version is unknown to this build.
+        CorruptedState: the item does not parse, or its attributes disagree with its body.
+    """
+    where = "conversation head"
+    _check_version(item, where)
+    try:
+        head = Head.model_validate_json(item[A_BODY])
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise _corrupted(where, exc) from exc
+    if (
+        item.get(A_VERSION) != head.version
+        or item.get(A_GEN) != head.gen
+        or item.get(A_EXPIRES) != head.expires_at
+    ):
+        raise CorruptedState(
+            f"{where} attributes disagree with its body",
+            details={"item": where, "reason": "version, gen or expires_at mismatch"},
+        )
+    return head
+
+
+def encode_event(key: ConversationKey, head: Head, event: Event, ref: BlobRef | None) -> Item:
+    """The item of ``event`` in the life ``head.gen``; ``ref`` replaces an offloaded payload."""
+    body = StoredEvent(
+        id=event.event_id,
+        turn=event.turn,
+        kind=event.kind,
+        actor=event.actor,
+        at=event.occurred_at,
+        payload=None if ref else event.payload,
+        ref=ref,
+    )
+    return {
+        A_PK: keys.partition_key(key),
+        A_SK: keys.event_sort_key(head.base + event.sequence),
+        A_SCHEMA: SCHEMA_VERSION,
+        A_GEN: head.gen,
+        A_BODY: body.model_dump_json(exclude_none=True),
+    }
+
+
+def decode_stored_event(item: Item, head: Head) -> tuple[int, StoredEvent]:
+    """The storage sequence and body of an event item of ``head``'s life.
+
+    Raises:
+        UnsupportedStateVersion: the item's schema version is unknown to this build.
+        CorruptedState: the item does not parse or belongs to another life.
+    """
+    sk = str(item.get(A_SK, "?"))
+    where = f"event {sk}"
+    _check_version(item, where)
+    if item.get(A_GEN) != head.gen:
+        raise CorruptedState(
+            f"{where} belongs to another life of the conversation",
+            details={"item": where, "reason": "generation mismatch"},
+        )
+    try:
+        stored = StoredEvent.model_validate_json(item[A_BODY])
+        sequence = keys.sequence_of(sk)
+    except (KeyError, TypeError, ValueError, ValidationError) as exc:
+        raise _corrupted(where, exc) from exc
+    if (stored.payload is None) == (stored.ref is None):
+        raise CorruptedState(
+            f"{where} must hold exactly one of payload and ref",
+            details={"item": where, "reason": "payload/ref"},
+        )
+    return sequence, stored
+
+
+def build_event(
+    key: ConversationKey, head: Head, sequence: int, stored: StoredEvent, payload: dict[str, Any]
+) -> Event:
+    """The public event from a decoded body and its (possibly fetched) payload.
+
+    Raises:
+        CorruptedState: the payload does not fit the event's kind.
+    """
+    try:
+        return Event(
+            event_id=stored.id,
+            conversation_id=key.conversation_id,
+            sequence=sequence - head.base,
+            turn=stored.turn,
+            kind=stored.kind,
+            actor=stored.actor,
+            occurred_at=stored.at,
+            payload=payload,
+        )
+    except ValidationError as exc:
+        raise _corrupted(f"event {keys.event_sort_key(sequence)}", exc) from exc
+
+
+def payload_bytes(event: Event) -> bytes:
+    """The canonical JSON of an event's payload (what is offloaded and hashed)."""
+    return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,267 @@
+"""The DynamoDB backend: one table, conditional writes, consumed capacity metered.
+
+Every call asks for ``ReturnConsumedCapacity=TOTAL`` and records it on the
+store's :class:`CapacityMeter` (metrics and ``bench/`` read it). Botocore
+errors are translated into domain errors here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from ..exceptions import ConversationBusy, InternalError, PayloadTooLarge, TurnledgerError
+from . import codec, keys
+from .base import ConversationStore, Page
+from .blobs import BlobStore
+from .codec import Item
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_dynamodb.type_defs import ConsumedCapacityTypeDef
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+#: BatchWriteItem takes at most 25 requests a call.
+_BATCH = 25
+_BATCH_ATTEMPTS = 8
+
+#: Index names, as declared in template.yaml.
+EXPIRY_INDEX = "by-expiry"
+TENANT_INDEX = "by-tenant"
+
+
+#: The attributes that say which head a conditional write expects.
+_HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN}
+
+
+def _wire_value(value: Any) -> Any:
+    # _from_wire turns non-integral numbers into floats, which the serializer refuses.
+    return _serializer.serialize(Decimal(str(value)) if isinstance(value, float) else value)
+
+
+def _to_wire(item: Item) -> dict[str, Any]:
+    return {name: _wire_value(value) for name, value in item.items()}
+
+
+def _expect_head(expected: Item | None) -> dict[str, Any]:
+    """Condition arguments: the stored head is still ``expected`` (``None``: no head).
+
+    "Still" compares ``ver`` and ``g``, each equal or absent in both.
+    """
+    if expected is None:
+        return {
+            "ConditionExpression": "attribute_not_exists(#pk)",
+            "ExpressionAttributeNames": {"#pk": codec.A_PK},
+        }
+    clauses = ["attribute_exists(#pk)"]
+    values: dict[str, Any] = {}
+    for placeholder, name in _HEAD_IDENTITY.items():
+        if name in expected:
+            clauses.append(f"{placeholder} = :{name}")
+            values[f":{name}"] = _wire_value(expected[name])
+        else:
+            clauses.append(f"attribute_not_exists({placeholder})")
+    condition: dict[str, Any] = {
+        "ConditionExpression": " AND ".join(clauses),
+        "ExpressionAttributeNames": {"#pk": codec.A_PK, **_HEAD_IDENTITY},
+    }
+    if values:
+        condition["ExpressionAttributeValues"] = values
+    return condition
+
+
+def _from_wire(wire: dict[str, Any]) -> Item:
+    item: Item = {}
+    for name, value in wire.items():
+        plain = _deserializer.deserialize(value)
+        if isinstance(plain, Decimal):
+            plain = int(plain) if plain == plain.to_integral_value() else float(plain)
+        item[name] = plain
+    return item
+
+
+def _units(consumed: ConsumedCapacityTypeDef | list[ConsumedCapacityTypeDef] | None) -> float:
+    if consumed is None:
+        return 0.0
+    if isinstance(consumed, list):
+        return sum(float(c.get("CapacityUnits", 0.0)) for c in consumed)
+    return float(consumed.get("CapacityUnits", 0.0))
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _commit_error(exc: ClientError) -> TurnledgerError:
+    """The domain error for a refused commit transaction."""
+    code = _code(exc)
+    reasons = [str(r.get("Code", "")) for r in exc.response.get("CancellationReasons", [])]
+    if code == "TransactionCanceledException" and any(
+        r in {"ConditionalCheckFailed", "TransactionConflict"} for r in reasons
+    ):
+        return ConversationBusy("another turn or decision on this conversation committed first")
+    if code == "TransactionConflictException":
+        return ConversationBusy("another turn or decision on this conversation is committing")
+    message = str(exc).lower()
+    if code in {"ValidationException", "TransactionCanceledException"} and (
+        "size" in message or "larger than" in message or "ValidationError" in reasons
+    ):
+        # One item over 400 KB, or the whole transaction over 4 MB.
+        return PayloadTooLarge(
+            "the turn's state is too large to store", details={"reason": str(exc)}
+        )
+    return InternalError(f"DynamoDB refused the commit: {code}")
+
+
+class DynamoDBConversationStore(ConversationStore):
+    """Conversations in one DynamoDB table (keys ``pk``/``sk``, see :mod:`.keys`)."""
+
+    def __init__(
+        self, client: DynamoDBClient, table_name: str, blobs: BlobStore, **kwargs: Any
+    ) -> None:
+        super().__init__(blobs, **kwargs)
+        self.client = client
+        self.table_name = table_name
+
+    def _get_item(self, pk: str, sk: str) -> Item | None:
+        response = self.client.get_item(
+            TableName=self.table_name,
+            Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+            ConsistentRead=True,
+            ReturnConsumedCapacity="TOTAL",
+        )
+        self.meter.read(_units(response.get("ConsumedCapacity")))
+        wire = response.get("Item")
+        return _from_wire(wire) if wire else None
+
+    def _query(
+        self,
+        pk: str,
+        *,
+        lower: str | None,
+        upper: str,
+        descending: bool,
+        limit: int,
+        cursor: Any,
+        keys_only: bool = False,
+    ) -> Page:
+        names = {"#pk": codec.A_PK, "#sk": codec.A_SK}
+        values: dict[str, Any] = {":pk": pk, ":upper": upper}
+        if lower is None:
+            condition = "#pk = :pk AND #sk <= :upper"
+        else:
+            condition = "#pk = :pk AND #sk BETWEEN :lower AND :upper"
+            values[":lower"] = lower
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": _to_wire(values),
+            "ScanIndexForward": not descending,
+            "ConsistentRead": True,
+            "Limit": limit,
+            "ReturnConsumedCapacity": "TOTAL",
+        }
+        if keys_only:
+            kwargs["ProjectionExpression"] = "#pk, #sk"
+        if cursor is not None:
+            kwargs["ExclusiveStartKey"] = cursor
+        response = self.client.query(**kwargs)
+        self.meter.read(_units(response.get("ConsumedCapacity")))
+        return Page(
+            items=[_from_wire(i) for i in response.get("Items", [])],
+            cursor=response.get("LastEvaluatedKey"),
+        )
+
+    def _transact_commit(
+        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+    ) -> None:
+        event_condition = {
+            "ConditionExpression": "attribute_not_exists(#pk) OR #g <> :g",
+            "ExpressionAttributeNames": {"#pk": codec.A_PK, "#g": codec.A_GEN},
+            "ExpressionAttributeValues": {":g": _serializer.serialize(gen)},
+        }
+        expected = (
+            None
+            if expected_version is None
+            else {codec.A_VERSION: expected_version, codec.A_GEN: gen}
+        )
+        transact: list[Any] = [
+            {"Put": {"TableName": self.table_name, "Item": _to_wire(e), **event_condition}}
+            for e in events
+        ]
+        transact.append(
+            {
+                "Put": {
+                    "TableName": self.table_name,
+                    "Item": _to_wire(head),
+                    **_expect_head(expected),
+                }
+            }
+        )
+        try:
+            response = self.client.transact_write_items(
+                TransactItems=transact,
+                ReturnConsumedCapacity="TOTAL",
+                # botocore retries a call whose answer was lost; with the token, a retry
+                # of a transaction that did land succeeds instead of failing its own
+                # conditions (which would make the caller delete the turn's objects).
+                ClientRequestToken=uuid.uuid4().hex,
+            )
+        except ClientError as exc:
+            raise _commit_error(exc) from exc
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+
+    def _replace_head(self, head: Item, expected: Item | None) -> bool:
+        try:
+            response = self.client.put_item(
+                TableName=self.table_name,
+                Item=_to_wire(head),
+                ReturnConsumedCapacity="TOTAL",
+                **_expect_head(expected),
+            )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        return True
+
+    def _delete_head(self, pk: str, expected: Item) -> bool:
+        try:
+            response = self.client.delete_item(
+                TableName=self.table_name,
+                Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
+                ReturnConsumedCapacity="TOTAL",
+                **_expect_head(expected),
+            )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        return True
+
+    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
+        for start in range(0, len(sort_keys), _BATCH):
+            requests: list[Any] = [
+                {"DeleteRequest": {"Key": _to_wire({codec.A_PK: pk, codec.A_SK: sk})}}
+                for sk in sort_keys[start : start + _BATCH]
+            ]
+            pending: dict[str, Any] = {self.table_name: requests}
+            # Unprocessed items (throttling) are retried with backoff; deletes are idempotent.
+            for attempt in range(_BATCH_ATTEMPTS):
+                if attempt:
+                    time.sleep(min(0.05 * 2**attempt, 2.0))
+                response = self.client.batch_write_item(
+                    RequestItems=pending, ReturnConsumedCapacity="TOTAL"
+                )
+                self.meter.write(_units(response.get("ConsumedCapacity")))
+                pending = dict(response.get("UnprocessedItems") or {})
+                if not pending:
+                    break
+            else:
+                raise InternalError("DynamoDB kept events unprocessed while deleting")

@@ -1,0 +1,88 @@
+"""Physical keys of the single table and the bucket, built and checked before any I/O.
+
+Table layout (one partition per conversation)::
+
+    pk = "T#<tenant>#C#<conversation_id>"
+    sk = "HEAD"                      the head: status, version, TTL, pending calls
+    sk = "E#<storage sequence:012>"  one item per canonical event, append-only
+
+``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
+the head followed by the newest events: a turn reads its state in one round
+trip. The tenant is percent-encoded so it can never contain the ``#``
+separator; conversation ids cannot contain it by their own rule.
+
+S3 objects of offloaded payloads live under the conversation's prefix and its
+life (``gen``), so clear and sweep delete them by prefix::
+
+    t/<tenant>/c/<conversation_id>/g/<gen>/e/<storage sequence:012>-<sha256[:16]>-<attempt>.json
+
+``attempt`` is unique to one commit call: two turns racing to commit the same
+payload at the same sequence (a client retrying while its first request still
+runs) write different objects, so the loser's cleanup never deletes the
+winner's object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import quote, unquote
+
+from ..models import ConversationKey
+
+HEAD_SK = "HEAD"
+EVENT_PREFIX = "E#"
+_SEQ_WIDTH = 12
+
+#: The expiry index groups heads by the hour their TTL falls in, split into
+#: shards so one busy hour does not become one hot index partition.
+EXPIRY_BUCKET_SECONDS = 3600
+EXPIRY_SHARDS = 4
+
+
+def partition_key(key: ConversationKey) -> str:
+    """The table partition key of a conversation."""
+    return f"T#{quote(key.tenant, safe='')}#C#{key.conversation_id}"
+
+
+def parse_partition_key(pk: str) -> ConversationKey:
+    """Invert :func:`partition_key`.
+
+    Raises:
+        ValueError: ``pk`` is not a conversation partition key.
+    """
+    prefix, _, rest = pk.partition("T#")
+    tenant, sep, conversation_id = rest.partition("#C#")
+    if prefix or not sep or not tenant or not conversation_id:
+        raise ValueError(f"not a conversation partition key: {pk!r}")
+    return ConversationKey(tenant=unquote(tenant), conversation_id=conversation_id)
+
+
+def event_sort_key(storage_sequence: int) -> str:
+    """The sort key of the event at ``storage_sequence``."""
+    return f"{EVENT_PREFIX}{storage_sequence:0{_SEQ_WIDTH}d}"
+
+
+def sequence_of(sort_key: str) -> int:
+    """The storage sequence encoded in an event sort key."""
+    return int(sort_key.removeprefix(EVENT_PREFIX))
+
+
+def blob_prefix(key: ConversationKey, gen: str | None = None) -> str:
+    """The S3 prefix of a conversation's objects (of one life when ``gen`` is given)."""
+    base = f"t/{quote(key.tenant, safe='')}/c/{key.conversation_id}/"
+    return base if gen is None else f"{base}g/{gen}/"
+
+
+def blob_key(
+    key: ConversationKey, gen: str, storage_sequence: int, sha256: str, *, attempt: str
+) -> str:
+    """The S3 key of one offloaded event payload, written by the commit call ``attempt``."""
+    return (
+        f"{blob_prefix(key, gen)}e/{storage_sequence:0{_SEQ_WIDTH}d}-{sha256[:16]}-{attempt}.json"
+    )
+
+
+def expiry_bucket(expires_at: int, pk: str) -> str:
+    """The expiry-index partition of a head that expires at ``expires_at`` (epoch seconds)."""
+    shard = int.from_bytes(hashlib.sha256(pk.encode()).digest()[:2], "big") % EXPIRY_SHARDS
+    return f"{expires_at // EXPIRY_BUCKET_SECONDS}#{shard}"

@@ -1,0 +1,143 @@
+"""An in-process backend with the same semantics as DynamoDB, for tests and demos.
+
+Items are kept in their encoded form, so everything the DynamoDB backend
+validates on read is validated here too, and tests can corrupt items by hand.
+Conditions, cursors and the item size limit behave as DynamoDB's do.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..exceptions import ConversationBusy, PayloadTooLarge
+from . import codec, keys
+from .base import ConversationStore, Page
+from .blobs import BlobStore, MemoryBlobStore
+from .codec import Item
+
+#: DynamoDB's item size limit (attribute names and values, UTF-8).
+MAX_ITEM_BYTES = 400 * 1024
+
+#: The attributes that say which head a conditional write expects.
+_HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN)
+
+
+def _item_size(item: Item) -> int:
+    # Close enough to DynamoDB's accounting: names and values as UTF-8, numbers as text.
+    return sum(len(name.encode()) + len(str(value).encode()) for name, value in item.items())
+
+
+def _is(stored: Item | None, expected: Item | None) -> bool:
+    """Whether ``stored`` is still the head ``expected`` (``None``: no head)."""
+    if expected is None or stored is None:
+        return expected is None and stored is None
+    return all(
+        (name in stored) == (name in expected) and stored.get(name) == expected.get(name)
+        for name in _HEAD_IDENTITY
+    )
+
+
+class MemoryConversationStore(ConversationStore):
+    """A dict of partitions, each a dict of sort key to item, behind one lock."""
+
+    def __init__(self, blobs: BlobStore | None = None, **kwargs: Any) -> None:
+        super().__init__(blobs or MemoryBlobStore(), **kwargs)
+        self.items: dict[str, dict[str, Item]] = {}
+        self._lock = threading.RLock()
+
+    def _get_item(self, pk: str, sk: str) -> Item | None:
+        with self._lock:
+            self.meter.read(0)
+            item = self.items.get(pk, {}).get(sk)
+            return dict(item) if item is not None else None
+
+    def _query(
+        self,
+        pk: str,
+        *,
+        lower: str | None,
+        upper: str,
+        descending: bool,
+        limit: int,
+        cursor: Any,
+        keys_only: bool = False,
+    ) -> Page:
+        with self._lock:
+            self.meter.read(0)
+            partition = self.items.get(pk, {})
+            matching = sorted(
+                (sk for sk in partition if (lower is None or sk >= lower) and sk <= upper),
+                reverse=descending,
+            )
+            # The cursor is the last key returned, as DynamoDB's LastEvaluatedKey: a page
+            # resumes after it even when items before it were deleted in between.
+            if cursor is not None:
+                matching = [sk for sk in matching if (sk < cursor if descending else sk > cursor)]
+            chosen = matching[:limit]
+            more = len(matching) > limit
+            return Page(
+                items=[dict(partition[sk]) for sk in chosen],
+                cursor=chosen[-1] if more else None,
+            )
+
+    def _transact_commit(
+        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+    ) -> None:
+        for item in [*events, head]:
+            if _item_size(item) > MAX_ITEM_BYTES:
+                raise PayloadTooLarge(
+                    "the turn's state is too large to store",
+                    details={"reason": f"item {item[codec.A_SK]} is over {MAX_ITEM_BYTES} bytes"},
+                )
+        expected = (
+            None
+            if expected_version is None
+            else {codec.A_VERSION: expected_version, codec.A_GEN: gen}
+        )
+        pk = head[codec.A_PK]
+        with self._lock:
+            partition = self.items.get(pk, {})
+            ok = _is(partition.get(keys.HEAD_SK), expected)
+            for event in events:
+                existing = partition.get(event[codec.A_SK])
+                if existing is not None and existing.get(codec.A_GEN) == gen:
+                    ok = False
+            if not ok:
+                raise ConversationBusy(
+                    "another turn or decision on this conversation committed first"
+                )
+            self.meter.write(0)
+            partition = self.items.setdefault(pk, {})
+            for event in events:
+                partition[event[codec.A_SK]] = dict(event)
+            partition[head[codec.A_SK]] = dict(head)
+
+    def _replace_head(self, head: Item, expected: Item | None) -> bool:
+        with self._lock:
+            partition = self.items.get(head[codec.A_PK], {})
+            if not _is(partition.get(keys.HEAD_SK), expected):
+                return False
+            self.meter.write(0)
+            self.items.setdefault(head[codec.A_PK], {})[keys.HEAD_SK] = dict(head)
+            return True
+
+    def _delete_head(self, pk: str, expected: Item) -> bool:
+        with self._lock:
+            partition = self.items.get(pk, {})
+            if not _is(partition.get(keys.HEAD_SK), expected):
+                return False
+            self.meter.write(0)
+            del partition[keys.HEAD_SK]
+            if not partition:
+                self.items.pop(pk, None)
+            return True
+
+    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
+        with self._lock:
+            self.meter.write(0)
+            partition = self.items.get(pk, {})
+            for sk in sort_keys:
+                partition.pop(sk, None)
+            if not partition:
+                self.items.pop(pk, None)

@@ -1,0 +1,498 @@
+"""Expiry and erasure: nothing of an expired, TTL-removed or erased conversation remains.
+
+Three entry points share one :class:`Sweeper`; each answers a
+:class:`~.schemas.PurgeReportView` (what it removed and the read units it spent).
+
+**The scheduled sweep** (EventBridge, hourly by default) finds expired heads
+through the sparse ``by-expiry`` index, never a scan: a head that can expire
+carries ``xb = "<expires_at // 3600>#<shard>"`` (:func:`.store.keys.expiry_bucket`),
+so one hour's expiries are :data:`~.store.keys.EXPIRY_SHARDS` small queries. The
+sweep walks buckets from its cursor up to the current one (inclusive) and, for
+each candidate, reads the head consistently (the index lags) and purges it only
+if it is expired at the sweep's ``now``, conditionally on the version it read
+(:meth:`~.store.base.ConversationStore.purge_if_unchanged`): a conversation that
+got a turn after it was selected survives whole, and of two sweeps racing on
+one conversation exactly one counts it. The cost grows with the number of
+buckets walked and of heads in them, not with the table.
+
+* Cursor: the first bucket not yet fully swept (:mod:`.store.indexes`). It
+  moves past a bucket only once every candidate in it was handled and the
+  bucket ended :data:`INDEX_SETTLE_SECONDS` ago (so the index has caught up
+  with heads written just before it ended), and only forward: concurrent
+  sweeps are fine. Without a cursor (first run) the sweep starts
+  :data:`SWEEP_LOOKBACK_BUCKETS` (7 days) back; anything older is left to
+  DynamoDB's TTL and the stream below.
+* Time budget: the sweep stops when the Lambda has less than its margin left
+  (:class:`Deadline`) and reports ``complete: false``; the next run resumes at
+  the cursor. A conversation that fails is logged, keeps the cursor at its
+  bucket and is retried by the next run.
+* Tombstones (a purge in flight) found by the scheduled sweep are left to the
+  purge that wrote them: finishing them too would count their events twice.
+  Heads too damaged to decode whose raw ``expires_at`` has passed are cleared
+  (``clear`` recovers them) and logged.
+
+**On demand** (``{"conversation_ids": [...], "tenant": "..."}``, and
+``POST /_local/sweep`` with a body) sweeps only these conversations: expired
+ones are purged, live ones untouched, tombstones finished.
+
+**TTL deletions** (``{"Records": [...]}`` from the table's stream). DynamoDB's
+native TTL stays on as the backstop, and it deletes heads on its own. The
+stream was chosen over the sweep for those because once TTL removes a head,
+its index entries (``xb``, ``tn``) vanish with it: only a table scan could
+find the events and S3 objects left behind, and scans are what the design
+rules out. The stream hands over the key of exactly each removed head, at a
+cost that grows with what TTL removed; template.yaml filters it to TTL
+removals of heads (``userIdentity`` ``dynamodb.amazonaws.com``, ``sk = HEAD``)
+and makes it ``KEYS_ONLY``, so no content leaves the table. A failing batch is
+retried and bisected, then named in the SQS dead-letter queue.
+
+Reclaiming must stay safe against a turn that starts a new life of the same
+conversation meanwhile (over no head, with a fresh ``gen``), so it deletes by
+life, never by range (:meth:`Sweeper.reclaim`):
+
+1. read the head (``before``), the event items' stamps (sort key and ``g``)
+   and the conversation's S3 keys, then the head again (``after``); if the
+   head changed, start over;
+2. no head: the dead lives are the ``g`` values of the event items found; their
+   objects are deleted by prefix, then each event item with a condition on the
+   ``g`` it was read with, so an item a new life overwrote meanwhile survives;
+3. a live head of life ``G``: every object outside ``G``'s prefix and every
+   event item whose ``g`` is not ``G`` is dead (a life's ``gen`` is never
+   reused, and no other life can start while ``G``'s head stands); event items
+   are deleted on the same ``g`` condition;
+4. a tombstone: ``clear`` finishes that purge.
+
+Objects go before event items, so an interrupted reclaim leaves the items that
+name the dead life for the next attempt.
+
+**Tenant erasure** (``DELETE /v1/conversations``) pages through the
+``by-tenant`` index and clears each conversation (head, events, objects) until
+the time budget runs out, answering ``complete: false`` then; the caller calls
+again. What was erased is gone from the index, so the next call resumes
+naturally (a lagging index only makes it re-read a few absent heads). A turn
+that starts a conversation while erasure runs may survive it: erasure removes
+what existed when it reached each conversation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .exceptions import ConversationBusy, InvalidConversationId, InvalidRequest, StateError
+from .models import ConversationKey, ConversationStatus, validate_conversation_id
+from .observability import logger, metrics
+from .runtime import Runtime, get_runtime
+from .schemas import PurgeReportView
+from .session import Clock
+from .store import codec, keys
+from .store.base import CapacityMeter, ConversationStore, PurgeReport
+from .store.codec import Item
+from .store.indexes import ConversationIndex, EventStamp, index_for
+
+#: Where the first run (no cursor yet) starts: one week of expiry buckets back.
+SWEEP_LOOKBACK_BUCKETS = 7 * 24 * 3600 // keys.EXPIRY_BUCKET_SECONDS
+#: How long after a bucket ends before the cursor may move past it (index lag).
+INDEX_SETTLE_SECONDS = 60
+#: Stop with this much of the invocation left (at most; see :class:`Deadline`).
+TIME_MARGIN_MS = 10_000
+#: ...or with this fraction of it left, whichever is less, for short timeouts.
+TIME_MARGIN_FRACTION = 0.25
+#: Times a reclaim re-reads a conversation whose head keeps changing under it.
+RECLAIM_ATTEMPTS = 5
+
+
+class RemainingTime(Protocol):
+    """What the sweep needs of a Lambda context."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        """Milliseconds before the invocation is stopped."""
+        ...
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When to stop: the context's remaining time falls below ``margin_ms``."""
+
+    context: RemainingTime | None
+    margin_ms: int = 0
+
+    @classmethod
+    def of(cls, context: RemainingTime | None) -> Deadline:
+        """The deadline of an invocation (``None``: no limit, for local calls and tests).
+
+        The margin is :data:`TIME_MARGIN_MS`, or :data:`TIME_MARGIN_FRACTION` of the
+        time left now when that is less (an API function has 29 s, not 300).
+        """
+        if context is None:
+            return cls(None)
+        left = context.get_remaining_time_in_millis()
+        return cls(context, min(TIME_MARGIN_MS, math.ceil(left * TIME_MARGIN_FRACTION)))
+
+    def reached(self) -> bool:
+        """True when the work must stop now."""
+        return (
+            self.context is not None
+            and self.context.get_remaining_time_in_millis() < self.margin_ms
+        )
+
+
+@dataclass
+class _Run:
+    """What one run removed, whether it finished, and where its reads started."""
+
+    sweeper: Sweeper
+    removed: PurgeReport = field(default_factory=PurgeReport)
+    complete: bool = True
+    start: CapacityMeter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.sweeper.store.meter.snapshot()
+
+    def view(self) -> PurgeReportView:
+        """The report: counts removed, read units spent since the run began."""
+        spent = self.sweeper.store.meter.since(self.start)
+        return PurgeReportView(
+            conversations_removed=self.removed.conversations,
+            events_removed=self.removed.events,
+            objects_removed=self.removed.objects,
+            read_units=spent.read_units,
+            complete=self.complete,
+        )
+
+
+class _Action(Protocol):
+    def __call__(self, key: ConversationKey, /) -> PurgeReport: ...
+
+
+def _identity(item: Item | None) -> tuple[Any, Any] | None:
+    # Every head write changes its version, and a new life's body names another gen.
+    return None if item is None else (item.get(codec.A_VERSION), item.get(codec.A_BODY))
+
+
+class Sweeper:
+    """Sweeps, reclaims and erases conversations of one store.
+
+    Args:
+        store: the conversations.
+        clock: the current time (injected in tests).
+        deadline: when to stop (:meth:`Deadline.of` the Lambda context).
+        index: the store's indexes (default: :func:`.store.indexes.index_for`).
+    """
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        *,
+        clock: Clock,
+        deadline: Deadline | None = None,
+        index: ConversationIndex | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.deadline = deadline or Deadline(None)
+        self.index = index or index_for(store)
+
+    # --- the scheduled sweep ------------------------------------------------------------
+
+    def expired(self) -> PurgeReportView:
+        """Purge every expired conversation the expiry index lists from the cursor on."""
+        run = _Run(self)
+        now = self.clock()
+        epoch = int(now.timestamp())
+        current = epoch // keys.EXPIRY_BUCKET_SECONDS
+        settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
+        cursor = self.index.read_cursor()
+        first = current - SWEEP_LOOKBACK_BUCKETS if cursor is None else cursor
+        may_advance = True
+        for bucket in range(first, current + 1):
+            handled = self._sweep_bucket(bucket, now, run)
+            may_advance = may_advance and handled and bucket < settled
+            if may_advance:
+                self.index.advance_cursor(bucket + 1)
+            if not handled and self.deadline.reached():
+                break
+        return run.view()
+
+    def _sweep_bucket(self, bucket: int, now: datetime, run: _Run) -> bool:
+        """Sweep one bucket's shards; True when every candidate in it was handled."""
+        handled = True
+        for shard in range(keys.EXPIRY_SHARDS):
+            if self.deadline.reached():
+                run.complete = False
+                return False
+            candidates = self.index.expiring_in(f"{bucket}#{shard}")
+            if not self._each(candidates, run, lambda k: self._sweep_one(k, now, False)):
+                handled = False
+        return handled
+
+    # --- on demand ----------------------------------------------------------------------
+
+    def conversations(self, wanted: Iterable[ConversationKey]) -> PurgeReportView:
+        """Sweep only ``wanted``: expired ones are purged, tombstones finished, others kept."""
+        run = _Run(self)
+        now = self.clock()
+        self._each(iter(wanted), run, lambda k: self._sweep_one(k, now, True))
+        return run.view()
+
+    def _sweep_one(
+        self, key: ConversationKey, now: datetime, finish_tombstones: bool
+    ) -> PurgeReport:
+        item = self.index.head_item(key)
+        if item is None:
+            return PurgeReport()  # purged already, removed by TTL, or never there
+        try:
+            head = codec.decode_head(item)
+        except StateError as exc:
+            expires = item.get(codec.A_EXPIRES)
+            if isinstance(expires, int) and now.timestamp() >= expires:
+                logger.warning(
+                    "clearing an expired head that cannot be read",
+                    extra={
+                        "tenant": key.tenant,
+                        "conversation_id": key.conversation_id,
+                        "code": exc.code,
+                    },
+                )
+                return self.store.clear(key, now)
+            return PurgeReport()
+        if head.status is ConversationStatus.CLEARED:
+            return self.store.clear(key, now) if finish_tombstones else PurgeReport()
+        if not head.is_expired(now):
+            return PurgeReport()
+        # None: a turn (or another sweep) changed the head since it was read.
+        return self.store.purge_if_unchanged(key, head, now) or PurgeReport()
+
+    # --- TTL deletions ------------------------------------------------------------------
+
+    def reclaim(self, removed: Iterable[ConversationKey]) -> PurgeReportView:
+        """Delete what TTL left behind of ``removed`` conversations (see the module doc).
+
+        Counts a conversation when its head is gone and this call deleted some of it.
+        """
+        run = _Run(self)
+        now = self.clock()
+        self._each(iter(removed), run, lambda k: self._reclaim_one(k, now))
+        return run.view()
+
+    def _reclaim_one(self, key: ConversationKey, now: datetime) -> PurgeReport:
+        for _ in range(RECLAIM_ATTEMPTS):
+            before = self.index.head_item(key)
+            live_gen: str | None = None
+            if before is not None:
+                try:
+                    head = codec.decode_head(before)
+                except StateError as exc:
+                    # Its life is unknown, so nothing can be told dead; DELETE recovers it.
+                    logger.warning(
+                        "orphans left: the conversation's head cannot be read",
+                        extra={
+                            "tenant": key.tenant,
+                            "conversation_id": key.conversation_id,
+                            "code": exc.code,
+                        },
+                    )
+                    return PurgeReport()
+                if head.status is ConversationStatus.CLEARED:
+                    return self.store.clear(key, now)
+                live_gen = head.gen
+            stamps = [s for s in self.index.event_stamps(key) if s.gen is None or s.gen != live_gen]
+            objects = (
+                [
+                    k
+                    for k in self.store.blobs.list_keys(keys.blob_prefix(key))
+                    if not k.startswith(keys.blob_prefix(key, live_gen))
+                ]
+                if live_gen is not None
+                else []
+            )
+            if _identity(self.index.head_item(key)) != _identity(before):
+                continue
+            return self._delete_dead(key, stamps, objects, head_gone=before is None)
+        raise ConversationBusy("the conversation kept changing while its orphans were reclaimed")
+
+    def _delete_dead(
+        self, key: ConversationKey, stamps: list[EventStamp], objects: list[str], head_gone: bool
+    ) -> PurgeReport:
+        report = PurgeReport()
+        if head_gone:
+            # Only lives whose event items were seen are known dead: a brand-new life
+            # writes its objects before its first commit, under a gen nobody has seen.
+            for gen in sorted({s.gen for s in stamps if s.gen is not None}):
+                prefix = keys.blob_prefix(key, gen)
+                report.objects += self.store.blobs.delete_keys(self.store.blobs.list_keys(prefix))
+        else:
+            report.objects += self.store.blobs.delete_keys(objects)
+        report.events = sum(1 for s in stamps if self.index.delete_event(key, s))
+        report.conversations = 1 if head_gone and report.events else 0
+        return report
+
+    # --- tenant erasure -----------------------------------------------------------------
+
+    def erase(self, tenant: str) -> PurgeReportView:
+        """Clear every conversation of ``tenant``, in index order, until the deadline."""
+        run = _Run(self)
+        now = self.clock()
+        self._each(self.index.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
+        return run.view()
+
+    # --- shared -------------------------------------------------------------------------
+
+    def _each(
+        self,
+        candidates: Iterator[ConversationKey],
+        run: _Run,
+        action: _Action,
+    ) -> bool:
+        """Apply ``action`` to each candidate until the deadline; True when all were handled.
+
+        A failing conversation is logged and skipped: one bad item must not stop
+        the rest. It makes the run incomplete, so it is tried again.
+        """
+        handled = True
+        for key in candidates:
+            if self.deadline.reached():
+                run.complete = False
+                return False
+            try:
+                run.removed += action(key)
+            except Exception:
+                logger.exception(
+                    "could not purge a conversation",
+                    extra={"tenant": key.tenant, "conversation_id": key.conversation_id},
+                )
+                run.complete = False
+                handled = False
+        return handled
+
+
+# --- entry points -------------------------------------------------------------------------
+
+
+def _sweeper(runtime: Runtime, context: RemainingTime | None) -> Sweeper:
+    return Sweeper(runtime.store, clock=runtime.conversations.clock, deadline=Deadline.of(context))
+
+
+def sweep(runtime: Runtime, context: RemainingTime | None) -> PurgeReportView:
+    """The scheduled sweep over ``runtime``'s store, within ``context``'s time."""
+    return _sweeper(runtime, context).expired()
+
+
+def erase_tenant(runtime: Runtime, tenant: str, context: RemainingTime | None) -> PurgeReportView:
+    """Tenant-wide erasure (``DELETE /v1/conversations``), within ``context``'s time.
+
+    Returns:
+        The report; ``complete: false`` means the time ran out: call again to continue.
+    """
+    return _sweeper(runtime, context).erase(tenant)
+
+
+class SweepRequest(BaseModel):
+    """The on-demand event: sweep only these conversations of one tenant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_ids: list[str] = Field(max_length=10_000)
+    tenant: str = Field(min_length=1)
+
+    def conversation_keys(self) -> list[ConversationKey]:
+        """The keys of the valid ids (an invalid id cannot name a stored conversation)."""
+        found: list[ConversationKey] = []
+        for conversation_id in dict.fromkeys(self.conversation_ids):
+            try:
+                validate_conversation_id(conversation_id)
+            except InvalidConversationId as exc:
+                logger.warning("skipping an invalid conversation id", extra={"code": exc.code})
+                continue
+            found.append(ConversationKey(tenant=self.tenant, conversation_id=conversation_id))
+        return found
+
+
+class _StreamChange(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    Keys: dict[str, dict[str, Any]]
+
+
+class _StreamRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    eventName: str
+    dynamodb: _StreamChange
+
+    def removed_conversation(self) -> ConversationKey | None:
+        """The conversation whose head this record removed, if it is such a record."""
+        pk = self.dynamodb.Keys.get(codec.A_PK, {}).get("S")
+        sk = self.dynamodb.Keys.get(codec.A_SK, {}).get("S")
+        if self.eventName != "REMOVE" or sk != keys.HEAD_SK or not isinstance(pk, str):
+            return None
+        try:
+            return keys.parse_partition_key(pk)
+        except ValueError:
+            return None
+
+
+class StreamBatch(BaseModel):
+    """A batch of DynamoDB stream records (template.yaml passes TTL removals of heads)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    Records: list[_StreamRecord]
+
+    def removed_conversations(self) -> list[ConversationKey]:
+        """The conversations whose heads the batch removed, each once, in order."""
+        found = (record.removed_conversation() for record in self.Records)
+        return list(dict.fromkeys(k for k in found if k is not None))
+
+
+class SweepIncomplete(Exception):
+    """A stream batch was not fully reclaimed; raising makes Lambda retry it (idempotent)."""
+
+
+def _handle(event: dict[str, Any], context: RemainingTime | None) -> PurgeReportView:
+    runtime = get_runtime()
+    sweeper = _sweeper(runtime, context)
+    try:
+        if "Records" in event:
+            report = sweeper.reclaim(StreamBatch.model_validate(event).removed_conversations())
+            if not report.complete:
+                raise SweepIncomplete(f"stream batch not fully reclaimed: {report}")
+            return report
+        if "conversation_ids" in event:
+            return sweeper.conversations(SweepRequest.model_validate(event).conversation_keys())
+    except ValidationError as exc:
+        raise InvalidRequest(
+            "the sweep event does not fit its schema", details={"reason": str(exc)}
+        ) from exc
+    if event and event.get("detail-type") != "Scheduled Event":
+        raise InvalidRequest("not a sweep event: expected a schedule, stream records or ids")
+    return sweeper.expired()
+
+
+@logger.inject_lambda_context
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """The sweep function: a schedule, stream records of TTL deletions, or a list of ids.
+
+    Returns:
+        The report as JSON (``conversations_removed``, ``events_removed``,
+        ``objects_removed``, ``read_units``, ``complete``).
+
+    Raises:
+        InvalidRequest: the event is none of the three shapes.
+        SweepIncomplete: stream records were not all reclaimed (Lambda retries the batch).
+    """
+    report = _handle(event, context)
+    metrics.add_metric("ConversationsSwept", MetricUnit.Count, report.conversations_removed)
+    metrics.add_metric("EventsSwept", MetricUnit.Count, report.events_removed)
+    metrics.add_metric("ObjectsSwept", MetricUnit.Count, report.objects_removed)
+    metrics.add_metric("SweepReadUnits", MetricUnit.Count, report.read_units)
+    logger.info("sweep done", extra=report.model_dump())
+    return report.model_dump(mode="json")

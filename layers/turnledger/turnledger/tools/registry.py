@@ -1,0 +1,410 @@
+"""The tool registry: which tools exist, what they take, how they run.
+
+The registry is a JSON document (a bundled file, or an SSM parameter)::
+
+    {"tools": [
+      {"name": "send_email", "description": "...", "parameters": {"type": "object"},
+       "require_approval": true,
+       "executor": {"type": "http", "url": "https://..."}},
+      ...
+    ]}
+
+It is validated whole at load time: a bad name, an unknown key, an invalid
+JSON Schema or a duplicate name fails the load with
+:class:`InvalidToolRegistry`, naming the tool, instead of failing a turn later.
+Each tool's JSON Schema is compiled once, at load, and reused for every call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+
+import fastjsonschema
+import httpx
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ..config import Settings
+from ..exceptions import InternalError, UnknownTool
+from ..models import ToolCall
+from ..providers.base import ToolSpec
+from .approval import ApprovalRule
+
+if TYPE_CHECKING:
+    from mypy_boto3_ssm import SSMClient
+
+#: Tool names as OpenAI (and most providers) accept them.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+#: How long a registry read from SSM is cached by Powertools (seconds).
+PARAMETER_MAX_AGE_SECONDS = 300
+
+
+class InvalidToolRegistry(InternalError):
+    """The tool registry cannot be read or fails validation (a deployment misconfiguration)."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HttpExecutorConfig(_Config):
+    """Run the tool by POSTing the call to ``url``."""
+
+    type: Literal["http"]
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: Per-call timeout; the deployment's ``TOOL_TIMEOUT_SECONDS`` when ``None``.
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a valid URL: {exc}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an absolute http:// or https:// URL")
+        return value
+
+
+class LambdaExecutorConfig(_Config):
+    """Run the tool by invoking a Lambda function synchronously."""
+
+    type: Literal["lambda"]
+    #: A function name or ARN, optionally with a version or alias.
+    function_name: str = Field(min_length=1)
+
+
+class ClientExecutorConfig(_Config):
+    """The caller runs the tool and sends its result as a ``function_call_output``."""
+
+    type: Literal["client"]
+
+
+ExecutorConfig = Annotated[
+    HttpExecutorConfig | LambdaExecutorConfig | ClientExecutorConfig,
+    Field(discriminator="type"),
+]
+
+
+def _refuse_remote_ref(uri: str) -> NoReturn:
+    # fastjsonschema would fetch remote $refs with urlopen: a registry must be self-contained.
+    raise ValueError(f"remote $ref {uri!r} is not allowed; the schema must be self-contained")
+
+
+_NO_REMOTE_REFS = {"http": _refuse_remote_ref, "https": _refuse_remote_ref}
+
+
+def _compile(schema: dict[str, Any]) -> Callable[[Any], Any]:
+    try:
+        validator: Callable[[Any], Any] = fastjsonschema.compile(
+            schema,
+            handlers=_NO_REMOTE_REFS,
+            # Defaults must not be written into the caller's arguments while validating.
+            use_default=False,
+        )
+    # fastjsonschema reports malformed schemas with whatever its code generator
+    # trips on (AttributeError, TypeError, ...), not only JsonSchemaDefinitionException.
+    except Exception as exc:
+        raise ValueError(f"parameters is not a valid JSON Schema: {exc}") from None
+    return validator
+
+
+def _describe(exc: fastjsonschema.JsonSchemaValueException) -> str:
+    """Say which field failed and why, naming the root ``arguments``."""
+    if exc.rule == "required" and isinstance(exc.value, dict):
+        required = exc.rule_definition if isinstance(exc.rule_definition, list) else []
+        missing = [name for name in required if name not in exc.value]
+        where = ".".join(["arguments", *(str(p) for p in exc.path[1:])])
+        if missing:
+            names = ", ".join(repr(name) for name in missing)
+            return f"{where} is missing required property {names}"
+    message = str(exc.message)
+    if message.startswith("data"):
+        message = "arguments" + message[len("data") :]
+    return message
+
+
+class ToolDefinition(_Config):
+    """One registered tool.
+
+    ``parameters`` is the JSON Schema of the call's arguments, as the model sees
+    it; a schema without a ``type`` gets ``"type": "object"`` (providers require it).
+    """
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    require_approval: ApprovalRule = False
+    executor: ExecutorConfig
+
+    _validator: Callable[[Any], Any] = PrivateAttr()
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "type" not in value:
+            return {"type": "object", **value}
+        if value["type"] != "object":
+            raise ValueError('must describe a JSON object ("type": "object")')
+        return value
+
+    @model_validator(mode="after")
+    def _compile_schema(self) -> ToolDefinition:
+        self._validator = _compile(self.parameters)
+        return self
+
+    def spec(self) -> ToolSpec:
+        """The tool as the model sees it."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def validate_arguments(self, arguments: dict[str, Any]) -> str | None:
+        """Check ``arguments`` against ``parameters``.
+
+        Returns:
+            ``None`` when valid, else a message naming the tool, the field and the reason.
+        """
+        try:
+            self._validator(arguments)
+        except fastjsonschema.JsonSchemaValueException as exc:
+            return f"invalid arguments for tool {self.name}: {_describe(exc)}"
+        return None
+
+    def validate_call(self, call: ToolCall) -> str | None:
+        """Check a model's call of this tool, including arguments that were not JSON.
+
+        Returns:
+            ``None`` when the call may run, else the error text the model should see.
+        """
+        if call.raw_arguments is not None:
+            return (
+                f"invalid arguments for tool {self.name}: "
+                f"the arguments were not a JSON object: {call.raw_arguments[:200]!r}"
+            )
+        return self.validate_arguments(call.arguments)
+
+
+class _RegistryDocument(_Config):
+    tools: list[Any]
+
+
+def _error_lines(exc: ValidationError) -> list[str]:
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}" if where else message)
+    return lines
+
+
+def _duplicate_errors(tools: list[ToolDefinition]) -> list[str]:
+    seen: set[str] = set()
+    errors = []
+    for tool in tools:
+        if tool.name in seen:
+            errors.append(f"tool {tool.name!r}: duplicate name")
+        seen.add(tool.name)
+    return errors
+
+
+class ToolRegistry:
+    """The registered tools, by name, in registry order."""
+
+    def __init__(self, tools: Iterable[ToolDefinition] = ()) -> None:
+        """Register ``tools``.
+
+        Raises:
+            InvalidToolRegistry: two tools have the same name.
+        """
+        tools = list(tools)
+        errors = _duplicate_errors(tools)
+        if errors:
+            raise InvalidToolRegistry(
+                f"tool registry is invalid: {'; '.join(errors)}", details={"errors": errors}
+            )
+        self._tools: dict[str, ToolDefinition] = {tool.name: tool for tool in tools}
+
+    # --- loaders -----------------------------------------------------------------
+
+    @classmethod
+    def empty(cls) -> ToolRegistry:
+        """A registry with no tools."""
+        return cls()
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "tool registry") -> ToolRegistry:
+        """Parse and validate a registry document.
+
+        Args:
+            text: the JSON document ``{"tools": [...]}``.
+            source: where it came from, for error messages.
+
+        Raises:
+            InvalidToolRegistry: the document is not JSON, not of the registry's shape,
+                or a tool is invalid (every problem is listed, each naming its tool).
+        """
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise InvalidToolRegistry(f"{source} is not valid JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise InvalidToolRegistry(f'{source} must be a JSON object {{"tools": [...]}}')
+        try:
+            document = _RegistryDocument.model_validate(raw)
+        except ValidationError as exc:
+            errors = _error_lines(exc)
+            raise InvalidToolRegistry(
+                f'{source} must be an object {{"tools": [...]}}: {"; ".join(errors)}',
+                details={"errors": errors},
+            ) from None
+        tools: list[ToolDefinition] = []
+        errors = []
+        for index, entry in enumerate(document.tools):
+            name = entry.get("name") if isinstance(entry, dict) else None
+            label = f"tool {name!r}" if isinstance(name, str) else f"tool #{index}"
+            try:
+                tools.append(ToolDefinition.model_validate(entry))
+            except ValidationError as exc:
+                errors.extend(f"{label}: {line}" for line in _error_lines(exc))
+        errors.extend(_duplicate_errors(tools))
+        if errors:
+            raise InvalidToolRegistry(
+                f"{source} is invalid: {'; '.join(errors)}", details={"errors": errors}
+            )
+        return cls(tools)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ToolRegistry:
+        """Load a registry from a JSON file.
+
+        Raises:
+            InvalidToolRegistry: the file cannot be read or is invalid.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InvalidToolRegistry(f"cannot read tool registry {path}: {exc}") from None
+        return cls.from_json(text, source=f"tool registry {path}")
+
+    @classmethod
+    def from_parameter(
+        cls,
+        name: str,
+        *,
+        ssm_client: SSMClient | None = None,
+        max_age: int = PARAMETER_MAX_AGE_SECONDS,
+    ) -> ToolRegistry:
+        """Load a registry from an SSM parameter (``String`` or ``SecureString``).
+
+        Read through Powertools Parameters, which caches it for ``max_age`` seconds.
+
+        Args:
+            name: the parameter name.
+            ssm_client: the SSM client to use; Powertools' default one otherwise.
+            max_age: seconds a fetched value is reused.
+
+        Raises:
+            InvalidToolRegistry: the parameter cannot be read or is invalid.
+        """
+        # Imported here: only deployments that keep the registry in SSM pay for it.
+        from aws_lambda_powertools.utilities import parameters
+
+        value: str | bytes | dict[Any, Any] | None
+        try:
+            if ssm_client is None:
+                value = parameters.get_parameter(name, decrypt=True, max_age=max_age)
+            else:
+                provider = parameters.SSMProvider(boto3_client=ssm_client)
+                value = provider.get(name, decrypt=True, max_age=max_age)
+        except parameters.exceptions.GetParameterError as exc:
+            raise InvalidToolRegistry(
+                f"cannot read tool registry parameter {name}: {exc}"
+            ) from None
+        if not isinstance(value, str | bytes):
+            raise InvalidToolRegistry(f"tool registry parameter {name} is not text")
+        return cls.from_json(value, source=f"tool registry parameter {name}")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ToolRegistry:
+        """The deployment's registry: ``TOOLS_FILE``, ``TOOLS_PARAMETER``, or none.
+
+        Raises:
+            InvalidToolRegistry: both are set, or the registry cannot be loaded.
+        """
+        if settings.tools_file and settings.tools_parameter:
+            raise InvalidToolRegistry("set TOOLS_FILE or TOOLS_PARAMETER, not both")
+        if settings.tools_file:
+            return cls.from_file(settings.tools_file)
+        if settings.tools_parameter:
+            return cls.from_parameter(settings.tools_parameter)
+        return cls.empty()
+
+    # --- lookups -----------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        """The registered names, in registry order."""
+        return list(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __iter__(self) -> Iterator[ToolDefinition]:
+        return iter(self._tools.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def get(self, name: str) -> ToolDefinition:
+        """The tool called ``name``.
+
+        Raises:
+            UnknownTool: no tool has that name.
+        """
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise UnknownTool(
+                f"tool {name!r} is not registered",
+                details={"tool": name, "registered": self.names},
+            ) from None
+
+    def select(self, names: list[str] | None = None) -> list[ToolDefinition]:
+        """The tools a turn offers the model.
+
+        Args:
+            names: the turn's ``tools`` list (order kept, repeats dropped); ``None``
+                means every registered tool.
+
+        Raises:
+            UnknownTool: a name is not registered (``details.unknown`` lists them all).
+        """
+        if names is None:
+            return list(self._tools.values())
+        unknown = [name for name in dict.fromkeys(names) if name not in self._tools]
+        if unknown:
+            raise UnknownTool(
+                f"tools not registered: {', '.join(unknown)}",
+                details={"tool": unknown[0], "unknown": unknown, "registered": self.names},
+            )
+        return [self._tools[name] for name in dict.fromkeys(names)]
+
+    def specs(self, names: list[str] | None = None) -> list[ToolSpec]:
+        """The :class:`ToolSpec` of :meth:`select` ``(names)``.
+
+        Raises:
+            UnknownTool: a name is not registered.
+        """
+        return [tool.spec() for tool in self.select(names)]

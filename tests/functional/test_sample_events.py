@@ -1,0 +1,128 @@
+"""Each sample event in events/ (the ones `sam local invoke -e` uses) drives its handler
+to the answer API.md documents, through the function's own ``app.py`` on moto."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from moto import mock_aws
+
+from tests.functional.http_sink import HttpSink, Reply
+from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from turnledger.local.gateway import LambdaContext
+from turnledger.local.template import PROJECT_ROOT
+from turnledger.runtime import set_runtime
+
+Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def load_function(name: str) -> ModuleType:
+    """Import ``functions/<name>/app.py`` by path, as Lambda does."""
+    path = PROJECT_ROOT / "functions" / name / "app.py"
+    spec = importlib.util.spec_from_file_location(f"function_{name}_app", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def invoke(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[tuple[Invoke, HttpSink]]:
+    """``invoke(function, event)`` on moto, with an approval tool served by a real sink."""
+    with mock_aws(), HttpSink(dedupe=True) as sink:
+        clients = aws_clients()
+        table = create_conversations_table(clients.dynamodb)
+        bucket = create_bucket(clients.s3)
+        sink.respond("/email", Reply(body={"sent": True}))
+        tools = tmp_path / "tools.json"
+        tools.write_text(
+            json.dumps(
+                {
+                    "tools": [
+                        {
+                            "name": "send_email",
+                            "parameters": {"type": "object"},
+                            "require_approval": True,
+                            "executor": {"type": "http", "url": sink.url("/email")},
+                        }
+                    ]
+                }
+            )
+        )
+        for name, value in {
+            "TABLE_NAME": table,
+            "BUCKET_NAME": bucket,
+            "TOOLS_FILE": str(tools),
+            "TTL_SECONDS": "3600",
+        }.items():
+            monkeypatch.setenv(name, value)
+        set_runtime(None)
+        modules: dict[str, ModuleType] = {}
+
+        def call(function: str, event: dict[str, Any]) -> dict[str, Any]:
+            module = modules.setdefault(function, load_function(function))
+            context = LambdaContext(function_name=function, memory_limit_in_mb=512, timeout_seconds=29)
+            result: dict[str, Any] = module.lambda_handler(event, context)
+            return result
+
+        yield call, sink
+        set_runtime(None)
+
+
+def body(result: dict[str, Any]) -> Any:
+    return json.loads(result["body"]) if result.get("body") else None
+
+
+def test_each_sample_event_gets_its_documented_answer(
+    invoke: tuple[Invoke, HttpSink], load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """turn → 200; get → the head; events → the transcript; approve with nothing pending →
+    409 not_awaiting_approval, then with a pending call → 200 complete; clear → 204;
+    erase → a report; openapi → the document."""
+    call, sink = invoke
+    turn = call("turn", load_event("turn"))
+    assert turn["statusCode"] == 200
+    assert body(turn)["output_text"] == "Noted (1 user messages so far)."
+
+    head = call("read", load_event("get-conversation"))
+    assert head["statusCode"] == 200 and body(head)["turns"] == 1
+
+    events = call("read", load_event("get-events"))
+    assert [e["kind"] for e in body(events)["events"]] == ["user_message", "assistant_message"]
+
+    nothing = call("approve", load_event("approve"))
+    assert nothing["statusCode"] == 409
+    assert body(nothing)["error"]["code"] == "not_awaiting_approval"
+
+    ask = load_event("turn")
+    ask["body"] = json.dumps({"input": '/tool send_email {"to": "bob@example.com"}'})
+    paused = call("turn", ask)
+    assert body(paused)["status"] == "awaiting_approval"
+    assert body(paused)["pending_tool_calls"][0]["id"] == "call_1"
+    approved = call("approve", load_event("approve"))
+    assert approved["statusCode"] == 200
+    assert body(approved)["status"] == "complete"
+    assert body(approved)["output_text"] == 'Tool results: send_email: {"sent":true}'
+    assert len(sink.side_effects("/email")) == 1
+
+    cleared = call("clear", load_event("clear"))
+    assert cleared["statusCode"] == 204
+    assert call("read", load_event("get-conversation"))["statusCode"] == 404
+
+    call("turn", load_event("turn"))
+    erased = call("clear", load_event("erase-tenant"))
+    assert erased["statusCode"] == 200
+    assert body(erased)["conversations_removed"] == 1 and body(erased)["complete"] is True
+    assert call("read", load_event("get-conversation"))["statusCode"] == 404
+
+    document = call("read", load_event("openapi"))
+    assert document["statusCode"] == 200
+    assert body(document)["info"]["title"] == "turnledger"

@@ -1,0 +1,356 @@
+"""The turn pipeline over every storage backend: the scenarios users hit (issue: the ledger).
+
+Each test drives :class:`Conversations` with the deterministic demo model and
+an injected clock; the ``store`` fixture runs it on memory, moto and DynamoDB
+Local.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from tests.support.factories import FakeClock, corrupt
+from turnledger.config import Settings
+from turnledger.exceptions import (
+    ConversationBusy,
+    ConversationNotFound,
+    CorruptedState,
+    InvalidConversationId,
+    ProviderError,
+    ProviderTimeout,
+    UnsupportedStateVersion,
+)
+from turnledger.models import ConversationKey
+from turnledger.pipeline import Caller, Conversations
+from turnledger.providers.base import ModelReply, ModelRequest, Provider
+from turnledger.providers.demo import DemoProvider
+from turnledger.schemas import TurnRequest
+from turnledger.store import keys
+from turnledger.store.base import ConversationStore
+
+ANN = Caller(tenant="tenant-a", actor="ann")
+BOB = Caller(tenant="tenant-b", actor="bob")
+
+
+class Recording(Provider):
+    """The demo model, recording every request it is sent; optional hooks before answering."""
+
+    def __init__(self, before: Callable[[ModelRequest], None] | None = None) -> None:
+        self.demo = DemoProvider()
+        self.requests: list[ModelRequest] = []
+        self.before = before
+        self._lock = threading.Lock()
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        with self._lock:
+            self.requests.append(request)
+        if self.before is not None:
+            self.before(request)
+        return self.demo.complete(request)
+
+
+def skip_on_moto(request: pytest.FixtureRequest) -> None:
+    """moto's in-process mock is not thread-safe: concurrency runs on memory and DynamoDB Local."""
+    if "moto" in request.node.callspec.id:
+        pytest.skip("moto's in-process mock is not thread-safe (DynamoDB Local covers this)")
+
+
+def service(
+    store: ConversationStore,
+    clock: FakeClock,
+    provider: Provider | None = None,
+    **settings: object,
+) -> Conversations:
+    return Conversations(
+        store=store,
+        provider=provider or Recording(),
+        settings=replace(Settings(), **settings),  # type: ignore[arg-type]
+        clock=clock.now,
+    )
+
+
+def say(svc: Conversations, text: str, conversation: str = "conv-1", who: Caller = ANN) -> str:
+    reply = svc.turn(who, conversation, TurnRequest(input=text))
+    assert reply.output_text is not None
+    return reply.output_text
+
+
+def test_turn_three_remembers_turns_one_and_two(store: ConversationStore, clock: FakeClock) -> None:
+    """Turn N's model request holds every earlier user and assistant message, in order."""
+    provider = Recording()
+    svc = service(store, clock, provider)
+    assert say(svc, "My name is Ann.") == "Noted (1 user messages so far)."
+    assert say(svc, "I live in Oslo.") == "Noted (2 user messages so far)."
+    assert say(svc, "What is my name?") == "Your name is Ann."
+    assert say(svc, "And again: what is my name?") == "Your name is Ann."
+
+    last = provider.requests[-1].messages
+    assert [(m.role, m.content) for m in last] == [
+        ("user", "My name is Ann."),
+        ("assistant", "Noted (1 user messages so far)."),
+        ("user", "I live in Oslo."),
+        ("assistant", "Noted (2 user messages so far)."),
+        ("user", "What is my name?"),
+        ("assistant", "Your name is Ann."),
+        ("user", "And again: what is my name?"),
+    ]
+    view = svc.get(ANN, "conv-1")
+    assert (view.turns, view.events, view.status) == (4, 8, "complete")
+
+
+def test_interleaved_conversations_share_nothing(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """Turns of many conversations interleaved: each remembers only its own history."""
+    svc = service(store, clock)
+    names = {f"conv-{i}": f"Name{i}" for i in range(5)}
+    for conversation, name in names.items():
+        say(svc, f"My name is {name}.", conversation)
+    for conversation in names:
+        say(svc, "Nice weather.", conversation)
+    for conversation, name in names.items():
+        assert say(svc, "What is my name?", conversation) == f"Your name is {name}."
+        assert svc.get(ANN, conversation).events == 6
+
+
+def test_concurrent_conversations_share_nothing(
+    store: ConversationStore, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Truly concurrent turns on different conversations all commit, each with its own history."""
+    skip_on_moto(request)
+    svc = service(store, clock)
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def talk(index: int) -> None:
+        try:
+            start.wait()
+            conversation = f"parallel-{index}"
+            say(svc, f"My name is P{index}.", conversation)
+            say(svc, "Hello.", conversation)
+            assert say(svc, "What is my name?", conversation) == f"Your name is P{index}."
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=talk, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for index in range(8):
+        assert svc.get(ANN, f"parallel-{index}").turns == 3
+
+
+def test_same_id_under_two_tenants_is_two_conversations(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """Another tenant's conversation is indistinguishable from a missing one."""
+    svc = service(store, clock)
+    say(svc, "My name is Ann.", "shared-id", ANN)
+    with pytest.raises(ConversationNotFound):
+        svc.get(BOB, "shared-id")
+    assert say(svc, "What is my name?", "shared-id", BOB) == "I don't know your name yet."
+    assert say(svc, "What is my name?", "shared-id", ANN) == "Your name is Ann."
+    svc.clear(BOB, "shared-id")
+    assert svc.get(ANN, "shared-id").turns == 2
+
+
+def test_idle_conversation_expires_at_once_and_restarts_fresh(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """Past its TTL a conversation is invisible; the next turn starts over under the same id."""
+    svc = service(store, clock, ttl_seconds=60)
+    say(svc, "My name is Ann.")
+    clock.advance(59)
+    assert svc.get(ANN, "conv-1").turns == 1
+    say(svc, "Still here.")  # refreshes the TTL
+    clock.advance(59)
+    assert say(svc, "What is my name?") == "Your name is Ann."
+    clock.advance(60)
+    with pytest.raises(ConversationNotFound):
+        svc.get(ANN, "conv-1")
+    with pytest.raises(ConversationNotFound):
+        svc.events(ANN, "conv-1", after=0, limit=10)
+    assert say(svc, "What is my name?") == "I don't know your name yet."
+    view = svc.get(ANN, "conv-1")
+    assert (view.turns, view.events) == (1, 2)
+    page = svc.events(ANN, "conv-1", after=0, limit=10)
+    assert [e.sequence for e in page.events] == [1, 2]
+    assert page.events[0].payload["content"] == "What is my name?"
+
+
+def test_ttl_zero_never_expires(store: ConversationStore, clock: FakeClock) -> None:
+    """``ttl_seconds=0`` disables idle expiry: no TTL attribute, visible forever."""
+    svc = service(store, clock, ttl_seconds=0)
+    say(svc, "My name is Ann.")
+    clock.advance(10 * 365 * 24 * 3600)
+    view = svc.get(ANN, "conv-1")
+    assert view.expires_at is None and view.ttl_seconds == 0
+    assert say(svc, "What is my name?") == "Your name is Ann."
+
+
+def test_tenant_ttl_overrides_the_default(store: ConversationStore, clock: FakeClock) -> None:
+    """A tenant setting overrides the deployment's TTL (``0`` disables it for that tenant)."""
+    svc = service(store, clock, ttl_seconds=60, tenant_ttl_seconds={"tenant-b": 0})
+    say(svc, "Hi.", "c", ANN)
+    say(svc, "Hi.", "c", BOB)
+    clock.advance(3600)
+    with pytest.raises(ConversationNotFound):
+        svc.get(ANN, "c")
+    assert svc.get(BOB, "c").turns == 1
+
+
+def test_clear_deletes_one_conversation_and_spares_its_siblings(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """Clear removes the conversation at once; siblings are untouched; absent is fine."""
+    svc = service(store, clock)
+    say(svc, "My name is Ann.", "a")
+    say(svc, "My name is Bea.", "b")
+    report = svc.clear(ANN, "a")
+    assert (report.conversations, report.events) == (1, 2)
+    with pytest.raises(ConversationNotFound):
+        svc.get(ANN, "a")
+    assert say(svc, "What is my name?", "b") == "Your name is Bea."
+    assert svc.clear(ANN, "never-existed").conversations == 0
+    assert say(svc, "What is my name?", "a") == "I don't know your name yet."
+
+
+@pytest.mark.parametrize("damage", ["head-body", "event-body", "head-version", "event-version"])
+def test_damaged_state_fails_loudly_and_delete_recovers(
+    store: ConversationStore, clock: FakeClock, damage: str
+) -> None:
+    """Corrupted or unknown-version items are reported, never guessed at; DELETE recovers."""
+    svc = service(store, clock)
+    say(svc, "My name is Ann.")
+    key = ConversationKey(tenant=ANN.tenant, conversation_id="conv-1")
+    target = keys.HEAD_SK if damage.startswith("head") else keys.event_sort_key(1)
+    if damage.endswith("body"):
+        corrupt(store, key, target, d='{"not": "valid"')
+        expected: type[Exception] = CorruptedState
+    else:
+        corrupt(store, key, target, v=99)
+        expected = UnsupportedStateVersion
+    with pytest.raises(expected) as raised:
+        say(svc, "What is my name?")
+    if expected is UnsupportedStateVersion:
+        assert raised.value.details["found"] == 99
+        assert raised.value.details["supported"] == [1]
+    svc.clear(ANN, "conv-1")
+    assert say(svc, "What is my name?") == "I don't know your name yet."
+
+
+def test_racing_turns_one_commits_the_other_is_busy(
+    store: ConversationStore, clock: FakeClock, request: pytest.FixtureRequest
+) -> None:
+    """Two turns on one conversation: one commits, the other is busy and stores nothing."""
+    skip_on_moto(request)
+    both_loaded = threading.Barrier(2)
+    provider = Recording(before=lambda _request: both_loaded.wait(timeout=10))
+    svc = service(store, clock, provider)
+    say(service(store, clock), "My name is Ann.")
+    outcomes: dict[str, object] = {}
+
+    def turn(text: str) -> None:
+        try:
+            outcomes[text] = say(svc, text)
+        except ConversationBusy as exc:
+            outcomes[text] = exc
+
+    threads = [threading.Thread(target=turn, args=(t,)) for t in ("first racer", "second racer")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    busy = [t for t, o in outcomes.items() if isinstance(o, ConversationBusy)]
+    assert len(busy) == 1
+    page = svc.events(ANN, "conv-1", after=0, limit=100)
+    contents = [e.payload.get("content") for e in page.events]
+    assert busy[0] not in contents
+    assert len(page.events) == 4 and svc.get(ANN, "conv-1").turns == 2
+
+
+@pytest.mark.parametrize("failure", [ProviderError, ProviderTimeout])
+def test_provider_failure_leaves_no_trace(
+    store: ConversationStore, clock: FakeClock, failure: type[ProviderError]
+) -> None:
+    """A provider failure stores nothing of the turn: the conversation is as it was."""
+
+    def fail(_request: ModelRequest) -> None:
+        raise failure("the model is down")
+
+    svc = service(store, clock)
+    say(svc, "My name is Ann.")
+    before = svc.get(ANN, "conv-1")
+    with pytest.raises(failure):
+        say(service(store, clock, Recording(before=fail)), "This is lost.")
+    after = svc.get(ANN, "conv-1")
+    assert after == before
+    with pytest.raises(failure):
+        say(service(store, clock, Recording(before=fail)), "Also lost.", "new-conv")
+    with pytest.raises(ConversationNotFound):
+        svc.get(ANN, "new-conv")
+
+
+def test_turn_racing_a_clear_never_resurrects_half_a_history(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """A turn that loaded before a clear cannot commit after it: the clear wins whole."""
+    svc = service(store, clock)
+    say(svc, "My name is Ann.")
+    cleared = threading.Event()
+
+    def clear_first(_request: ModelRequest) -> None:
+        svc.clear(ANN, "conv-1")
+        cleared.set()
+
+    racer = service(store, clock, Recording(before=clear_first))
+    with pytest.raises(ConversationBusy):
+        say(racer, "I began before the clear.")
+    assert cleared.is_set()
+    with pytest.raises(ConversationNotFound):
+        svc.get(ANN, "conv-1")
+    assert say(svc, "What is my name?") == "I don't know your name yet."
+    assert [e.sequence for e in svc.events(ANN, "conv-1", after=0, limit=10).events] == [1, 2]
+
+
+def test_large_message_round_trips_whole_through_s3(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """A 600 KB message is offloaded and returned whole by the events route."""
+    svc = service(store, clock)
+    big = "My name is Ann. " + "x" * 600_000
+    say(svc, big)
+    assert say(svc, "What is my name?") == "Your name is Ann."
+    [first] = svc.events(ANN, "conv-1", after=0, limit=1).events
+    assert first.payload["content"] == big
+
+
+def test_invalid_conversation_id_is_rejected_before_any_io(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """Ids break the rule: 400 before anything is read or written."""
+    svc = service(store, clock)
+    for bad in ["", "-leading-dash", "has space", "x" * 129, "slash/inside", "hash#inside"]:
+        with pytest.raises(InvalidConversationId):
+            svc.turn(ANN, bad, TurnRequest(input="hi"))
+    assert say(svc, "hi", "A." + "b" * 126) == "Noted (1 user messages so far)."
+
+
+def test_events_route_pages_in_sequence_order(store: ConversationStore, clock: FakeClock) -> None:
+    """``after``/``limit`` page through the whole transcript; ``next_after`` is None at the end."""
+    svc = service(store, clock)
+    for i in range(5):
+        say(svc, f"message {i}")
+    seen: list[int] = []
+    after: int | None = 0
+    while after is not None:
+        page = svc.events(ANN, "conv-1", after=after, limit=3)
+        seen.extend(e.sequence for e in page.events)
+        after = page.next_after
+    assert seen == list(range(1, 11))

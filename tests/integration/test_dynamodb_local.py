@@ -1,0 +1,169 @@
+"""What only the real engine shows: item and transaction size limits, consumed capacity,
+1 MB query pages, and transaction conflicts between concurrent writers.
+
+Runs :class:`DynamoDBConversationStore` against DynamoDB Local (S3 on moto's
+server). moto does not enforce these limits the way DynamoDB does, so these
+checks live here rather than in the contract suite.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from turnledger.exceptions import ConversationBusy, PayloadTooLarge
+from turnledger.models import Head
+from turnledger.store.base import ContextBudget
+from turnledger.store.dynamodb import DynamoDBConversationStore
+
+from tests.support.factories import (
+    Turn,
+    blob_keys,
+    build_turn,
+    commit_turn,
+    make_key,
+    raw_sort_keys,
+)
+
+pytestmark = pytest.mark.integration
+
+KEY = make_key("tenant-int", "conv-int")
+EVERYTHING = ContextBudget(max_events=10_000, max_chars=100_000_000)
+
+
+def inline_content(store: DynamoDBConversationStore, tag: str) -> str:
+    """Message text whose payload stays inline, as large as that allows (an item of ~64 KB)."""
+    envelope = len(json.dumps({"content": ""}, separators=(",", ":")))
+    room = store.offload_threshold - envelope - 1
+    return (tag + ":" + "x" * room)[:room]
+
+
+def test_an_item_over_400_kb_is_payload_too_large(
+    ddb_local_store: DynamoDBConversationStore,
+) -> None:
+    """DynamoDB refuses an item over 400 KB; the store reports PayloadTooLarge and nothing of the
+    commit is stored: no head, no event, no offloaded object."""
+    pending = {
+        "id": "call-1",
+        "name": "lookup",
+        "arguments": {"blob": "x" * 450_000},
+        "requires": "approval",
+        "state": "awaiting_approval",
+        "idempotency_key": "idem-1",
+        "arguments_sha256": "0" * 64,
+    }
+    huge = build_turn(KEY, None, ["q1", "b" * 100_000], pending=[pending])
+
+    with pytest.raises(PayloadTooLarge):
+        ddb_local_store.commit(KEY, expected_version=None, head=huge.head, events=huge.events)
+
+    assert ddb_local_store.get_head(KEY) is None
+    assert raw_sort_keys(ddb_local_store, KEY) == []
+    assert blob_keys(ddb_local_store, KEY) == []
+
+
+def test_a_commit_over_the_transaction_size_limit_is_payload_too_large(
+    ddb_local_store: DynamoDBConversationStore,
+) -> None:
+    """A turn whose events are each under the offload threshold but together over a
+    transaction's 4 MB is PayloadTooLarge (the caller's input is too large), never an
+    internal error, and nothing is stored."""
+    store = ddb_local_store
+    first = commit_turn(store, KEY, None, ["q1"])
+    bulky = build_turn(KEY, first.head, [inline_content(store, str(n)) for n in range(70)])
+
+    with pytest.raises(PayloadTooLarge):
+        store.commit(KEY, expected_version=1, head=bulky.head, events=bulky.events)
+
+    assert store.get_head(KEY) == first.head
+    assert raw_sort_keys(store, KEY) == ["E#000000000001", "HEAD"]
+
+
+def test_consumed_capacity_is_metered(ddb_local_store: DynamoDBConversationStore) -> None:
+    """The store's meter records the capacity DynamoDB reports: a commit consumes write units,
+    more for a larger turn, and a load consumes read units."""
+    store = ddb_local_store
+    before = store.meter.snapshot()
+    small = commit_turn(store, KEY, None, ["q1", "a1"])
+    small_cost = store.meter.since(before)
+
+    before = store.meter.snapshot()
+    commit_turn(store, KEY, small.head, ["q2", inline_content(store, "a2")])
+    large_cost = store.meter.since(before)
+
+    before = store.meter.snapshot()
+    store.load(KEY, EVERYTHING)
+    load_cost = store.meter.since(before)
+
+    assert small_cost.write_units > 0
+    assert large_cost.write_units > small_cost.write_units * 10
+    assert load_cost.read_units > 0
+    assert load_cost.write_units == 0
+
+
+def test_a_history_larger_than_one_query_page_is_read_whole(
+    ddb_local_store: DynamoDBConversationStore,
+) -> None:
+    """A transcript of several megabytes spans several 1 MB query pages; read_events and load
+    (with a budget that fits it) return every event, in order."""
+    store = ddb_local_store
+    committed: list[Turn] = []
+    head: Head | None = None
+    for turn_number in range(4):
+        turn = commit_turn(
+            store, KEY, head, [inline_content(store, f"{turn_number}.{n}") for n in range(10)]
+        )
+        committed.append(turn)
+        head = turn.head
+    assert head is not None
+    every = [event for turn in committed for event in turn.events]
+    assert len(every) == 40
+
+    before = store.meter.snapshot()
+    assert store.read_events(KEY, head, after=0, limit=1000) == every
+    read_pages = store.meter.since(before).read_calls
+
+    before = store.meter.snapshot()
+    snapshot = store.load(KEY, EVERYTHING)
+    load_pages = store.meter.since(before).read_calls
+
+    assert snapshot.events == every
+    assert snapshot.from_start
+    # ~2.5 MB of items: the engine really cut the answer into 1 MB pages.
+    assert read_pages >= 3
+    assert load_pages >= 3
+
+
+@pytest.mark.parametrize("round_number", range(3))
+def test_concurrent_commits_lose_as_conversation_busy(
+    ddb_local_store: DynamoDBConversationStore, round_number: int
+) -> None:
+    """Commits racing on one version against the real engine, whether they lose on a failed
+    condition or on a transaction conflict, raise ConversationBusy (never an internal error),
+    and exactly one lands whole."""
+    store = ddb_local_store
+    key = make_key("tenant-int", f"race-{round_number}")
+    first = commit_turn(store, key, None, ["q1"])
+    contenders = [
+        build_turn(key, first.head, [f"q2 from {n}", f"a2 from {n}", f"b2 from {n}"])
+        for n in range(8)
+    ]
+    start = threading.Barrier(len(contenders))
+
+    def race(turn: Turn) -> str:
+        start.wait()
+        try:
+            store.commit(key, expected_version=1, head=turn.head, events=turn.events)
+        except ConversationBusy:
+            return "busy"
+        return "won"
+
+    with ThreadPoolExecutor(len(contenders)) as pool:
+        outcomes = list(pool.map(race, contenders))
+
+    assert sorted(outcomes) == ["busy"] * (len(contenders) - 1) + ["won"]
+    winner = contenders[outcomes.index("won")]
+    assert store.get_head(key) == winner.head
+    assert store.load(key, EVERYTHING).events == first.events + winner.events

@@ -1,0 +1,1 @@
+"""Helpers shared by every kind of test: local AWS endpoints, tables from the template, data."""

@@ -1,0 +1,372 @@
+"""Test data and test doubles: a fake clock, heads, events, whole turns, and raw item access.
+
+``raw_item``/``put_raw_item``/``corrupt`` read and write the physical items of
+any backend without going through the store's own decoding, so tests can check
+the stored layout and damage it on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from unittest import mock
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from turnledger.models import (
+    ConversationKey,
+    ConversationStatus,
+    Event,
+    EventKind,
+    Head,
+)
+from turnledger.store import codec, keys
+from turnledger.store.base import ConversationStore, new_generation
+from turnledger.store.codec import BlobRef, Item
+from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.memory import MemoryConversationStore
+
+#: Where every fake clock starts.
+START = datetime(2025, 1, 15, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class FakeClock:
+    """A clock tests move by hand; ``now()`` is timezone-aware UTC."""
+
+    current: datetime = START
+
+    def now(self) -> datetime:
+        """The current fake instant."""
+        return self.current
+
+    def advance(self, seconds: float) -> datetime:
+        """Move forward by ``seconds``; returns the new instant."""
+        self.current += timedelta(seconds=seconds)
+        return self.current
+
+    def __call__(self) -> datetime:
+        """``now()``, so the clock can be injected where a ``Callable[[], datetime]`` is taken."""
+        return self.now()
+
+
+def make_key(tenant: str = "tenant-a", conversation_id: str = "conv-1") -> ConversationKey:
+    """A conversation key."""
+    return ConversationKey(tenant=tenant, conversation_id=conversation_id)
+
+
+def make_head(**overrides: Any) -> Head:
+    """A valid head of a conversation with no events; ``overrides`` replace any field."""
+    fields: dict[str, Any] = {
+        "gen": new_generation(),
+        "version": 1,
+        "base": 0,
+        "seq": 0,
+        "turn": 0,
+        "status": ConversationStatus.COMPLETE,
+        "created_at": START,
+        "updated_at": START,
+        "ttl_seconds": 0,
+    }
+    fields.update(overrides)
+    return Head(**fields)
+
+
+def make_event(
+    sequence: int = 1,
+    *,
+    turn: int = 1,
+    kind: EventKind = EventKind.USER_MESSAGE,
+    content: str = "hello",
+    payload: dict[str, Any] | None = None,
+    conversation_id: str = "conv-1",
+    event_id: str | None = None,
+    occurred_at: datetime = START,
+    actor: str | None = None,
+) -> Event:
+    """A valid event; ``payload`` defaults to a message with ``content`` (user or assistant)."""
+    if payload is None:
+        if kind not in (EventKind.USER_MESSAGE, EventKind.ASSISTANT_MESSAGE):
+            raise ValueError(f"give the payload of a {kind.value} event")
+        payload = {"content": content}
+    return Event(
+        event_id=event_id or f"evt-{uuid.uuid4().hex}",
+        conversation_id=conversation_id,
+        sequence=sequence,
+        turn=turn,
+        kind=kind,
+        actor=actor or ("user" if kind is EventKind.USER_MESSAGE else "assistant"),
+        occurred_at=occurred_at,
+        payload=payload,
+    )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one commit writes: the version it expects, the new head and its events."""
+
+    expected_version: int | None
+    head: Head
+    events: list[Event] = field(default_factory=list)
+
+
+def build_turn(
+    key: ConversationKey,
+    previous: Head | None,
+    messages: Sequence[str],
+    *,
+    now: datetime = START,
+    continue_turn: bool = False,
+    **head_overrides: Any,
+) -> Turn:
+    """The commit of the next turn after ``previous``, the way the turn engine builds it.
+
+    No head or a tombstone starts a new life: over a tombstone the new life takes
+    the tombstone's ``gen`` and ``base`` (so it writes above every old event and
+    a purge in progress keeps its objects), and public sequences restart at 1.
+    The first message is the user's, the others the assistant's.
+
+    Args:
+        continue_turn: append to ``previous``'s turn instead of starting the next
+            (a turn longer than one commit can hold).
+        head_overrides: fields of the new head to replace.
+    """
+    if previous is None or previous.status is ConversationStatus.CLEARED:
+        gen = previous.gen if previous else new_generation()
+        base = previous.base if previous else 0
+        last, turn, created_at = base, 1, now
+    else:
+        gen, base, last, created_at = previous.gen, previous.base, previous.seq, previous.created_at
+        turn = previous.turn if continue_turn else previous.turn + 1
+    events = [
+        make_event(
+            last - base + offset + 1,
+            turn=turn,
+            kind=(
+                EventKind.USER_MESSAGE
+                if offset == 0 and not continue_turn
+                else EventKind.ASSISTANT_MESSAGE
+            ),
+            content=content,
+            conversation_id=key.conversation_id,
+            occurred_at=now,
+        )
+        for offset, content in enumerate(messages)
+    ]
+    fields: dict[str, Any] = {
+        "gen": gen,
+        "version": previous.version + 1 if previous else 1,
+        "base": base,
+        "seq": last + len(events),
+        "turn": turn,
+        "status": ConversationStatus.COMPLETE,
+        "created_at": created_at,
+        "updated_at": now,
+        "ttl_seconds": 0,
+    }
+    fields.update(head_overrides)
+    return Turn(
+        expected_version=previous.version if previous else None,
+        head=Head(**fields),
+        events=events,
+    )
+
+
+def commit_turn(
+    store: ConversationStore,
+    key: ConversationKey,
+    previous: Head | None,
+    messages: Sequence[str],
+    **options: Any,
+) -> Turn:
+    """Build the next turn with :func:`build_turn` and commit it; returns what was committed."""
+    turn = build_turn(key, previous, messages, **options)
+    store.commit(key, expected_version=turn.expected_version, head=turn.head, events=turn.events)
+    return turn
+
+
+# --- physical items -----------------------------------------------------------------------
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | None:
+    """The item at ``sk`` of ``key``'s partition exactly as the backend holds it."""
+    pk = keys.partition_key(key)
+    if isinstance(store, MemoryConversationStore):
+        item = store.items.get(pk, {}).get(sk)
+        return dict(item) if item is not None else None
+    if isinstance(store, DynamoDBConversationStore):
+        response = store.client.get_item(
+            TableName=store.table_name,
+            Key={codec.A_PK: {"S": pk}, codec.A_SK: {"S": sk}},
+            ConsistentRead=True,
+        )
+        wire = response.get("Item")
+        if wire is None:
+            return None
+        return {name: _plain(_deserializer.deserialize(v)) for name, v in wire.items()}
+    raise TypeError(f"no raw access to {type(store).__name__}")
+
+
+def raw_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
+    """Every sort key in ``key``'s partition, ascending (events first, then ``HEAD``)."""
+    pk = keys.partition_key(key)
+    if isinstance(store, MemoryConversationStore):
+        return sorted(store.items.get(pk, {}))
+    if isinstance(store, DynamoDBConversationStore):
+        found: list[str] = []
+        paginator = store.client.get_paginator("query")
+        for page in paginator.paginate(
+            TableName=store.table_name,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": pk}},
+            ProjectionExpression="sk",
+            ConsistentRead=True,
+        ):
+            found.extend(item["sk"]["S"] for item in page.get("Items", []))
+        return found
+    raise TypeError(f"no raw access to {type(store).__name__}")
+
+
+def put_raw_item(store: ConversationStore, item: Item) -> None:
+    """Write ``item`` as is, bypassing every check of the store."""
+    if isinstance(store, MemoryConversationStore):
+        store.items.setdefault(item[codec.A_PK], {})[item[codec.A_SK]] = dict(item)
+        return
+    if isinstance(store, DynamoDBConversationStore):
+        wire = {name: _serializer.serialize(value) for name, value in item.items()}
+        store.client.put_item(TableName=store.table_name, Item=wire)
+        return
+    raise TypeError(f"no raw access to {type(store).__name__}")
+
+
+def delete_raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> None:
+    """Remove one item behind the store's back (as DynamoDB TTL would remove a head)."""
+    pk = keys.partition_key(key)
+    if isinstance(store, MemoryConversationStore):
+        store.items.get(pk, {}).pop(sk, None)
+        return
+    if isinstance(store, DynamoDBConversationStore):
+        store.client.delete_item(
+            TableName=store.table_name, Key={codec.A_PK: {"S": pk}, codec.A_SK: {"S": sk}}
+        )
+        return
+    raise TypeError(f"no raw access to {type(store).__name__}")
+
+
+#: Pass as an attribute's new value to :func:`corrupt` to remove the attribute.
+REMOVE = object()
+
+
+def corrupt(store: ConversationStore, key: ConversationKey, sk: str, **changes: Any) -> Item:
+    """Change attributes of a stored item (``REMOVE`` drops one); returns the new item.
+
+    Example: ``corrupt(store, key, "HEAD", v=99)`` gives the head an unknown schema version.
+    """
+    item = raw_item(store, key, sk)
+    assert item is not None, f"no item at {sk}"
+    for name, value in changes.items():
+        if value is REMOVE:
+            item.pop(name, None)
+        else:
+            item[name] = value
+    put_raw_item(store, item)
+    return item
+
+
+def corrupt_body(
+    store: ConversationStore, key: ConversationKey, sk: str, edit: Callable[[dict[str, Any]], None]
+) -> Item:
+    """Parse an item's JSON body, let ``edit`` change it in place, and store it back."""
+    item = raw_item(store, key, sk)
+    assert item is not None, f"no item at {sk}"
+    body = json.loads(item[codec.A_BODY])
+    edit(body)
+    return corrupt(store, key, sk, **{codec.A_BODY: json.dumps(body)})
+
+
+def stored_ref(
+    store: ConversationStore, key: ConversationKey, storage_sequence: int
+) -> BlobRef | None:
+    """The blob reference held by the event item at ``storage_sequence`` (``None``: inline)."""
+    item = raw_item(store, key, keys.event_sort_key(storage_sequence))
+    assert item is not None, f"no event at storage sequence {storage_sequence}"
+    ref = json.loads(item[codec.A_BODY]).get("ref")
+    return None if ref is None else BlobRef.model_validate(ref)
+
+
+def blob_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
+    """Every object key of the conversation in the store's blob store, sorted."""
+    return sorted(store.blobs.list_keys(keys.blob_prefix(key)))
+
+
+# --- staging races ------------------------------------------------------------------------
+
+
+@contextmanager
+def small_pages(store: ConversationStore, size: int) -> Iterator[None]:
+    """Make every backend query return at most ``size`` items, so paging is exercised."""
+    original = store._query
+
+    def capped(pk: str, **kwargs: Any) -> Any:
+        kwargs["limit"] = min(kwargs["limit"], size)
+        return original(pk, **kwargs)
+
+    with mock.patch.object(store, "_query", side_effect=capped):
+        yield
+
+
+@dataclass
+class Interleaving:
+    """Whether the staged action ran (assert it did, or the race was never staged)."""
+
+    ran: int = 0
+
+
+@contextmanager
+def interleave(
+    store: ConversationStore,
+    primitive: str,
+    action: Callable[[], None],
+    *,
+    call: int = 1,
+    after: bool = False,
+) -> Iterator[Interleaving]:
+    """Run ``action`` once, just before (or after) the ``call``-th call of a backend primitive.
+
+    This stages a concurrent writer at an exact point of a store operation
+    (between reading the head and writing the tombstone, in the middle of a
+    purge...), deterministically and without threads.
+    """
+    original = getattr(store, primitive)
+    state = Interleaving()
+    calls = 0
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        fire = calls == call and not state.ran
+        if fire and not after:
+            state.ran += 1
+            action()
+        result = original(*args, **kwargs)
+        if fire and after:
+            state.ran += 1
+            action()
+        return result
+
+    with mock.patch.object(store, primitive, side_effect=wrapped):
+        yield state

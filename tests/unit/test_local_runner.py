@@ -1,0 +1,748 @@
+"""The local runner plays API Gateway: routes, auth, limits and events as deployed.
+
+Most tests serve a tiny template and fake functions written to ``tmp_path``, so
+they test the runner alone; the last ones bring up the embedded storage from
+the real ``template.yaml``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from turnledger.local.cli import build_parser, config_from_args, main
+from turnledger.local.embedded import EmbeddedStorage, StorageNames, provision
+from turnledger.local.gateway import MAX_BODY_BYTES
+from turnledger.local.runner import LocalConfig, LocalRunner
+from turnledger.local.template import load_template, ttl_attribute
+
+FAKE_TEMPLATE = """\
+AWSTemplateFormatVersion: "2010-09-09"
+Transform: AWS::Serverless-2016-10-31
+Globals:
+  Function:
+    Runtime: python3.13
+    Timeout: 7
+    MemorySize: 256
+Resources:
+  EchoFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: fns/echo/
+      Handler: app.lambda_handler
+      Events:
+        GetThing:
+          Type: HttpApi
+          Properties: {Method: GET, Path: "/v1/things/{id}"}
+        ListThings:
+          Type: HttpApi
+          Properties: {Method: GET, Path: /v1/things}
+        PostPart:
+          Type: HttpApi
+          Properties: {Method: POST, Path: "/v1/things/{id}/parts"}
+        Open:
+          Type: HttpApi
+          Properties:
+            Method: GET
+            Path: /v1/open
+            Auth:
+              Authorizer: NONE
+  OddFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: fns/odd/
+      Handler: main.handle
+      MemorySize: 1024
+      Timeout: 3
+      Events:
+        Rendezvous:
+          Type: HttpApi
+          Properties: {Method: GET, Path: /v1/rendezvous}
+        Boom:
+          Type: HttpApi
+          Properties: {Method: POST, Path: /v1/boom}
+        Binary:
+          Type: HttpApi
+          Properties: {Method: GET, Path: /v1/binary}
+        Plain:
+          Type: HttpApi
+          Properties: {Method: GET, Path: /v1/plain}
+  SweepFunction:
+    Type: AWS::Serverless::Function
+    Properties:
+      CodeUri: fns/sweep/
+      Handler: app.lambda_handler
+      Events:
+        Schedule:
+          Type: Schedule
+          Properties: {Schedule: rate(1 hour)}
+"""
+
+ECHO_APP = """\
+import json, os
+
+def lambda_handler(event, context):
+    with open(os.environ["FAKE_CALL_LOG"], "a") as log:
+        log.write(event["routeKey"] + "\\n")
+    body = event.pop("body", None)
+    answer = {
+        "event": event,
+        "body": body,
+        "body_length": None if body is None else len(body),
+        "context": {
+            "function_name": context.function_name,
+            "memory_limit_in_mb": context.memory_limit_in_mb,
+            "invoked_function_arn": context.invoked_function_arn,
+            "aws_request_id": context.aws_request_id,
+            "remaining_ms": context.get_remaining_time_in_millis(),
+        },
+        "env": {name: os.environ.get(name) for name in (
+            "TABLE_NAME", "BUCKET_NAME", "IDEMPOTENCY_TABLE_NAME", "TTL_SECONDS", "PROVIDER",
+            "MODEL", "TOOLS_FILE", "TENANT_CLAIM", "POWERTOOLS_SERVICE_NAME",
+            "POWERTOOLS_TRACE_DISABLED", "AWS_DEFAULT_REGION", "EXTRA")},
+    }
+    return {
+        "statusCode": 201 if event["requestContext"]["http"]["method"] == "POST" else 200,
+        "headers": {"Content-Type": "application/json", "X-Echo": "yes"},
+        "cookies": ["a=1; Path=/", "b=2"],
+        "body": json.dumps(answer),
+    }
+"""
+
+ODD_MAIN = """\
+import base64, threading
+
+RENDEZVOUS = threading.Barrier(2, timeout=20)
+
+def handle(event, context):
+    route = event["routeKey"]
+    if route == "GET /v1/rendezvous":
+        # Returns only when a second request reaches this point meanwhile.
+        RENDEZVOUS.wait()
+        return {"statusCode": 200, "body": "met"}
+    if route == "POST /v1/boom":
+        raise RuntimeError("boom")
+    if route == "GET /v1/binary":
+        return {"statusCode": 200, "headers": {"content-type": "application/octet-stream"},
+                "body": base64.b64encode(bytes([0, 255, 1])).decode(), "isBase64Encoded": True}
+    return {"plain": True, "remaining_ms": context.get_remaining_time_in_millis(),
+            "memory": context.memory_limit_in_mb}
+"""
+
+SWEEP_APP = """\
+def lambda_handler(event, context):
+    return {"swept": 0, "event": event, "function": context.function_name}
+"""
+
+TENANT = {"Authorization": "Bearer local:acme:ada"}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project with the fake template and its three fake functions."""
+    (tmp_path / "template.yaml").write_text(FAKE_TEMPLATE)
+    for folder, filename, source in (
+        ("echo", "app.py", ECHO_APP),
+        ("odd", "main.py", ODD_MAIN),
+        ("sweep", "app.py", SWEEP_APP),
+    ):
+        (tmp_path / "fns" / folder).mkdir(parents=True)
+        (tmp_path / "fns" / folder / filename).write_text(textwrap.dedent(source))
+    return tmp_path
+
+
+@pytest.fixture
+def call_log(tmp_path: Path) -> Path:
+    """The file the echo function appends each invocation's route key to."""
+    return tmp_path / "calls.log"
+
+
+@pytest.fixture
+def runner(project: Path, call_log: Path) -> Iterator[LocalRunner]:
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        ttl_seconds=60,
+        provider="demo",
+        model="demo-2",
+        tools_file=project / "tools.json",
+        table="t-table",
+        bucket="t-bucket",
+        env={"FAKE_CALL_LOG": str(call_log), "EXTRA": "yes"},
+    )
+    with LocalRunner(config) as running:
+        yield running
+
+
+@pytest.fixture
+def client(runner: LocalRunner) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=runner.url, trust_env=False, timeout=30) as http:
+        yield http
+
+
+def echoed(response: httpx.Response) -> dict[str, Any]:
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def calls(call_log: Path) -> list[str]:
+    return call_log.read_text().splitlines() if call_log.exists() else []
+
+
+# --- routing -------------------------------------------------------------------------------
+
+
+def test_path_parameters_are_matched_and_decoded(client: httpx.Client) -> None:
+    response = client.get("/v1/things/a%20b:c", headers=TENANT)
+    assert response.status_code == 200
+    event = echoed(response)["event"]
+    assert event["routeKey"] == "GET /v1/things/{id}"
+    assert event["rawPath"] == "/v1/things/a%20b:c"
+    assert event["pathParameters"] == {"id": "a b:c"}
+
+
+def test_routes_without_path_parameters_have_none(client: httpx.Client) -> None:
+    event = echoed(client.get("/v1/things", headers=TENANT))["event"]
+    assert event["routeKey"] == "GET /v1/things"
+    assert "pathParameters" not in event
+
+
+def test_deeper_route_is_its_own_route(client: httpx.Client, call_log: Path) -> None:
+    response = client.post("/v1/things/t1/parts", headers=TENANT, content=b'{"n": 1}')
+    assert response.status_code == 201
+    answer = echoed(response)
+    assert answer["event"]["routeKey"] == "POST /v1/things/{id}/parts"
+    assert answer["event"]["pathParameters"] == {"id": "t1"}
+    assert answer["body"] == '{"n": 1}'
+    assert calls(call_log) == ["POST /v1/things/{id}/parts"]
+
+
+def test_query_string_is_passed_raw_and_parsed(client: httpx.Client) -> None:
+    event = echoed(client.get("/v1/things/x?after=0&limit=50&tag=a&tag=b&empty=", headers=TENANT))[
+        "event"
+    ]
+    assert event["rawQueryString"] == "after=0&limit=50&tag=a&tag=b&empty="
+    assert event["queryStringParameters"] == {
+        "after": "0",
+        "limit": "50",
+        "tag": "a,b",
+        "empty": "",
+    }
+
+
+def test_unknown_path_is_404_not_found(client: httpx.Client, call_log: Path) -> None:
+    response = client.get("/v1/nothing/here", headers=TENANT)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    assert set(response.json()["error"]) == {"code", "message", "details"}
+    assert calls(call_log) == []
+
+
+def test_trailing_slash_is_another_path(client: httpx.Client) -> None:
+    assert client.get("/v1/things/x/", headers=TENANT).status_code == 404
+
+
+def test_known_path_with_another_method_is_405(client: httpx.Client, call_log: Path) -> None:
+    response = client.delete("/v1/things/x", headers=TENANT)
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "method_not_allowed"
+    assert response.headers["allow"] == "GET"
+    assert calls(call_log) == []
+
+
+# --- auth ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("authorization", "claims"),
+    [
+        ("Bearer local:acme", {"tenant_id": "acme", "sub": "local-user"}),
+        ("Bearer local:acme:ada", {"tenant_id": "acme", "sub": "ada"}),
+        ("bearer local:globex:u:with:colons", {"tenant_id": "globex", "sub": "u:with:colons"}),
+    ],
+)
+def test_local_bearer_tokens_become_jwt_claims(
+    client: httpx.Client, authorization: str, claims: dict[str, str]
+) -> None:
+    event = echoed(client.get("/v1/things/x", headers={"Authorization": authorization}))["event"]
+    assert event["requestContext"]["authorizer"] == {"jwt": {"claims": claims, "scopes": None}}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Basic YWNtZTp4"},
+        {"Authorization": "Bearer acme"},
+        {"Authorization": "Bearer local:"},
+        {"Authorization": "Bearer local:  :ada"},
+        {"Authorization": "Bearer remote:acme"},
+        {"Authorization": "Bearer"},
+    ],
+    ids=["missing", "basic", "no-prefix", "empty-tenant", "blank-tenant", "other-prefix", "bare"],
+)
+def test_bad_credentials_are_401_before_the_function(
+    client: httpx.Client, call_log: Path, headers: dict[str, str]
+) -> None:
+    response = client.get("/v1/things/x", headers=headers)
+    assert response.status_code == 401
+    error = response.json()["error"]
+    assert error["code"] == "unauthorized"
+    assert error["message"]
+    assert error["details"] == {}
+    assert calls(call_log) == []
+
+
+def test_route_without_authorizer_needs_no_credentials(client: httpx.Client) -> None:
+    response = client.get("/v1/open")
+    assert response.status_code == 200
+    assert "authorizer" not in echoed(response)["event"]["requestContext"]
+
+
+def test_route_without_authorizer_ignores_credentials(client: httpx.Client) -> None:
+    response = client.get("/v1/open", headers={"Authorization": "Basic nonsense"})
+    assert response.status_code == 200
+    assert "authorizer" not in echoed(response)["event"]["requestContext"]
+
+
+def test_tenant_claim_name_is_configurable(project: Path, call_log: Path) -> None:
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        tenant_claim="custom:org",
+        env={"FAKE_CALL_LOG": str(call_log)},
+    )
+    with LocalRunner(config) as running:
+        response = httpx.get(f"{running.url}/v1/things/x", headers=TENANT, trust_env=False)
+    answer = echoed(response)
+    assert answer["event"]["requestContext"]["authorizer"]["jwt"]["claims"] == {
+        "custom:org": "acme",
+        "sub": "ada",
+    }
+    assert answer["env"]["TENANT_CLAIM"] == "custom:org"
+
+
+# --- the event and the context -------------------------------------------------------------
+
+
+def test_event_has_the_http_api_v2_shape(client: httpx.Client, runner: LocalRunner) -> None:
+    response = client.post(
+        "/v1/things/t1/parts?x=1",
+        headers={**TENANT, "X-Custom": "Value", "Cookie": "s=1; t=2", "User-Agent": "tests/1"},
+        content='{"input": "héllo"}'.encode(),
+    )
+    answer = echoed(response)
+    event = answer["event"]
+    assert event["version"] == "2.0"
+    assert event["routeKey"] == "POST /v1/things/{id}/parts"
+    assert event["rawPath"] == "/v1/things/t1/parts"
+    assert event["rawQueryString"] == "x=1"
+    assert event["cookies"] == ["s=1", "t=2"]
+    assert event["isBase64Encoded"] is False
+    assert answer["body"] == '{"input": "héllo"}'
+    headers = event["headers"]
+    assert headers["x-custom"] == "Value"
+    assert all(name == name.lower() for name in headers)
+    assert "cookie" not in headers
+    context = event["requestContext"]
+    assert context["http"] == {
+        "method": "POST",
+        "path": "/v1/things/t1/parts",
+        "protocol": "HTTP/1.1",
+        "sourceIp": "127.0.0.1",
+        "userAgent": "tests/1",
+    }
+    assert context["routeKey"] == event["routeKey"]
+    assert context["stage"] == "$default"
+    assert context["accountId"] and context["apiId"]
+    assert context["domainName"] == runner.url.removeprefix("http://")
+    assert isinstance(context["timeEpoch"], int) and context["timeEpoch"] > 1_700_000_000_000
+    assert context["time"].endswith(" +0000")
+    assert len(context["requestId"]) == 36
+
+
+def test_each_request_gets_its_own_request_id(client: httpx.Client) -> None:
+    first = echoed(client.get("/v1/things/x", headers=TENANT))
+    second = echoed(client.get("/v1/things/x", headers=TENANT))
+    assert (
+        first["event"]["requestContext"]["requestId"]
+        != (second["event"]["requestContext"]["requestId"])
+    )
+    assert first["context"]["aws_request_id"] != second["context"]["aws_request_id"]
+
+
+def test_request_without_body_has_no_body(client: httpx.Client) -> None:
+    answer = echoed(client.get("/v1/things/x", headers=TENANT))
+    assert answer["body"] is None
+    assert answer["event"]["isBase64Encoded"] is False
+
+
+def test_binary_body_is_base64_encoded(client: httpx.Client) -> None:
+    answer = echoed(client.post("/v1/things/x/parts", headers=TENANT, content=b"\xff\x00\xfe"))
+    assert answer["event"]["isBase64Encoded"] is True
+    assert base64.b64decode(answer["body"]) == b"\xff\x00\xfe"
+
+
+def test_context_carries_the_functions_template_settings(client: httpx.Client) -> None:
+    echo = echoed(client.get("/v1/things/x", headers=TENANT))["context"]
+    assert echo["function_name"] == "EchoFunction"
+    assert echo["memory_limit_in_mb"] == 256
+    assert echo["invoked_function_arn"].endswith(":function:EchoFunction")
+    assert 0 < echo["remaining_ms"] <= 7000
+    odd = client.get("/v1/plain", headers=TENANT).json()
+    assert odd["memory"] == 1024
+    assert 0 < odd["remaining_ms"] <= 3000
+
+
+def test_functions_see_the_configured_environment(client: httpx.Client, project: Path) -> None:
+    env = echoed(client.get("/v1/things/x", headers=TENANT))["env"]
+    assert env == {
+        "TABLE_NAME": "t-table",
+        "BUCKET_NAME": "t-bucket",
+        "IDEMPOTENCY_TABLE_NAME": "turnledger-idempotency",
+        "TTL_SECONDS": "60",
+        "PROVIDER": "demo",
+        "MODEL": "demo-2",
+        "TOOLS_FILE": str((project / "tools.json").resolve()),
+        "TENANT_CLAIM": "tenant_id",
+        "POWERTOOLS_SERVICE_NAME": "turnledger",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "EXTRA": "yes",
+    }
+
+
+def test_stop_restores_the_environment(project: Path, call_log: Path) -> None:
+    before = dict(os.environ)
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        table="only-while-running",
+        env={"FAKE_CALL_LOG": str(call_log)},
+    )
+    with LocalRunner(config):
+        assert os.environ["TABLE_NAME"] == "only-while-running"
+    assert dict(os.environ) == before
+
+
+# --- responses -----------------------------------------------------------------------------
+
+
+def test_response_status_headers_and_cookies_are_written_back(client: httpx.Client) -> None:
+    response = client.get("/v1/things/x", headers=TENANT)
+    assert response.status_code == 200
+    assert response.headers["x-echo"] == "yes"
+    assert response.headers.get_list("set-cookie") == ["a=1; Path=/", "b=2"]
+
+
+def test_base64_response_is_decoded(client: httpx.Client) -> None:
+    response = client.get("/v1/binary", headers=TENANT)
+    assert response.content == bytes([0, 255, 1])
+    assert response.headers["content-type"] == "application/octet-stream"
+
+
+def test_result_without_status_code_is_200_json(client: httpx.Client) -> None:
+    response = client.get("/v1/plain", headers=TENANT)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["plain"] is True
+
+
+def test_failing_function_is_500_in_the_error_shape(client: httpx.Client) -> None:
+    response = client.post("/v1/boom", headers=TENANT)
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    # The server survives its functions' failures.
+    assert client.get("/v1/plain", headers=TENANT).status_code == 200
+
+
+# --- limits and concurrency ----------------------------------------------------------------
+
+
+def test_body_over_the_api_gateway_ceiling_is_413_without_the_function(
+    client: httpx.Client, call_log: Path
+) -> None:
+    response = client.post(
+        "/v1/things/x/parts", headers=TENANT, content=b"x" * (MAX_BODY_BYTES + 1)
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+    assert calls(call_log) == []
+    # The connection and the server are still usable afterwards.
+    assert client.get("/v1/things/x", headers=TENANT).status_code == 200
+
+
+def test_body_at_the_ceiling_reaches_the_function(client: httpx.Client) -> None:
+    response = client.post("/v1/things/x/parts", headers=TENANT, content=b"y" * MAX_BODY_BYTES)
+    assert response.status_code == 201
+    assert echoed(response)["body_length"] == MAX_BODY_BYTES
+
+
+def test_chunked_body_over_the_ceiling_is_413(client: httpx.Client, call_log: Path) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(11):
+            yield b"z" * (1024 * 1024)
+
+    response = client.post("/v1/things/x/parts", headers=TENANT, content=chunks())
+    assert response.status_code == 413
+    assert calls(call_log) == []
+
+
+def test_chunked_body_is_reassembled(client: httpx.Client) -> None:
+    response = client.post("/v1/things/x/parts", headers=TENANT, content=iter([b'{"a":', b" 1}"]))
+    assert echoed(response)["body"] == '{"a": 1}'
+
+
+def test_requests_are_served_concurrently(runner: LocalRunner) -> None:
+    """Two requests meet inside the function: served one at a time, both would time out."""
+
+    def get() -> httpx.Response:
+        return httpx.get(f"{runner.url}/v1/rendezvous", headers=TENANT, timeout=60, trust_env=False)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        responses = list(pool.map(lambda _: get(), range(2)))
+    assert [r.status_code for r in responses] == [200, 200]
+    assert [r.text for r in responses] == ["met", "met"]
+
+
+# --- the on-demand sweep -------------------------------------------------------------------
+
+
+def test_local_sweep_sends_a_scheduled_event(client: httpx.Client) -> None:
+    response = client.post("/_local/sweep", headers=TENANT)
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["swept"] == 0
+    assert answer["function"] == "SweepFunction"
+    event = answer["event"]
+    assert event["detail-type"] == "Scheduled Event"
+    assert event["source"] == "aws.events"
+    assert event["detail"] == {}
+    assert event["resources"][0].startswith("arn:aws:events:us-east-1:")
+
+
+def test_local_sweep_of_named_conversations_carries_the_tenant(client: httpx.Client) -> None:
+    response = client.post("/_local/sweep", headers=TENANT, json={"conversation_ids": ["c1", "c2"]})
+    assert response.status_code == 200
+    assert response.json()["event"] == {"conversation_ids": ["c1", "c2"], "tenant": "acme"}
+
+
+def test_local_sweep_needs_credentials(client: httpx.Client) -> None:
+    response = client.post("/_local/sweep")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "invalid_request"),
+        (b"[1]", 400, "invalid_request"),
+        (b'{"conversation_ids": "c1"}', 422, "validation_error"),
+        (b'{"conversation_ids": [1]}', 422, "validation_error"),
+    ],
+)
+def test_local_sweep_rejects_bad_bodies(
+    client: httpx.Client, body: bytes, status: int, code: str
+) -> None:
+    response = client.post("/_local/sweep", headers=TENANT, content=body)
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+
+
+def test_local_sweep_is_post_only_and_other_local_paths_are_404(client: httpx.Client) -> None:
+    assert client.get("/_local/sweep", headers=TENANT).status_code == 405
+    assert client.post("/_local/other", headers=TENANT).status_code == 404
+
+
+# --- lifecycle and command line ------------------------------------------------------------
+
+
+def test_a_missing_handler_file_fails_start_and_leaves_nothing_behind(project: Path) -> None:
+    (project / "fns" / "odd" / "main.py").unlink()
+    before = dict(os.environ)
+    runner = LocalRunner(
+        LocalConfig(port=0, template_path=project / "template.yaml", provision_storage=False)
+    )
+    with pytest.raises(FileNotFoundError):
+        runner.start()
+    assert dict(os.environ) == before
+    with pytest.raises(RuntimeError):
+        _ = runner.url
+
+
+def test_cli_flags_map_onto_the_runner_config(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        [
+            "local",
+            "--host",
+            "127.0.0.2",
+            "--port",
+            "3100",
+            "--ttl-seconds",
+            "0",
+            "--tools",
+            str(tmp_path / "tools.json"),
+            "--provider",
+            "openai-chat",
+            "--model",
+            "gpt-x",
+            "--dynamodb-endpoint",
+            "http://127.0.0.1:8000",
+            "--s3-endpoint",
+            "http://127.0.0.1:9000",
+            "--table",
+            "tbl",
+            "--bucket",
+            "bkt",
+        ]
+    )
+    config = config_from_args(args)
+    assert (config.host, config.port, config.ttl_seconds) == ("127.0.0.2", 3100, 0)
+    assert config.tools_file == tmp_path / "tools.json"
+    assert (config.provider, config.model) == ("openai-chat", "gpt-x")
+    assert config.dynamodb_endpoint == "http://127.0.0.1:8000"
+    assert config.s3_endpoint == "http://127.0.0.1:9000"
+    assert (config.table, config.bucket) == ("tbl", "bkt")
+
+
+def test_cli_defaults_are_the_contracts(tmp_path: Path) -> None:
+    config = config_from_args(build_parser().parse_args(["local"]))
+    assert (config.host, config.port) == ("127.0.0.1", 3000)
+    assert config.dynamodb_endpoint is None and config.s3_endpoint is None
+
+
+@pytest.mark.parametrize("argv", [["local", "--ttl-seconds", "-1"], ["local", "--port", "x"]])
+def test_cli_rejects_bad_numbers(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+
+
+def test_cli_without_a_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "local" in capsys.readouterr().err
+
+
+# --- embedded storage from the real template -----------------------------------------------
+
+
+def test_embedded_storage_has_the_templates_tables_and_bucket() -> None:
+    template = load_template()
+    suffix = uuid.uuid4().hex[:8]
+    names = StorageNames(f"conv-{suffix}", f"idem-{suffix}", f"artifacts-{suffix}")
+    storage = EmbeddedStorage()
+    endpoint = storage.start()
+    try:
+        created = provision(
+            template, names, dynamodb_endpoint=endpoint, s3_endpoint=endpoint, region="us-east-1"
+        )
+        assert created == [names.table, names.idempotency_table, names.bucket]
+        dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+        props = template["Resources"]["ConversationsTable"]["Properties"]
+        table = dynamodb.describe_table(TableName=names.table)["Table"]
+        assert table["KeySchema"] == props["KeySchema"]
+        assert {
+            (
+                index["IndexName"],
+                json.dumps(index["KeySchema"]),
+                index["Projection"]["ProjectionType"],
+            )
+            for index in table.get("GlobalSecondaryIndexes", [])
+        } == {
+            (
+                index["IndexName"],
+                json.dumps(index["KeySchema"]),
+                index["Projection"]["ProjectionType"],
+            )
+            for index in props["GlobalSecondaryIndexes"]
+        }
+        ttl = dynamodb.describe_time_to_live(TableName=names.table)["TimeToLiveDescription"]
+        assert ttl["TimeToLiveStatus"] == "ENABLED"
+        assert ttl["AttributeName"] == ttl_attribute(template, "ConversationsTable")
+
+        idem = dynamodb.describe_table(TableName=names.idempotency_table)["Table"]
+        assert idem["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
+        idem_ttl = dynamodb.describe_time_to_live(TableName=names.idempotency_table)[
+            "TimeToLiveDescription"
+        ]
+        assert idem_ttl["AttributeName"] == "expiration"
+
+        s3.head_bucket(Bucket=names.bucket)
+        # Provisioning again finds everything in place.
+        assert (
+            provision(
+                template,
+                names,
+                dynamodb_endpoint=endpoint,
+                s3_endpoint=endpoint,
+                region="us-east-1",
+            )
+            == []
+        )
+    finally:
+        storage.stop()
+
+
+def test_cli_serves_until_interrupted() -> None:
+    """``turnledger local`` prints where it serves, serves, and exits 0 on Ctrl-C."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "turnledger.local.cli", "local", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        banner = _read_until(process, "Ctrl-C stops.")
+        url = re.search(r"serving (http://127\.0\.0\.1:\d+)", banner)
+        assert url is not None, banner
+        assert "curl -s -X POST" in banner and "Bearer local:" in banner
+        response = httpx.get(f"{url.group(1)}/v1/openapi.json", trust_env=False, timeout=30)
+        assert response.status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert process.stdout is not None
+        assert b"stopping" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _read_until(process: subprocess.Popen[bytes], marker: str, timeout: float = 60) -> str:
+    """Output of ``process`` up to ``marker``; fails after ``timeout`` seconds of silence."""
+    assert process.stdout is not None
+    # Unbuffered reads of the pipe itself: a buffered reader could hold the marker while
+    # select() waits on an empty pipe.
+    descriptor = process.stdout.fileno()
+    seen = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(descriptor, selectors.EVENT_READ)
+        while marker.encode() not in seen:
+            if not selector.select(timeout):
+                pytest.fail(f"no {marker!r} within {timeout} s: {seen.decode(errors='replace')}")
+            chunk = os.read(descriptor, 65536)
+            if not chunk:
+                pytest.fail(f"exited with {process.wait()}: {seen.decode(errors='replace')}")
+            seen += chunk
+    return seen.decode(errors="replace")

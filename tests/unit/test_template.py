@@ -1,0 +1,485 @@
+"""Structural facts of ``template.yaml`` that the code and the contract depend on.
+
+``sam validate --lint`` checks that the template is well formed; these tests
+check that it is the template this code needs: the contract's routes on the
+right functions, the table the store writes, the settings the functions read,
+least privilege, and sample events that match the routes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from typing import Any
+
+import pytest
+from turnledger.config import Settings
+from turnledger.local.template import (
+    PROJECT_ROOT,
+    functions,
+    load_template,
+    routes,
+    scheduled_function,
+    table_definition,
+    ttl_attribute,
+)
+from turnledger.store import codec
+from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
+
+EVENTS_DIR = PROJECT_ROOT / "events"
+
+#: API.md's route table, plus the tenant-wide erasure route, by the function serving each.
+CONTRACT_ROUTES = {
+    ("POST", "/v1/conversations/{id}/turns", "TurnFunction"),
+    ("POST", "/v1/conversations/{id}/approvals", "ApproveFunction"),
+    ("GET", "/v1/conversations/{id}", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/events", "ReadFunction"),
+    ("GET", "/v1/openapi.json", "ReadFunction"),
+    ("DELETE", "/v1/conversations/{id}", "ClearFunction"),
+    ("DELETE", "/v1/conversations", "ClearFunction"),
+}
+
+#: What the functions read from their environment (see ``turnledger.config``).
+FUNCTION_ENVIRONMENT = {
+    "TABLE_NAME",
+    "BUCKET_NAME",
+    "IDEMPOTENCY_TABLE_NAME",
+    "TTL_SECONDS",
+    "TENANT_TTL_SECONDS",
+    "TENANT_CLAIM",
+    "PROVIDER",
+    "MODEL",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY_SECRET",
+    "TOOLS_PARAMETER",
+    "OFFLOAD_THRESHOLD_BYTES",
+    "MAX_INPUT_BYTES",
+    "APPROVAL_TTL_SECONDS",
+    "MAX_TOOL_STEPS",
+    "POWERTOOLS_SERVICE_NAME",
+    "POWERTOOLS_METRICS_NAMESPACE",
+    "POWERTOOLS_LOG_LEVEL",
+    "LOG_LEVEL",
+}
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return load_template()
+
+
+def resource(template: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = template["Resources"][name]
+    return found
+
+
+def props(template: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = resource(template, name)["Properties"]
+    return found
+
+
+def policy_names(template: dict[str, Any], function: str) -> list[str]:
+    """Policy template names of ``function``, conditional ones included."""
+    names: list[str] = []
+    for policy in props(template, function).get("Policies", []):
+        if "Fn::If" in policy:
+            _, when_set, when_unset = policy["Fn::If"]
+            assert when_unset == {"Ref": "AWS::NoValue"}
+            policy = when_set
+        names.extend(policy if isinstance(policy, dict) else [policy])
+    return names
+
+
+def load_event(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((EVENTS_DIR / name).read_text(encoding="utf-8"))
+    return loaded
+
+
+# --- functions and routes ------------------------------------------------------------------
+
+
+def test_routes_are_the_contracts(template: dict[str, Any]) -> None:
+    found = {(route.method, route.path, route.function) for route in routes(template)}
+    assert found == CONTRACT_ROUTES
+
+
+def test_routes_go_through_the_one_http_api(template: dict[str, Any]) -> None:
+    for spec in functions(template).values():
+        for event in props(template, spec.name).get("Events", {}).values():
+            if event["Type"] == "HttpApi":
+                assert event["Properties"]["ApiId"] == {"Ref": "HttpApi"}
+
+
+def test_only_the_openapi_document_is_open(template: dict[str, Any]) -> None:
+    open_routes = {route.route_key for route in routes(template) if not route.authorized}
+    assert open_routes == {"GET /v1/openapi.json"}
+
+
+def test_jwt_authorizer_is_the_default(template: dict[str, Any]) -> None:
+    auth = props(template, "HttpApi")["Auth"]
+    authorizer = auth["Authorizers"][auth["DefaultAuthorizer"]]
+    assert authorizer["IdentitySource"] == "$request.header.Authorization"
+    assert authorizer["JwtConfiguration"] == {
+        "issuer": {"Ref": "JwtIssuer"},
+        "audience": {"Ref": "JwtAudience"},
+    }
+    assert template["Parameters"]["JwtAudience"]["Type"] == "CommaDelimitedList"
+
+
+def test_every_function_has_its_own_thin_handler(template: dict[str, Any]) -> None:
+    specs = functions(template)
+    assert set(specs) == {
+        "TurnFunction",
+        "ApproveFunction",
+        "ReadFunction",
+        "ClearFunction",
+        "SweepFunction",
+    }
+    code_uris = [spec.code_uri for spec in specs.values()]
+    assert len(set(code_uris)) == len(code_uris)
+    for spec in specs.values():
+        assert spec.handler == "app.lambda_handler"
+        assert re.fullmatch(r"functions/[a-z]+/", spec.code_uri)
+        source = (PROJECT_ROOT / spec.code_uri / "app.py").read_text(encoding="utf-8")
+        assert "lambda_handler" in source
+
+
+def test_globals_run_python_313_on_arm64_with_the_layer(template: dict[str, Any]) -> None:
+    defaults = template["Globals"]["Function"]
+    assert defaults["Runtime"] == "python3.13"
+    assert defaults["Architectures"] == ["arm64"]
+    assert defaults["Tracing"] == "Active"
+    assert defaults["Layers"] == [{"Ref": "TurnledgerLayer"}]
+
+
+def test_api_functions_end_before_the_http_api_gives_up(template: dict[str, Any]) -> None:
+    """An HTTP API integration times out after 30 s; a turn running longer is lost."""
+    api_functions = {route.function for route in routes(template)}
+    for name in api_functions:
+        assert functions(template)[name].timeout_seconds < 30
+
+
+def test_layer_is_built_for_the_functions_runtime(template: dict[str, Any]) -> None:
+    layer = resource(template, "TurnledgerLayer")
+    assert layer["Type"] == "AWS::Serverless::LayerVersion"
+    assert layer["Properties"]["ContentUri"] == "layers/turnledger/"
+    assert layer["Metadata"] == {"BuildMethod": "python3.13", "BuildArchitecture": "arm64"}
+    assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
+    assert layer["Properties"]["CompatibleArchitectures"] == ["arm64"]
+
+
+def _requirement_names(lines: list[str]) -> set[str]:
+    names = set()
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line:
+            names.add(re.split(r"[\[<>=~! ;]", line, maxsplit=1)[0].lower())
+    return names
+
+
+def test_layer_requirements_are_the_packages_dependencies() -> None:
+    requirements = (PROJECT_ROOT / "layers/turnledger/requirements.txt").read_text().splitlines()
+    pyproject = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+    assert _requirement_names(requirements) == _requirement_names(
+        pyproject["project"]["dependencies"]
+    )
+
+
+# --- environment ---------------------------------------------------------------------------
+
+
+def _resolved_environment(template: dict[str, Any]) -> dict[str, str]:
+    """The functions' environment with every parameter at its default."""
+    parameters = template["Parameters"]
+    resolved: dict[str, str] = {}
+    for name, value in template["Globals"]["Function"]["Environment"]["Variables"].items():
+        if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"] in parameters:
+            resolved[name] = str(parameters[value["Ref"]]["Default"])
+        elif isinstance(value, str):
+            resolved[name] = value
+        else:  # a resource reference: a physical name only a deployment knows
+            resolved[name] = f"<{name}>"
+    return resolved
+
+
+def test_functions_get_every_setting_they_read(template: dict[str, Any]) -> None:
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert set(variables) >= FUNCTION_ENVIRONMENT
+    assert variables["TABLE_NAME"] == {"Ref": "ConversationsTable"}
+    assert variables["BUCKET_NAME"] == {"Ref": "ArtifactsBucket"}
+    assert variables["IDEMPOTENCY_TABLE_NAME"] == {"Ref": "IdempotencyTable"}
+    assert variables["POWERTOOLS_SERVICE_NAME"] == "turnledger"
+
+
+def test_parameter_defaults_are_the_settings_defaults(template: dict[str, Any]) -> None:
+    """An operator who changes nothing gets what config.py documents (no empty overrides)."""
+    settings = Settings.from_env(_resolved_environment(template))
+    defaults = Settings()
+    for name in (
+        "ttl_seconds",
+        "tenant_ttl_seconds",
+        "tenant_claim",
+        "provider",
+        "model",
+        "openai_base_url",
+        "openai_api_key_secret",
+        "tools_parameter",
+        "offload_threshold_bytes",
+        "max_input_bytes",
+        "approval_ttl_seconds",
+        "max_tool_steps",
+    ):
+        assert getattr(settings, name) == getattr(defaults, name), name
+
+
+def test_optional_parameters_default_to_off(template: dict[str, Any]) -> None:
+    parameters = template["Parameters"]
+    for name in ("OpenAIApiKeySecretArn", "ToolsParameterName", "ToolLambdaArnPattern"):
+        assert parameters[name]["Default"] == ""
+    assert parameters["SweepSchedule"]["Default"] == "rate(1 hour)"
+    assert parameters["Provider"]["AllowedValues"] == ["demo", "openai-chat"]
+
+
+# --- least privilege -----------------------------------------------------------------------
+
+
+def test_read_function_can_only_read(template: dict[str, Any]) -> None:
+    names = policy_names(template, "ReadFunction")
+    assert names == ["DynamoDBReadPolicy", "S3ReadPolicy"]
+
+
+def test_writers_are_scoped_to_the_table_and_bucket(template: dict[str, Any]) -> None:
+    for function in ("TurnFunction", "ApproveFunction", "ClearFunction", "SweepFunction"):
+        policies = props(template, function)["Policies"]
+        scoped = [p for p in policies if "DynamoDBCrudPolicy" in p or "S3CrudPolicy" in p]
+        assert {"DynamoDBCrudPolicy": {"TableName": {"Ref": "ConversationsTable"}}} in scoped
+        assert {"S3CrudPolicy": {"BucketName": {"Ref": "ArtifactsBucket"}}} in scoped
+
+
+def test_only_turn_and_approve_reach_idempotency_secrets_tools(
+    template: dict[str, Any],
+) -> None:
+    idempotency = {"DynamoDBCrudPolicy": {"TableName": {"Ref": "IdempotencyTable"}}}
+    for function in functions(template):
+        policies = props(template, function)["Policies"]
+        names = policy_names(template, function)
+        model_caller = function in {"TurnFunction", "ApproveFunction"}
+        assert (idempotency in policies) is model_caller, function
+        assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is model_caller, function
+        assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
+        assert ("Statement" in names) is model_caller, function
+
+
+def test_optional_permissions_exist_only_when_their_parameter_is_set(
+    template: dict[str, Any],
+) -> None:
+    conditions = template["Conditions"]
+    expected = {
+        "HasOpenAIApiKeySecret": "OpenAIApiKeySecretArn",
+        "HasToolsParameter": "ToolsParameterName",
+        "HasToolLambdaArnPattern": "ToolLambdaArnPattern",
+    }
+    for condition, parameter in expected.items():
+        assert conditions[condition] == {"Fn::Not": [{"Fn::Equals": [{"Ref": parameter}, ""]}]}
+    conditional = [
+        policy["Fn::If"]
+        for policy in props(template, "TurnFunction")["Policies"]
+        if "Fn::If" in policy
+    ]
+    assert {condition for condition, _, _ in conditional} == set(expected)
+    invoke = next(
+        when for condition, when, _ in conditional if condition == "HasToolLambdaArnPattern"
+    )
+    assert invoke["Statement"] == [
+        {
+            "Effect": "Allow",
+            "Action": "lambda:InvokeFunction",
+            "Resource": {"Ref": "ToolLambdaArnPattern"},
+        }
+    ]
+
+
+# --- storage -------------------------------------------------------------------------------
+
+
+def test_table_is_the_one_the_store_writes(template: dict[str, Any]) -> None:
+    definition = table_definition(template, "ConversationsTable", "t")
+    assert definition["KeySchema"] == [
+        {"AttributeName": codec.A_PK, "KeyType": "HASH"},
+        {"AttributeName": codec.A_SK, "KeyType": "RANGE"},
+    ]
+    indexes = {index["IndexName"]: index for index in definition["GlobalSecondaryIndexes"]}
+    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX}
+    assert [k["AttributeName"] for k in indexes[EXPIRY_INDEX]["KeySchema"]] == [
+        codec.A_EXPIRY_BUCKET,
+        codec.A_PK,
+    ]
+    assert [k["AttributeName"] for k in indexes[TENANT_INDEX]["KeySchema"]] == [
+        codec.A_TENANT,
+        codec.A_PK,
+    ]
+    assert all(index["Projection"] == {"ProjectionType": "KEYS_ONLY"} for index in indexes.values())
+    assert ttl_attribute(template, "ConversationsTable") == codec.A_EXPIRES == "expires_at"
+
+
+def test_table_is_protected_and_streams_keys_only(template: dict[str, Any]) -> None:
+    table = resource(template, "ConversationsTable")
+    assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
+    properties = table["Properties"]
+    assert properties["BillingMode"] == "PAY_PER_REQUEST"
+    assert properties["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert properties["SSESpecification"] == {"SSEEnabled": True}
+    assert properties["StreamSpecification"] == {"StreamViewType": "KEYS_ONLY"}
+
+
+def test_idempotency_table_has_the_powertools_schema(template: dict[str, Any]) -> None:
+    definition = table_definition(template, "IdempotencyTable", "i")
+    assert definition["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
+    assert definition["AttributeDefinitions"] == [{"AttributeName": "id", "AttributeType": "S"}]
+    assert ttl_attribute(template, "IdempotencyTable") == "expiration"
+    assert props(template, "IdempotencyTable")["SSESpecification"] == {"SSEEnabled": True}
+
+
+def test_bucket_is_private_encrypted_and_retained(template: dict[str, Any]) -> None:
+    bucket = resource(template, "ArtifactsBucket")
+    assert bucket["DeletionPolicy"] == bucket["UpdateReplacePolicy"] == "Retain"
+    properties = bucket["Properties"]
+    assert properties["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    assert properties["OwnershipControls"] == {
+        "Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]
+    }
+    encryption = properties["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+    assert encryption["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in {"AES256", "aws:kms"}
+    assert "VersioningConfiguration" not in properties  # a clear leaves no old version
+    rules = {rule["Id"]: rule for rule in properties["LifecycleConfiguration"]["Rules"]}
+    assert rules["AbortIncompleteUploads"]["AbortIncompleteMultipartUpload"] == {
+        "DaysAfterInitiation": 1
+    }
+
+
+def test_bucket_refuses_plain_http(template: dict[str, Any]) -> None:
+    policy = props(template, "ArtifactsBucketPolicy")
+    assert policy["Bucket"] == {"Ref": "ArtifactsBucket"}
+    [statement] = policy["PolicyDocument"]["Statement"]
+    assert statement["Effect"] == "Deny"
+    assert statement["Principal"] == "*"
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert {"Fn::Sub": "${ArtifactsBucket.Arn}/*"} in statement["Resource"]
+
+
+def test_outputs_are_described(template: dict[str, Any]) -> None:
+    outputs = template["Outputs"]
+    assert {"ApiUrl", "TableName", "BucketName", "IdempotencyTableName"} <= set(outputs)
+    assert all(output.get("Description") for output in outputs.values())
+
+
+# --- the sweep -----------------------------------------------------------------------------
+
+
+def _matches(pattern: Any, value: Any) -> bool:
+    """Lambda event filtering, for the exact-value patterns the template uses."""
+    if isinstance(pattern, list):
+        return value in pattern
+    if not isinstance(pattern, dict) or not isinstance(value, dict):
+        return False
+    return all(key in value and _matches(sub, value[key]) for key, sub in pattern.items())
+
+
+@pytest.fixture(scope="module")
+def stream_filter(template: dict[str, Any]) -> dict[str, Any]:
+    event = props(template, "SweepFunction")["Events"]["TtlDeletions"]
+    assert event["Type"] == "DynamoDB"
+    assert event["Properties"]["Stream"] == {"Fn::GetAtt": "ConversationsTable.StreamArn"}
+    [only] = event["Properties"]["FilterCriteria"]["Filters"]
+    pattern: dict[str, Any] = json.loads(only["Pattern"])
+    return pattern
+
+
+def test_sweep_runs_on_the_operators_schedule(template: dict[str, Any]) -> None:
+    sweep = scheduled_function(template)
+    assert sweep is not None and sweep.name == "SweepFunction"
+    schedule = props(template, "SweepFunction")["Events"]["Schedule"]["Properties"]
+    assert schedule["Schedule"] == {"Ref": "SweepSchedule"}
+
+
+def test_stream_filter_passes_a_ttl_deletion_of_a_head(stream_filter: dict[str, Any]) -> None:
+    [record] = load_event("sweep-ttl-stream.json")["Records"]
+    assert _matches(stream_filter, record)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"userIdentity": None},
+        {"eventName": "MODIFY"},
+        {"keys": {"pk": {"S": "T#acme#C#user-123"}, "sk": {"S": "E#000000000001"}}},
+        {"userIdentity": {"type": "Service", "principalId": "someone.else"}},
+    ],
+    ids=["user-delete", "modify", "event-item", "other-principal"],
+)
+def test_stream_filter_drops_everything_else(
+    stream_filter: dict[str, Any], change: dict[str, Any]
+) -> None:
+    [record] = load_event("sweep-ttl-stream.json")["Records"]
+    if "keys" in change:
+        record["dynamodb"]["Keys"] = change.pop("keys")
+    for key, value in change.items():
+        if value is None:
+            record.pop(key)
+        else:
+            record[key] = value
+    assert not _matches(stream_filter, record)
+
+
+# --- sample events -------------------------------------------------------------------------
+
+
+API_EVENTS = [
+    "turn.json",
+    "approve.json",
+    "get-conversation.json",
+    "get-events.json",
+    "clear.json",
+    "erase-tenant.json",
+    "openapi.json",
+]
+
+
+def test_every_route_has_a_sample_event(template: dict[str, Any]) -> None:
+    sampled = {load_event(name)["routeKey"] for name in API_EVENTS}
+    assert sampled == {route.route_key for route in routes(template)}
+
+
+@pytest.mark.parametrize("name", API_EVENTS)
+def test_sample_event_matches_its_route(template: dict[str, Any], name: str) -> None:
+    event = load_event(name)
+    by_key = {route.route_key: route for route in routes(template)}
+    route = by_key[event["routeKey"]]
+    assert event["version"] == "2.0"
+    assert event["requestContext"]["routeKey"] == event["routeKey"]
+    assert event["requestContext"]["http"]["method"] == route.method
+    assert event["requestContext"]["http"]["path"] == event["rawPath"]
+    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(route.path))
+    match = re.fullmatch(pattern, event["rawPath"])
+    assert match is not None
+    assert event.get("pathParameters", {}) == match.groupdict()
+    if route.authorized:
+        claims = event["requestContext"]["authorizer"]["jwt"]["claims"]
+        assert claims["tenant_id"] and claims["sub"]
+    else:
+        assert "authorizer" not in event["requestContext"]
+    if "body" in event:
+        assert isinstance(json.loads(event["body"]), dict)
+        assert event["isBase64Encoded"] is False
+
+
+def test_sample_scheduled_event_is_an_eventbridge_schedule() -> None:
+    event = load_event("sweep-schedule.json")
+    assert event["source"] == "aws.events"
+    assert event["detail-type"] == "Scheduled Event"
