@@ -53,12 +53,6 @@ class Recording(Provider):
         return self.demo.complete(request)
 
 
-def skip_on_moto(request: pytest.FixtureRequest) -> None:
-    """moto's in-process mock is not thread-safe: concurrency runs on memory and DynamoDB Local."""
-    if "moto" in request.node.callspec.id:
-        pytest.skip("moto's in-process mock is not thread-safe (DynamoDB Local covers this)")
-
-
 def service(
     store: ConversationStore,
     clock: FakeClock,
@@ -117,11 +111,8 @@ def test_interleaved_conversations_share_nothing(
         assert svc.get(ANN, conversation).events == 6
 
 
-def test_concurrent_conversations_share_nothing(
-    store: ConversationStore, clock: FakeClock, request: pytest.FixtureRequest
-) -> None:
+def test_concurrent_conversations_share_nothing(store: ConversationStore, clock: FakeClock) -> None:
     """Truly concurrent turns on different conversations all commit, each with its own history."""
-    skip_on_moto(request)
     svc = service(store, clock)
     errors: list[BaseException] = []
     start = threading.Barrier(8)
@@ -246,10 +237,9 @@ def test_damaged_state_fails_loudly_and_delete_recovers(
 
 
 def test_racing_turns_one_commits_the_other_is_busy(
-    store: ConversationStore, clock: FakeClock, request: pytest.FixtureRequest
+    store: ConversationStore, clock: FakeClock
 ) -> None:
     """Two turns on one conversation: one commits, the other is busy and stores nothing."""
-    skip_on_moto(request)
     both_loaded = threading.Barrier(2)
     provider = Recording(before=lambda _request: both_loaded.wait(timeout=10))
     svc = service(store, clock, provider)

@@ -32,7 +32,9 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
 
 #: Where every fake clock starts.
-START = datetime(2025, 1, 15, 12, 0, tzinfo=UTC)
+#: In the future on purpose: DynamoDB Local, like DynamoDB, deletes items whose TTL
+#: attribute is in the real past, which would make conversations vanish mid-test.
+START = datetime(2099, 1, 15, 12, 0, tzinfo=UTC)
 
 
 @dataclass

@@ -201,13 +201,20 @@ class Event(_Strict):
     payload: dict[str, Any]
     schema_version: int = SCHEMA_VERSION
 
-    @model_validator(mode="after")
-    def _payload_fits_kind(self) -> Event:
-        try:
-            PAYLOAD_MODELS[self.kind].model_validate(self.payload)
-        except ValidationError as exc:
-            raise ValueError(f"payload does not fit kind {self.kind.value}: {exc}") from exc
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _payload_fits_kind(cls, data: Any) -> Any:
+        # The payload is checked against its kind's model and stored in its full
+        # form (defaults filled in), so an event reads back equal to what was written
+        # even though storage leaves default fields out.
+        if isinstance(data, dict) and "kind" in data and isinstance(data.get("payload"), dict):
+            try:
+                model = PAYLOAD_MODELS[EventKind(data["kind"])]
+                full = model.model_validate(data["payload"]).model_dump(mode="json")
+            except (ValueError, ValidationError) as exc:
+                raise ValueError(f"payload does not fit kind {data['kind']}: {exc}") from exc
+            data = {**data, "payload": full}
+        return data
 
     def body(self) -> Payload:
         """The payload as the typed model of this event's kind."""

@@ -59,6 +59,8 @@ logger = logging.getLogger("local_runner")
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
+#: A local stand-in tool endpoint (see ``_echo``).
+ECHO_PATH = "/_local/echo"
 SWEEP_PATH = "/_local/sweep"
 _LOCAL_PREFIX = "/_local/"
 #: Over-limit bodies up to this size are read and dropped; larger ones close the connection.
@@ -395,6 +397,8 @@ class LocalRunner:
                 )
 
     def _local(self, request: HttpRequest) -> HttpResponse:
+        if request.raw_path == ECHO_PATH and request.method.upper() == "POST":
+            return self._echo(request)
         if request.raw_path != SWEEP_PATH or self._sweep is None:
             raise GatewayError(404, "not_found", f"no route for {request.raw_path}")
         if request.method.upper() != "POST":
@@ -413,6 +417,28 @@ class LocalRunner:
             return HttpResponse.json(200, result)
         except (TypeError, ValueError) as exc:
             raise GatewayError(500, "internal_error", f"the sweep returned no JSON: {exc}") from exc
+
+    @staticmethod
+    def _echo(request: HttpRequest) -> HttpResponse:
+        """A stand-in ``http`` tool for local tries: answers what it was asked.
+
+        ``examples/tools.json`` points its tools here, so approvals can be tried
+        without a tool server of one's own.
+        """
+        try:
+            payload = json.loads(request.body or b"{}")
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise GatewayError(400, "invalid_request", "the body is not JSON") from exc
+        if not isinstance(payload, dict):
+            raise GatewayError(400, "invalid_request", "the body is not a JSON object")
+        return HttpResponse.json(
+            200,
+            {
+                "tool": payload.get("tool"),
+                "arguments": payload.get("arguments"),
+                "idempotency_key": request.header("idempotency-key"),
+            },
+        )
 
     def _sweep_event(self, body: bytes, tenant: str) -> dict[str, Any]:
         """A scheduled event, or the on-demand form when the body names conversations."""

@@ -250,8 +250,10 @@ class ConversationStore(ABC):
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
         """
         pk = keys.partition_key(key)
-        # The head, the budget, and one event more to see where the oldest turn begins.
-        page_size = min(budget.max_events, 200) + 2
+        # The head, the budget, and one event more to see where the oldest turn begins:
+        # a context that fits its event budget is read in one round trip (DynamoDB
+        # still ends a page at 1 MB; the loop below reads on from there).
+        page_size = budget.max_events + 2
         page = self._query(
             pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=page_size, cursor=None
         )

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..exceptions import CorruptedState, UnsupportedStateVersion
 from ..models import (
+    PAYLOAD_MODELS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     ConversationKey,
@@ -134,7 +135,7 @@ def encode_event(key: ConversationKey, head: Head, event: Event, ref: BlobRef | 
         kind=event.kind,
         actor=event.actor,
         at=event.occurred_at,
-        payload=None if ref else event.payload,
+        payload=None if ref else stored_payload(event),
         ref=ref,
     )
     return {
@@ -197,6 +198,17 @@ def build_event(
         raise _corrupted(f"event {keys.event_sort_key(sequence)}", exc) from exc
 
 
+def stored_payload(event: Event) -> dict[str, Any]:
+    """The payload as stored: fields at their defaults are left out.
+
+    Every byte of an event item is paid for on each write (1 WCU per started
+    KiB); reads fill the defaults back in, so the public shape is unchanged.
+    """
+    model = PAYLOAD_MODELS[event.kind].model_validate(event.payload)
+    compact: dict[str, Any] = model.model_dump(mode="json", exclude_defaults=True)
+    return compact
+
+
 def payload_bytes(event: Event) -> bytes:
-    """The canonical JSON of an event's payload (what is offloaded and hashed)."""
-    return json.dumps(event.payload, separators=(",", ":"), ensure_ascii=False).encode()
+    """The canonical JSON of an event's stored payload (what is offloaded and hashed)."""
+    return json.dumps(stored_payload(event), separators=(",", ":"), ensure_ascii=False).encode()
