@@ -1,29 +1,19 @@
-"""The sweep on the real engine (DynamoDB Local): real GSIs, conditions and consumed capacity."""
+"""The sweep on the real engine (DynamoDB Local): real GSIs, conditions and consumed capacity.
+
+DynamoDB Local runs TTL in the background against the real clock, like the
+service: a head whose ``expires_at`` is past in real time may vanish at any
+moment. These tests put the injected clock three days ahead of real time, so
+the heads they expire are expired for the sweep and not yet for DynamoDB.
+"""
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
-from tests.functional.test_sweep import (
-    EPOCH,
-    HOUR,
-    TTL,
-    assert_gone,
-    assert_intact,
-    key_of,
-    seed,
-)
-from tests.support.factories import (
-    FakeClock,
-    Turn,
-    commit_turn,
-    delete_raw_item,
-    raw_sort_keys,
-)
 from turnledger.store import keys
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.indexes import (
@@ -33,7 +23,25 @@ from turnledger.store.indexes import (
 )
 from turnledger.sweep import Sweeper
 
+from tests.functional.test_sweep import HOUR, TTL, assert_gone, assert_intact, key_of, seed
+from tests.support.factories import (
+    FakeClock,
+    Turn,
+    commit_turn,
+    delete_raw_item,
+    raw_sort_keys,
+)
+
 pytestmark = pytest.mark.integration
+
+#: The injected now: on an hour boundary, three days ahead of the real clock.
+NOW = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(days=3)
+EPOCH = int(NOW.timestamp())
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(NOW)
 
 
 @pytest.fixture
@@ -86,9 +94,9 @@ def test_the_sweep_reads_what_expired_not_the_table(
     index = DynamoDBConversationIndex(store)
     index.advance_cursor(EPOCH // HOUR - 1)
 
-    def run(live: int) -> float:
-        for n in range(live):
-            seed(store, key_of(100 + n), expires_at=EPOCH + 30 * HOUR, turns=1, big=False)
+    def run(first: int, live: int) -> float:
+        for n in range(first, first + live):
+            seed(store, key_of(n), expires_at=EPOCH + 30 * HOUR, turns=1, big=False)
         expired = [key_of(n, "expired") for n in range(2)]
         for key in expired:
             seed(store, key, expires_at=EPOCH - 60, turns=1, big=False)
@@ -96,8 +104,8 @@ def test_the_sweep_reads_what_expired_not_the_table(
         assert report.conversations_removed == 2
         return float(report.read_units)
 
-    small = run(10)
-    large = run(30)  # 30 more live conversations on top of the first 10
+    small = run(100, 10)
+    large = run(200, 30)  # 30 more live conversations on top of the first 10
     assert small > 0
     assert large == small
 

@@ -60,7 +60,8 @@ life, never by range (:meth:`Sweeper.reclaim`):
    event item whose ``g`` is not ``G`` is dead (a life's ``gen`` is never
    reused, and no other life can start while ``G``'s head stands); event items
    are deleted on the same ``g`` condition;
-4. a tombstone: ``clear`` finishes that purge.
+4. a tombstone: that purge is finished (the tombstone read, never a new life
+   that replaced it meanwhile).
 
 Objects go before event items, so an interrupted reclaim leaves the items that
 name the dead life for the next attempt.
@@ -264,7 +265,10 @@ class Sweeper:
                 return self.store.clear(key, now)
             return PurgeReport()
         if head.status is ConversationStatus.CLEARED:
-            return self.store.clear(key, now) if finish_tombstones else PurgeReport()
+            # Finish this tombstone, not whatever clear() would read next: a new life
+            # may replace it at any moment and must not be purged.
+            finished = self.store.purge_if_unchanged(key, head, now) if finish_tombstones else None
+            return finished or PurgeReport()
         if not head.is_expired(now):
             return PurgeReport()
         # None: a turn (or another sweep) changed the head since it was read.
@@ -301,7 +305,7 @@ class Sweeper:
                     )
                     return PurgeReport()
                 if head.status is ConversationStatus.CLEARED:
-                    return self.store.clear(key, now)
+                    return self.store.purge_if_unchanged(key, head, now) or PurgeReport()
                 live_gen = head.gen
             stamps = [s for s in self.index.event_stamps(key) if s.gen is None or s.gen != live_gen]
             objects = (

@@ -371,7 +371,7 @@ class ConversationStore(ABC):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
-    ) -> None:
+    ) -> int:
         """Append ``events`` and replace the head, atomically.
 
         Args:
@@ -379,6 +379,9 @@ class ConversationStore(ABC):
             head: the new head; its ``version`` must be ``expected_version + 1``
                 and its ``seq`` must cover ``events``.
             events: new events with consecutive public sequences after the old head.
+
+        Returns:
+            The bytes written: the items' attribute names and values, and offloaded objects.
 
         Raises:
             ConversationBusy: the head changed since it was read (another version, or
@@ -404,8 +407,9 @@ class ConversationStore(ABC):
         except BaseException:
             self._discard(written)
             raise
+        head_item = codec.encode_head(key, head)
         try:
-            self._transact_commit(codec.encode_head(key, head), expected_version, items, head.gen)
+            self._transact_commit(head_item, expected_version, items, head.gen)
         except TurnledgerError:
             # The backend answered "no": nothing of the turn is stored, so its objects go too.
             self._discard(written)
@@ -414,6 +418,9 @@ class ConversationStore(ABC):
         # the objects stay, since deleting them could break a turn that did land. If it
         # did not, they are leftovers under the conversation's prefix that clear and sweep
         # remove.
+        return sum(codec.item_size(item) for item in [*items, head_item]) + sum(
+            codec.payload_size(item) for item in items
+        )
 
     def _offload(
         self, key: ConversationKey, head: Head, event: Event, attempt: str
@@ -495,6 +502,9 @@ class ConversationStore(ABC):
             created_at=now,
             updated_at=now,
             ttl_seconds=0,
+            # Due at once: if this purge dies before it ends, DynamoDB's TTL removes the
+            # tombstone and the stream of that deletion reclaims what is left.
+            expires_at=int(now.timestamp()),
         )
         if not self._replace_head(codec.encode_head(key, tomb), item):
             return None
