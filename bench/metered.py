@@ -102,9 +102,11 @@ class MeteredStore(DynamoDBConversationStore):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
-    ) -> None:
+    ) -> int:
         with self._timed():
-            super().commit(key, expected_version=expected_version, head=head, events=events)
+            return super().commit(
+                key, expected_version=expected_version, head=head, events=events
+            )
 
     def clear(self, key: ConversationKey, now: datetime, *, attempts: int = 5) -> PurgeReport:
         with self._timed():

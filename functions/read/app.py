@@ -1,4 +1,6 @@
-"""Lambda entry point for GET /v1/conversations/{id}, GET /v1/conversations/{id}/events and GET /v1/openapi.json.
+"""Lambda entry point for the GET routes.
+
+GET /v1/conversations/{id}, GET /v1/conversations/{id}/events and GET /v1/openapi.json.
 
 All logic lives in the layer; API Gateway routes only this function's paths here.
 """

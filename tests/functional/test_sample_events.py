@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from moto import mock_aws
-
-from tests.functional.http_sink import HttpSink, Reply
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from turnledger.local.gateway import LambdaContext
 from turnledger.local.template import PROJECT_ROOT
 from turnledger.runtime import set_runtime
+
+from tests.functional.http_sink import HttpSink, Reply
+from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 
 Invoke = Callable[[str, dict[str, Any]], dict[str, Any]]
 
@@ -33,9 +33,7 @@ def load_function(name: str) -> ModuleType:
 
 
 @pytest.fixture
-def invoke(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> Iterator[tuple[Invoke, HttpSink]]:
+def invoke(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[Invoke, HttpSink]]:
     """``invoke(function, event)`` on moto, with an approval tool served by a real sink."""
     with mock_aws(), HttpSink(dedupe=True) as sink:
         clients = aws_clients()
@@ -69,7 +67,9 @@ def invoke(
 
         def call(function: str, event: dict[str, Any]) -> dict[str, Any]:
             module = modules.setdefault(function, load_function(function))
-            context = LambdaContext(function_name=function, memory_limit_in_mb=512, timeout_seconds=29)
+            context = LambdaContext(
+                function_name=function, memory_limit_in_mb=512, timeout_seconds=29
+            )
             result: dict[str, Any] = module.lambda_handler(event, context)
             return result
 

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-
-from tests.support.factories import FakeClock, corrupt
 from turnledger.config import Settings
 from turnledger.exceptions import (
     ConversationBusy,
@@ -31,6 +29,8 @@ from turnledger.providers.demo import DemoProvider
 from turnledger.schemas import TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
+
+from tests.support.factories import FakeClock, corrupt
 
 ANN = Caller(tenant="tenant-a", actor="ann")
 BOB = Caller(tenant="tenant-b", actor="bob")
@@ -124,7 +124,7 @@ def test_concurrent_conversations_share_nothing(store: ConversationStore, clock:
             say(svc, f"My name is P{index}.", conversation)
             say(svc, "Hello.", conversation)
             assert say(svc, "What is my name?", conversation) == f"Your name is P{index}."
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=talk, args=(i,)) for i in range(8)]

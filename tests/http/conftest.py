@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.support.factories import FakeClock
 from turnledger.config import Settings
 from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.runtime import Runtime, set_runtime
+
+from tests.support.factories import FakeClock
 
 ANN = {"Authorization": "Bearer local:acme:ann"}
 BOB = {"Authorization": "Bearer local:globex:bob"}

@@ -15,14 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.functional.fake_openai import FakeOpenAI, delayed, error_reply, text_reply
-from tests.http.conftest import ANN, BOB, start
-from tests.support.factories import FakeClock, corrupt
 from turnledger.local.runner import LocalConfig
 from turnledger.models import ConversationKey
 from turnledger.runtime import get_runtime
 from turnledger.store import keys
+
+from tests.functional.fake_openai import FakeOpenAI, delayed, error_reply, text_reply
+from tests.http.conftest import ANN, BOB, start
+from tests.support.factories import FakeClock, corrupt
 
 Turn = Callable[..., httpx.Response]
 
@@ -49,7 +49,9 @@ def test_readme_session_turn_three_answers_from_turns_one_and_two(turn: Turn) ->
     first = turn("user-123", "My name is Ann.")
     assert first.status_code == 200
     assert first.json()["turn"] == 1
-    assert turn("user-123", "I like tea.").json()["output_text"] == "Noted (2 user messages so far)."
+    assert (
+        turn("user-123", "I like tea.").json()["output_text"] == "Noted (2 user messages so far)."
+    )
     third = turn("user-123", "What is my name?").json()
     assert third == {
         "conversation_id": "user-123",
@@ -78,11 +80,20 @@ def test_head_and_paginated_transcript(http: httpx.Client, turn: Turn) -> None:
     assert page["next_after"] == 4
     event = page["events"][0]
     assert set(event) == {
-        "event_id", "conversation_id", "sequence", "turn", "kind", "actor",
-        "occurred_at", "payload", "schema_version",
+        "event_id",
+        "conversation_id",
+        "sequence",
+        "turn",
+        "kind",
+        "actor",
+        "occurred_at",
+        "payload",
+        "schema_version",
     }
     assert (event["kind"], event["actor"], event["payload"]["content"]) == (
-        "user_message", "ann", "My name is Ann."
+        "user_message",
+        "ann",
+        "My name is Ann.",
     )
     assert page["events"][1]["kind"] == "assistant_message"
     rest = http.get("/v1/conversations/conv/events?after=4&limit=100", headers=ANN).json()
@@ -96,7 +107,9 @@ def test_clear_removes_one_conversation_at_once(http: httpx.Client, turn: Turn) 
     turn("b", "My name is Bea.")
     assert http.delete("/v1/conversations/a", headers=ANN).status_code == 204
     assert http.delete("/v1/conversations/a", headers=ANN).status_code == 204
-    assert error_of(http.get("/v1/conversations/a", headers=ANN))["code"] == "conversation_not_found"
+    assert (
+        error_of(http.get("/v1/conversations/a", headers=ANN))["code"] == "conversation_not_found"
+    )
     assert turn("b", "What is my name?").json()["output_text"] == "Your name is Bea."
     assert turn("a", "What is my name?").json()["output_text"] == "I don't know your name yet."
 
@@ -218,9 +231,7 @@ def test_unknown_tool_is_rejected(http: httpx.Client, turn: Turn) -> None:
 def test_input_over_the_limit_is_payload_too_large(clock: FakeClock) -> None:
     """413 payload_too_large over the configured limit; nothing is stored."""
     with serve(clock, env={"MAX_INPUT_BYTES": "2000"}) as http:
-        response = http.post(
-            "/v1/conversations/big/turns", json={"input": "x" * 3000}, headers=ANN
-        )
+        response = http.post("/v1/conversations/big/turns", json={"input": "x" * 3000}, headers=ANN)
         assert response.status_code == 413
         assert error_of(response)["code"] == "payload_too_large"
         assert http.get("/v1/conversations/big", headers=ANN).status_code == 404
@@ -261,7 +272,7 @@ def test_damaged_state_is_409_and_delete_recovers(
 
 
 def test_provider_failures_are_502_and_504_and_leave_no_trace(clock: FakeClock) -> None:
-    """The openai-chat provider failing: 502 provider_error / 504 provider_timeout, nothing stored."""
+    """openai-chat failing: 502 provider_error / 504 provider_timeout; nothing is stored."""
     with FakeOpenAI() as fake:
         env = {
             "OPENAI_BASE_URL": fake.base_url,

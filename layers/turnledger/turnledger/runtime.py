@@ -52,9 +52,7 @@ class Runtime:
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
-        s3: S3Client = session.client(
-            "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG
-        )
+        s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
         store = DynamoDBConversationStore(
             dynamodb,
             settings.table_name,

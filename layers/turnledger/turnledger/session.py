@@ -15,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from aws_lambda_powertools.metrics import MetricUnit
+
 from .models import (
+    KIND_OF_PAYLOAD,
     ConversationKey,
     ConversationStatus,
     Event,
@@ -23,8 +26,8 @@ from .models import (
     Payload,
     PendingCall,
     Usage,
-    KIND_OF_PAYLOAD,
 )
+from .observability import metrics
 from .store.base import ConversationStore, new_generation
 
 Clock = Callable[[], datetime]
@@ -153,12 +156,13 @@ class Session:
             pending=self.pending,
             usage=self.usage,
         )
-        self.store.commit(
+        written = self.store.commit(
             self.key,
             expected_version=previous.version if previous else None,
             head=head,
             events=self.staged,
         )
+        metrics.add_metric("BytesWritten", MetricUnit.Bytes, written)
         self.history.extend(self.staged)
         self.staged = []
         self.head = head

@@ -131,7 +131,10 @@ def get_events(
 
 @app.delete("/v1/conversations/<conversation_id>")
 def delete_conversation(conversation_id: ConversationId) -> Response[str]:
-    """Clear: delete the conversation, its events and its stored artifacts (204, also when absent)."""
+    """Clear: delete the conversation, its events and its stored artifacts.
+
+    Answers 204, also when the conversation is absent.
+    """
     get_runtime().conversations.clear(caller(), conversation_id)
     return Response(status_code=204, body="")
 
@@ -183,15 +186,21 @@ def _validation_error(exc: RequestValidationError) -> Response[str]:
     for error in errors:
         loc = tuple(error.get("loc", ()))
         if error.get("type") == "json_invalid" or (
-            loc in {("body",), ()} and error.get("type") in {"model_attributes_type", "missing",
-                                                              "dict_type", "model_type"}
+            loc in {("body",), ()}
+            and error.get("type") in {"model_attributes_type", "missing", "dict_type", "model_type"}
         ):
             return _error(InvalidRequest("the body must be a JSON object"))
     details = [
-        {"loc": [str(part) for part in e.get("loc", ())], "msg": e.get("msg"), "type": e.get("type")}
+        {
+            "loc": [str(part) for part in e.get("loc", ())],
+            "msg": e.get("msg"),
+            "type": e.get("type"),
+        }
         for e in errors
     ]
-    return _error(RequestValidationFailed("the request fails the schema", details={"errors": details}))
+    return _error(
+        RequestValidationFailed("the request fails the schema", details={"errors": details})
+    )
 
 
 @app.exception_handler(Exception)

@@ -13,7 +13,7 @@ The Powertools module is imported only when a request carries the header
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
         DynamoDBPersistenceLayer,
         IdempotencyConfig,
     )
-
-T = TypeVar("T", bound=BaseModel)
 
 #: How long a key is remembered.
 KEY_TTL_SECONDS = 24 * 3600
@@ -59,7 +57,7 @@ def _build(runtime: Runtime) -> tuple[DynamoDBPersistenceLayer, IdempotencyConfi
     return layer, config
 
 
-def idempotent(
+def idempotent[T: BaseModel](
     *,
     key: str | None,
     scope: tuple[str, ...],
@@ -98,7 +96,5 @@ def idempotent(
             "this Idempotency-Key was used with another request body"
         ) from exc
     except IdempotencyAlreadyInProgressError as exc:
-        raise ConversationBusy(
-            "a request with this Idempotency-Key is still in progress"
-        ) from exc
+        raise ConversationBusy("a request with this Idempotency-Key is still in progress") from exc
     return parse(answer)

@@ -212,3 +212,22 @@ def stored_payload(event: Event) -> dict[str, Any]:
 def payload_bytes(event: Event) -> bytes:
     """The canonical JSON of an event's stored payload (what is offloaded and hashed)."""
     return json.dumps(stored_payload(event), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def item_size(item: Item) -> int:
+    """DynamoDB's size of an item: UTF-8 attribute names plus values (numbers approximated)."""
+    size = 0
+    for name, value in item.items():
+        size += len(name.encode()) + (
+            len(value.encode()) if isinstance(value, str) else len(str(value)) // 2 + 1
+        )
+    return size
+
+
+def payload_size(item: Item) -> int:
+    """The bytes of an event item's payload offloaded to S3 (0 when inline)."""
+    body = item.get(A_BODY)
+    if not isinstance(body, str) or '"ref"' not in body:
+        return 0
+    ref = StoredEvent.model_validate_json(body).ref
+    return ref.size if ref else 0
