@@ -27,6 +27,9 @@ from .exceptions import InvalidConversationId
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = [1]
 
+#: The expiry index files heads by the hour their TTL falls in (see store/keys.py).
+EXPIRY_BUCKET_SECONDS = 3600
+
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
@@ -269,6 +272,19 @@ class Head(_Strict):
     expires_at: int | None = None
     pending: list[PendingCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    #: The expiry-index bucket (hour number) the head is filed under. It stays put
+    #: while the expiry moves forward, so a turn does not move an index entry (2 WCU)
+    #: every time its TTL crosses an hour; a head is re-filed when its bucket has
+    #: been swept (by the next turn, or by the sweep that passes it). ``None``: the
+    #: bucket of ``expires_at``.
+    expiry_bucket: int | None = None
+
+    @property
+    def filed_bucket(self) -> int:
+        """The expiry bucket the head is filed under (only meaningful with an expiry)."""
+        if self.expiry_bucket is not None:
+            return self.expiry_bucket
+        return (self.expires_at or 0) // EXPIRY_BUCKET_SECONDS
 
     @property
     def event_count(self) -> int:

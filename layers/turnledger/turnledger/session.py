@@ -28,6 +28,7 @@ from .models import (
     Usage,
 )
 from .observability import metrics
+from .store import keys
 from .store.base import ConversationStore, new_generation
 
 Clock = Callable[[], datetime]
@@ -133,6 +134,17 @@ class Session:
         self.staged.append(event)
         return event
 
+    def _bucket(self, expires_at: int | None, now: datetime) -> int | None:
+        """Keep this life's expiry-index bucket while it is still ahead of the sweep
+        and not after the expiry; otherwise file the head under its expiry's bucket."""
+        if expires_at is None:
+            return None
+        due = keys.bucket_of(expires_at)
+        filed = self.head.expiry_bucket if self.head is not None else None
+        if filed is not None and keys.bucket_of(int(now.timestamp())) <= filed <= due:
+            return filed
+        return due
+
     def commit(self, status: ConversationStatus) -> Head:
         """Write the staged events and the new head atomically.
 
@@ -142,6 +154,7 @@ class Session:
         now = self.clock()
         previous = self.head or self.predecessor
         base = previous.base if previous else 0
+        expires_at = int(now.timestamp()) + self.ttl_seconds if self.ttl_seconds else None
         head = Head(
             gen=self.gen,
             version=(previous.version + 1) if previous else 1,
@@ -152,7 +165,8 @@ class Session:
             created_at=self.head.created_at if self.head else now,
             updated_at=now,
             ttl_seconds=self.ttl_seconds,
-            expires_at=int(now.timestamp()) + self.ttl_seconds if self.ttl_seconds else None,
+            expires_at=expires_at,
+            expiry_bucket=self._bucket(expires_at, now),
             pending=self.pending,
             usage=self.usage,
         )

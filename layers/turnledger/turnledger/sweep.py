@@ -270,6 +270,10 @@ class Sweeper:
             finished = self.store.purge_if_unchanged(key, head, now) if finish_tombstones else None
             return finished or PurgeReport()
         if not head.is_expired(now):
+            if head.expires_at is not None and head.filed_bucket < keys.bucket_of(head.expires_at):
+                # In use since it was filed: move it to the bucket it is now due in, or
+                # the cursor would pass it by.
+                self.store.refile(key, head)
             return PurgeReport()
         # None: a turn (or another sweep) changed the head since it was read.
         return self.store.purge_if_unchanged(key, head, now) or PurgeReport()

@@ -470,6 +470,22 @@ class ConversationStore(ABC):
         """
         return self._purge(key, codec.encode_head(key, head), now)
 
+    def refile(self, key: ConversationKey, head: Head) -> bool:
+        """File a live head under the expiry bucket of its current ``expires_at``.
+
+        The sweep calls this for a head it finds in a bucket that has come due
+        while the conversation was still in use. Conditional on the head being
+        unchanged; the version stays (this is index upkeep, not a new state), and a
+        turn that read the old bucket re-files the head itself.
+
+        Returns:
+            Whether the head was re-filed (``False``: it changed meanwhile).
+        """
+        if head.expires_at is None:
+            return False
+        moved = head.model_copy(update={"expiry_bucket": keys.bucket_of(head.expires_at)})
+        return self._replace_head(codec.encode_head(key, moved), codec.encode_head(key, head))
+
     def _purge(self, key: ConversationKey, item: Item | None, now: datetime) -> PurgeReport | None:
         """Purge the conversation whose head is ``item`` as read (``None``: no head).
 

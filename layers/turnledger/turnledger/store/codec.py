@@ -98,7 +98,7 @@ def encode_head(key: ConversationKey, head: Head) -> Item:
     }
     if head.expires_at is not None:
         item[A_EXPIRES] = head.expires_at
-        item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.expires_at, pk)
+        item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.filed_bucket, pk)
     return item
 
 

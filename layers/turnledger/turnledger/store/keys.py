@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 from urllib.parse import quote, unquote
 
+from ..models import EXPIRY_BUCKET_SECONDS as EXPIRY_BUCKET_SECONDS
 from ..models import ConversationKey
 
 HEAD_SK = "HEAD"
@@ -35,7 +36,6 @@ _SEQ_WIDTH = 12
 
 #: The expiry index groups heads by the hour their TTL falls in, split into
 #: shards so one busy hour does not become one hot index partition.
-EXPIRY_BUCKET_SECONDS = 3600
 EXPIRY_SHARDS = 4
 
 
@@ -82,7 +82,12 @@ def blob_key(
     )
 
 
-def expiry_bucket(expires_at: int, pk: str) -> str:
-    """The expiry-index partition of a head that expires at ``expires_at`` (epoch seconds)."""
+def bucket_of(epoch_seconds: int) -> int:
+    """The expiry bucket (hour number) an instant falls in."""
+    return epoch_seconds // EXPIRY_BUCKET_SECONDS
+
+
+def expiry_bucket(bucket: int, pk: str) -> str:
+    """The expiry-index partition of a head of partition ``pk`` filed under ``bucket``."""
     shard = int.from_bytes(hashlib.sha256(pk.encode()).digest()[:2], "big") % EXPIRY_SHARDS
-    return f"{expires_at // EXPIRY_BUCKET_SECONDS}#{shard}"
+    return f"{bucket}#{shard}"
