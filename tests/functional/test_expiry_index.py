@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-from tests.support.factories import FakeClock, make_key, raw_item
 from turnledger.config import Settings
 from turnledger.models import ConversationKey
 from turnledger.pipeline import Caller, Conversations
@@ -21,6 +19,8 @@ from turnledger.schemas import TurnRequest
 from turnledger.store import codec, keys
 from turnledger.store.base import ConversationStore
 from turnledger.sweep import Sweeper
+
+from tests.support.factories import FakeClock, make_key, raw_item
 
 HOUR = keys.EXPIRY_BUCKET_SECONDS
 TTL = 6 * HOUR
@@ -49,7 +49,9 @@ def due(clock: FakeClock) -> str:
     return str(keys.bucket_of(int(clock.now().timestamp()) + TTL))
 
 
-def test_turns_hours_apart_keep_the_heads_bucket(store: ConversationStore, clock: FakeClock) -> None:
+def test_turns_hours_apart_keep_the_heads_bucket(
+    store: ConversationStore, clock: FakeClock
+) -> None:
     """While its bucket is ahead of the sweep, a turn does not move the head's index entry."""
     svc = service(store, clock)
     svc.turn(ANN, "conv-1", TurnRequest(input="My name is Ann."))

@@ -7,6 +7,8 @@ under concurrent writes, which moto's server is not).
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,8 +36,18 @@ def start(config: LocalConfig, clock: FakeClock | None) -> Iterator[httpx.Client
 
 @pytest.fixture
 def runner_config() -> LocalConfig:
-    """What the ``runner`` fixture starts; tests override fields with ``dataclasses.replace``."""
-    return LocalConfig(port=0, ttl_seconds=3600)
+    """What the ``runner`` fixture starts; tests override fields with ``dataclasses.replace``.
+
+    Runners of one test process share moto's state: each gets its own table and bucket.
+    """
+    suffix = uuid.uuid4().hex[:8]
+    return LocalConfig(
+        port=0,
+        ttl_seconds=3600,
+        table=f"http-{suffix}",
+        bucket=f"http-{suffix}",
+        idempotency_table=f"http-idem-{suffix}",
+    )
 
 
 @pytest.fixture
@@ -49,15 +61,7 @@ def ddb_http(
     runner_config: LocalConfig, clock: FakeClock, ddb_local_endpoint: str
 ) -> Iterator[httpx.Client]:
     """Like ``http``, with the table on DynamoDB Local."""
-    import dataclasses
-    import uuid
-
-    config = dataclasses.replace(
-        runner_config,
-        dynamodb_endpoint=ddb_local_endpoint,
-        table=f"http-{uuid.uuid4().hex[:8]}",
-        idempotency_table=f"http-idem-{uuid.uuid4().hex[:8]}",
-    )
+    config = dataclasses.replace(runner_config, dynamodb_endpoint=ddb_local_endpoint)
     yield from start(config, clock)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,7 +41,9 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 @contextmanager
 def serve(clock: FakeClock, **overrides: Any) -> Iterator[httpx.Client]:
     """A runner with ``overrides`` applied to the default test config."""
-    config = dataclasses.replace(LocalConfig(port=0, ttl_seconds=3600), **overrides)
+    suffix = uuid.uuid4().hex[:8]
+    defaults = LocalConfig(port=0, ttl_seconds=3600, table=f"srv-{suffix}", bucket=f"srv-{suffix}")
+    config = dataclasses.replace(defaults, **overrides)
     yield from start(config, clock)
 
 

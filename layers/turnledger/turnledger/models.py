@@ -246,6 +246,19 @@ class PendingCall(_Strict):
     reason: str | None = None
 
 
+class TurnOptions(_Strict):
+    """What the request that began the current turn asked for.
+
+    Kept on the head, so a turn continued later (by approvals, or by client tool
+    results) offers the same tools, uses the same model and keeps the call-level
+    approval requirements, whichever process continues it.
+    """
+
+    model: str | None = None
+    tools: list[str] | None = None
+    require_approval: list[str] = Field(default_factory=list)
+
+
 class Head(_Strict):
     """The conversation's head: one small item, rewritten (conditionally) by every commit.
 
@@ -272,6 +285,7 @@ class Head(_Strict):
     expires_at: int | None = None
     pending: list[PendingCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    options: TurnOptions = Field(default_factory=TurnOptions)
     #: The expiry-index bucket (hour number) the head is filed under. It stays put
     #: while the expiry moves forward, so a turn does not move an index entry (2 WCU)
     #: every time its TTL crosses an hour; a head is re-filed when its bucket has

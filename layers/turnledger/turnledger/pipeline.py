@@ -29,7 +29,6 @@ from .exceptions import (
     InternalError,
     NotAwaitingApproval,
     ProviderError,
-    UnknownTool,
     UnknownToolCall,
 )
 from .models import (
@@ -44,10 +43,12 @@ from .models import (
     ToolCall,
     ToolCallRequested,
     ToolResult,
+    TurnOptions,
     Usage,
     UserMessage,
     validate_conversation_id,
 )
+from .observability import timed
 from .providers.base import ModelReply, ModelRequest, Provider
 from .schemas import (
     ApprovalRequest,
@@ -148,32 +149,53 @@ class Conversations:
             ProviderError, ProviderTimeout: the model failed; nothing of the turn was stored.
         """
         key = self._key(caller, conversation_id)
-        selected = self.tools.select(request.tools)
+        self.tools.select(request.tools)
         for name in request.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
-        session = self._open(key)
-        work = _Turn(
-            session=session,
-            tools=selected,
-            model=request.model or self.settings.model,
-            extra_approval=set(request.require_approval),
-        )
-        self._expire_approvals(session)
-        awaiting = [p for p in session.pending if p.state == "awaiting_approval"]
-        if awaiting:
-            raise ApprovalPending(
-                "tool calls of this conversation await approval; decide them first",
-                details={"pending_tool_calls": [self._pending_view(p).model_dump(mode="json")
-                                                for p in awaiting]},
-            )
-        self._run_ready(work)  # resume a turn that died between intent and result
         if isinstance(request.input, str):
             messages, outputs = [request.input], []
         else:
             messages = [i.content for i in request.input if isinstance(i, InputMessage)]
             outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
-        session.begin_turn()
+        session = self._open(key)
+        work = self._work(session)
+        self._expire_approvals(session)
+        awaiting = [p for p in session.pending if p.state == "awaiting_approval"]
+        interrupted = session.head is not None and (
+            session.head.status is ConversationStatus.RUNNING_TOOLS
+        )
+        if interrupted or not awaiting:
+            # Finish what an earlier request left half done (expired or rejected calls,
+            # calls recorded but never run) in *its* turn, before anything of this one is
+            # staged: old results must precede the new input, and a failure of this
+            # turn's model call must not take them down with it. Calls approved while
+            # others still await a decision wait for the last decision instead.
+            self._settle_rejected(work)
+            self._run_ready(work)
+            if session.staged:
+                session.commit(self._status_of(session))
+            work.executed = False
+        if awaiting:
+            raise ApprovalPending(
+                "tool calls of this conversation await approval; decide them first",
+                details={
+                    "pending_tool_calls": [
+                        self._pending_view(p).model_dump(mode="json") for p in awaiting
+                    ]
+                },
+            )
+        # Client results belong to the turn of their calls (a context window never
+        # splits a call from its result); only new messages start a new turn. Outputs
+        # alone continue the waiting turn, as a final approval does.
         self._apply_client_outputs(work, outputs, closing=bool(messages))
+        if messages:
+            session.begin_turn()
+            session.options = TurnOptions(
+                model=request.model,
+                tools=request.tools,
+                require_approval=request.require_approval,
+            )
+            work = self._work(session)
         for content in messages:
             session.add(UserMessage(content=content, metadata=request.metadata), actor=caller.actor)
         if not messages and any(p.state == "awaiting_client" for p in session.pending):
@@ -199,28 +221,39 @@ class Conversations:
         if head is None or not head.is_visible(self.clock()):
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
-        work = _Turn(session=session, tools=self.tools.select(None), model=self.settings.model)
-        if head.status is ConversationStatus.RUNNING_TOOLS:
-            # A retry after a crash: the decisions were recorded; finish the turn.
-            self._advance(work)
-            return self._response(work)
+        work = self._work(session)
         expired = self._expire_approvals(session)
         awaiting = {p.id: p for p in session.pending if p.state == "awaiting_approval"}
+        rejections = request.rejections()
+        named = [*request.approve, *rejections]
+        if not awaiting and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
+            # A retry after a crash: the decisions were recorded; finish the turn. Only
+            # decisions of this turn may resume it, so a stray id is still an error.
+            unknown = [i for i in named if i not in self._decided_in_turn(session)]
+            if unknown:
+                raise UnknownToolCall(
+                    "these call ids are not pending approval",
+                    details={"unknown": unknown, "pending": []},
+                )
+            self._advance(work)
+            return self._response(work)
         if not awaiting and not expired:
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
-        rejections = request.rejections()
-        unknown = [i for i in [*request.approve, *rejections] if i not in awaiting]
-        if unknown and awaiting:
-            raise UnknownToolCall(
-                "these call ids are not pending approval",
-                details={"unknown": unknown, "pending": sorted(awaiting)},
-            )
-        if unknown:
-            # Every decision came after the approval window closed.
+        if not awaiting:
+            # Every decision came after the approval window closed: record the expiry
+            # (the model gets the calls' errors with the next turn) and say so.
+            self._settle_rejected(work)
+            self._run_ready(work)
             session.commit(self._status_of(session))
             raise NotAwaitingApproval(
                 "the pending approvals expired before this decision",
                 details={"expired": expired},
+            )
+        unknown = [i for i in named if i not in awaiting]
+        if unknown:
+            raise UnknownToolCall(
+                "these call ids are not pending approval",
+                details={"unknown": unknown, "pending": sorted(awaiting), "expired": expired},
             )
         for call_id in [*request.approve, *rejections]:
             pending = awaiting[call_id]
@@ -263,7 +296,7 @@ class Conversations:
         head = self._visible_head(key)
         return ConversationView(
             conversation_id=conversation_id,
-            status=_PUBLIC_STATUS.get(head.status, "complete")  # type: ignore[arg-type]
+            status=_PUBLIC_STATUS.get(head.status, "complete")
             if head.status is not ConversationStatus.RUNNING_TOOLS
             else "running_tools",
             turns=head.turn,
@@ -282,9 +315,7 @@ class Conversations:
             usage=head.usage,
         )
 
-    def events(
-        self, caller: Caller, conversation_id: str, *, after: int, limit: int
-    ) -> EventsPage:
+    def events(self, caller: Caller, conversation_id: str, *, after: int, limit: int) -> EventsPage:
         """A page of the transcript (``GET .../events``).
 
         Raises:
@@ -323,10 +354,13 @@ class Conversations:
             reply = self._call_model(work)
             session.usage = session.usage + reply.usage
             work.usage = work.usage + reply.usage
+            # The recorded message must carry the ids its results answer: a provider
+            # that repeats an id in one reply would otherwise leave an invalid history.
+            calls = _unique_ids(reply.tool_calls)
             session.add(
                 AssistantMessage(
                     content=reply.text,
-                    tool_calls=reply.tool_calls,
+                    tool_calls=calls,
                     model=reply.model or work.model,
                     usage=reply.usage,
                 ),
@@ -335,10 +369,10 @@ class Conversations:
             if reply.text:
                 work.output.append(OutputMessage(content=reply.text))
                 work.output_text = reply.text
-            if not reply.tool_calls:
+            if not calls:
                 session.commit(ConversationStatus.COMPLETE)
                 return
-            self._request_tools(work, reply.tool_calls)
+            self._request_tools(work, calls)
 
     def _call_model(self, work: _Turn) -> ModelReply:
         session = work.session
@@ -347,9 +381,10 @@ class Conversations:
         work.messages_sent = len(messages)
         work.model_calls += 1
         try:
-            return self.provider.complete(
-                ModelRequest(model=work.model, messages=messages, tools=specs)
-            )
+            with timed("ModelLatency"):
+                return self.provider.complete(
+                    ModelRequest(model=work.model, messages=messages, tools=specs)
+                )
         except ProviderError:
             if work.executed:
                 # Tools already acted: their results are facts and must be kept.
@@ -365,11 +400,11 @@ class Conversations:
                 OutputFunctionCall(call_id=call.id, name=call.name, arguments=call.arguments)
             )
             tool = offered.get(call.name)
-            error = (
-                f"unknown tool {call.name!r}" if tool is None else tool.validate_call(call)
-            )
-            needs = "none" if tool is None else requirement(
-                tool, call.arguments, extra_approval=work.extra_approval
+            error = f"unknown tool {call.name!r}" if tool is None else tool.validate_call(call)
+            needs = (
+                "none"
+                if tool is None
+                else requirement(tool, call.arguments, extra_approval=work.extra_approval)
             )
             # The key names the request's place in the log, so it is unique per call
             # and a resumed request reads the same key back from the head.
@@ -414,7 +449,7 @@ class Conversations:
                     name=call.name,
                     arguments=call.arguments,
                     requires=needs,
-                    state=state[needs],  # type: ignore[arg-type]
+                    state=state[needs],
                     idempotency_key=key,
                     arguments_sha256=arguments_sha256(call.arguments),
                     expires_at=expires_at,
@@ -429,15 +464,20 @@ class Conversations:
             return
         if self.runner is None:
             raise InternalError("tool calls are ready but no tool runner is configured")
+        # Checked before the intent is committed: arguments that no longer match what
+        # was approved must leave no decision behind that would run them later.
+        for pending in ready:
+            if arguments_sha256(pending.arguments) != pending.arguments_sha256:
+                raise InternalError(f"arguments of call {pending.id} changed after approval")
         # Intent first: what is about to run is committed before it runs.
-        if session.staged or session.head is None or (
-            session.head.status is not ConversationStatus.RUNNING_TOOLS
+        if (
+            session.staged
+            or session.head is None
+            or (session.head.status is not ConversationStatus.RUNNING_TOOLS)
         ):
             session.commit(ConversationStatus.RUNNING_TOOLS)
         invocations = []
         for pending in ready:
-            if arguments_sha256(pending.arguments) != pending.arguments_sha256:
-                raise InternalError(f"arguments of call {pending.id} changed after approval")
             invocations.append(
                 ToolInvocation(
                     tool=self.tools.get(pending.name),
@@ -534,7 +574,8 @@ class Conversations:
                 actor="system",
             )
             self._replace_pending(
-                session, pending.model_copy(update={"state": "rejected", "reason": "approval expired"})
+                session,
+                pending.model_copy(update={"state": "rejected", "reason": "approval expired"}),
             )
         return [p.id for p in expired]
 
@@ -549,8 +590,10 @@ class Conversations:
         """Load a session for a turn: expired conversations are purged and start fresh."""
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
-        if head is not None and head.status is not ConversationStatus.CLEARED and head.is_expired(
-            self.clock()
+        if (
+            head is not None
+            and head.status is not ConversationStatus.CLEARED
+            and head.is_expired(self.clock())
         ):
             if self.store.purge_if_unchanged(key, head, self.clock()) is None:
                 raise ConversationBusy("the conversation changed while it expired; retry")
@@ -578,6 +621,25 @@ class Conversations:
         if session.ttl_seconds:
             window = min(window, session.ttl_seconds)
         return now + timedelta(seconds=window)
+
+    def _work(self, session: Session) -> _Turn:
+        """The work of a request on the turn ``session`` is in, with that turn's options."""
+        options = session.options
+        return _Turn(
+            session=session,
+            tools=self.tools.select(options.tools),
+            model=options.model or self.settings.model,
+            extra_approval=set(options.require_approval),
+        )
+
+    @staticmethod
+    def _decided_in_turn(session: Session) -> set[str]:
+        """Ids of the calls decided (approved, rejected or expired) in the current turn."""
+        return {
+            body.call_id
+            for event in session.events
+            if event.turn == session.turn and isinstance(body := event.body(), ApprovalResolved)
+        }
 
     @staticmethod
     def _replace_pending(session: Session, updated: PendingCall) -> None:
@@ -610,7 +672,7 @@ class Conversations:
         return TurnResponse(
             conversation_id=session.key.conversation_id,
             turn=session.turn,
-            status=_PUBLIC_STATUS[status],  # type: ignore[arg-type]
+            status=_PUBLIC_STATUS[status],
             status_reason=work.status_reason,
             output_text=work.output_text,
             output=work.output,
@@ -621,7 +683,7 @@ class Conversations:
             ],
             usage=work.usage,
             context=ContextInfo(
-                messages_sent=work.messages_sent, provider_state=self.provider.provider_state  # type: ignore[arg-type]
+                messages_sent=work.messages_sent, provider_state=self.provider.provider_state
             ),
         )
 

@@ -25,6 +25,7 @@ from .models import (
     Head,
     Payload,
     PendingCall,
+    TurnOptions,
     Usage,
 )
 from .observability import metrics
@@ -62,6 +63,7 @@ class Session:
     pending: list[PendingCall] = field(default_factory=list)
     turn: int = 0
     usage: Usage = field(default_factory=Usage)
+    options: TurnOptions = field(default_factory=TurnOptions)
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
 
@@ -96,6 +98,7 @@ class Session:
             pending=list(head.pending),
             turn=head.turn,
             usage=head.usage,
+            options=head.options,
         )
 
     @property
@@ -169,6 +172,7 @@ class Session:
             expiry_bucket=self._bucket(expires_at, now),
             pending=self.pending,
             usage=self.usage,
+            options=self.options,
         )
         written = self.store.commit(
             self.key,

@@ -1,0 +1,309 @@
+"""Crash safety of tool calls: the pipeline killed at every step boundary of an approval turn.
+
+The scenario: one turn whose model asks for two ``send_email`` calls (approval
+required) and one ``get_weather`` call (none), then one approval of both. Its
+steps are the model calls, the commits and the tool runs. A test kills the
+"process" (raises :class:`SimulatedCrash`, which no ``except Exception``
+catches) just before or just after step *k*; a new process (a fresh
+:class:`Conversations` over the same store) then does what a client does
+next: it retries the request that died, and carries on.
+
+Whatever *k*, against an idempotent tool endpoint (``HttpSink(dedupe=True)``):
+each call's side effect was requested under one idempotency key only and
+happened once, every call has exactly one recorded result, the conversation
+ends ``complete``, and the rebuilt context is a history strict providers accept.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+from unittest import mock
+
+import httpx
+import pytest
+from turnledger.config import Settings
+from turnledger.context import build_messages
+from turnledger.exceptions import ApprovalPending, NotAwaitingApproval
+from turnledger.models import Event
+from turnledger.pipeline import Conversations
+from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
+from turnledger.providers.demo import DemoProvider
+from turnledger.providers.history import check_strict_history
+from turnledger.schemas import ApprovalRequest, TurnRequest
+from turnledger.store.base import ConversationStore
+from turnledger.tools import ToolInvocation, ToolOutcome, ToolRunner
+
+from tests.functional.http_sink import HttpSink
+from tests.functional.test_tool_turns import ANN, lines, registry, script_tools, tool_line
+from tests.support.factories import FakeClock
+
+CONVERSATION = "crash-1"
+TURN = TurnRequest(
+    input=lines(
+        tool_line("send_email", to="a@x"),
+        tool_line("send_email", to="b@x"),
+        tool_line("get_weather", city="Oslo"),
+    )
+)
+APPROVAL = ApprovalRequest(approve=["call_1", "call_2"])
+
+#: The steps of the scenario when nothing fails, in order.
+STEPS = [
+    # the turn: the model asks for the calls; intent; the auto call runs; results, paused
+    "model",
+    "commit",
+    "tools",
+    "commit",
+    # the approval: decisions as intent; both calls run; the model answers; all committed
+    "commit",
+    "tools",
+    "model",
+    "commit",
+]
+
+Phase = Literal["before", "after"]
+Policy = Callable[[int, str, Phase], bool]
+
+
+class SimulatedCrash(BaseException):
+    """The process died here: nothing after this point of the request happens."""
+
+
+@dataclass
+class Injector:
+    """Counts the steps of one process and kills it where ``policy`` says."""
+
+    policy: Policy
+    steps: list[str] = field(default_factory=list)
+    crashed: str | None = None
+
+    def step(self, name: str, action: Callable[[], Any]) -> Any:
+        index = len(self.steps)
+        self.steps.append(name)
+        self._maybe_crash(index, name, "before")
+        result = action()
+        self._maybe_crash(index, name, "after")
+        return result
+
+    def _maybe_crash(self, index: int, name: str, phase: Phase) -> None:
+        if self.policy(index, name, phase):
+            self.crashed = f"{phase} step {index} ({name})"
+            raise SimulatedCrash(self.crashed)
+
+
+def never(index: int, name: str, phase: Phase) -> bool:
+    return False
+
+
+class InjectedProvider(Provider):
+    """The demo model, each call a step."""
+
+    def __init__(self, injector: Injector) -> None:
+        self.injector = injector
+        self.demo = DemoProvider()
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        check_strict_history(request.messages)
+        reply: ModelReply = self.injector.step("model", lambda: self.demo.complete(request))
+        return reply
+
+
+class InjectedRunner(ToolRunner):
+    """The real runner, each run a step."""
+
+    def __init__(self, http: httpx.Client, injector: Injector) -> None:
+        super().__init__(http, None)
+        self.injector = injector
+
+    def run(self, invocations: list[ToolInvocation]) -> list[ToolOutcome]:
+        outcomes: list[ToolOutcome] = self.injector.step(
+            "tools", lambda: super(InjectedRunner, self).run(invocations)
+        )
+        return outcomes
+
+
+class World:
+    """One store and one tool endpoint; processes come and go over them."""
+
+    def __init__(self, store: ConversationStore, sink: HttpSink, clock: Callable[[], Any]) -> None:
+        self.store = store
+        self.sink = sink
+        self.clock = clock
+        self.clients: list[httpx.Client] = []
+
+    def process(self, injector: Injector) -> Conversations:
+        """A new process: its own provider, runner and HTTP client, the same storage."""
+        http = httpx.Client()
+        self.clients.append(http)
+        return Conversations(
+            store=self.store,
+            provider=InjectedProvider(injector),
+            settings=replace(Settings()),
+            tools=registry(self.sink),
+            runner=InjectedRunner(http, injector),
+            clock=self.clock,
+        )
+
+    @contextmanager
+    def commits_counted(self, injector: Injector) -> Iterator[None]:
+        """Make every commit of the store a step of ``injector`` while inside."""
+        original = self.store.commit
+
+        def commit(*args: Any, **kwargs: Any) -> Any:
+            return injector.step("commit", lambda: original(*args, **kwargs))
+
+        with mock.patch.object(self.store, "commit", side_effect=commit):
+            yield
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+@pytest.fixture
+def world(store: ConversationStore, clock: FakeClock) -> Iterator[World]:
+    with HttpSink(dedupe=True) as sink:
+        script_tools(sink)
+        world = World(store, sink, clock.now)
+        yield world
+        world.close()
+
+
+def live(world: World, policy: Policy) -> tuple[str, Injector]:
+    """Drive the scenario in one process until it ends or dies; returns where it got to."""
+    injector = Injector(policy)
+    stage = "turn"
+    try:
+        with world.commits_counted(injector):
+            process = world.process(injector)
+            reply = process.turn(ANN, CONVERSATION, TURN)
+            assert reply.status == "awaiting_approval"
+            stage = "approve"
+            assert process.approve(ANN, CONVERSATION, APPROVAL).status == "complete"
+            stage = "done"
+    except SimulatedCrash:
+        pass
+    return stage, injector
+
+
+def resume(world: World, stage: str, policy: Policy = never) -> tuple[str, Injector]:
+    """A new process retries the request that died, then carries on as the client would."""
+    injector = Injector(policy)
+    try:
+        with world.commits_counted(injector):
+            process = world.process(injector)
+            if stage == "turn":
+                try:
+                    assert process.turn(ANN, CONVERSATION, TURN).status == "awaiting_approval"
+                except ApprovalPending as pending:
+                    # The first attempt got as far as the pause: the retry is told so.
+                    listed = [p["id"] for p in pending.details["pending_tool_calls"]]
+                    assert listed == ["call_1", "call_2"]
+                stage = "approve"
+            if stage == "approve":
+                # NotAwaitingApproval: the first attempt committed everything before it died.
+                with suppress(NotAwaitingApproval):
+                    assert process.approve(ANN, CONVERSATION, APPROVAL).status == "complete"
+                stage = "done"
+    except SimulatedCrash:
+        pass
+    return stage, injector
+
+
+def assert_completed_exactly_once(world: World) -> None:
+    """The end state every crash must lead to."""
+    svc = world.process(Injector(never))
+    view = svc.get(ANN, CONVERSATION)
+    assert (view.status, view.pending_tool_calls) == ("complete", [])
+    page = svc.events(ANN, CONVERSATION, after=0, limit=1000)
+    events = [Event.model_validate(e.model_dump()) for e in page.events]
+    kinds = Counter(e.kind.value for e in events)
+    assert kinds == {
+        "user_message": 1,
+        "assistant_message": 2,
+        "tool_call_requested": 3,
+        "approval_requested": 2,
+        "approval_resolved": 2,
+        "tool_result": 3,
+    }
+    results = Counter(e.payload["call_id"] for e in events if e.kind.value == "tool_result")
+    assert results == {"call_1": 1, "call_2": 1, "call_3": 1}
+    assert all(not e.payload["is_error"] for e in events if e.kind.value == "tool_result")
+    answer = [e.payload["content"] for e in events if e.kind.value == "assistant_message"][-1]
+    assert answer == (
+        'Tool results: send_email: {"sent":true}; send_email: {"sent":true}; '
+        'get_weather: {"temp":21}'
+    )
+
+    keys = {
+        e.payload["call_id"]: e.payload["idempotency_key"]
+        for e in events
+        if e.kind.value == "tool_call_requested"
+    }
+    for path, calls in [("/email", {"call_1", "call_2"}), ("/weather", {"call_3"})]:
+        requests = world.sink.requests_for(path)
+        by_call: dict[str, set[str | None]] = {}
+        for request in requests:
+            by_call.setdefault(request.json()["call_id"], set()).add(request.idempotency_key)
+        # Each call was requested (maybe more than once) under its recorded key only...
+        assert by_call == {call: {keys[call]} for call in calls}
+        # ...and the tool honoured that key: one side effect per call.
+        effects = Counter(r.json()["call_id"] for r in world.sink.side_effects(path))
+        assert effects == dict.fromkeys(calls, 1)
+
+    messages = build_messages(events)
+    check_strict_history([*messages, Message(role="user", content="next")])
+
+
+def test_without_a_crash_the_scenario_has_the_expected_steps(world: World) -> None:
+    """The step list the crash tests walk through is the one the pipeline really takes."""
+    stage, injector = live(world, never)
+    assert stage == "done"
+    assert injector.steps == STEPS
+    assert_completed_exactly_once(world)
+    # Without a crash nothing is requested twice.
+    assert len(world.sink.requests) == 3
+
+
+@pytest.mark.parametrize("phase", ["before", "after"])
+@pytest.mark.parametrize(
+    "crash_at", range(len(STEPS)), ids=[f"{i}-{s}" for i, s in enumerate(STEPS)]
+)
+def test_a_crash_at_any_step_is_resumed_with_the_same_keys(
+    world: World, crash_at: int, phase: Phase
+) -> None:
+    """Killed just before or after step ``crash_at``, the next process completes the turn once."""
+    stage, injector = live(world, lambda index, _name, at: index == crash_at and at == phase)
+    assert injector.crashed == f"{phase} step {crash_at} ({STEPS[crash_at]})"
+    assert stage != "done"
+    stage, _ = resume(world, stage)
+    assert stage == "done"
+    assert_completed_exactly_once(world)
+
+
+def test_a_crash_in_every_process_still_ends_complete(world: World) -> None:
+    """Each process dies right after its first durable commit; retries still converge."""
+
+    def after_first_commit(policy_state: list[int]) -> Policy:
+        def policy(index: int, name: str, phase: Phase) -> bool:
+            if name == "commit" and phase == "after" and not policy_state:
+                policy_state.append(index)
+                return True
+            return False
+
+        return policy
+
+    stage, injector = live(world, after_first_commit([]))
+    deaths = 1 if injector.crashed else 0
+    for _ in range(10):
+        if stage == "done":
+            break
+        stage, injector = resume(world, stage, after_first_commit([]))
+        deaths += 1 if injector.crashed else 0
+    assert stage == "done"
+    assert deaths >= 3  # the turn's two commits and the approval's: each died once at least
+    assert_completed_exactly_once(world)
