@@ -296,9 +296,11 @@ class Conversations:
         head = self._visible_head(key)
         return ConversationView(
             conversation_id=conversation_id,
-            status=_PUBLIC_STATUS.get(head.status, "complete")
-            if head.status is not ConversationStatus.RUNNING_TOOLS
-            else "running_tools",
+            # The head shows a turn whose tools are running as such; a turn's answer
+            # reports it complete (the request that ran them is over).
+            status="running_tools"
+            if head.status is ConversationStatus.RUNNING_TOOLS
+            else _PUBLIC_STATUS[head.status],
             turns=head.turn,
             events=head.event_count,
             created_at=head.created_at,
@@ -307,11 +309,7 @@ class Conversations:
             if head.expires_at is not None
             else None,
             ttl_seconds=head.ttl_seconds,
-            pending_tool_calls=[
-                self._pending_view(p)
-                for p in head.pending
-                if p.state in ("awaiting_approval", "awaiting_client")
-            ],
+            pending_tool_calls=self._waiting(head.pending),
             usage=head.usage,
         )
 
@@ -347,7 +345,7 @@ class Conversations:
             if status is not ConversationStatus.COMPLETE:
                 session.commit(status)
                 return
-            if work.model_calls >= max(self.settings.max_tool_steps, 1) and work.model_calls:
+            if work.model_calls >= max(self.settings.max_tool_steps, 1):
                 work.status_reason = "max_tool_steps"
                 session.commit(ConversationStatus.COMPLETE)
                 return
@@ -395,7 +393,7 @@ class Conversations:
         session = work.session
         offered = {t.name: t for t in work.tools}
         now = self.clock()
-        for call in _unique_ids(calls):
+        for call in calls:
             work.output.append(
                 OutputFunctionCall(call_id=call.id, name=call.name, arguments=call.arguments)
             )
@@ -656,6 +654,15 @@ class Conversations:
             return ConversationStatus.RUNNING_TOOLS
         return ConversationStatus.COMPLETE
 
+    @classmethod
+    def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
+        """The calls that wait for a human or for the client, as the API shows them."""
+        return [
+            cls._pending_view(p)
+            for p in pending
+            if p.state in ("awaiting_approval", "awaiting_client")
+        ]
+
     @staticmethod
     def _pending_view(pending: PendingCall) -> PendingToolCallView:
         return PendingToolCallView(
@@ -676,11 +683,7 @@ class Conversations:
             status_reason=work.status_reason,
             output_text=work.output_text,
             output=work.output,
-            pending_tool_calls=[
-                self._pending_view(p)
-                for p in session.pending
-                if p.state in ("awaiting_approval", "awaiting_client")
-            ],
+            pending_tool_calls=self._waiting(session.pending),
             usage=work.usage,
             context=ContextInfo(
                 messages_sent=work.messages_sent, provider_state=self.provider.provider_state

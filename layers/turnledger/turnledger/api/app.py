@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
@@ -73,8 +74,23 @@ def caller() -> Caller:
     return Caller(tenant=tenant, actor=str(actor) if actor else "anonymous")
 
 
-def _idempotency_key() -> str | None:
-    return app.current_event.headers.get("idempotency-key") or None
+def _answer_turn(
+    conversation_id: str,
+    route: str,
+    request: TurnRequest | ApprovalRequest,
+    run: Callable[[Caller], TurnResponse],
+) -> TurnResponse:
+    """Run a request that answers a turn: timed, and idempotent under its key."""
+    who = caller()
+    logger.append_keys(tenant=who.tenant, conversation_id=conversation_id)
+    with timed("TurnLatency"):
+        return idempotent(
+            key=app.current_event.headers.get("idempotency-key") or None,
+            scope=(who.tenant, conversation_id, route),
+            body=request.model_dump(mode="json"),
+            run=lambda: run(who),
+            parse=TurnResponse.model_validate,
+        )
 
 
 @app.post("/v1/conversations/<conversation_id>/turns")
@@ -82,17 +98,10 @@ def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
 ) -> TurnResponse:
     """Run one turn: append the input, call the model, run or pause tools, persist, answer."""
-    who = caller()
-    logger.append_keys(tenant=who.tenant, conversation_id=conversation_id)
     service = get_runtime().conversations
-    with timed("TurnLatency"):
-        return idempotent(
-            key=_idempotency_key(),
-            scope=(who.tenant, conversation_id, "turns"),
-            body=request.model_dump(mode="json"),
-            run=lambda: service.turn(who, conversation_id, request),
-            parse=TurnResponse.model_validate,
-        )
+    return _answer_turn(
+        conversation_id, "turns", request, lambda who: service.turn(who, conversation_id, request)
+    )
 
 
 @app.post("/v1/conversations/<conversation_id>/approvals")
@@ -100,17 +109,13 @@ def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
 ) -> TurnResponse:
     """Decide pending tool calls; continue the turn when none is left undecided."""
-    who = caller()
-    logger.append_keys(tenant=who.tenant, conversation_id=conversation_id)
     service = get_runtime().conversations
-    with timed("TurnLatency"):
-        return idempotent(
-            key=_idempotency_key(),
-            scope=(who.tenant, conversation_id, "approvals"),
-            body=request.model_dump(mode="json"),
-            run=lambda: service.approve(who, conversation_id, request),
-            parse=TurnResponse.model_validate,
-        )
+    return _answer_turn(
+        conversation_id,
+        "approvals",
+        request,
+        lambda who: service.approve(who, conversation_id, request),
+    )
 
 
 @app.get("/v1/conversations/<conversation_id>")
