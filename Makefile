@@ -3,7 +3,9 @@
 # and (for tests) DynamoDB Local from the npm package amplify-dynamodb-simulator.
 
 SHELL := /bin/bash
-PYTHON ?= $(shell PYENV_VERSION=3.13.0 pyenv which python3.13 2>/dev/null || command -v python3.13)
+# python3.13: pyenv's newest 3.13 if pyenv has one (its shim fails unless selected), else PATH.
+PYENV_313 := $(shell pyenv versions --bare 2>/dev/null | grep -E '^3\.13(\.[0-9]+)?$$' | sort -V | tail -n1)
+PYTHON ?= $(shell { [ -n "$(PYENV_313)" ] && PYENV_VERSION=$(PYENV_313) pyenv which python3.13; } 2>/dev/null || command -v python3.13)
 VENV := .venv
 BIN := $(VENV)/bin
 DDB_VERSION := 2.9.30
