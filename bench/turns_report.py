@@ -242,8 +242,10 @@ def _misses(results: Results) -> str | None:
             f"{(cumulative - index) / floor:.3f}x the floor: the transaction's 2x on the two "
             "event items and on the head, each under 1 KiB, is exactly 3x. What goes over is "
             f"{_num(index)} WCU of index entries (the head's `by-expiry` and `by-tenant` "
-            "entries, put by the first turn). The same layout pays 2 WCU more on every turn "
-            "that moves the expiry into another hour (see *Turns an hour apart*)."
+            "entries, put once, by the first turn: every later turn is exactly 3x). They are "
+            "what lets the sweep find expired conversations without a scan and erasure list "
+            "a tenant; a head is only re-filed in the expiry index when its bucket came due "
+            "while it was still in use (see *Turns an hour apart*)."
         )
     over = [s for s in samples if s.read_calls > 1]
     if over:
@@ -417,17 +419,18 @@ def _idle(results: Results) -> str:
     ratio = _median([s.priced_wcu for s in later]) / floor_turn
     return (
         "### Turns an hour apart\n\n"
-        "The head's `by-expiry` index key is the hour its TTL falls in, so a turn that "
-        "comes in another hour than the previous one moves the index entry (a delete and a "
-        f"put). A conversation of {len(idle)} turns 3601 s apart:\n\n"
+        "The head is filed in the `by-expiry` index under the hour its TTL falls in, and a "
+        "turn keeps that bucket while the sweep has not reached it (it is re-filed, a "
+        "delete and a put of the index entry, only once the bucket came due while the "
+        "conversation was in use). So turns spread over hours cost what back-to-back turns "
+        f"cost. A conversation of {len(idle)} turns 3601 s apart:\n\n"
         "| | turns 2.. an hour apart | turns 2.. a second apart |\n"
         "| --- | ---: | ---: |\n"
         f"| WCU priced (min / median / max) | {_spread([s.priced_wcu for s in later])} | "
         f"{_spread([s.priced_wcu for s in steady])} |\n"
         f"| WCU reported (min / median / max) | {_spread([s.reported_wcu for s in later])} | "
         f"{_spread([s.reported_wcu for s in steady])} |\n\n"
-        "Conversations whose turns are spread over hours pay this on most turns: "
-        f"{ratio:.1f}x the floor instead of 3x."
+        f"Turns an hour apart: {ratio:.1f}x the floor per turn."
     )
 
 
