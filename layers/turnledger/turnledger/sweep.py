@@ -5,8 +5,11 @@ Three entry points share one :class:`Sweeper`; each answers a
 
 **The scheduled sweep** (EventBridge, hourly by default) finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
-carries ``xb = "<expires_at // 3600>#<shard>"`` (:func:`.store.keys.expiry_bucket`),
-so one hour's expiries are :data:`~.store.keys.EXPIRY_SHARDS` small queries. The
+carries ``xb = "<bucket>#<shard>"`` (:func:`.store.keys.expiry_bucket`), the hour
+it is filed under, so one hour's expiries are :data:`~.store.keys.EXPIRY_SHARDS`
+small queries. A turn keeps a head's bucket while it is ahead of the sweep, so
+a live head may sit in a bucket before its expiry: the sweep passing it re-files
+it under the hour it is now due (:meth:`~.store.base.ConversationStore.refile`). The
 sweep walks buckets from its cursor up to the current one (inclusive) and, for
 each candidate, reads the head consistently (the index lags) and purges it only
 if it is expired at the sweep's ``now``, conditionally on the version it read
@@ -27,7 +30,9 @@ buckets walked and of heads in them, not with the table.
   the cursor. A conversation that fails is logged, keeps the cursor at its
   bucket and is retried by the next run.
 * Tombstones (a purge in flight) found by the scheduled sweep are left to the
-  purge that wrote them: finishing them too would count their events twice.
+  purge that wrote them: finishing them too would count their events twice. A
+  tombstone's expiry is due at once, so if its purge died, DynamoDB's TTL removes
+  it and the stream below reclaims the rest.
   Heads too damaged to decode whose raw ``expires_at`` has passed are cleared
   (``clear`` recovers them) and logged.
 
