@@ -7,12 +7,13 @@ never in tests or the local runner (``POWERTOOLS_TRACE_DISABLED=true``).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, cast
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
@@ -22,9 +23,6 @@ if TYPE_CHECKING:
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "turnledger"))
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turnledger"))
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 def tracing_enabled() -> bool:
     """True in a Lambda function with tracing not disabled."""
@@ -40,6 +38,20 @@ def tracer() -> Tracer | None:
     from aws_lambda_powertools import Tracer
 
     return Tracer()
+
+
+def traced[F: Callable[..., Any]](handler: F) -> F:
+    """Trace a Lambda handler with Powertools' ``capture_lambda_handler`` (cold-start and
+    service annotations, the error on failure) where tracing is on; a plain call elsewhere."""
+
+    @functools.wraps(handler)
+    def wrapper(event: Any, context: Any) -> Any:
+        active = tracer()
+        if active is None:
+            return handler(event, context)
+        return active.capture_lambda_handler(handler)(event, context)
+
+    return cast(F, wrapper)
 
 
 @contextmanager

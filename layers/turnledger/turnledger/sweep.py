@@ -94,7 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .exceptions import ConversationBusy, InvalidConversationId, InvalidRequest, StateError
 from .models import ConversationKey, ConversationStatus, validate_conversation_id
-from .observability import logger, metrics
+from .observability import logger, metrics, traced
 from .runtime import Runtime, get_runtime
 from .schemas import PurgeReportView
 from .session import Clock
@@ -491,6 +491,7 @@ def _handle(event: dict[str, Any], context: RemainingTime | None) -> PurgeReport
 
 @logger.inject_lambda_context
 @metrics.log_metrics
+@traced
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The sweep function: a schedule, stream records of TTL deletions, or a list of ids.
 

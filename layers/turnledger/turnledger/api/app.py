@@ -29,7 +29,7 @@ from ..exceptions import (
     TurnledgerError,
     Unauthorized,
 )
-from ..observability import logger, metrics, timed
+from ..observability import logger, metrics, timed, traced
 from ..pipeline import Caller
 from ..runtime import get_runtime
 from ..schemas import (
@@ -234,6 +234,7 @@ def _body_size(event: dict[str, Any]) -> int:
 
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
 @metrics.log_metrics
+@traced
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The Lambda entry point of every API function."""
     limit = get_runtime().settings.max_input_bytes
