@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "turnledger"))
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turnledger"))
 
+
 def tracing_enabled() -> bool:
     """True in a Lambda function with tracing not disabled."""
     disabled = os.environ.get("POWERTOOLS_TRACE_DISABLED", "").lower() in {"1", "true"}

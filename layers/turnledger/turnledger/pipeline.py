@@ -16,8 +16,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 
 from .config import Settings
@@ -26,13 +26,12 @@ from .exceptions import (
     ApprovalPending,
     ConversationBusy,
     ConversationNotFound,
-    InternalError,
     NotAwaitingApproval,
     ProviderError,
     UnknownToolCall,
 )
+from .execution import ToolCalls, TurnWork, decided_in_turn, replace_pending, status_of
 from .models import (
-    ApprovalRequested,
     ApprovalResolved,
     AssistantMessage,
     ConversationKey,
@@ -41,10 +40,7 @@ from .models import (
     Head,
     PendingCall,
     ToolCall,
-    ToolCallRequested,
-    ToolResult,
     TurnOptions,
-    Usage,
     UserMessage,
     validate_conversation_id,
 )
@@ -58,7 +54,6 @@ from .schemas import (
     EventView,
     FunctionCallOutput,
     InputMessage,
-    OutputFunctionCall,
     OutputMessage,
     PendingToolCallView,
     TurnRequest,
@@ -66,9 +61,8 @@ from .schemas import (
 )
 from .session import Clock, Session, utc_now
 from .store.base import ContextBudget, ConversationStore, PurgeReport
-from .tools.approval import arguments_sha256, requirement
-from .tools.executors import ToolInvocation, ToolRunner, idempotency_key
-from .tools.registry import ToolDefinition, ToolRegistry
+from .tools.executors import ToolRunner
+from .tools.registry import ToolRegistry
 
 #: The public statuses of a head (``running_tools`` is shown as itself on GET).
 _PUBLIC_STATUS = {
@@ -85,25 +79,6 @@ class Caller:
 
     tenant: str
     actor: str
-
-
-@dataclass
-class _Turn:
-    """What one request did, for its response."""
-
-    session: Session
-    tools: list[ToolDefinition]
-    model: str
-    extra_approval: set[str] = field(default_factory=set)
-    output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
-    output_text: str | None = None
-    messages_sent: int = 0
-    model_calls: int = 0
-    usage: Usage = field(default_factory=Usage)
-    status_reason: str | None = None
-    #: True once a tool ran in this request: its results must be recorded even if
-    #: the model then fails.
-    executed: bool = False
 
 
 class Conversations:
@@ -127,6 +102,9 @@ class Conversations:
         self._tools = tools if tools is not None else ToolRegistry.empty()
         self.runner = runner
         self.clock = clock
+        self.calls = ToolCalls(
+            registry=lambda: self.tools, runner=runner, settings=settings, clock=clock
+        )
         self.budget = ContextBudget(
             max_events=settings.context_max_events, max_chars=settings.context_max_chars
         )
@@ -159,7 +137,7 @@ class Conversations:
             outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
         session = self._open(key)
         work = self._work(session)
-        self._expire_approvals(session)
+        self.calls.expire_approvals(session)
         awaiting = [p for p in session.pending if p.state == "awaiting_approval"]
         interrupted = session.head is not None and (
             session.head.status is ConversationStatus.RUNNING_TOOLS
@@ -170,10 +148,10 @@ class Conversations:
             # staged: old results must precede the new input, and a failure of this
             # turn's model call must not take them down with it. Calls approved while
             # others still await a decision wait for the last decision instead.
-            self._settle_rejected(work)
-            self._run_ready(work)
+            self.calls.settle_rejected(work)
+            self.calls.run_ready(work)
             if session.staged:
-                session.commit(self._status_of(session))
+                session.commit(status_of(session))
             work.executed = False
         if awaiting:
             raise ApprovalPending(
@@ -187,7 +165,7 @@ class Conversations:
         # Client results belong to the turn of their calls (a context window never
         # splits a call from its result); only new messages start a new turn. Outputs
         # alone continue the waiting turn, as a final approval does.
-        self._apply_client_outputs(work, outputs, closing=bool(messages))
+        self.calls.apply_client_outputs(work, outputs, closing=bool(messages))
         if messages:
             session.begin_turn()
             session.options = TurnOptions(
@@ -222,14 +200,14 @@ class Conversations:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
         work = self._work(session)
-        expired = self._expire_approvals(session)
+        expired = self.calls.expire_approvals(session)
         awaiting = {p.id: p for p in session.pending if p.state == "awaiting_approval"}
         rejections = request.rejections()
         named = [*request.approve, *rejections]
         if not awaiting and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
             # A retry after a crash: the decisions were recorded; finish the turn. Only
             # decisions of this turn may resume it, so a stray id is still an error.
-            unknown = [i for i in named if i not in self._decided_in_turn(session)]
+            unknown = [i for i in named if i not in decided_in_turn(session)]
             if unknown:
                 raise UnknownToolCall(
                     "these call ids are not pending approval",
@@ -242,9 +220,9 @@ class Conversations:
         if not awaiting:
             # Every decision came after the approval window closed: record the expiry
             # (the model gets the calls' errors with the next turn) and say so.
-            self._settle_rejected(work)
-            self._run_ready(work)
-            session.commit(self._status_of(session))
+            self.calls.settle_rejected(work)
+            self.calls.run_ready(work)
+            session.commit(status_of(session))
             raise NotAwaitingApproval(
                 "the pending approvals expired before this decision",
                 details={"expired": expired},
@@ -268,7 +246,7 @@ class Conversations:
                 ),
                 actor=caller.actor,
             )
-            self._replace_pending(
+            replace_pending(
                 session,
                 pending.model_copy(
                     update={
@@ -335,13 +313,13 @@ class Conversations:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def _advance(self, work: _Turn) -> None:
+    def _advance(self, work: TurnWork) -> None:
         """Drive the turn until the model answers in text, or it waits for someone."""
         session = work.session
         while True:
-            self._settle_rejected(work)
-            self._run_ready(work)
-            status = self._status_of(session)
+            self.calls.settle_rejected(work)
+            self.calls.run_ready(work)
+            status = status_of(session)
             if status is not ConversationStatus.COMPLETE:
                 session.commit(status)
                 return
@@ -370,9 +348,9 @@ class Conversations:
             if not calls:
                 session.commit(ConversationStatus.COMPLETE)
                 return
-            self._request_tools(work, calls)
+            self.calls.request(work, calls)
 
-    def _call_model(self, work: _Turn) -> ModelReply:
+    def _call_model(self, work: TurnWork) -> ModelReply:
         session = work.session
         messages = build_messages(session.events, system_prompt=self.settings.system_prompt)
         specs = [tool.spec() for tool in work.tools]
@@ -388,194 +366,6 @@ class Conversations:
                 # Tools already acted: their results are facts and must be kept.
                 session.commit(ConversationStatus.RUNNING_TOOLS)
             raise
-
-    def _request_tools(self, work: _Turn, calls: list[ToolCall]) -> None:
-        session = work.session
-        offered = {t.name: t for t in work.tools}
-        now = self.clock()
-        for call in calls:
-            work.output.append(
-                OutputFunctionCall(call_id=call.id, name=call.name, arguments=call.arguments)
-            )
-            tool = offered.get(call.name)
-            error = f"unknown tool {call.name!r}" if tool is None else tool.validate_call(call)
-            needs = (
-                "none"
-                if tool is None
-                else requirement(tool, call.arguments, extra_approval=work.extra_approval)
-            )
-            # The key names the request's place in the log, so it is unique per call
-            # and a resumed request reads the same key back from the head.
-            key = idempotency_key(
-                session.key.tenant,
-                session.key.conversation_id,
-                session.gen,
-                call.id,
-                session.next_sequence,
-            )
-            session.add(
-                ToolCallRequested(
-                    call_id=call.id,
-                    name=call.name,
-                    arguments=call.arguments,
-                    requires=needs,
-                    idempotency_key=key,
-                ),
-                actor=f"model:{work.model}",
-            )
-            if error is not None:
-                session.add(
-                    ToolResult(call_id=call.id, name=call.name, output=error, is_error=True),
-                    actor="system",
-                )
-                continue
-            state = {"none": "ready", "approval": "awaiting_approval", "client": "awaiting_client"}
-            expires_at = None
-            if needs == "approval":
-                expires_at = self._approval_deadline(session, now)
-                session.add(
-                    ApprovalRequested(
-                        call_id=call.id,
-                        arguments_sha256=arguments_sha256(call.arguments),
-                        expires_at=expires_at,
-                    ),
-                    actor="system",
-                )
-            session.pending.append(
-                PendingCall(
-                    id=call.id,
-                    name=call.name,
-                    arguments=call.arguments,
-                    requires=needs,
-                    state=state[needs],
-                    idempotency_key=key,
-                    arguments_sha256=arguments_sha256(call.arguments),
-                    expires_at=expires_at,
-                )
-            )
-
-    def _run_ready(self, work: _Turn) -> None:
-        """Run every call that is recorded and cleared to run, then record the results."""
-        session = work.session
-        ready = [p for p in session.pending if p.state == "ready"]
-        if not ready:
-            return
-        if self.runner is None:
-            raise InternalError("tool calls are ready but no tool runner is configured")
-        # Checked before the intent is committed: arguments that no longer match what
-        # was approved must leave no decision behind that would run them later.
-        for pending in ready:
-            if arguments_sha256(pending.arguments) != pending.arguments_sha256:
-                raise InternalError(f"arguments of call {pending.id} changed after approval")
-        # Intent first: what is about to run is committed before it runs.
-        if (
-            session.staged
-            or session.head is None
-            or (session.head.status is not ConversationStatus.RUNNING_TOOLS)
-        ):
-            session.commit(ConversationStatus.RUNNING_TOOLS)
-        invocations = []
-        for pending in ready:
-            invocations.append(
-                ToolInvocation(
-                    tool=self.tools.get(pending.name),
-                    call=ToolCall(id=pending.id, name=pending.name, arguments=pending.arguments),
-                    tenant=session.key.tenant,
-                    conversation_id=session.key.conversation_id,
-                    idempotency_key=pending.idempotency_key,
-                )
-            )
-        outcomes = self.runner.run(invocations)
-        work.executed = True
-        done = {p.id for p in ready}
-        for pending, outcome in zip(ready, outcomes, strict=True):
-            session.add(
-                ToolResult(
-                    call_id=pending.id,
-                    name=pending.name,
-                    output=outcome.output,
-                    is_error=outcome.is_error,
-                ),
-                actor=f"tool:{pending.name}",
-            )
-        session.pending = [p for p in session.pending if p.id not in done]
-
-    def _settle_rejected(self, work: _Turn) -> None:
-        session = work.session
-        for pending in [p for p in session.pending if p.state == "rejected"]:
-            session.add(
-                ToolResult(
-                    call_id=pending.id,
-                    name=pending.name,
-                    output=f"tool call {pending.name} was not run: {pending.reason or 'rejected'}",
-                    is_error=True,
-                ),
-                actor="system",
-            )
-        session.pending = [p for p in session.pending if p.state != "rejected"]
-
-    def _apply_client_outputs(
-        self, work: _Turn, outputs: list[FunctionCallOutput], *, closing: bool
-    ) -> None:
-        """Record client tool results; a new message closes the calls left unanswered."""
-        session = work.session
-        waiting = {p.id: p for p in session.pending if p.state == "awaiting_client"}
-        unknown = [o.call_id for o in outputs if o.call_id not in waiting]
-        if unknown:
-            raise UnknownToolCall(
-                "function_call_output names a call that is not awaiting the client",
-                details={"unknown": unknown, "pending": sorted(waiting)},
-            )
-        for output in outputs:
-            pending = waiting.pop(output.call_id)
-            session.add(
-                ToolResult(call_id=pending.id, name=pending.name, output=output.output),
-                actor="client",
-            )
-        if closing:
-            for pending in waiting.values():
-                session.add(
-                    ToolResult(
-                        call_id=pending.id,
-                        name=pending.name,
-                        output=f"tool call {pending.name} was not run: "
-                        "unresolved (the client sent a new message instead of its result)",
-                        is_error=True,
-                    ),
-                    actor="system",
-                )
-            waiting.clear()
-        answered = {o.call_id for o in outputs}
-        session.pending = [
-            p
-            for p in session.pending
-            if p.state != "awaiting_client" or (p.id in waiting and p.id not in answered)
-        ]
-
-    def _expire_approvals(self, session: Session) -> list[str]:
-        """Resolve approvals whose window closed as rejected (``approval expired``)."""
-        now = self.clock()
-        expired = [
-            p
-            for p in session.pending
-            if p.state == "awaiting_approval" and p.expires_at is not None and p.expires_at <= now
-        ]
-        for pending in expired:
-            session.add(
-                ApprovalResolved(
-                    call_id=pending.id,
-                    decision="rejected",
-                    reason="approval expired",
-                    approver="system",
-                    arguments_sha256=pending.arguments_sha256,
-                ),
-                actor="system",
-            )
-            self._replace_pending(
-                session,
-                pending.model_copy(update={"state": "rejected", "reason": "approval expired"}),
-            )
-        return [p.id for p in expired]
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -614,45 +404,15 @@ class Conversations:
             raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         return head
 
-    def _approval_deadline(self, session: Session, now: datetime) -> datetime:
-        window = self.settings.approval_ttl_seconds
-        if session.ttl_seconds:
-            window = min(window, session.ttl_seconds)
-        return now + timedelta(seconds=window)
-
-    def _work(self, session: Session) -> _Turn:
+    def _work(self, session: Session) -> TurnWork:
         """The work of a request on the turn ``session`` is in, with that turn's options."""
         options = session.options
-        return _Turn(
+        return TurnWork(
             session=session,
             tools=self.tools.select(options.tools),
             model=options.model or self.settings.model,
             extra_approval=set(options.require_approval),
         )
-
-    @staticmethod
-    def _decided_in_turn(session: Session) -> set[str]:
-        """Ids of the calls decided (approved, rejected or expired) in the current turn."""
-        return {
-            body.call_id
-            for event in session.events
-            if event.turn == session.turn and isinstance(body := event.body(), ApprovalResolved)
-        }
-
-    @staticmethod
-    def _replace_pending(session: Session, updated: PendingCall) -> None:
-        session.pending = [updated if p.id == updated.id else p for p in session.pending]
-
-    @staticmethod
-    def _status_of(session: Session) -> ConversationStatus:
-        states = {p.state for p in session.pending}
-        if "awaiting_approval" in states:
-            return ConversationStatus.AWAITING_APPROVAL
-        if "awaiting_client" in states:
-            return ConversationStatus.AWAITING_CLIENT_TOOLS
-        if states:
-            return ConversationStatus.RUNNING_TOOLS
-        return ConversationStatus.COMPLETE
 
     @classmethod
     def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
@@ -673,9 +433,9 @@ class Conversations:
             expires_at=pending.expires_at,
         )
 
-    def _response(self, work: _Turn) -> TurnResponse:
+    def _response(self, work: TurnWork) -> TurnResponse:
         session = work.session
-        status = self._status_of(session)
+        status = status_of(session)
         return TurnResponse(
             conversation_id=session.key.conversation_id,
             turn=session.turn,

@@ -1,0 +1,300 @@
+"""The execution state of a turn: tool calls requested, decided, run and settled.
+
+:class:`ToolCalls` holds the steps the turn loop (:mod:`turnledger.pipeline`)
+takes on a turn's calls. Every step stages canonical events on the
+:class:`~turnledger.session.Session` and keeps its pending calls in step with
+them; the loop decides when to commit, with one rule here: what is about to run
+is committed before it runs (:meth:`ToolCalls.run_ready`), so a request that
+dies midway is resumed from the log under the same idempotency keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from .config import Settings
+from .exceptions import InternalError, UnknownToolCall
+from .models import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ConversationStatus,
+    PendingCall,
+    ToolCall,
+    ToolCallRequested,
+    ToolResult,
+    Usage,
+)
+from .schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
+from .session import Clock, Session
+from .tools.approval import arguments_sha256, requirement
+from .tools.executors import ToolInvocation, ToolRunner, idempotency_key
+from .tools.registry import ToolDefinition, ToolRegistry
+
+
+@dataclass
+class TurnWork:
+    """One request's work on the current turn: its options, and what it did (for its answer)."""
+
+    session: Session
+    tools: list[ToolDefinition]
+    model: str
+    extra_approval: set[str] = field(default_factory=set)
+    output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
+    output_text: str | None = None
+    messages_sent: int = 0
+    model_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    status_reason: str | None = None
+    #: True once a tool ran in this request: its results must be recorded even if
+    #: the model then fails.
+    executed: bool = False
+
+
+def status_of(session: Session) -> ConversationStatus:
+    """The head status the session's pending calls call for."""
+    states = {p.state for p in session.pending}
+    if "awaiting_approval" in states:
+        return ConversationStatus.AWAITING_APPROVAL
+    if "awaiting_client" in states:
+        return ConversationStatus.AWAITING_CLIENT_TOOLS
+    if states:
+        return ConversationStatus.RUNNING_TOOLS
+    return ConversationStatus.COMPLETE
+
+
+def decided_in_turn(session: Session) -> set[str]:
+    """Ids of the calls decided (approved, rejected or expired) in the current turn."""
+    return {
+        body.call_id
+        for event in session.events
+        if event.turn == session.turn and isinstance(body := event.body(), ApprovalResolved)
+    }
+
+
+def replace_pending(session: Session, updated: PendingCall) -> None:
+    """Put ``updated`` in place of the pending call with its id."""
+    session.pending = [updated if p.id == updated.id else p for p in session.pending]
+
+
+class ToolCalls:
+    """The steps of a turn's tool calls, for one deployment's registry and runner."""
+
+    def __init__(
+        self,
+        *,
+        registry: Callable[[], ToolRegistry],
+        runner: ToolRunner | None,
+        settings: Settings,
+        clock: Clock,
+    ) -> None:
+        self._registry = registry
+        self.runner = runner
+        self.settings = settings
+        self.clock = clock
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The tool registry (loaded by its owner on first use)."""
+        return self._registry()
+
+    def request(self, work: TurnWork, calls: list[ToolCall]) -> None:
+        """Record the model's calls: each one's intent and key, and what it waits for.
+
+        Invalid or unknown calls get their error as the result at once (nothing runs);
+        the rest become pending: ``ready``, ``awaiting_approval`` or ``awaiting_client``.
+        """
+        session = work.session
+        offered = {t.name: t for t in work.tools}
+        now = self.clock()
+        for call in calls:
+            work.output.append(
+                OutputFunctionCall(call_id=call.id, name=call.name, arguments=call.arguments)
+            )
+            tool = offered.get(call.name)
+            error = f"unknown tool {call.name!r}" if tool is None else tool.validate_call(call)
+            needs = (
+                "none"
+                if tool is None
+                else requirement(tool, call.arguments, extra_approval=work.extra_approval)
+            )
+            # The key names the request's place in the log, so it is unique per call
+            # and a resumed request reads the same key back from the head.
+            key = idempotency_key(
+                session.key.tenant,
+                session.key.conversation_id,
+                session.gen,
+                call.id,
+                session.next_sequence,
+            )
+            session.add(
+                ToolCallRequested(
+                    call_id=call.id,
+                    name=call.name,
+                    arguments=call.arguments,
+                    requires=needs,
+                    idempotency_key=key,
+                ),
+                actor=f"model:{work.model}",
+            )
+            if error is not None:
+                session.add(
+                    ToolResult(call_id=call.id, name=call.name, output=error, is_error=True),
+                    actor="system",
+                )
+                continue
+            state = {"none": "ready", "approval": "awaiting_approval", "client": "awaiting_client"}
+            expires_at = None
+            if needs == "approval":
+                expires_at = self._approval_deadline(session, now)
+                session.add(
+                    ApprovalRequested(
+                        call_id=call.id,
+                        arguments_sha256=arguments_sha256(call.arguments),
+                        expires_at=expires_at,
+                    ),
+                    actor="system",
+                )
+            session.pending.append(
+                PendingCall(
+                    id=call.id,
+                    name=call.name,
+                    arguments=call.arguments,
+                    requires=needs,
+                    state=state[needs],
+                    idempotency_key=key,
+                    arguments_sha256=arguments_sha256(call.arguments),
+                    expires_at=expires_at,
+                )
+            )
+
+    def run_ready(self, work: TurnWork) -> None:
+        """Run every call that is recorded and cleared to run, then record the results."""
+        session = work.session
+        ready = [p for p in session.pending if p.state == "ready"]
+        if not ready:
+            return
+        if self.runner is None:
+            raise InternalError("tool calls are ready but no tool runner is configured")
+        # Checked before the intent is committed: arguments that no longer match what
+        # was approved must leave no decision behind that would run them later.
+        for pending in ready:
+            if arguments_sha256(pending.arguments) != pending.arguments_sha256:
+                raise InternalError(f"arguments of call {pending.id} changed after approval")
+        # Intent first: what is about to run is committed before it runs.
+        if (
+            session.staged
+            or session.head is None
+            or (session.head.status is not ConversationStatus.RUNNING_TOOLS)
+        ):
+            session.commit(ConversationStatus.RUNNING_TOOLS)
+        invocations = []
+        for pending in ready:
+            invocations.append(
+                ToolInvocation(
+                    tool=self.tools.get(pending.name),
+                    call=ToolCall(id=pending.id, name=pending.name, arguments=pending.arguments),
+                    tenant=session.key.tenant,
+                    conversation_id=session.key.conversation_id,
+                    idempotency_key=pending.idempotency_key,
+                )
+            )
+        outcomes = self.runner.run(invocations)
+        work.executed = True
+        done = {p.id for p in ready}
+        for pending, outcome in zip(ready, outcomes, strict=True):
+            session.add(
+                ToolResult(
+                    call_id=pending.id,
+                    name=pending.name,
+                    output=outcome.output,
+                    is_error=outcome.is_error,
+                ),
+                actor=f"tool:{pending.name}",
+            )
+        session.pending = [p for p in session.pending if p.id not in done]
+
+    def settle_rejected(self, work: TurnWork) -> None:
+        """Answer rejected (or expired) calls with an error result saying why; nothing runs."""
+        session = work.session
+        for pending in [p for p in session.pending if p.state == "rejected"]:
+            session.add(
+                ToolResult(
+                    call_id=pending.id,
+                    name=pending.name,
+                    output=f"tool call {pending.name} was not run: {pending.reason or 'rejected'}",
+                    is_error=True,
+                ),
+                actor="system",
+            )
+        session.pending = [p for p in session.pending if p.state != "rejected"]
+
+    def apply_client_outputs(
+        self, work: TurnWork, outputs: list[FunctionCallOutput], *, closing: bool
+    ) -> None:
+        """Record client tool results; a new message closes the calls left unanswered."""
+        session = work.session
+        waiting = {p.id: p for p in session.pending if p.state == "awaiting_client"}
+        unknown = [o.call_id for o in outputs if o.call_id not in waiting]
+        if unknown:
+            raise UnknownToolCall(
+                "function_call_output names a call that is not awaiting the client",
+                details={"unknown": unknown, "pending": sorted(waiting)},
+            )
+        for output in outputs:
+            pending = waiting.pop(output.call_id)
+            session.add(
+                ToolResult(call_id=pending.id, name=pending.name, output=output.output),
+                actor="client",
+            )
+        if closing:
+            for pending in waiting.values():
+                session.add(
+                    ToolResult(
+                        call_id=pending.id,
+                        name=pending.name,
+                        output=f"tool call {pending.name} was not run: "
+                        "unresolved (the client sent a new message instead of its result)",
+                        is_error=True,
+                    ),
+                    actor="system",
+                )
+            waiting.clear()
+        answered = {o.call_id for o in outputs}
+        session.pending = [
+            p
+            for p in session.pending
+            if p.state != "awaiting_client" or (p.id in waiting and p.id not in answered)
+        ]
+
+    def expire_approvals(self, session: Session) -> list[str]:
+        """Resolve approvals whose window closed as rejected (``approval expired``)."""
+        now = self.clock()
+        expired = [
+            p
+            for p in session.pending
+            if p.state == "awaiting_approval" and p.expires_at is not None and p.expires_at <= now
+        ]
+        for pending in expired:
+            session.add(
+                ApprovalResolved(
+                    call_id=pending.id,
+                    decision="rejected",
+                    reason="approval expired",
+                    approver="system",
+                    arguments_sha256=pending.arguments_sha256,
+                ),
+                actor="system",
+            )
+            replace_pending(
+                session,
+                pending.model_copy(update={"state": "rejected", "reason": "approval expired"}),
+            )
+        return [p.id for p in expired]
+
+    def _approval_deadline(self, session: Session, now: datetime) -> datetime:
+        window = self.settings.approval_ttl_seconds
+        if session.ttl_seconds:
+            window = min(window, session.ttl_seconds)
+        return now + timedelta(seconds=window)
