@@ -368,11 +368,19 @@ def test_openapi_document_describes_every_route(http: httpx.Client) -> None:
         "/v1/conversations/{conversation_id}",
         "/v1/conversations/{conversation_id}/events",
         "/v1/conversations",
-        "/v1/openapi.json",
     }
     assert "delete" in paths["/v1/conversations/{conversation_id}"]
     schemas = document["components"]["schemas"]
     assert {"TurnRequest", "TurnResponse", "ApprovalRequest", "EventsPage"} <= set(schemas)
+    # Every documented error answer has the contract's error shape, 422 included.
+    for path, methods in paths.items():
+        for method, operation in methods.items():
+            for status, answer in operation["responses"].items():
+                if int(status) >= 400:
+                    ref = answer["content"]["application/json"]["schema"]["$ref"]
+                    assert ref.endswith("/ErrorBody"), (method, path, status)
+    turn_errors = set(paths["/v1/conversations/{conversation_id}/turns"]["post"]["responses"])
+    assert turn_errors >= {"200", "400", "401", "409", "413", "422", "502", "504"}
 
 
 def test_unknown_route_is_404_in_the_error_shape(http: httpx.Client) -> None:

@@ -178,6 +178,21 @@ class EventsPage(BaseModel):
     next_after: int | None
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong: a stable ``code`` (see the README's error table), a message,
+    and the details a caller needs next."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: ``{"error": {"code", "message", "details"}}``."""
+
+    error: ErrorDetail
+
+
 class PurgeReportView(BaseModel):
     """Answer of the sweep and of tenant-wide erasure."""
 

@@ -17,8 +17,10 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel
 
 from .. import __version__
 from ..exceptions import (
@@ -35,6 +37,7 @@ from ..runtime import get_runtime
 from ..schemas import (
     ApprovalRequest,
     ConversationView,
+    ErrorBody,
     EventsPage,
     PurgeReportView,
     TurnRequest,
@@ -48,6 +51,36 @@ ConversationId = Annotated[
 ]
 
 app = APIGatewayHttpResolver(enable_validation=True)
+
+#: The error codes each status can carry, for the OpenAPI document.
+_ERROR_CODES = {
+    400: "invalid_request, invalid_conversation_id",
+    401: "unauthorized",
+    404: "conversation_not_found",
+    409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
+    "unsupported_state_version",
+    413: "payload_too_large",
+    422: "validation_error, unknown_tool_call, unknown_tool, idempotency_key_reused",
+    502: "provider_error",
+    504: "provider_timeout",
+}
+
+
+def _responses(
+    ok: type[BaseModel] | None, *errors: int, status: int = 200
+) -> dict[int, OpenAPIResponse]:
+    """The documented answers of a route: its success, and its errors in the error shape."""
+    answers: dict[int, OpenAPIResponse] = {
+        status: {"description": "Success"}
+        if ok is None
+        else {"description": "Success", "content": {"application/json": {"model": ok}}}
+    }
+    for code in errors:
+        answers[code] = {
+            "description": f"Error ({_ERROR_CODES[code]})",
+            "content": {"application/json": {"model": ErrorBody}},
+        }
+    return answers
 
 
 def _error(exc: TurnledgerError) -> Response[str]:
@@ -93,7 +126,10 @@ def _answer_turn(
         )
 
 
-@app.post("/v1/conversations/<conversation_id>/turns")
+@app.post(
+    "/v1/conversations/<conversation_id>/turns",
+    responses=_responses(TurnResponse, 400, 401, 409, 413, 422, 502, 504),
+)
 def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
 ) -> TurnResponse:
@@ -104,7 +140,10 @@ def post_turn(
     )
 
 
-@app.post("/v1/conversations/<conversation_id>/approvals")
+@app.post(
+    "/v1/conversations/<conversation_id>/approvals",
+    responses=_responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 504),
+)
 def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
 ) -> TurnResponse:
@@ -118,13 +157,19 @@ def post_approvals(
     )
 
 
-@app.get("/v1/conversations/<conversation_id>")
+@app.get(
+    "/v1/conversations/<conversation_id>",
+    responses=_responses(ConversationView, 400, 401, 404, 409, 422),
+)
 def get_conversation(conversation_id: ConversationId) -> ConversationView:
     """The conversation's head: status, timestamps, expiry, counts, pending calls."""
     return get_runtime().conversations.get(caller(), conversation_id)
 
 
-@app.get("/v1/conversations/<conversation_id>/events")
+@app.get(
+    "/v1/conversations/<conversation_id>/events",
+    responses=_responses(EventsPage, 400, 401, 404, 409, 422),
+)
 def get_events(
     conversation_id: ConversationId,
     after: Annotated[int, Query(ge=0, description="Return events with sequence > after.")] = 0,
@@ -134,7 +179,10 @@ def get_events(
     return get_runtime().conversations.events(caller(), conversation_id, after=after, limit=limit)
 
 
-@app.delete("/v1/conversations/<conversation_id>")
+@app.delete(
+    "/v1/conversations/<conversation_id>",
+    responses=_responses(None, 400, 401, 409, 422, status=204),
+)
 def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     """Clear: delete the conversation, its events and its stored artifacts.
 
@@ -144,7 +192,7 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     return Response(status_code=204, body="")
 
 
-@app.delete("/v1/conversations")
+@app.delete("/v1/conversations", responses=_responses(PurgeReportView, 401, 422))
 def erase_tenant() -> PurgeReportView:
     """Tenant-wide erasure: every conversation of the caller's tenant, in time-bounded pages.
 
@@ -156,7 +204,7 @@ def erase_tenant() -> PurgeReportView:
     return erase(get_runtime(), caller().tenant, context)
 
 
-@app.get("/v1/openapi.json")
+@app.get("/v1/openapi.json", include_in_schema=False)
 def openapi() -> Response[str]:
     """The OpenAPI 3 document of this API."""
     return Response(
