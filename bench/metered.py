@@ -104,9 +104,7 @@ class MeteredStore(DynamoDBConversationStore):
         events: Sequence[Event],
     ) -> int:
         with self._timed():
-            return super().commit(
-                key, expected_version=expected_version, head=head, events=events
-            )
+            return super().commit(key, expected_version=expected_version, head=head, events=events)
 
     def clear(self, key: ConversationKey, now: datetime, *, attempts: int = 5) -> PurgeReport:
         with self._timed():

@@ -6,7 +6,8 @@ DynamoDB Local reports ``ConsumedCapacity`` for ``PutItem``, ``GetItem`` and
 every request itself from the byte size of the items involved:
 
 * an item's size is the UTF-8 bytes of its attribute names and values (a
-  number: one byte per two significant digits, plus one);
+  number: one byte per two significant digits, plus one): ``codec.item_size``,
+  the rule the store's own metrics and the memory backend's item limit use;
 * a standard write costs 1 WCU per started KiB of the item; inside a
   transaction every item is written twice (prepare and commit): 2 WCU per KiB;
 * a strongly consistent query costs 1 RCU per started 4 KiB of all the items
@@ -21,45 +22,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.types import TypeSerializer
 from turnledger.local.template import load_template, table_definition
-from turnledger.store.codec import Item
+from turnledger.store.codec import Item, item_size
 
 from tests.support.aws import TABLE_RESOURCE
+
+__all__ = [
+    "TRANSACTION_FACTOR",
+    "IndexSpec",
+    "item_size",
+    "read_units",
+    "write_units",
+]
 
 #: A write unit covers one started KiB of an item; a strongly consistent read unit 4 KiB.
 WRITE_UNIT_BYTES = 1024
 READ_UNIT_BYTES = 4096
 #: Every item of a TransactWriteItems is written twice (prepare and commit).
 TRANSACTION_FACTOR = 2
-
-
-def attribute_size(value: Any) -> int:
-    """The bytes DynamoDB counts for one attribute value (its name is counted apart).
-
-    Strings count their UTF-8 bytes; numbers one byte per two significant digits
-    plus one.
-
-    Raises:
-        TypeError: a type the store never writes.
-    """
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, bool):
-        return 1
-    if isinstance(value, int | float | Decimal):
-        digits = Decimal(value).normalize().as_tuple().digits
-        significant = len(digits) if any(digits) else 1
-        return math.ceil(significant / 2) + 1
-    raise TypeError(f"no size rule for {type(value).__name__}")
-
-
-def item_size(item: Item) -> int:
-    """The size of an item as DynamoDB counts it: attribute names plus values."""
-    return sum(len(name.encode()) + attribute_size(value) for name, value in item.items())
 
 
 def write_units(size: int) -> int:

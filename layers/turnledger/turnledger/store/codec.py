@@ -9,7 +9,9 @@ not parse or fit raises :class:`CorruptedState`. Nothing is repaired.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -214,14 +216,29 @@ def payload_bytes(event: Event) -> bytes:
     return json.dumps(stored_payload(event), separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def attribute_size(value: Any) -> int:
+    """The bytes DynamoDB counts for one attribute value (its name is counted apart).
+
+    Strings count their UTF-8 bytes; numbers one byte per two significant digits
+    plus one.
+
+    Raises:
+        TypeError: a type the store never writes.
+    """
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, int | float | Decimal):
+        digits = Decimal(value).normalize().as_tuple().digits
+        significant = len(digits) if any(digits) else 1
+        return math.ceil(significant / 2) + 1
+    raise TypeError(f"no size rule for {type(value).__name__}")
+
+
 def item_size(item: Item) -> int:
-    """DynamoDB's size of an item: UTF-8 attribute names plus values (numbers approximated)."""
-    size = 0
-    for name, value in item.items():
-        size += len(name.encode()) + (
-            len(value.encode()) if isinstance(value, str) else len(str(value)) // 2 + 1
-        )
-    return size
+    """The size of an item as DynamoDB counts it: attribute names plus values."""
+    return sum(len(name.encode()) + attribute_size(value) for name, value in item.items())
 
 
 def payload_size(item: Item) -> int:

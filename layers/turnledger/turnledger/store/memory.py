@@ -23,11 +23,6 @@ MAX_ITEM_BYTES = 400 * 1024
 _HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN)
 
 
-def _item_size(item: Item) -> int:
-    # Close enough to DynamoDB's accounting: names and values as UTF-8, numbers as text.
-    return sum(len(name.encode()) + len(str(value).encode()) for name, value in item.items())
-
-
 def _is(stored: Item | None, expected: Item | None) -> bool:
     """Whether ``stored`` is still the head ``expected`` (``None``: no head)."""
     if expected is None or stored is None:
@@ -85,7 +80,7 @@ class MemoryConversationStore(ConversationStore):
         self, head: Item, expected_version: int | None, events: list[Item], gen: str
     ) -> None:
         for item in [*events, head]:
-            if _item_size(item) > MAX_ITEM_BYTES:
+            if codec.item_size(item) > MAX_ITEM_BYTES:
                 raise PayloadTooLarge(
                     "the turn's state is too large to store",
                     details={"reason": f"item {item[codec.A_SK]} is over {MAX_ITEM_BYTES} bytes"},
