@@ -980,3 +980,20 @@ def test_get_head_returns_the_head_in_any_state(store: ConversationStore) -> Non
     item = raw_item(store, KEY, keys.HEAD_SK)
     assert item is not None
     assert item[codec.A_EXPIRES] == int(START.timestamp()) + 60
+
+
+def test_commit_reports_the_bytes_it_wrote(store: ConversationStore) -> None:
+    """``commit`` returns the size of every item it wrote (DynamoDB's rule) plus the
+    bytes it offloaded: what the BytesWritten metric records."""
+    key = make_key()
+    turn = build_turn(key, None, ["hello", "x" * (store.offload_threshold + 10)])
+    written = store.commit(
+        key, expected_version=turn.expected_version, head=turn.head, events=turn.events
+    )
+    stored = [raw_item(store, key, keys.event_sort_key(s)) for s in (1, 2)]
+    head = raw_item(store, key, keys.HEAD_SK)
+    assert all(item is not None for item in [*stored, head])
+    ref = stored_ref(store, key, 2)
+    assert ref is not None
+    items = sum(codec.item_size(item) for item in [*stored, head] if item is not None)
+    assert written == items + ref.size

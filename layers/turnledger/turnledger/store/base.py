@@ -397,13 +397,16 @@ class ConversationStore(ABC):
             raise InternalError("head.seq does not cover the committed events")
         attempt = secrets.token_hex(4)
         written: list[str] = []
+        offloaded = 0
         try:
             items = []
             for event in events:
-                ref = self._offload(key, head, event, attempt)
+                payload = codec.stored_payload(event)
+                ref = self._offload(key, head, event.sequence, payload, attempt)
                 if ref is not None:
                     written.append(ref.key)
-                items.append(codec.encode_event(key, head, event, ref))
+                    offloaded += ref.size
+                items.append(codec.encode_event(key, head, event, ref, payload=payload))
         except BaseException:
             self._discard(written)
             raise
@@ -418,18 +421,21 @@ class ConversationStore(ABC):
         # the objects stay, since deleting them could break a turn that did land. If it
         # did not, they are leftovers under the conversation's prefix that clear and sweep
         # remove.
-        return sum(codec.item_size(item) for item in [*items, head_item]) + sum(
-            codec.payload_size(item) for item in items
-        )
+        return sum(codec.item_size(item) for item in [*items, head_item]) + offloaded
 
     def _offload(
-        self, key: ConversationKey, head: Head, event: Event, attempt: str
+        self,
+        key: ConversationKey,
+        head: Head,
+        sequence: int,
+        payload: dict[str, Any],
+        attempt: str,
     ) -> BlobRef | None:
-        data = codec.payload_bytes(event)
+        data = codec.payload_bytes(payload)
         if len(data) < self.offload_threshold:
             return None
         digest = hashlib.sha256(data).hexdigest()
-        blob = keys.blob_key(key, head.gen, head.base + event.sequence, digest, attempt=attempt)
+        blob = keys.blob_key(key, head.gen, head.base + sequence, digest, attempt=attempt)
         self.blobs.put(blob, data)
         return BlobRef(key=blob, sha256=digest, size=len(data))
 

@@ -129,15 +129,25 @@ def decode_head(item: Item) -> Head:
     return head
 
 
-def encode_event(key: ConversationKey, head: Head, event: Event, ref: BlobRef | None) -> Item:
-    """The item of ``event`` in the life ``head.gen``; ``ref`` replaces an offloaded payload."""
+def encode_event(
+    key: ConversationKey,
+    head: Head,
+    event: Event,
+    ref: BlobRef | None,
+    *,
+    payload: dict[str, Any] | None = None,
+) -> Item:
+    """The item of ``event`` in the life ``head.gen``; ``ref`` replaces an offloaded payload.
+
+    ``payload``: the event's :func:`stored_payload`, when the caller has it already.
+    """
     body = StoredEvent(
         id=event.event_id,
         turn=event.turn,
         kind=event.kind,
         actor=event.actor,
         at=event.occurred_at,
-        payload=None if ref else stored_payload(event),
+        payload=None if ref else (payload if payload is not None else stored_payload(event)),
         ref=ref,
     )
     return {
@@ -211,9 +221,9 @@ def stored_payload(event: Event) -> dict[str, Any]:
     return compact
 
 
-def payload_bytes(event: Event) -> bytes:
-    """The canonical JSON of an event's stored payload (what is offloaded and hashed)."""
-    return json.dumps(stored_payload(event), separators=(",", ":"), ensure_ascii=False).encode()
+def payload_bytes(payload: dict[str, Any]) -> bytes:
+    """The canonical JSON of a stored payload (what is offloaded and hashed)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def attribute_size(value: Any) -> int:
@@ -239,12 +249,3 @@ def attribute_size(value: Any) -> int:
 def item_size(item: Item) -> int:
     """The size of an item as DynamoDB counts it: attribute names plus values."""
     return sum(len(name.encode()) + attribute_size(value) for name, value in item.items())
-
-
-def payload_size(item: Item) -> int:
-    """The bytes of an event item's payload offloaded to S3 (0 when inline)."""
-    body = item.get(A_BODY)
-    if not isinstance(body, str) or '"ref"' not in body:
-        return 0
-    ref = StoredEvent.model_validate_json(body).ref
-    return ref.size if ref else 0
