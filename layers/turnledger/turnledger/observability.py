@@ -7,11 +7,10 @@ never in tests or the local runner (``POWERTOOLS_TRACE_DISABLED=true``).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from functools import cache
+from contextlib import contextmanager, nullcontext
+from functools import cache, wraps
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,7 +44,7 @@ def traced[F: Callable[..., Any]](handler: F) -> F:
     """Trace a Lambda handler with Powertools' ``capture_lambda_handler`` (cold-start and
     service annotations, the error on failure) where tracing is on; a plain call elsewhere."""
 
-    @functools.wraps(handler)
+    @wraps(handler)
     def wrapper(event: Any, context: Any) -> Any:
         active = tracer()
         if active is None:
@@ -58,15 +57,10 @@ def traced[F: Callable[..., Any]](handler: F) -> F:
 @contextmanager
 def timed(metric: str) -> Iterator[None]:
     """Record the block's duration in milliseconds as ``metric`` (and a trace subsegment)."""
-    started = perf_counter()
     active = tracer()
-    if active is None:
-        try:
-            yield
-        finally:
-            metrics.add_metric(metric, MetricUnit.Milliseconds, (perf_counter() - started) * 1000)
-        return
-    with active.provider.in_subsegment(f"## {metric}"):
+    segment = nullcontext() if active is None else active.provider.in_subsegment(f"## {metric}")
+    started = perf_counter()
+    with segment:
         try:
             yield
         finally:
