@@ -446,7 +446,7 @@ class Conversations:
             pending_tool_calls=self._waiting(session.pending),
             usage=work.usage,
             context=ContextInfo(
-                messages_sent=work.messages_sent, provider_state=self.provider.provider_state
+                messages_sent=work.messages_sent, provider_state="fresh"
             ),
         )
 

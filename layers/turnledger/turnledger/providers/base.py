@@ -4,6 +4,13 @@ The working context is a list of :class:`Message` in the provider-neutral
 shape below, rebuilt from the canonical events by :mod:`turnledger.context`
 on every turn. A provider maps it to its own wire format, and maps its
 failures to :class:`ProviderError` / :class:`ProviderTimeout`.
+
+Provider-side state (the Responses API's ``previous_response_id``) is a cache
+over the log: the pipeline decides whether a stored response may be used (see
+:mod:`turnledger.cursor`) and says so with :attr:`ModelRequest.continuation`.
+A stateful provider then sends only the messages after
+``continuation.new_from``; when the provider answers that the state is gone it
+sends the whole context again in the same call and reports ``fallback``.
 """
 
 from __future__ import annotations
@@ -45,14 +52,53 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
+ProviderState = Literal["fresh", "continued", "fallback"]
+
+
+class ResponseFormat(BaseModel):
+    """JSON mode: ``{"type": "json_object"}``, or a JSON schema the answer must fit.
+
+    ``json_schema`` has OpenAI's shape: ``{"name", "schema", "strict"?}``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class Continuation(BaseModel):
+    """Use the provider's stored state: ``previous_response_id`` plus the new messages.
+
+    ``messages[new_from:]`` of the request are the ones the stored response has
+    not seen (the system prompt is never among them: the stored state has it).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    previous_response_id: str
+    new_from: int = Field(ge=0)
+
+
 class ModelRequest(BaseModel):
-    """One call to a model."""
+    """One call to a model.
+
+    ``messages`` is always the whole working context, so a provider can fall
+    back to it when its stored state is gone.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str
     messages: list[Message]
     tools: list[ToolSpec] = Field(default_factory=list)
+    #: What the call is for: the demo model answers ``summary`` calls as a summarizer.
+    purpose: Literal["turn", "summary"] = "turn"
+    response_format: ResponseFormat | None = None
+    #: Stored provider state the pipeline found usable (stateful providers only).
+    continuation: Continuation | None = None
+    #: Ask a stateful provider to keep this response (``store``), so the next turn can continue it.
+    store: bool = False
 
 
 class ModelReply(BaseModel):
@@ -64,14 +110,25 @@ class ModelReply(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     model: str = ""
+    #: The provider's id of this response when it keeps it (a cursor for the next turn).
+    response_id: str | None = None
+    #: How the context was sent: whole (``fresh``), as new items over stored state
+    #: (``continued``), or whole after the stored state proved gone (``fallback``).
+    provider_state: ProviderState = "fresh"
 
 
 class Provider(ABC):
-    """A chat model."""
+    """A chat model.
 
-    #: How ``context.provider_state`` is reported: a provider without server-side
-    #: memory always receives the whole working context (``fresh``).
-    provider_state: str = "fresh"
+    ``name`` is the value of ``PROVIDER`` (and of a turn's ``"provider"``) that
+    selects it. A stateful provider (``stateful = True``) honours
+    :attr:`ModelRequest.continuation` and ``store`` and implements
+    :meth:`delete_state`.
+    """
+
+    name: str = ""
+    #: True when the provider can keep responses server-side (``previous_response_id``).
+    stateful: bool = False
 
     @abstractmethod
     def complete(self, request: ModelRequest) -> ModelReply:
@@ -81,3 +138,19 @@ class Provider(ABC):
             ProviderTimeout: the provider did not answer in time (after retries).
             ProviderError: the provider failed or answered something unusable.
         """
+
+    def estimate_tokens(self, text: str) -> int:
+        """A conservative estimate of the tokens ``text`` costs this provider's models.
+
+        The default is one token per three characters (real tokenizers average
+        about four for English; code and other scripts need fewer per token).
+        The pipeline corrects it per conversation with the usage providers report.
+        """
+        return -(-len(text) // 3)
+
+    def delete_state(self, response_ids: list[str]) -> int:
+        """Delete stored responses, best effort; returns how many were deleted.
+
+        Never raises: a clear must not fail because the provider is down.
+        """
+        return 0

@@ -108,6 +108,10 @@ class DemoProvider(Provider):
 
     name = "demo"
 
+    def estimate_tokens(self, text: str) -> int:
+        """Whitespace-separated words: exactly what the demo model counts as usage."""
+        return _words(text)
+
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer by the demo rules (see the module docstring); never fails."""
         messages = request.messages
