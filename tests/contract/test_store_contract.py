@@ -585,11 +585,11 @@ def test_a_head_of_an_unknown_schema_version_is_unsupported(store: ConversationS
 def test_an_event_of_an_unknown_schema_version_is_unsupported(store: ConversationStore) -> None:
     """An event written by a newer build is UnsupportedStateVersion on every read of it."""
     turn = commit_turn(store, KEY, None, ["q1", "a1"])
-    corrupt(store, KEY, keys.event_sort_key(2), **{codec.A_SCHEMA: 2})
+    corrupt(store, KEY, keys.event_sort_key(2), **{codec.A_SCHEMA: 99})
 
     with pytest.raises(UnsupportedStateVersion) as caught:
         store.load(KEY, EVERYTHING)
-    assert caught.value.details["found"] == 2
+    assert caught.value.details["found"] == 99
     assert caught.value.details["supported"] == SUPPORTED_SCHEMA_VERSIONS
     with pytest.raises(UnsupportedStateVersion):
         store.read_events(KEY, turn.head, after=0, limit=10)

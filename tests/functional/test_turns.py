@@ -22,7 +22,7 @@ from turnledger.exceptions import (
     ProviderTimeout,
     UnsupportedStateVersion,
 )
-from turnledger.models import ConversationKey
+from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
@@ -39,11 +39,17 @@ BOB = Caller(tenant="tenant-b", actor="bob")
 class Recording(Provider):
     """The demo model, recording every request it is sent; optional hooks before answering."""
 
+    name = "demo"
+    estimate_is_exact = True
+
     def __init__(self, before: Callable[[ModelRequest], None] | None = None) -> None:
         self.demo = DemoProvider()
         self.requests: list[ModelRequest] = []
         self.before = before
         self._lock = threading.Lock()
+
+    def estimate_tokens(self, text: str) -> int:
+        return self.demo.estimate_tokens(text)
 
     def complete(self, request: ModelRequest) -> ModelReply:
         with self._lock:
@@ -231,7 +237,7 @@ def test_damaged_state_fails_loudly_and_delete_recovers(
         say(svc, "What is my name?")
     if expected is UnsupportedStateVersion:
         assert raised.value.details["found"] == 99
-        assert raised.value.details["supported"] == [1]
+        assert raised.value.details["supported"] == SUPPORTED_SCHEMA_VERSIONS
     svc.clear(ANN, "conv-1")
     assert say(svc, "What is my name?") == "I don't know your name yet."
 
@@ -266,13 +272,14 @@ def test_racing_turns_one_commits_the_other_is_busy(
 
 
 @pytest.mark.parametrize("failure", [ProviderError, ProviderTimeout])
-def test_provider_failure_leaves_no_trace(
+def test_provider_failure_is_recorded_as_turn_failed_and_nothing_else(
     store: ConversationStore, clock: FakeClock, failure: type[ProviderError]
 ) -> None:
-    """A provider failure stores nothing of the turn: the conversation is as it was."""
+    """A provider failure stores a ``turn_failed`` event and nothing of the turn's input:
+    the failure shows in the transcript and GET's counts, never in what the model sees."""
 
     def fail(_request: ModelRequest) -> None:
-        raise failure("the model is down")
+        raise failure("the model is down", details={"attempts": 3, "provider_message": "x" * 900})
 
     svc = service(store, clock)
     say(svc, "My name is Ann.")
@@ -280,11 +287,25 @@ def test_provider_failure_leaves_no_trace(
     with pytest.raises(failure):
         say(service(store, clock, Recording(before=fail)), "This is lost.")
     after = svc.get(ANN, "conv-1")
-    assert after == before
+    assert (after.turns, after.events, after.failed_turns) == (before.turns, 3, 1)
+    failed = svc.events(ANN, "conv-1", after=2, limit=10).events
+    assert [e.kind for e in failed] == ["turn_failed"]
+    assert failed[0].turn == 2
+    assert failed[0].payload == {
+        "code": failure.code,
+        "status": failure.status,
+        "attempts": 3,
+        "message": "x" * 500,
+    }
+    recording = Recording()
+    assert say(service(store, clock, recording), "What is my name?") == "Your name is Ann."
+    sent = [m.content for m in recording.requests[-1].messages]
+    assert sent == ["My name is Ann.", "Noted (1 user messages so far).", "What is my name?"]
+    assert svc.get(ANN, "conv-1").turns == 2
     with pytest.raises(failure):
         say(service(store, clock, Recording(before=fail)), "Also lost.", "new-conv")
-    with pytest.raises(ConversationNotFound):
-        svc.get(ANN, "new-conv")
+    fresh = svc.get(ANN, "new-conv")
+    assert (fresh.turns, fresh.events, fresh.failed_turns) == (0, 1, 1)
 
 
 def test_turn_racing_a_clear_never_resurrects_half_a_history(

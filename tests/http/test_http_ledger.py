@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.local.runner import LocalConfig
+from turnledger.models import SUPPORTED_SCHEMA_VERSIONS
 from turnledger.models import ConversationKey
 from turnledger.runtime import get_runtime
 from turnledger.store import keys
@@ -65,9 +66,16 @@ def test_readme_session_turn_three_answers_from_turns_one_and_two(turn: Turn) ->
         "output": [{"type": "message", "role": "assistant", "content": "Your name is Ann."}],
         "pending_tool_calls": [],
         "usage": third["usage"],
-        "context": {"messages_sent": 5, "provider_state": "fresh"},
+        "context": {
+            "messages_sent": 5,
+            "provider_state": "fresh",
+            "tokens_estimated": 23,
+            "budget_tokens": 7168,
+            "summary_through": None,
+        },
     }
-    assert third["usage"]["input_tokens"] > 0
+    # The demo model's estimate is its usage: whitespace-separated words of the context.
+    assert third["usage"]["input_tokens"] == 23
 
 
 def test_head_and_paginated_transcript(http: httpx.Client, turn: Turn) -> None:
@@ -269,13 +277,17 @@ def test_damaged_state_is_409_and_delete_recovers(
         error = error_of(response)
         assert error["code"] == code
         if code == "unsupported_state_version":
-            assert (error["details"]["found"], error["details"]["supported"]) == (7, [1])
+            assert (error["details"]["found"], error["details"]["supported"]) == (
+                7,
+                SUPPORTED_SCHEMA_VERSIONS,
+            )
     assert http.delete("/v1/conversations/hurt", headers=ANN).status_code == 204
     assert turn("hurt", "What is my name?").json()["output_text"] == "I don't know your name yet."
 
 
 def test_provider_failures_are_502_and_504_and_leave_no_trace(clock: FakeClock) -> None:
-    """openai-chat failing: 502 provider_error / 504 provider_timeout; nothing is stored."""
+    """openai-chat failing: 502 provider_error / 504 provider_timeout; only the failures
+    are stored (``turn_failed``), never the lost input."""
     with FakeOpenAI() as fake:
         env = {
             "OPENAI_BASE_URL": fake.base_url,
@@ -299,7 +311,13 @@ def test_provider_failures_are_502_and_504_and_leave_no_trace(clock: FakeClock) 
             assert error_of(slow)["code"] == "provider_timeout"
 
             head = http.get("/v1/conversations/p", headers=ANN).json()
-            assert (head["turns"], head["events"]) == (1, 2)
+            assert (head["turns"], head["events"], head["failed_turns"]) == (1, 4, 2)
+            events = http.get("/v1/conversations/p/events", headers=ANN).json()["events"]
+            assert [e["kind"] for e in events[2:]] == ["turn_failed", "turn_failed"]
+            assert [e["payload"]["code"] for e in events[2:]] == [
+                "provider_error",
+                "provider_timeout",
+            ]
             sent = fake.requests[0].json()
             assert sent["model"] == "gpt-test"
             assert sent["messages"] == [{"role": "user", "content": "Hi"}]

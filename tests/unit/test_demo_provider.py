@@ -260,7 +260,7 @@ def test_the_factory_builds_the_demo_provider() -> None:
     provider = build_provider(Settings(provider="demo"))
 
     assert isinstance(provider, DemoProvider)
-    assert provider.provider_state == "fresh"
+    assert (provider.name, provider.stateful, provider.estimate_is_exact) == ("demo", False, True)
 
 
 def test_the_factory_rejects_an_unknown_provider_naming_the_valid_ones() -> None:

@@ -9,7 +9,16 @@
 | ``TENANT_TTL_SECONDS`` | ``{}`` | JSON object: tenant -> TTL seconds, overriding the default |
 | ``OFFLOAD_THRESHOLD_BYTES`` | ``65536`` | payloads at or over this go to S3 |
 | ``MAX_INPUT_BYTES`` | ``10485760`` | larger request bodies get ``413`` |
-| ``CONTEXT_MAX_EVENTS`` / ``CONTEXT_MAX_CHARS`` | ``400`` / ``400000`` | history a turn reads |
+| ``CONTEXT_MAX_EVENTS`` / ``CONTEXT_MAX_CHARS`` | ``400`` / ``400000`` | cap on one turn's read |
+| ``CONTEXT_MAX_TOKENS`` | (per model) | context budget; the model's window less reserve caps it |
+| ``MODELS`` | ``{}`` | JSON: model -> :class:`ModelSpec` fields (window, reserve, prices) |
+| ``CONVERSATION_TOKEN_BUDGET`` | ``0`` (off) | input + output tokens a conversation may use |
+| ``TURN_TOKEN_BUDGET`` | ``0`` (off) | input + output tokens one turn may use |
+| ``TENANT_CONVERSATION_TOKEN_BUDGET`` | ``{}`` | JSON: tenant -> tokens, overriding it |
+| ``TENANT_TURN_TOKEN_BUDGET`` | ``{}`` | JSON: tenant -> tokens, overriding it |
+| ``SUMMARIZER_PROVIDER`` / ``_MODEL`` | (the turn's) | who writes context summaries |
+| ``REDACTION_FILE`` | (none: off) | redaction rule set bundled with the function |
+| ``REDACTION_PARAMETER`` | (none: off) | SSM parameter holding the rule set |
 | ``TENANT_CLAIM`` | ``tenant_id`` | JWT claim holding the tenant |
 | ``PROVIDER`` | ``demo`` | ``demo`` or ``openai-chat`` |
 | ``MODEL`` | ``demo-1`` | default model name |
@@ -49,15 +58,64 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _tenant_ttls(raw: str) -> dict[str, int]:
+def _tenant_ints(raw: str, name: str) -> dict[str, int]:
     if not raw.strip():
         return {}
-    parsed = json.loads(raw)
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
     if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in parsed.items()
+        isinstance(k, str) and type(v) is int and v >= 0 for k, v in parsed.items()
     ):
-        raise ValueError("TENANT_TTL_SECONDS must be a JSON object of tenant -> seconds >= 0")
+        raise ValueError(f"{name} must be a JSON object of tenant -> integer >= 0")
     return parsed
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the deployment knows of one model: its window, answer reserve and prices."""
+
+    context_window: int
+    answer_reserve: int
+    #: US dollars per million tokens.
+    input_price_per_mtok: float = 0.0
+    output_price_per_mtok: float = 0.0
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """Estimated cost in US dollars of one call's usage."""
+        return (
+            input_tokens * self.input_price_per_mtok + output_tokens * self.output_price_per_mtok
+        ) / 1_000_000
+
+
+#: Models the deployment knows without configuration. The demo model's window is
+#: small on purpose, so compaction is easy to see locally.
+BUILTIN_MODELS = {"demo-1": ModelSpec(context_window=8192, answer_reserve=1024)}
+#: A model nobody described: a window every current chat model has, and a reserve
+#: for a long answer.
+DEFAULT_MODEL = ModelSpec(context_window=32768, answer_reserve=4096)
+
+
+def _models(raw: str) -> dict[str, ModelSpec]:
+    if not raw.strip():
+        return {}
+    try:
+        parsed = json.loads(raw)
+        if not isinstance(parsed, dict):
+            raise TypeError("not an object")
+        models = {}
+        for name, spec in parsed.items():
+            model = ModelSpec(**spec)
+            if not (0 <= model.answer_reserve < model.context_window):
+                raise ValueError(f"{name}: answer_reserve must be >= 0 and < context_window")
+            models[str(name)] = model
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            'MODELS must be a JSON object of model -> {"context_window", "answer_reserve", '
+            f'"input_price_per_mtok", "output_price_per_mtok"}}: {exc}'
+        ) from None
+    return models
 
 
 @dataclass(frozen=True)
@@ -90,10 +148,41 @@ class Settings:
     tool_timeout_seconds: int = 30
     dynamodb_endpoint: str | None = None
     s3_endpoint: str | None = None
+    # --- the working context -------------------------------------------------------------
+    #: ``None``: the model's window less its answer reserve.
+    context_max_tokens: int | None = None
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    conversation_token_budget: int = 0
+    turn_token_budget: int = 0
+    tenant_conversation_token_budget: dict[str, int] = field(default_factory=dict)
+    tenant_turn_token_budget: dict[str, int] = field(default_factory=dict)
+    summarizer_provider: str | None = None
+    summarizer_model: str | None = None
+    redaction_file: str | None = None
+    redaction_parameter: str | None = None
 
     def ttl_for(self, tenant: str) -> int:
         """The idle TTL of ``tenant``'s conversations (``0``: never expire)."""
         return self.tenant_ttl_seconds.get(tenant, self.ttl_seconds)
+
+    def model_spec(self, model: str) -> ModelSpec:
+        """What is known of ``model``: configured, built in, or the default."""
+        return self.models.get(model) or BUILTIN_MODELS.get(model) or DEFAULT_MODEL
+
+    def context_budget(self, model: str) -> int:
+        """Tokens the context sent to ``model`` may hold: the configured budget, capped
+        by the model's window less its answer reserve."""
+        spec = self.model_spec(model)
+        room = spec.context_window - spec.answer_reserve
+        return min(self.context_max_tokens, room) if self.context_max_tokens else room
+
+    def conversation_budget_for(self, tenant: str) -> int:
+        """Tokens ``tenant``'s conversations may use in all (``0``: unlimited)."""
+        return self.tenant_conversation_token_budget.get(tenant, self.conversation_token_budget)
+
+    def turn_budget_for(self, tenant: str) -> int:
+        """Tokens one turn of ``tenant`` may use (``0``: unlimited)."""
+        return self.tenant_turn_token_budget.get(tenant, self.turn_token_budget)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -112,7 +201,9 @@ class Settings:
             bucket_name=env.get("BUCKET_NAME", cls.bucket_name),
             idempotency_table_name=opt("IDEMPOTENCY_TABLE_NAME"),
             ttl_seconds=_int(env, "TTL_SECONDS", cls.ttl_seconds),
-            tenant_ttl_seconds=_tenant_ttls(env.get("TENANT_TTL_SECONDS", "")),
+            tenant_ttl_seconds=_tenant_ints(
+                env.get("TENANT_TTL_SECONDS", ""), "TENANT_TTL_SECONDS"
+            ),
             offload_threshold_bytes=_int(
                 env, "OFFLOAD_THRESHOLD_BYTES", cls.offload_threshold_bytes
             ),
@@ -138,4 +229,18 @@ class Settings:
             tool_timeout_seconds=_int(env, "TOOL_TIMEOUT_SECONDS", cls.tool_timeout_seconds),
             dynamodb_endpoint=opt("DYNAMODB_ENDPOINT"),
             s3_endpoint=opt("S3_ENDPOINT"),
+            context_max_tokens=_int(env, "CONTEXT_MAX_TOKENS", 0) or None,
+            models=_models(env.get("MODELS", "")),
+            conversation_token_budget=_int(env, "CONVERSATION_TOKEN_BUDGET", 0),
+            turn_token_budget=_int(env, "TURN_TOKEN_BUDGET", 0),
+            tenant_conversation_token_budget=_tenant_ints(
+                env.get("TENANT_CONVERSATION_TOKEN_BUDGET", ""), "TENANT_CONVERSATION_TOKEN_BUDGET"
+            ),
+            tenant_turn_token_budget=_tenant_ints(
+                env.get("TENANT_TURN_TOKEN_BUDGET", ""), "TENANT_TURN_TOKEN_BUDGET"
+            ),
+            summarizer_provider=opt("SUMMARIZER_PROVIDER"),
+            summarizer_model=opt("SUMMARIZER_MODEL"),
+            redaction_file=opt("REDACTION_FILE"),
+            redaction_parameter=opt("REDACTION_PARAMETER"),
         )

@@ -1,28 +1,208 @@
-"""Rebuild the working context (what the model sees next) from canonical events.
+"""The working context: what the model sees next, rebuilt from the log to a token budget.
 
-The transcript is the record; the context is derived from it on every turn.
+The transcript is the record; the context is derived from it on every turn,
+in this order::
+
+    system prompt -> the newest summary -> the newest whole turns that fit -> (the new input)
+
+The current turn (the new input, and the calls and results of a turn that is
+still running) is always sent whole: a user message outranks a summary, so
+when even that does not fit, the summary is left out before any of it.
+
 Only conversational events become messages: user and assistant messages and
-tool results. Execution-state events (requests, approvals) stay out. Tool
-results are placed right after the assistant message that asked for them, in
-its call order, whatever order they were recorded in (approvals may arrive in
-any order).
+tool results. Execution-state events (requests, approvals), failed turns and
+summaries' own events stay out. Tool results are placed right after the
+assistant message that asked for them, in its call order, whatever order
+they were recorded in (approvals may arrive in any order).
+
+**Compaction.** When older turns no longer fit, they are summarized once and
+the summary is appended to the log as a ``context_compacted`` event (in the
+same commit as the turn). Compaction starts when the budget is full and then
+summarizes down to :data:`KEEP_SHARE` of it, so it happens once every many
+turns, not after every answer. A summary covers whole turns only, so it
+never splits a tool call from its result, and never the current turn, where
+pending calls live. A new summary folds in the previous one.
+
+**Redaction** (:mod:`turnledger.redaction`) is applied while messages are
+built, to everything a model would see, summaries' inputs included.
+
+**Rebuild.** :func:`assemble` depends only on the events, the budget, the
+estimator and the rule set, and every answer records those on its run record
+(:class:`~turnledger.models.RunRecord`), so the context of any past call can
+be rebuilt from the log and compared by hash (:func:`rebuild`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
-from .models import AssistantMessage, Event, EventKind, ToolResult, UserMessage
-from .providers.base import Message
+from .exceptions import CorruptedState
+from .models import (
+    AssistantMessage,
+    ContextCompacted,
+    Event,
+    RunRecord,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from .providers.base import Message, ModelRequest
+from .redaction import Redactor
+
+#: Every summary in a context is one system message starting with this.
+SUMMARY_PREFIX = "Summary of earlier conversation:"
+
+#: Names the summarizer prompt below; recorded on every ``context_compacted`` event.
+SUMMARY_PROMPT_VERSION = "summary-v1"
+
+SUMMARY_PROMPT = (
+    "You maintain the memory of a conversation between a user and an assistant. "
+    "The user message is JSON: `previous_summary` (the summary so far, or null) and "
+    "`messages` (the turns to add, oldest first). Write one updated summary that keeps "
+    "every fact the user stated about themselves, their goals, decisions, names, numbers "
+    "and open questions, and what tools returned that still matters. Be brief; no "
+    f"preamble. Start with '{SUMMARY_PREFIX}'."
+)
+
+#: After a compaction, the newest turns kept whole take at most this share of the
+#: budget: the context then grows for many turns before the next compaction.
+KEEP_SHARE = 0.5
+
+#: Tokens a message costs beyond its text on a real model's chat format.
+MESSAGE_OVERHEAD_TOKENS = 4
 
 
-def build_messages(events: Iterable[Event], *, system_prompt: str = "") -> list[Message]:
-    """The provider-neutral messages for ``events`` (oldest first)."""
+@dataclass(frozen=True)
+class Estimator:
+    """Token counts of messages: a provider's text estimate, scaled, plus per-message cost."""
+
+    count: Callable[[str], int]
+    scale: float = 1.0
+    per_message: int = 0
+
+    def raw(self, messages: Iterable[Message]) -> int:
+        """Unscaled estimate of ``messages`` (what calibration compares with usage)."""
+        total = 0
+        for message in messages:
+            total += self.per_message + self.count(message.content or "")
+            for call in message.tool_calls:
+                total += self.count(call.name) + self.count(_json(call.arguments))
+        return total
+
+    def tokens(self, messages: Iterable[Message]) -> int:
+        """The estimate of ``messages`` in the provider's tokens."""
+        raw = self.raw(messages)
+        return raw if self.scale == 1.0 else int(raw * self.scale + 0.999)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One whole turn of the log: its sequence range and the messages it makes."""
+
+    number: int
+    first_sequence: int
+    last_sequence: int
+    messages: list[Message]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The newest summary: its event's sequence and payload."""
+
+    sequence: int
+    body: ContextCompacted
+
+    def message(self) -> Message:
+        """The summary as the context's system message."""
+        text = self.body.text.strip()
+        if not text.startswith(SUMMARY_PREFIX):
+            text = f"{SUMMARY_PREFIX} {text}"
+        return Message(role="system", content=text)
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """A context built to a budget, and what did not fit."""
+
+    messages: list[Message]
+    tokens: int
+    budget: int
+    #: The last sequence the summary in the context covers (``None``: no summary sent).
+    summary_through: int | None
+    #: The first sequence of the whole turns sent.
+    context_from: int
+    #: Every whole turn after the newest summary, oldest first (the current one last).
+    turns: list[Turn] = field(default_factory=list)
+    #: Older turns that did not fit: compaction should summarize them.
+    dropped: int = 0
+    summary: Summary | None = None
+
+    @property
+    def sha256(self) -> str:
+        """The hash of the messages, as recorded on the run record."""
+        return messages_sha256(self.messages)
+
+
+def messages_sha256(messages: Sequence[Message]) -> str:
+    """A stable hash of a list of messages."""
+    canonical = json.dumps(
+        [m.model_dump(mode="json") for m in messages], separators=(",", ":"), sort_keys=True
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def text_sha256(text: str) -> str:
+    """The content hash of a summary's text."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def latest_summary(events: Iterable[Event]) -> Summary | None:
+    """The newest ``context_compacted`` event among ``events``.
+
+    Raises:
+        CorruptedState: its text does not match its content hash.
+    """
+    found: Summary | None = None
+    for event in events:
+        body = event.body()
+        if isinstance(body, ContextCompacted) and (
+            found is None or event.sequence > found.sequence
+        ):
+            found = Summary(sequence=event.sequence, body=body)
+    if found is not None and text_sha256(found.body.text) != found.body.content_sha256:
+        raise CorruptedState(
+            "a context summary does not match its content hash",
+            details={"item": f"event {found.sequence}", "reason": "sha256 mismatch"},
+        )
+    return found
+
+
+def build_messages(
+    events: Iterable[Event], *, system_prompt: str = "", redactor: Redactor | None = None
+) -> list[Message]:
+    """The provider-neutral messages for ``events`` (oldest first), without a budget."""
     messages: list[Message] = []
     if system_prompt:
         messages.append(Message(role="system", content=system_prompt))
+    messages.extend(_messages(events, redactor))
+    return messages
+
+
+def _messages(events: Iterable[Event], redactor: Redactor | None) -> list[Message]:
+    messages: list[Message] = []
     waiting: list[str] = []  # call ids of the last assistant message, in order
     results: dict[str, Message] = {}
+
+    def text(value: str) -> str:
+        return redactor.text(value) if redactor is not None else value
 
     def flush() -> None:
         messages.extend(results.pop(call_id) for call_id in waiting if call_id in results)
@@ -33,20 +213,181 @@ def build_messages(events: Iterable[Event], *, system_prompt: str = "") -> list[
         body = event.body()
         if isinstance(body, UserMessage):
             flush()
-            messages.append(Message(role="user", content=body.content))
+            messages.append(Message(role="user", content=text(body.content)))
         elif isinstance(body, AssistantMessage):
             flush()
-            messages.append(
-                Message(role="assistant", content=body.content, tool_calls=body.tool_calls)
-            )
+            calls = body.tool_calls
+            if redactor is not None:
+                calls = [
+                    ToolCall(id=c.id, name=c.name, arguments=redactor.value(c.arguments))
+                    for c in calls
+                ]
+            content = text(body.content) if body.content is not None else None
+            messages.append(Message(role="assistant", content=content, tool_calls=calls))
             waiting.extend(call.id for call in body.tool_calls)
-        elif isinstance(body, ToolResult) and event.kind is EventKind.TOOL_RESULT:
+        elif isinstance(body, ToolResult):
             results[body.call_id] = Message(
                 role="tool",
                 tool_call_id=body.call_id,
                 name=body.name,
-                content=body.output,
+                content=text(body.output),
                 is_error=body.is_error,
             )
     flush()
     return messages
+
+
+def split_turns(
+    events: Sequence[Event], *, after: int, estimator: Estimator, redactor: Redactor | None
+) -> list[Turn]:
+    """The whole turns of ``events`` with sequences over ``after``, oldest first.
+
+    Turns that make no message (a failed turn alone) are left out.
+    """
+    groups: dict[int, list[Event]] = {}
+    for event in events:
+        if event.sequence > after:
+            groups.setdefault(event.turn, []).append(event)
+    turns = []
+    for number in sorted(groups):
+        group = groups[number]
+        messages = _messages(group, redactor)
+        if not messages:
+            continue
+        turns.append(
+            Turn(
+                number=number,
+                first_sequence=group[0].sequence,
+                last_sequence=group[-1].sequence,
+                messages=messages,
+                tokens=estimator.tokens(messages),
+            )
+        )
+    return turns
+
+
+def assemble(
+    events: Sequence[Event],
+    *,
+    budget: int,
+    estimator: Estimator,
+    system_prompt: str = "",
+    redactor: Redactor | None = None,
+) -> Assembly:
+    """The context of the next model call over ``events`` (everything after the newest
+    summary's range, the summary's event among them; the current turn last).
+
+    Raises:
+        CorruptedState: the newest summary does not match its hash.
+    """
+    summary = latest_summary(events)
+    through = summary.body.to_sequence if summary is not None else 0
+    turns = split_turns(events, after=through, estimator=estimator, redactor=redactor)
+    head: list[Message] = []
+    if system_prompt:
+        head.append(Message(role="system", content=system_prompt))
+    summary_message = summary.message() if summary is not None else None
+    used = estimator.tokens(head)
+    taken: list[Turn] = []
+    if turns:
+        taken.append(turns[-1])  # the current turn, whole, whatever its size
+        used += turns[-1].tokens
+    if summary_message is not None:
+        cost = estimator.tokens([summary_message])
+        if used + cost <= budget:
+            used += cost
+        else:
+            summary_message = None  # the newest turn outranks the summary
+    for turn in reversed(turns[:-1]):
+        if used + turn.tokens > budget:
+            break
+        taken.append(turn)
+        used += turn.tokens
+    taken.reverse()
+    messages = [*head]
+    if summary_message is not None:
+        messages.append(summary_message)
+    for turn in taken:
+        messages.extend(turn.messages)
+    return Assembly(
+        messages=messages,
+        tokens=used,
+        budget=budget,
+        summary_through=through if summary_message is not None else None,
+        context_from=taken[0].first_sequence if taken else through + 1,
+        turns=turns,
+        dropped=len(turns) - len(taken),
+        summary=summary,
+    )
+
+
+def turns_to_compact(assembly: Assembly, estimator: Estimator) -> list[Turn]:
+    """The older turns to summarize now: none while everything fits; once something
+    does not, every turn but the newest that fit in :data:`KEEP_SHARE` of the budget.
+
+    The current turn is never summarized.
+    """
+    if assembly.dropped == 0 or len(assembly.turns) < 2:
+        return []
+    keep = assembly.budget * KEEP_SHARE
+    kept = 0
+    used = 0
+    for turn in reversed(assembly.turns[:-1]):
+        if used + turn.tokens > keep:
+            break
+        used += turn.tokens
+        kept += 1
+    return assembly.turns[: len(assembly.turns) - 1 - kept]
+
+
+def summary_request(model: str, previous: Summary | None, turns: Sequence[Turn]) -> ModelRequest:
+    """The summarizer call for ``turns`` (already redacted), folding in ``previous``."""
+    messages = []
+    for turn in turns:
+        for message in turn.messages:
+            item: dict[str, object] = {"role": message.role}
+            if message.content is not None:
+                item["content"] = message.content
+            if message.tool_calls:
+                item["tool_calls"] = [
+                    {"name": c.name, "arguments": c.arguments} for c in message.tool_calls
+                ]
+            if message.role == "tool":
+                item["tool"] = message.name
+            messages.append(item)
+    payload = {
+        "previous_summary": previous.message().content if previous is not None else None,
+        "messages": messages,
+    }
+    return ModelRequest(
+        model=model,
+        purpose="summary",
+        messages=[
+            Message(role="system", content=SUMMARY_PROMPT),
+            Message(role="user", content=json.dumps(payload, ensure_ascii=False)),
+        ],
+    )
+
+
+def rebuild(
+    events: Sequence[Event],
+    run: RunRecord,
+    *,
+    count: Callable[[str], int],
+    per_message: int,
+    system_prompt: str = "",
+    redactor: Redactor | None = None,
+) -> Assembly:
+    """The context a past model call sent, recomputed from the log.
+
+    ``events``: the log up to (not including) the call's ``assistant_message``
+    event; older events than the newest summary may be included or not. Compare
+    ``.sha256`` with ``run.context_sha256``.
+    """
+    return assemble(
+        events,
+        budget=run.budget_tokens,
+        estimator=Estimator(count=count, scale=run.token_scale, per_message=per_message),
+        system_prompt=system_prompt,
+        redactor=redactor,
+    )

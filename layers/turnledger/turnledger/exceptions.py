@@ -14,6 +14,7 @@ hierarchy to responses and never matches on message text::
     ├── ConversationBusy             409 conversation_busy
     ├── ApprovalPending              409 approval_pending
     ├── NotAwaitingApproval          409 not_awaiting_approval
+    ├── BudgetExceeded               409 budget_exceeded
     ├── StateError
     │   ├── CorruptedState           409 corrupted_state
     │   └── UnsupportedStateVersion  409 unsupported_state_version
@@ -96,6 +97,13 @@ class NotAwaitingApproval(TurnledgerError):
 
     status = 409
     code = "not_awaiting_approval"
+
+
+class BudgetExceeded(TurnledgerError):
+    """The conversation's token budget is spent; ``details.limit`` and ``details.used``."""
+
+    status = 409
+    code = "budget_exceeded"
 
 
 class StateError(TurnledgerError):

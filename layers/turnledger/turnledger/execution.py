@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 
 from .config import Settings
 from .exceptions import InternalError, UnknownToolCall
@@ -50,6 +51,11 @@ class TurnWork:
     #: True once a tool ran in this request: its results must be recorded even if
     #: the model then fails.
     executed: bool = False
+    #: How the last model call's context was built and sent (the answer's ``context``).
+    provider_state: Literal["fresh", "continued", "fallback"] = "fresh"
+    tokens_estimated: int = 0
+    budget_tokens: int = 0
+    summary_through: int | None = None
 
 
 def status_of(session: Session) -> ConversationStatus:

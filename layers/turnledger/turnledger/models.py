@@ -23,9 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .exceptions import InvalidConversationId
 
-#: The schema version this build writes and the versions it can read.
-SCHEMA_VERSION = 1
-SUPPORTED_SCHEMA_VERSIONS = [1]
+#: The schema version this build writes and the versions it can read. Version 2 added
+#: context summaries, failed turns, run records and budgets; every version-1 item is a
+#: valid version-2 item with those fields at their defaults, so both are read.
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = [1, 2]
 
 #: The expiry index files heads by the hour their TTL falls in (see store/keys.py).
 EXPIRY_BUCKET_SECONDS = 3600
@@ -81,6 +83,8 @@ class EventKind(StrEnum):
     APPROVAL_REQUESTED = "approval_requested"
     APPROVAL_RESOLVED = "approval_resolved"
     TOOL_RESULT = "tool_result"
+    CONTEXT_COMPACTED = "context_compacted"
+    TURN_FAILED = "turn_failed"
 
 
 class Usage(_Strict):
@@ -117,6 +121,34 @@ class UserMessage(_Strict):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+class RunRecord(_Strict):
+    """How one model call was made: enough to explain its answer later from the log.
+
+    ``context_from`` is the first public sequence the call's context held whole
+    (after the summary, if any), and ``context_sha256`` the hash of the messages
+    sent, so :func:`turnledger.context.rebuild` can prove a rebuild from the log
+    gives the same context.
+    """
+
+    model: str
+    provider: str
+    provider_state: Literal["fresh", "continued", "fallback"] = "fresh"
+    latency_ms: int = Field(ge=0)
+    usage: Usage = Field(default_factory=Usage)
+    tokens_estimated: int = Field(ge=0)
+    budget_tokens: int = Field(ge=0)
+    messages_sent: int = Field(ge=0)
+    redaction_version: str | None = None
+    summary_through: int | None = None
+    context_from: int = Field(ge=1)
+    context_sha256: str
+    #: Estimated tokens are multiplied by this (the conversation's calibration).
+    token_scale: float = 1.0
+    #: The provider's id of the response, when it keeps it (the provider cursor).
+    response_id: str | None = None
+    cost_usd: float = 0.0
+
+
 class AssistantMessage(_Strict):
     """The model's answer: text, tool calls, or both."""
 
@@ -124,6 +156,7 @@ class AssistantMessage(_Strict):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     model: str = ""
     usage: Usage = Field(default_factory=Usage)
+    run: RunRecord | None = None
 
 
 Requirement = Literal["none", "approval", "client"]
@@ -166,6 +199,35 @@ class ToolResult(_Strict):
     is_error: bool = False
 
 
+class ContextCompacted(_Strict):
+    """Older turns summarized once, for every later context: the transcript stays as it is.
+
+    Covers public sequences ``from_sequence..to_sequence`` (whole turns, never a
+    pending call); ``previous_through`` is the summary it folds in, if any.
+    """
+
+    from_sequence: int = Field(ge=1)
+    to_sequence: int = Field(ge=1)
+    previous_through: int | None = None
+    summarizer_provider: str
+    summarizer_model: str
+    prompt_version: str
+    text: str
+    #: sha256 of ``text``: a damaged summary is detected, never sent.
+    content_sha256: str
+    tokens_estimated: int = Field(ge=0)
+
+
+class TurnFailed(_Strict):
+    """A turn whose model call failed: shown in the transcript, never sent to a model."""
+
+    code: str
+    status: int
+    attempts: int = Field(ge=1)
+    #: The provider's own words, at most 500 characters.
+    message: str = Field(max_length=500)
+
+
 PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.USER_MESSAGE: UserMessage,
     EventKind.ASSISTANT_MESSAGE: AssistantMessage,
@@ -173,6 +235,8 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.APPROVAL_REQUESTED: ApprovalRequested,
     EventKind.APPROVAL_RESOLVED: ApprovalResolved,
     EventKind.TOOL_RESULT: ToolResult,
+    EventKind.CONTEXT_COMPACTED: ContextCompacted,
+    EventKind.TURN_FAILED: TurnFailed,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -183,6 +247,8 @@ Payload = (
     | ApprovalRequested
     | ApprovalResolved
     | ToolResult
+    | ContextCompacted
+    | TurnFailed
 )
 
 
@@ -259,6 +325,17 @@ class TurnOptions(_Strict):
     require_approval: list[str] = Field(default_factory=list)
 
 
+class SummaryRef(_Strict):
+    """Where the newest summary is: its event, and the last sequence it covers.
+
+    A turn reads the events after ``through`` (the summary's own event among
+    them) and nothing older.
+    """
+
+    sequence: int = Field(ge=1)
+    through: int = Field(ge=1)
+
+
 class Head(_Strict):
     """The conversation's head: one small item, rewritten (conditionally) by every commit.
 
@@ -292,6 +369,15 @@ class Head(_Strict):
     #: been swept (by the next turn, or by the sweep that passes it). ``None``: the
     #: bucket of ``expires_at``.
     expiry_bucket: int | None = None
+    #: The newest context summary, if older turns were ever compacted.
+    summary: SummaryRef | None = None
+    #: Turns whose model call failed (``turn_failed`` events).
+    failed_turns: int = Field(default=0, ge=0)
+    #: Estimated cost of every model call so far, from the deployment's price table.
+    cost_usd: float = Field(default=0.0, ge=0)
+    #: Provider-reported input tokens over our estimate, for this conversation's last
+    #: call: later estimates are scaled by it (``None``: not calibrated yet).
+    token_scale: float | None = None
 
     @property
     def filed_bucket(self) -> int:

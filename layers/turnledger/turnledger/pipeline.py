@@ -11,41 +11,66 @@
   result runs again under the same key; a recorded result never runs again.
 * **Approvals are exact.** A decision records who, when and the hash of the
   exact arguments; execution re-checks the hash.
+* **The context is built to a budget** (:mod:`turnledger.context`), compacted
+  into a ``context_compacted`` event in the turn's own commit when older turns
+  no longer fit, and every model call is explained by the run record on its
+  ``assistant_message``.
+* **A failed model call is recorded, never sent.** A ``turn_failed`` event
+  (with nothing else of the turn, unless tools already acted) is committed and
+  the error answered; the caller simply sends again.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 
 from .config import Settings
-from .context import build_messages
+from .context import (
+    MESSAGE_OVERHEAD_TOKENS,
+    SUMMARY_PROMPT_VERSION,
+    Assembly,
+    Estimator,
+    assemble,
+    summary_request,
+    text_sha256,
+    turns_to_compact,
+)
 from .exceptions import (
     ApprovalPending,
+    BudgetExceeded,
     ConversationBusy,
     ConversationNotFound,
     NotAwaitingApproval,
     ProviderError,
+    TurnledgerError,
     UnknownToolCall,
 )
 from .execution import ToolCalls, TurnWork, decided_in_turn, replace_pending, status_of
 from .models import (
     ApprovalResolved,
     AssistantMessage,
+    ContextCompacted,
     ConversationKey,
     ConversationStatus,
     Event,
     Head,
     PendingCall,
+    RunRecord,
+    SummaryRef,
     ToolCall,
+    TurnFailed,
     TurnOptions,
+    Usage,
     UserMessage,
     validate_conversation_id,
 )
-from .observability import timed
-from .providers.base import ModelReply, ModelRequest, Provider
+from .observability import logger, timed
+from .providers.base import Message, ModelReply, ModelRequest, Provider
+from .redaction import Redactor
 from .schemas import (
     ApprovalRequest,
     ContextInfo,
@@ -93,9 +118,14 @@ class Conversations:
         tools: ToolRegistry | Callable[[], ToolRegistry] | None = None,
         runner: ToolRunner | None = None,
         clock: Clock = utc_now,
+        redactor: Redactor | Callable[[], Redactor | None] | None = None,
+        summarizer: Provider | None = None,
     ) -> None:
         self.store = store
         self.provider = provider
+        #: Writes context summaries (``None``: the turn's own provider).
+        self.summarizer = summarizer
+        self._redactor = redactor
         self.settings = settings
         # The registry may come from SSM: it is read on the first request that needs
         # it, so routes that never touch tools (reads, clear) never need its permission.
@@ -113,6 +143,13 @@ class Conversations:
     def tools(self) -> ToolRegistry:
         """The tool registry (loaded on first use)."""
         return self._tools if isinstance(self._tools, ToolRegistry) else self._tools()
+
+    @property
+    def redactor(self) -> Redactor | None:
+        """The redaction rule set in force (a source such as SSM is asked each time; it caches)."""
+        if self._redactor is None or isinstance(self._redactor, Redactor):
+            return self._redactor
+        return self._redactor()
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -136,6 +173,7 @@ class Conversations:
             messages = [i.content for i in request.input if isinstance(i, InputMessage)]
             outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
         session = self._open(key)
+        self._check_budget(session)
         work = self._work(session)
         self.calls.expire_approvals(session)
         awaiting = [p for p in session.pending if p.state == "awaiting_approval"]
@@ -289,6 +327,9 @@ class Conversations:
             ttl_seconds=head.ttl_seconds,
             pending_tool_calls=self._waiting(head.pending),
             usage=head.usage,
+            cost_usd=round(head.cost_usd, 6),
+            failed_turns=head.failed_turns,
+            summary_through=head.summary.through if head.summary else None,
         )
 
     def events(self, caller: Caller, conversation_id: str, *, after: int, limit: int) -> EventsPage:
@@ -327,8 +368,14 @@ class Conversations:
                 work.status_reason = "max_tool_steps"
                 session.commit(ConversationStatus.COMPLETE)
                 return
-            reply = self._call_model(work)
+            limit = self.settings.turn_budget_for(session.key.tenant)
+            if limit and work.model_calls and _turn_usage(session) >= limit:
+                work.status_reason = "turn_budget"
+                session.commit(ConversationStatus.COMPLETE)
+                return
+            reply, run = self._call_model(work)
             session.usage = session.usage + reply.usage
+            session.cost_usd += run.cost_usd
             work.usage = work.usage + reply.usage
             # The recorded message must carry the ids its results answer: a provider
             # that repeats an id in one reply would otherwise leave an invalid history.
@@ -337,10 +384,11 @@ class Conversations:
                 AssistantMessage(
                     content=reply.text,
                     tool_calls=calls,
-                    model=reply.model or work.model,
+                    model=run.model,
                     usage=reply.usage,
+                    run=run,
                 ),
-                actor=f"model:{reply.model or work.model}",
+                actor=f"model:{run.model}",
             )
             if reply.text:
                 work.output.append(OutputMessage(content=reply.text))
@@ -350,22 +398,198 @@ class Conversations:
                 return
             self.calls.request(work, calls)
 
-    def _call_model(self, work: TurnWork) -> ModelReply:
+    def _call_model(self, work: TurnWork) -> tuple[ModelReply, RunRecord]:
+        """Build the context to its budget (compacting first when older turns no longer
+        fit), call the model, and describe the call in a run record.
+
+        Raises:
+            ProviderError, ProviderTimeout: the model failed; the failure is recorded
+                (``turn_failed``) before this raises.
+        """
         session = work.session
-        messages = build_messages(session.events, system_prompt=self.settings.system_prompt)
+        provider = self.provider
+        redactor = self.redactor
+        estimator = self._estimator(provider, session)
+        budget = self.settings.context_budget(work.model)
+        system_prompt = self.settings.system_prompt
+        assembly = assemble(
+            session.events,
+            budget=budget,
+            estimator=estimator,
+            system_prompt=system_prompt,
+            redactor=redactor,
+        )
+        if self._compact(work, assembly, estimator):
+            assembly = assemble(
+                session.events,
+                budget=budget,
+                estimator=estimator,
+                system_prompt=system_prompt,
+                redactor=redactor,
+            )
         specs = [tool.spec() for tool in work.tools]
-        work.messages_sent = len(messages)
+        work.messages_sent = len(assembly.messages)
+        work.tokens_estimated = assembly.tokens
+        work.budget_tokens = budget
+        work.summary_through = assembly.summary_through
         work.model_calls += 1
+        started = time.perf_counter()
         try:
             with timed("ModelLatency"):
-                return self.provider.complete(
-                    ModelRequest(model=work.model, messages=messages, tools=specs)
+                reply = provider.complete(
+                    ModelRequest(model=work.model, messages=assembly.messages, tools=specs)
                 )
-        except ProviderError:
-            if work.executed:
-                # Tools already acted: their results are facts and must be kept.
-                session.commit(ConversationStatus.RUNNING_TOOLS)
+        except ProviderError as exc:
+            self._record_failure(work, exc)
             raise
+        latency_ms = int((time.perf_counter() - started) * 1000)
+        work.provider_state = reply.provider_state
+        self._calibrate(provider, session, assembly, estimator, reply)
+        model = reply.model or work.model
+        return reply, RunRecord(
+            model=model,
+            provider=provider.name,
+            provider_state=reply.provider_state,
+            latency_ms=latency_ms,
+            usage=reply.usage,
+            tokens_estimated=assembly.tokens,
+            budget_tokens=budget,
+            messages_sent=len(assembly.messages),
+            redaction_version=redactor.version if redactor is not None else None,
+            summary_through=assembly.summary_through,
+            context_from=assembly.context_from,
+            context_sha256=assembly.sha256,
+            token_scale=estimator.scale,
+            response_id=reply.response_id,
+            cost_usd=self.settings.model_spec(model).cost(
+                reply.usage.input_tokens, reply.usage.output_tokens
+            ),
+        )
+
+    @staticmethod
+    def _estimator(provider: Provider, session: Session) -> Estimator:
+        if provider.estimate_is_exact:
+            return Estimator(count=provider.estimate_tokens)
+        return Estimator(
+            count=provider.estimate_tokens,
+            scale=session.token_scale or 1.0,
+            per_message=MESSAGE_OVERHEAD_TOKENS,
+        )
+
+    @staticmethod
+    def _calibrate(
+        provider: Provider,
+        session: Session,
+        assembly: Assembly,
+        estimator: Estimator,
+        reply: ModelReply,
+    ) -> None:
+        """Scale later estimates by what the provider reported for this whole context.
+
+        Only a ``fresh`` call reports usage for exactly what was sent. The scale is
+        rounded up and kept within 0.5-3x, so one odd report cannot make the
+        estimate reckless.
+        """
+        if provider.estimate_is_exact or reply.provider_state != "fresh":
+            return
+        raw = estimator.raw(assembly.messages)
+        if raw <= 0 or reply.usage.input_tokens <= 0:
+            return
+        scale = min(max(reply.usage.input_tokens / raw * _CALIBRATION_MARGIN, 0.5), 3.0)
+        session.token_scale = round(scale + 0.0005, 3)
+
+    def _compact(self, work: TurnWork, assembly: Assembly, estimator: Estimator) -> bool:
+        """Summarize the older turns that no longer fit into a ``context_compacted`` event.
+
+        Returns whether a summary was staged. A summarizer failure is not the turn's:
+        the turn goes on with the newest turns that fit, and the next turn tries again.
+        """
+        turns = turns_to_compact(assembly, estimator)
+        if not turns:
+            return False
+        session = work.session
+        summarizer = self.summarizer or self.provider
+        model = self.settings.summarizer_model or work.model
+        previous = assembly.summary
+        try:
+            with timed("SummaryLatency"):
+                reply = summarizer.complete(summary_request(model, previous, turns))
+        except ProviderError as exc:
+            logger.warning(
+                "context summary failed; sending the newest turns that fit",
+                extra={"code": exc.code, "summarizer": summarizer.name},
+            )
+            return False
+        text = (reply.text or "").strip()
+        if not text:
+            logger.warning("context summary was empty", extra={"summarizer": summarizer.name})
+            return False
+        through = turns[-1].last_sequence
+        event = session.add(
+            ContextCompacted(
+                from_sequence=previous.body.from_sequence if previous else turns[0].first_sequence,
+                to_sequence=through,
+                previous_through=previous.body.to_sequence if previous else None,
+                summarizer_provider=summarizer.name,
+                summarizer_model=reply.model or model,
+                prompt_version=SUMMARY_PROMPT_VERSION,
+                text=text,
+                content_sha256=text_sha256(text),
+                tokens_estimated=estimator.tokens([Message(role="system", content=text)]),
+            ),
+            actor=f"summarizer:{reply.model or model}",
+        )
+        session.summary = SummaryRef(sequence=event.sequence, through=through)
+        session.usage = session.usage + reply.usage
+        session.cost_usd += self.settings.model_spec(reply.model or model).cost(
+            reply.usage.input_tokens, reply.usage.output_tokens
+        )
+        return True
+
+    def _record_failure(self, work: TurnWork, exc: ProviderError) -> None:
+        """Commit a ``turn_failed`` event for a failed model call.
+
+        Results of tools that already acted are facts and are kept with it (the turn
+        is resumed by the next request); otherwise nothing of the turn is stored, and
+        the caller sends its input again. Never raises: the provider's error is what
+        the caller must see.
+        """
+        session = work.session
+        failing_turn = max(session.turn, 1)
+        if work.executed:
+            status = ConversationStatus.RUNNING_TOOLS
+        else:
+            session.rollback()
+            status = None
+        session.add(
+            TurnFailed(
+                code=exc.code,
+                status=exc.status,
+                attempts=max(int(exc.details.get("attempts", 1) or 1), 1),
+                message=str(exc.details.get("provider_message") or exc.message)[:500],
+            ),
+            actor="system",
+            turn=failing_turn,
+        )
+        session.failed_turns += 1
+        try:
+            session.commit(status or status_of(session))
+        except TurnledgerError as error:
+            logger.warning("could not record a failed turn", extra={"code": error.code})
+
+    def _check_budget(self, session: Session) -> None:
+        """Refuse a turn once the conversation's token budget is spent.
+
+        Raises:
+            BudgetExceeded: input + output tokens so far reached the budget.
+        """
+        limit = self.settings.conversation_budget_for(session.key.tenant)
+        used = session.usage.input_tokens + session.usage.output_tokens
+        if limit and used >= limit:
+            raise BudgetExceeded(
+                "this conversation's token budget is spent",
+                details={"limit": limit, "used": used},
+            )
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -446,9 +670,26 @@ class Conversations:
             pending_tool_calls=self._waiting(session.pending),
             usage=work.usage,
             context=ContextInfo(
-                messages_sent=work.messages_sent, provider_state="fresh"
+                messages_sent=work.messages_sent,
+                provider_state=work.provider_state,
+                tokens_estimated=work.tokens_estimated,
+                budget_tokens=work.budget_tokens or self.settings.context_budget(work.model),
+                summary_through=work.summary_through,
             ),
         )
+
+
+#: Estimates are scaled to the reported usage and then 5 % over it: conservative.
+_CALIBRATION_MARGIN = 1.05
+
+
+def _turn_usage(session: Session) -> int:
+    """Input + output tokens of the current turn's model calls so far."""
+    total = Usage()
+    for event in session.events:
+        if event.turn == session.turn and isinstance(body := event.body(), AssistantMessage):
+            total = total + body.usage
+    return total.input_tokens + total.output_tokens
 
 
 def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:

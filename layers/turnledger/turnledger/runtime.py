@@ -7,7 +7,9 @@ their own with :func:`set_runtime` (an injected clock, a fake provider...).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -17,6 +19,7 @@ from botocore.config import Config
 from .config import Settings
 from .pipeline import Conversations
 from .providers.factory import build_provider
+from .redaction import Redactor, load_redactor
 from .session import Clock, utc_now
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
@@ -64,9 +67,15 @@ class Runtime:
         def lambda_client() -> LambdaClient:
             return session.client("lambda", config=_AWS_CONFIG)
 
+        redactor: Redactor | Callable[[], Redactor | None] | None = None
+        if settings.redaction_file:
+            redactor = load_redactor(settings)  # a bad rule set fails here, loudly
+        elif settings.redaction_parameter:
+            redactor = partial(load_redactor, settings)  # Powertools caches the parameter
         conversations = Conversations(
             store=store,
             provider=build_provider(settings),
+            redactor=redactor,
             settings=settings,
             tools=lambda: ToolRegistry.from_settings(settings),
             runner=ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds),

@@ -119,10 +119,16 @@ class OutputFunctionCall(BaseModel):
 
 
 class ContextInfo(BaseModel):
-    """How the working context was sent to the provider."""
+    """How the working context of the turn's last model call was built and sent."""
 
     messages_sent: int
     provider_state: Literal["fresh", "continued", "fallback"] = "fresh"
+    #: Tokens of what was sent, by the deployment's estimate.
+    tokens_estimated: int = 0
+    #: The context budget in force (tokens).
+    budget_tokens: int = 0
+    #: The last event sequence a summary in the context covers, or ``None``.
+    summary_through: int | None = None
 
 
 class TurnResponse(BaseModel):
@@ -153,6 +159,12 @@ class ConversationView(BaseModel):
     ttl_seconds: int
     pending_tool_calls: list[PendingToolCallView]
     usage: Usage
+    #: Estimated cost in US dollars of every model call so far (the deployment's prices).
+    cost_usd: float = 0.0
+    #: Turns whose model call failed (``turn_failed`` events).
+    failed_turns: int = 0
+    #: The last event sequence the newest context summary covers, or ``None``.
+    summary_through: int | None = None
 
 
 class EventView(BaseModel):

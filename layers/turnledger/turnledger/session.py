@@ -25,6 +25,7 @@ from .models import (
     Head,
     Payload,
     PendingCall,
+    SummaryRef,
     TurnOptions,
     Usage,
 )
@@ -64,6 +65,10 @@ class Session:
     turn: int = 0
     usage: Usage = field(default_factory=Usage)
     options: TurnOptions = field(default_factory=TurnOptions)
+    summary: SummaryRef | None = None
+    failed_turns: int = 0
+    cost_usd: float = 0.0
+    token_scale: float | None = None
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
 
@@ -99,6 +104,10 @@ class Session:
             turn=head.turn,
             usage=head.usage,
             options=head.options,
+            summary=head.summary,
+            failed_turns=head.failed_turns,
+            cost_usd=head.cost_usd,
+            token_scale=head.token_scale,
         )
 
     @property
@@ -122,13 +131,26 @@ class Session:
         self.turn += 1
         return self.turn
 
-    def add(self, payload: Payload, *, actor: str) -> Event:
-        """Stage one event of the current turn."""
+    def rollback(self) -> None:
+        """Drop everything staged since the last commit and the state it changed."""
+        self.staged = []
+        head = self.head
+        self.pending = list(head.pending) if head else []
+        self.turn = head.turn if head else 0
+        self.usage = head.usage if head else Usage()
+        self.options = head.options if head else TurnOptions()
+        self.summary = head.summary if head else None
+        self.failed_turns = head.failed_turns if head else 0
+        self.cost_usd = head.cost_usd if head else 0.0
+        self.token_scale = head.token_scale if head else None
+
+    def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
+        """Stage one event of the current turn (or of ``turn``)."""
         event = Event(
             event_id=new_event_id(),
             conversation_id=self.key.conversation_id,
             sequence=self._last_sequence + 1,
-            turn=max(self.turn, 1),
+            turn=turn if turn is not None else max(self.turn, 1),
             kind=KIND_OF_PAYLOAD[type(payload)],
             actor=actor,
             occurred_at=self.clock(),
@@ -173,6 +195,10 @@ class Session:
             pending=self.pending,
             usage=self.usage,
             options=self.options,
+            summary=self.summary,
+            failed_turns=self.failed_turns,
+            cost_usd=self.cost_usd,
+            token_scale=self.token_scale,
         )
         written = self.store.commit(
             self.key,

@@ -129,6 +129,9 @@ class Provider(ABC):
     name: str = ""
     #: True when the provider can keep responses server-side (``previous_response_id``).
     stateful: bool = False
+    #: True when :meth:`estimate_tokens` is what the provider reports as usage (no
+    #: calibration, no per-message overhead).
+    estimate_is_exact: bool = False
 
     @abstractmethod
     def complete(self, request: ModelRequest) -> ModelReply:

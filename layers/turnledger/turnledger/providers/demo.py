@@ -10,9 +10,18 @@ from the HTTP contract, applied in this order:
   failed call's OUTPUT is its error text);
 * each line ``/tool NAME {json}`` of the last user message is one tool call
   (ids ``call_1``, ``call_2``, ... in line order);
+* the last user message starts with ``echo:``: the rest of it, trimmed, exactly
+  as received (so redaction can be seen);
 * the last user message asks ``what is my name``: ``Your name is X.`` from the
-  latest ``my name is X`` of the user messages, or ``I don't know your name yet.``;
+  latest ``my name is X`` of the user messages, else of the summaries in its
+  context, or ``I don't know your name yet.``;
 * otherwise ``Noted (K user messages so far).``
+
+As a summarizer (``purpose="summary"``, the request :func:`turnledger.context.summary_request`
+builds) it answers ``Summary of earlier conversation: `` and items joined by
+`` | ``: the previous summary's items, then each newly summarized user message
+cut to 60 characters; past 12 items it keeps every item holding ``my name
+is`` and the newest others, 12 in all.
 
 Usage is counted in words: ``input_tokens`` over every message's content,
 ``output_tokens`` over the reply's text (for tool calls: over the ``/tool``
@@ -25,6 +34,7 @@ import json
 import re
 from typing import Any
 
+from ..exceptions import ProviderError
 from ..models import ToolCall, Usage
 from .base import Message, ModelReply, ModelRequest, Provider
 
@@ -95,18 +105,70 @@ def _tool_calls(text: str) -> tuple[list[ToolCall], int]:
     return calls, words
 
 
-def _latest_name(user_texts: list[str]) -> str | None:
-    for text in reversed(user_texts):
+def _latest_name(texts: list[str]) -> str | None:
+    for text in reversed(texts):
         found = list(_GIVES_NAME.finditer(text))
         if found:
             return found[-1]["name"]
     return None
 
 
+#: How every summary starts (the same text as ``turnledger.context.SUMMARY_PREFIX``).
+SUMMARY_PREFIX = "Summary of earlier conversation:"
+#: Items a demo summary keeps, and how long a summarized user message may be.
+SUMMARY_ITEMS = 12
+SUMMARY_ITEM_CHARS = 60
+_ITEM_SEPARATOR = " | "
+
+
+def _summary_items(summary: str | None) -> list[str]:
+    if not summary:
+        return []
+    text = summary.strip().removeprefix(SUMMARY_PREFIX).strip()
+    return [item for item in text.split(_ITEM_SEPARATOR) if item]
+
+
+def _keep(items: list[str]) -> list[str]:
+    """At most :data:`SUMMARY_ITEMS` items: every name, then the newest others, in order."""
+    if len(items) <= SUMMARY_ITEMS:
+        return items
+    names = [i for i, item in enumerate(items) if _GIVES_NAME.search(item)][-SUMMARY_ITEMS:]
+    others = [i for i in range(len(items)) if i not in set(names)]
+    keep = set(names) | set(others[len(others) - (SUMMARY_ITEMS - len(names)) :])
+    return [item for i, item in enumerate(items) if i in keep]
+
+
+def summarize(request: ModelRequest) -> str:
+    """The demo summarizer's answer to a summary request (see the module docstring).
+
+    Raises:
+        ProviderError: the request is not the JSON a summary request holds.
+    """
+    user = next((m.content for m in request.messages if m.role == "user"), None)
+    try:
+        payload = json.loads(user or "")
+        previous = payload.get("previous_summary")
+        messages = payload["messages"]
+        new = [
+            " ".join(str(m.get("content") or "").split())[:SUMMARY_ITEM_CHARS]
+            for m in messages
+            if m.get("role") == "user"
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProviderError(
+            "the demo summarizer got a request it cannot read",
+            details={"reason": "invalid_summary_request", "error": type(exc).__name__},
+        ) from exc
+    items = _keep([*_summary_items(previous), *(item for item in new if item)])
+    return f"{SUMMARY_PREFIX} " + _ITEM_SEPARATOR.join(items)
+
+
 class DemoProvider(Provider):
     """A deterministic stand-in model for local use and tests (provider ``demo``)."""
 
     name = "demo"
+    #: Its estimate is its usage: nothing to calibrate.
+    estimate_is_exact = True
 
     def estimate_tokens(self, text: str) -> int:
         """Whitespace-separated words: exactly what the demo model counts as usage."""
@@ -117,7 +179,7 @@ class DemoProvider(Provider):
         messages = request.messages
         usage_in = sum(_words(message.content) for message in messages)
 
-        text = _tool_results(messages)
+        text = summarize(request) if request.purpose == "summary" else _tool_results(messages)
         if text is None:
             user_texts = [m.content or "" for m in messages if m.role == "user"]
             last = user_texts[-1] if user_texts else ""
@@ -128,7 +190,12 @@ class DemoProvider(Provider):
                     usage=Usage(input_tokens=usage_in, output_tokens=words),
                     model=request.model,
                 )
-            text = self._answer(last, user_texts)
+            summaries = [
+                m.content or ""
+                for m in messages
+                if m.role == "system" and (m.content or "").startswith(SUMMARY_PREFIX)
+            ]
+            text = self._answer(last, user_texts, summaries)
 
         return ModelReply(
             text=text,
@@ -137,8 +204,10 @@ class DemoProvider(Provider):
         )
 
     @staticmethod
-    def _answer(last: str, user_texts: list[str]) -> str:
+    def _answer(last: str, user_texts: list[str], summaries: list[str]) -> str:
+        if last.startswith("echo:"):
+            return last.removeprefix("echo:").strip()
         if _ASKS_NAME.search(last):
-            name = _latest_name(user_texts)
+            name = _latest_name(user_texts) or _latest_name(summaries)
             return f"Your name is {name}." if name else "I don't know your name yet."
         return f"Noted ({len(user_texts)} user messages so far)."

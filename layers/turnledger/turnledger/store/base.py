@@ -61,6 +61,11 @@ DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
 #: A transaction holds at most 100 items; one is the head.
 MAX_EVENTS_PER_COMMIT = 99
 
+#: Items the first query of :meth:`ConversationStore.load` reads: the head and the
+#: newest events. Enough for a short conversation, or the tail after a recent summary,
+#: in one round trip; small, because what it reads below the summary is paid for.
+FIRST_PAGE = 24
+
 
 @dataclass
 class CapacityMeter:
@@ -115,7 +120,9 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class ContextBudget:
-    """How much history a turn reads: whole turns, newest first, within both limits.
+    """A safety cap on the history one turn reads: whole turns, newest first, within
+    both limits. The token budget of :mod:`turnledger.context` decides what is sent;
+    this only bounds a read when compaction could not keep the log short.
 
     The current (newest) turn is always read whole, whatever its size.
     """
@@ -239,64 +246,72 @@ class ConversationStore(ABC):
         return None if item is None else codec.decode_head(item)
 
     def load(self, key: ConversationKey, budget: ContextBudget) -> Snapshot:
-        """The head and the newest whole turns within ``budget``, in one query when it fits.
+        """The head and what the next context needs: the events after the newest summary.
 
-        Turns are taken whole, newest first, while both limits hold; the newest
-        (current) turn is always taken whole, whatever its size, because pending
-        tool calls and their results live in it. A cleared head comes back with
-        no events.
+        A head with a summary (:attr:`Head.summary`) needs only the events after
+        the range that summary covers (the summary's own event is among them);
+        without one, the whole log. Either way the read is capped by ``budget``
+        (whole turns, newest first; the newest turn is always taken whole,
+        whatever its size, because pending tool calls and their results live in
+        it). A cleared head comes back with no events.
+
+        One round trip reads the head and the newest :data:`FIRST_PAGE` - 1
+        events; when the head says more are needed, one more query reads exactly
+        the rest of the range (a query is priced by what it reads, so reading a
+        fixed large page would pay for events below the summary).
 
         Raises:
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
         """
         pk = keys.partition_key(key)
-        # The head, the budget, and one event more to see where the oldest turn begins:
-        # a context that fits its event budget is read in one round trip (DynamoDB
-        # still ends a page at 1 MB; the loop below reads on from there).
-        page_size = budget.max_events + 2
         page = self._query(
-            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=page_size, cursor=None
+            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=FIRST_PAGE, cursor=None
         )
         if not page.items or page.items[0][codec.A_SK] != keys.HEAD_SK:
             return Snapshot(head=None, events=[], from_start=True)
         head = codec.decode_head(page.items[0])
         if head.status is ConversationStatus.CLEARED:
             return Snapshot(head=head, events=[], from_start=True)
+        floor = head.base + (head.summary.through if head.summary is not None else 0)
         window = _Window(budget)
         expected = head.seq  # the next (older) storage sequence the log must hold
-        items = page.items[1:]
+        items: Sequence[Item] = page.items[1:]
+        more = page.cursor is not None
         while True:
-            stopped = reached_start = False
+            stopped = reached_floor = False
             for item in items:
                 sequence = _storage_sequence(item)
                 if sequence > head.seq:
                     continue  # a leftover of an earlier life, above this one's log
-                if sequence <= head.base:
-                    reached_start = True
+                if sequence <= floor:
+                    reached_floor = True
                     break
                 if sequence != expected:
-                    raise _gaps(head.base + 1, head.seq)
+                    raise _gaps(floor + 1, head.seq)
                 expected -= 1
                 _, stored = codec.decode_stored_event(item, head)
                 if not window.offer(item, sequence, stored):
                     stopped = True
                     break
-            if stopped or reached_start or page.cursor is None:
+            if stopped or reached_floor or not more or expected <= floor:
                 break
+            # Exactly the rest of the range, capped by what the budget can still take.
+            wanted = min(expected - floor, budget.max_events - len(window.taken) + 2)
             page = self._query(
                 pk,
-                upper=keys.HEAD_SK,
-                lower=None,
+                upper=keys.event_sort_key(expected),
+                lower=keys.event_sort_key(max(floor + 1, expected - wanted + 1)),
                 descending=True,
-                limit=page_size,
-                cursor=page.cursor,
+                limit=max(wanted, 1),
+                cursor=None,
             )
             items = page.items
+            more = bool(page.items)
         from_start = False
         if not stopped:
-            if expected != head.base:
-                raise _gaps(head.base + 1, head.seq)
-            from_start = window.close()
+            if expected != floor:
+                raise _gaps(floor + 1, head.seq)
+            from_start = window.close() and floor == head.base
         events = [self._event(key, head, seq, stored) for seq, stored in reversed(window.taken)]
         return Snapshot(head=head, events=events, from_start=from_start)
 
