@@ -47,8 +47,8 @@ from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner, arguments_sha256
 
 from tests.functional.http_sink import HttpSink, Reply
-from tests.functional.test_turns import Recording
 from tests.support.factories import FakeClock, corrupt_body
+from tests.support.providers import Recording
 
 ANN = Caller(tenant="tenant-a", actor="ann")
 #: A second approver of the same tenant.

@@ -8,7 +8,6 @@ Local.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -24,39 +23,16 @@ from turnledger.exceptions import (
 )
 from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.pipeline import Caller, Conversations
-from turnledger.providers.base import ModelReply, ModelRequest, Provider
-from turnledger.providers.demo import DemoProvider
+from turnledger.providers.base import ModelRequest, Provider
 from turnledger.schemas import TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 
 from tests.support.factories import FakeClock, corrupt
+from tests.support.providers import Recording
 
 ANN = Caller(tenant="tenant-a", actor="ann")
 BOB = Caller(tenant="tenant-b", actor="bob")
-
-
-class Recording(Provider):
-    """The demo model, recording every request it is sent; optional hooks before answering."""
-
-    name = "demo"
-    estimate_is_exact = True
-
-    def __init__(self, before: Callable[[ModelRequest], None] | None = None) -> None:
-        self.demo = DemoProvider()
-        self.requests: list[ModelRequest] = []
-        self.before = before
-        self._lock = threading.Lock()
-
-    def estimate_tokens(self, text: str) -> int:
-        return self.demo.estimate_tokens(text)
-
-    def complete(self, request: ModelRequest) -> ModelReply:
-        with self._lock:
-            self.requests.append(request)
-        if self.before is not None:
-            self.before(request)
-        return self.demo.complete(request)
 
 
 def service(

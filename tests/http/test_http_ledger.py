@@ -17,8 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.local.runner import LocalConfig
-from turnledger.models import SUPPORTED_SCHEMA_VERSIONS
-from turnledger.models import ConversationKey
+from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.runtime import get_runtime
 from turnledger.store import keys
 

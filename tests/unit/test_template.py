@@ -279,6 +279,7 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
         "HasOpenAIApiKeySecret": "OpenAIApiKeySecretArn",
         "HasToolsParameter": "ToolsParameterName",
         "HasToolLambdaArnPattern": "ToolLambdaArnPattern",
+        "HasRedactionParameter": "RedactionParameterName",
     }
     for condition, parameter in expected.items():
         assert conditions[condition] == {"Fn::Not": [{"Fn::Equals": [{"Ref": parameter}, ""]}]}

@@ -140,6 +140,8 @@ class Assembly:
     #: Older turns that did not fit: compaction should summarize them.
     dropped: int = 0
     summary: Summary | None = None
+    #: Tokens of the system prompt and the summary: what every context carries.
+    fixed_tokens: int = 0
 
     @property
     def sha256(self) -> str:
@@ -287,13 +289,14 @@ def assemble(
     if system_prompt:
         head.append(Message(role="system", content=system_prompt))
     summary_message = summary.message() if summary is not None else None
-    used = estimator.tokens(head)
+    used = fixed = estimator.tokens(head)
     taken: list[Turn] = []
     if turns:
         taken.append(turns[-1])  # the current turn, whole, whatever its size
         used += turns[-1].tokens
     if summary_message is not None:
         cost = estimator.tokens([summary_message])
+        fixed += cost
         if used + cost <= budget:
             used += cost
         else:
@@ -318,20 +321,22 @@ def assemble(
         turns=turns,
         dropped=len(turns) - len(taken),
         summary=summary,
+        fixed_tokens=fixed,
     )
 
 
-def turns_to_compact(assembly: Assembly, estimator: Estimator) -> list[Turn]:
+def turns_to_compact(assembly: Assembly) -> list[Turn]:
     """The older turns to summarize now: none while everything fits; once something
-    does not, every turn but the newest that fit in :data:`KEEP_SHARE` of the budget.
+    does not, every turn but the newest that fit, with the system prompt, the summary
+    (at its current size) and the current turn, in :data:`KEEP_SHARE` of the budget.
 
     The current turn is never summarized.
     """
     if assembly.dropped == 0 or len(assembly.turns) < 2:
         return []
     keep = assembly.budget * KEEP_SHARE
+    used = assembly.fixed_tokens + assembly.turns[-1].tokens
     kept = 0
-    used = 0
     for turn in reversed(assembly.turns[:-1]):
         if used + turn.tokens > keep:
             break

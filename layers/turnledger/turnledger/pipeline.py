@@ -504,7 +504,7 @@ class Conversations:
         Returns whether a summary was staged. A summarizer failure is not the turn's:
         the turn goes on with the newest turns that fit, and the next turn tries again.
         """
-        turns = turns_to_compact(assembly, estimator)
+        turns = turns_to_compact(assembly)
         if not turns:
             return False
         session = work.session

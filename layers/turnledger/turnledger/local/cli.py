@@ -18,6 +18,7 @@ from types import FrameType
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ..redaction import Redactor
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH
 
@@ -104,6 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="SAM template to read routes from (default: the project's template.yaml)",
     )
+    context = local.add_argument_group("working context and budgets")
+    context.add_argument(
+        "--context-max-tokens",
+        type=_non_negative,
+        metavar="N",
+        help="context budget in tokens (default: the model's window less its answer reserve)",
+    )
+    context.add_argument(
+        "--conversation-token-budget",
+        type=_non_negative,
+        metavar="N",
+        help="input + output tokens a conversation may use; then 409 budget_exceeded",
+    )
+    context.add_argument(
+        "--turn-token-budget",
+        type=_non_negative,
+        metavar="N",
+        help="input + output tokens one turn may use before its tool loop stops",
+    )
+    context.add_argument(
+        "--redaction",
+        type=Path,
+        metavar="FILE",
+        help="redaction rule set (JSON) applied to everything a model sees",
+    )
     local.add_argument(
         "--log-level",
         default=defaults.log_level,
@@ -113,9 +139,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _context_env(args: argparse.Namespace) -> dict[str, str]:
+    """The functions' environment for the working-context flags that were given."""
+    flags = {
+        "CONTEXT_MAX_TOKENS": args.context_max_tokens,
+        "CONVERSATION_TOKEN_BUDGET": args.conversation_token_budget,
+        "TURN_TOKEN_BUDGET": args.turn_token_budget,
+        "REDACTION_FILE": args.redaction.resolve() if args.redaction else None,
+    }
+    return {name: str(value) for name, value in flags.items() if value is not None}
+
+
 def config_from_args(args: argparse.Namespace) -> LocalConfig:
     """The runner configuration of parsed ``local`` arguments."""
     return LocalConfig(
+        env=_context_env(args),
         host=args.host,
         port=args.port,
         template_path=args.template,
@@ -153,6 +191,13 @@ def _serve(config: LocalConfig) -> int:
     if config.tools_file is not None and not config.tools_file.is_file():
         print(f"turnledger local: no such tools file: {config.tools_file}", file=sys.stderr)
         return 2
+    redaction = config.env.get("REDACTION_FILE")
+    if redaction is not None:
+        try:
+            Redactor.parse(Path(redaction).read_bytes(), redaction)
+        except (OSError, ValueError) as exc:
+            print(f"turnledger local: {exc}", file=sys.stderr)
+            return 2
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,32 @@
+"""Test providers shared by the scenario suites."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from turnledger.providers.base import ModelReply, ModelRequest, Provider
+from turnledger.providers.demo import DemoProvider
+
+
+class Recording(Provider):
+    """The demo model, recording every request it is sent; optional hooks before answering."""
+
+    name = "demo"
+    estimate_is_exact = True
+
+    def __init__(self, before: Callable[[ModelRequest], None] | None = None) -> None:
+        self.demo = DemoProvider()
+        self.requests: list[ModelRequest] = []
+        self.before = before
+        self._lock = threading.Lock()
+
+    def estimate_tokens(self, text: str) -> int:
+        return self.demo.estimate_tokens(text)
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        with self._lock:
+            self.requests.append(request)
+        if self.before is not None:
+            self.before(request)
+        return self.demo.complete(request)
