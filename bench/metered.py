@@ -126,6 +126,7 @@ class MeteredStore(DynamoDBConversationStore):
         limit: int,
         cursor: Any,
         keys_only: bool = False,
+        consistent: bool = True,
     ) -> Page:
         page = super()._query(
             pk,
@@ -135,9 +136,12 @@ class MeteredStore(DynamoDBConversationStore):
             limit=limit,
             cursor=cursor,
             keys_only=keys_only,
+            consistent=consistent,
         )
         # A query is priced on the whole items it reads, whatever it projects.
-        self.work.priced_rcu += read_units(sum(item_size(i) for i in page.items))
+        self.work.priced_rcu += read_units(
+            sum(item_size(i) for i in page.items), consistent=consistent
+        )
         self.work.items_read += len(page.items)
         self.work.query_limits.append(limit)
         return page

@@ -50,9 +50,11 @@ def write_units(size: int) -> int:
     return max(1, math.ceil(size / WRITE_UNIT_BYTES))
 
 
-def read_units(total_bytes: int) -> int:
-    """Read units of one strongly consistent query that read ``total_bytes`` of items."""
-    return max(1, math.ceil(total_bytes / READ_UNIT_BYTES))
+def read_units(total_bytes: int, *, consistent: bool = True) -> float:
+    """Read units of one query that read ``total_bytes`` of items: one per started 4 KiB
+    when strongly consistent, half that when eventually consistent."""
+    units = max(1, math.ceil(total_bytes / READ_UNIT_BYTES))
+    return units if consistent else units / 2
 
 
 @dataclass(frozen=True)

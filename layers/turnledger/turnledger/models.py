@@ -158,6 +158,30 @@ class AssistantMessage(_Strict):
     usage: Usage = Field(default_factory=Usage)
     run: RunRecord | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _run_defaults_to_the_message(cls, data: Any) -> Any:
+        # Storage leaves out the run record's model and usage when they are the
+        # message's own (every event byte is paid for on each write and read).
+        if isinstance(data, dict) and isinstance(data.get("run"), dict):
+            run = data["run"]
+            if "model" not in run or "usage" not in run:
+                run = {"model": data.get("model", ""), "usage": data.get("usage", {}), **run}
+                data = {**data, "run": run}
+        return data
+
+    def stored(self) -> dict[str, Any]:
+        """The payload as stored: defaults, and the run record's copies of the message's
+        model and usage, left out (reads fill them back in)."""
+        compact: dict[str, Any] = self.model_dump(mode="json", exclude_defaults=True)
+        if self.run is not None:
+            run = compact["run"]
+            if self.run.model == self.model:
+                run.pop("model", None)
+            if self.run.usage == self.usage:
+                run.pop("usage", None)
+        return compact
+
 
 Requirement = Literal["none", "approval", "client"]
 

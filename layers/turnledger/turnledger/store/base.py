@@ -62,9 +62,10 @@ DEFAULT_OFFLOAD_THRESHOLD = 64 * 1024
 MAX_EVENTS_PER_COMMIT = 99
 
 #: Items the first query of :meth:`ConversationStore.load` reads: the head and the
-#: newest events. Enough for a short conversation, or the tail after a recent summary,
-#: in one round trip; small, because what it reads below the summary is paid for.
-FIRST_PAGE = 24
+#: newest events, consistently. Enough for a short conversation in one round trip;
+#: small, because the rest is read at the eventually consistent (half) price, and
+#: what it reads below the summary is paid for.
+FIRST_PAGE = 8
 
 
 @dataclass
@@ -257,8 +258,9 @@ class ConversationStore(ABC):
 
         One round trip reads the head and the newest :data:`FIRST_PAGE` - 1
         events; when the head says more are needed, one more query reads exactly
-        the rest of the range (a query is priced by what it reads, so reading a
-        fixed large page would pay for events below the summary).
+        the rest of the range, eventually consistent (a query is priced by what
+        it reads, so a large first page would pay for events below the summary,
+        at the consistent price).
 
         Raises:
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
@@ -295,18 +297,8 @@ class ConversationStore(ABC):
                     break
             if stopped or reached_floor or not more or expected <= floor:
                 break
-            # Exactly the rest of the range, capped by what the budget can still take.
-            wanted = min(expected - floor, budget.max_events - len(window.taken) + 2)
-            page = self._query(
-                pk,
-                upper=keys.event_sort_key(expected),
-                lower=keys.event_sort_key(max(floor + 1, expected - wanted + 1)),
-                descending=True,
-                limit=max(wanted, 1),
-                cursor=None,
-            )
-            items = page.items
-            more = bool(page.items)
+            items = self._older_events(pk, floor, expected, budget, window)
+            more = bool(items)
         from_start = False
         if not stopped:
             if expected != floor:
@@ -314,6 +306,34 @@ class ConversationStore(ABC):
             from_start = window.close() and floor == head.base
         events = [self._event(key, head, seq, stored) for seq, stored in reversed(window.taken)]
         return Snapshot(head=head, events=events, from_start=from_start)
+
+    def _older_events(
+        self, pk: str, floor: int, newest: int, budget: ContextBudget, window: _Window
+    ) -> list[Item]:
+        """Events ``newest`` down to (not including) ``floor``, as many as ``budget`` may
+        still take, newest first.
+
+        Events are never rewritten once the head that covers them is read, so an
+        eventually consistent read (half the price) is safe; only one that missed
+        the newest moments' writes (a hole in the range) is read again consistently.
+        """
+        wanted = max(min(newest - floor, budget.max_events - len(window.taken) + 2), 1)
+        lower = keys.event_sort_key(max(floor + 1, newest - wanted + 1))
+        upper = keys.event_sort_key(newest)
+        for consistent in (False, True):
+            page = self._query(
+                pk,
+                upper=upper,
+                lower=lower,
+                descending=True,
+                limit=wanted,
+                cursor=None,
+                consistent=consistent,
+            )
+            found = [_storage_sequence(item) for item in page.items]
+            if found == list(range(newest, newest - len(found), -1)) and found:
+                break
+        return page.items
 
     def read_events(
         self, key: ConversationKey, head: Head, *, after: int, limit: int
@@ -615,11 +635,14 @@ class ConversationStore(ABC):
         limit: int,
         cursor: Any,
         keys_only: bool = False,
+        consistent: bool = True,
     ) -> Page:
-        """One page of items of ``pk`` with ``lower <= sk <= upper``, read consistently.
+        """One page of items of ``pk`` with ``lower <= sk <= upper``.
 
         ``lower=None`` means no lower bound. At most ``limit`` items; ``cursor``
         resumes a previous page. With ``keys_only`` only ``pk``/``sk`` are needed.
+        ``consistent=False`` allows an eventually consistent read (half the price
+        on DynamoDB): it may miss items written in the last moments.
         """
 
     @abstractmethod

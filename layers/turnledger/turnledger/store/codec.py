@@ -21,6 +21,7 @@ from ..models import (
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
+    AssistantMessage,
     ConversationKey,
     Event,
     EventKind,
@@ -217,6 +218,8 @@ def stored_payload(event: Event) -> dict[str, Any]:
     KiB); reads fill the defaults back in, so the public shape is unchanged.
     """
     model = PAYLOAD_MODELS[event.kind].model_validate(event.payload)
+    if isinstance(model, AssistantMessage):
+        return model.stored()
     compact: dict[str, Any] = model.model_dump(mode="json", exclude_defaults=True)
     return compact
 

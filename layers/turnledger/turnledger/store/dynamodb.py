@@ -151,6 +151,7 @@ class DynamoDBConversationStore(ConversationStore):
         limit: int,
         cursor: Any,
         keys_only: bool = False,
+        consistent: bool = True,
     ) -> Page:
         names = {"#pk": codec.A_PK, "#sk": codec.A_SK}
         values: dict[str, Any] = {":pk": pk, ":upper": upper}
@@ -165,7 +166,7 @@ class DynamoDBConversationStore(ConversationStore):
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": _to_wire(values),
             "ScanIndexForward": not descending,
-            "ConsistentRead": True,
+            "ConsistentRead": consistent,
             "Limit": limit,
             "ReturnConsumedCapacity": "TOTAL",
         }

@@ -57,6 +57,7 @@ class MemoryConversationStore(ConversationStore):
         limit: int,
         cursor: Any,
         keys_only: bool = False,
+        consistent: bool = True,
     ) -> Page:
         with self._lock:
             self.meter.read(0)

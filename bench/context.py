@@ -1,0 +1,224 @@
+"""The working context over a long conversation: read cost, tokens sent, compaction.
+
+Drives one conversation of ``--turns`` turns (a 300-character user message
+each, the demo model answering) through :class:`~turnledger.pipeline.Conversations`
+over the DynamoDB store on DynamoDB Local, with ``ContextMaxTokens`` set to
+``--budget``. For every turn it records the priced read and write units
+(:mod:`bench.pricing`, from item sizes; DynamoDB Local misreports transaction
+capacity), the tokens the context held, and whether the turn compacted. The
+section ``## Working context`` of ``bench/RESULTS.md`` is rewritten.
+
+A turn's read cost rises and falls with the context between two compactions
+(it grows by a turn each turn, then drops to half the budget), so it is
+reported per turn *and* as the mean over the 100 turns ending at a mark:
+the second is what "flat" means here.
+
+Run from the repository root: ``.venv/bin/python -m bench.context`` (or ``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from moto.server import ThreadedMotoServer
+from turnledger.config import Settings
+from turnledger.models import ConversationKey, EventKind
+from turnledger.pipeline import Caller, Conversations
+from turnledger.providers.base import ModelReply, ModelRequest
+from turnledger.providers.demo import DemoProvider
+from turnledger.schemas import TurnRequest
+from turnledger.store.blobs import S3BlobStore
+
+from bench.conversation import USER_CHARS, BenchClock, text_of
+from bench.metered import MeteredStore
+from bench.pricing import index_specs
+from bench.results import command_line, machine_line, write_section
+from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+
+SECTION = "Working context"
+TENANT = "bench"
+#: Turns whose cost is reported (each alone, and as the mean of the 100 ending there).
+MARKS = (100, 300, 1000, 2000)
+WINDOW = 100
+
+
+class CountingDemo(DemoProvider):
+    """The demo model, counting its summarizer calls."""
+
+    def __init__(self) -> None:
+        self.summaries = 0
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        if request.purpose == "summary":
+            self.summaries += 1
+        return super().complete(request)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One turn: what its storage cost and what its context held."""
+
+    turn: int
+    rcu: float
+    wcu: float
+    read_calls: int
+    items_read: int
+    tokens: int
+    messages: int
+    compacted: bool
+
+
+def run(turns: int, budget: int) -> tuple[list[Sample], int, float, int]:
+    """Drive the conversation; returns its samples, summarizer calls, seconds, events."""
+    jar = find_jar()
+    s3_port = free_port()
+    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    s3_server.start()
+    try:
+        with DynamoDBLocal(jar) as ddb:
+            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
+            bucket = create_bucket(clients.s3)
+            settings = replace(
+                Settings(),
+                table_name=create_conversations_table(clients.dynamodb),
+                bucket_name=bucket,
+                context_max_tokens=budget,
+            )
+            store = MeteredStore(
+                clients.dynamodb,
+                settings.table_name,
+                S3BlobStore(clients.s3, bucket),
+                index_specs(),
+            )
+            provider = CountingDemo()
+            clock = BenchClock()
+            service = Conversations(store=store, provider=provider, settings=settings, clock=clock)
+            samples = []
+            started = time.perf_counter()
+            for number in range(1, turns + 1):
+                clock.advance(1.0)
+                text = text_of(f"user:{number}", USER_CHARS)
+                before = provider.summaries
+                work = store.begin()
+                reply = service.turn(
+                    Caller(tenant=TENANT, actor="bench"), "long", TurnRequest(input=text)
+                )
+                samples.append(
+                    Sample(
+                        turn=number,
+                        rcu=work.priced_rcu,
+                        wcu=work.priced_wcu,
+                        read_calls=len(work.query_limits),
+                        items_read=work.items_read,
+                        tokens=reply.context.tokens_estimated,
+                        messages=reply.context.messages_sent,
+                        compacted=provider.summaries > before,
+                    )
+                )
+                if number % 250 == 0:
+                    print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
+            seconds = time.perf_counter() - started
+            head = store.get_head(ConversationKey(tenant=TENANT, conversation_id="long"))
+            assert head is not None
+            events = store.read_events(
+                ConversationKey(tenant=TENANT, conversation_id="long"),
+                head,
+                after=0,
+                limit=head.event_count,
+            )
+            kinds = {kind: sum(e.kind is kind for e in events) for kind in EventKind}
+            assert kinds[EventKind.USER_MESSAGE] == turns, "every user message is kept"
+    finally:
+        s3_server.stop()
+    return samples, provider.summaries, seconds, head.event_count
+
+
+def _window(samples: Sequence[Sample], end: int) -> list[Sample]:
+    return [s for s in samples if end - WINDOW < s.turn <= end]
+
+
+def render(
+    samples: list[Sample], summaries: int, seconds: float, events: int, budget: int, command: str
+) -> str:
+    """The markdown section."""
+    turns = len(samples)
+    plain = [s for s in samples if not s.compacted]
+    compacting = [s for s in samples if s.compacted]
+    lines = [
+        f"## {SECTION}",
+        "",
+        f"`{command}` on DynamoDB Local ({machine_line()}): one conversation of {turns} turns",
+        f"(a {USER_CHARS}-character user message each, the demo model answering) with",
+        f"`ContextMaxTokens` {budget}. Units are priced from item sizes (strongly consistent",
+        "reads: 4 KiB a unit per query, eventually consistent ones half that; transactions:",
+        "2 units per started KiB of each item).",
+        "",
+        "| turn | RCU this turn | mean RCU, 100 turns to here | read round trips | tokens sent |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mark in MARKS:
+        if mark > turns:
+            continue
+        sample = samples[mark - 1]
+        window = _window(samples, mark)
+        lines.append(
+            f"| {mark} | {sample.rcu:g} | {statistics.mean(s.rcu for s in window):.2f} | "
+            f"{sample.read_calls} | {sample.tokens} |"
+        )
+    late = [m for m in MARKS if m <= turns]
+    lines += [""]
+    if len(late) >= 2 and 300 in late:
+        early_mean = statistics.mean(s.rcu for s in _window(samples, 300))
+        last_mean = statistics.mean(s.rcu for s in _window(samples, late[-1]))
+        lines.append(
+            f"- Mean RCU per turn at turn {late[-1]} is {last_mean / early_mean:.3f}x that at "
+            f"turn 300; the highest single turn read {max(s.rcu for s in samples):g} RCU."
+        )
+    lines += [
+        f"- Tokens sent: never over the budget ({max(s.tokens for s in samples)} at most of "
+        f"{budget}; median {statistics.median(s.tokens for s in samples):g}).",
+        f"- WCU per plain turn: median {statistics.median(s.wcu for s in plain):g} "
+        f"(max {max(s.wcu for s in plain):g}); a compacting turn: median "
+        f"{statistics.median(s.wcu for s in compacting) if compacting else 0:g} (it also "
+        "writes the `context_compacted` event).",
+        f"- Summarizer calls: {summaries} in {turns} turns = "
+        f"{summaries * 100 / turns:.1f} per 100 turns; every turn's user message is kept "
+        f"({events} events stored).",
+        f"- {turns} turns took {seconds:.0f} s ({seconds * 1000 / turns:.1f} ms a turn, loopback).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and rewrite its section of ``bench/RESULTS.md``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.context", description=__doc__)
+    parser.add_argument("--turns", type=int, default=2000)
+    parser.add_argument("--budget", type=int, default=4000, help="ContextMaxTokens")
+    parser.add_argument("--print-only", action="store_true")
+    args = parser.parse_args(argv)
+    # The service's CloudWatch metrics would print a JSON blob every hundred turns.
+    os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
+    print(f"working context benchmark: {args.turns} turns, budget {args.budget}", flush=True)
+    samples, summaries, seconds, events = run(args.turns, args.budget)
+    command = command_line("bench.context", sys.argv[1:] if argv is None else argv)
+    markdown = render(samples, summaries, seconds, events, args.budget, command)
+    if args.print_only:
+        print(markdown)
+    else:
+        write_section(SECTION, markdown)
+        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
