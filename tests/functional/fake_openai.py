@@ -378,8 +378,16 @@ class FakeOpenAI:
     def _keep(
         self, request: RecordedRequest, reply: Scripted, context: list[dict[str, Any]]
     ) -> Scripted:
-        """Give a successful ``/responses`` answer its id, and keep it when asked to."""
-        body = json.loads(reply.body)
+        """Give a successful ``/responses`` answer its id, and keep it when asked to.
+
+        A body that is no JSON object (a test of broken answers) is sent as it is.
+        """
+        try:
+            body = json.loads(reply.body)
+        except ValueError:
+            return reply
+        if not isinstance(body, dict):
+            return reply
         with self._lock:
             self._next_id += 1
             body["id"] = f"resp_fake_{self._next_id}"

@@ -452,9 +452,7 @@ def test_several_user_messages_are_sent_as_one(fake: FakeOpenAI, make: Any) -> N
     )
 
     assert make().complete(several).text == "both read"
-    assert fake.requests[0].json()["messages"] == [
-        {"role": "user", "content": "first\n\nsecond"}
-    ]
+    assert fake.requests[0].json()["messages"] == [{"role": "user", "content": "first\n\nsecond"}]
 
 
 def test_a_broken_history_raises_before_any_request(fake: FakeOpenAI, make: Any) -> None:

@@ -42,6 +42,7 @@ retry policy, here)::
     ModelTimeoutException, read/connect timeouts          -> retried, then ProviderTimeout (504)
     connection failures                                   -> retried, then ProviderError (502)
     ValidationException, AccessDeniedException, others    -> ProviderError (502) at once
+    an answer botocore or we cannot read                  -> ProviderError (502) at once
 
 The boto3 client is built on the first call (creating it loads the service
 model, which a cold start should not pay for a provider it may never use).
@@ -66,6 +67,7 @@ from botocore.exceptions import (
     EndpointConnectionError,
     ReadTimeoutError,
 )
+from botocore.parsers import ResponseParserError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..exceptions import ProviderError, ProviderTimeout
@@ -484,6 +486,11 @@ class BedrockConverseProvider(Provider):
             attempt += 1
             try:
                 response = client.converse(**call.params)
+            except ResponseParserError as exc:
+                raise ProviderError(
+                    "the model provider answered with an unusable body",
+                    details={"reason": "invalid_response", "attempts": attempt},
+                ) from exc
             except (ClientError, BotoCoreError) as exc:
                 error, retry = _failure(exc)
                 if not retry or attempt > self.max_retries:
