@@ -260,9 +260,9 @@ def test_the_factory_builds_the_demo_provider() -> None:
     provider = build_provider(Settings(provider="demo"))
 
     assert isinstance(provider, DemoProvider)
-    assert provider.provider_state == "fresh"
+    assert provider.stateful is False  # it keeps nothing: every turn is "fresh"
 
 
 def test_the_factory_rejects_an_unknown_provider_naming_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="demo, openai-chat"):
+    with pytest.raises(ValueError, match="demo, demo-stateful, openai-chat"):
         build_provider(Settings(provider="gpt-magic"))
