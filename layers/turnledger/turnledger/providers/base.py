@@ -81,7 +81,9 @@ class Continuation(BaseModel):
     """Use the provider's stored state: ``previous_response_id`` plus the new messages.
 
     ``messages[new_from:]`` of the request are the ones the stored response has
-    not seen (the system prompt is never among them: the stored state has it).
+    not seen. System messages are never sent as new items; a provider whose API
+    does not carry them over (the Responses API's ``instructions``) sends them
+    again on every request, from ``messages``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
