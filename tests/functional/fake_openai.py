@@ -1,9 +1,10 @@
 """A fake OpenAI-compatible server on 127.0.0.1, for tests that speak real HTTP.
 
-It records every request and answers ``POST /v1/chat/completions`` with
-scripted replies, first in first out; when the script is empty it answers
-``default`` (a reply, or a function of the request), and without one a
-``418`` that names the problem (not retried, so a test fails fast and clearly)::
+It records every request and answers ``POST /v1/chat/completions`` and
+``POST /v1/responses`` with scripted replies, first in first out; when the
+script is empty it answers ``default`` (a reply, or a function of the
+request), and without one a ``418`` that names the problem (not retried, so a
+test fails fast and clearly)::
 
     with FakeOpenAI() as fake:
         fake.script(error_reply(429, "slow down", headers={"Retry-After": "1"}),
@@ -14,6 +15,17 @@ scripted replies, first in first out; when the script is empty it answers
 
 A reply with a ``delay`` waits that long before answering, or until the server
 is closed, whichever comes first: a timeout test never waits for it to end.
+
+``/v1/responses`` keeps state the way OpenAI does: a successful answer gets a
+fresh id ``resp_fake_N`` (whatever id the scripted body had); with ``"store":
+true`` the fake keeps the response's whole context (the items it was given,
+after the stored ones of its ``previous_response_id``, plus its output items),
+and a request naming a ``previous_response_id`` it does not keep is answered
+as OpenAI answers it (``400 previous_response_not_found``), before any
+scripted reply is used. :attr:`FakeOpenAI.contexts` holds, per request, the
+context the model saw; :meth:`FakeOpenAI.lose_responses` drops the stored
+state. ``DELETE /v1/responses/{id}`` deletes a kept response (``404`` when
+unknown), unless :meth:`FakeOpenAI.script_deletes` queued other answers.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ from typing import Any
 
 #: The path the OpenAI client posts to when its base URL is ``FakeOpenAI.base_url``.
 CHAT_PATH = "/v1/chat/completions"
+#: The Responses API's path, under the same base URL.
+RESPONSES_PATH = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,74 @@ def error_reply(status: int, message: str, headers: dict[str, str] | None = None
     return json_reply(body, status=status, headers=headers)
 
 
+def previous_response_not_found(response_id: str) -> Scripted:
+    """OpenAI's answer to a ``previous_response_id`` it does not keep (verbatim shape)."""
+    body = {
+        "error": {
+            "message": f"Previous response with id '{response_id}' not found.",
+            "type": "invalid_request_error",
+            "param": "previous_response_id",
+            "code": "previous_response_not_found",
+        }
+    }
+    return json_reply(body, status=400)
+
+
+def response_body(
+    text: str | None = None,
+    calls: list[dict[str, Any]] | None = None,
+    *,
+    model: str = "fake-model",
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    status: str = "completed",
+) -> dict[str, Any]:
+    """A Responses API response body, shaped like OpenAI's (the fake sets its ``id``)."""
+    output: list[dict[str, Any]] = []
+    if text is not None:
+        output.append(
+            {
+                "type": "message",
+                "id": "msg_fake",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    output.extend(calls or [])
+    return {
+        "id": "resp_unset",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": status,
+        "model": model,
+        "output": output,
+        "usage": {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        },
+        "error": None,
+    }
+
+
+def function_call_item(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One ``function_call`` output item; ``arguments`` is the JSON *text*."""
+    return {
+        "type": "function_call",
+        "id": f"fc_{call_id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": "completed",
+    }
+
+
+def response_reply(text: str | None = None, *calls: dict[str, Any], **kwargs: Any) -> Scripted:
+    """A Responses API answer: ``text`` and/or ``calls`` (built with :func:`function_call_item`)."""
+    return json_reply(response_body(text, list(calls), **kwargs))
+
+
 def raw_reply(
     body: bytes | str, status: int = 200, content_type: str = "application/json"
 ) -> Scripted:
@@ -152,6 +234,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._serve()
 
+    def do_DELETE(self) -> None:
+        self._serve()
+
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         request = RecordedRequest(
@@ -182,7 +267,12 @@ class FakeOpenAI:
     def __init__(self, default: Responder | None = None) -> None:
         self.default = default
         self._script: deque[Responder] = deque()
+        self._delete_script: deque[Responder] = deque()
         self._requests: list[RecordedRequest] = []
+        #: Stored responses: id -> the whole context the response holds (input and output items).
+        self.stored: dict[str, list[dict[str, Any]]] = {}
+        self._contexts: list[list[dict[str, Any]]] = []
+        self._next_id = 0
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._server = _Server(self)
@@ -203,6 +293,22 @@ class FakeOpenAI:
         """The requests received so far, oldest first."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def contexts(self) -> list[list[dict[str, Any]]]:
+        """Per ``/responses`` request that reached the model: the whole context it saw."""
+        with self._lock:
+            return [list(context) for context in self._contexts]
+
+    def lose_responses(self) -> None:
+        """Forget every stored response (as if they expired)."""
+        with self._lock:
+            self.stored.clear()
+
+    def script_deletes(self, *replies: Responder) -> None:
+        """Queue answers to ``DELETE /v1/responses/{id}``, used before the built-in behaviour."""
+        with self._lock:
+            self._delete_script.extend(replies)
 
     def script(self, *replies: Responder) -> None:
         """Queue ``replies``, answered one per request in this order."""
@@ -230,12 +336,77 @@ class FakeOpenAI:
     def _answer(self, request: RecordedRequest) -> Scripted:
         with self._lock:
             self._requests.append(request)
-            if request.method != "POST" or request.path != CHAT_PATH:
-                return error_reply(404, f"FakeOpenAI serves only POST {CHAT_PATH}")
+            route = (request.method, request.path)
+            context: list[dict[str, Any]] = []
+            if request.method == "DELETE" and request.path.startswith(RESPONSES_PATH + "/"):
+                return self._delete(request.path.removeprefix(RESPONSES_PATH + "/"))
+            if route == ("POST", RESPONSES_PATH):
+                seen = self._context_of(request)
+                if isinstance(seen, Scripted):
+                    return seen
+                context = seen
+            elif route != ("POST", CHAT_PATH):
+                return error_reply(
+                    404, f"FakeOpenAI serves only POST {CHAT_PATH} and {RESPONSES_PATH}"
+                )
             responder = self._script.popleft() if self._script else self.default
         if responder is None:
             return error_reply(418, "FakeOpenAI has no scripted reply left for this request")
         reply = responder(request) if callable(responder) else responder
         if reply.delay:
             self._closed.wait(reply.delay)
+        if route == ("POST", RESPONSES_PATH) and 200 <= reply.status < 300:
+            return self._keep(request, reply, context)
         return reply
+
+    def _context_of(self, request: RecordedRequest) -> list[dict[str, Any]] | Scripted:
+        """The context a ``/responses`` request gives the model, or the error it gets."""
+        body = request.json()
+        items = body.get("input", [])
+        if isinstance(items, str):
+            items = [{"type": "message", "role": "user", "content": items}]
+        previous = body.get("previous_response_id")
+        context: list[dict[str, Any]] = []
+        if previous is not None:
+            if previous not in self.stored:
+                return previous_response_not_found(previous)
+            context = list(self.stored[previous])
+        context.extend(items)
+        self._contexts.append(context)
+        return context
+
+    def _keep(
+        self, request: RecordedRequest, reply: Scripted, context: list[dict[str, Any]]
+    ) -> Scripted:
+        """Give a successful ``/responses`` answer its id, and keep it when asked to.
+
+        A body that is no JSON object (a test of broken answers) is sent as it is.
+        """
+        try:
+            body = json.loads(reply.body)
+        except ValueError:
+            return reply
+        if not isinstance(body, dict):
+            return reply
+        with self._lock:
+            self._next_id += 1
+            body["id"] = f"resp_fake_{self._next_id}"
+            if request.json().get("store", True):
+                self.stored[body["id"]] = [*context, *body.get("output", [])]
+        return Scripted(reply.status, json.dumps(body).encode(), reply.headers, reply.content_type)
+
+    def _delete(self, response_id: str) -> Scripted:
+        if self._delete_script:
+            responder = self._delete_script.popleft()
+            return responder(self._requests[-1]) if callable(responder) else responder
+        if self.stored.pop(response_id, None) is None:
+            body = {
+                "error": {
+                    "message": f"Response with id '{response_id}' not found.",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            return json_reply(body, status=404)
+        return json_reply({"id": response_id, "object": "response", "deleted": True})

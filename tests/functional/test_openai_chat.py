@@ -444,6 +444,17 @@ def test_connection_failures_are_retried_then_a_provider_error(make: Any, sleeps
 # --- before anything is sent ---------------------------------------------------------------
 
 
+def test_several_user_messages_are_sent_as_one(fake: FakeOpenAI, make: Any) -> None:
+    fake.script(text_reply("both read"))
+    several = request(
+        Message(role="user", content="first"),
+        Message(role="user", content="second"),
+    )
+
+    assert make().complete(several).text == "both read"
+    assert fake.requests[0].json()["messages"] == [{"role": "user", "content": "first\n\nsecond"}]
+
+
 def test_a_broken_history_raises_before_any_request(fake: FakeOpenAI, make: Any) -> None:
     keys_read: list[int] = []
 
@@ -451,12 +462,16 @@ def test_a_broken_history_raises_before_any_request(fake: FakeOpenAI, make: Any)
         keys_read.append(1)
         return KEY
 
-    broken = request(Message(role="user", content="a"), Message(role="user", content="b"))
+    # A tool result no call asked for cannot be built into a strict history: a bug.
+    broken = request(
+        Message(role="user", content="a"),
+        Message(role="tool", tool_call_id="call_x", name="t", content="out"),
+    )
 
     with pytest.raises(InvalidHistory) as caught:
         make(api_key=key).complete(broken)
 
-    assert caught.value.details == {"index": 1, "rule": "alternation"}
+    assert caught.value.details == {"index": 1, "rule": "result_follows_call"}
     assert fake.requests == []
     assert keys_read == []
 

@@ -264,5 +264,5 @@ def test_the_factory_builds_the_demo_provider() -> None:
 
 
 def test_the_factory_rejects_an_unknown_provider_naming_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match="demo, openai-chat"):
+    with pytest.raises(ValueError, match="demo, demo-stateful, openai-chat"):
         build_provider(Settings(provider="gpt-magic"))

@@ -238,7 +238,17 @@ def test_optional_parameters_default_to_off(template: dict[str, Any]) -> None:
     for name in ("OpenAIApiKeySecretArn", "ToolsParameterName", "ToolLambdaArnPattern"):
         assert parameters[name]["Default"] == ""
     assert parameters["SweepSchedule"]["Default"] == "rate(1 hour)"
-    assert parameters["Provider"]["AllowedValues"] == ["demo", "openai-chat"]
+    assert parameters["Provider"]["AllowedValues"] == [
+        "demo",
+        "openai-chat",
+        "openai-responses",
+        "bedrock-converse",
+    ]
+    assert parameters["BedrockModelIds"] == {
+        "Type": "CommaDelimitedList",
+        "Default": "",
+        "Description": parameters["BedrockModelIds"]["Description"],
+    }
 
 
 # --- least privilege -----------------------------------------------------------------------
@@ -283,6 +293,11 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
     }
     for condition, parameter in expected.items():
         assert conditions[condition] == {"Fn::Not": [{"Fn::Equals": [{"Ref": parameter}, ""]}]}
+    # A list parameter is "set" when its items joined are not empty.
+    assert conditions["HasBedrockModelIds"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Fn::Join": ["", {"Ref": "BedrockModelIds"}]}, ""]}]
+    }
+    expected["HasBedrockModelIds"] = "BedrockModelIds"
     conditional = [
         policy["Fn::If"]
         for policy in props(template, "TurnFunction")["Policies"]
@@ -299,6 +314,36 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
             "Resource": {"Ref": "ToolLambdaArnPattern"},
         }
     ]
+
+
+def test_bedrock_may_invoke_only_the_configured_foundation_models(
+    template: dict[str, Any],
+) -> None:
+    arn = "arn:${AWS::Partition}:bedrock:${AWS::Region}::foundation-model/"
+    for function in functions(template):
+        conditional = [
+            policy["Fn::If"]
+            for policy in props(template, function)["Policies"]
+            if "Fn::If" in policy and policy["Fn::If"][0] == "HasBedrockModelIds"
+        ]
+        if function not in {"TurnFunction", "ApproveFunction"}:
+            assert conditional == [], function
+            continue
+        [(_, when, otherwise)] = conditional
+        assert otherwise == {"Ref": "AWS::NoValue"}
+        [statement] = when["Statement"]
+        assert (statement["Effect"], statement["Action"]) == ("Allow", "bedrock:InvokeModel")
+        assert statement["Resource"] == {
+            "Fn::Split": [
+                ",",
+                {
+                    "Fn::Sub": [
+                        arn + "${Ids}",
+                        {"Ids": {"Fn::Join": [{"Fn::Sub": "," + arn}, {"Ref": "BedrockModelIds"}]}},
+                    ]
+                },
+            ]
+        }
 
 
 # --- storage -------------------------------------------------------------------------------

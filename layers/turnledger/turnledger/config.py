@@ -35,6 +35,18 @@
 | ``MAX_TOOL_STEPS`` | ``8`` | model calls per turn before it stops with a reason |
 | ``TOOL_TIMEOUT_SECONDS`` | ``30`` | per tool execution |
 | ``DYNAMODB_ENDPOINT`` / ``S3_ENDPOINT`` | (AWS) | other endpoints (local runner, tests) |
+
+Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, ``demo-stateful``):
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``OPENAI_RESPONSES_STORE`` | ``true`` | ``false``: ``openai-responses`` never keeps responses |
+| ``PROVIDER_STATE_RETENTION_SECONDS`` | ``2592000`` (30 days) | older stored state is not used |
+| ``BEDROCK_REGION`` | (the function's region) | region of ``bedrock-runtime`` |
+| ``BEDROCK_ENDPOINT`` | (AWS) | another ``bedrock-runtime`` endpoint (tests, VPC endpoints) |
+| ``BEDROCK_MAX_TOKENS`` | ``0`` (the model's default) | ``inferenceConfig.maxTokens`` |
+| ``BEDROCK_JSON_MODE`` | ``tool`` | JSON mode: ``tool`` (a forced answer tool) or ``native`` |
+| ``DEMO_STATE_DIR`` | (none: memory) | where ``demo-stateful`` keeps state (shared by processes) |
 """
 
 from __future__ import annotations
@@ -56,6 +68,26 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{name} must be true or false, got {env[name]!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    if raw not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
 
 
 def _tenant_ints(raw: str, name: str) -> dict[str, int]:
@@ -161,6 +193,15 @@ class Settings:
     redaction_file: str | None = None
     redaction_parameter: str | None = None
 
+    # --- providers: stored state, Bedrock, the stateful demo model ---------------------------
+    openai_responses_store: bool = True
+    provider_state_retention_seconds: int = 30 * 24 * 3600
+    bedrock_region: str | None = None
+    bedrock_endpoint: str | None = None
+    bedrock_max_tokens: int = 0
+    bedrock_json_mode: str = "tool"
+    demo_state_dir: str | None = None
+
     def ttl_for(self, tenant: str) -> int:
         """The idle TTL of ``tenant``'s conversations (``0``: never expire)."""
         return self.tenant_ttl_seconds.get(tenant, self.ttl_seconds)
@@ -243,4 +284,16 @@ class Settings:
             summarizer_model=opt("SUMMARIZER_MODEL"),
             redaction_file=opt("REDACTION_FILE"),
             redaction_parameter=opt("REDACTION_PARAMETER"),
+            # --- providers: stored state, Bedrock, the stateful demo model ---
+            openai_responses_store=_bool(env, "OPENAI_RESPONSES_STORE", cls.openai_responses_store),
+            provider_state_retention_seconds=_int(
+                env, "PROVIDER_STATE_RETENTION_SECONDS", cls.provider_state_retention_seconds
+            ),
+            bedrock_region=opt("BEDROCK_REGION"),
+            bedrock_endpoint=opt("BEDROCK_ENDPOINT"),
+            bedrock_max_tokens=_int(env, "BEDROCK_MAX_TOKENS", cls.bedrock_max_tokens),
+            bedrock_json_mode=_choice(
+                env, "BEDROCK_JSON_MODE", ("tool", "native"), cls.bedrock_json_mode
+            ),
+            demo_state_dir=opt("DEMO_STATE_DIR"),
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..models import ToolCall, Usage
 
@@ -66,12 +66,24 @@ class ResponseFormat(BaseModel):
     type: Literal["json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> ResponseFormat:
+        # Every provider maps the schema by its name; a half-given format is a caller's bug.
+        if self.type == "json_schema":
+            if self.json_schema is None or not isinstance(self.json_schema.get("name"), str):
+                raise ValueError('type "json_schema" needs json_schema with a "name"')
+        elif self.json_schema is not None:
+            raise ValueError('json_schema is only allowed with type "json_schema"')
+        return self
+
 
 class Continuation(BaseModel):
     """Use the provider's stored state: ``previous_response_id`` plus the new messages.
 
     ``messages[new_from:]`` of the request are the ones the stored response has
-    not seen (the system prompt is never among them: the stored state has it).
+    not seen. System messages are never sent as new items; a provider whose API
+    does not carry them over (the Responses API's ``instructions``) sends them
+    again on every request, from ``messages``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

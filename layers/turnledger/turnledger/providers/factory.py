@@ -1,24 +1,31 @@
-"""Build the configured :class:`Provider` from :class:`~turnledger.config.Settings`.
+"""Build a :class:`Provider` from :class:`~turnledger.config.Settings`.
 
-Handlers call :func:`build_provider` once at import time. Nothing here calls
-AWS or the model: the API key of ``openai-chat`` is read on the first request
-(and then from Powertools' cache), and Powertools Parameters is imported only
-then, so a cold start pays for neither.
+The runtime builds the deployment's provider once per process (and the
+pipeline may build others by name, for a turn that switches provider).
+Nothing here calls AWS or the model: the API key of the OpenAI-style
+providers is read on the first request (and then from Powertools' cache),
+Powertools Parameters is imported only then, and the Bedrock client is
+created on the first call, so a cold start pays for none of them.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import httpx
 
 from ..config import Settings
 from .base import Provider
+from .bedrock_converse import BedrockConverseProvider, JsonMode
 from .demo import DemoProvider
-from .openai_chat import ApiKeyProvider, OpenAIChatProvider
+from .demo_stateful import DemoStatefulProvider, demo_state_store
+from .openai_chat import OpenAIChatProvider
+from .openai_http import ApiKeyProvider
+from .openai_responses import OpenAIResponsesProvider
 
-#: The names ``PROVIDER`` accepts.
-PROVIDERS = ("demo", "openai-chat")
+#: The names ``PROVIDER`` (and a turn's ``"provider"``) accepts.
+PROVIDERS = ("demo", "demo-stateful", "openai-chat", "openai-responses", "bedrock-converse")
 
 #: Seconds a key read from Secrets Manager or SSM is cached: a rotated key is
 #: picked up within this, without a read on every turn.
@@ -70,7 +77,7 @@ def _parameter_key(name: str) -> ApiKeyProvider:
 
 
 def api_key_source(settings: Settings) -> ApiKeyProvider | None:
-    """Where ``openai-chat`` gets its key: the first of these that is set.
+    """Where the OpenAI-style providers get their key: the first of these that is set.
 
     ``OPENAI_API_KEY`` (the key itself), ``OPENAI_API_KEY_SECRET`` (a Secrets
     Manager secret: the bare key, or a JSON object with an ``api_key`` field),
@@ -87,27 +94,43 @@ def api_key_source(settings: Settings) -> ApiKeyProvider | None:
     return None
 
 
-def build_provider(settings: Settings, *, http_client: httpx.Client | None = None) -> Provider:
-    """The provider ``settings.provider`` names.
+def build_provider(
+    settings: Settings, name: str | None = None, *, http_client: httpx.Client | None = None
+) -> Provider:
+    """The provider ``name`` (default: ``settings.provider``), configured from ``settings``.
 
     Args:
         settings: the deployment's settings.
-        http_client: the HTTP client ``openai-chat`` uses (tests, shared pools);
-            one is built when not given.
+        name: one of :data:`PROVIDERS`; ``None`` is the deployment's default.
+        http_client: the HTTP client the OpenAI-style providers use (tests,
+            shared pools); one is built when not given.
 
     Raises:
-        ValueError: ``settings.provider`` is not one of :data:`PROVIDERS`.
+        ValueError: the name is not one of :data:`PROVIDERS`.
     """
-    if settings.provider == "demo":
+    name = settings.provider if name is None else name
+    if name == "demo":
         return DemoProvider()
-    if settings.provider == "openai-chat":
-        return OpenAIChatProvider(
-            base_url=settings.openai_base_url,
-            api_key=api_key_source(settings),
-            client=http_client,
+    if name == "demo-stateful":
+        return DemoStatefulProvider(demo_state_store(settings.demo_state_dir))
+    if name in ("openai-chat", "openai-responses"):
+        options: dict[str, Any] = {
+            "base_url": settings.openai_base_url,
+            "api_key": api_key_source(settings),
+            "client": http_client,
+            "timeout_seconds": settings.provider_timeout_seconds,
+            "max_retries": settings.provider_max_retries,
+        }
+        if name == "openai-chat":
+            return OpenAIChatProvider(**options)
+        return OpenAIResponsesProvider(store=settings.openai_responses_store, **options)
+    if name == "bedrock-converse":
+        return BedrockConverseProvider(
+            region=settings.bedrock_region,
+            endpoint_url=settings.bedrock_endpoint,
             timeout_seconds=settings.provider_timeout_seconds,
             max_retries=settings.provider_max_retries,
+            max_tokens=settings.bedrock_max_tokens or None,
+            json_mode=cast(JsonMode, settings.bedrock_json_mode),
         )
-    raise ValueError(
-        f"unknown provider {settings.provider!r}; valid providers: {', '.join(PROVIDERS)}"
-    )
+    raise ValueError(f"unknown provider {name!r}; valid providers: {', '.join(PROVIDERS)}")

@@ -1,18 +1,97 @@
-"""The message-order rules of strict chat APIs, checked before a request is sent.
+"""Strict chat histories: built from the working context, then checked.
 
-OpenAI-compatible servers (and the models behind OpenRouter) reject, or worse
-silently misread, a history whose tool results do not line up with the tool
-calls that asked for them. The working context is rebuilt from canonical
-events, so a history that breaks these rules is a bug on our side: it is
-reported as :class:`~turnledger.exceptions.InvalidHistory` and never repaired
-here, because a guessed repair would send the model a conversation that did
-not happen.
+Strict chat APIs (OpenAI Chat Completions, Bedrock Converse, the models behind
+OpenRouter) reject, or worse silently misread, a history whose roles do not
+alternate or whose tool results do not line up with the tool calls that asked
+for them. The working context is rebuilt from canonical events, and some
+perfectly valid conversations are not strict as they are: a turn whose input
+holds several user items gives several user messages in a row, and a summary
+adds a second system message. :func:`build_strict_history` turns the context
+into the history a strict provider accepts, losing nothing:
+
+* every system message joins one system message, first (the system prompt,
+  then the summary), joined by a blank line;
+* consecutive user messages become one user message, joined by a blank line;
+* an assistant answer with no text and no tool calls (the model said
+  nothing) is left out, and an assistant text followed by another assistant
+  message becomes one assistant message.
+
+What cannot be built without inventing a conversation that did not happen (a
+tool result no call asked for, a call without its result) is a bug on our
+side: :func:`check_strict_history` reports it as
+:class:`~turnledger.exceptions.InvalidHistory` after building, and nothing is
+sent.
 """
 
 from __future__ import annotations
 
 from ..exceptions import InvalidHistory
 from .base import Message
+
+#: What joins merged messages: a blank line, so the model still reads separate inputs.
+MERGE_SEPARATOR = "\n\n"
+
+
+def normalize_history(messages: list[Message]) -> list[Message]:
+    """The rebuilding of :func:`build_strict_history`, without the final check.
+
+    Usable on a part of a history (the new messages sent over a provider's
+    stored state), which on its own need not start with a user message.
+    """
+    systems = [m.content for m in messages if m.role == "system" and m.content]
+    built: list[Message] = []
+    if systems:
+        built.append(Message(role="system", content=MERGE_SEPARATOR.join(systems)))
+    for message in messages:
+        if message.role == "system":
+            continue
+        if (
+            message.role == "assistant"
+            and not message.tool_calls
+            and not (message.content or "").strip()
+        ):
+            continue  # an empty answer gives the model nothing to read
+        previous = built[-1] if built else None
+        if previous is not None and previous.role == message.role == "user":
+            built[-1] = Message(
+                role="user",
+                content=MERGE_SEPARATOR.join(
+                    text for text in (previous.content, message.content) if text
+                ),
+            )
+        elif (
+            previous is not None
+            and previous.role == message.role == "assistant"
+            and not previous.tool_calls
+        ):
+            texts = [text for text in (previous.content, message.content) if text]
+            built[-1] = Message(
+                role="assistant",
+                content=MERGE_SEPARATOR.join(texts) if texts else None,
+                tool_calls=message.tool_calls,
+            )
+        else:
+            built.append(message)
+    return built
+
+
+def build_strict_history(messages: list[Message]) -> list[Message]:
+    """The history a strict chat API accepts for ``messages`` (see the module docstring).
+
+    Args:
+        messages: the working context, oldest first.
+
+    Returns:
+        The rebuilt history: at most one system message (first), alternating
+        user and assistant messages, each tool turn's results right after it.
+
+    Raises:
+        InvalidHistory: what is left breaks a rule no rebuilding may repair
+            (a bug: the context builder produced tool results out of place).
+    """
+    built = normalize_history(messages)
+    check_strict_history(built)
+    return built
 
 
 def _broken(index: int, rule: str, message: str) -> InvalidHistory:

@@ -1,0 +1,181 @@
+"""A fake Amazon Bedrock runtime on 127.0.0.1: boto3 pointed at it with ``endpoint_url``.
+
+It speaks Converse's REST-JSON protocol (``POST /model/{modelId}/converse``),
+records every request, and answers scripted replies first in first out, then
+``default`` (a reply or a function of the request), then a ``418``. Errors are
+sent as Bedrock sends them (the ``x-amzn-ErrorType`` header and a ``message``),
+so botocore raises the same ``ClientError`` it raises for the real service::
+
+    with FakeBedrock() as fake:
+        fake.script(bedrock_error(429, "ThrottlingException", "slow down"),
+                    converse_reply("Hello!"))
+        provider = BedrockConverseProvider(endpoint_url=fake.url, region="us-east-1")
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import unquote
+
+from tests.functional.fake_openai import RecordedRequest, Scripted, json_reply
+
+Responder = Scripted | Callable[[RecordedRequest], Scripted]
+
+
+def model_id(request: RecordedRequest) -> str:
+    """The model id of a ``/model/{id}/converse`` request."""
+    return unquote(request.path.removeprefix("/model/").removesuffix("/converse"))
+
+
+def converse_body(
+    text: str | None = None,
+    tool_uses: list[dict[str, Any]] | None = None,
+    *,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    stop_reason: str | None = None,
+) -> dict[str, Any]:
+    """A Converse response body, shaped like Bedrock's."""
+    content: list[dict[str, Any]] = []
+    if text is not None:
+        content.append({"text": text})
+    content.extend({"toolUse": use} for use in tool_uses or [])
+    return {
+        "output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": stop_reason or ("tool_use" if tool_uses else "end_turn"),
+        "usage": {
+            "inputTokens": input_tokens,
+            "outputTokens": output_tokens,
+            "totalTokens": input_tokens + output_tokens,
+        },
+        "metrics": {"latencyMs": 1},
+    }
+
+
+def tool_use(tool_use_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """One ``toolUse`` block of a reply; ``arguments`` is the JSON *value*, as Bedrock sends it."""
+    return {"toolUseId": tool_use_id, "name": name, "input": arguments}
+
+
+def converse_reply(text: str | None = None, *tool_uses: dict[str, Any], **kwargs: Any) -> Scripted:
+    """A Converse answer: ``text`` and/or ``tool_uses`` (built with :func:`tool_use`)."""
+    return json_reply(converse_body(text, list(tool_uses), **kwargs))
+
+
+def bedrock_error(status: int, code: str, message: str) -> Scripted:
+    """An error as Bedrock sends it: ``x-amzn-ErrorType`` names the exception."""
+    return Scripted(
+        status=status,
+        body=json.dumps({"message": message}).encode(),
+        headers={
+            "x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/com.amazon.bedrock/"
+        },
+    )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fake: FakeBedrock) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.fake = fake
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        request = RecordedRequest(
+            method=self.command,
+            path=self.path,
+            headers={name.lower(): value for name, value in self.headers.items()},
+            body=self.rfile.read(length),
+        )
+        reply = self.server.fake._answer(request)
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Content-Length", str(len(reply.body)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(reply.body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up first (a timeout test)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class FakeBedrock:
+    """A scripted Bedrock runtime endpoint on ``127.0.0.1`` (a free port)."""
+
+    def __init__(self, default: Responder | None = None) -> None:
+        self.default = default
+        self._script: deque[Responder] = deque()
+        self._requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._server = _Server(self)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The endpoint URL to give boto3."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """The requests received so far, oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    def script(self, *replies: Responder) -> None:
+        """Queue ``replies``, answered one per request in this order."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def close(self) -> None:
+        """Release any delayed reply and stop the server."""
+        self._closed.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeBedrock:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _answer(self, request: RecordedRequest) -> Scripted:
+        with self._lock:
+            self._requests.append(request)
+            if not (request.path.startswith("/model/") and request.path.endswith("/converse")):
+                return bedrock_error(
+                    404, "UnknownOperationException", "FakeBedrock serves Converse"
+                )
+            responder = self._script.popleft() if self._script else self.default
+        if responder is None:
+            return bedrock_error(418, "FakeException", "FakeBedrock has no scripted reply left")
+        reply = responder(request) if callable(responder) else responder
+        if reply.delay:
+            self._closed.wait(reply.delay)
+        return reply
