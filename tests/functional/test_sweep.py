@@ -712,10 +712,12 @@ def test_handler_runs_the_scheduled_sweep(
     assert answer["objects_removed"] == 1
     assert answer["complete"] is True
     assert answer["read_units"] >= 0
+    assert answer["provider_state_deleted"] == 0
     assert set(answer) == {
         "conversations_removed",
         "events_removed",
         "objects_removed",
+        "provider_state_deleted",
         "read_units",
         "complete",
     }
@@ -796,6 +798,7 @@ def test_erase_tenant_route_answers_the_report(
         "conversations_removed": 3,
         "events_removed": 12,
         "objects_removed": 3,
+        "provider_state_deleted": 0,
         "read_units": body["read_units"],
         "complete": True,
     }

@@ -62,6 +62,7 @@ def test_readme_session_turn_three_answers_from_turns_one_and_two(turn: Turn) ->
         "status": "complete",
         "status_reason": None,
         "output_text": "Your name is Ann.",
+        "output_json": None,
         "output": [{"type": "message", "role": "assistant", "content": "Your name is Ann."}],
         "pending_tool_calls": [],
         "usage": third["usage"],

@@ -40,6 +40,7 @@ Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, `
 
 | variable | default | meaning |
 | --- | --- | --- |
+| ``PROVIDERS`` | (none) | other providers a turn may name (comma-separated) |
 | ``OPENAI_RESPONSES_STORE`` | ``true`` | ``false``: ``openai-responses`` never keeps responses |
 | ``PROVIDER_STATE_RETENTION_SECONDS`` | ``2592000`` (30 days) | older stored state is not used |
 | ``BEDROCK_REGION`` | (the function's region) | region of ``bedrock-runtime`` |
@@ -194,6 +195,8 @@ class Settings:
     redaction_parameter: str | None = None
 
     # --- providers: stored state, Bedrock, the stateful demo model ---------------------------
+    #: Other providers a turn may name (``"provider"``); ``provider`` is always allowed.
+    providers: tuple[str, ...] = ()
     openai_responses_store: bool = True
     provider_state_retention_seconds: int = 30 * 24 * 3600
     bedrock_region: str | None = None
@@ -201,6 +204,11 @@ class Settings:
     bedrock_max_tokens: int = 0
     bedrock_json_mode: str = "tool"
     demo_state_dir: str | None = None
+
+    @property
+    def allowed_providers(self) -> tuple[str, ...]:
+        """The providers a turn may name: the default one first."""
+        return (self.provider, *(p for p in self.providers if p != self.provider))
 
     def ttl_for(self, tenant: str) -> int:
         """The idle TTL of ``tenant``'s conversations (``0``: never expire)."""
@@ -285,6 +293,7 @@ class Settings:
             redaction_file=opt("REDACTION_FILE"),
             redaction_parameter=opt("REDACTION_PARAMETER"),
             # --- providers: stored state, Bedrock, the stateful demo model ---
+            providers=tuple(p.strip() for p in env.get("PROVIDERS", "").split(",") if p.strip()),
             openai_responses_store=_bool(env, "OPENAI_RESPONSES_STORE", cls.openai_responses_store),
             provider_state_retention_seconds=_int(
                 env, "PROVIDER_STATE_RETENTION_SECONDS", cls.provider_state_retention_seconds

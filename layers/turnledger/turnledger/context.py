@@ -107,6 +107,7 @@ class Turn:
     last_sequence: int
     messages: list[Message]
     tokens: int
+    events: list[Event] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,11 @@ def _messages(events: Iterable[Event], redactor: Redactor | None) -> list[Messag
                     ToolCall(id=c.id, name=c.name, arguments=redactor.value(c.arguments))
                     for c in calls
                 ]
-            content = text(body.content) if body.content is not None else None
+            raw = body.content
+            if body.content_json is not None:
+                # JSON mode: the value is the record; a model is sent its text.
+                raw = json.dumps(body.content_json, ensure_ascii=False)
+            content = text(raw) if raw is not None else None
             messages.append(Message(role="assistant", content=content, tool_calls=calls))
             waiting.extend(call.id for call in body.tool_calls)
         elif isinstance(body, ToolResult):
@@ -263,6 +268,7 @@ def split_turns(
                 last_sequence=group[-1].sequence,
                 messages=messages,
                 tokens=estimator.tokens(messages),
+                events=group,
             )
         )
     return turns
@@ -323,6 +329,29 @@ def assemble(
         summary=summary,
         fixed_tokens=fixed,
     )
+
+
+def messages_through(
+    assembly: Assembly, sequence: int, redactor: Redactor | None = None
+) -> int | None:
+    """How many of ``assembly``'s messages come from the log up to ``sequence`` (system
+    prompt and summary included): the part a stored provider response already holds.
+
+    ``None`` when the context does not hold that point (its turn was left out).
+    """
+    taken = [t for t in assembly.turns if t.first_sequence >= assembly.context_from]
+    if not taken or taken[0].first_sequence > sequence:
+        return None
+    count = len(assembly.messages) - sum(len(t.messages) for t in taken)
+    for turn in taken:
+        if turn.last_sequence <= sequence:
+            count += len(turn.messages)
+            continue
+        if turn.first_sequence <= sequence:
+            # Within a turn, messages follow the log: the part up to ``sequence`` is a prefix.
+            count += len(_messages([e for e in turn.events if e.sequence <= sequence], redactor))
+        break
+    return count
 
 
 def turns_to_compact(assembly: Assembly) -> list[Turn]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from .config import Settings
 from .exceptions import InternalError, UnknownToolCall
@@ -22,11 +22,13 @@ from .models import (
     ApprovalResolved,
     ConversationStatus,
     PendingCall,
+    ResponseFormatOption,
     ToolCall,
     ToolCallRequested,
     ToolResult,
     Usage,
 )
+from .providers.base import Provider
 from .schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
 from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
@@ -41,9 +43,12 @@ class TurnWork:
     session: Session
     tools: list[ToolDefinition]
     model: str
+    provider: Provider
+    response_format: ResponseFormatOption | None = None
     extra_approval: set[str] = field(default_factory=set)
     output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
     output_text: str | None = None
+    output_json: Any = None
     messages_sent: int = 0
     model_calls: int = 0
     usage: Usage = field(default_factory=Usage)

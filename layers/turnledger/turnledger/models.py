@@ -150,9 +150,14 @@ class RunRecord(_Strict):
 
 
 class AssistantMessage(_Strict):
-    """The model's answer: text, tool calls, or both."""
+    """The model's answer: text, tool calls, or both.
+
+    In JSON mode the answer is kept as a JSON value (``content_json``), and
+    ``content`` is ``None``: it is stringified only when sent back to a model.
+    """
 
     content: str | None = None
+    content_json: Any = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     model: str = ""
     usage: Usage = Field(default_factory=Usage)
@@ -336,14 +341,44 @@ class PendingCall(_Strict):
     reason: str | None = None
 
 
+class ResponseFormatOption(_Strict):
+    """JSON mode of a turn: ``{"type": "json_object"}`` or a JSON schema (OpenAI's shape)."""
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ProviderCursor(_Strict):
+    """Provider-side state of the conversation: a cache over the log, never the record.
+
+    Usable by the next model call only when the same tenant, provider, model,
+    system prompt, tools and redaction rules (``context_sha256``) made it, no
+    summary was added since (``sequence`` is the answer it covers), and it is
+    younger than the provider's retention.
+    """
+
+    provider: str
+    api: str
+    model: str
+    response_id: str
+    created_at: datetime
+    tenant: str
+    #: sha256 of the system prompt, the tool set and the redaction version it was made with.
+    context_sha256: str
+    #: The public sequence of the ``assistant_message`` the stored response holds.
+    sequence: int = Field(ge=1)
+
+
 class TurnOptions(_Strict):
     """What the request that began the current turn asked for.
 
     Kept on the head, so a turn continued later (by approvals, or by client tool
-    results) offers the same tools, uses the same model and keeps the call-level
-    approval requirements, whichever process continues it.
+    results) offers the same tools, uses the same model and provider, and keeps
+    the call-level approval requirements, whichever process continues it.
     """
 
+    provider: str | None = None
+    response_format: ResponseFormatOption | None = None
     model: str | None = None
     tools: list[str] | None = None
     require_approval: list[str] = Field(default_factory=list)
@@ -402,6 +437,8 @@ class Head(_Strict):
     #: Provider-reported input tokens over our estimate, for this conversation's last
     #: call: later estimates are scaled by it (``None``: not calibrated yet).
     token_scale: float | None = None
+    #: The newest response a stateful provider keeps for this conversation.
+    provider_cursor: ProviderCursor | None = None
 
     @property
     def filed_bucket(self) -> int:

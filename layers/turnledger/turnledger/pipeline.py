@@ -22,11 +22,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
+from typing import Any
 
 from .config import Settings
 from .context import (
@@ -35,6 +38,7 @@ from .context import (
     Assembly,
     Estimator,
     assemble,
+    messages_through,
     summary_request,
     text_sha256,
     turns_to_compact,
@@ -46,6 +50,7 @@ from .exceptions import (
     ConversationNotFound,
     NotAwaitingApproval,
     ProviderError,
+    RequestValidationFailed,
     TurnledgerError,
     UnknownToolCall,
 )
@@ -59,6 +64,7 @@ from .models import (
     Event,
     Head,
     PendingCall,
+    ProviderCursor,
     RunRecord,
     SummaryRef,
     ToolCall,
@@ -69,7 +75,15 @@ from .models import (
     validate_conversation_id,
 )
 from .observability import logger, timed
-from .providers.base import Message, ModelReply, ModelRequest, Provider
+from .providers.base import (
+    Continuation,
+    Message,
+    ModelReply,
+    ModelRequest,
+    Provider,
+    ResponseFormat,
+    ToolSpec,
+)
 from .redaction import Redactor
 from .schemas import (
     ApprovalRequest,
@@ -120,9 +134,13 @@ class Conversations:
         clock: Clock = utc_now,
         redactor: Redactor | Callable[[], Redactor | None] | None = None,
         summarizer: Provider | None = None,
+        providers: Callable[[str], Provider] | None = None,
     ) -> None:
         self.store = store
+        #: The deployment's default provider; others it allows are built by ``providers``.
         self.provider = provider
+        self._build_provider = providers
+        self._providers: dict[str, Provider] = {provider.name or settings.provider: provider}
         #: Writes context summaries (``None``: the turn's own provider).
         self.summarizer = summarizer
         self._redactor = redactor
@@ -144,6 +162,42 @@ class Conversations:
         """The tool registry (loaded on first use)."""
         return self._tools if isinstance(self._tools, ToolRegistry) else self._tools()
 
+    def provider_for(self, name: str | None) -> Provider:
+        """The provider a turn names (``None``: the default one).
+
+        Raises:
+            RequestValidationFailed: the deployment does not allow that provider.
+        """
+        if name is None or name == self.provider.name:
+            return self.provider
+        if name not in self.settings.allowed_providers or self._build_provider is None:
+            raise RequestValidationFailed(
+                f"provider {name!r} is not enabled in this deployment",
+                details={"provider": name, "allowed": list(self.settings.allowed_providers)},
+            )
+        if name not in self._providers:
+            self._providers[name] = self._build_provider(name)
+        return self._providers[name]
+
+    def forget_provider_state(self, responses: list[tuple[str, str]]) -> int:
+        """Delete stored provider responses, best effort; returns how many were deleted.
+
+        Never raises: a clear or a sweep is never blocked by a provider.
+        """
+        deleted = 0
+        by_provider: dict[str, list[str]] = {}
+        for name, response_id in responses:
+            by_provider.setdefault(name, []).append(response_id)
+        for name, ids in by_provider.items():
+            try:
+                deleted += self.provider_for(name).delete_state(ids)
+            except Exception as exc:  # a provider no longer enabled, or a bug: never blocks
+                logger.warning(
+                    "could not delete provider state",
+                    extra={"provider": name, "error": type(exc).__name__},
+                )
+        return deleted
+
     @property
     def redactor(self) -> Redactor | None:
         """The redaction rule set in force (a source such as SSM is asked each time; it caches)."""
@@ -164,6 +218,7 @@ class Conversations:
             ProviderError, ProviderTimeout: the model failed; nothing of the turn was stored.
         """
         key = self._key(caller, conversation_id)
+        self.provider_for(request.provider)
         self.tools.select(request.tools)
         for name in request.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
@@ -207,6 +262,8 @@ class Conversations:
         if messages:
             session.begin_turn()
             session.options = TurnOptions(
+                provider=request.provider,
+                response_format=request.response_format,
                 model=request.model,
                 tools=request.tools,
                 require_approval=request.require_approval,
@@ -349,8 +406,13 @@ class Conversations:
         )
 
     def clear(self, caller: Caller, conversation_id: str) -> PurgeReport:
-        """Delete the conversation, its events and its objects (``DELETE``); absent is fine."""
-        return self.store.clear(self._key(caller, conversation_id), self.clock())
+        """Delete the conversation, its events and its objects (``DELETE``); absent is fine.
+
+        Provider-side state the conversation knew of is deleted too, best effort.
+        """
+        report = self.store.clear(self._key(caller, conversation_id), self.clock())
+        self.forget_provider_state(report.provider_responses)
+        return report
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -380,9 +442,11 @@ class Conversations:
             # The recorded message must carry the ids its results answer: a provider
             # that repeats an id in one reply would otherwise leave an invalid history.
             calls = _unique_ids(reply.tool_calls)
-            session.add(
+            value = _json_answer(reply) if work.response_format and not calls else None
+            answer = session.add(
                 AssistantMessage(
-                    content=reply.text,
+                    content=reply.text if value is None else None,
+                    content_json=value,
                     tool_calls=calls,
                     model=run.model,
                     usage=reply.usage,
@@ -390,9 +454,11 @@ class Conversations:
                 ),
                 actor=f"model:{run.model}",
             )
+            self._keep_cursor(work, reply, answer.sequence)
             if reply.text:
                 work.output.append(OutputMessage(content=reply.text))
                 work.output_text = reply.text
+                work.output_json = value
             if not calls:
                 session.commit(ConversationStatus.COMPLETE)
                 return
@@ -407,7 +473,7 @@ class Conversations:
                 (``turn_failed``) before this raises.
         """
         session = work.session
-        provider = self.provider
+        provider = work.provider
         redactor = self.redactor
         estimator = self._estimator(provider, session)
         budget = self.settings.context_budget(work.model)
@@ -428,8 +494,7 @@ class Conversations:
                 redactor=redactor,
             )
         specs = [tool.spec() for tool in work.tools]
-        work.messages_sent = len(assembly.messages)
-        work.tokens_estimated = assembly.tokens
+        continuation = self._continuation(work, assembly, specs, redactor)
         work.budget_tokens = budget
         work.summary_through = assembly.summary_through
         work.model_calls += 1
@@ -437,13 +502,32 @@ class Conversations:
         try:
             with timed("ModelLatency"):
                 reply = provider.complete(
-                    ModelRequest(model=work.model, messages=assembly.messages, tools=specs)
+                    ModelRequest(
+                        model=work.model,
+                        messages=assembly.messages,
+                        tools=specs,
+                        response_format=ResponseFormat.model_validate(
+                            work.response_format.model_dump()
+                        )
+                        if work.response_format
+                        else None,
+                        continuation=continuation,
+                        store=provider.stateful,
+                    )
                 )
+            if work.response_format and not reply.tool_calls:
+                _json_answer(reply)  # an answer that is not JSON is the provider's failure
         except ProviderError as exc:
             self._record_failure(work, exc)
             raise
         latency_ms = int((time.perf_counter() - started) * 1000)
         work.provider_state = reply.provider_state
+        # What was sent: only the new messages when the stored state was used.
+        sent = assembly.messages
+        if reply.provider_state == "continued" and continuation is not None:
+            sent = assembly.messages[continuation.new_from :]
+        work.messages_sent = len(sent)
+        work.tokens_estimated = estimator.tokens(sent)
         self._calibrate(provider, session, assembly, estimator, reply)
         model = reply.model or work.model
         return reply, RunRecord(
@@ -452,9 +536,9 @@ class Conversations:
             provider_state=reply.provider_state,
             latency_ms=latency_ms,
             usage=reply.usage,
-            tokens_estimated=assembly.tokens,
+            tokens_estimated=work.tokens_estimated,
             budget_tokens=budget,
-            messages_sent=len(assembly.messages),
+            messages_sent=work.messages_sent,
             redaction_version=redactor.version if redactor is not None else None,
             summary_through=assembly.summary_through,
             context_from=assembly.context_from,
@@ -464,6 +548,63 @@ class Conversations:
             cost_usd=self.settings.model_spec(model).cost(
                 reply.usage.input_tokens, reply.usage.output_tokens
             ),
+        )
+
+    def _continuation(
+        self,
+        work: TurnWork,
+        assembly: Assembly,
+        specs: list[ToolSpec],
+        redactor: Redactor | None,
+    ) -> Continuation | None:
+        """Use the provider's stored response when it is still a faithful cache of the log.
+
+        The cursor must have been made by this tenant, provider and model, with the same
+        system prompt, tools and redaction rules, and no summary may have been added since
+        (a summary changes what the model should see). Otherwise the call is ``fresh``.
+        """
+        cursor = work.session.provider_cursor
+        provider = work.provider
+        if cursor is None or not provider.stateful:
+            return None
+        summary = work.session.summary
+        age = (self.clock() - cursor.created_at).total_seconds()
+        if (
+            cursor.provider != provider.name
+            or cursor.model != work.model
+            or cursor.tenant != work.session.key.tenant
+            or cursor.context_sha256 != _cursor_sha256(self.settings, specs, redactor)
+            or (summary is not None and summary.sequence > cursor.sequence)
+            or age > self.settings.provider_state_retention_seconds
+        ):
+            return None
+        new_from = messages_through(assembly, cursor.sequence, redactor)
+        if new_from is None or new_from >= len(assembly.messages):
+            return None
+        return Continuation(previous_response_id=cursor.response_id, new_from=new_from)
+
+    def _keep_cursor(self, work: TurnWork, reply: ModelReply, sequence: int) -> None:
+        """Point the conversation's provider cursor at this answer (or drop it).
+
+        Only a successful answer moves it, and it is saved in the turn's own commit.
+        """
+        session = work.session
+        if not work.provider.stateful:
+            return
+        if reply.response_id is None:
+            session.provider_cursor = None
+            return
+        session.provider_cursor = ProviderCursor(
+            provider=work.provider.name,
+            api="responses",
+            model=work.model,
+            response_id=reply.response_id,
+            created_at=self.clock(),
+            tenant=session.key.tenant,
+            context_sha256=_cursor_sha256(
+                self.settings, [tool.spec() for tool in work.tools], self.redactor
+            ),
+            sequence=sequence,
         )
 
     @staticmethod
@@ -508,7 +649,7 @@ class Conversations:
         if not turns:
             return False
         session = work.session
-        summarizer = self.summarizer or self.provider
+        summarizer = self.summarizer or work.provider
         model = self.settings.summarizer_model or work.model
         previous = assembly.summary
         try:
@@ -635,8 +776,18 @@ class Conversations:
             session=session,
             tools=self.tools.select(options.tools),
             model=options.model or self.settings.model,
+            provider=self._provider_of(options.provider),
+            response_format=options.response_format,
             extra_approval=set(options.require_approval),
         )
+
+    def _provider_of(self, name: str | None) -> Provider:
+        # A turn continued later uses its own provider, even if the deployment dropped it
+        # from the allowed list meanwhile: the turn was accepted with it.
+        try:
+            return self.provider_for(name)
+        except RequestValidationFailed:
+            return self.provider
 
     @classmethod
     def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
@@ -666,6 +817,7 @@ class Conversations:
             status=_PUBLIC_STATUS[status],
             status_reason=work.status_reason,
             output_text=work.output_text,
+            output_json=work.output_json,
             output=work.output,
             pending_tool_calls=self._waiting(session.pending),
             usage=work.usage,
@@ -681,6 +833,31 @@ class Conversations:
 
 #: Estimates are scaled to the reported usage and then 5 % over it: conservative.
 _CALIBRATION_MARGIN = 1.05
+
+
+def _cursor_sha256(settings: Settings, specs: list[ToolSpec], redactor: Redactor | None) -> str:
+    """What a stored provider response was made with: system prompt, tools, redaction."""
+    made_with = {
+        "system": settings.system_prompt,
+        "tools": [spec.model_dump(mode="json") for spec in specs],
+        "redaction": redactor.version if redactor is not None else None,
+    }
+    return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()
+
+
+def _json_answer(reply: ModelReply) -> Any:
+    """A JSON-mode answer as a JSON value.
+
+    Raises:
+        ProviderError: the answer is not JSON.
+    """
+    try:
+        return json.loads(reply.text or "")
+    except ValueError:
+        raise ProviderError(
+            "the model's answer in JSON mode is not JSON",
+            details={"reason": "invalid_json"},
+        ) from None
 
 
 def _turn_usage(session: Session) -> int:

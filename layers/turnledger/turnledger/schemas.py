@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .models import Usage
+from .models import ResponseFormatOption, Usage
 
 
 class _Body(BaseModel):
@@ -45,6 +45,16 @@ class TurnRequest(_Body):
         "function_call_output results of client-side tools)."
     )
     model: str | None = Field(default=None, description="The deployment's default otherwise.")
+    provider: str | None = Field(
+        default=None,
+        description="One of the providers the deployment allows (PROVIDERS); its default "
+        "otherwise. The conversation's log is mapped to the provider's own shapes.",
+    )
+    response_format: ResponseFormatOption | None = Field(
+        default=None,
+        description='JSON mode: {"type": "json_object"}, or {"type": "json_schema", '
+        '"json_schema": {"name", "schema"}}; the answer is returned in output_json.',
+    )
     tools: list[str] | None = Field(
         default=None, description="Subset of registered tool names; default: all."
     )
@@ -140,6 +150,8 @@ class TurnResponse(BaseModel):
     #: Extension: why a turn stopped early (``max_tool_steps``), else ``None``.
     status_reason: str | None = None
     output_text: str | None
+    #: JSON mode: the answer as a JSON value (``output_text`` holds its text).
+    output_json: Any = None
     output: list[OutputMessage | OutputFunctionCall]
     pending_tool_calls: list[PendingToolCallView]
     usage: Usage
@@ -211,6 +223,8 @@ class PurgeReportView(BaseModel):
     conversations_removed: int
     events_removed: int
     objects_removed: int
+    #: Stored responses deleted at the model provider (best effort; provider cursors).
+    provider_state_deleted: int = 0
     read_units: float
     #: ``False`` when the work stopped at its time budget; run it again to continue.
     complete: bool

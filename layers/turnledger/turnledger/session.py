@@ -25,6 +25,7 @@ from .models import (
     Head,
     Payload,
     PendingCall,
+    ProviderCursor,
     SummaryRef,
     TurnOptions,
     Usage,
@@ -69,6 +70,7 @@ class Session:
     failed_turns: int = 0
     cost_usd: float = 0.0
     token_scale: float | None = None
+    provider_cursor: ProviderCursor | None = None
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
 
@@ -108,6 +110,7 @@ class Session:
             failed_turns=head.failed_turns,
             cost_usd=head.cost_usd,
             token_scale=head.token_scale,
+            provider_cursor=head.provider_cursor,
         )
 
     @property
@@ -143,6 +146,7 @@ class Session:
         self.failed_turns = head.failed_turns if head else 0
         self.cost_usd = head.cost_usd if head else 0.0
         self.token_scale = head.token_scale if head else None
+        self.provider_cursor = head.provider_cursor if head else None
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
         """Stage one event of the current turn (or of ``turn``)."""
@@ -199,6 +203,7 @@ class Session:
             failed_turns=self.failed_turns,
             cost_usd=self.cost_usd,
             token_scale=self.token_scale,
+            provider_cursor=self.provider_cursor,
         )
         written = self.store.commit(
             self.key,

@@ -83,7 +83,7 @@ what existed when it reached each conversation.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -165,10 +165,13 @@ class _Run:
     def view(self) -> PurgeReportView:
         """The report: counts removed, read units spent since the run began."""
         spent = self.sweeper.store.meter.since(self.start)
+        forget = self.sweeper.forget
+        deleted = forget(self.removed.provider_responses) if forget is not None else 0
         return PurgeReportView(
             conversations_removed=self.removed.conversations,
             events_removed=self.removed.events,
             objects_removed=self.removed.objects,
+            provider_state_deleted=deleted,
             read_units=spent.read_units,
             complete=self.complete,
         )
@@ -191,6 +194,8 @@ class Sweeper:
         clock: the current time (injected in tests).
         deadline: when to stop (:meth:`Deadline.of` the Lambda context).
         index: the store's indexes (default: :func:`.store.indexes.index_for`).
+        forget: deletes provider-side state the purged heads knew of (best effort);
+            returns how many responses were deleted.
     """
 
     def __init__(
@@ -200,11 +205,13 @@ class Sweeper:
         clock: Clock,
         deadline: Deadline | None = None,
         index: ConversationIndex | None = None,
+        forget: Callable[[list[tuple[str, str]]], int] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.deadline = deadline or Deadline(None)
         self.index = index or index_for(store)
+        self.forget = forget
 
     # --- the scheduled sweep ------------------------------------------------------------
 
@@ -390,7 +397,12 @@ class Sweeper:
 
 
 def _sweeper(runtime: Runtime, context: RemainingTime | None) -> Sweeper:
-    return Sweeper(runtime.store, clock=runtime.conversations.clock, deadline=Deadline.of(context))
+    return Sweeper(
+        runtime.store,
+        clock=runtime.conversations.clock,
+        deadline=Deadline.of(context),
+        forget=runtime.conversations.forget_provider_state,
+    )
 
 
 def sweep(runtime: Runtime, context: RemainingTime | None) -> PurgeReportView:

@@ -17,6 +17,9 @@ from the HTTP contract, applied in this order:
   context, or ``I don't know your name yet.``;
 * otherwise ``Noted (K user messages so far).``
 
+In JSON mode (``response_format`` set) a text answer ``T`` comes as the JSON
+object ``{"answer": T}``.
+
 As a summarizer (``purpose="summary"``, the request :func:`turnledger.context.summary_request`
 builds) it answers ``Summary of earlier conversation: `` and items joined by
 `` | ``: the previous summary's items, then each newly summarized user message
@@ -197,6 +200,8 @@ class DemoProvider(Provider):
             ]
             text = self._answer(last, user_texts, summaries)
 
+        if request.response_format is not None and request.purpose == "turn":
+            text = json.dumps({"answer": text}, ensure_ascii=False)
         return ModelReply(
             text=text,
             usage=Usage(input_tokens=usage_in, output_tokens=_words(text)),

@@ -177,6 +177,7 @@ class DemoStatefulProvider(Provider):
 
     name = "demo-stateful"
     stateful = True
+    estimate_is_exact = True
 
     def __init__(self, store: DemoStateStore | None = None) -> None:
         """Keep state in ``store`` (default: this process's memory)."""

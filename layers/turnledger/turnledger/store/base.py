@@ -134,16 +134,20 @@ class ContextBudget:
 
 @dataclass
 class PurgeReport:
-    """What a purge removed."""
+    """What a purge removed, and the provider-side state it found (for the caller to delete:
+    the store talks to no model provider)."""
 
     conversations: int = 0
     events: int = 0
     objects: int = 0
+    #: ``(provider, response id)`` of the stored responses the purged head knew of.
+    provider_responses: list[tuple[str, str]] = field(default_factory=list)
 
     def __iadd__(self, other: PurgeReport) -> PurgeReport:
         self.conversations += other.conversations
         self.events += other.events
         self.objects += other.objects
+        self.provider_responses.extend(other.provider_responses)
         return self
 
 
@@ -566,6 +570,9 @@ class ConversationStore(ABC):
         if not self._replace_head(codec.encode_head(key, tomb), item):
             return None
         report.conversations = 0 if item is None else 1
+        if old is not None and old.provider_cursor is not None:
+            cursor = old.provider_cursor
+            report.provider_responses.append((cursor.provider, cursor.response_id))
         return self._finish_purge(key, tomb, report)
 
     def _finish_purge(self, key: ConversationKey, tomb: Head, report: PurgeReport) -> PurgeReport:
