@@ -32,7 +32,7 @@ from typing import Any
 from ..exceptions import ConversationBusy, InternalError, PayloadTooLarge
 from . import codec, keys
 from .base import ConversationStore, Page
-from .blobs import BlobStore
+from .blobs import BlobStore, FileBlobStore
 from .codec import Item
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
 
@@ -44,6 +44,10 @@ SCHEMA_VERSION = 1
 
 #: How long a write waits for another connection's write to end.
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
+
+#: What a data folder (``turnledger local --data-dir``) holds.
+DATABASE_FILE = "turnledger.sqlite3"
+BLOBS_FOLDER = "blobs"
 
 #: The attributes that say which head a conditional write expects.
 _HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN, codec.A_FENCE)
@@ -120,6 +124,15 @@ class SQLiteConversationStore(ConversationStore):
         self._connections_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._prepare()
+
+    @classmethod
+    def in_folder(cls, folder: str | os.PathLike[str], **kwargs: Any) -> SQLiteConversationStore:
+        """The store of a data folder: :data:`DATABASE_FILE`, objects under :data:`BLOBS_FOLDER`.
+
+        Creates the folder, the database and its tables when missing.
+        """
+        root = Path(folder)
+        return cls(root / DATABASE_FILE, FileBlobStore(root / BLOBS_FOLDER), **kwargs)
 
     # --- connections and transactions ---------------------------------------------------
 
