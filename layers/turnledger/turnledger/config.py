@@ -26,6 +26,8 @@
 | ``MAX_TOOL_STEPS`` | ``8`` | model calls per turn before it stops with a reason |
 | ``TOOL_TIMEOUT_SECONDS`` | ``30`` | per tool execution |
 | ``DYNAMODB_ENDPOINT`` / ``S3_ENDPOINT`` | (AWS) | other endpoints (local runner, tests) |
+| ``STORE`` | ``dynamodb`` | ``sqlite``: conversations in ``DATA_DIR`` (``turnledger local --data-dir``) |
+| ``DATA_DIR`` | (none) | the folder of the SQLite store: database file and offloaded payloads |
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+
+#: Where conversations can be kept (``STORE``).
+STORES = ("dynamodb", "sqlite")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -90,6 +96,16 @@ class Settings:
     tool_timeout_seconds: int = 30
     dynamodb_endpoint: str | None = None
     s3_endpoint: str | None = None
+    # Local storage (``turnledger local --data-dir``); Lambda keeps the defaults.
+    #: ``dynamodb`` (table and bucket) or ``sqlite`` (a database file and objects in ``data_dir``).
+    store: str = "dynamodb"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ValueError(f"STORE must be one of {', '.join(STORES)}, got {self.store!r}")
+        if self.store == "sqlite" and not self.data_dir:
+            raise ValueError("STORE=sqlite needs DATA_DIR, the folder to keep conversations in")
 
     def ttl_for(self, tenant: str) -> int:
         """The idle TTL of ``tenant``'s conversations (``0``: never expire)."""
@@ -138,4 +154,6 @@ class Settings:
             tool_timeout_seconds=_int(env, "TOOL_TIMEOUT_SECONDS", cls.tool_timeout_seconds),
             dynamodb_endpoint=opt("DYNAMODB_ENDPOINT"),
             s3_endpoint=opt("S3_ENDPOINT"),
+            store=env.get("STORE") or cls.store,
+            data_dir=opt("DATA_DIR"),
         )
