@@ -408,6 +408,41 @@ def test_an_unreadable_expired_head_is_cleared(store: ConversationStore, clock: 
     assert raw_item(store, live, keys.HEAD_SK) is not None
 
 
+def fence_and_die(store: ConversationStore, key: ConversationKey) -> None:
+    """Stage a clear that fenced the head and died before writing its tombstone."""
+    with (
+        mock.patch.object(store, "_replace_head", side_effect=RuntimeError("died")),
+        pytest.raises(RuntimeError),
+    ):
+        store.clear(key, START)
+    item = raw_item(store, key, keys.HEAD_SK)
+    assert item is not None and codec.A_FENCE in item
+
+
+def test_an_expired_head_left_fenced_by_a_dead_clear_is_cleared(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """A clear that died after fencing leaves a head no turn can commit on: once it has
+    expired the sweep finishes that clear; a fenced head not yet expired is left alone."""
+    expired, live = key_of(1), key_of(2)
+    seed(store, expired, expires_at=EPOCH - 10)
+    alive = seed(store, live, expires_at=EPOCH + HOUR)
+    fence_and_die(store, expired)
+    fence_and_die(store, live)
+
+    report = sweeper(store, clock).expired()
+    listed = sweeper(store, clock).conversations([live])
+
+    assert (report.conversations_removed, report.events_removed, report.objects_removed) == (
+        1,
+        4,
+        1,
+    )
+    assert_gone(store, expired)
+    assert listed.conversations_removed == 0
+    assert_intact(store, live, alive)
+
+
 # --- on demand -----------------------------------------------------------------------------
 
 
