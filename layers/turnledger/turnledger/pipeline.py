@@ -445,9 +445,7 @@ class Conversations:
             output=work.output,
             pending_tool_calls=self._waiting(session.pending),
             usage=work.usage,
-            context=ContextInfo(
-                messages_sent=work.messages_sent, provider_state="fresh"
-            ),
+            context=ContextInfo(messages_sent=work.messages_sent, provider_state="fresh"),
         )
 
 

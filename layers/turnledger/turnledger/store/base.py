@@ -1,11 +1,12 @@
 """The storage contract and all the logic every backend shares.
 
 :class:`ConversationStore` owns encoding, validation, payload offloading,
-context windowing, the commit protocol and the purge protocol. A backend
-implements only the small private primitives at the bottom of the class, each
-documented with what it must do and raise (the pattern of Powertools'
-idempotency persistence layers). ``tests/contract`` runs one suite over every
-backend.
+context windowing, the commit protocol, the purge protocol and the index and
+sweep-cursor operations the sweep and tenant erasure use. A backend implements
+only the small private primitives under "backend primitives", each documented
+with what it must do and raise (the pattern of Powertools' idempotency
+persistence layers). ``tests/contract`` runs one suite over every backend
+(memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
     One atomic write: put each new event item (``attribute_not_exists(pk) OR
