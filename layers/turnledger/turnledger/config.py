@@ -26,7 +26,7 @@
 | ``MAX_TOOL_STEPS`` | ``8`` | model calls per turn before it stops with a reason |
 | ``TOOL_TIMEOUT_SECONDS`` | ``30`` | per tool execution |
 | ``DYNAMODB_ENDPOINT`` / ``S3_ENDPOINT`` | (AWS) | other endpoints (local runner, tests) |
-| ``STORE`` | ``dynamodb`` | ``sqlite``: conversations in ``DATA_DIR`` (``turnledger local --data-dir``) |
+| ``STORE`` | ``dynamodb`` | ``sqlite``: conversations in ``DATA_DIR`` (``local --data-dir``) |
 | ``DATA_DIR`` | (none) | the folder of the SQLite store: database file and offloaded payloads |
 """
 
@@ -36,7 +36,6 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
 
 #: Where conversations can be kept (``STORE``).
 STORES = ("dynamodb", "sqlite")
