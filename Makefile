@@ -12,6 +12,8 @@ DDB_VERSION := 2.9.30
 DDB_DIR := .tools/dynamodb-local
 SAM_VENV := .tools/sam
 PORT ?= 3000
+# Where `make run` keeps conversations across restarts; `make run DATA_DIR=` keeps them in memory.
+DATA_DIR ?= .data
 ARGS ?=
 
 .PHONY: run test lint typecheck template bench clean
@@ -29,9 +31,9 @@ $(DDB_DIR)/DynamoDBLocal.jar:
 	  && tar xzf amplify-dynamodb-simulator-$(DDB_VERSION).tgz --strip-components=2 package/emulator \
 	  && rm -f amplify-dynamodb-simulator-$(DDB_VERSION).tgz
 
-## Run the service locally on 127.0.0.1:$(PORT) with embedded storage and the demo model.
+## Run the service locally on 127.0.0.1:$(PORT), conversations in $(DATA_DIR), the demo model.
 run: $(BIN)/turnledger
-	$(BIN)/turnledger local --port $(PORT) $(ARGS)
+	$(BIN)/turnledger local --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(ARGS)
 
 ## Run every test: unit, functional (moto), contract, integration (DynamoDB Local), HTTP.
 test: $(BIN)/turnledger $(DDB_DIR)/DynamoDBLocal.jar

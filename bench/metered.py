@@ -106,9 +106,9 @@ class MeteredStore(DynamoDBConversationStore):
         with self._timed():
             return super().commit(key, expected_version=expected_version, head=head, events=events)
 
-    def clear(self, key: ConversationKey, now: datetime, *, attempts: int = 5) -> PurgeReport:
+    def clear(self, key: ConversationKey, now: datetime) -> PurgeReport:
         with self._timed():
-            return super().clear(key, now, attempts=attempts)
+            return super().clear(key, now)
 
     def purge_if_unchanged(
         self, key: ConversationKey, head: Head, now: datetime
@@ -121,7 +121,7 @@ class MeteredStore(DynamoDBConversationStore):
         pk: str,
         *,
         lower: str | None,
-        upper: str,
+        upper: str | None,
         descending: bool,
         limit: int,
         cursor: Any,

@@ -48,7 +48,7 @@ from turnledger.store.base import new_generation
 from turnledger.store.blobs import MemoryBlobStore
 from turnledger.store.codec import Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.store.indexes import CURSOR_PK, CURSOR_SK, DynamoDBConversationIndex
+from turnledger.store.indexes import CURSOR_PK, CURSOR_SK
 from turnledger.sweep import SWEEP_LOOKBACK_BUCKETS, Sweeper
 
 from bench.pricing import to_wire
@@ -152,7 +152,7 @@ class Table:
         self.client.delete_item(TableName=self.name, Key=key)
         if bucket is not None:
             store = DynamoDBConversationStore(self.client, self.name, MemoryBlobStore())
-            DynamoDBConversationIndex(store).advance_cursor(bucket)
+            store.advance_sweep_cursor(bucket)
 
 
 def build_table(client: DynamoDBClient, size: int, share: float, rng: random.Random) -> Table:

@@ -5,7 +5,9 @@ Backends of the ``store`` fixture:
 * ``memory``: :class:`MemoryConversationStore` with a :class:`MemoryBlobStore`;
 * ``moto``: :class:`DynamoDBConversationStore` and :class:`S3BlobStore` inside ``moto.mock_aws``;
 * ``dynamodb-local``: :class:`DynamoDBConversationStore` against the real engine
-  (DynamoDB Local, one per xdist worker) with S3 on moto's threaded server.
+  (DynamoDB Local, one per xdist worker) with S3 on moto's threaded server;
+* ``sqlite``: :class:`SQLiteConversationStore` on a database file with a
+  :class:`FileBlobStore` next to it (what ``turnledger local --data-dir`` runs).
 
 Every store gets its own table and bucket, so tests are independent.
 """
@@ -23,9 +25,10 @@ import pytest
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
 from turnledger.store.base import ConversationStore
-from turnledger.store.blobs import S3BlobStore
+from turnledger.store.blobs import FileBlobStore, S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
+from turnledger.store.sqlite import SQLiteConversationStore
 
 from tests.support.aws import AwsClients, aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar
@@ -58,6 +61,7 @@ STORE_BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("moto", id="moto"),
     pytest.param("dynamodb-local", id="dynamodb-local", marks=pytest.mark.integration),
+    pytest.param("sqlite", id="sqlite"),
 ]
 
 
@@ -168,15 +172,26 @@ def ddb_local_store(
     clients.dynamodb.delete_table(TableName=table)
 
 
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[SQLiteConversationStore]:
+    """The SQLite backend on a fresh database file, objects in a folder beside it."""
+    store = SQLiteConversationStore(
+        tmp_path / "turnledger.sqlite3", FileBlobStore(tmp_path / "blobs")
+    )
+    yield store
+    store.close()
+
+
 _STORE_FIXTURES = {
     "memory": "memory_store",
     "moto": "moto_store",
     "dynamodb-local": "ddb_local_store",
+    "sqlite": "sqlite_store",
 }
 
 
 @pytest.fixture(params=STORE_BACKENDS)
 def store(request: pytest.FixtureRequest) -> ConversationStore:
-    """The same store contract on every backend (ids: memory, moto, dynamodb-local)."""
+    """The same store contract on every backend (ids: memory, moto, dynamodb-local, sqlite)."""
     backend: ConversationStore = request.getfixturevalue(_STORE_FIXTURES[request.param])
     return backend

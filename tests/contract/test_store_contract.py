@@ -55,6 +55,7 @@ from tests.support.factories import (
     interleave,
     make_head,
     make_key,
+    put_raw_item,
     raw_item,
     raw_sort_keys,
     small_pages,
@@ -715,25 +716,229 @@ def test_clear_finishes_an_interrupted_purge(store: ConversationStore) -> None:
     assert_absent(store)
 
 
-def test_clear_gives_up_when_turns_keep_committing(store: ConversationStore) -> None:
-    """clear never deletes a turn that committed after it read the head: it retries, and
-    raises ConversationBusy when every attempt lost, with the conversation intact."""
-    latest = commit_turn(store, KEY, None, ["q1"])
-    committed = [latest]
-    replace = store._replace_head
+def test_clear_wins_against_turns_that_keep_committing(store: ConversationStore) -> None:
+    """A turn lands just before clear fences the head, and another one tries just before the
+    tombstone: the first is cleared with the rest, the second is busy and stores nothing, and
+    clear never raises. Nothing of any of them remains."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    outcomes: list[str] = []
 
-    def a_turn_lands_first(*args: object, **kwargs: object) -> bool:
-        committed.append(commit_turn(store, KEY, committed[-1].head, ["again"]))
-        return replace(*args, **kwargs)  # type: ignore[arg-type]
+    def a_turn() -> None:
+        try:
+            commit_turn(store, KEY, store.get_head(KEY), ["again", BIG])
+        except ConversationBusy:
+            outcomes.append("busy")
+        else:
+            outcomes.append("landed")
 
     with (
-        mock.patch.object(store, "_replace_head", side_effect=a_turn_lands_first),
-        pytest.raises(ConversationBusy),
+        interleave(store, "_fence_head", a_turn) as before_fence,
+        interleave(store, "_replace_head", a_turn) as before_tombstone,
     ):
-        store.clear(KEY, START, attempts=3)
+        report = store.clear(KEY, START)
 
-    assert store.get_head(KEY) == committed[-1].head
-    assert all_events(store) == events_of(*committed)
+    assert (before_fence.ran, before_tombstone.ran) == (1, 1)
+    assert outcomes == ["landed", "busy"]
+    assert report == PurgeReport(conversations=1, events=4, objects=2)
+    assert_absent(store)
+    assert first.head.version == 1
+
+
+def test_a_fenced_head_refuses_every_commit_but_stays_readable(store: ConversationStore) -> None:
+    """Between a clear's fence and its tombstone (here: the clear died there), the conversation
+    reads as it was, but no turn can commit on it, whatever head it read, and no conversation
+    can be created over it."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    second = commit_turn(store, KEY, first.head, ["q2"])
+    with (
+        mock.patch.object(store, "_replace_head", side_effect=RuntimeError("died")),
+        pytest.raises(RuntimeError),
+    ):
+        store.clear(KEY, START)
+    fenced = raw_item(store, KEY, keys.HEAD_SK)
+    assert fenced is not None and codec.A_FENCE in fenced
+
+    assert store.get_head(KEY) == second.head
+    assert store.load(KEY, EVERYTHING).events == events_of(first, second)
+    for previous in (second.head, first.head, None):
+        late = build_turn(KEY, previous, ["late", BIG])
+        with pytest.raises(ConversationBusy):
+            store.commit(
+                KEY, expected_version=late.expected_version, head=late.head, events=late.events
+            )
+    assert raw_item(store, KEY, keys.HEAD_SK) == fenced
+    assert all_events(store) == events_of(first, second)
+    assert blob_keys(store, KEY) == refs_of(store, first)
+
+
+def test_the_next_clear_finishes_a_clear_that_died_after_its_fence(
+    store: ConversationStore,
+) -> None:
+    """A clear that died between fence and tombstone is finished by the next one, which adopts
+    the fence (it writes none of its own); then the conversation starts anew."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    commit_turn(store, KEY, first.head, ["q2", "a2"])
+    with (
+        mock.patch.object(store, "_replace_head", side_effect=RuntimeError("died")),
+        pytest.raises(RuntimeError),
+    ):
+        store.clear(KEY, START)
+
+    with mock.patch.object(store, "_fence_head", wraps=store._fence_head) as fences:
+        report = store.clear(KEY, START)
+
+    assert fences.call_count == 0
+    assert report == PurgeReport(conversations=1, events=4, objects=1)
+    assert_absent(store)
+    fresh = commit_turn(store, KEY, None, ["hello again"])
+    assert store.load(KEY, EVERYTHING).events == fresh.events
+
+
+def test_two_clears_racing_on_one_fence_both_succeed(store: ConversationStore) -> None:
+    """A second clear runs whole between the first one's fence and its tombstone: it adopts the
+    fence and wins; the first finds the conversation gone and reports nothing. Neither raises,
+    and what they report together is the conversation, once."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    commit_turn(store, KEY, first.head, ["q2"])
+    other: list[PurgeReport] = []
+
+    with interleave(store, "_replace_head", lambda: other.append(store.clear(KEY, START))) as race:
+        report = store.clear(KEY, START)
+
+    assert race.ran == 1
+    assert other == [PurgeReport(conversations=1, events=3, objects=1)]
+    assert report == PurgeReport()
+    assert_absent(store)
+
+
+def test_the_sweep_and_refiling_leave_a_fenced_head_to_its_clear(
+    store: ConversationStore,
+) -> None:
+    """The sweep's conditional purge and re-filing expect an unfenced head: on a fenced one
+    they do nothing, and the clear that fenced it is not undone."""
+    first = commit_turn(store, KEY, None, ["q1", BIG], expires_at=int(START.timestamp()) + 60)
+    with (
+        mock.patch.object(store, "_replace_head", side_effect=RuntimeError("died")),
+        pytest.raises(RuntimeError),
+    ):
+        store.clear(KEY, START)
+    fenced = raw_item(store, KEY, keys.HEAD_SK)
+
+    assert store.purge_if_unchanged(KEY, first.head, START) is None
+    assert store.refile(KEY, first.head) is False
+
+    assert raw_item(store, KEY, keys.HEAD_SK) == fenced
+    assert all_events(store) == first.events
+
+
+def test_clear_replaces_a_tombstone_it_fenced(store: ConversationStore) -> None:
+    """Another purge writes its tombstone just before clear fences the head it read (so the
+    fence lands on the tombstone): the clear replaces that tombstone and removes everything;
+    no new life can start on the fenced tombstone meanwhile."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    second = commit_turn(store, KEY, first.head, ["q2"])
+    tomb = make_head(
+        version=second.head.version + 1,
+        base=second.head.seq,
+        seq=second.head.seq,
+        status=ConversationStatus.CLEARED,
+    )
+    blocked: list[str] = []
+
+    def another_purge_writes_its_tombstone() -> None:
+        put_raw_item(store, codec.encode_head(KEY, tomb))
+
+    def a_new_life_on_the_tombstone() -> None:
+        fresh = build_turn(KEY, tomb, ["fresh"])
+        try:
+            store.commit(
+                KEY, expected_version=fresh.expected_version, head=fresh.head, events=fresh.events
+            )
+        except ConversationBusy:
+            blocked.append("busy")
+
+    with (
+        interleave(store, "_fence_head", another_purge_writes_its_tombstone) as staged,
+        interleave(store, "_replace_head", a_new_life_on_the_tombstone) as racing,
+    ):
+        report = store.clear(KEY, START)
+
+    assert (staged.ran, racing.ran) == (1, 1)
+    assert blocked == ["busy"]
+    assert (report.events, report.objects) == (3, 1)
+    assert_absent(store)
+
+
+# --- every item of the partition ------------------------------------------------------------
+
+
+def _raw(key: ConversationKey, sk: str, **attributes: object) -> dict[str, object]:
+    return {codec.A_PK: keys.partition_key(key), codec.A_SK: sk, codec.A_SCHEMA: 1, **attributes}
+
+
+@pytest.mark.parametrize("purge", ["clear", "sweep"])
+def test_a_purge_removes_every_item_of_the_partition(store: ConversationStore, purge: str) -> None:
+    """Besides the head and the events, a purge removes items of any other kind the
+    partition holds (idempotency records under ``I#``, with or without a life ``g``, and
+    keys before the events), and nothing of another conversation."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    other = make_key("tenant-a", "conv-2")
+    theirs = commit_turn(store, other, None, ["theirs"])
+    extra = ["A#first", "I#key-1", "I#key-2", "Z#last"]
+    put_raw_item(store, _raw(KEY, extra[0]))
+    put_raw_item(store, _raw(KEY, extra[1], status="COMPLETED", data="{}"))
+    put_raw_item(store, _raw(KEY, extra[2], g=first.head.gen))
+    put_raw_item(store, _raw(KEY, extra[3], g="another-life"))
+    put_raw_item(store, _raw(other, "I#theirs"))
+
+    if purge == "clear":
+        report = store.clear(KEY, START)
+    else:
+        purged = store.purge_if_unchanged(KEY, first.head, START)
+        assert purged is not None
+        report = purged
+
+    assert report == PurgeReport(conversations=1, events=2, objects=1)
+    assert_absent(store)
+    assert raw_sort_keys(store, other) == ["E#000000000001", "HEAD", "I#theirs"]
+    assert store.load(other, EVERYTHING).events == theirs.events
+
+
+def test_clear_removes_the_items_a_vanished_head_left(store: ConversationStore) -> None:
+    """With no head and no events, items of other kinds alone are still removed."""
+    put_raw_item(store, _raw(KEY, "I#orphan"))
+
+    report = store.clear(KEY, START)
+
+    assert report == PurgeReport()
+    assert_absent(store)
+
+
+def test_a_purge_keeps_what_the_next_life_wrote(store: ConversationStore) -> None:
+    """A turn starts the next life on the tombstone before the purge deletes anything, and an
+    item of another kind is written for it with its ``g``: the purge keeps both (and the
+    life's events), while the old life's items go, an unmarked one included."""
+    first = commit_turn(store, KEY, None, ["q1", BIG])
+    put_raw_item(store, _raw(KEY, "I#old", g=first.head.gen))
+    put_raw_item(store, _raw(KEY, "I#unmarked"))
+    new: list[Turn] = []
+
+    def next_life() -> None:
+        tomb = store.get_head(KEY)
+        assert tomb is not None and tomb.status is ConversationStatus.CLEARED
+        new.append(commit_turn(store, KEY, tomb, ["fresh", BIG]))
+        put_raw_item(store, _raw(KEY, "I#new", g=tomb.gen))
+
+    with interleave(store, "_replace_head", next_life, after=True) as staged:
+        report = store.clear(KEY, START)
+
+    assert staged.ran
+    (turn,) = new
+    assert store.get_head(KEY) == turn.head
+    assert all_events(store) == turn.events
+    assert raw_sort_keys(store, KEY) == ["E#000000000003", "E#000000000004", "HEAD", "I#new"]
+    assert blob_keys(store, KEY) == refs_of(store, turn)
+    assert (report.events, report.objects) == (2, 1)
 
 
 # --- clear racing turns -------------------------------------------------------------------

@@ -28,7 +28,7 @@ ANN = Caller(tenant="tenant-a", actor="ann")
 KEY: ConversationKey = make_key("tenant-a", "conv-1")
 
 
-@pytest.fixture(params=["memory", "moto"])
+@pytest.fixture(params=["memory", "moto", "sqlite"])
 def store(request: pytest.FixtureRequest) -> ConversationStore:
     backend: ConversationStore = request.getfixturevalue(f"{request.param}_store")
     return backend

@@ -1,4 +1,5 @@
-"""The sweep, orphan reclaim after TTL deletions, tenant erasure and clear, on memory and moto.
+"""The sweep, orphan reclaim after TTL deletions, tenant erasure and clear, on memory, moto and
+SQLite (DynamoDB Local runs its own in ``tests/integration``).
 
 Every test moves an injected clock instead of waiting, and checks the physical
 items and S3 objects that remain, not only what the report says.
@@ -11,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -25,7 +26,6 @@ from turnledger.runtime import Runtime, set_runtime
 from turnledger.store import codec, keys
 from turnledger.store.base import ContextBudget, ConversationStore, new_generation
 from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.store.indexes import ConversationIndex, index_for
 from turnledger.sweep import (
     SWEEP_LOOKBACK_BUCKETS,
     TIME_MARGIN_MS,
@@ -57,16 +57,11 @@ TTL = 600
 BIG = "x" * 70_000
 
 
-@pytest.fixture(params=["memory", "moto"])
+@pytest.fixture(params=["memory", "moto", "sqlite"])
 def store(request: pytest.FixtureRequest) -> ConversationStore:
-    """The store on the in-process backend and on DynamoDB (moto)."""
+    """The store on the in-process backend, on DynamoDB (moto) and on SQLite."""
     backend: ConversationStore = request.getfixturevalue(f"{request.param}_store")
     return backend
-
-
-@pytest.fixture
-def index(store: ConversationStore) -> ConversationIndex:
-    return index_for(store)
 
 
 @dataclass
@@ -171,13 +166,11 @@ def test_sweep_removes_every_expired_conversation_and_only_those(
         assert_intact(store, key, seeded[key])
 
 
-def test_cursor_moves_only_past_settled_buckets(
-    store: ConversationStore, index: ConversationIndex, clock: FakeClock
-) -> None:
+def test_cursor_moves_only_past_settled_buckets(store: ConversationStore, clock: FakeClock) -> None:
     """First run starts a week back; the cursor ends at the current bucket, never past it."""
     clock.advance(HOUR // 2)
     current = int(clock.now().timestamp()) // HOUR
-    assert index.read_cursor() is None
+    assert store.read_sweep_cursor() is None
     oldest = key_of(1)
     seed(store, oldest, expires_at=(current - SWEEP_LOOKBACK_BUCKETS) * HOUR + 5)
 
@@ -185,13 +178,13 @@ def test_cursor_moves_only_past_settled_buckets(
 
     assert report.conversations_removed == 1
     assert_gone(store, oldest)
-    assert index.read_cursor() == current
-    assert not index.advance_cursor(current - 1), "the cursor never moves back"
-    assert index.read_cursor() == current
+    assert store.read_sweep_cursor() == current
+    assert not store.advance_sweep_cursor(current - 1), "the cursor never moves back"
+    assert store.read_sweep_cursor() == current
 
 
 def test_the_current_bucket_is_swept_again_next_run(
-    store: ConversationStore, index: ConversationIndex, clock: FakeClock
+    store: ConversationStore, clock: FakeClock
 ) -> None:
     """A head of the current hour that expires after one run is swept by the next."""
     clock.advance(60)
@@ -204,11 +197,11 @@ def test_the_current_bucket_is_swept_again_next_run(
     report = sweeper(store, clock).expired()
     assert report.conversations_removed == 1
     assert_gone(store, key)
-    assert index.read_cursor() == EPOCH // HOUR
+    assert store.read_sweep_cursor() == EPOCH // HOUR
 
 
 def test_sweep_stops_at_its_deadline_and_resumes_from_the_cursor(
-    store: ConversationStore, index: ConversationIndex, clock: FakeClock
+    store: ConversationStore, clock: FakeClock
 ) -> None:
     """Out of time: ``complete: false``, the cursor stays at the unfinished bucket.
 
@@ -233,18 +226,18 @@ def test_sweep_stops_at_its_deadline_and_resumes_from_the_cursor(
     assert not first.complete
     assert first.conversations_removed == 3
     # Buckets -4 and -3 hold two each: the first is done, the second half done.
-    assert index.read_cursor() == EPOCH // HOUR - 3
+    assert store.read_sweep_cursor() == EPOCH // HOUR - 3
 
     second = sweeper(store, clock, BudgetContext()).expired()
     assert second.complete
     assert first.conversations_removed + second.conversations_removed == len(expired)
     for key in expired:
         assert_gone(store, key)
-    assert index.read_cursor() == EPOCH // HOUR - 1
+    assert store.read_sweep_cursor() == EPOCH // HOUR - 1
 
 
 def test_a_failing_conversation_keeps_the_cursor_and_is_retried(
-    store: ConversationStore, index: ConversationIndex, clock: FakeClock
+    store: ConversationStore, clock: FakeClock
 ) -> None:
     """One error is logged, the rest is swept, and the bucket is walked again next run."""
     bad, good = key_of(1), key_of(2)
@@ -262,7 +255,7 @@ def test_a_failing_conversation_keeps_the_cursor_and_is_retried(
     assert not first.complete
     assert first.conversations_removed == 1
     assert_gone(store, good)
-    assert index.read_cursor() == EPOCH // HOUR - 2
+    assert store.read_sweep_cursor() == EPOCH // HOUR - 2
 
     second = sweeper(store, clock).expired()
     assert second.complete
@@ -301,7 +294,7 @@ def test_a_turn_racing_the_sweep_survives_whole(store: ConversationStore, clock:
 
 
 def test_a_turn_before_the_head_is_read_makes_it_live(
-    store: ConversationStore, index: ConversationIndex, clock: FakeClock
+    store: ConversationStore, clock: FakeClock
 ) -> None:
     """Selected from the index as expired, but the head read says otherwise: kept."""
     key = key_of(1)
@@ -309,9 +302,9 @@ def test_a_turn_before_the_head_is_read_makes_it_live(
     later = commit_turn(
         store, key, turns[-1].head, ["again"], ttl_seconds=TTL, expires_at=EPOCH + TTL
     )
-    stale = mock.patch.object(index, "expiring_in", side_effect=lambda p: iter([key]))
+    stale = mock.patch.object(store, "expiring_in", side_effect=lambda b, s: iter([key]))
     with stale:
-        report = Sweeper(store, clock=clock.now, index=index).expired()
+        report = Sweeper(store, clock=clock.now).expired()
     assert report.conversations_removed == 0
     assert_intact(store, key, [*turns, later])
 
@@ -372,9 +365,8 @@ def test_tombstones_are_left_to_their_purge_by_the_schedule(
     key = key_of(1)
     seed(store, key, expires_at=EPOCH - 10)
     tomb = tombstone_over(store, key)
-    index = index_for(store)
-    with mock.patch.object(index, "expiring_in", side_effect=lambda p: iter([key])):
-        report = Sweeper(store, clock=clock.now, index=index).expired()
+    with mock.patch.object(store, "expiring_in", side_effect=lambda b, s: iter([key])):
+        report = Sweeper(store, clock=clock.now).expired()
     assert report.events_removed == 0
     assert store.get_head(key) == tomb
 
@@ -414,6 +406,41 @@ def test_an_unreadable_expired_head_is_cleared(store: ConversationStore, clock: 
     assert_gone(store, unknown)
     assert_gone(store, damaged)
     assert raw_item(store, live, keys.HEAD_SK) is not None
+
+
+def fence_and_die(store: ConversationStore, key: ConversationKey) -> None:
+    """Stage a clear that fenced the head and died before writing its tombstone."""
+    with (
+        mock.patch.object(store, "_replace_head", side_effect=RuntimeError("died")),
+        pytest.raises(RuntimeError),
+    ):
+        store.clear(key, START)
+    item = raw_item(store, key, keys.HEAD_SK)
+    assert item is not None and codec.A_FENCE in item
+
+
+def test_an_expired_head_left_fenced_by_a_dead_clear_is_cleared(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """A clear that died after fencing leaves a head no turn can commit on: once it has
+    expired the sweep finishes that clear; a fenced head not yet expired is left alone."""
+    expired, live = key_of(1), key_of(2)
+    seed(store, expired, expires_at=EPOCH - 10)
+    alive = seed(store, live, expires_at=EPOCH + HOUR)
+    fence_and_die(store, expired)
+    fence_and_die(store, live)
+
+    report = sweeper(store, clock).expired()
+    listed = sweeper(store, clock).conversations([live])
+
+    assert (report.conversations_removed, report.events_removed, report.objects_removed) == (
+        1,
+        4,
+        1,
+    )
+    assert_gone(store, expired)
+    assert listed.conversations_removed == 0
+    assert_intact(store, live, alive)
 
 
 # --- on demand -----------------------------------------------------------------------------
@@ -460,13 +487,12 @@ def test_finishing_a_tombstone_never_purges_the_life_that_replaced_it(
     seed(store, key, expires_at=EPOCH + TTL)
     tomb = tombstone_over(store, key)
     new_life: list[Turn] = []
-    index = index_for(store)
 
     def first_turn() -> None:
         new_life.append(commit_turn(store, key, tomb, ["fresh", BIG], ttl_seconds=TTL))
 
-    with interleave(cast(Any, index), "head_item", first_turn, after=True) as race:
-        report = Sweeper(store, clock=clock.now, index=index).conversations([key])
+    with interleave(store, "head_item", first_turn, after=True) as race:
+        report = Sweeper(store, clock=clock.now).conversations([key])
 
     assert race.ran == 1
     assert (report.conversations_removed, report.events_removed, report.objects_removed) == (
@@ -531,16 +557,14 @@ def test_reclaim_retries_when_a_new_life_commits_under_it(
     seed(store, key, expires_at=EPOCH - 10, turns=3)
     delete_raw_item(store, key, keys.HEAD_SK)
     new_life: list[Turn] = []
-    index = index_for(store)
 
     def first_turn() -> None:
         new_life.append(
             commit_turn(store, key, None, ["fresh", BIG], ttl_seconds=TTL, expires_at=EPOCH + TTL)
         )
 
-    # interleave() patches a method of any object; here the index's, not the store's.
-    with interleave(cast(Any, index), "event_stamps", first_turn, after=True) as race:
-        report = Sweeper(store, clock=clock.now, index=index).reclaim([key])
+    with interleave(store, "event_stamps", first_turn, after=True) as race:
+        report = Sweeper(store, clock=clock.now).reclaim([key])
 
     assert race.ran == 1
     assert report.complete
@@ -557,15 +581,14 @@ def test_reclaim_deletes_are_conditional_on_the_life_read(
     seed(store, key, expires_at=EPOCH - 10, turns=3)
     delete_raw_item(store, key, keys.HEAD_SK)
     new_life: list[Turn] = []
-    index = index_for(store)
 
     def first_turn() -> None:
         new_life.append(
             commit_turn(store, key, None, ["fresh", BIG], ttl_seconds=TTL, expires_at=EPOCH + TTL)
         )
 
-    with interleave(cast(Any, index), "delete_event", first_turn) as race:
-        report = Sweeper(store, clock=clock.now, index=index).reclaim([key])
+    with interleave(store, "delete_event", first_turn) as race:
+        report = Sweeper(store, clock=clock.now).reclaim([key])
 
     assert race.ran == 1
     assert report.events_removed == 4, "the two overwritten items were not deleted"

@@ -8,8 +8,10 @@ checks live here rather than in the contract suite.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,6 +21,7 @@ from turnledger.store.base import ContextBudget
 from turnledger.store.dynamodb import DynamoDBConversationStore
 
 from tests.support.factories import (
+    START,
     Turn,
     blob_keys,
     build_turn,
@@ -167,3 +170,57 @@ def test_concurrent_commits_lose_as_conversation_busy(
     winner = contenders[outcomes.index("won")]
     assert store.get_head(key) == winner.head
     assert store.load(key, EVERYTHING).events == first.events + winner.events
+
+
+def test_clear_always_wins_against_turns_committing_on_threads(
+    ddb_local_store: DynamoDBConversationStore,
+) -> None:
+    """Four threads commit turns in a loop, each on the head it just read, while clears run
+    one after another: every clear succeeds (never ConversationBusy), turns keep landing
+    between them, and after each clear the conversation holds only turns that read it after
+    the clear began, never an older one."""
+    store = ddb_local_store
+    key = make_key("tenant-int", "clear-race")
+    counter = itertools.count(1)
+    stop = threading.Event()
+    landed: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            try:
+                current = store.get_head(key)
+                number = next(counter)  # taken after the read: later than any clear it saw
+                turn = build_turn(key, current, [f"{number}", f"answer {number}"])
+                store.commit(
+                    key, expected_version=turn.expected_version, head=turn.head, events=turn.events
+                )
+            except ConversationBusy:
+                continue
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            landed.append(number)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(12):
+            while len(landed) < 3:
+                time.sleep(0.005)  # let turns land before each clear
+            before = next(counter)
+            landed.clear()
+            store.clear(key, START)
+            snapshot = store.load(key, EVERYTHING)
+            numbers = [
+                int(e.payload["content"]) for e in snapshot.events if e.kind.value == "user_message"
+            ]
+            assert all(n > before for n in numbers), (before, numbers)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    store.clear(key, START)
+    assert raw_sort_keys(store, key) == []

@@ -16,11 +16,7 @@ from typing import Any
 import pytest
 from turnledger.store import keys
 from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.store.indexes import (
-    CURSOR_PK,
-    CURSOR_SK,
-    DynamoDBConversationIndex,
-)
+from turnledger.store.indexes import CURSOR_PK, CURSOR_SK
 from turnledger.sweep import Sweeper
 
 from tests.functional.test_sweep import HOUR, TTL, assert_gone, assert_intact, key_of, seed
@@ -91,8 +87,7 @@ def test_the_sweep_reads_what_expired_not_the_table(
     store: DynamoDBConversationStore, clock: FakeClock
 ) -> None:
     """Four times the live conversations leave the sweep's read units unchanged (no scan)."""
-    index = DynamoDBConversationIndex(store)
-    index.advance_cursor(EPOCH // HOUR - 1)
+    store.advance_sweep_cursor(EPOCH // HOUR - 1)
 
     def run(first: int, live: int) -> float:
         for n in range(first, first + live):
@@ -111,13 +106,12 @@ def test_the_sweep_reads_what_expired_not_the_table(
 
 
 def test_cursor_writes_only_move_forward(store: DynamoDBConversationStore) -> None:
-    index = DynamoDBConversationIndex(store)
-    assert index.read_cursor() is None
-    assert index.advance_cursor(100)
-    assert not index.advance_cursor(99)
-    assert not index.advance_cursor(100)
-    assert index.advance_cursor(101)
-    assert index.read_cursor() == 101
+    assert store.read_sweep_cursor() is None
+    assert store.advance_sweep_cursor(100)
+    assert not store.advance_sweep_cursor(99)
+    assert not store.advance_sweep_cursor(100)
+    assert store.advance_sweep_cursor(101)
+    assert store.read_sweep_cursor() == 101
     store.client.put_item(
         TableName=store.table_name,
         Item={
@@ -127,8 +121,8 @@ def test_cursor_writes_only_move_forward(store: DynamoDBConversationStore) -> No
             "bucket": {"N": "5"},
         },
     )
-    assert index.read_cursor() is None, "an unknown cursor version is not trusted"
-    assert not index.advance_cursor(200), "nor overwritten"
+    assert store.read_sweep_cursor() is None, "an unknown cursor version is not trusted"
+    assert not store.advance_sweep_cursor(200), "nor overwritten"
 
 
 def test_concurrent_sweeps_on_the_real_engine(
@@ -181,9 +175,9 @@ def test_erasure_pages_through_the_tenant_index(
         seed(store, key, expires_at=None, turns=1)
     theirs = key_of(1, "globex")
     kept = seed(store, theirs, expires_at=None, turns=1)
-    index = DynamoDBConversationIndex(store, page_size=2)
+    store.index_page_size = 2
 
-    report = Sweeper(store, clock=clock.now, index=index).erase("acme")
+    report = Sweeper(store, clock=clock.now).erase("acme")
 
     assert report.complete
     assert (report.conversations_removed, report.events_removed, report.objects_removed) == (

@@ -8,9 +8,10 @@ the stored layout and damage it on purpose.
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -30,6 +31,7 @@ from turnledger.store.base import ConversationStore, new_generation
 from turnledger.store.codec import BlobRef, Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
+from turnledger.store.sqlite import SQLiteConversationStore
 
 #: Where every fake clock starts.
 #: In the future on purpose: DynamoDB Local, like DynamoDB, deletes items whose TTL
@@ -194,6 +196,13 @@ def commit_turn(
 
 # --- physical items -----------------------------------------------------------------------
 
+
+def _sqlite_rows(store: SQLiteConversationStore, sql: str, *params: str) -> list[Any]:
+    """Rows read on a connection of its own to the store's file (it sees every commit)."""
+    with closing(sqlite3.connect(store.path)) as db:
+        return db.execute(sql, params).fetchall()
+
+
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
@@ -220,6 +229,9 @@ def raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | 
         if wire is None:
             return None
         return {name: _plain(_deserializer.deserialize(v)) for name, v in wire.items()}
+    if isinstance(store, SQLiteConversationStore):
+        rows = _sqlite_rows(store, "SELECT item FROM items WHERE pk = ? AND sk = ?", pk, sk)
+        return dict(json.loads(rows[0][0])) if rows else None
     raise TypeError(f"no raw access to {type(store).__name__}")
 
 
@@ -240,6 +252,9 @@ def raw_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
         ):
             found.extend(item["sk"]["S"] for item in page.get("Items", []))
         return found
+    if isinstance(store, SQLiteConversationStore):
+        rows = _sqlite_rows(store, "SELECT sk FROM items WHERE pk = ? ORDER BY sk", pk)
+        return [sk for (sk,) in rows]
     raise TypeError(f"no raw access to {type(store).__name__}")
 
 
@@ -251,6 +266,10 @@ def put_raw_item(store: ConversationStore, item: Item) -> None:
     if isinstance(store, DynamoDBConversationStore):
         wire = {name: _serializer.serialize(value) for name, value in item.items()}
         store.client.put_item(TableName=store.table_name, Item=wire)
+        return
+    if isinstance(store, SQLiteConversationStore):
+        with store._transaction() as db:
+            store._put(db, [item])
         return
     raise TypeError(f"no raw access to {type(store).__name__}")
 
@@ -265,6 +284,10 @@ def delete_raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> 
         store.client.delete_item(
             TableName=store.table_name, Key={codec.A_PK: {"S": pk}, codec.A_SK: {"S": sk}}
         )
+        return
+    if isinstance(store, SQLiteConversationStore):
+        with store._transaction() as db:
+            db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", (pk, sk))
         return
     raise TypeError(f"no raw access to {type(store).__name__}")
 

@@ -48,6 +48,8 @@ Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, `
 | ``BEDROCK_MAX_TOKENS`` | ``0`` (the model's default) | ``inferenceConfig.maxTokens`` |
 | ``BEDROCK_JSON_MODE`` | ``tool`` | JSON mode: ``tool`` (a forced answer tool) or ``native`` |
 | ``DEMO_STATE_DIR`` | (none: memory) | where ``demo-stateful`` keeps state (shared by processes) |
+| ``STORE`` | ``dynamodb`` | ``sqlite``: conversations in ``DATA_DIR`` (``local --data-dir``) |
+| ``DATA_DIR`` | (none) | the folder of the SQLite store: database file and offloaded payloads |
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+#: Where conversations can be kept (``STORE``).
+STORES = ("dynamodb", "sqlite")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -205,10 +210,21 @@ class Settings:
     bedrock_json_mode: str = "tool"
     demo_state_dir: str | None = None
 
+    # Local storage (``turnledger local --data-dir``); Lambda keeps the defaults.
+    #: ``dynamodb`` (table and bucket) or ``sqlite`` (a database file and objects in ``data_dir``).
+    store: str = "dynamodb"
+    data_dir: str | None = None
+
     @property
     def allowed_providers(self) -> tuple[str, ...]:
         """The providers a turn may name: the default one first."""
         return (self.provider, *(p for p in self.providers if p != self.provider))
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ValueError(f"STORE must be one of {', '.join(STORES)}, got {self.store!r}")
+        if self.store == "sqlite" and not self.data_dir:
+            raise ValueError("STORE=sqlite needs DATA_DIR, the folder to keep conversations in")
 
     def ttl_for(self, tenant: str) -> int:
         """The idle TTL of ``tenant``'s conversations (``0``: never expire)."""
@@ -305,4 +321,6 @@ class Settings:
                 env, "BEDROCK_JSON_MODE", ("tool", "native"), cls.bedrock_json_mode
             ),
             demo_state_dir=opt("DEMO_STATE_DIR"),
+            store=env.get("STORE") or cls.store,
+            data_dir=opt("DATA_DIR"),
         )

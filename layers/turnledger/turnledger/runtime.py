@@ -21,6 +21,7 @@ from .pipeline import Conversations
 from .providers.factory import build_provider
 from .redaction import Redactor, load_redactor
 from .session import Clock, utc_now
+from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
 from .tools.executors import ToolRunner
@@ -43,7 +44,8 @@ class Runtime:
 
     settings: Settings
     conversations: Conversations
-    store: DynamoDBConversationStore
+    store: ConversationStore
+    #: DynamoDB, also with the SQLite store: Powertools' idempotency records live there.
     dynamodb: DynamoDBClient
     #: Powertools idempotency persistence and config, built on the first keyed request.
     idempotency: Any = None
@@ -55,13 +57,7 @@ class Runtime:
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
-        s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
-        store = DynamoDBConversationStore(
-            dynamodb,
-            settings.table_name,
-            S3BlobStore(s3, settings.bucket_name),
-            offload_threshold=settings.offload_threshold_bytes,
-        )
+        store = _build_store(settings, session, dynamodb)
         http = httpx.Client(timeout=settings.tool_timeout_seconds)
 
         def lambda_client() -> LambdaClient:
@@ -82,6 +78,27 @@ class Runtime:
             clock=clock,
         )
         return cls(settings=settings, conversations=conversations, store=store, dynamodb=dynamodb)
+
+
+def _build_store(
+    settings: Settings, session: boto3.session.Session, dynamodb: DynamoDBClient
+) -> ConversationStore:
+    """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files."""
+    if settings.store == "sqlite":
+        # Imported here: Lambda never runs it, and its cold start should not pay for it.
+        from .store.sqlite import SQLiteConversationStore
+
+        assert settings.data_dir is not None  # Settings refuses sqlite without a folder
+        return SQLiteConversationStore.in_folder(
+            settings.data_dir, offload_threshold=settings.offload_threshold_bytes
+        )
+    s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
+    return DynamoDBConversationStore(
+        dynamodb,
+        settings.table_name,
+        S3BlobStore(s3, settings.bucket_name),
+        offload_threshold=settings.offload_threshold_bytes,
+    )
 
 
 _lock = threading.Lock()

@@ -18,7 +18,8 @@ got a turn after it was selected survives whole, and of two sweeps racing on
 one conversation exactly one counts it. The cost grows with the number of
 buckets walked and of heads in them, not with the table.
 
-* Cursor: the first bucket not yet fully swept (:mod:`.store.indexes`). It
+* Cursor: the first bucket not yet fully swept
+  (:meth:`~.store.base.ConversationStore.read_sweep_cursor`). It
   moves past a bucket only once every candidate in it was handled and the
   bucket ended :data:`INDEX_SETTLE_SECONDS` ago (so the index has caught up
   with heads written just before it ended), and only forward: concurrent
@@ -34,7 +35,8 @@ buckets walked and of heads in them, not with the table.
   tombstone's expiry is due at once, so if its purge died, DynamoDB's TTL removes
   it and the stream below reclaims the rest.
   Heads too damaged to decode whose raw ``expires_at`` has passed are cleared
-  (``clear`` recovers them) and logged.
+  (``clear`` recovers them) and logged, and so are expired heads left fenced by
+  a clear that died (``clear`` adopts the fence and finishes).
 
 **On demand** (``{"conversation_ids": [...], "tenant": "..."}``, and
 ``POST /_local/sweep`` with a body) sweeps only these conversations: expired
@@ -72,12 +74,14 @@ Objects go before event items, so an interrupted reclaim leaves the items that
 name the dead life for the next attempt.
 
 **Tenant erasure** (``DELETE /v1/conversations``) pages through the
-``by-tenant`` index and clears each conversation (head, events, objects) until
-the time budget runs out, answering ``complete: false`` then; the caller calls
-again. What was erased is gone from the index, so the next call resumes
-naturally (a lagging index only makes it re-read a few absent heads). A turn
-that starts a conversation while erasure runs may survive it: erasure removes
-what existed when it reached each conversation.
+``by-tenant`` index and clears each conversation (head, events, every other
+item of its partition, objects; a clear wins against turns committing
+meanwhile, see the fence in :mod:`.store.base`) until the time budget runs
+out, answering ``complete: false`` then; the caller calls again. What was
+erased is gone from the index, so the next call resumes naturally (a lagging
+index only makes it re-read a few absent heads). A turn that starts a
+conversation while erasure runs may survive it: erasure removes what existed
+when it reached each conversation.
 """
 
 from __future__ import annotations
@@ -101,7 +105,7 @@ from .session import Clock
 from .store import codec, keys
 from .store.base import CapacityMeter, ConversationStore, PurgeReport
 from .store.codec import Item
-from .store.indexes import ConversationIndex, EventStamp, index_for
+from .store.indexes import EventStamp
 
 #: Where the first run (no cursor yet) starts: one week of expiry buckets back.
 SWEEP_LOOKBACK_BUCKETS = 7 * 24 * 3600 // keys.EXPIRY_BUCKET_SECONDS
@@ -187,13 +191,13 @@ def _identity(item: Item | None) -> tuple[Any, Any] | None:
 
 
 class Sweeper:
-    """Sweeps, reclaims and erases conversations of one store.
+    """Sweeps, reclaims and erases conversations of one store, through its public interface.
 
     Args:
-        store: the conversations.
+        store: the conversations (any backend: the index and cursor operations are
+            the store's own).
         clock: the current time (injected in tests).
         deadline: when to stop (:meth:`Deadline.of` the Lambda context).
-        index: the store's indexes (default: :func:`.store.indexes.index_for`).
         forget: deletes provider-side state the purged heads knew of (best effort);
             returns how many responses were deleted.
     """
@@ -204,13 +208,11 @@ class Sweeper:
         *,
         clock: Clock,
         deadline: Deadline | None = None,
-        index: ConversationIndex | None = None,
         forget: Callable[[list[tuple[str, str]]], int] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.deadline = deadline or Deadline(None)
-        self.index = index or index_for(store)
         self.forget = forget
 
     # --- the scheduled sweep ------------------------------------------------------------
@@ -222,14 +224,14 @@ class Sweeper:
         epoch = int(now.timestamp())
         current = epoch // keys.EXPIRY_BUCKET_SECONDS
         settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
-        cursor = self.index.read_cursor()
+        cursor = self.store.read_sweep_cursor()
         first = current - SWEEP_LOOKBACK_BUCKETS if cursor is None else cursor
         may_advance = True
         for bucket in range(first, current + 1):
             handled = self._sweep_bucket(bucket, now, run)
             may_advance = may_advance and handled and bucket < settled
             if may_advance:
-                self.index.advance_cursor(bucket + 1)
+                self.store.advance_sweep_cursor(bucket + 1)
             if not handled and self.deadline.reached():
                 break
         return run.view()
@@ -241,7 +243,7 @@ class Sweeper:
             if self.deadline.reached():
                 run.complete = False
                 return False
-            candidates = self.index.expiring_in(f"{bucket}#{shard}")
+            candidates = self.store.expiring_in(bucket, shard)
             if not self._each(candidates, run, lambda k: self._sweep_one(k, now, False)):
                 handled = False
         return handled
@@ -258,14 +260,18 @@ class Sweeper:
     def _sweep_one(
         self, key: ConversationKey, now: datetime, finish_tombstones: bool
     ) -> PurgeReport:
-        item = self.index.head_item(key)
+        item = self.store.head_item(key)
         if item is None:
             return PurgeReport()  # purged already, removed by TTL, or never there
+        expires = item.get(codec.A_EXPIRES)
+        expired = isinstance(expires, int) and now.timestamp() >= expires
+        if codec.A_FENCE in item:
+            # A clear is in flight, or died after fencing: it wins; once expired, finish it.
+            return self.store.clear(key, now) if expired else PurgeReport()
         try:
             head = codec.decode_head(item)
         except StateError as exc:
-            expires = item.get(codec.A_EXPIRES)
-            if isinstance(expires, int) and now.timestamp() >= expires:
+            if expired:
                 logger.warning(
                     "clearing an expired head that cannot be read",
                     extra={
@@ -304,7 +310,7 @@ class Sweeper:
 
     def _reclaim_one(self, key: ConversationKey, now: datetime) -> PurgeReport:
         for _ in range(RECLAIM_ATTEMPTS):
-            before = self.index.head_item(key)
+            before = self.store.head_item(key)
             live_gen: str | None = None
             if before is not None:
                 try:
@@ -323,7 +329,7 @@ class Sweeper:
                 if head.status is ConversationStatus.CLEARED:
                     return self.store.purge_if_unchanged(key, head, now) or PurgeReport()
                 live_gen = head.gen
-            stamps = [s for s in self.index.event_stamps(key) if s.gen is None or s.gen != live_gen]
+            stamps = [s for s in self.store.event_stamps(key) if s.gen is None or s.gen != live_gen]
             objects = (
                 [
                     k
@@ -333,7 +339,7 @@ class Sweeper:
                 if live_gen is not None
                 else []
             )
-            if _identity(self.index.head_item(key)) != _identity(before):
+            if _identity(self.store.head_item(key)) != _identity(before):
                 continue
             return self._delete_dead(key, stamps, objects, head_gone=before is None)
         raise ConversationBusy("the conversation kept changing while its orphans were reclaimed")
@@ -350,7 +356,7 @@ class Sweeper:
                 report.objects += self.store.blobs.delete_keys(self.store.blobs.list_keys(prefix))
         else:
             report.objects += self.store.blobs.delete_keys(objects)
-        report.events = sum(1 for s in stamps if self.index.delete_event(key, s))
+        report.events = sum(1 for s in stamps if self.store.delete_event(key, s))
         report.conversations = 1 if head_gone and report.events else 0
         return report
 
@@ -360,7 +366,7 @@ class Sweeper:
         """Clear every conversation of ``tenant``, in index order, until the deadline."""
         run = _Run(self)
         now = self.clock()
-        self._each(self.index.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
+        self._each(self.store.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
         return run.view()
 
     # --- shared -------------------------------------------------------------------------

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the API locally",
         description=(
             "Serve the routes of template.yaml through the functions' own handlers,\n"
-            "on embedded DynamoDB and S3 (moto) unless endpoints are given."
+            "on embedded DynamoDB and S3 (moto) unless endpoints are given;\n"
+            "with --data-dir, conversations are kept in a folder (SQLite) instead."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -77,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--provider", metavar="NAME", help="model provider: demo or openai-chat (default: demo)"
     )
     local.add_argument("--model", help="default model name")
+    local.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "keep conversations in DIR (a SQLite database and payload files), across "
+            "restarts; without it they live in the embedded storage and go when it stops"
+        ),
+    )
     local.add_argument(
         "--dynamodb-endpoint", metavar="URL", help="use this DynamoDB instead of the embedded one"
     )
@@ -169,13 +179,15 @@ def config_from_args(args: argparse.Namespace) -> LocalConfig:
         tenant_claim=args.tenant_claim,
         region=args.region,
         log_level=args.log_level,
+        data_dir=args.data_dir,
     )
 
 
 def _banner(url: str, runner: LocalRunner) -> str:
-    storage = (
-        ", ".join(f"{name} {endpoint}" for name, endpoint in runner.endpoints.items()) or "none"
-    )
+    places = [f"{name} {endpoint}" for name, endpoint in runner.endpoints.items()]
+    if runner.config.data_dir is not None:
+        places.insert(0, f"conversations in {runner.config.data_dir.resolve()}")
+    storage = ", ".join(places) or "none"
     body = shlex.quote('{"input": "My name is Ada."}')
     return (
         f"turnledger local: serving {url} (storage: {storage})\n"

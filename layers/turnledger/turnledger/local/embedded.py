@@ -116,6 +116,7 @@ def provision(
     dynamodb_endpoint: str,
     s3_endpoint: str,
     region: str,
+    conversations: bool = True,
 ) -> list[str]:
     """Create the tables and the bucket that do not exist yet.
 
@@ -125,6 +126,8 @@ def provision(
         dynamodb_endpoint: DynamoDB endpoint URL.
         s3_endpoint: S3 endpoint URL.
         region: the region clients sign for.
+        conversations: False: only the idempotency table (conversations are kept
+            elsewhere, in a ``--data-dir``).
 
     Returns:
         The names of what was created (empty when everything existed).
@@ -134,12 +137,12 @@ def provision(
     """
     created: list[str] = []
     dynamodb = _dynamodb(dynamodb_endpoint, region)
-    for resource, name in (
-        (CONVERSATIONS_TABLE, names.table),
-        (IDEMPOTENCY_TABLE, names.idempotency_table),
-    ):
+    tables = [(IDEMPOTENCY_TABLE, names.idempotency_table)]
+    if conversations:
+        tables.insert(0, (CONVERSATIONS_TABLE, names.table))
+    for resource, name in tables:
         if _ensure_table(dynamodb, template, resource, name):
             created.append(name)
-    if _ensure_bucket(_s3(s3_endpoint, region), names.bucket, region):
+    if conversations and _ensure_bucket(_s3(s3_endpoint, region), names.bucket, region):
         created.append(names.bucket)
     return created

@@ -100,6 +100,10 @@ class LocalConfig:
     log_level: str = "INFO"
     #: False: start no storage and create nothing (runs whose handlers need none).
     provision_storage: bool = True
+    #: Keep conversations in this folder (SQLite and payload files), surviving restarts;
+    #: ``None``: in the DynamoDB table and bucket (embedded: gone when the runner stops).
+    #: Idempotency records stay in the DynamoDB idempotency table either way.
+    data_dir: Path | None = None
     #: Extra environment variables for the functions, applied last.
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -274,6 +278,8 @@ class LocalRunner:
             "PROVIDER": cfg.provider,
             "MODEL": cfg.model,
             "TOOLS_FILE": None if cfg.tools_file is None else str(cfg.tools_file.resolve()),
+            "STORE": None if cfg.data_dir is None else "sqlite",
+            "DATA_DIR": None if cfg.data_dir is None else str(cfg.data_dir.resolve()),
         }
         env.update({name: value for name, value in optional.items() if value is not None})
         return env
@@ -312,6 +318,7 @@ class LocalRunner:
             dynamodb_endpoint=dynamodb,
             s3_endpoint=s3,
             region=cfg.region,
+            conversations=cfg.data_dir is None,
         )
         if created:
             logger.info("created %s", ", ".join(created))

@@ -1,11 +1,12 @@
 """The storage contract and all the logic every backend shares.
 
 :class:`ConversationStore` owns encoding, validation, payload offloading,
-context windowing, the commit protocol and the purge protocol. A backend
-implements only the small private primitives at the bottom of the class, each
-documented with what it must do and raise (the pattern of Powertools'
-idempotency persistence layers). ``tests/contract`` runs one suite over every
-backend.
+context windowing, the commit protocol, the purge protocol and the index and
+sweep-cursor operations the sweep and tenant erasure use. A backend implements
+only the small private primitives under "backend primitives", each documented
+with what it must do and raise (the pattern of Powertools' idempotency
+persistence layers). ``tests/contract`` runs one suite over every backend
+(memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
     One atomic write: put each new event item (``attribute_not_exists(pk) OR
@@ -21,11 +22,53 @@ The purge protocol (clear, sweep, a turn on an expired conversation)
        still the one that was read (absent, when there was none but leftovers
        remain): in-flight commits of the old life now fail, and readers see
        nothing. The tombstone names the next life (a new ``gen``) and keeps
-       the storage sequence, so a turn that starts during the purge writes
-       above every old event and can never be mixed with them.
-    2. Delete every event item up to the tombstone's sequence, and every S3
-       object of the conversation that is not the next life's.
+       the storage sequence's high-water mark, so a turn that starts during
+       the purge writes above every old event and can never be mixed with them.
+    2. Delete every item of the conversation's partition except the head and
+       what the next life may have written: event items up to the tombstone's
+       sequence, and items of any other kind (idempotency records under
+       ``I#``...) unless they carry the next life's ``g``; then every object of
+       the conversation that is not the next life's.
     3. Delete the tombstone if it is unchanged (no new life began).
+
+Clear wins: the fence
+    The sweep purges only the head it judged expired, so a turn that lands
+    first makes it give up, as it should. A clear (``DELETE``, erasure) must
+    win instead, in bounded time, however many turns keep committing; retrying
+    step 1 cannot promise that, since each retry reads a head the next commit
+    replaces. So a clear first *fences* the head: one write, conditional only on
+    the head existing with no fence yet, that sets ``fx`` to a token of this
+    clear and returns the head as fenced. Every conditional head write compares
+    ``fx`` together with ``ver`` and ``g`` (each equal, or absent in both) and
+    only a clear ever writes ``fx``, so from the fence on:
+
+    * no commit can land: a commit expects a head without ``fx`` (or no head,
+      and there is one), so it raises ConversationBusy and stores nothing;
+    * the storage sequence's high-water mark is final (only commits write
+      events): the tombstone's base, computed after the fence, covers every
+      old event, and step 1's guarantee holds as without a fence;
+    * the sweep's conditional purge and re-filing fail too (they expect no
+      fence) and leave the conversation to the clear.
+
+    Step 1 is then conditional on the fenced head, token included: it fails
+    only when another clear replaced it. A clear that finds a fence already
+    there *adopts* it (writes none of its own, so two clears never undo each
+    other's fences) and races its owner to step 1: the first tombstone wins,
+    and the other clear reads it and finishes that purge. A clear that finds
+    an unfenced tombstone finishes that purge; a fenced tombstone (fenced by a
+    clear that read the live head just before a purge replaced it) is replaced
+    like any fenced head. Every round of a clear thus either writes its
+    tombstone or moves to a state from which the next round ends (another
+    clear's tombstone, a head that appeared over leftovers, a head that
+    vanished): turns alone can never make it fail. A clear that dies between
+    its fence and its tombstone leaves a fenced head on which turns answer
+    busy until the next clear adopts the fence and finishes (the sweep clears
+    such a head once it has expired).
+
+    Leftovers of an old life are never read as the new one: a new life starts
+    only on a tombstone (above its base) or on no head (conditionally, so a
+    tombstone written meanwhile makes it fail), reads check ``g`` on every
+    item, and the items of its range are all written by its own commits.
 """
 
 from __future__ import annotations
@@ -42,7 +85,6 @@ from datetime import datetime
 from typing import Any
 
 from ..exceptions import (
-    ConversationBusy,
     CorruptedState,
     InternalError,
     StateError,
@@ -52,6 +94,16 @@ from ..models import ConversationKey, ConversationStatus, Event, Head
 from . import codec, keys
 from .blobs import BlobStore
 from .codec import BlobRef, Item, StoredEvent
+from .indexes import (
+    CURSOR_PK,
+    CURSOR_SK,
+    EXPIRY_INDEX,
+    INDEX_PAGE_SIZE,
+    TENANT_INDEX,
+    EventStamp,
+    cursor_bucket,
+    cursor_item,
+)
 
 #: Payloads at or over this size go to S3. DynamoDB's item limit is 400 KB; a
 #: 64 KiB threshold leaves wide margin for the item's other attributes and
@@ -66,6 +118,9 @@ MAX_EVENTS_PER_COMMIT = 99
 #: small, because the rest is read at the eventually consistent (half) price, and
 #: what it reads below the summary is paid for.
 FIRST_PAGE = 8
+#: Rounds of a clear before it gives up. Turns cannot make a round fail (see the
+#: fence); a few rounds cover other clears, a head appearing over leftovers, TTL.
+_CLEAR_ROUNDS = 8
 
 
 @dataclass
@@ -174,6 +229,15 @@ def _storage_sequence(item: Item) -> int:
             "an item of the transcript has no event key",
             details={"item": sort_key, "reason": str(exc)},
         ) from exc
+
+
+def _tombstone_of(item: Item) -> Head | None:
+    """The tombstone ``item`` holds, or ``None`` (a live head, or one that cannot be read)."""
+    try:
+        head = codec.decode_head(item)
+    except StateError:
+        return None
+    return head if head.status is ConversationStatus.CLEARED else None
 
 
 def _gaps(first: int, last: int) -> CorruptedState:
@@ -485,9 +549,11 @@ class ConversationStore(ABC):
             with contextlib.suppress(Exception):
                 self.blobs.delete_keys(written)
 
-    def clear(self, key: ConversationKey, now: datetime, *, attempts: int = 5) -> PurgeReport:
-        """Delete the conversation, its events and its objects; absent is fine.
+    def clear(self, key: ConversationKey, now: datetime) -> PurgeReport:
+        """Delete the conversation, its events, its other items and its objects; absent is fine.
 
+        Wins against concurrent turns in bounded time (the fence, in the module
+        docstring): turns that race it answer ConversationBusy, the clear never does.
         Works on corrupted and unknown-version heads too: that is how they recover.
         Also removes what a head left behind when DynamoDB's TTL deleted it.
 
@@ -495,15 +561,22 @@ class ConversationStore(ABC):
             What was removed (all zeros for an absent conversation).
 
         Raises:
-            ConversationBusy: turns kept committing through every attempt.
+            InternalError: the head kept changing in ways no turn can cause (a bug).
         """
         pk = keys.partition_key(key)
-        for _ in range(attempts):
+        for _ in range(_CLEAR_ROUNDS):
             item = self._get_item(pk, keys.HEAD_SK)
+            if item is not None and codec.A_FENCE not in item:
+                tomb = _tombstone_of(item)
+                if tomb is not None:
+                    return self._finish_purge(key, tomb, PurgeReport())
+                item = self._fence_head(pk, secrets.token_hex(8))
+                if item is None:
+                    continue  # gone, or fenced by another clear first: read again
             report = self._purge(key, item, now)
             if report is not None:
                 return report
-        raise ConversationBusy("the conversation kept changing while it was being cleared")
+        raise InternalError("the conversation's head kept changing while it was being cleared")
 
     def purge_if_unchanged(
         self, key: ConversationKey, head: Head, now: datetime
@@ -544,11 +617,16 @@ class ConversationStore(ABC):
                 old = codec.decode_head(item)
             except StateError:
                 old = None  # damaged or from a newer build: replaced all the same
-            if old is not None and old.status is ConversationStatus.CLEARED:
-                return self._finish_purge(key, old, report)  # a purge that did not finish
-        top = max(old.seq if old else 0, self._highest_event_sequence(pk))
-        if item is None and top == 0 and not self._has_objects(key):
+            # A purge that did not finish; a fenced tombstone is replaced like any fenced head.
+            if (
+                old is not None
+                and old.status is ConversationStatus.CLEARED
+                and codec.A_FENCE not in item
+            ):
+                return self._finish_purge(key, old, report)
+        if item is None and not self._has_items(pk) and not self._has_objects(key):
             return report  # nothing at all: no tombstone to write
+        top = max(old.seq if old else 0, self._highest_event_sequence(pk))
         # With no head, the tombstone still goes first (on the condition that there is
         # none): a turn creating the conversation meanwhile is never half deleted.
         raw_version = item.get(codec.A_VERSION) if item is not None else None
@@ -577,10 +655,16 @@ class ConversationStore(ABC):
 
     def _finish_purge(self, key: ConversationKey, tomb: Head, report: PurgeReport) -> PurgeReport:
         pk = keys.partition_key(key)
-        report.events = self._delete_events(pk, tomb.base)
+        report.events = self._delete_partition(pk, tomb)
         report.objects = self._delete_objects(key, keep_gen=tomb.gen)
         self._delete_head(pk, codec.encode_head(key, tomb))
         return report
+
+    def _has_items(self, pk: str) -> bool:
+        page = self._query(
+            pk, lower=None, upper=None, descending=False, limit=1, cursor=None, keys_only=True
+        )
+        return bool(page.items)
 
     def _has_objects(self, key: ConversationKey) -> bool:
         return next(iter(self.blobs.list_keys(keys.blob_prefix(key))), None) is not None
@@ -596,25 +680,43 @@ class ConversationStore(ABC):
         )
         return _storage_sequence(page.items[0]) if page.items else 0
 
-    def _delete_events(self, pk: str, upper: int) -> int:
-        count = 0
+    def _delete_partition(self, pk: str, tomb: Head) -> int:
+        """Delete every item of ``pk`` that ``tomb``'s purge removes; returns the events deleted.
+
+        Kept: the head, event items above the tombstone's sequence (only the next
+        life writes there), and items of other kinds that carry the next life's ``g``.
+        """
+        events = 0
         cursor: Any = None
         while True:
             page = self._query(
                 pk,
-                lower=keys.event_sort_key(0),
-                upper=keys.event_sort_key(upper),
+                lower=None,
+                upper=None,
                 descending=False,
                 limit=1000,
                 cursor=cursor,
                 keys_only=True,
             )
-            sort_keys = [item[codec.A_SK] for item in page.items]
-            if sort_keys:
-                self._delete_items(pk, sort_keys)
-                count += len(sort_keys)
+            doomed: list[str] = []
+            for item in page.items:
+                sort_key = str(item[codec.A_SK])
+                if sort_key == keys.HEAD_SK:
+                    continue
+                if sort_key.startswith(keys.EVENT_PREFIX):
+                    try:
+                        above = keys.sequence_of(sort_key) > tomb.base
+                    except ValueError:
+                        above = False  # not an event key of any life: garbage
+                    if not above:
+                        doomed.append(sort_key)
+                        events += 1
+                elif item.get(codec.A_GEN) != tomb.gen:
+                    doomed.append(sort_key)
+            if doomed:
+                self._delete_items(pk, doomed)
             if page.cursor is None:
-                return count
+                return events
             cursor = page.cursor
 
     def _delete_objects(self, key: ConversationKey, *, keep_gen: str | None) -> int:
@@ -637,7 +739,7 @@ class ConversationStore(ABC):
         pk: str,
         *,
         lower: str | None,
-        upper: str,
+        upper: str | None,
         descending: bool,
         limit: int,
         cursor: Any,
@@ -646,8 +748,9 @@ class ConversationStore(ABC):
     ) -> Page:
         """One page of items of ``pk`` with ``lower <= sk <= upper``.
 
-        ``lower=None`` means no lower bound. At most ``limit`` items; ``cursor``
-        resumes a previous page. With ``keys_only`` only ``pk``/``sk`` are needed.
+        ``None`` for a bound means none on that side. At most ``limit`` items;
+        ``cursor`` resumes a previous page (after its last item, even if that was
+        deleted since). With ``keys_only`` only ``pk``, ``sk`` and ``g`` are needed.
         ``consistent=False`` allows an eventually consistent read (half the price
         on DynamoDB): it may miss items written in the last moments.
         """
@@ -671,9 +774,11 @@ class ConversationStore(ABC):
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         """Put ``head`` if the stored head is still ``expected``; returns whether it was written.
 
-        "Still" compares the ``ver`` and ``g`` attributes (each present with the
-        same value, or absent in both): any commit changes ``ver``, and ``g``
-        tells lives apart. ``expected=None`` requires that no head exists.
+        "Still" compares the ``ver``, ``g`` and ``fx`` attributes (each present with
+        the same value, or absent in both): any commit changes ``ver``, ``g`` tells
+        lives apart, and ``fx`` is a clear's fence. ``expected=None`` requires that
+        no head exists. The head condition of :meth:`_transact_commit` is the same
+        comparison with an ``expected`` of ``ver`` and ``g`` only (so: no fence).
         """
 
     @abstractmethod
@@ -686,3 +791,124 @@ class ConversationStore(ABC):
     @abstractmethod
     def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
         """Delete the items of ``pk`` at ``sort_keys`` (absent ones are fine)."""
+
+    @abstractmethod
+    def _fence_head(self, pk: str, token: str) -> Item | None:
+        """Set the head's ``fx`` attribute to ``token`` if it exists and has no ``fx``.
+
+        Nothing else of the item changes. Must not create an item.
+
+        Returns:
+            The head item as fenced, or ``None`` when there is no head or it is fenced already.
+        """
+
+    @abstractmethod
+    def _index_page(self, index: str, value: str, *, limit: int, cursor: Any) -> Page:
+        """One page of the items whose ``index`` attribute equals ``value``, by ``pk``.
+
+        ``index`` is a name of :data:`.indexes.INDEX_ATTRIBUTES`; the attribute is
+        the one it maps to, and items without it are never listed. Items need only
+        ``pk``. The index may lag behind the table (DynamoDB's global indexes do).
+        """
+
+    @abstractmethod
+    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
+        """Delete the item at ``(pk, sk)`` if its ``g`` is ``gen`` (``None``: it has no ``g``).
+
+        Returns whether this call deleted it.
+        """
+
+    @abstractmethod
+    def _advance_cursor(self, item: Item) -> bool:
+        """Put the sweep cursor ``item`` (:func:`.indexes.cursor_item`) if it moves forward.
+
+        Written when no cursor is stored, or when the stored one has the same
+        schema version ``v`` and a ``bucket`` below ``item``'s; returns whether it was.
+        """
+
+    # --- indexes and the sweep cursor ---------------------------------------------------
+
+    #: Index entries a page of :meth:`expiring_in` and :meth:`of_tenant` reads.
+    index_page_size: int = INDEX_PAGE_SIZE
+
+    def head_item(self, key: ConversationKey) -> Item | None:
+        """The raw head item, read consistently (``None`` when absent); nothing is decoded."""
+        return self._get_item(keys.partition_key(key), keys.HEAD_SK)
+
+    def expiring_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
+        """Conversations whose head is filed under one shard of expiry ``bucket`` (``by-expiry``).
+
+        Pages lazily, so a caller may purge as it goes; the index may lag behind
+        the table: re-read the head before acting.
+        """
+        return self._index_keys(EXPIRY_INDEX, keys.expiry_partition(bucket, shard))
+
+    def of_tenant(self, tenant: str) -> Iterator[ConversationKey]:
+        """Every conversation of ``tenant`` that has a head, tombstones included (``by-tenant``).
+
+        Pages lazily, so a caller may clear as it goes; the index may lag behind
+        the table.
+        """
+        return self._index_keys(TENANT_INDEX, tenant)
+
+    def _index_keys(self, index: str, value: str) -> Iterator[ConversationKey]:
+        cursor: Any = None
+        while True:
+            page = self._index_page(index, value, limit=self.index_page_size, cursor=cursor)
+            for item in page.items:
+                try:
+                    yield keys.parse_partition_key(str(item[codec.A_PK]))
+                except ValueError:
+                    continue  # not a conversation (a foreign item)
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    def event_stamps(self, key: ConversationKey) -> list[EventStamp]:
+        """Every event item of ``key``'s partition (sort key and life), ascending, consistently.
+
+        Read whole before it returns (all pages). What reclaiming orphans needs: it
+        deletes by life, never by range.
+        """
+        pk = keys.partition_key(key)
+        stamps: list[EventStamp] = []
+        cursor: Any = None
+        while True:
+            page = self._query(
+                pk,
+                lower=keys.event_sort_key(0),
+                upper=keys.event_sort_key(10**12 - 1),
+                descending=False,
+                limit=1000,
+                cursor=cursor,
+                keys_only=True,
+            )
+            for item in page.items:
+                gen = item.get(codec.A_GEN)
+                stamps.append(
+                    EventStamp(str(item[codec.A_SK]), gen if isinstance(gen, str) else None)
+                )
+            if page.cursor is None:
+                return stamps
+            cursor = page.cursor
+
+    def delete_event(self, key: ConversationKey, stamp: EventStamp) -> bool:
+        """Delete the event item at ``stamp.sort_key`` if its life is still ``stamp.gen``.
+
+        Returns whether this call deleted it: ``False`` when it is gone already or
+        was overwritten by another life since it was read.
+        """
+        return self._delete_if_gen(keys.partition_key(key), stamp.sort_key, stamp.gen)
+
+    def read_sweep_cursor(self) -> int | None:
+        """The first expiry bucket not yet fully swept (``None``: none stored, or of an
+        unknown schema version)."""
+        return cursor_bucket(self._get_item(CURSOR_PK, CURSOR_SK))
+
+    def advance_sweep_cursor(self, bucket: int) -> bool:
+        """Move the sweep cursor to ``bucket`` if that is forward; returns whether it moved.
+
+        Concurrent sweeps may both call this: the cursor never goes back, and a
+        cursor of an unknown schema version is never overwritten.
+        """
+        return self._advance_cursor(cursor_item(bucket))

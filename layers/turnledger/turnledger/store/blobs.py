@@ -1,4 +1,4 @@
-"""Large-payload storage: S3 in deployment, a dict in tests.
+"""Large-payload storage: S3 in deployment, files for the local runner, a dict in tests.
 
 A :class:`BlobStore` knows four things: put an object, get it, list keys under
 a prefix, delete keys. Offloading decisions, hashing and naming live in
@@ -7,10 +7,14 @@ a prefix, delete keys. Offloading decisions, hashing and naming live in
 
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote
 
 from ..exceptions import CorruptedState, InternalError
 
@@ -131,3 +135,108 @@ class S3BlobStore(BlobStore):
                 f"(first: {first.get('Key')}: {first.get('Code')})"
             )
         return len(batch)
+
+
+#: Longest encoded path segment written as one file or directory name (filesystems
+#: allow 255 bytes); longer ones continue in nested directories.
+_SEGMENT_BYTES = 200
+#: Ends a name that continues in the next path level (a percent-encoded string never
+#: ends with a bare ``%``).
+_CONTINUES = "%"
+_ATTEMPTS = 5
+
+
+def _encode_segment(segment: str) -> list[str]:
+    if not segment:
+        raise InternalError("an object key has an empty path segment")
+    # Percent-encoding leaves only letters, digits and -_~; "." is encoded too, so no
+    # name is "." or "..", and the temporary files (".tmp-...") never look like objects.
+    encoded = quote(segment, safe="-_~").replace(".", "%2E")
+    pieces = [encoded[i : i + _SEGMENT_BYTES] for i in range(0, len(encoded), _SEGMENT_BYTES)]
+    return [piece + _CONTINUES for piece in pieces[:-1]] + pieces[-1:]
+
+
+def _decode_parts(parts: Iterable[str]) -> str:
+    segments: list[str] = []
+    pending = ""
+    for part in parts:
+        if part.endswith(_CONTINUES):
+            pending += part[: -len(_CONTINUES)]
+        else:
+            segments.append(unquote(pending + part))
+            pending = ""
+    return "/".join(segments)
+
+
+class FileBlobStore(BlobStore):
+    """Objects as files under one directory, one file per key; safe for several processes.
+
+    Each ``/``-separated part of a key is one directory level (percent-encoded), so
+    listing a conversation's prefix reads only its directory. Writes go to a
+    temporary file that is synced and renamed into place: a reader sees a whole
+    object or none. Directories left empty by deletes are removed.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*(p for s in key.split("/") for p in _encode_segment(s)))
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        for attempt in range(_ATTEMPTS):
+            # A concurrent delete may remove the (empty) directory between the two steps.
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = path.parent / f".tmp-{secrets.token_hex(8)}"
+                with open(temporary, "wb") as file:
+                    file.write(data)
+                    file.flush()
+                    os.fsync(file.fileno())
+                os.replace(temporary, path)
+                return
+            except FileNotFoundError:
+                if attempt == _ATTEMPTS - 1:
+                    raise
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise CorruptedState(
+                "an event points at a missing object", details={"object": key}
+            ) from None
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        *folders, _ = prefix.split("/")
+        start = self.root.joinpath(*(p for s in folders for p in _encode_segment(s)))
+        found: list[str] = []
+        for directory, subdirectories, files in os.walk(start):
+            subdirectories[:] = [d for d in subdirectories if not d.startswith(".")]
+            relative = Path(directory).relative_to(self.root).parts
+            for name in files:
+                if name.startswith("."):
+                    continue  # a write in progress
+                key = _decode_parts([*relative, name])
+                if key.startswith(prefix):
+                    found.append(key)
+        yield from sorted(found)
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        count = 0
+        for key in keys:
+            count += 1
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            self._prune(path.parent)
+        return count
+
+    def _prune(self, directory: Path) -> None:
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:
+                return  # not empty (or gone): stop there
+            directory = directory.parent

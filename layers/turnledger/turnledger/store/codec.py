@@ -45,6 +45,9 @@ A_EXPIRES = "expires_at"
 A_EXPIRY_BUCKET = "xb"
 #: Tenant index partition (tenant-wide erasure).
 A_TENANT = "tn"
+#: On a head being cleared only: the token of the clear that fenced it (the purge
+#: protocol in :mod:`.base`). No turn ever writes it; conditional head writes compare it.
+A_FENCE = "fx"
 
 
 class BlobRef(BaseModel):

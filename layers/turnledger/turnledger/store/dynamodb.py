@@ -20,6 +20,9 @@ from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore
 from .codec import Item
+from .indexes import A_BUCKET, INDEX_ATTRIBUTES
+from .indexes import EXPIRY_INDEX as EXPIRY_INDEX
+from .indexes import TENANT_INDEX as TENANT_INDEX
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -32,13 +35,8 @@ _deserializer = TypeDeserializer()
 _BATCH = 25
 _BATCH_ATTEMPTS = 8
 
-#: Index names, as declared in template.yaml.
-EXPIRY_INDEX = "by-expiry"
-TENANT_INDEX = "by-tenant"
-
-
 #: The attributes that say which head a conditional write expects.
-_HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN}
+_HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FENCE}
 
 
 def _wire_value(value: Any) -> Any:
@@ -53,7 +51,7 @@ def _to_wire(item: Item) -> dict[str, Any]:
 def _expect_head(expected: Item | None) -> dict[str, Any]:
     """Condition arguments: the stored head is still ``expected`` (``None``: no head).
 
-    "Still" compares ``ver`` and ``g``, each equal or absent in both.
+    "Still" compares ``ver``, ``g`` and ``fx``, each equal or absent in both.
     """
     if expected is None:
         return {
@@ -146,20 +144,29 @@ class DynamoDBConversationStore(ConversationStore):
         pk: str,
         *,
         lower: str | None,
-        upper: str,
+        upper: str | None,
         descending: bool,
         limit: int,
         cursor: Any,
         keys_only: bool = False,
         consistent: bool = True,
     ) -> Page:
-        names = {"#pk": codec.A_PK, "#sk": codec.A_SK}
-        values: dict[str, Any] = {":pk": pk, ":upper": upper}
-        if lower is None:
+        names = {"#pk": codec.A_PK}
+        values: dict[str, Any] = {":pk": pk}
+        if lower is None and upper is None:
+            condition = "#pk = :pk"
+        elif lower is None:
             condition = "#pk = :pk AND #sk <= :upper"
+            values[":upper"] = upper
+        elif upper is None:
+            condition = "#pk = :pk AND #sk >= :lower"
+            values[":lower"] = lower
         else:
             condition = "#pk = :pk AND #sk BETWEEN :lower AND :upper"
             values[":lower"] = lower
+            values[":upper"] = upper
+        if lower is not None or upper is not None or keys_only:
+            names["#sk"] = codec.A_SK
         kwargs: dict[str, Any] = {
             "TableName": self.table_name,
             "KeyConditionExpression": condition,
@@ -171,7 +178,8 @@ class DynamoDBConversationStore(ConversationStore):
             "ReturnConsumedCapacity": "TOTAL",
         }
         if keys_only:
-            kwargs["ProjectionExpression"] = "#pk, #sk"
+            names["#g"] = codec.A_GEN
+            kwargs["ProjectionExpression"] = "#pk, #sk, #g"
         if cursor is not None:
             kwargs["ExclusiveStartKey"] = cursor
         response = self.client.query(**kwargs)
@@ -266,3 +274,85 @@ class DynamoDBConversationStore(ConversationStore):
                     break
             else:
                 raise InternalError("DynamoDB kept events unprocessed while deleting")
+
+    def _fence_head(self, pk: str, token: str) -> Item | None:
+        try:
+            response = self.client.update_item(
+                TableName=self.table_name,
+                Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
+                UpdateExpression="SET #fx = :fx",
+                ConditionExpression="attribute_exists(#pk) AND attribute_not_exists(#fx)",
+                ExpressionAttributeNames={"#pk": codec.A_PK, "#fx": codec.A_FENCE},
+                ExpressionAttributeValues={":fx": _serializer.serialize(token)},
+                ReturnValues="ALL_NEW",
+                ReturnConsumedCapacity="TOTAL",
+            )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return None
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        return _from_wire(response["Attributes"])
+
+    def _index_page(self, index: str, value: str, *, limit: int, cursor: Any) -> Page:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": index,
+            "KeyConditionExpression": "#a = :v",
+            "ExpressionAttributeNames": {"#a": INDEX_ATTRIBUTES[index]},
+            "ExpressionAttributeValues": {":v": _serializer.serialize(value)},
+            "Limit": limit,
+            "ReturnConsumedCapacity": "TOTAL",
+        }
+        if cursor is not None:
+            kwargs["ExclusiveStartKey"] = cursor
+        response = self.client.query(**kwargs)
+        self.meter.read(_units(response.get("ConsumedCapacity")))
+        return Page(
+            items=[_from_wire(i) for i in response.get("Items", [])],
+            cursor=response.get("LastEvaluatedKey"),
+        )
+
+    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
+        condition: dict[str, Any]
+        if gen is None:
+            condition = {
+                "ConditionExpression": "attribute_exists(#sk) AND attribute_not_exists(#g)",
+                "ExpressionAttributeNames": {"#sk": codec.A_SK, "#g": codec.A_GEN},
+            }
+        else:
+            condition = {
+                "ConditionExpression": "#g = :g",
+                "ExpressionAttributeNames": {"#g": codec.A_GEN},
+                "ExpressionAttributeValues": {":g": _serializer.serialize(gen)},
+            }
+        try:
+            response = self.client.delete_item(
+                TableName=self.table_name,
+                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                ReturnConsumedCapacity="TOTAL",
+                **condition,
+            )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        return True
+
+    def _advance_cursor(self, item: Item) -> bool:
+        try:
+            response = self.client.put_item(
+                TableName=self.table_name,
+                Item=_to_wire(item),
+                ConditionExpression="attribute_not_exists(#pk) OR (#v = :v AND #b < :b)",
+                ExpressionAttributeNames={
+                    "#pk": codec.A_PK,
+                    "#v": codec.A_SCHEMA,
+                    "#b": A_BUCKET,
+                },
+                ExpressionAttributeValues=_to_wire(
+                    {":v": item[codec.A_SCHEMA], ":b": item[A_BUCKET]}
+                ),
+                ReturnConsumedCapacity="TOTAL",
+            )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        return True

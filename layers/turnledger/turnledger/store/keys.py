@@ -87,7 +87,12 @@ def bucket_of(epoch_seconds: int) -> int:
     return epoch_seconds // EXPIRY_BUCKET_SECONDS
 
 
+def expiry_partition(bucket: int, shard: int) -> str:
+    """The expiry-index partition of one shard of the expiry bucket ``bucket``."""
+    return f"{bucket}#{shard}"
+
+
 def expiry_bucket(bucket: int, pk: str) -> str:
     """The expiry-index partition of a head of partition ``pk`` filed under ``bucket``."""
     shard = int.from_bytes(hashlib.sha256(pk.encode()).digest()[:2], "big") % EXPIRY_SHARDS
-    return f"{bucket}#{shard}"
+    return expiry_partition(bucket, shard)

@@ -15,12 +15,13 @@ from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore, MemoryBlobStore
 from .codec import Item
+from .indexes import A_BUCKET, INDEX_ATTRIBUTES
 
 #: DynamoDB's item size limit (attribute names and values, UTF-8).
 MAX_ITEM_BYTES = 400 * 1024
 
 #: The attributes that say which head a conditional write expects.
-_HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN)
+_HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN, codec.A_FENCE)
 
 
 def _is(stored: Item | None, expected: Item | None) -> bool:
@@ -52,7 +53,7 @@ class MemoryConversationStore(ConversationStore):
         pk: str,
         *,
         lower: str | None,
-        upper: str,
+        upper: str | None,
         descending: bool,
         limit: int,
         cursor: Any,
@@ -63,7 +64,11 @@ class MemoryConversationStore(ConversationStore):
             self.meter.read(0)
             partition = self.items.get(pk, {})
             matching = sorted(
-                (sk for sk in partition if (lower is None or sk >= lower) and sk <= upper),
+                (
+                    sk
+                    for sk in partition
+                    if (lower is None or sk >= lower) and (upper is None or sk <= upper)
+                ),
                 reverse=descending,
             )
             # The cursor is the last key returned, as DynamoDB's LastEvaluatedKey: a page
@@ -137,3 +142,53 @@ class MemoryConversationStore(ConversationStore):
                 partition.pop(sk, None)
             if not partition:
                 self.items.pop(pk, None)
+
+    def _fence_head(self, pk: str, token: str) -> Item | None:
+        with self._lock:
+            head = self.items.get(pk, {}).get(keys.HEAD_SK)
+            if head is None or codec.A_FENCE in head:
+                return None
+            self.meter.write(0)
+            head[codec.A_FENCE] = token
+            return dict(head)
+
+    def _index_page(self, index: str, value: str, *, limit: int, cursor: Any) -> Page:
+        attribute = INDEX_ATTRIBUTES[index]
+        with self._lock:
+            self.meter.read(0)
+            pks = sorted(
+                pk
+                for pk, partition in self.items.items()
+                if any(item.get(attribute) == value for item in partition.values())
+                and (cursor is None or pk > cursor)
+            )
+        chosen = pks[:limit]
+        return Page(
+            items=[{codec.A_PK: pk} for pk in chosen],
+            cursor=chosen[-1] if len(pks) > limit else None,
+        )
+
+    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
+        with self._lock:
+            partition = self.items.get(pk, {})
+            item = partition.get(sk)
+            if item is None or item.get(codec.A_GEN) != gen:
+                return False
+            self.meter.write(0)
+            del partition[sk]
+            if not partition:
+                self.items.pop(pk, None)
+            return True
+
+    def _advance_cursor(self, item: Item) -> bool:
+        pk, sk = item[codec.A_PK], item[codec.A_SK]
+        with self._lock:
+            stored = self.items.get(pk, {}).get(sk)
+            if stored is not None and (
+                stored.get(codec.A_SCHEMA) != item[codec.A_SCHEMA]
+                or not stored.get(A_BUCKET, item[A_BUCKET]) < item[A_BUCKET]
+            ):
+                return False
+            self.meter.write(0)
+            self.items.setdefault(pk, {})[sk] = dict(item)
+            return True

@@ -1,0 +1,380 @@
+"""The SQLite backend: one database file, the same contract as DynamoDB, for the local runner.
+
+A peer of the memory and DynamoDB backends (the store contract suite runs on
+all of them): one table ``items`` keyed ``(pk, sk)`` holding each item as a
+JSON object, with its index attributes (``xb``, ``tn``) copied into columns
+of two partial indexes named after the DynamoDB ones. Text keys compare
+byte-wise in UTF-8, as DynamoDB's do, so queries and cursors order alike.
+
+Safe for several threads and several processes on one machine: every write
+is one ``BEGIN IMMEDIATE`` transaction that checks its conditions and writes
+under the database's write lock, so conditions hold exactly as DynamoDB's do;
+the journal is in WAL mode, so readers never wait for a writer and each read
+sees the last committed state. Each thread of each process has its own
+connection. Writes are synchronous (``synchronous=FULL``): a commit that
+returned survives a crash of the process or of the machine.
+
+The item size limit is DynamoDB's (400 KB by :func:`.codec.item_size`), so a
+turn refused in deployment is refused here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import ConversationBusy, InternalError, PayloadTooLarge
+from . import codec, keys
+from .base import ConversationStore, Page
+from .blobs import BlobStore, FileBlobStore
+from .codec import Item
+from .indexes import A_BUCKET, INDEX_ATTRIBUTES
+
+#: DynamoDB's item size limit (attribute names and values, UTF-8).
+MAX_ITEM_BYTES = 400 * 1024
+
+#: The layout this build writes (``PRAGMA user_version``).
+SCHEMA_VERSION = 1
+
+#: How long a write waits for another connection's write to end.
+DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
+
+#: What a data folder (``turnledger local --data-dir``) holds.
+DATABASE_FILE = "turnledger.sqlite3"
+BLOBS_FOLDER = "blobs"
+
+#: The attributes that say which head a conditional write expects.
+_HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN, codec.A_FENCE)
+
+#: Index columns, named after the item attributes they copy.
+_INDEX_COLUMNS = tuple(INDEX_ATTRIBUTES.values())
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS items (
+    pk TEXT NOT NULL,
+    sk TEXT NOT NULL,
+    item TEXT NOT NULL,
+    {codec.A_EXPIRY_BUCKET} TEXT,
+    {codec.A_TENANT} TEXT,
+    PRIMARY KEY (pk, sk)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS "by-expiry" ON items ({codec.A_EXPIRY_BUCKET}, pk)
+    WHERE {codec.A_EXPIRY_BUCKET} IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "by-tenant" ON items ({codec.A_TENANT}, pk)
+    WHERE {codec.A_TENANT} IS NOT NULL;
+"""
+
+
+def _is(stored: Item | None, expected: Item | None) -> bool:
+    """Whether ``stored`` is still the head ``expected`` (``None``: no head)."""
+    if expected is None or stored is None:
+        return expected is None and stored is None
+    return all(
+        (name in stored) == (name in expected) and stored.get(name) == expected.get(name)
+        for name in _HEAD_IDENTITY
+    )
+
+
+def _encode(item: Item) -> str:
+    return json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+
+
+def _decode(text: str) -> Item:
+    item: Item = json.loads(text)
+    return item
+
+
+def _row(item: Item) -> tuple[Any, ...]:
+    """``(pk, sk, item, xb, tn)``: an index column holds its attribute when it is a string."""
+    indexed = [item[name] if isinstance(item.get(name), str) else None for name in _INDEX_COLUMNS]
+    return (item[codec.A_PK], item[codec.A_SK], _encode(item), *indexed)
+
+
+class SQLiteConversationStore(ConversationStore):
+    """Conversations in one SQLite database file (created with its tables when missing).
+
+    Args:
+        path: the database file.
+        blobs: where offloaded payloads go (:class:`.blobs.FileBlobStore` next to it).
+        busy_timeout_seconds: how long a write waits for the write lock.
+
+    Raises:
+        InternalError: the file holds a layout newer than this build's.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        blobs: BlobStore,
+        *,
+        busy_timeout_seconds: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(blobs, **kwargs)
+        self.path = Path(path)
+        self.busy_timeout_seconds = busy_timeout_seconds
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._prepare()
+
+    @classmethod
+    def in_folder(cls, folder: str | os.PathLike[str], **kwargs: Any) -> SQLiteConversationStore:
+        """The store of a data folder: :data:`DATABASE_FILE`, objects under :data:`BLOBS_FOLDER`.
+
+        Creates the folder, the database and its tables when missing.
+        """
+        root = Path(folder)
+        return cls(root / DATABASE_FILE, FileBlobStore(root / BLOBS_FOLDER), **kwargs)
+
+    # --- connections and transactions ---------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        # One connection per thread and process: a connection inherited through fork()
+        # must never be used by the child.
+        pid = os.getpid()
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != pid:
+            db = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout_seconds,
+                isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE
+                check_same_thread=False,  # only so close() may close it from another thread
+            )
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db, self._local.pid = db, pid
+            with self._connections_lock:
+                self._connections.append(db)
+        return db
+
+    def _prepare(self) -> None:
+        # WAL is a property of the file: set once, kept by every later connection.
+        self._connection().execute("PRAGMA journal_mode=WAL")
+        with self._writing() as db:
+            found = db.execute("PRAGMA user_version").fetchone()[0]
+            if found > SCHEMA_VERSION:
+                raise InternalError(
+                    f"{self.path} has storage layout {found}; this build reads {SCHEMA_VERSION}"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction holding the database's write lock from its first statement."""
+        db = self._connection()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise _Locked(str(exc)) from exc
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every connection this store opened (in any thread)."""
+        with self._connections_lock:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # --- reads --------------------------------------------------------------------------
+
+    def _get_item(self, pk: str, sk: str) -> Item | None:
+        self.meter.read(0)
+        row = (
+            self._connection()
+            .execute("SELECT item FROM items WHERE pk = ? AND sk = ?", (pk, sk))
+            .fetchone()
+        )
+        return None if row is None else _decode(row[0])
+
+    def _query(
+        self,
+        pk: str,
+        *,
+        lower: str | None,
+        upper: str | None,
+        descending: bool,
+        limit: int,
+        cursor: Any,
+        keys_only: bool = False,
+        consistent: bool = True,
+    ) -> Page:
+        # One file, one writer at a time: every read is consistent.
+        self.meter.read(0)
+        clauses, values = ["pk = ?"], [pk]
+        if lower is not None:
+            clauses.append("sk >= ?")
+            values.append(lower)
+        if upper is not None:
+            clauses.append("sk <= ?")
+            values.append(upper)
+        # The cursor is the last key returned, as DynamoDB's LastEvaluatedKey: a page
+        # resumes after it even when items before it were deleted in between.
+        if cursor is not None:
+            clauses.append("sk < ?" if descending else "sk > ?")
+            values.append(cursor)
+        order = "DESC" if descending else "ASC"
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT sk, item FROM items WHERE {' AND '.join(clauses)} "
+                f"ORDER BY sk {order} LIMIT ?",
+                (*values, limit + 1),
+            )
+            .fetchall()
+        )
+        chosen = rows[:limit]
+        return Page(
+            items=[_decode(item) for _, item in chosen],
+            cursor=chosen[-1][0] if len(rows) > limit else None,
+        )
+
+    def _index_page(self, index: str, value: str, *, limit: int, cursor: Any) -> Page:
+        self.meter.read(0)
+        column = INDEX_ATTRIBUTES[index]  # one of two fixed names, never caller text
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT DISTINCT pk FROM items WHERE {column} = ? AND pk > ? ORDER BY pk LIMIT ?",
+                (value, "" if cursor is None else cursor, limit + 1),
+            )
+            .fetchall()
+        )
+        chosen = [pk for (pk,) in rows[:limit]]
+        return Page(
+            items=[{codec.A_PK: pk} for pk in chosen],
+            cursor=chosen[-1] if len(rows) > limit else None,
+        )
+
+    # --- writes -------------------------------------------------------------------------
+
+    @staticmethod
+    def _stored(db: sqlite3.Connection, pk: str, sk: str) -> Item | None:
+        row = db.execute("SELECT item FROM items WHERE pk = ? AND sk = ?", (pk, sk)).fetchone()
+        return None if row is None else _decode(row[0])
+
+    @staticmethod
+    def _put(db: sqlite3.Connection, items: list[Item]) -> None:
+        db.executemany(
+            f"INSERT OR REPLACE INTO items (pk, sk, item, {', '.join(_INDEX_COLUMNS)}) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [_row(item) for item in items],
+        )
+
+    def _transact_commit(
+        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+    ) -> None:
+        for item in [*events, head]:
+            if codec.item_size(item) > MAX_ITEM_BYTES:
+                raise PayloadTooLarge(
+                    "the turn's state is too large to store",
+                    details={"reason": f"item {item[codec.A_SK]} is over {MAX_ITEM_BYTES} bytes"},
+                )
+        expected = (
+            None
+            if expected_version is None
+            else {codec.A_VERSION: expected_version, codec.A_GEN: gen}
+        )
+        pk = head[codec.A_PK]
+        try:
+            with self._transaction() as db:
+                ok = _is(self._stored(db, pk, keys.HEAD_SK), expected)
+                for event in events:
+                    existing = self._stored(db, pk, event[codec.A_SK])
+                    if existing is not None and existing.get(codec.A_GEN) == gen:
+                        ok = False
+                if not ok:
+                    raise ConversationBusy(
+                        "another turn or decision on this conversation committed first"
+                    )
+                self._put(db, [*events, head])
+        except _Locked as exc:
+            # Nothing was written: the same answer as a conflicting DynamoDB transaction.
+            raise ConversationBusy("another request on this store held it too long") from exc
+        self.meter.write(0)
+
+    def _replace_head(self, head: Item, expected: Item | None) -> bool:
+        with self._writing() as db:
+            if not _is(self._stored(db, head[codec.A_PK], keys.HEAD_SK), expected):
+                return False
+            self._put(db, [head])
+        self.meter.write(0)
+        return True
+
+    def _delete_head(self, pk: str, expected: Item) -> bool:
+        with self._writing() as db:
+            if not _is(self._stored(db, pk, keys.HEAD_SK), expected):
+                return False
+            db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", (pk, keys.HEAD_SK))
+        self.meter.write(0)
+        return True
+
+    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
+        with self._writing() as db:
+            db.executemany(
+                "DELETE FROM items WHERE pk = ? AND sk = ?", [(pk, sk) for sk in sort_keys]
+            )
+        self.meter.write(0)
+
+    def _fence_head(self, pk: str, token: str) -> Item | None:
+        with self._writing() as db:
+            head = self._stored(db, pk, keys.HEAD_SK)
+            if head is None or codec.A_FENCE in head:
+                return None
+            head[codec.A_FENCE] = token
+            self._put(db, [head])
+        self.meter.write(0)
+        return head
+
+    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
+        with self._writing() as db:
+            item = self._stored(db, pk, sk)
+            if item is None or item.get(codec.A_GEN) != gen:
+                return False
+            db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", (pk, sk))
+        self.meter.write(0)
+        return True
+
+    def _advance_cursor(self, item: Item) -> bool:
+        with self._writing() as db:
+            stored = self._stored(db, item[codec.A_PK], item[codec.A_SK])
+            if stored is not None and (
+                stored.get(codec.A_SCHEMA) != item[codec.A_SCHEMA]
+                or not _below(stored.get(A_BUCKET), item[A_BUCKET])
+            ):
+                return False
+            self._put(db, [item])
+        self.meter.write(0)
+        return True
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction whose lock wait, if it times out, is an internal error."""
+        try:
+            with self._transaction() as db:
+                yield db
+        except _Locked as exc:
+            raise InternalError(f"the SQLite database stayed locked: {exc}") from exc
+
+
+class _Locked(Exception):
+    """The write lock could not be taken within the busy timeout."""
+
+
+def _below(stored: Any, bucket: int) -> bool:
+    return isinstance(stored, int) and not isinstance(stored, bool) and stored < bucket

@@ -1,0 +1,118 @@
+"""``turnledger local --data-dir``: conversations kept in a folder survive the runner's restarts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from turnledger.local.runner import LocalConfig, LocalRunner
+from turnledger.runtime import get_runtime
+from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
+
+from tests.support.cli import read_until
+
+ANN = {"Authorization": "Bearer local:acme:ann"}
+
+
+@contextmanager
+def served(data_dir: Path) -> Iterator[str]:
+    """``turnledger local --data-dir`` in its own process; stopped with Ctrl-C at the end."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "turnledger.local.cli",
+            "local",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        banner = read_until(process, "Ctrl-C stops.")
+        url = re.search(r"serving (http://127\.0\.0\.1:\d+)", banner)
+        assert url is not None, banner
+        assert str(data_dir.resolve()) in banner
+        yield url.group(1)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def post_turn(url: str, conversation_id: str, text: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/conversations/{conversation_id}/turns",
+        json={"input": text},
+        headers=ANN,
+        trust_env=False,
+        timeout=30,
+    )
+
+
+def test_a_conversation_continues_after_a_restart(tmp_path: Path) -> None:
+    """Turn 1 in one run, turn 2 in the next on the same folder: turn 2 knows what turn 1
+    said; a clear in a third run is still in effect in a fourth."""
+    data_dir = tmp_path / "data"
+
+    with served(data_dir) as url:
+        first = post_turn(url, "user-123", "My name is Ann.")
+        assert first.status_code == 200, first.text
+        assert first.json()["turn"] == 1
+    assert (data_dir / DATABASE_FILE).is_file()
+
+    with served(data_dir) as url:
+        second = post_turn(url, "user-123", "What is my name?")
+        assert second.status_code == 200, second.text
+        assert second.json()["turn"] == 2
+        assert second.json()["output_text"] == "Your name is Ann."
+        events = httpx.get(
+            f"{url}/v1/conversations/user-123/events", headers=ANN, trust_env=False, timeout=30
+        )
+        assert [e["sequence"] for e in events.json()["events"]] == [1, 2, 3, 4]
+        cleared = httpx.delete(
+            f"{url}/v1/conversations/user-123", headers=ANN, trust_env=False, timeout=30
+        )
+        assert cleared.status_code == 204
+
+    with served(data_dir) as url:
+        gone = httpx.get(f"{url}/v1/conversations/user-123", headers=ANN, trust_env=False)
+        assert gone.status_code == 404
+        assert gone.json()["error"]["code"] == "conversation_not_found"
+
+
+def test_the_runner_hands_the_sqlite_store_to_the_handlers(tmp_path: Path) -> None:
+    """With ``data_dir`` the handlers' runtime builds the SQLite store on that folder; the
+    idempotency layer still works (on the embedded idempotency table)."""
+    config = LocalConfig(port=0, data_dir=tmp_path / "data")
+    with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as http:
+        answer = http.post(
+            "/v1/conversations/c1/turns",
+            json={"input": "My name is Ann."},
+            headers={**ANN, "Idempotency-Key": "k1"},
+        )
+        again = http.post(
+            "/v1/conversations/c1/turns",
+            json={"input": "My name is Ann."},
+            headers={**ANN, "Idempotency-Key": "k1"},
+        )
+        store = get_runtime().store
+        assert isinstance(store, SQLiteConversationStore)
+        assert store.path == (tmp_path / "data" / DATABASE_FILE).resolve()
+        assert answer.status_code == again.status_code == 200
+        assert again.json() == answer.json()
+        head = http.get("/v1/conversations/c1", headers=ANN).json()
+        assert head["turns"] == 1
