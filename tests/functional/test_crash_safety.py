@@ -8,6 +8,11 @@ catches) just before or just after step *k*; a new process (a fresh
 :class:`Conversations` over the same store) then does what a client does
 next: it retries the request that died, and carries on.
 
+A run that died while it held the conversation's lease is resumed only once the
+lease expired: the client's retry is refused with ``conversation_busy`` and its
+``Retry-After`` until then (the test's clock moves by that much, as a client
+would wait).
+
 Whatever *k*, against an idempotent tool endpoint (``HttpSink(dedupe=True)``):
 each call's side effect was requested under one idempotency key only and
 happened once, every call has exactly one recorded result, the conversation
@@ -20,14 +25,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from unittest import mock
 
 import httpx
 import pytest
 from turnledger.config import Settings
 from turnledger.context import build_messages
-from turnledger.exceptions import ApprovalPending, NotAwaitingApproval
+from turnledger.exceptions import ApprovalPending, ConversationBusy, NotAwaitingApproval
 from turnledger.models import Event
 from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
@@ -40,6 +45,8 @@ from turnledger.tools import ToolInvocation, ToolOutcome, ToolRunner
 from tests.functional.http_sink import HttpSink
 from tests.functional.test_tool_turns import ANN, lines, registry, script_tools, tool_line
 from tests.support.factories import FakeClock
+
+T = TypeVar("T")
 
 CONVERSATION = "crash-1"
 TURN = TurnRequest(
@@ -129,11 +136,22 @@ class InjectedRunner(ToolRunner):
 class World:
     """One store and one tool endpoint; processes come and go over them."""
 
-    def __init__(self, store: ConversationStore, sink: HttpSink, clock: Callable[[], Any]) -> None:
+    def __init__(self, store: ConversationStore, sink: HttpSink, clock: FakeClock) -> None:
         self.store = store
         self.sink = sink
         self.clock = clock
+        self.waits: list[int] = []
         self.clients: list[httpx.Client] = []
+
+    def after_retry_after(self, request: Callable[[], T]) -> T:
+        """Send ``request``; when told the conversation is busy, wait as told and resend."""
+        try:
+            return request()
+        except ConversationBusy as busy:
+            assert busy.retry_after is not None and busy.retry_after > 0
+            self.waits.append(busy.retry_after)
+            self.clock.advance(busy.retry_after)
+            return request()
 
     def process(self, injector: Injector) -> Conversations:
         """A new process: its own provider, runner and HTTP client, the same storage."""
@@ -145,16 +163,23 @@ class World:
             settings=replace(Settings()),
             tools=registry(self.sink),
             runner=InjectedRunner(http, injector),
-            clock=self.clock,
+            clock=self.clock.now,
         )
 
     @contextmanager
     def commits_counted(self, injector: Injector) -> Iterator[None]:
-        """Make every commit of the store a step of ``injector`` while inside."""
+        """Make every commit of the store a step of ``injector`` while inside.
+
+        A commit that stores no event only takes the lease of a resumed run: it is the
+        step ``lease``, so a policy that kills at each process's first ``commit`` still
+        lets every process make progress (a death right after a lease is a death before
+        the tools ran, with a lease that others wait out).
+        """
         original = self.store.commit
 
         def commit(*args: Any, **kwargs: Any) -> Any:
-            return injector.step("commit", lambda: original(*args, **kwargs))
+            name = "commit" if kwargs.get("events") else "lease"
+            return injector.step(name, lambda: original(*args, **kwargs))
 
         with mock.patch.object(self.store, "commit", side_effect=commit):
             yield
@@ -168,7 +193,7 @@ class World:
 def world(store: ConversationStore, clock: FakeClock) -> Iterator[World]:
     with HttpSink(dedupe=True) as sink:
         script_tools(sink)
-        world = World(store, sink, clock.now)
+        world = World(store, sink, clock)
         yield world
         world.close()
 
@@ -198,7 +223,8 @@ def resume(world: World, stage: str, policy: Policy = never) -> tuple[str, Injec
             process = world.process(injector)
             if stage == "turn":
                 try:
-                    assert process.turn(ANN, CONVERSATION, TURN).status == "awaiting_approval"
+                    reply = world.after_retry_after(lambda: process.turn(ANN, CONVERSATION, TURN))
+                    assert reply.status == "awaiting_approval"
                 except ApprovalPending as pending:
                     # The first attempt got as far as the pause: the retry is told so.
                     listed = [p["id"] for p in pending.details["pending_tool_calls"]]
@@ -207,7 +233,10 @@ def resume(world: World, stage: str, policy: Policy = never) -> tuple[str, Injec
             if stage == "approve":
                 # NotAwaitingApproval: the first attempt committed everything before it died.
                 with suppress(NotAwaitingApproval):
-                    assert process.approve(ANN, CONVERSATION, APPROVAL).status == "complete"
+                    reply = world.after_retry_after(
+                        lambda: process.approve(ANN, CONVERSATION, APPROVAL)
+                    )
+                    assert reply.status == "complete"
                 stage = "done"
     except SimulatedCrash:
         pass

@@ -79,10 +79,20 @@ class ConversationNotFound(TurnledgerError):
 
 
 class ConversationBusy(TurnledgerError):
-    """Another write on the same conversation committed first; nothing of this one was stored."""
+    """Another write on the same conversation committed first, or another request is
+    running its tools; nothing of this one was stored.
+
+    ``details.retry_after_seconds`` (and the ``Retry-After`` header) says when to try again.
+    """
 
     status = 409
     code = "conversation_busy"
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds after which a retry may succeed, when known."""
+        value = self.details.get("retry_after_seconds")
+        return int(value) if isinstance(value, int | float) else None
 
 
 class ApprovalPending(TurnledgerError):

@@ -10,6 +10,7 @@ dies midway is resumed from the log under the same idempotency keys.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from .models import (
     ApprovalRequested,
     ApprovalResolved,
     ConversationStatus,
+    Lease,
     PendingCall,
     ResponseFormatOption,
     ToolCall,
@@ -44,6 +46,8 @@ class TurnWork:
     tools: list[ToolDefinition]
     model: str
     provider: Provider
+    #: Names this request as the holder of the conversation's lease.
+    owner: str = field(default_factory=lambda: secrets.token_hex(8))
     response_format: ResponseFormatOption | None = None
     extra_approval: set[str] = field(default_factory=set)
     output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
@@ -63,10 +67,18 @@ class TurnWork:
     summary_through: int | None = None
 
 
+#: States of calls that wait for a human decision on the approvals route.
+AWAITING_DECISION = frozenset({"awaiting_approval", "outcome_unknown"})
+
+#: Seconds a lease outlasts the longest thing its holder may still do, so a slow but
+#: live run is never taken for a crashed one.
+LEASE_MARGIN_SECONDS = 5
+
+
 def status_of(session: Session) -> ConversationStatus:
     """The head status the session's pending calls call for."""
     states = {p.state for p in session.pending}
-    if "awaiting_approval" in states:
+    if states & AWAITING_DECISION:
         return ConversationStatus.AWAITING_APPROVAL
     if "awaiting_client" in states:
         return ConversationStatus.AWAITING_CLIENT_TOOLS
@@ -181,7 +193,14 @@ class ToolCalls:
             )
 
     def run_ready(self, work: TurnWork) -> None:
-        """Run every call that is recorded and cleared to run, then record the results."""
+        """Run every call that is recorded and cleared to run, then record the results.
+
+        What is about to run is committed first, with a lease on the conversation:
+        while it is live nobody else runs these calls. A run resumed after a crash
+        (the head still ``running_tools``, its lease expired) repeats idempotent calls
+        under their keys, and hands calls of tools that do not honour keys to a human
+        (``outcome_unknown``): they may have run already.
+        """
         session = work.session
         ready = [p for p in session.pending if p.state == "ready"]
         if not ready:
@@ -193,18 +212,36 @@ class ToolCalls:
         for pending in ready:
             if arguments_sha256(pending.arguments) != pending.arguments_sha256:
                 raise InternalError(f"arguments of call {pending.id} changed after approval")
-        # Intent first: what is about to run is committed before it runs.
-        if (
-            session.staged
-            or session.head is None
-            or (session.head.status is not ConversationStatus.RUNNING_TOOLS)
-        ):
-            session.commit(ConversationStatus.RUNNING_TOOLS)
+        resumed = (
+            session.head is not None
+            and session.head.status is ConversationStatus.RUNNING_TOOLS
+            and not session.staged
+        )
+        if resumed:
+            unsure = [p for p in ready if not self._tool(p.name).idempotent]
+            for pending in unsure:
+                replace_pending(
+                    session,
+                    pending.model_copy(
+                        update={
+                            "state": "outcome_unknown",
+                            "reason": "its request ended while it ran; it may have run",
+                        }
+                    ),
+                )
+            ready = [p for p in ready if p not in unsure]
+            if not ready:
+                return
+        now = self.clock()
+        session.lease = Lease(
+            owner=work.owner, expires_at=now + timedelta(seconds=self._lease_seconds(ready))
+        )
+        session.commit(ConversationStatus.RUNNING_TOOLS)
         invocations = []
         for pending in ready:
             invocations.append(
                 ToolInvocation(
-                    tool=self.tools.get(pending.name),
+                    tool=self._tool(pending.name),
                     call=ToolCall(id=pending.id, name=pending.name, arguments=pending.arguments),
                     tenant=session.key.tenant,
                     conversation_id=session.key.conversation_id,
@@ -225,6 +262,21 @@ class ToolCalls:
                 actor=f"tool:{pending.name}",
             )
         session.pending = [p for p in session.pending if p.id not in done]
+
+    def _tool(self, name: str) -> ToolDefinition:
+        return self.tools.get(name)
+
+    def _lease_seconds(self, ready: list[PendingCall]) -> float:
+        """How long the run may take: the slowest call (they run in parallel), then the
+        model call that follows with all its attempts, and a margin."""
+        settings = self.settings
+        slowest = max(
+            getattr(self._tool(p.name).executor, "timeout_seconds", None)
+            or settings.tool_timeout_seconds
+            for p in ready
+        )
+        model = settings.provider_timeout_seconds * (settings.provider_max_retries + 1)
+        return float(slowest) + model + LEASE_MARGIN_SECONDS
 
     def settle_rejected(self, work: TurnWork) -> None:
         """Answer rejected (or expired) calls with an error result saying why; nothing runs."""

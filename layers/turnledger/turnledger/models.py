@@ -327,18 +327,32 @@ class PendingCall(_Strict):
     caller (``awaiting_client``), or execution (``ready``: approved or needing
     no approval, recorded but not yet run; after a crash it runs again under
     the same ``idempotency_key``). ``rejected`` calls get an error result
-    without running.
+    without running. ``outcome_unknown``: a tool that does not honour
+    idempotency keys was running when its request died; a human decides whether
+    it runs again (approve) or is recorded as failed (reject).
     """
 
     id: str
     name: str
     arguments: dict[str, Any]
     requires: Requirement
-    state: Literal["awaiting_approval", "awaiting_client", "ready", "rejected"]
+    state: Literal["awaiting_approval", "awaiting_client", "ready", "rejected", "outcome_unknown"]
     idempotency_key: str
     arguments_sha256: str
     expires_at: datetime | None = None
     reason: str | None = None
+
+
+class Lease(_Strict):
+    """The request running the conversation's tools, and until when it may.
+
+    Taken by the commit that starts running tools; while it is live every other
+    request answers ``conversation_busy`` and runs nothing. Only an expired lease
+    is a crashed run, resumed from the log under the same idempotency keys.
+    """
+
+    owner: str
+    expires_at: datetime
 
 
 class ResponseFormatOption(_Strict):
@@ -439,6 +453,14 @@ class Head(_Strict):
     token_scale: float | None = None
     #: The newest response a stateful provider keeps for this conversation.
     provider_cursor: ProviderCursor | None = None
+    #: Who runs the tools of a ``running_tools`` head, and until when.
+    lease: Lease | None = None
+
+    def live_lease(self, now: datetime) -> Lease | None:
+        """The lease of a run that may still be going on at ``now``."""
+        if self.status is ConversationStatus.RUNNING_TOOLS and self.lease is not None:
+            return self.lease if self.lease.expires_at > now else None
+        return None
 
     @property
     def filed_bucket(self) -> int:

@@ -54,7 +54,14 @@ from .exceptions import (
     TurnledgerError,
     UnknownToolCall,
 )
-from .execution import ToolCalls, TurnWork, decided_in_turn, replace_pending, status_of
+from .execution import (
+    AWAITING_DECISION,
+    ToolCalls,
+    TurnWork,
+    decided_in_turn,
+    replace_pending,
+    status_of,
+)
 from .models import (
     ApprovalResolved,
     AssistantMessage,
@@ -228,10 +235,11 @@ class Conversations:
             messages = [i.content for i in request.input if isinstance(i, InputMessage)]
             outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
         session = self._open(key)
+        self._check_lease(session)
         self._check_budget(session)
         work = self._work(session)
         self.calls.expire_approvals(session)
-        awaiting = [p for p in session.pending if p.state == "awaiting_approval"]
+        awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
         interrupted = session.head is not None and (
             session.head.status is ConversationStatus.RUNNING_TOOLS
         )
@@ -294,9 +302,10 @@ class Conversations:
         if head is None or not head.is_visible(self.clock()):
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
+        self._check_lease(session)
         work = self._work(session)
         expired = self.calls.expire_approvals(session)
-        awaiting = {p.id: p for p in session.pending if p.state == "awaiting_approval"}
+        awaiting = {p.id: p for p in session.pending if p.state in AWAITING_DECISION}
         rejections = request.rejections()
         named = [*request.approve, *rejections]
         if not awaiting and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
@@ -353,7 +362,7 @@ class Conversations:
                     }
                 ),
             )
-        if any(p.state == "awaiting_approval" for p in session.pending):
+        if any(p.state in AWAITING_DECISION for p in session.pending):
             session.commit(ConversationStatus.AWAITING_APPROVAL)
             return self._response(work)
         self._advance(work)
@@ -371,9 +380,7 @@ class Conversations:
             conversation_id=conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
             # reports it complete (the request that ran them is over).
-            status="running_tools"
-            if head.status is ConversationStatus.RUNNING_TOOLS
-            else _PUBLIC_STATUS[head.status],
+            status=self._head_status(head),
             turns=head.turn,
             events=head.event_count,
             created_at=head.created_at,
@@ -388,6 +395,13 @@ class Conversations:
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
         )
+
+    def _head_status(self, head: Head) -> str:
+        """The head's public status: a run with a live lease is ``running_tools``; one
+        whose lease expired died mid-way and is ``interrupted`` (the next request resumes it)."""
+        if head.status is ConversationStatus.RUNNING_TOOLS:
+            return "running_tools" if head.live_lease(self.clock()) else "interrupted"
+        return _PUBLIC_STATUS[head.status]
 
     def events(self, caller: Caller, conversation_id: str, *, after: int, limit: int) -> EventsPage:
         """A page of the transcript (``GET .../events``).
@@ -718,6 +732,23 @@ class Conversations:
         except TurnledgerError as error:
             logger.warning("could not record a failed turn", extra={"code": error.code})
 
+    def _check_lease(self, session: Session) -> None:
+        """Refuse to act while another request runs this conversation's tools.
+
+        Raises:
+            ConversationBusy: the head holds a live lease; ``retry_after_seconds`` says
+                when it ends at the latest.
+        """
+        head = session.head
+        now = self.clock()
+        lease = head.live_lease(now) if head is not None else None
+        if lease is not None:
+            wait = max(int((lease.expires_at - now).total_seconds() + 0.999), 1)
+            raise ConversationBusy(
+                "another request is running this conversation's tools; nothing was stored",
+                details={"retry_after_seconds": wait},
+            )
+
     def _check_budget(self, session: Session) -> None:
         """Refuse a turn once the conversation's token budget is spent.
 
@@ -795,7 +826,7 @@ class Conversations:
         return [
             cls._pending_view(p)
             for p in pending
-            if p.state in ("awaiting_approval", "awaiting_client")
+            if p.state in AWAITING_DECISION or p.state == "awaiting_client"
         ]
 
     @staticmethod
@@ -806,6 +837,7 @@ class Conversations:
             arguments=pending.arguments,
             requires="client" if pending.requires == "client" else "approval",
             expires_at=pending.expires_at,
+            reason=pending.reason if pending.state == "outcome_unknown" else None,
         )
 
     def _response(self, work: TurnWork) -> TurnResponse:

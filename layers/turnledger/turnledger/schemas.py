@@ -109,6 +109,9 @@ class PendingToolCallView(BaseModel):
     arguments: dict[str, Any]
     requires: Literal["approval", "client"]
     expires_at: datetime | None = None
+    #: Why a call waits for a decision when it is not a plain approval
+    #: (``outcome_unknown``: its tool may have run when its request died).
+    reason: str | None = None
 
 
 class OutputMessage(BaseModel):
@@ -162,7 +165,9 @@ class ConversationView(BaseModel):
     """Answer of ``GET /v1/conversations/{id}``: the head."""
 
     conversation_id: str
-    status: Literal["complete", "awaiting_approval", "awaiting_client_tools", "running_tools"]
+    status: Literal[
+        "complete", "awaiting_approval", "awaiting_client_tools", "running_tools", "interrupted"
+    ]
     turns: int
     events: int
     created_at: datetime

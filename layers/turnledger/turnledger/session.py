@@ -23,6 +23,7 @@ from .models import (
     ConversationStatus,
     Event,
     Head,
+    Lease,
     Payload,
     PendingCall,
     ProviderCursor,
@@ -71,6 +72,8 @@ class Session:
     cost_usd: float = 0.0
     token_scale: float | None = None
     provider_cursor: ProviderCursor | None = None
+    #: Held while this request runs tools (written only with ``running_tools``).
+    lease: Lease | None = None
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
 
@@ -204,6 +207,7 @@ class Session:
             cost_usd=self.cost_usd,
             token_scale=self.token_scale,
             provider_cursor=self.provider_cursor,
+            lease=self.lease if status is ConversationStatus.RUNNING_TOOLS else None,
         )
         written = self.store.commit(
             self.key,

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from .. import __version__
 from ..exceptions import (
+    ConversationBusy,
     InvalidConversationId,
     InvalidRequest,
     PayloadTooLarge,
@@ -84,10 +85,12 @@ def _responses(
 
 
 def _error(exc: TurnledgerError) -> Response[str]:
+    retry_after = exc.retry_after if isinstance(exc, ConversationBusy) else None
     return Response(
         status_code=exc.status,
         content_type=content_types.APPLICATION_JSON,
         body=json.dumps(exc.to_body()),
+        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
 
 

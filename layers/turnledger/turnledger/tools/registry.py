@@ -149,6 +149,9 @@ class ToolDefinition(_Config):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     require_approval: ApprovalRule = False
     executor: ExecutorConfig
+    #: False: the tool does not honour ``Idempotency-Key``, so a run that may have
+    #: happened is never repeated by itself after a crash (a human decides).
+    idempotent: bool = True
 
     _validator: Callable[[Any], Any] = PrivateAttr()
 
