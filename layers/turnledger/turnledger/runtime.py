@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import boto3
 import httpx
@@ -42,8 +42,6 @@ class Runtime:
     conversations: Conversations
     store: DynamoDBConversationStore
     dynamodb: DynamoDBClient
-    #: Powertools idempotency persistence and config, built on the first keyed request.
-    idempotency: Any = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:

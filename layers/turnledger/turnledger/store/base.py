@@ -536,6 +536,7 @@ class ConversationStore(ABC):
     def _finish_purge(self, key: ConversationKey, tomb: Head, report: PurgeReport) -> PurgeReport:
         pk = keys.partition_key(key)
         report.events = self._delete_events(pk, tomb.base)
+        self._delete_records(pk)
         report.objects = self._delete_objects(key, keep_gen=tomb.gen)
         self._delete_head(pk, codec.encode_head(key, tomb))
         return report
@@ -573,6 +574,28 @@ class ConversationStore(ABC):
                 count += len(sort_keys)
             if page.cursor is None:
                 return count
+            cursor = page.cursor
+
+    def _delete_records(self, pk: str) -> None:
+        """Delete the partition's idempotency records (``I#...``): a request retried after a
+        clear runs anew instead of answering from the erased conversation."""
+        cursor: Any = None
+        while True:
+            page = self._query(
+                pk,
+                lower=keys.RECORD_PREFIX,
+                # "$" follows "#": the bound is above every "I#..." key.
+                upper=keys.RECORD_PREFIX[:-1] + "$",
+                descending=False,
+                limit=1000,
+                cursor=cursor,
+                keys_only=True,
+            )
+            sort_keys = [item[codec.A_SK] for item in page.items]
+            if sort_keys:
+                self._delete_items(pk, sort_keys)
+            if page.cursor is None:
+                return
             cursor = page.cursor
 
     def _delete_objects(self, key: ConversationKey, *, keep_gen: str | None) -> int:
