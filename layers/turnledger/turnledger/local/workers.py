@@ -469,7 +469,10 @@ def zygote_main(control_fd: int) -> int:
     except Exception as exc:
         logger.exception("the local runner's set-up failed")
         errors = {function.name: f"set-up failed: {exc}" for function in boot.functions}
-    control.sendall(b"ready " + json.dumps(errors).encode() + b"\n")
+    try:
+        control.sendall(b"ready " + json.dumps(errors).encode() + b"\n")
+    except OSError:
+        return 0  # the runner stopped while the handlers loaded
     specs = {function.name: function for function in boot.functions}
     children: set[int] = set()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
