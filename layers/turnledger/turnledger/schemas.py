@@ -40,8 +40,9 @@ InputItem = Annotated[InputMessage | FunctionCallOutput, Field(discriminator="ty
 class TurnRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/turns``."""
 
-    input: str | list[InputItem] = Field(
-        description="One user message, or a list of input items (messages and "
+    # min_length on the list, not a validator: the OpenAPI document must say it too.
+    input: str | Annotated[list[InputItem], Field(min_length=1)] = Field(
+        description="One user message, or a list of at least one input item (messages and "
         "function_call_output results of client-side tools)."
     )
     model: str | None = Field(default=None, description="The deployment's default otherwise.")
@@ -54,12 +55,6 @@ class TurnRequest(_Body):
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Stored on the turn.")
 
-    @model_validator(mode="after")
-    def _not_empty(self) -> TurnRequest:
-        if isinstance(self.input, list) and not self.input:
-            raise ValueError("input must hold at least one item")
-        return self
-
 
 class Rejection(_Body):
     """A rejected call with an optional reason."""
@@ -71,7 +66,18 @@ class Rejection(_Body):
 class ApprovalRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/approvals``."""
 
-    approve: list[str] = Field(default_factory=list)
+    # The OpenAPI document states what the validator below checks: at least one decision.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["approve"], "properties": {"approve": {"minItems": 1}}},
+                {"required": ["reject"], "properties": {"reject": {"minItems": 1}}},
+            ]
+        },
+    )
+
+    approve: list[str] = Field(default_factory=list, json_schema_extra={"uniqueItems": True})
     reject: list[str | Rejection] = Field(default_factory=list)
 
     @model_validator(mode="after")

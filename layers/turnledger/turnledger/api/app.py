@@ -79,7 +79,8 @@ def _responses(
 ) -> dict[int, OpenAPIResponse]:
     """The documented answers of a route: its success, and its errors in the error shape."""
     answers: dict[int, OpenAPIResponse] = {
-        status: {"description": "Success"}
+        # An empty content map: no body (Powertools would otherwise document the return type).
+        status: {"description": "Success, no body", "content": {}}
         if ok is None
         else {"description": "Success", "content": {"application/json": {"model": ok}}}
     }
