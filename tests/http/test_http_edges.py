@@ -8,9 +8,12 @@ environments) with httpx; what a test asserts is what a deployed client sees.
 from __future__ import annotations
 
 import dataclasses
+import json
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -296,3 +299,52 @@ def test_sample_tools_work_on_any_port(sample_tools: httpx.Client) -> None:
     assert done["status"] == "complete"
     assert "unreachable" not in done["output_text"]
     assert "bob@example.com" in done["output_text"]
+
+
+def test_an_unreachable_tool_is_logged_without_its_arguments(
+    runner_config: LocalConfig, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The approval answers "unreachable" to the model, and the console has a warning naming
+    the tool and the error type; the arguments never reach a log line."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    tools = tmp_path / "tools.json"
+    tools.write_text(
+        json.dumps(
+            {
+                "tools": [
+                    {
+                        "name": "send_email",
+                        "parameters": {"type": "object"},
+                        "require_approval": True,
+                        "executor": {
+                            "type": "http",
+                            "url": f"http://127.0.0.1:{closed_port}/email",
+                        },
+                    }
+                ]
+            }
+        )
+    )
+    config = dataclasses.replace(runner_config, tools_file=tools)
+    with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as client:
+        client.post(
+            "/v1/conversations/c/turns",
+            json={"input": '/tool send_email {"to": "secret@example.com"}'},
+            headers=ANN,
+        )
+        done = client.post(
+            "/v1/conversations/c/approvals", json={"approve": ["call_1"]}, headers=ANN
+        )
+        assert "tool send_email is unreachable" in done.json()["output_text"]
+    out = capfd.readouterr().out
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    [warning] = [line for line in lines if line.get("message") == "a tool could not be reached"]
+    assert (warning["level"], warning["tool"], warning["error_type"]) == (
+        "WARNING",
+        "send_email",
+        "ConnectError",
+    )
+    assert warning["tenant"] == "acme" and warning["conversation_id"] == "c"
+    assert "secret@example.com" not in out
