@@ -1,6 +1,7 @@
 # The two set-up commands of the README: `make run` and `make test`.
-# Each installs what it needs from nothing: a Python 3.13 venv with the project,
-# and (for tests) DynamoDB Local from the npm package amplify-dynamodb-simulator.
+# Each installs what it needs from nothing: a Python 3.13 venv with the project (`make run`:
+# the server's own extras only; `make test`: the dev tools too), and (for tests) DynamoDB
+# Local from the npm package amplify-dynamodb-simulator.
 
 SHELL := /bin/bash
 # python3.13: pyenv's newest 3.13 if pyenv has one (its shim fails unless selected), else PATH.
@@ -8,6 +9,9 @@ PYENV_313 := $(shell pyenv versions --bare 2>/dev/null | grep -E '^3\.13(\.[0-9]
 PYTHON ?= $(shell { [ -n "$(PYENV_313)" ] && PYENV_VERSION=$(PYENV_313) pyenv which python3.13; } 2>/dev/null || command -v python3.13)
 VENV := .venv
 BIN := $(VENV)/bin
+# What each venv holds: `.[local]` (runtime + the local runner) or `.[dev]` (+ test tools).
+LOCAL_STAMP := $(VENV)/.installed-local
+DEV_STAMP := $(VENV)/.installed-dev
 DDB_VERSION := 2.9.30
 DDB_DIR := .tools/dynamodb-local
 SAM_VENV := .tools/sam
@@ -18,11 +22,22 @@ ARGS ?=
 
 .PHONY: run test lint typecheck template bench clean
 
-$(BIN)/turnledger: pyproject.toml
+$(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "python3.13 not found (pyenv install 3.13 or put it on PATH)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+## The server alone: runtime dependencies and the local runner's (moto, PyYAML).
+$(LOCAL_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[local]'
+	@touch $@
+
+## Everything: the server, tests, linters, type checker.
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@ $(LOCAL_STAMP)
+
+$(BIN)/turnledger: $(DEV_STAMP)
 	@touch $@
 
 $(DDB_DIR)/DynamoDBLocal.jar:
@@ -32,18 +47,18 @@ $(DDB_DIR)/DynamoDBLocal.jar:
 	  && rm -f amplify-dynamodb-simulator-$(DDB_VERSION).tgz
 
 ## Run the service locally on 127.0.0.1:$(PORT), conversations in $(DATA_DIR), the demo model.
-run: $(BIN)/turnledger
+run: $(LOCAL_STAMP)
 	$(BIN)/turnledger local --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(ARGS)
 
 ## Run every test: unit, functional (moto), contract, integration (DynamoDB Local), HTTP.
-test: $(BIN)/turnledger $(DDB_DIR)/DynamoDBLocal.jar
+test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/pytest -n 2 $(ARGS)
 
-lint: $(BIN)/turnledger
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check layers functions tests bench
 	$(BIN)/ruff format --check layers functions
 
-typecheck: $(BIN)/turnledger
+typecheck: $(DEV_STAMP)
 	$(BIN)/mypy layers/turnledger/turnledger functions
 
 $(SAM_VENV)/bin/sam:
@@ -55,7 +70,7 @@ template: $(SAM_VENV)/bin/sam
 	$(SAM_VENV)/bin/sam validate --lint
 	PATH="$(dir $(PYTHON)):$$PATH" $(SAM_VENV)/bin/sam build --no-cached
 
-bench: $(BIN)/turnledger $(DDB_DIR)/DynamoDBLocal.jar
+bench: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/python -m bench $(ARGS)
 
 clean:

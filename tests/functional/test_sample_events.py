@@ -104,6 +104,8 @@ def test_each_sample_event_gets_its_documented_answer(
 
     ask = load_event("turn")
     ask["body"] = json.dumps({"input": '/tool send_email {"to": "bob@example.com"}'})
+    # Another request: the sample's Idempotency-Key with another body would be 422.
+    ask["headers"] = {**ask["headers"], "idempotency-key": "another-request"}
     paused = call("turn", ask)
     assert body(paused)["status"] == "awaiting_approval"
     assert body(paused)["pending_tool_calls"][0]["id"] == "call_1"

@@ -1,8 +1,11 @@
 """HTTP tests: the real handlers behind the local runner, driven with httpx.
 
-``runner`` serves on embedded storage (moto's server), like ``make run``;
-``ddb_runner`` uses DynamoDB Local for the table (the real engine, and safe
-under concurrent writes, which moto's server is not).
+``http`` serves on embedded storage (moto's server), like ``make run``;
+``ddb_http`` uses DynamoDB Local for the table (the real engine, and safe
+under concurrent writes, which moto's server is not). The functions run in
+the runner's worker processes: tests move their time with ``runner_clock``
+(a :class:`ClockFile` the workers read) and reach storage through
+:func:`store_of`, never through in-process state.
 """
 
 from __future__ import annotations
@@ -10,59 +13,74 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from turnledger.config import Settings
+from turnledger.local.clock import ClockFile
 from turnledger.local.runner import LocalConfig, LocalRunner
-from turnledger.runtime import Runtime, set_runtime
+from turnledger.runtime import Runtime
+from turnledger.store.dynamodb import DynamoDBConversationStore
 
-from tests.support.factories import FakeClock
+from tests.support.factories import START
 
 ANN = {"Authorization": "Bearer local:acme:ann"}
 BOB = {"Authorization": "Bearer local:globex:bob"}
 
 
-def start(config: LocalConfig, clock: FakeClock | None) -> Iterator[httpx.Client]:
-    with LocalRunner(config) as runner:
-        if clock is not None:
-            # The runner built nothing yet; install a runtime with the test's clock.
-            set_runtime(Runtime.from_settings(Settings.from_env(), clock=clock.now))
-        with httpx.Client(base_url=runner.url, timeout=30) as client:
-            yield client
-        set_runtime(None)
+def start(config: LocalConfig, clock: ClockFile | None) -> Iterator[httpx.Client]:
+    """Serve ``config`` (with ``clock``'s file as the functions' clock); yield a client."""
+    if clock is not None:
+        config = dataclasses.replace(config, clock_file=clock.path)
+    with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as client:
+        yield client
+
+
+def store_of(runner: LocalRunner) -> DynamoDBConversationStore:
+    """A store on the runner's table and bucket, as its functions see them."""
+    return Runtime.from_settings(Settings.from_env(runner.environment)).store
+
+
+@pytest.fixture
+def runner_clock(tmp_path: Path) -> ClockFile:
+    """The functions' clock: starts at the fake clocks' instant; ``advance`` moves it."""
+    return ClockFile(tmp_path / "clock", START)
 
 
 @pytest.fixture
 def runner_config() -> LocalConfig:
-    """What the ``runner`` fixture starts; tests override fields with ``dataclasses.replace``.
+    """What the ``served`` fixture starts; tests override fields with ``dataclasses.replace``.
 
     Runners of one test process share moto's state: each gets its own table and bucket.
     """
     suffix = uuid.uuid4().hex[:8]
-    return LocalConfig(
-        port=0,
-        ttl_seconds=3600,
-        table=f"http-{suffix}",
-        bucket=f"http-{suffix}",
-        idempotency_table=f"http-idem-{suffix}",
-    )
+    return LocalConfig(port=0, ttl_seconds=3600, table=f"http-{suffix}", bucket=f"http-{suffix}")
 
 
 @pytest.fixture
-def http(runner_config: LocalConfig, clock: FakeClock) -> Iterator[httpx.Client]:
-    """An httpx client for a local runner on embedded storage, with the test's clock."""
-    yield from start(runner_config, clock)
+def served(runner_config: LocalConfig, runner_clock: ClockFile) -> Iterator[LocalRunner]:
+    """A local runner on embedded storage, with ``runner_clock`` as its functions' clock."""
+    config = dataclasses.replace(runner_config, clock_file=runner_clock.path)
+    with LocalRunner(config) as runner:
+        yield runner
+
+
+@pytest.fixture
+def http(served: LocalRunner) -> Iterator[httpx.Client]:
+    """An httpx client of the ``served`` runner."""
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        yield client
 
 
 @pytest.fixture
 def ddb_http(
-    runner_config: LocalConfig, clock: FakeClock, ddb_local_endpoint: str
+    runner_config: LocalConfig, runner_clock: ClockFile, ddb_local_endpoint: str
 ) -> Iterator[httpx.Client]:
     """Like ``http``, with the table on DynamoDB Local."""
     config = dataclasses.replace(runner_config, dynamodb_endpoint=ddb_local_endpoint)
-    yield from start(config, clock)
+    yield from start(config, runner_clock)
 
 
 @pytest.fixture

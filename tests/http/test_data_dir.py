@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from turnledger.config import Settings
 from turnledger.local.runner import LocalConfig, LocalRunner
-from turnledger.runtime import get_runtime
+from turnledger.runtime import Runtime
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 
 from tests.support.cli import read_until
@@ -96,7 +97,7 @@ def test_a_conversation_continues_after_a_restart(tmp_path: Path) -> None:
 
 def test_the_runner_hands_the_sqlite_store_to_the_handlers(tmp_path: Path) -> None:
     """With ``data_dir`` the handlers' runtime builds the SQLite store on that folder; the
-    idempotency layer still works (on the embedded idempotency table)."""
+    idempotency layer still works (on the embedded table)."""
     config = LocalConfig(port=0, data_dir=tmp_path / "data")
     with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as http:
         answer = http.post(
@@ -109,7 +110,8 @@ def test_the_runner_hands_the_sqlite_store_to_the_handlers(tmp_path: Path) -> No
             json={"input": "My name is Ann."},
             headers={**ANN, "Idempotency-Key": "k1"},
         )
-        store = get_runtime().store
+        # Handlers run in worker processes: build what they build from their environment.
+        store = Runtime.from_settings(Settings.from_env(runner.environment)).store
         assert isinstance(store, SQLiteConversationStore)
         assert store.path == (tmp_path / "data" / DATABASE_FILE).resolve()
         assert answer.status_code == again.status_code == 200

@@ -16,14 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
-from turnledger.local.runner import LocalConfig
+from turnledger.local.clock import ClockFile
+from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
-from turnledger.runtime import get_runtime
 from turnledger.store import keys
 
 from tests.functional.fake_openai import FakeOpenAI, delayed, error_reply, text_reply
-from tests.http.conftest import ANN, BOB, start
-from tests.support.factories import FakeClock, corrupt
+from tests.http.conftest import ANN, BOB, start, store_of
+from tests.support.factories import corrupt
 
 Turn = Callable[..., httpx.Response]
 
@@ -39,7 +39,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 
 
 @contextmanager
-def serve(clock: FakeClock, **overrides: Any) -> Iterator[httpx.Client]:
+def serve(clock: ClockFile, **overrides: Any) -> Iterator[httpx.Client]:
     """A runner with ``overrides`` applied to the default test config."""
     suffix = uuid.uuid4().hex[:8]
     defaults = LocalConfig(port=0, ttl_seconds=3600, table=f"srv-{suffix}", bucket=f"srv-{suffix}")
@@ -136,12 +136,14 @@ def test_another_tenants_conversation_is_not_found(http: httpx.Client, turn: Tur
     )
 
 
-def test_idle_expiry_is_read_through(http: httpx.Client, turn: Turn, clock: FakeClock) -> None:
+def test_idle_expiry_is_read_through(
+    http: httpx.Client, turn: Turn, runner_clock: ClockFile
+) -> None:
     """Past the TTL the conversation is 404 at once and the next turn starts fresh."""
     turn("idle", "My name is Ann.")
-    clock.advance(3599)
+    runner_clock.advance(3599)
     assert http.get("/v1/conversations/idle", headers=ANN).status_code == 200
-    clock.advance(1)
+    runner_clock.advance(1)
     assert http.get("/v1/conversations/idle", headers=ANN).status_code == 404
     fresh = turn("idle", "What is my name?").json()
     assert (fresh["turn"], fresh["output_text"]) == (1, "I don't know your name yet.")
@@ -239,9 +241,9 @@ def test_unknown_tool_is_rejected(http: httpx.Client, turn: Turn) -> None:
     assert http.get("/v1/conversations/c", headers=ANN).status_code == 404
 
 
-def test_input_over_the_limit_is_payload_too_large(clock: FakeClock) -> None:
+def test_input_over_the_limit_is_payload_too_large(runner_clock: ClockFile) -> None:
     """413 payload_too_large over the configured limit; nothing is stored."""
-    with serve(clock, env={"MAX_INPUT_BYTES": "2000"}) as http:
+    with serve(runner_clock, env={"MAX_INPUT_BYTES": "2000"}) as http:
         response = http.post("/v1/conversations/big/turns", json={"input": "x" * 3000}, headers=ANN)
         assert response.status_code == 413
         assert error_of(response)["code"] == "payload_too_large"
@@ -262,12 +264,12 @@ def test_large_message_round_trips_over_http(http: httpx.Client, turn: Turn) -> 
     [({"d": "{broken"}, "corrupted_state"), ({"v": 7}, "unsupported_state_version")],
 )
 def test_damaged_state_is_409_and_delete_recovers(
-    http: httpx.Client, turn: Turn, damage: dict[str, Any], code: str
+    served: LocalRunner, http: httpx.Client, turn: Turn, damage: dict[str, Any], code: str
 ) -> None:
     """A damaged head answers 409 with its code on every route; DELETE recovers."""
     turn("hurt", "My name is Ann.")
     key = ConversationKey(tenant="acme", conversation_id="hurt")
-    corrupt(get_runtime().store, key, keys.HEAD_SK, **damage)
+    corrupt(store_of(served), key, keys.HEAD_SK, **damage)
     for response in [
         turn("hurt", "What is my name?"),
         http.get("/v1/conversations/hurt", headers=ANN),
@@ -285,7 +287,7 @@ def test_damaged_state_is_409_and_delete_recovers(
     assert turn("hurt", "What is my name?").json()["output_text"] == "I don't know your name yet."
 
 
-def test_provider_failures_are_502_and_504_and_leave_no_trace(clock: FakeClock) -> None:
+def test_provider_failures_are_502_and_504_and_leave_no_trace(runner_clock: ClockFile) -> None:
     """openai-chat failing: 502 provider_error / 504 provider_timeout; only the failures
     are stored (``turn_failed``), never the lost input."""
     with FakeOpenAI() as fake:
@@ -295,7 +297,7 @@ def test_provider_failures_are_502_and_504_and_leave_no_trace(clock: FakeClock) 
             "PROVIDER_MAX_RETRIES": "0",
             "PROVIDER_TIMEOUT_SECONDS": "1",
         }
-        with serve(clock, provider="openai-chat", model="gpt-test", env=env) as http:
+        with serve(runner_clock, provider="openai-chat", model="gpt-test", env=env) as http:
             fake.script(text_reply("Hello Ann."))
             ok = http.post("/v1/conversations/p/turns", json={"input": "Hi"}, headers=ANN)
             assert ok.json()["output_text"] == "Hello Ann."

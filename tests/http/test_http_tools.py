@@ -14,20 +14,19 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import httpx
 import pytest
-from turnledger.config import Settings
 from turnledger.local.runner import LocalConfig, LocalRunner
-from turnledger.runtime import Runtime, get_runtime, set_runtime
 from turnledger.tools import arguments_sha256
 
 from tests.functional.fake_openai import FakeOpenAI, text_reply, tool_call, tool_calls_reply
 from tests.functional.http_sink import HttpSink, RecordedRequest
 from tests.functional.test_tool_turns import lines, script_tools, tool_definitions, tool_line
 from tests.support.aws import unique_name
+from tests.support.worker_hooks import ARMED, BARRIER_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -43,21 +42,24 @@ def sink() -> Iterator[HttpSink]:
 
 
 @pytest.fixture(scope="module")
-def runner(
+def tools_config(
     sink: HttpSink, ddb_local_endpoint: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalRunner]:
+) -> LocalConfig:
+    """A runner on DynamoDB Local whose tool registry points at the sink."""
     tools = tmp_path_factory.mktemp("registry") / "tools.json"
     tools.write_text(json.dumps({"tools": tool_definitions(sink)}), encoding="utf-8")
-    config = LocalConfig(
+    return LocalConfig(
         port=0,
         tools_file=tools,
         dynamodb_endpoint=ddb_local_endpoint,
         table=unique_name("conversations"),
-        idempotency_table=unique_name("idempotency"),
         bucket=unique_name("artifacts"),
-        log_level="WARNING",
     )
-    with LocalRunner(config) as served:
+
+
+@pytest.fixture(scope="module")
+def runner(tools_config: LocalConfig) -> Iterator[LocalRunner]:
+    with LocalRunner(tools_config) as served:
         yield served
 
 
@@ -306,27 +308,28 @@ def test_idempotent_approval_retries(
 
 
 def test_two_approvers_racing_over_http(
-    runner: LocalRunner, sink: HttpSink, conversation: str
+    tools_config: LocalConfig, sink: HttpSink, conversation: str, tmp_path: Path
 ) -> None:
-    """Both read the pending call before either commits: one 200, one 409, the tool runs once."""
-    with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
-        post_turn(http, conversation, input=tool_line("send_email", to="a@x"))
-    store = get_runtime().conversations.store
-    both_loaded = threading.Barrier(2)
-    original = store.load
+    """Both read the pending call before either commits: one 200, one 409, the tool runs once.
 
-    def load_then_wait(*args: Any, **kwargs: Any) -> Any:
-        snapshot = original(*args, **kwargs)
-        both_loaded.wait(timeout=10)
-        return snapshot
+    The approvals run in two worker processes; a hook makes each load wait until both
+    have loaded (tests/support/worker_hooks.py).
+    """
+    config = replace(
+        tools_config,
+        worker_hook="tests.support.worker_hooks:two_loads_meet",
+        env={BARRIER_DIR: str(tmp_path)},
+    )
+    with LocalRunner(config) as runner:
+        with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
+            post_turn(http, conversation, input=tool_line("send_email", to="a@x"))
+        (tmp_path / ARMED).touch()
+        answers: dict[str, httpx.Response] = {}
 
-    answers: dict[str, httpx.Response] = {}
+        def approve(name: str, headers: dict[str, str]) -> None:
+            with httpx.Client(base_url=runner.url, headers=headers, timeout=30) as http:
+                answers[name] = post_approvals(http, conversation, approve=["call_1"])
 
-    def approve(name: str, headers: dict[str, str]) -> None:
-        with httpx.Client(base_url=runner.url, headers=headers, timeout=30) as http:
-            answers[name] = post_approvals(http, conversation, approve=["call_1"])
-
-    with mock.patch.object(store, "load", side_effect=load_then_wait):
         threads = [
             threading.Thread(target=approve, args=("ann", ANN)),
             threading.Thread(target=approve, args=("ben", BEN)),
@@ -335,42 +338,51 @@ def test_two_approvers_racing_over_http(
             thread.start()
         for thread in threads:
             thread.join()
-    statuses = sorted(response.status_code for response in answers.values())
-    assert statuses == [200, 409], {name: r.text for name, r in answers.items()}
-    [busy] = [r for r in answers.values() if r.status_code == 409]
-    assert busy.json()["error"]["code"] == "conversation_busy"
-    assert len(side_effects(sink, "/email", conversation)) == 1
-    assert len(tool_requests(sink, "/email", conversation)) == 1
-    [winner] = [name for name, r in answers.items() if r.status_code == 200]
-    with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
-        [resolved] = [e for e in events(http, conversation) if e["kind"] == "approval_resolved"]
-    assert resolved["payload"]["approver"] == winner
+        (tmp_path / ARMED).unlink()
+        assert runner.pool_sizes()["ApproveFunction"] == 2
+        statuses = sorted(response.status_code for response in answers.values())
+        assert statuses == [200, 409], {name: r.text for name, r in answers.items()}
+        [busy] = [r for r in answers.values() if r.status_code == 409]
+        assert busy.json()["error"]["code"] == "conversation_busy"
+        assert len(side_effects(sink, "/email", conversation)) == 1
+        assert len(tool_requests(sink, "/email", conversation)) == 1
+        [winner] = [name for name, r in answers.items() if r.status_code == 200]
+        with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
+            [resolved] = [e for e in events(http, conversation) if e["kind"] == "approval_resolved"]
+        assert resolved["payload"]["approver"] == winner
 
 
 @pytest.fixture
-def openai_runtime(runner: LocalRunner) -> Iterator[FakeOpenAI]:
-    """The runner's handlers on the openai-chat provider, talking to a fake OpenAI server."""
+def fake_openai() -> Iterator[FakeOpenAI]:
     with FakeOpenAI() as fake:
-        settings = replace(
-            Settings.from_env(),
-            provider="openai-chat",
-            openai_base_url=fake.base_url,
-            openai_api_key="sk-test",
-            model="gpt-test",
-            provider_max_retries=0,
-        )
-        set_runtime(Runtime.from_settings(settings))
-        try:
-            yield fake
-        finally:
-            set_runtime(None)
+        yield fake
+
+
+@pytest.fixture
+def openai_client(tools_config: LocalConfig, fake_openai: FakeOpenAI) -> Iterator[httpx.Client]:
+    """A runner like ``runner`` on the openai-chat provider, talking to a fake OpenAI server."""
+    config = replace(
+        tools_config,
+        provider="openai-chat",
+        model="gpt-test",
+        env={
+            "OPENAI_BASE_URL": fake_openai.base_url,
+            "OPENAI_API_KEY": "sk-test",
+            "PROVIDER_MAX_RETRIES": "0",
+        },
+    )
+    with (
+        LocalRunner(config) as served,
+        httpx.Client(base_url=served.url, headers=ANN, timeout=30) as http,
+    ):
+        yield http
 
 
 def test_openai_chat_history_across_an_approval_turn(
-    client: httpx.Client, sink: HttpSink, conversation: str, openai_runtime: FakeOpenAI
+    openai_client: httpx.Client, sink: HttpSink, conversation: str, fake_openai: FakeOpenAI
 ) -> None:
     """Tools, tool_calls and role: tool messages in the Chat Completions shapes, in order."""
-    fake = openai_runtime
+    fake, client = fake_openai, openai_client
     fake.script(
         tool_calls_reply(
             tool_call("call_mail", "send_email", json.dumps({"to": "a@x"})),

@@ -8,6 +8,7 @@ the real ``template.yaml``.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +78,12 @@ Resources:
         Boom:
           Type: HttpApi
           Properties: {Method: POST, Path: /v1/boom}
+        Crash:
+          Type: HttpApi
+          Properties: {Method: POST, Path: /v1/crash}
+        Slow:
+          Type: HttpApi
+          Properties: {Method: GET, Path: /v1/slow}
         Binary:
           Type: HttpApi
           Properties: {Method: GET, Path: /v1/binary}
@@ -112,9 +120,12 @@ def lambda_handler(event, context):
             "remaining_ms": context.get_remaining_time_in_millis(),
         },
         "env": {name: os.environ.get(name) for name in (
-            "TABLE_NAME", "BUCKET_NAME", "IDEMPOTENCY_TABLE_NAME", "TTL_SECONDS", "PROVIDER",
+            "TABLE_NAME", "BUCKET_NAME", "TTL_SECONDS", "PROVIDER",
             "MODEL", "TOOLS_FILE", "TENANT_CLAIM", "POWERTOOLS_SERVICE_NAME",
-            "POWERTOOLS_TRACE_DISABLED", "AWS_DEFAULT_REGION", "EXTRA")},
+            "POWERTOOLS_TRACE_DISABLED", "POWERTOOLS_METRICS_DISABLED", "AWS_DEFAULT_REGION",
+            "EXTRA")},
+        "demo_state_dir": os.environ.get("DEMO_STATE_DIR"),
+        "pid": os.getpid(),
     }
     return {
         "statusCode": 201 if event["requestContext"]["http"]["method"] == "POST" else 200,
@@ -125,18 +136,33 @@ def lambda_handler(event, context):
 """
 
 ODD_MAIN = """\
-import base64, threading
+import base64, os, pathlib, time, uuid
 
-RENDEZVOUS = threading.Barrier(2, timeout=20)
+#: Module state of this execution environment: how many events it has handled.
+HANDLED = []
 
 def handle(event, context):
     route = event["routeKey"]
+    HANDLED.append(route)
     if route == "GET /v1/rendezvous":
-        # Returns only when a second request reaches this point meanwhile.
-        RENDEZVOUS.wait()
+        # Returns only when a second request reaches this point meanwhile (in any process).
+        meeting = pathlib.Path(os.environ["RENDEZVOUS_DIR"])
+        (meeting / uuid.uuid4().hex).touch()
+        deadline = time.monotonic() + 20
+        while len(list(meeting.iterdir())) < 2:
+            if time.monotonic() > deadline:
+                return {"statusCode": 504, "body": "alone"}
+            time.sleep(0.01)
         return {"statusCode": 200, "body": "met"}
+    if route == "GET /v1/slow":
+        started = time.monotonic()
+        time.sleep(0.3)
+        return {"pid": os.getpid(), "handled": len(HANDLED),
+                "started": started, "ended": time.monotonic()}
     if route == "POST /v1/boom":
         raise RuntimeError("boom")
+    if route == "POST /v1/crash":
+        os._exit(3)
     if route == "GET /v1/binary":
         return {"statusCode": 200, "headers": {"content-type": "application/octet-stream"},
                 "body": base64.b64encode(bytes([0, 255, 1])).decode(), "isBase64Encoded": True}
@@ -173,7 +199,8 @@ def call_log(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def runner(project: Path, call_log: Path) -> Iterator[LocalRunner]:
+def runner(project: Path, call_log: Path, tmp_path: Path) -> Iterator[LocalRunner]:
+    (tmp_path / "rendezvous").mkdir()
     config = LocalConfig(
         port=0,
         template_path=project / "template.yaml",
@@ -184,7 +211,11 @@ def runner(project: Path, call_log: Path) -> Iterator[LocalRunner]:
         tools_file=project / "tools.json",
         table="t-table",
         bucket="t-bucket",
-        env={"FAKE_CALL_LOG": str(call_log), "EXTRA": "yes"},
+        env={
+            "FAKE_CALL_LOG": str(call_log),
+            "EXTRA": "yes",
+            "RENDEZVOUS_DIR": str(tmp_path / "rendezvous"),
+        },
     )
     with LocalRunner(config) as running:
         yield running
@@ -416,7 +447,6 @@ def test_functions_see_the_configured_environment(client: httpx.Client, project:
     assert env == {
         "TABLE_NAME": "t-table",
         "BUCKET_NAME": "t-bucket",
-        "IDEMPOTENCY_TABLE_NAME": "turnledger-idempotency",
         "TTL_SECONDS": "60",
         "PROVIDER": "demo",
         "MODEL": "demo-2",
@@ -424,23 +454,65 @@ def test_functions_see_the_configured_environment(client: httpx.Client, project:
         "TENANT_CLAIM": "tenant_id",
         "POWERTOOLS_SERVICE_NAME": "turnledger",
         "POWERTOOLS_TRACE_DISABLED": "true",
+        # Metrics are printed only with --print-metrics.
+        "POWERTOOLS_METRICS_DISABLED": "true",
         "AWS_DEFAULT_REGION": "us-east-1",
         "EXTRA": "yes",
     }
 
 
-def test_stop_restores_the_environment(project: Path, call_log: Path) -> None:
+def test_the_runner_never_changes_its_own_environment(project: Path, call_log: Path) -> None:
     before = dict(os.environ)
     config = LocalConfig(
         port=0,
         template_path=project / "template.yaml",
         provision_storage=False,
-        table="only-while-running",
+        table="only-in-the-functions",
         env={"FAKE_CALL_LOG": str(call_log)},
     )
-    with LocalRunner(config):
-        assert os.environ["TABLE_NAME"] == "only-while-running"
+    with LocalRunner(config) as running:
+        answer = echoed(httpx.get(f"{running.url}/v1/things/x", headers=TENANT, trust_env=False))
+        assert answer["env"]["TABLE_NAME"] == "only-in-the-functions"
+        assert running.environment["TABLE_NAME"] == "only-in-the-functions"
+        assert dict(os.environ) == before
     assert dict(os.environ) == before
+
+
+def test_demo_state_dir_is_the_runners_own_and_shared(runner: LocalRunner) -> None:
+    """Every environment gets the same DEMO_STATE_DIR, a directory the runner owns."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = list(
+            pool.map(
+                lambda _: echoed(
+                    httpx.get(f"{runner.url}/v1/things/x", headers=TENANT, trust_env=False)
+                ),
+                range(4),
+            )
+        )
+    [state] = {answer["demo_state_dir"] for answer in answers}
+    assert Path(state).is_dir()
+    runner.stop()
+    assert not Path(state).exists()
+
+
+def test_tools_file_placeholder_is_the_runners_own_url(project: Path, call_log: Path) -> None:
+    """``${LOCAL_URL}`` in the tools file stands for the address the runner serves on."""
+    tools = project / "local-tools.json"
+    tools.write_text('{"tools": [{"url": "${LOCAL_URL}/_local/echo"}]}')
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        tools_file=tools,
+        env={"FAKE_CALL_LOG": str(call_log)},
+    )
+    with LocalRunner(config) as running:
+        env = echoed(httpx.get(f"{running.url}/v1/things/x", headers=TENANT, trust_env=False))[
+            "env"
+        ]
+        resolved = json.loads(Path(env["TOOLS_FILE"]).read_text())
+        assert resolved == {"tools": [{"url": f"{running.url}/_local/echo"}]}
+    assert "${LOCAL_URL}" in tools.read_text()
 
 
 # --- responses -----------------------------------------------------------------------------
@@ -521,6 +593,90 @@ def test_requests_are_served_concurrently(runner: LocalRunner) -> None:
         responses = list(pool.map(lambda _: get(), range(2)))
     assert [r.status_code for r in responses] == [200, 200]
     assert [r.text for r in responses] == ["met", "met"]
+    assert runner.pool_sizes()["OddFunction"] == 2
+
+
+def slow_calls(runner: LocalRunner, count: int) -> list[dict[str, Any]]:
+    def get(_: int) -> dict[str, Any]:
+        response = httpx.get(f"{runner.url}/v1/slow", headers=TENANT, timeout=60, trust_env=False)
+        assert response.status_code == 200, response.text
+        return echoed(response)
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(get, range(count)))
+
+
+def test_each_environment_handles_one_event_at_a_time(runner: LocalRunner) -> None:
+    """Concurrent events run in separate processes; no two overlap in one process."""
+    answers = slow_calls(runner, 4)
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for answer in answers:
+        by_pid.setdefault(answer["pid"], []).append(answer)
+    assert len(by_pid) >= 2
+    for calls_of_one in by_pid.values():
+        spans = sorted((c["started"], c["ended"]) for c in calls_of_one)
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+
+
+def test_a_warm_environment_is_reused_with_its_module_state(runner: LocalRunner) -> None:
+    """One request after another reaches the same process, which keeps its module state."""
+    first, second = slow_calls(runner, 1)[0], slow_calls(runner, 1)[0]
+    assert first["pid"] == second["pid"]
+    assert second["handled"] == first["handled"] + 1
+
+
+def test_beyond_the_limit_requests_queue(project: Path, call_log: Path) -> None:
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        max_workers=1,
+        env={"FAKE_CALL_LOG": str(call_log)},
+    )
+    with LocalRunner(config) as running:
+        answers = slow_calls(running, 3)
+        assert len({answer["pid"] for answer in answers}) == 1
+        spans = sorted((a["started"], a["ended"]) for a in answers)
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+        assert running.pool_sizes()["OddFunction"] == 1
+
+
+def test_a_crashed_environment_is_500_and_replaced(client: httpx.Client) -> None:
+    response = client.post("/v1/crash", headers=TENANT)
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert client.get("/v1/plain", headers=TENANT).status_code == 200
+
+
+def test_first_request_latency_is_bounded(project: Path, call_log: Path) -> None:
+    """start() returns at once (the handlers load in the background); the first request
+    after it is answered within a few seconds, and a warm one in well under a second."""
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        env={"FAKE_CALL_LOG": str(call_log)},
+    )
+    began = time.monotonic()
+    with LocalRunner(config) as running:
+        started = time.monotonic()
+        assert httpx.get(f"{running.url}/v1/plain", headers=TENANT).status_code == 200
+        first = time.monotonic()
+        assert httpx.get(f"{running.url}/v1/plain", headers=TENANT).status_code == 200
+        warm = time.monotonic()
+    assert started - began < 2
+    assert first - started < 10
+    assert warm - first < 1
+
+
+@pytest.mark.parametrize("method", ["TRACE", "BREW", "PROPFIND"])
+def test_unknown_methods_are_json_405_with_allow(client: httpx.Client, method: str) -> None:
+    response = client.request(method, "/v1/things/x", headers=TENANT)
+    assert response.status_code == 405
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["allow"] == "GET"
+    assert response.json()["error"]["code"] == "method_not_allowed"
+    assert client.request(method, "/v1/nowhere", headers=TENANT).status_code == 404
 
 
 # --- the on-demand sweep -------------------------------------------------------------------
@@ -613,6 +769,11 @@ def test_cli_flags_map_onto_the_runner_config(tmp_path: Path) -> None:
             "tbl",
             "--bucket",
             "bkt",
+            "--log-level",
+            "DEBUG",
+            "--print-metrics",
+            "--max-workers",
+            "3",
         ]
     )
     config = config_from_args(args)
@@ -622,15 +783,21 @@ def test_cli_flags_map_onto_the_runner_config(tmp_path: Path) -> None:
     assert config.dynamodb_endpoint == "http://127.0.0.1:8000"
     assert config.s3_endpoint == "http://127.0.0.1:9000"
     assert (config.table, config.bucket) == ("tbl", "bkt")
+    assert (config.log_level, config.print_metrics, config.max_workers) == ("DEBUG", True, 3)
 
 
 def test_cli_defaults_are_the_contracts(tmp_path: Path) -> None:
     config = config_from_args(build_parser().parse_args(["local"]))
     assert (config.host, config.port) == ("127.0.0.1", 3000)
     assert config.dynamodb_endpoint is None and config.s3_endpoint is None
+    # A quiet console: warnings only, no metrics blobs.
+    assert (config.log_level, config.print_metrics) == ("WARNING", False)
 
 
-@pytest.mark.parametrize("argv", [["local", "--ttl-seconds", "-1"], ["local", "--port", "x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["local", "--ttl-seconds", "-1"], ["local", "--port", "x"], ["local", "--max-workers", "0"]],
+)
 def test_cli_rejects_bad_numbers(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(argv)
@@ -648,14 +815,14 @@ def test_cli_without_a_command_prints_help_and_fails(capsys: pytest.CaptureFixtu
 def test_embedded_storage_has_the_templates_tables_and_bucket() -> None:
     template = load_template()
     suffix = uuid.uuid4().hex[:8]
-    names = StorageNames(f"conv-{suffix}", f"idem-{suffix}", f"artifacts-{suffix}")
+    names = StorageNames(f"conv-{suffix}", f"artifacts-{suffix}")
     storage = EmbeddedStorage()
     endpoint = storage.start()
     try:
         created = provision(
             template, names, dynamodb_endpoint=endpoint, s3_endpoint=endpoint, region="us-east-1"
         )
-        assert created == [names.table, names.idempotency_table, names.bucket]
+        assert created == [names.table, names.bucket]
         dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
         s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
 
@@ -680,13 +847,6 @@ def test_embedded_storage_has_the_templates_tables_and_bucket() -> None:
         ttl = dynamodb.describe_time_to_live(TableName=names.table)["TimeToLiveDescription"]
         assert ttl["TimeToLiveStatus"] == "ENABLED"
         assert ttl["AttributeName"] == ttl_attribute(template, "ConversationsTable")
-
-        idem = dynamodb.describe_table(TableName=names.idempotency_table)["Table"]
-        assert idem["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
-        idem_ttl = dynamodb.describe_time_to_live(TableName=names.idempotency_table)[
-            "TimeToLiveDescription"
-        ]
-        assert idem_ttl["AttributeName"] == "expiration"
 
         s3.head_bucket(Bucket=names.bucket)
         # Provisioning again finds everything in place.

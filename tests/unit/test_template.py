@@ -44,7 +44,6 @@ CONTRACT_ROUTES = {
 FUNCTION_ENVIRONMENT = {
     "TABLE_NAME",
     "BUCKET_NAME",
-    "IDEMPOTENCY_TABLE_NAME",
     "TTL_SECONDS",
     "TENANT_TTL_SECONDS",
     "TENANT_CLAIM",
@@ -208,7 +207,8 @@ def test_functions_get_every_setting_they_read(template: dict[str, Any]) -> None
     assert set(variables) >= FUNCTION_ENVIRONMENT
     assert variables["TABLE_NAME"] == {"Ref": "ConversationsTable"}
     assert variables["BUCKET_NAME"] == {"Ref": "ArtifactsBucket"}
-    assert variables["IDEMPOTENCY_TABLE_NAME"] == {"Ref": "IdempotencyTable"}
+    # Idempotency records live in the conversations table (api/idempotency.py).
+    assert "IDEMPOTENCY_TABLE_NAME" not in variables
     assert variables["POWERTOOLS_SERVICE_NAME"] == "turnledger"
 
 
@@ -267,15 +267,12 @@ def test_writers_are_scoped_to_the_table_and_bucket(template: dict[str, Any]) ->
         assert {"S3CrudPolicy": {"BucketName": {"Ref": "ArtifactsBucket"}}} in scoped
 
 
-def test_only_turn_and_approve_reach_idempotency_secrets_tools(
+def test_only_turn_and_approve_reach_secrets_and_tools(
     template: dict[str, Any],
 ) -> None:
-    idempotency = {"DynamoDBCrudPolicy": {"TableName": {"Ref": "IdempotencyTable"}}}
     for function in functions(template):
-        policies = props(template, function)["Policies"]
         names = policy_names(template, function)
         model_caller = function in {"TurnFunction", "ApproveFunction"}
-        assert (idempotency in policies) is model_caller, function
         assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is model_caller, function
         assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
         assert ("Statement" in names) is model_caller, function
@@ -379,12 +376,10 @@ def test_table_is_protected_and_streams_keys_only(template: dict[str, Any]) -> N
     assert properties["StreamSpecification"] == {"StreamViewType": "KEYS_ONLY"}
 
 
-def test_idempotency_table_has_the_powertools_schema(template: dict[str, Any]) -> None:
-    definition = table_definition(template, "IdempotencyTable", "i")
-    assert definition["KeySchema"] == [{"AttributeName": "id", "KeyType": "HASH"}]
-    assert definition["AttributeDefinitions"] == [{"AttributeName": "id", "AttributeType": "S"}]
-    assert ttl_attribute(template, "IdempotencyTable") == "expiration"
-    assert props(template, "IdempotencyTable")["SSESpecification"] == {"SSEEnabled": True}
+def test_no_separate_idempotency_table(template: dict[str, Any]) -> None:
+    """Idempotency records share the conversations' partitions, so a purge removes them."""
+    assert "IdempotencyTable" not in template["Resources"]
+    assert ttl_attribute(template, "ConversationsTable") == "expires_at"
 
 
 def test_bucket_is_private_encrypted_and_retained(template: dict[str, Any]) -> None:
@@ -421,7 +416,7 @@ def test_bucket_refuses_plain_http(template: dict[str, Any]) -> None:
 
 def test_outputs_are_described(template: dict[str, Any]) -> None:
     outputs = template["Outputs"]
-    assert {"ApiUrl", "TableName", "BucketName", "IdempotencyTableName"} <= set(outputs)
+    assert {"ApiUrl", "TableName", "BucketName"} <= set(outputs)
     assert all(output.get("Description") for output in outputs.values())
 
 

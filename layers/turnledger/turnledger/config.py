@@ -4,7 +4,6 @@
 | --- | --- | --- |
 | ``TABLE_NAME`` | ``turnledger`` | the conversations table |
 | ``BUCKET_NAME`` | ``turnledger-artifacts`` | the bucket for offloaded payloads |
-| ``IDEMPOTENCY_TABLE_NAME`` | (none: off) | Powertools idempotency records |
 | ``TTL_SECONDS`` | ``604800`` (7 days) | idle expiry; ``0`` disables |
 | ``TENANT_TTL_SECONDS`` | ``{}`` | JSON object: tenant -> TTL seconds, overriding the default |
 | ``OFFLOAD_THRESHOLD_BYTES`` | ``65536`` | payloads at or over this go to S3 |
@@ -162,7 +161,6 @@ class Settings:
 
     table_name: str = "turnledger"
     bucket_name: str = "turnledger-artifacts"
-    idempotency_table_name: str | None = None
     ttl_seconds: int = 7 * 24 * 3600
     tenant_ttl_seconds: dict[str, int] = field(default_factory=dict)
     offload_threshold_bytes: int = 64 * 1024
@@ -264,7 +262,6 @@ class Settings:
         return cls(
             table_name=env.get("TABLE_NAME", cls.table_name),
             bucket_name=env.get("BUCKET_NAME", cls.bucket_name),
-            idempotency_table_name=opt("IDEMPOTENCY_TABLE_NAME"),
             ttl_seconds=_int(env, "TTL_SECONDS", cls.ttl_seconds),
             tenant_ttl_seconds=_tenant_ints(
                 env.get("TENANT_TTL_SECONDS", ""), "TENANT_TTL_SECONDS"

@@ -22,6 +22,7 @@ hierarchy to responses and never matches on message text::
     ├── RequestValidationFailed      422 validation_error
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
+    ├── UnknownProvider              422 unknown_provider
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     ├── ProviderTimeout              504 provider_timeout
@@ -166,6 +167,13 @@ class UnknownTool(TurnledgerError):
 
     status = 422
     code = "unknown_tool"
+
+
+class UnknownProvider(TurnledgerError):
+    """A turn names a provider the deployment does not enable (``details.allowed``)."""
+
+    status = 422
+    code = "unknown_provider"
 
 
 class IdempotencyKeyReused(TurnledgerError):

@@ -22,9 +22,10 @@ from .models import (
     ApprovalRequested,
     ApprovalResolved,
     ConversationStatus,
+    JsonObjectFormat,
+    JsonSchemaFormat,
     Lease,
     PendingCall,
-    ResponseFormatOption,
     ToolCall,
     ToolCallRequested,
     ToolResult,
@@ -48,7 +49,7 @@ class TurnWork:
     provider: Provider
     #: Names this request as the holder of the conversation's lease.
     owner: str = field(default_factory=lambda: secrets.token_hex(8))
-    response_format: ResponseFormatOption | None = None
+    response_format: JsonObjectFormat | JsonSchemaFormat | None = None
     extra_approval: set[str] = field(default_factory=set)
     output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
     output_text: str | None = None

@@ -355,11 +355,29 @@ class Lease(_Strict):
     expires_at: datetime
 
 
-class ResponseFormatOption(_Strict):
-    """JSON mode of a turn: ``{"type": "json_object"}`` or a JSON schema (OpenAI's shape)."""
+class JsonSchemaSpec(_Strict):
+    """The JSON schema an answer must fit, in OpenAI's shape."""
 
-    type: Literal["json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    #: ``schema`` on the wire (a pydantic name is taken).
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class JsonObjectFormat(_Strict):
+    """JSON mode: any JSON object."""
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Strict):
+    """JSON mode: an answer that fits ``json_schema``."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
 
 
 class ProviderCursor(_Strict):
@@ -392,7 +410,9 @@ class TurnOptions(_Strict):
     """
 
     provider: str | None = None
-    response_format: ResponseFormatOption | None = None
+    response_format: JsonObjectFormat | JsonSchemaFormat | None = Field(
+        default=None, discriminator="type"
+    )
     model: str | None = None
     tools: list[str] | None = None
     require_approval: list[str] = Field(default_factory=list)

@@ -8,6 +8,7 @@ never in tests or the local runner (``POWERTOOLS_TRACE_DISABLED=true``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import cache, wraps
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
 logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "turnledger"))
 metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turnledger"))
+
+# Reads publish no metrics by design; Powertools would warn about it on every one of them.
+warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
 
 def tracing_enabled() -> bool:

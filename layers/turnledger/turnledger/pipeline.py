@@ -50,8 +50,8 @@ from .exceptions import (
     ConversationNotFound,
     NotAwaitingApproval,
     ProviderError,
-    RequestValidationFailed,
     TurnledgerError,
+    UnknownProvider,
     UnknownToolCall,
 )
 from .execution import (
@@ -173,12 +173,12 @@ class Conversations:
         """The provider a turn names (``None``: the default one).
 
         Raises:
-            RequestValidationFailed: the deployment does not allow that provider.
+            UnknownProvider: the deployment does not enable that provider.
         """
         if name is None or name == self.provider.name:
             return self.provider
         if name not in self.settings.allowed_providers or self._build_provider is None:
-            raise RequestValidationFailed(
+            raise UnknownProvider(
                 f"provider {name!r} is not enabled in this deployment",
                 details={"provider": name, "allowed": list(self.settings.allowed_providers)},
             )
@@ -521,7 +521,7 @@ class Conversations:
                         messages=assembly.messages,
                         tools=specs,
                         response_format=ResponseFormat.model_validate(
-                            work.response_format.model_dump()
+                            work.response_format.model_dump(by_alias=True)
                         )
                         if work.response_format
                         else None,
@@ -817,7 +817,7 @@ class Conversations:
         # from the allowed list meanwhile: the turn was accepted with it.
         try:
             return self.provider_for(name)
-        except RequestValidationFailed:
+        except UnknownProvider:
             return self.provider
 
     @classmethod

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import boto3
 import httpx
@@ -47,8 +47,6 @@ class Runtime:
     store: ConversationStore
     #: DynamoDB, also with the SQLite store: Powertools' idempotency records live there.
     dynamodb: DynamoDBClient
-    #: Powertools idempotency persistence and config, built on the first keyed request.
-    idempotency: Any = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .models import ResponseFormatOption, Usage
+from .models import JsonObjectFormat, JsonSchemaFormat, Usage
 
 
 class _Body(BaseModel):
@@ -40,8 +40,9 @@ InputItem = Annotated[InputMessage | FunctionCallOutput, Field(discriminator="ty
 class TurnRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/turns``."""
 
-    input: str | list[InputItem] = Field(
-        description="One user message, or a list of input items (messages and "
+    # min_length on the list, not a validator: the OpenAPI document must say it too.
+    input: str | Annotated[list[InputItem], Field(min_length=1)] = Field(
+        description="One user message, or a list of at least one input item (messages and "
         "function_call_output results of client-side tools)."
     )
     model: str | None = Field(default=None, description="The deployment's default otherwise.")
@@ -50,8 +51,9 @@ class TurnRequest(_Body):
         description="One of the providers the deployment allows (PROVIDERS); its default "
         "otherwise. The conversation's log is mapped to the provider's own shapes.",
     )
-    response_format: ResponseFormatOption | None = Field(
+    response_format: JsonObjectFormat | JsonSchemaFormat | None = Field(
         default=None,
+        discriminator="type",
         description='JSON mode: {"type": "json_object"}, or {"type": "json_schema", '
         '"json_schema": {"name", "schema"}}; the answer is returned in output_json.',
     )
@@ -64,12 +66,6 @@ class TurnRequest(_Body):
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Stored on the turn.")
 
-    @model_validator(mode="after")
-    def _not_empty(self) -> TurnRequest:
-        if isinstance(self.input, list) and not self.input:
-            raise ValueError("input must hold at least one item")
-        return self
-
 
 class Rejection(_Body):
     """A rejected call with an optional reason."""
@@ -81,7 +77,18 @@ class Rejection(_Body):
 class ApprovalRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/approvals``."""
 
-    approve: list[str] = Field(default_factory=list)
+    # The OpenAPI document states what the validator below checks: at least one decision.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["approve"], "properties": {"approve": {"minItems": 1}}},
+                {"required": ["reject"], "properties": {"reject": {"minItems": 1}}},
+            ]
+        },
+    )
+
+    approve: list[str] = Field(default_factory=list, json_schema_extra={"uniqueItems": True})
     reject: list[str | Rejection] = Field(default_factory=list)
 
     @model_validator(mode="after")

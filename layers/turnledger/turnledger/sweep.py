@@ -507,7 +507,7 @@ def _handle(event: dict[str, Any], context: RemainingTime | None) -> PurgeReport
     return sweeper.expired()
 
 
-@logger.inject_lambda_context
+@logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
 @traced
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:

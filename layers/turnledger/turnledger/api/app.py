@@ -10,9 +10,12 @@ below; nothing chooses a status by matching message text.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
@@ -32,6 +35,7 @@ from ..exceptions import (
     TurnledgerError,
     Unauthorized,
 )
+from ..models import ConversationKey
 from ..observability import logger, metrics, timed, traced
 from ..pipeline import Caller
 from ..runtime import get_runtime
@@ -44,9 +48,13 @@ from ..schemas import (
     TurnRequest,
     TurnResponse,
 )
+from ..strict_json import BodyError, parse_object
 from .idempotency import idempotent
 
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+#: A usable tenant claim: 1-128 of ``A-Z a-z 0-9 . _ : @ + = , -``. Anything else (a
+#: 2,000-character claim, control characters) is ``401 unauthorized`` before any storage call.
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9._:@+=,-]{1,128}")
 ConversationId = Annotated[
     str, Path(pattern=CONVERSATION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
 ]
@@ -61,7 +69,8 @@ _ERROR_CODES = {
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
     "unsupported_state_version",
     413: "payload_too_large",
-    422: "validation_error, unknown_tool_call, unknown_tool, idempotency_key_reused",
+    422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
+    "idempotency_key_reused",
     502: "provider_error",
     504: "provider_timeout",
 }
@@ -72,7 +81,8 @@ def _responses(
 ) -> dict[int, OpenAPIResponse]:
     """The documented answers of a route: its success, and its errors in the error shape."""
     answers: dict[int, OpenAPIResponse] = {
-        status: {"description": "Success"}
+        # An empty content map: no body (Powertools would otherwise document the return type).
+        status: {"description": "Success, no body", "content": {}}
         if ok is None
         else {"description": "Success", "content": {"application/json": {"model": ok}}}
     }
@@ -94,11 +104,14 @@ def _error(exc: TurnledgerError) -> Response[str]:
     )
 
 
-def caller() -> Caller:
+def caller(conversation_id: str | None = None) -> Caller:
     """The verified identity of the current request (JWT authorizer claims).
 
+    Also puts the tenant (and ``conversation_id``, when given) on every log line
+    of this invocation.
+
     Raises:
-        Unauthorized: no claims, or no tenant claim.
+        Unauthorized: no claims, or no usable tenant claim (see :data:`TENANT_PATTERN`).
     """
     settings = get_runtime().settings
     context = app.current_event.raw_event.get("requestContext") or {}
@@ -106,7 +119,15 @@ def caller() -> Caller:
     tenant = claims.get(settings.tenant_claim)
     if not isinstance(tenant, str) or not tenant:
         raise Unauthorized(f"no verified identity with a {settings.tenant_claim!r} claim")
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise Unauthorized(
+            f"the {settings.tenant_claim!r} claim must be 1-128 characters of "
+            "A-Z a-z 0-9 . _ : @ + = , -"
+        )
     actor = claims.get("sub")
+    logger.append_keys(tenant=tenant)
+    if conversation_id is not None:
+        logger.append_keys(conversation_id=conversation_id)
     return Caller(tenant=tenant, actor=str(actor) if actor else "anonymous")
 
 
@@ -117,12 +138,12 @@ def _answer_turn(
     run: Callable[[Caller], TurnResponse],
 ) -> TurnResponse:
     """Run a request that answers a turn: timed, and idempotent under its key."""
-    who = caller()
-    logger.append_keys(tenant=who.tenant, conversation_id=conversation_id)
+    who = caller(conversation_id)
     with timed("TurnLatency"):
         return idempotent(
             key=app.current_event.headers.get("idempotency-key") or None,
-            scope=(who.tenant, conversation_id, route),
+            conversation=ConversationKey(tenant=who.tenant, conversation_id=conversation_id),
+            route=route,
             body=request.model_dump(mode="json"),
             run=lambda: run(who),
             parse=TurnResponse.model_validate,
@@ -166,7 +187,7 @@ def post_approvals(
 )
 def get_conversation(conversation_id: ConversationId) -> ConversationView:
     """The conversation's head: status, timestamps, expiry, counts, pending calls."""
-    return get_runtime().conversations.get(caller(), conversation_id)
+    return get_runtime().conversations.get(caller(conversation_id), conversation_id)
 
 
 @app.get(
@@ -179,7 +200,9 @@ def get_events(
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many events.")] = 100,
 ) -> EventsPage:
     """The transcript: canonical events in sequence order, paginated."""
-    return get_runtime().conversations.events(caller(), conversation_id, after=after, limit=limit)
+    return get_runtime().conversations.events(
+        caller(conversation_id), conversation_id, after=after, limit=limit
+    )
 
 
 @app.delete(
@@ -191,7 +214,7 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
 
     Answers 204, also when the conversation is absent.
     """
-    get_runtime().conversations.clear(caller(), conversation_id)
+    get_runtime().conversations.clear(caller(conversation_id), conversation_id)
     return Response(status_code=204, body="")
 
 
@@ -276,28 +299,93 @@ def _not_found(exc: Exception) -> Response[str]:
     )
 
 
-def _body_size(event: dict[str, Any]) -> int:
+def _raw_body(event: dict[str, Any]) -> bytes:
+    """The request body's bytes as the client sent them.
+
+    Raises:
+        InvalidRequest: the event claims base64 and the body is not.
+    """
     body = event.get("body") or ""
     if event.get("isBase64Encoded"):
-        return len(base64.b64decode(body))
-    return len(body.encode())
+        try:
+            return base64.b64decode(body, validate=True)
+        except binascii.Error as exc:
+            raise InvalidRequest("the body is not valid base64") from exc
+    # A str body came from valid UTF-8; surrogates (never in valid UTF-8) pass through
+    # so that the JSON check below names them.
+    return body.encode("utf-8", "surrogatepass")
 
 
-@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_HTTP)
+def _with_decoded_path(event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` with its path's parameters decoded, as API Gateway decodes them.
+
+    HTTP APIs deliver ``pathParameters`` percent-decoded and ``rawPath`` as sent;
+    Powertools matches routes on the path. A parameter that is a valid
+    conversation id once decoded (``a%3Ab`` is ``a:b``) is put back decoded; any
+    other keeps its raw form, which the id rule then refuses.
+    """
+    parameters = event.get("pathParameters") or {}
+    template = str(event.get("routeKey") or "").partition(" ")[2]
+    raw = str(event.get("rawPath") or "")
+    template_segments, raw_segments = template.split("/"), raw.split("/")
+    if not parameters or len(template_segments) != len(raw_segments):
+        return event
+    segments: list[str] = []
+    for pattern, segment in zip(template_segments, raw_segments, strict=True):
+        name = pattern[1:-1] if pattern.startswith("{") and pattern.endswith("}") else None
+        value = parameters.get(name) if name else None
+        if isinstance(value, str) and re.fullmatch(CONVERSATION_ID_PATTERN, value):
+            segments.append(quote(value, safe=":"))
+        else:
+            segments.append(segment)
+    path = "/".join(segments)
+    return event if path == raw else {**event, "rawPath": path}
+
+
+def _answer(error: TurnledgerError) -> dict[str, Any]:
+    return {
+        "statusCode": error.status,
+        "headers": {"Content-Type": content_types.APPLICATION_JSON},
+        "body": json.dumps(error.to_body()),
+    }
+
+
+def _check_body(event: dict[str, Any], limit: int) -> None:
+    """Refuse a body over ``limit`` bytes, or one that is no JSON object within the limits of
+    :mod:`turnledger.strict_json` (any bytes get a 4xx, never a crash deeper in).
+
+    Raises:
+        PayloadTooLarge: over ``limit``.
+        InvalidRequest: not UTF-8, not JSON, not an object, or over a parsing limit.
+    """
+    raw = _raw_body(event)
+    if len(raw) > limit:
+        raise PayloadTooLarge(
+            f"the request body is over the limit of {limit} bytes", details={"limit": limit}
+        )
+    method = str(((event.get("requestContext") or {}).get("http") or {}).get("method", ""))
+    if method.upper() not in {"POST", "PUT", "PATCH"}:
+        return
+    try:
+        parse_object(raw)
+    except BodyError as exc:
+        raise InvalidRequest(str(exc), details=exc.details) from exc
+
+
+@logger.inject_lambda_context(
+    correlation_id_path=correlation_paths.API_GATEWAY_HTTP,
+    # Keys appended for one request (tenant, conversation id) never reach the next one's lines.
+    clear_state=True,
+)
 @metrics.log_metrics
 @traced
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The Lambda entry point of every API function."""
-    limit = get_runtime().settings.max_input_bytes
-    if _body_size(event) > limit:
-        error = PayloadTooLarge(
-            f"the request body is over the limit of {limit} bytes", details={"limit": limit}
-        )
-        return {
-            "statusCode": error.status,
-            "headers": {"Content-Type": content_types.APPLICATION_JSON},
-            "body": json.dumps(error.to_body()),
-        }
+    try:
+        _check_body(event, get_runtime().settings.max_input_bytes)
+    except TurnledgerError as exc:
+        return _answer(exc)
+    event = _with_decoded_path(event)
     headers = event.get("headers") or {}
     if event.get("body") and headers.get("content-type") != content_types.APPLICATION_JSON:
         # Bodies are JSON whatever the client labels them (``curl -d`` says form data):

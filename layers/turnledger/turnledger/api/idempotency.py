@@ -1,10 +1,16 @@
 """Request idempotency: an ``Idempotency-Key`` header makes a POST safe to retry.
 
-Built on Powertools idempotency (records in their own DynamoDB table). The
-record's key is the tenant, the conversation, the route and the header value;
-its payload check is the request body, so the same key with another body is
-``422 idempotency_key_reused``. Only successful answers are recorded: a
-request that failed can be retried under the same key and runs again.
+Built on Powertools idempotency. The records live in the conversation's own
+partition of the conversations table (``pk`` = the conversation's partition
+key, ``sk = "I#<hash>"``, expiry in the table's TTL attribute), so clearing or
+erasing a conversation removes them with it: after ``DELETE``, the same key
+runs anew instead of answering the old reply. ``"I#"`` sorts after
+``"HEAD"``, outside every range the store reads.
+
+The record's key hashes the tenant, the conversation, the route and the header
+value; its payload check is the request body, so the same key with another
+body is ``422 idempotency_key_reused``. Only successful answers are recorded:
+a request that failed can be retried under the same key and runs again.
 
 The Powertools module is imported only when a request carries the header
 (it costs cold-start time every other request would pay for nothing).
@@ -18,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ..exceptions import ConversationBusy, IdempotencyKeyReused
-from ..runtime import Runtime, get_runtime
+from ..models import ConversationKey
+from ..runtime import get_runtime
+from ..store import codec, keys
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import (
@@ -28,50 +36,52 @@ if TYPE_CHECKING:
 
 #: How long a key is remembered.
 KEY_TTL_SECONDS = 24 * 3600
+#: Powertools joins its key prefix and the hash with ``#``: records' sort keys are ``I#<hash>``.
+_KEY_PREFIX = keys.RECORD_PREFIX.removesuffix("#")
 
 
-def _persistence() -> tuple[DynamoDBPersistenceLayer, IdempotencyConfig]:
+def _persistence(conversation: ConversationKey) -> DynamoDBPersistenceLayer:
+    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+
     runtime = get_runtime()
-    if runtime.idempotency is None:
-        runtime.idempotency = _build(runtime)
-    built: tuple[DynamoDBPersistenceLayer, IdempotencyConfig] = runtime.idempotency
-    return built
-
-
-def _build(runtime: Runtime) -> tuple[DynamoDBPersistenceLayer, IdempotencyConfig]:
-    from aws_lambda_powertools.utilities.idempotency import (
-        DynamoDBPersistenceLayer,
-        IdempotencyConfig,
+    return DynamoDBPersistenceLayer(
+        table_name=runtime.settings.table_name,
+        boto3_client=runtime.dynamodb,
+        key_attr=codec.A_PK,
+        sort_key_attr=codec.A_SK,
+        static_pk_value=keys.partition_key(conversation),
+        # The table's TTL attribute: DynamoDB removes a record after its 24 hours.
+        expiry_attr=codec.A_EXPIRES,
     )
 
-    assert runtime.settings.idempotency_table_name is not None
-    layer = DynamoDBPersistenceLayer(
-        table_name=runtime.settings.idempotency_table_name, boto3_client=runtime.dynamodb
-    )
-    config = IdempotencyConfig(
+
+def _config() -> IdempotencyConfig:
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
+
+    return IdempotencyConfig(
         event_key_jmespath="[scope, key]",
         payload_validation_jmespath="body",
         raise_on_no_idempotency_key=True,
         expires_after_seconds=KEY_TTL_SECONDS,
     )
-    return layer, config
 
 
 def idempotent[T: BaseModel](
     *,
     key: str | None,
-    scope: tuple[str, ...],
+    conversation: ConversationKey,
+    route: str,
     body: dict[str, Any],
     run: Callable[[], T],
     parse: Callable[[Any], T],
 ) -> T:
-    """``run()``, or the answer recorded for ``key`` within ``scope``.
+    """``run()``, or the answer recorded for ``key`` on ``route`` of ``conversation``.
 
     Raises:
         IdempotencyKeyReused: ``key`` was used with another body.
         ConversationBusy: the first request with ``key`` is still running.
     """
-    if key is None or not get_runtime().settings.idempotency_table_name:
+    if key is None:
         return run()
     from aws_lambda_powertools.utilities.idempotency import idempotent_function
     from aws_lambda_powertools.utilities.idempotency.exceptions import (
@@ -81,16 +91,22 @@ def idempotent[T: BaseModel](
 
     from .app import app
 
-    layer, config = _persistence()
+    config = _config()
     if app.lambda_context is not None:
         config.register_lambda_context(app.lambda_context)
 
-    @idempotent_function(data_keyword_argument="request", persistence_store=layer, config=config)
+    @idempotent_function(
+        data_keyword_argument="request",
+        persistence_store=_persistence(conversation),
+        config=config,
+        key_prefix=_KEY_PREFIX,
+    )
     def once(request: dict[str, Any]) -> dict[str, Any]:
         return run().model_dump(mode="json")
 
+    scope = [conversation.tenant, conversation.conversation_id, route]
     try:
-        answer = once(request={"scope": list(scope), "key": key, "body": body})
+        answer = once(request={"scope": scope, "key": key, "body": body})
     except IdempotencyValidationError as exc:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with another request body"

@@ -25,8 +25,13 @@ from .template import TEMPLATE_PATH
 _EPILOG = """\
 authentication: send 'Authorization: Bearer local:<tenant>' or
 'Bearer local:<tenant>:<user>'; anything else is 401.
-POST /_local/sweep runs the expired-conversation sweep now; a body of
-{"conversation_ids": [...]} sweeps those conversations of your tenant only.
+local routes:
+  POST /_local/sweep  runs the expired-conversation sweep now (needs the same
+                      Authorization header); a body of {"conversation_ids": [...]}
+                      sweeps those conversations of your tenant only.
+  POST /_local/echo   a stand-in tool endpoint: answers the tool, arguments and
+                      Idempotency-Key it was sent (events/local-tools.json uses it).
+In a tools file, ${LOCAL_URL} stands for this server's own base URL.
 """
 
 
@@ -37,6 +42,13 @@ def _non_negative(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {raw!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0: {value}")
+    return value
+
+
+def _positive(raw: str) -> int:
+    value = _non_negative(raw)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1")
     return value
 
 
@@ -96,12 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--table", default=defaults.table, help="table name (%(default)s)")
     local.add_argument("--bucket", default=defaults.bucket, help="bucket name (%(default)s)")
     local.add_argument(
-        "--idempotency-table",
-        default=defaults.idempotency_table,
-        metavar="NAME",
-        help="idempotency table name (%(default)s)",
-    )
-    local.add_argument(
         "--tenant-claim",
         default=defaults.tenant_claim,
         metavar="CLAIM",
@@ -146,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="log level of the runner and the functions (%(default)s)",
     )
+    local.add_argument(
+        "--print-metrics",
+        action="store_true",
+        help="print each invocation's CloudWatch metrics (EMF JSON) on standard output",
+    )
+    local.add_argument(
+        "--max-workers",
+        type=_positive,
+        default=defaults.max_workers,
+        metavar="N",
+        help="execution environments (processes) per function; more requests queue (%(default)s)",
+    )
     return parser
 
 
@@ -175,11 +193,12 @@ def config_from_args(args: argparse.Namespace) -> LocalConfig:
         s3_endpoint=args.s3_endpoint,
         table=args.table,
         bucket=args.bucket,
-        idempotency_table=args.idempotency_table,
         tenant_claim=args.tenant_claim,
         region=args.region,
         log_level=args.log_level,
         data_dir=args.data_dir,
+        print_metrics=args.print_metrics,
+        max_workers=args.max_workers,
     )
 
 

@@ -2,11 +2,12 @@
 
 Whichever endpoints serve, :func:`provision` creates what the template
 declares and is missing: the conversations table (key schema and indexes read
-from ``template.yaml``, TTL enabled), the idempotency table and the bucket.
+from ``template.yaml``, TTL enabled) and the bucket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,17 +21,15 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_s3 import S3Client
 
-#: Logical ids of the stateful resources in ``template.yaml``.
+#: Logical id of the table in ``template.yaml``.
 CONVERSATIONS_TABLE = "ConversationsTable"
-IDEMPOTENCY_TABLE = "IdempotencyTable"
 
 
 @dataclass(frozen=True)
 class StorageNames:
-    """Physical names of the tables and the bucket."""
+    """Physical names of the table and the bucket."""
 
     table: str
-    idempotency_table: str
     bucket: str
 
 
@@ -63,12 +62,14 @@ class EmbeddedStorage:
         self._url = None
 
 
-def _dynamodb(endpoint: str, region: str) -> DynamoDBClient:
-    return boto3.client("dynamodb", endpoint_url=endpoint, region_name=region)
-
-
-def _s3(endpoint: str, region: str) -> S3Client:
-    return boto3.client("s3", endpoint_url=endpoint, region_name=region)
+def _session(region: str, credentials: Mapping[str, str] | None) -> boto3.Session:
+    given = credentials or {}
+    return boto3.Session(
+        region_name=region,
+        aws_access_key_id=given.get("aws_access_key_id"),
+        aws_secret_access_key=given.get("aws_secret_access_key"),
+        aws_session_token=given.get("aws_session_token"),
+    )
 
 
 def _ensure_table(
@@ -116,9 +117,9 @@ def provision(
     dynamodb_endpoint: str,
     s3_endpoint: str,
     region: str,
-    conversations: bool = True,
+    credentials: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """Create the tables and the bucket that do not exist yet.
+    """Create the table and the bucket if they do not exist yet.
 
     Args:
         template: the parsed ``template.yaml``.
@@ -126,8 +127,8 @@ def provision(
         dynamodb_endpoint: DynamoDB endpoint URL.
         s3_endpoint: S3 endpoint URL.
         region: the region clients sign for.
-        conversations: False: only the idempotency table (conversations are kept
-            elsewhere, in a ``--data-dir``).
+        credentials: ``aws_access_key_id``, ``aws_secret_access_key`` and
+            ``aws_session_token`` to sign with (default: the usual credential chain).
 
     Returns:
         The names of what was created (empty when everything existed).
@@ -136,13 +137,11 @@ def provision(
         botocore.exceptions.ClientError: an endpoint refused a call.
     """
     created: list[str] = []
-    dynamodb = _dynamodb(dynamodb_endpoint, region)
-    tables = [(IDEMPOTENCY_TABLE, names.idempotency_table)]
-    if conversations:
-        tables.insert(0, (CONVERSATIONS_TABLE, names.table))
-    for resource, name in tables:
-        if _ensure_table(dynamodb, template, resource, name):
-            created.append(name)
-    if conversations and _ensure_bucket(_s3(s3_endpoint, region), names.bucket, region):
+    session = _session(region, credentials)
+    dynamodb: DynamoDBClient = session.client("dynamodb", endpoint_url=dynamodb_endpoint)
+    if _ensure_table(dynamodb, template, CONVERSATIONS_TABLE, names.table):
+        created.append(names.table)
+    s3: S3Client = session.client("s3", endpoint_url=s3_endpoint)
+    if _ensure_bucket(s3, names.bucket, region):
         created.append(names.bucket)
     return created

@@ -8,20 +8,28 @@ run and a deployment cannot drift apart::
     with LocalRunner(LocalConfig(port=0)) as runner:
         httpx.post(f"{runner.url}/v1/conversations/c1/turns", ...)
 
-Requests are served concurrently (one thread each), like concurrent Lambda
-invocations. ``POST /_local/sweep`` invokes the scheduled function on demand.
+Like Lambda, each execution environment handles one event at a time and
+concurrent requests run in separate environments: worker processes, one pool
+per function (``workers.py``). The front (this module) parses HTTP, matches
+routes, authenticates and builds the events on its threads; it never runs a
+handler itself. Workers share storage through its endpoints (the embedded moto
+server is an HTTP server) and demo provider state through ``DEMO_STATE_DIR``.
+
+Local-only routes: ``POST /_local/sweep`` invokes the scheduled function on
+demand (it needs a local token like every API route) and ``POST /_local/echo``
+is a stand-in tool endpoint that answers what it was sent.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,13 +39,13 @@ from urllib.parse import urlsplit
 
 import boto3
 
+from ..strict_json import BodyError, parse_object
 from .embedded import EmbeddedStorage, StorageNames, provision
 from .gateway import (
     MAX_BODY_BYTES,
     GatewayError,
     HttpRequest,
     HttpResponse,
-    LambdaContext,
     RouteTable,
     authenticate,
     build_event,
@@ -52,17 +60,18 @@ from .template import (
     routes,
     scheduled_function,
 )
+from .workers import Boot, FunctionBoot, FunctionPool, InvocationFailed, WorkerError, Zygote
 
 # Not named after the package: Powertools' Logger(service="turnledger") filters out, at the
 # root handlers, every record of a logger whose name contains "turnledger".
 logger = logging.getLogger("local_runner")
 
-Handler = Callable[[dict[str, Any], Any], Any]
-
 #: A local stand-in tool endpoint (see ``_echo``).
 ECHO_PATH = "/_local/echo"
 SWEEP_PATH = "/_local/sweep"
 _LOCAL_PREFIX = "/_local/"
+#: In a tools file, stands for the runner's own base URL (``http://127.0.0.1:<port>``).
+LOCAL_URL_PLACEHOLDER = "${LOCAL_URL}"
 #: Over-limit bodies up to this size are read and dropped; larger ones close the connection.
 _DRAIN_LIMIT_BYTES = 8 * MAX_BODY_BYTES
 _FAKE_CREDENTIALS = {
@@ -86,6 +95,7 @@ class LocalConfig:
     #: Where ``CodeUri`` paths start; default: the template's folder.
     project_root: Path | None = None
     ttl_seconds: int | None = None
+    #: A tool registry; ``${LOCAL_URL}`` in it stands for this runner's base URL.
     tools_file: Path | None = None
     provider: str | None = None
     model: str | None = None
@@ -94,16 +104,25 @@ class LocalConfig:
     s3_endpoint: str | None = None
     table: str = "turnledger"
     bucket: str = "turnledger-artifacts"
-    idempotency_table: str = "turnledger-idempotency"
     tenant_claim: str = "tenant_id"
     region: str = "us-east-1"
-    log_level: str = "INFO"
+    log_level: str = "WARNING"
+    #: Print each invocation's CloudWatch metrics (EMF JSON) on standard output.
+    print_metrics: bool = False
     #: False: start no storage and create nothing (runs whose handlers need none).
     provision_storage: bool = True
     #: Keep conversations in this folder (SQLite and payload files), surviving restarts;
     #: ``None``: in the DynamoDB table and bucket (embedded: gone when the runner stops).
     #: Idempotency records stay in the DynamoDB idempotency table either way.
     data_dir: Path | None = None
+    #: Execution environments (worker processes) per function; more requests queue.
+    max_workers: int = 8
+    #: Local-only, for tests: the functions read the current time from this file
+    #: (``clock.ClockFile`` writes it).
+    clock_file: Path | None = None
+    #: Local-only, for tests: ``module:function`` called once before any environment
+    #: starts (fault injection; see ``workers.py``).
+    worker_hook: str | None = None
     #: Extra environment variables for the functions, applied last.
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -113,67 +132,22 @@ class LocalConfig:
         return self.project_root or self.template_path.resolve().parent
 
 
-class _Environment:
-    """Sets process environment variables and puts the previous values back."""
-
-    def __init__(self) -> None:
-        self._saved: dict[str, str | None] = {}
-
-    def apply(self, values: Mapping[str, str]) -> None:
-        for name, value in values.items():
-            self._saved.setdefault(name, os.environ.get(name))
-            os.environ[name] = value
-
-    def restore(self) -> None:
-        for name, previous in self._saved.items():
-            if previous is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = previous
-        self._saved.clear()
-
-
 def _is_loopback(url: str) -> bool:
     return (urlsplit(url).hostname or "") in {"127.0.0.1", "localhost", "::1"}
 
 
-def _forget_runtime() -> None:
-    # The handlers build their clients and settings once per process and keep them;
-    # a runner's environment (tables, endpoints) must not meet another runner's clients.
-    from ..runtime import set_runtime
-
-    set_runtime(None)
-
-
-def _load_handler(root: Path, spec: FunctionSpec, module_name: str) -> Handler:
+def _handler_source(root: Path, spec: FunctionSpec) -> tuple[Path, str]:
     module_path, _, attribute = spec.handler.rpartition(".")
-    source = root / spec.code_uri / (module_path.replace(".", "/") + ".py")
-    loader_spec = importlib.util.spec_from_file_location(module_name, source)
-    if loader_spec is None or loader_spec.loader is None:
-        raise FileNotFoundError(f"{spec.name}: cannot load {source}")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
-    try:
-        loader_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    handler = getattr(module, attribute, None)
-    if not callable(handler):
-        raise AttributeError(f"{spec.name}: {source} has no callable {attribute!r}")
-    return handler  # type: ignore[no-any-return]
+    return root / spec.code_uri / (module_path.replace(".", "/") + ".py"), attribute
 
 
 class LocalRunner:
     """Serves a template's HTTP API routes on a local port.
 
-    ``start()`` prepares storage, sets the functions' environment, loads their
-    handlers and starts serving; ``stop()`` undoes all of it, the environment
-    included. Also a context manager.
-
-    Both drop the process's cached :mod:`turnledger.runtime`, so the handlers
-    build theirs from this runner's environment: a test that installs its own
-    runtime (``set_runtime``) does so after ``start()``.
+    ``start()`` prepares storage, starts the process the functions' environments
+    are forked from and starts serving; ``stop()`` undoes all of it. Also a
+    context manager. The runner never changes its own process's environment:
+    :attr:`environment` is what the functions see.
     """
 
     def __init__(self, config: LocalConfig | None = None) -> None:
@@ -182,13 +156,15 @@ class LocalRunner:
         self._functions = functions(self._template)
         self._routes = RouteTable(routes(self._template))
         self._sweep = scheduled_function(self._template)
-        self._handlers: dict[str, Handler] = {}
-        self._modules: list[str] = []
-        self._environment = _Environment()
         self._storage: EmbeddedStorage | None = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._zygote: Zygote | None = None
+        self._pools: dict[str, FunctionPool] = {}
+        self._scratch: Path | None = None
         self.endpoints: dict[str, str] = {}
+        #: The functions' environment variables (complete once started).
+        self.environment: dict[str, str] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -205,7 +181,9 @@ class LocalRunner:
         return f"http://{host!s}:{port}"
 
     def start(self) -> str:
-        """Prepare storage and handlers, start serving; returns the base URL.
+        """Prepare storage, start the functions' process, start serving; returns the base URL.
+
+        The handlers load in the background: the first request waits for them.
 
         Raises:
             OSError: the port is taken.
@@ -216,35 +194,46 @@ class LocalRunner:
         if self._server is not None:
             return self.url
         try:
-            self._environment.apply(self._base_environment())
+            boots = self._function_boots()
+            self._scratch = Path(tempfile.mkdtemp(prefix="turnledger-local-"))
+            self.environment = self._base_environment()
             if self.config.provision_storage:
                 self._start_storage()
-            self._load_handlers()
-            self._serve()
+            server = _Server((self.config.host, self.config.port), _RequestHandler)
+            server.runner = self
+            self._server = server
+            self.environment.update(self._local_files())
+            self.environment.update(self.config.env)
+            self._start_workers(boots)
+            self._serve(server)
         except BaseException:
             self.stop()
             raise
         return self.url
 
     def stop(self) -> None:
-        """Stop serving, stop embedded storage, unload handlers, restore the environment."""
-        if self._server is not None:
+        """Stop serving, stop the functions' processes and embedded storage, remove scratch."""
+        if self._server is not None and self._thread is not None:
             self._server.shutdown()
+        if self._server is not None:
             self._server.server_close()
         if self._thread is not None:
             self._thread.join()
         self._server = None
         self._thread = None
+        for pool in self._pools.values():
+            pool.close()
+        self._pools = {}
+        if self._zygote is not None:
+            self._zygote.stop()
+            self._zygote = None
         if self._storage is not None:
             self._storage.stop()
             self._storage = None
-        for name in self._modules:
-            sys.modules.pop(name, None)
-        self._modules.clear()
-        self._handlers.clear()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
         self.endpoints = {}
-        self._environment.restore()
-        _forget_runtime()
 
     def __enter__(self) -> Self:
         self.start()
@@ -258,21 +247,46 @@ class LocalRunner:
     ) -> None:
         self.stop()
 
+    def _function_boots(self) -> list[FunctionBoot]:
+        wanted = {route.function for route in routes(self._template)}
+        if self._sweep is not None:
+            wanted.add(self._sweep.name)
+        boots: list[FunctionBoot] = []
+        for name in sorted(wanted):
+            spec = self._functions[name]
+            source, attribute = _handler_source(self.config.root, spec)
+            if not source.is_file():
+                raise FileNotFoundError(f"{name}: no handler file {source}")
+            boots.append(
+                FunctionBoot(
+                    name=name,
+                    source=str(source),
+                    attribute=attribute,
+                    memory_mb=spec.memory_mb,
+                    timeout_seconds=spec.timeout_seconds,
+                    region=self.config.region,
+                )
+            )
+        return boots
+
     def _base_environment(self) -> dict[str, str]:
         cfg = self.config
-        env = {
-            "TABLE_NAME": cfg.table,
-            "BUCKET_NAME": cfg.bucket,
-            "IDEMPOTENCY_TABLE_NAME": cfg.idempotency_table,
-            "TENANT_CLAIM": cfg.tenant_claim,
-            "POWERTOOLS_SERVICE_NAME": "turnledger",
-            "POWERTOOLS_METRICS_NAMESPACE": "turnledger",
-            "POWERTOOLS_TRACE_DISABLED": "true",
-            "POWERTOOLS_LOG_LEVEL": cfg.log_level,
-            "LOG_LEVEL": cfg.log_level,
-            "AWS_DEFAULT_REGION": cfg.region,
-            "AWS_REGION": cfg.region,
-        }
+        env = dict(os.environ)
+        env.update(
+            {
+                "TABLE_NAME": cfg.table,
+                "BUCKET_NAME": cfg.bucket,
+                "TENANT_CLAIM": cfg.tenant_claim,
+                "POWERTOOLS_SERVICE_NAME": "turnledger",
+                "POWERTOOLS_METRICS_NAMESPACE": "turnledger",
+                "POWERTOOLS_TRACE_DISABLED": "true",
+                "POWERTOOLS_METRICS_DISABLED": "false" if cfg.print_metrics else "true",
+                "POWERTOOLS_LOG_LEVEL": cfg.log_level,
+                "LOG_LEVEL": cfg.log_level,
+                "AWS_DEFAULT_REGION": cfg.region,
+                "AWS_REGION": cfg.region,
+            }
+        )
         optional = {
             "TTL_SECONDS": None if cfg.ttl_seconds is None else str(cfg.ttl_seconds),
             "PROVIDER": cfg.provider,
@@ -283,6 +297,21 @@ class LocalRunner:
         }
         env.update({name: value for name, value in optional.items() if value is not None})
         return env
+
+    def _local_files(self) -> dict[str, str]:
+        """Scratch the runner owns: demo provider state, the tools file with its own URL."""
+        assert self._scratch is not None
+        state = self._scratch / "demo-state"
+        state.mkdir()
+        files = {"DEMO_STATE_DIR": str(state)}
+        tools = self.config.tools_file
+        if tools is not None and tools.is_file():
+            text = tools.read_text(encoding="utf-8")
+            if LOCAL_URL_PLACEHOLDER in text:
+                resolved = self._scratch / "tools.json"
+                resolved.write_text(text.replace(LOCAL_URL_PLACEHOLDER, self.url), "utf-8")
+                files["TOOLS_FILE"] = str(resolved)
+        return files
 
     def _start_storage(self) -> None:
         cfg = self.config
@@ -300,47 +329,62 @@ class LocalRunner:
             all(_is_loopback(url) for url in (dynamodb, s3))
             and boto3.Session().get_credentials() is None
         ):
-            self._environment.apply(_FAKE_CREDENTIALS)
+            self.environment.update(_FAKE_CREDENTIALS)
         self.endpoints = {"dynamodb": dynamodb, "s3": s3}
-        self._environment.apply(
+        self.environment.update(
             {
                 "DYNAMODB_ENDPOINT": dynamodb,
                 "S3_ENDPOINT": s3,
-                # So that clients the functions do not build themselves (Powertools'
-                # idempotency layer) reach the same storage.
+                # So that clients the functions do not build themselves reach the same storage.
                 "AWS_ENDPOINT_URL_DYNAMODB": dynamodb,
                 "AWS_ENDPOINT_URL_S3": s3,
             }
         )
         created = provision(
             self._template,
-            StorageNames(cfg.table, cfg.idempotency_table, cfg.bucket),
+            StorageNames(cfg.table, cfg.bucket),
             dynamodb_endpoint=dynamodb,
             s3_endpoint=s3,
             region=cfg.region,
-            conversations=cfg.data_dir is None,
+            credentials=self._credentials(),
         )
         if created:
             logger.info("created %s", ", ".join(created))
 
-    def _load_handlers(self) -> None:
-        # Settings are read from the environment when a handler first runs, so the
-        # environment is complete before any module is loaded.
-        self._environment.apply(dict(self.config.env))
-        _forget_runtime()
-        wanted = {route.function for route in routes(self._template)}
-        if self._sweep is not None:
-            wanted.add(self._sweep.name)
-        for name in sorted(wanted):
-            module_name = f"_turnledger_local_{name}_{id(self):x}"
-            self._handlers[name] = _load_handler(
-                self.config.root, self._functions[name], module_name
-            )
-            self._modules.append(module_name)
+    def _credentials(self) -> dict[str, str] | None:
+        env = self.environment
+        if "AWS_ACCESS_KEY_ID" not in env or "AWS_SECRET_ACCESS_KEY" not in env:
+            return None
+        credentials = {
+            "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        }
+        if env.get("AWS_SESSION_TOKEN"):
+            credentials["aws_session_token"] = env["AWS_SESSION_TOKEN"]
+        return credentials
 
-    def _serve(self) -> None:
-        server = _Server((self.config.host, self.config.port), _RequestHandler)
-        server.runner = self
+    def _start_workers(self, boots: list[FunctionBoot]) -> None:
+        cfg = self.config
+        package_root = str(Path(__file__).resolve().parents[2])
+        environment = dict(self.environment)
+        # The functions' process imports turnledger from where this process does.
+        environment["PYTHONPATH"] = os.pathsep.join(
+            [package_root, *filter(None, [environment.get("PYTHONPATH")])]
+        )
+        boot = Boot(
+            functions=tuple(boots),
+            sys_path=tuple(entry for entry in sys.path if entry),
+            log_level=cfg.log_level,
+            clock_file=None if cfg.clock_file is None else str(cfg.clock_file.resolve()),
+            hook=cfg.worker_hook,
+        )
+        self._zygote = Zygote(boot, environment)
+        self._zygote.start()
+        self._pools = {
+            item.name: FunctionPool(item.name, self._zygote, cfg.max_workers) for item in boots
+        }
+
+    def _serve(self, server: _Server) -> None:
         # A short poll keeps stop() quick; shutdown waits for the loop's next poll.
         thread = threading.Thread(
             target=server.serve_forever,
@@ -348,13 +392,13 @@ class LocalRunner:
             name="turnledger-local",
             daemon=True,
         )
-        try:
-            thread.start()
-        except BaseException:
-            server.server_close()
-            raise
+        thread.start()
         # Only a running loop may be shut down: shutdown() waits for the loop to answer.
-        self._server, self._thread = server, thread
+        self._thread = thread
+
+    def pool_sizes(self) -> dict[str, int]:
+        """How many execution environments each function has now."""
+        return {name: pool.size for name, pool in self._pools.items()}
 
     # -- requests --------------------------------------------------------------------
 
@@ -379,20 +423,19 @@ class LocalRunner:
 
     def _invoke(self, function: str, event: dict[str, Any]) -> Any:
         spec = self._functions[function]
-        context = LambdaContext(
-            function_name=spec.name,
-            memory_limit_in_mb=spec.memory_mb,
-            timeout_seconds=spec.timeout_seconds,
-            region=self.config.region,
-        )
+        pool = self._pools.get(function)
+        if pool is None:
+            raise GatewayError(500, "internal_error", "the runner is stopped")
         started = time.monotonic()
         try:
-            return self._handlers[function](event, context)
-        except Exception as exc:
-            logger.exception("%s failed", function)
+            return pool.invoke(event)
+        except InvocationFailed as exc:
             raise GatewayError(
-                500, "internal_error", f"{function} failed: {type(exc).__name__}"
+                500, "internal_error", f"{function} failed: {exc.error_type}"
             ) from exc
+        except WorkerError as exc:
+            logger.error("%s: %s", function, exc)
+            raise GatewayError(500, "internal_error", f"{function} failed: {exc}") from exc
         finally:
             elapsed = time.monotonic() - started
             if elapsed > spec.timeout_seconds:
@@ -429,15 +472,10 @@ class LocalRunner:
     def _echo(request: HttpRequest) -> HttpResponse:
         """A stand-in ``http`` tool for local tries: answers what it was asked.
 
-        ``examples/tools.json`` points its tools here, so approvals can be tried
+        ``events/local-tools.json`` points its tools here, so approvals can be tried
         without a tool server of one's own.
         """
-        try:
-            payload = json.loads(request.body or b"{}")
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise GatewayError(400, "invalid_request", "the body is not JSON") from exc
-        if not isinstance(payload, dict):
-            raise GatewayError(400, "invalid_request", "the body is not a JSON object")
+        payload = _json_object(request.body or b"{}")
         return HttpResponse.json(
             200,
             {
@@ -449,15 +487,7 @@ class LocalRunner:
 
     def _sweep_event(self, body: bytes, tenant: str) -> dict[str, Any]:
         """A scheduled event, or the on-demand form when the body names conversations."""
-        if not body.strip():
-            payload: Any = {}
-        else:
-            try:
-                payload = json.loads(body)
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise GatewayError(400, "invalid_request", "the body is not JSON") from exc
-        if not isinstance(payload, dict):
-            raise GatewayError(400, "invalid_request", "the body is not a JSON object")
+        payload = _json_object(body) if body.strip() else {}
         ids = payload.get("conversation_ids")
         if ids is None:
             assert self._sweep is not None
@@ -472,6 +502,13 @@ class LocalRunner:
         return {"conversation_ids": ids, "tenant": tenant}
 
 
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        return parse_object(body)
+    except BodyError as exc:
+        raise GatewayError(400, "invalid_request", str(exc), details=exc.details) from exc
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     runner: LocalRunner
@@ -482,10 +519,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "turnledger-local"
 
-    def do_GET(self) -> None:
-        self._dispatch()
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_HEAD = do_GET
+    def __getattr__(self, name: str) -> Any:
+        # Every method reaches the route table (``do_GET``, ``do_TRACE``, ``do_BREW``...): a
+        # known path answers 405 with ``Allow`` for a method it lacks, as JSON, never the
+        # standard library's HTML 501.
+        if name.startswith("do_"):
+            return self._dispatch
+        raise AttributeError(name)
 
     def _dispatch(self) -> None:
         try:

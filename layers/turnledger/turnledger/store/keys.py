@@ -5,6 +5,7 @@ Table layout (one partition per conversation)::
     pk = "T#<tenant>#C#<conversation_id>"
     sk = "HEAD"                      the head: status, version, TTL, pending calls
     sk = "E#<storage sequence:012>"  one item per canonical event, append-only
+    sk = "I#<hash>"                  a request's idempotency record (api/idempotency.py)
 
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
 the head followed by the newest events: a turn reads its state in one round
@@ -32,6 +33,9 @@ from ..models import ConversationKey
 
 HEAD_SK = "HEAD"
 EVENT_PREFIX = "E#"
+#: Powertools idempotency records of the conversation's keyed requests; after ``"HEAD"``,
+#: so no read of the head and events ever meets one, and a purge deletes them.
+RECORD_PREFIX = "I#"
 _SEQ_WIDTH = 12
 
 #: The expiry index groups heads by the hour their TTL falls in, split into

@@ -23,6 +23,7 @@ import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ..models import ToolCall
+from ..observability import logger
 from .registry import HttpExecutorConfig, LambdaExecutorConfig, ToolDefinition
 
 if TYPE_CHECKING:
@@ -135,11 +136,14 @@ class HttpExecutor:
                 headers=headers,
                 timeout=timeout,
             )
-        except httpx.TimeoutException:
+        except httpx.TimeoutException as exc:
+            _unreachable(name, exc)
             return ToolOutcome(f"tool {name} timed out after {timeout:g}s", is_error=True)
-        except httpx.ConnectError:
+        except httpx.ConnectError as exc:
+            _unreachable(name, exc)
             return ToolOutcome(f"tool {name} is unreachable", is_error=True)
         except httpx.TransportError as exc:
+            _unreachable(name, exc)
             return ToolOutcome(f"tool {name} failed: {type(exc).__name__}", is_error=True)
         if not response.is_success:
             return ToolOutcome(
@@ -151,6 +155,14 @@ class HttpExecutor:
         except ValueError:
             return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
         return ToolOutcome(_as_output(value))
+
+
+def _unreachable(tool: str, exc: Exception) -> None:
+    # The model only reads "unreachable"; whoever runs the service must see it too. The
+    # tool's name and the error's type only: arguments and URLs may carry personal data.
+    logger.warning(
+        "a tool could not be reached", extra={"tool": tool, "error_type": type(exc).__name__}
+    )
 
 
 class LambdaExecutor:

@@ -1,0 +1,115 @@
+"""Strict parsing of request bodies: any bytes get a clear answer, never a crash.
+
+A body must be UTF-8 JSON (RFC 8259 section 8.1) holding an object, within
+these limits:
+
+- nesting at most :data:`MAX_DEPTH` arrays and objects deep;
+- every number at most :data:`MAX_NUMBER_CHARS` characters long and finite as
+  a double (``1e400``, ``NaN`` and ``Infinity`` are refused);
+- every string (keys too) valid Unicode: no lone surrogate such as ``"\\ud800"``,
+  which no UTF-8 encoder can store.
+
+Python's own parser would instead raise ``RecursionError`` on deep nesting,
+``ValueError`` on integers over 4,300 digits, and accept lone surrogates and
+``NaN`` that break later, far from the request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+#: How deep arrays and objects may nest in a request body.
+MAX_DEPTH = 64
+#: The longest number literal accepted, in characters.
+MAX_NUMBER_CHARS = 64
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+class BodyError(ValueError):
+    """The body is not a JSON object within the limits; the message says why."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details: dict[str, Any] = details
+
+
+def _number(literal: str) -> int | float:
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise BodyError(
+            f"a number is longer than {MAX_NUMBER_CHARS} characters",
+            limit=MAX_NUMBER_CHARS,
+        )
+    if any(mark in literal for mark in ".eE"):
+        value = float(literal)
+        if not math.isfinite(value):
+            raise BodyError("a number is out of range")
+        return value
+    return int(literal)
+
+
+def _constant(name: str) -> Any:
+    raise BodyError(f"{name} is not JSON")
+
+
+def _check(document: Any) -> None:
+    """Walk ``document`` without recursion: depth and strings."""
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise BodyError("a string holds a lone surrogate (invalid Unicode)")
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_DEPTH:
+            raise BodyError(f"the body nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, depth))
+                stack.append((item, depth + 1))
+        else:
+            stack.extend((item, depth + 1) for item in value)
+
+
+def parse(body: bytes | str) -> Any:
+    """The JSON document in ``body``, checked against the limits above.
+
+    Raises:
+        BodyError: not UTF-8, not JSON, or over a limit.
+    """
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BodyError("the body is not UTF-8 text") from exc
+    else:
+        text = body
+    try:
+        document = json.loads(
+            text, parse_int=_number, parse_float=_number, parse_constant=_constant
+        )
+    except RecursionError as exc:
+        raise BodyError(f"the body nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH) from exc
+    except BodyError:
+        raise
+    except ValueError as exc:
+        raise BodyError("the body is not JSON") from exc
+    _check(document)
+    return document
+
+
+def parse_object(body: bytes | str) -> dict[str, Any]:
+    """Like :func:`parse`, for a body that must be a JSON object.
+
+    Raises:
+        BodyError: as :func:`parse`, or the document is not an object.
+    """
+    document = parse(body)
+    if not isinstance(document, dict):
+        raise BodyError("the body must be a JSON object")
+    return document

@@ -1,0 +1,50 @@
+"""Fault-injection hooks for the local runner's worker processes (``LocalConfig.worker_hook``).
+
+A hook runs once in the process every execution environment is forked from,
+so what it patches holds in every worker. Hooks read their settings from the
+functions' environment (``LocalConfig.env``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from turnledger.store.dynamodb import DynamoDBConversationStore
+
+#: The functions' environment variable naming the barrier's directory.
+BARRIER_DIR = "TURNLEDGER_TEST_BARRIER"
+#: While this file exists in the barrier's directory, loads wait at the barrier.
+ARMED = "armed"
+
+
+def arrive(directory: Path, parties: int, timeout: float) -> None:
+    """Wait until ``parties`` processes (this one included) have arrived in ``directory``.
+
+    Raises:
+        TimeoutError: fewer arrived within ``timeout`` seconds.
+    """
+    (directory / f"arrived-{os.getpid()}-{uuid.uuid4().hex}").touch()
+    deadline = time.monotonic() + timeout
+    while len(list(directory.glob("arrived-*"))) < parties:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only some of {parties} parties reached the barrier")
+        time.sleep(0.01)
+
+
+def two_loads_meet() -> None:
+    """While the barrier is armed, each conversation load returns only once two loads have
+    read their snapshots: two requests both read the state before either commits."""
+    directory = Path(os.environ[BARRIER_DIR])
+    original = DynamoDBConversationStore.load
+
+    def load(self: DynamoDBConversationStore, *args: Any, **kwargs: Any) -> Any:
+        snapshot = original(self, *args, **kwargs)
+        if (directory / ARMED).exists():
+            arrive(directory, parties=2, timeout=10)
+        return snapshot
+
+    DynamoDBConversationStore.load = load  # type: ignore[method-assign]
