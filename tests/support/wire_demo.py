@@ -13,7 +13,8 @@ in-process model::
     with FakeOpenAI(default=chat_demo()) as fake: ...       # POST /v1/chat/completions
     with FakeBedrock(default=converse_demo()) as fake: ...  # converse
 
-The call ids of the answers are the *provider's* (``fc_<n>_<k>``, ``tooluse<n>x<k>``),
+The call ids of the answers are the *provider's* (``fc_<n>_<k>``, ``call.chat.<n>.<k>``,
+``tooluse<n>x<k>``; the chat ones hold dots, which Bedrock refuses),
 never the demo model's own ``call_<k>``, so a test sees them travel through the
 log and back to the provider.
 
@@ -203,7 +204,7 @@ def chat_messages(wire: list[dict[str, Any]]) -> list[Message]:
 
 def chat_demo() -> Responder:
     """``POST /v1/chat/completions`` answered by the demo model."""
-    ids = _Ids("call_chat{n}x{k}")
+    ids = _Ids("call.chat.{n}.{k}")
 
     def respond(request: RecordedRequest) -> Scripted:
         body = request.json()
