@@ -281,15 +281,20 @@ def converse_messages(body: dict[str, Any]) -> list[Message]:
 def converse_demo() -> Responder:
     """Bedrock ``converse`` answered by the demo model.
 
-    JSON mode in ``tool`` form (a forced answer tool) is answered with that tool's
+    JSON mode in ``tool`` form (the answer tool forced, or ``any`` tool when others
+    are offered) is answered, when the demo does not call a tool, with that tool's
     ``input``: the demo's ``{"answer": ...}``.
     """
     ids = _Ids("tooluse{n}x{k}")
 
     def respond(request: RecordedRequest) -> Scripted:
         body = request.json()
-        choice = (body.get("toolConfig") or {}).get("toolChoice") or {}
+        config = body.get("toolConfig") or {}
+        choice = config.get("toolChoice") or {}
         forced = choice.get("tool", {}).get("name")
+        if "any" in choice:  # JSON mode with other tools: the answer tool is one of them
+            names = [tool["toolSpec"]["name"] for tool in config.get("tools", [])]
+            forced = next((n for n in names if n.startswith("json_answer")), None)
         response_format = ResponseFormat(type="json_object") if forced else None
         reply = _answer(converse_messages(body), model_id(request), response_format, ids)
         usage = {
