@@ -88,9 +88,7 @@ class Scenario:
         """``provider_state`` of every model call of the conversation, in order."""
         page = svc.events(ANN, conversation, after=0, limit=1000)
         return [
-            e.payload["run"]["provider_state"]
-            for e in page.events
-            if e.kind == "assistant_message"
+            e.payload["run"]["provider_state"] for e in page.events if e.kind == "assistant_message"
         ]
 
     def expected_states(self, calls: int) -> list[str]:
@@ -104,7 +102,9 @@ def scenario(rig: Rig, sink: HttpSink, http: httpx.Client, clock: FakeClock) -> 
     return Scenario(rig, sink, http, clock)
 
 
-def turn(svc: Conversations, text: Any, conversation: str = "conv-1", **fields: Any) -> TurnResponse:
+def turn(
+    svc: Conversations, text: Any, conversation: str = "conv-1", **fields: Any
+) -> TurnResponse:
     return svc.turn(ANN, conversation, TurnRequest(input=text, **fields))
 
 
@@ -186,17 +186,13 @@ def test_reject_tells_the_model_why_and_mixed_calls_run_once(scenario: Scenario)
     assert first.status == "awaiting_approval"
     email_a, email_b = (p.id for p in first.pending_tool_calls)
     assert len(scenario.sink.requests_for("/weather")) == 1
-    done = decide(
-        svc, approve=[email_b], reject=[Rejection(id=email_a, reason="wrong recipient")]
-    )
+    done = decide(svc, approve=[email_b], reject=[Rejection(id=email_a, reason="wrong recipient")])
     assert done.status == "complete"
     assert done.output_text == (
         "Tool results: send_email: tool call send_email was not run: rejected by ann: "
         'wrong recipient; get_weather: {"temp":21}; send_email: {"sent":true}'
     )
-    assert [r.json()["arguments"] for r in scenario.sink.requests_for("/email")] == [
-        {"to": "b@x"}
-    ]
+    assert [r.json()["arguments"] for r in scenario.sink.requests_for("/email")] == [{"to": "b@x"}]
     assert len(scenario.sink.requests_for("/weather")) == 1
     assert scenario.states(svc) == scenario.expected_states(2)
 

@@ -25,7 +25,7 @@ from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest
 from turnledger.providers.demo_stateful import RESPONSE_ID, DemoStatefulProvider
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
-from turnledger.redaction import Redactor, RedactionRule
+from turnledger.redaction import RedactionRule, Redactor
 from turnledger.schemas import EventView, TurnRequest, TurnResponse
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
@@ -214,9 +214,7 @@ def _redaction(version: str) -> Redactor:
     return Redactor(version=version, rules=[RedactionRule(name="pin", pattern=r"\b\d{4}\b")])
 
 
-@pytest.mark.parametrize(
-    "change", ["model", "system_prompt", "tools", "redaction", "retention"]
-)
+@pytest.mark.parametrize("change", ["model", "system_prompt", "tools", "redaction", "retention"])
 def test_any_mismatch_is_fresh_and_the_next_turn_continues_again(
     clock: FakeClock, change: str
 ) -> None:

@@ -107,7 +107,9 @@ def test_a_turn_may_name_another_allowed_provider(clock: FakeClock) -> None:
             "Your name is Ann.",
             "fresh",
         )
-        runs = [e["payload"]["run"] for e in events_of(http, "s") if e["kind"] == "assistant_message"]
+        runs = [
+            e["payload"]["run"] for e in events_of(http, "s") if e["kind"] == "assistant_message"
+        ]
         assert [r["provider"] for r in runs] == ["demo-stateful", "demo-stateful", "demo"]
 
         refused = post_turn(http, "s", "Hello.", provider="openai-chat")
