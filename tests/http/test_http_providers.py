@@ -73,7 +73,14 @@ def test_json_mode_over_http(http: httpx.Client) -> None:
         "answer": "ok"
     }
 
-    for bad in ({"type": "xml"}, {"type": "json_object", "extra": 1}, "json"):
+    for bad in (
+        {"type": "xml"},
+        {"type": "json_object", "extra": 1},
+        "json",
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+        {"type": "json_object", "json_schema": {"name": "reply"}},
+    ):
         refused = post_turn(http, "j", "Hello.", response_format=bad)
         assert refused.status_code == 422, refused.text
         assert error_of(refused)["code"] == "validation_error"
