@@ -182,6 +182,13 @@ def test_one_transcript_continued_on_chat_then_responses_then_bedrock_and_back(
         ]
         assert rig.validate_requests() == 7
 
+        # The cursor was made by a provider that is not the deployment's default: clearing
+        # still deletes its stored response, through that provider.
+        report = svc.clear(ANN, "conv-1")
+        assert report.provider_responses == [("openai-responses", "resp_fake_2")]
+        deleted = [r.path for r in rig.openai.requests if r.method == "DELETE"]
+        assert deleted == ["/v1/responses/resp_fake_2"]
+
 
 def test_a_provider_the_deployment_does_not_allow_is_a_validation_error(
     clock: FakeClock,
