@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -216,15 +218,20 @@ def test_client_tools_wait_for_the_callers_output(scenario: Scenario) -> None:
 
 def test_a_provider_failure_is_recorded_and_the_next_turn_recovers(scenario: Scenario) -> None:
     rig = scenario.rig
-    if rig.name in ("demo", "demo-stateful"):
-        pytest.skip("the in-process demo models never fail (see test_turns.py)")
     svc = scenario.service()
     turn(svc, "My name is Ann.")
     if rig.name == "bedrock-converse":
         rig.bedrock.script(bedrock_error(400, "ValidationException", "bad request"))
-    else:
+    elif rig.name.startswith("openai"):
         rig.openai.script(error_reply(400, "bad request"))
-    with pytest.raises(ProviderError):
+    down = ProviderError("the model is down", details={"attempts": 1})
+    in_process = rig.name in ("demo", "demo-stateful")
+    with (
+        mock.patch.object(rig.provider(), "complete", side_effect=down)
+        if in_process
+        else nullcontext(),
+        pytest.raises(ProviderError),
+    ):
         turn(svc, "This is lost.")
     view = svc.get(ANN, "conv-1")
     assert (view.turns, view.failed_turns) == (1, 1)
