@@ -13,11 +13,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import coldstart, turns
+from bench import coldstart, providers, turns
 
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "turns": turns.main,
     "coldstart": coldstart.main,
+    "providers": providers.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

@@ -18,7 +18,7 @@ from botocore.config import Config
 
 from .config import Settings
 from .pipeline import Conversations
-from .providers.factory import build_provider
+from .providers.factory import PROVIDERS, build_provider
 from .redaction import Redactor, load_redactor
 from .session import Clock, utc_now
 from .store.base import ConversationStore
@@ -66,9 +66,17 @@ class Runtime:
             redactor = load_redactor(settings)  # a bad rule set fails here, loudly
         elif settings.redaction_parameter:
             redactor = partial(load_redactor, settings)  # Powertools caches the parameter
+        unknown = [name for name in settings.allowed_providers if name not in PROVIDERS]
+        if unknown:
+            # Fail at start, like an unknown PROVIDER, not on the first turn that names one.
+            raise ValueError(
+                f"PROVIDERS names unknown providers {unknown}; valid: {', '.join(PROVIDERS)}"
+            )
         conversations = Conversations(
             store=store,
             provider=build_provider(settings),
+            # Other providers a turn may name, built on first use.
+            providers=partial(build_provider, settings),
             redactor=redactor,
             settings=settings,
             tools=lambda: ToolRegistry.from_settings(settings),
