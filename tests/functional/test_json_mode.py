@@ -15,9 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import TypeAdapter
 from turnledger.config import Settings
 from turnledger.exceptions import ProviderError
-from turnledger.models import ResponseFormatOption
+from turnledger.models import JsonObjectFormat, JsonSchemaFormat
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.factory import PROVIDERS
@@ -35,8 +36,13 @@ ANN = Caller(tenant="tenant-a", actor="ann")
 JSON_OBJECT = {"type": "json_object"}
 
 
-def json_mode(value: dict[str, Any]) -> ResponseFormatOption:
-    return ResponseFormatOption.model_validate(value)
+_FORMAT: TypeAdapter[JsonObjectFormat | JsonSchemaFormat] = TypeAdapter(
+    JsonObjectFormat | JsonSchemaFormat
+)
+
+
+def json_mode(value: dict[str, Any]) -> JsonObjectFormat | JsonSchemaFormat:
+    return _FORMAT.validate_python(value)
 
 
 def service(store: ConversationStore, clock: FakeClock, provider: Any, **settings: Any) -> Any:

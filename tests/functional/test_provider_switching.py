@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from turnledger.exceptions import RequestValidationFailed
+from turnledger.exceptions import UnknownProvider
 from turnledger.models import ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.call_ids import BEDROCK_CALL_ID
@@ -190,16 +190,16 @@ def test_one_transcript_continued_on_chat_then_responses_then_bedrock_and_back(
         assert deleted == ["/v1/responses/resp_fake_2"]
 
 
-def test_a_provider_the_deployment_does_not_allow_is_a_validation_error(
+def test_a_provider_the_deployment_does_not_allow_is_unknown_provider(
     clock: FakeClock,
 ) -> None:
     store = MemoryConversationStore()
     with Rig.open("openai-chat", providers=("openai-responses",)) as rig:
         svc = rig.service(store, clock)
         for name in ("bedrock-converse", "no-such-provider"):
-            with pytest.raises(RequestValidationFailed) as refused:
+            with pytest.raises(UnknownProvider) as refused:
                 say(svc, "Hello.", provider=name)
-            assert (refused.value.status, refused.value.code) == (422, "validation_error")
+            assert (refused.value.status, refused.value.code) == (422, "unknown_provider")
             assert refused.value.details == {
                 "provider": name,
                 "allowed": ["openai-chat", "openai-responses"],

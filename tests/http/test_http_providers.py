@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+from turnledger.local.clock import ClockFile
 from turnledger.local.runner import LocalConfig
 
 from tests.functional.fake_openai import RESPONSES_PATH, FakeOpenAI, text_reply
 from tests.http.conftest import ANN, start
-from tests.support.factories import FakeClock
 from tests.support.provider_schemas import validate_responses_request
 from tests.support.wire_demo import responses_demo
 
@@ -27,7 +27,7 @@ JSON_OBJECT = {"type": "json_object"}
 
 
 @contextmanager
-def serve(clock: FakeClock, **overrides: Any) -> Iterator[httpx.Client]:
+def serve(clock: ClockFile, **overrides: Any) -> Iterator[httpx.Client]:
     suffix = uuid.uuid4().hex[:8]
     defaults = LocalConfig(port=0, ttl_seconds=3600, table=f"prv-{suffix}", bucket=f"prv-{suffix}")
     yield from start(dataclasses.replace(defaults, **overrides), clock)
@@ -87,10 +87,10 @@ def test_json_mode_over_http(http: httpx.Client) -> None:
     assert len(events_of(http, "j")) == 6  # refused turns left nothing
 
 
-def test_a_non_json_answer_in_json_mode_is_502_and_recorded(clock: FakeClock) -> None:
+def test_a_non_json_answer_in_json_mode_is_502_and_recorded(runner_clock: ClockFile) -> None:
     with FakeOpenAI() as fake:
         env = {"OPENAI_BASE_URL": fake.base_url, "PROVIDER_MAX_RETRIES": "0"}
-        with serve(clock, provider="openai-chat", model="gpt-test", env=env) as http:
+        with serve(runner_clock, provider="openai-chat", model="gpt-test", env=env) as http:
             fake.script(text_reply("Sure! Here is your answer."))
             failed = post_turn(http, "nj", "Answer in JSON.", response_format=JSON_OBJECT)
             assert failed.status_code == 502
@@ -101,9 +101,9 @@ def test_a_non_json_answer_in_json_mode_is_502_and_recorded(clock: FakeClock) ->
             assert done.status_code == 200 and done.json()["output_json"] == {"ok": True}
 
 
-def test_a_turn_may_name_another_allowed_provider(clock: FakeClock) -> None:
+def test_a_turn_may_name_another_allowed_provider(runner_clock: ClockFile) -> None:
     env = {"PROVIDERS": "demo-stateful"}
-    with serve(clock, provider="demo", env=env) as http:
+    with serve(runner_clock, provider="demo", env=env) as http:
         first = post_turn(http, "s", "My name is Ann.", provider="demo-stateful").json()
         assert first["context"]["provider_state"] == "fresh"
         second = post_turn(http, "s", "I live in Oslo.", provider="demo-stateful").json()
@@ -122,18 +122,18 @@ def test_a_turn_may_name_another_allowed_provider(clock: FakeClock) -> None:
         refused = post_turn(http, "s", "Hello.", provider="openai-chat")
         assert refused.status_code == 422
         error = error_of(refused)
-        assert error["code"] == "validation_error"
+        assert error["code"] == "unknown_provider"
         assert error["details"] == {"provider": "openai-chat", "allowed": ["demo", "demo-stateful"]}
         assert len(events_of(http, "s")) == 6
 
 
 def test_openai_responses_continues_and_clear_and_erasure_delete_its_state(
-    clock: FakeClock,
+    runner_clock: ClockFile,
 ) -> None:
     with FakeOpenAI() as fake:
         fake.default = responses_demo(fake)
         env = {"OPENAI_BASE_URL": fake.base_url, "PROVIDER_MAX_RETRIES": "0"}
-        with serve(clock, provider="openai-responses", model="gpt-test", env=env) as http:
+        with serve(runner_clock, provider="openai-responses", model="gpt-test", env=env) as http:
             assert post_turn(http, "a", "My name is Ann.").status_code == 200
             second = post_turn(http, "a", "What is my name?").json()
             assert (second["output_text"], second["context"]["provider_state"]) == (

@@ -379,17 +379,6 @@ class JsonSchemaFormat(_Strict):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
-    @model_validator(mode="after")
-    def _schema_iff_json_schema(self) -> ResponseFormatOption:
-        # Checked at the edge (422), as the providers' ResponseFormat checks it: a
-        # half-given format must never get as far as a model call.
-        if self.type == "json_schema":
-            if self.json_schema is None or not isinstance(self.json_schema.get("name"), str):
-                raise ValueError('type "json_schema" needs json_schema with a "name"')
-        elif self.json_schema is not None:
-            raise ValueError('json_schema is only allowed with type "json_schema"')
-        return self
-
 
 class ProviderCursor(_Strict):
     """Provider-side state of the conversation: a cache over the log, never the record.
