@@ -185,9 +185,13 @@ def test_one_transcript_continued_on_chat_then_responses_then_bedrock_and_back(
         # The cursor was made by a provider that is not the deployment's default: clearing
         # still deletes its stored response, through that provider.
         report = svc.clear(ANN, "conv-1")
-        assert report.provider_responses == [("openai-responses", "resp_fake_2")]
+        # Every response of the chain goes: the cursor's and those the run records name.
+        assert sorted(report.provider_responses) == [
+            ("openai-responses", "resp_fake_1"),
+            ("openai-responses", "resp_fake_2"),
+        ]
         deleted = [r.path for r in rig.openai.requests if r.method == "DELETE"]
-        assert deleted == ["/v1/responses/resp_fake_2"]
+        assert sorted(deleted) == ["/v1/responses/resp_fake_1", "/v1/responses/resp_fake_2"]
 
 
 def test_a_provider_the_deployment_does_not_allow_is_unknown_provider(

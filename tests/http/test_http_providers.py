@@ -149,7 +149,11 @@ def test_openai_responses_continues_and_clear_and_erasure_delete_its_state(
 
             assert http.delete("/v1/conversations/a", headers=ANN).status_code == 204
             deleted = [r.path for r in fake.requests if r.method == "DELETE"]
-            assert deleted == [f"{RESPONSES_PATH}/resp_fake_2"]
+            # Every stored response of the chain: the cursor's, and those its run records name.
+            assert sorted(deleted) == [
+                f"{RESPONSES_PATH}/resp_fake_1",
+                f"{RESPONSES_PATH}/resp_fake_2",
+            ]
 
             erased = http.delete("/v1/conversations", headers=ANN)
             assert erased.status_code == 200, erased.text

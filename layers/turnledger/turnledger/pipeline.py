@@ -193,7 +193,7 @@ class Conversations:
         """
         deleted = 0
         by_provider: dict[str, list[str]] = {}
-        for name, response_id in responses:
+        for name, response_id in dict.fromkeys(responses):
             by_provider.setdefault(name, []).append(response_id)
         for name, ids in by_provider.items():
             try:

@@ -16,7 +16,9 @@ handler itself. Workers share storage through its endpoints (the embedded moto
 server is an HTTP server) and demo provider state through ``DEMO_STATE_DIR``.
 
 Local-only routes: ``POST /_local/sweep`` invokes the scheduled function on
-demand (it needs a local token like every API route) and ``POST /_local/echo``
+demand (it needs a local token like every API route), ``POST
+/_local/provider/forget`` drops the ``demo-stateful`` provider's state (a token
+too), and ``POST /_local/echo``
 is a stand-in tool endpoint that answers what it was sent.
 """
 
@@ -69,6 +71,8 @@ logger = logging.getLogger("local_runner")
 #: A local stand-in tool endpoint (see ``_echo``).
 ECHO_PATH = "/_local/echo"
 SWEEP_PATH = "/_local/sweep"
+#: Drops the ``demo-stateful`` provider's stored responses, so the next turn falls back.
+FORGET_PATH = "/_local/provider/forget"
 _LOCAL_PREFIX = "/_local/"
 #: In a tools file, stands for the runner's own base URL (``http://127.0.0.1:<port>``).
 LOCAL_URL_PLACEHOLDER = "${LOCAL_URL}"
@@ -449,24 +453,36 @@ class LocalRunner:
     def _local(self, request: HttpRequest) -> HttpResponse:
         if request.raw_path == ECHO_PATH and request.method.upper() == "POST":
             return self._echo(request)
-        if request.raw_path != SWEEP_PATH or self._sweep is None:
+        known = {SWEEP_PATH, FORGET_PATH} if self._sweep is not None else {FORGET_PATH}
+        if request.raw_path not in known:
             raise GatewayError(404, "not_found", f"no route for {request.raw_path}")
         if request.method.upper() != "POST":
             error = GatewayError(
                 405,
                 "method_not_allowed",
-                f"{request.method.upper()} is not allowed on {SWEEP_PATH}",
+                f"{request.method.upper()} is not allowed on {request.raw_path}",
                 details={"allowed": ["POST"]},
             )
             error.headers["allow"] = "POST"
             raise error
         claims = authenticate(request.header("authorization"), self.config.tenant_claim)
+        if request.raw_path == FORGET_PATH:
+            return self._forget()
+        assert self._sweep is not None
         event = self._sweep_event(request.body, claims[self.config.tenant_claim])
         result = self._invoke(self._sweep.name, event)
         try:
             return HttpResponse.json(200, result)
         except (TypeError, ValueError) as exc:
             raise GatewayError(500, "internal_error", f"the sweep returned no JSON: {exc}") from exc
+
+    def _forget(self) -> HttpResponse:
+        """Drop every response ``demo-stateful`` keeps (shared by all workers through
+        ``DEMO_STATE_DIR``): the next turn that expected one answers ``fallback``."""
+        from ..providers.demo_stateful import demo_state_store
+
+        state = demo_state_store(self.environment.get("DEMO_STATE_DIR"))
+        return HttpResponse.json(200, {"forgotten": state.clear()})
 
     @staticmethod
     def _echo(request: HttpRequest) -> HttpResponse:

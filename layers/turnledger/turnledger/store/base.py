@@ -240,6 +240,21 @@ def _tombstone_of(item: Item) -> Head | None:
     return head if head.status is ConversationStatus.CLEARED else None
 
 
+def _stored_responses(item: Item) -> list[tuple[str, str]]:
+    """``(provider, response id)`` named by the run record of an answer's item, if any.
+
+    Best effort over whatever the item holds: a purge removes damaged items too.
+    """
+    body = item.get(codec.A_BODY)
+    if not isinstance(body, str) or '"response_id"' not in body:
+        return []
+    try:
+        run = json.loads(body)["payload"]["run"]
+        return [(str(run["provider"]), str(run["response_id"]))]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
 def _gaps(first: int, last: int) -> CorruptedState:
     return CorruptedState(
         "the transcript has gaps",
@@ -655,7 +670,8 @@ class ConversationStore(ABC):
 
     def _finish_purge(self, key: ConversationKey, tomb: Head, report: PurgeReport) -> PurgeReport:
         pk = keys.partition_key(key)
-        report.events = self._delete_partition(pk, tomb)
+        report.events = self._delete_partition(pk, tomb, report)
+        report.provider_responses = list(dict.fromkeys(report.provider_responses))
         report.objects = self._delete_objects(key, keep_gen=tomb.gen)
         self._delete_head(pk, codec.encode_head(key, tomb))
         return report
@@ -680,11 +696,14 @@ class ConversationStore(ABC):
         )
         return _storage_sequence(page.items[0]) if page.items else 0
 
-    def _delete_partition(self, pk: str, tomb: Head) -> int:
+    def _delete_partition(self, pk: str, tomb: Head, report: PurgeReport) -> int:
         """Delete every item of ``pk`` that ``tomb``'s purge removes; returns the events deleted.
 
         Kept: the head, event items above the tombstone's sequence (only the next
         life writes there), and items of other kinds that carry the next life's ``g``.
+        The stored provider responses that deleted answers name (their run records)
+        are added to ``report``: whole items are read, since a query costs the same
+        whatever it projects.
         """
         events = 0
         cursor: Any = None
@@ -696,7 +715,6 @@ class ConversationStore(ABC):
                 descending=False,
                 limit=1000,
                 cursor=cursor,
-                keys_only=True,
             )
             doomed: list[str] = []
             for item in page.items:
@@ -711,6 +729,7 @@ class ConversationStore(ABC):
                     if not above:
                         doomed.append(sort_key)
                         events += 1
+                        report.provider_responses.extend(_stored_responses(item))
                 elif item.get(codec.A_GEN) != tomb.gen:
                     doomed.append(sort_key)
             if doomed:
