@@ -583,3 +583,28 @@ def test_a_real_models_estimate_is_calibrated_by_the_usage_it_reports(
     # Scaled: the next estimate is over what the provider will report, never under.
     reported = second.usage.input_tokens
     assert second.context.tokens_estimated >= reported
+
+
+def test_the_summarizer_provider_is_the_configured_one(
+    memory_store: ConversationStore, clock: FakeClock
+) -> None:
+    """``SUMMARIZER_PROVIDER`` names who writes summaries (built like any provider)."""
+    summarizer = Recording()
+    built: list[str] = []
+
+    def build(name: str) -> Provider:
+        built.append(name)
+        return summarizer
+
+    turns = Recording()
+    svc = Conversations(
+        store=memory_store,
+        provider=turns,
+        settings=replace(Settings(), context_max_tokens=100, summarizer_provider="other"),
+        clock=clock.now,
+        providers=build,
+    )
+    for index in range(1, 9):
+        turn(svc, ten_words(index))
+    assert built == ["other"]
+    assert summary_calls(summarizer) >= 1 and summary_calls(turns) == 0

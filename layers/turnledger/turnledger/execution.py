@@ -221,15 +221,7 @@ class ToolCalls:
         if resumed:
             unsure = [p for p in ready if not self._tool(p.name).idempotent]
             for pending in unsure:
-                replace_pending(
-                    session,
-                    pending.model_copy(
-                        update={
-                            "state": "outcome_unknown",
-                            "reason": "its request ended while it ran; it may have run",
-                        }
-                    ),
-                )
+                self._ask_about(session, pending)
             ready = [p for p in ready if p not in unsure]
             if not ready:
                 return
@@ -263,6 +255,29 @@ class ToolCalls:
                 actor=f"tool:{pending.name}",
             )
         session.pending = [p for p in session.pending if p.id not in done]
+
+    def _ask_about(self, session: Session, pending: PendingCall) -> None:
+        """Hand a call whose run may have happened to a human: approve runs it again
+        (under its key), reject records it as failed."""
+        expires_at = self._approval_deadline(session, self.clock())
+        session.add(
+            ApprovalRequested(
+                call_id=pending.id,
+                arguments_sha256=pending.arguments_sha256,
+                expires_at=expires_at,
+            ),
+            actor="system",
+        )
+        replace_pending(
+            session,
+            pending.model_copy(
+                update={
+                    "state": "outcome_unknown",
+                    "expires_at": expires_at,
+                    "reason": "its request ended while it ran: it may have run already",
+                }
+            ),
+        )
 
     def _tool(self, name: str) -> ToolDefinition:
         return self.tools.get(name)
@@ -338,7 +353,7 @@ class ToolCalls:
         expired = [
             p
             for p in session.pending
-            if p.state == "awaiting_approval" and p.expires_at is not None and p.expires_at <= now
+            if p.state in AWAITING_DECISION and p.expires_at is not None and p.expires_at <= now
         ]
         for pending in expired:
             session.add(

@@ -254,6 +254,8 @@ class Conversations:
             if session.staged:
                 session.commit(status_of(session))
             work.executed = False
+            # A resumed run may have handed calls to a human (their outcome is unknown).
+            awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
         if awaiting:
             raise ApprovalPending(
                 "tool calls of this conversation await approval; decide them first",
@@ -663,7 +665,7 @@ class Conversations:
         if not turns:
             return False
         session = work.session
-        summarizer = self.summarizer or work.provider
+        summarizer = self._summarizer(work)
         model = self.settings.summarizer_model or work.model
         previous = assembly.summary
         try:
@@ -700,6 +702,18 @@ class Conversations:
             reply.usage.input_tokens, reply.usage.output_tokens
         )
         return True
+
+    def _summarizer(self, work: TurnWork) -> Provider:
+        """Who writes summaries: the one given, ``SUMMARIZER_PROVIDER``, or the turn's own."""
+        if self.summarizer is not None:
+            return self.summarizer
+        name = self.settings.summarizer_provider
+        if not name or name == work.provider.name or self._build_provider is None:
+            return work.provider
+        if name not in self._providers:
+            # Configured by the deployment itself: no need to be a provider turns may name.
+            self._providers[name] = self._build_provider(name)
+        return self._providers[name]
 
     def _record_failure(self, work: TurnWork, exc: ProviderError) -> None:
         """Commit a ``turn_failed`` event for a failed model call.
