@@ -13,12 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import coldstart, providers, turns
+from bench import coldstart, context, providers, turns
 
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "turns": turns.main,
     "coldstart": coldstart.main,
     "providers": providers.main,
+    "context": context.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

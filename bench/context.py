@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass, replace
 from moto.server import ThreadedMotoServer
 from turnledger.config import Settings
 from turnledger.models import ConversationKey, EventKind
+from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.demo import DemoProvider
@@ -124,6 +124,8 @@ def run(turns: int, budget: int) -> tuple[list[Sample], int, float, int]:
                         compacted=provider.summaries > before,
                     )
                 )
+                # A Lambda invocation flushes its metrics; here they would pile up and print.
+                metrics.clear_metrics()
                 if number % 250 == 0:
                     print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
             seconds = time.perf_counter() - started
@@ -206,8 +208,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=4000, help="ContextMaxTokens")
     parser.add_argument("--print-only", action="store_true")
     args = parser.parse_args(argv)
-    # The service's CloudWatch metrics would print a JSON blob every hundred turns.
-    os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
     print(f"working context benchmark: {args.turns} turns, budget {args.budget}", flush=True)
     samples, summaries, seconds, events = run(args.turns, args.budget)
     command = command_line("bench.context", sys.argv[1:] if argv is None else argv)

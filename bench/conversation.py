@@ -191,11 +191,17 @@ class Conversation:
         key = ConversationKey(tenant=TENANT, conversation_id=self.conversation_id)
         head = self.store.get_head(key)
         turns = len(self.sent)
-        if head is None or head.turn != turns or head.event_count != 2 * turns:
+        if head is None or head.turn != turns:
             return False
-        events = self.store.read_events(key, head, after=0, limit=2 * turns)
+        events = self.store.read_events(key, head, after=0, limit=head.event_count)
+        # Summaries (context_compacted) come on top of the turns' two events each.
+        turn_events = [e for e in events if e.kind in ("user_message", "assistant_message")]
         users = [e.payload["content"] for e in events if e.kind == "user_message"]
-        return users == self.sent and all(e.conversation_id == self.conversation_id for e in events)
+        return (
+            len(turn_events) == 2 * turns
+            and users == self.sent
+            and all(e.conversation_id == self.conversation_id for e in events)
+        )
 
 
 def _kind(item: Item) -> str:
