@@ -160,3 +160,37 @@ def test_a_tool_that_ignores_keys_is_never_rerun_by_itself_after_a_crash(
         assert kinds.count("approval_requested") == 1
         assert kinds.count("approval_resolved") == 1
         assert kinds.count("tool_result") == 1
+
+
+def test_a_model_failure_after_tools_ran_releases_the_lease(
+    store: ConversationStore, clock: FakeClock, sink: HttpSink
+) -> None:
+    """Results of tools that acted are kept with the ``turn_failed``; nothing runs any
+    more, so the next request resumes at once instead of waiting out the lease."""
+    from turnledger.exceptions import ProviderError
+    from turnledger.providers.base import ModelReply, ModelRequest
+
+    class FailsAfterTools(Recording):
+        def complete(self, request: ModelRequest) -> ModelReply:
+            if request.messages[-1].role == "tool":
+                raise ProviderError("down after the tools", details={"attempts": 3})
+            return super().complete(request)
+
+    with httpx.Client() as client:
+        failing = Conversations(
+            store=store,
+            provider=FailsAfterTools(),
+            settings=replace(Settings()),
+            tools=tools(sink),
+            runner=ToolRunner(client, None),
+            clock=clock.now,
+        )
+        with pytest.raises(ProviderError):
+            failing.turn(ANN, "c1", TurnRequest(input='/tool lookup {"q": "x"}'))
+        svc = service(store, clock, sink, ToolRunner(client, None))
+        assert svc.get(ANN, "c1").status == "interrupted"
+        reply = svc.turn(ANN, "c1", TurnRequest(input="and now?"))
+        assert reply.status == "complete"
+        assert len(sink.requests_for("/lookup")) == 1
+        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        assert kinds.count("tool_result") == 1 and kinds.count("turn_failed") == 1

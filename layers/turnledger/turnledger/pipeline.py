@@ -727,6 +727,8 @@ class Conversations:
         failing_turn = max(session.turn, 1)
         if work.executed:
             status = ConversationStatus.RUNNING_TOOLS
+            # Nothing runs any more: the next request may resume at once (``interrupted``).
+            session.lease = None
         else:
             session.rollback()
             status = None
