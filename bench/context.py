@@ -156,9 +156,7 @@ def render(
     plain = [s for s in samples if not s.compacted]
     compacting = [s for s in samples if s.compacted]
     lines = [
-        f"## {SECTION}",
-        "",
-        f"`{command}` on DynamoDB Local ({machine_line()}): one conversation of {turns} turns",
+        f"{command}; on DynamoDB Local ({machine_line()}): one conversation of {turns} turns",
         f"(a {USER_CHARS}-character user message each, the demo model answering) with",
         f"`ContextMaxTokens` {budget}. Units are priced from item sizes (strongly consistent",
         "reads: 4 KiB a unit per query, eventually consistent ones half that; transactions:",

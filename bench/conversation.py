@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from turnledger.config import Settings
 from turnledger.exceptions import ConversationBusy
 from turnledger.models import ConversationKey, Usage
+from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.schemas import TurnRequest
@@ -163,6 +164,8 @@ class Conversation:
                 self.conflicts += 1
                 if attempt == _ATTEMPTS - 1:
                     raise
+        # A Lambda invocation flushes its metrics; here they would pile up and print.
+        metrics.clear_metrics()
         used = self.store.meter.since(before)
         self.sent.append(text)
         self.commits.extend(work.commits)

@@ -493,22 +493,19 @@ class Conversations:
         redactor = self.redactor
         estimator = self._estimator(provider, session)
         budget = self.settings.context_budget(work.model)
-        system_prompt = self.settings.system_prompt
-        assembly = assemble(
-            session.events,
-            budget=budget,
-            estimator=estimator,
-            system_prompt=system_prompt,
-            redactor=redactor,
-        )
-        if self._compact(work, assembly, estimator):
-            assembly = assemble(
+
+        def build() -> Assembly:
+            return assemble(
                 session.events,
                 budget=budget,
                 estimator=estimator,
-                system_prompt=system_prompt,
+                system_prompt=self.settings.system_prompt,
                 redactor=redactor,
             )
+
+        assembly = build()
+        if self._compact(work, assembly, estimator):
+            assembly = build()  # with the summary just staged
         specs = [tool.spec() for tool in work.tools]
         continuation = self._continuation(work, assembly, specs, redactor)
         work.budget_tokens = budget

@@ -1,0 +1,95 @@
+"""The working context over HTTP, through the local runner and the real handlers:
+a fact kept across many compactions, budgets, redaction and run records as a client
+sees them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from turnledger.local.clock import ClockFile
+from turnledger.local.runner import LocalConfig
+
+from tests.http.conftest import ANN, start
+
+
+def test_a_fact_from_turn_one_survives_many_compactions_at_300_tokens(
+    runner_config: LocalConfig, runner_clock: ClockFile
+) -> None:
+    config = dataclasses.replace(runner_config, env={"CONTEXT_MAX_TOKENS": "300"})
+    for http in start(config, runner_clock):
+        path = "/v1/conversations/long/turns"
+        assert (
+            http.post(path, json={"input": "Hi, my name is Ann."}, headers=ANN).status_code == 200
+        )
+        for index in range(2, 61):
+            reply = http.post(
+                path, json={"input": f"note {index}: one two three four five six"}, headers=ANN
+            ).json()
+            assert reply["context"]["tokens_estimated"] <= 300
+            assert reply["context"]["budget_tokens"] == 300
+        answer = http.post(path, json={"input": "What is my name?"}, headers=ANN).json()
+        assert answer["output_text"] == "Your name is Ann."
+        assert answer["context"]["summary_through"] is not None
+        head = http.get("/v1/conversations/long", headers=ANN).json()
+        assert (
+            head["turns"] == 61 and head["summary_through"] == answer["context"]["summary_through"]
+        )
+        kinds: list[str] = []
+        after = 0
+        while after is not None:
+            page = http.get(
+                f"/v1/conversations/long/events?after={after}&limit=1000", headers=ANN
+            ).json()
+            kinds += [e["kind"] for e in page["events"]]
+            after = page["next_after"]
+        assert kinds.count("user_message") == 61
+        assert kinds.count("context_compacted") >= 3
+
+
+def test_budgets_and_redaction_as_a_client_sees_them(
+    runner_config: LocalConfig, runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.json"
+    rules.write_text(
+        json.dumps(
+            {
+                "version": "r7",
+                "rules": [{"name": "card", "pattern": r"\b\d{16}\b", "replacement": "[card]"}],
+            }
+        )
+    )
+    env = {"REDACTION_FILE": str(rules), "CONVERSATION_TOKEN_BUDGET": "40"}
+    config = dataclasses.replace(runner_config, env=env)
+    for http in start(config, runner_clock):
+        path = "/v1/conversations/r/turns"
+        echoed = http.post(path, json={"input": "echo: card 4111111111111111 ok"}, headers=ANN)
+        assert echoed.json()["output_text"] == "card [card] ok"
+        events = http.get("/v1/conversations/r/events", headers=ANN).json()["events"]
+        assert events[0]["payload"]["content"] == "echo: card 4111111111111111 ok"
+        run = events[1]["payload"]["run"]
+        assert run["redaction_version"] == "r7"
+        assert set(run) >= {
+            "model",
+            "provider",
+            "provider_state",
+            "latency_ms",
+            "usage",
+            "tokens_estimated",
+            "redaction_version",
+            "summary_through",
+        }
+        used = 0
+        while used < 40:
+            reply = http.post(path, json={"input": "one two three four five"}, headers=ANN)
+            assert reply.status_code == 200
+            usage = reply.json()["usage"]
+            used = http.get("/v1/conversations/r", headers=ANN).json()["usage"]
+            used = used["input_tokens"] + used["output_tokens"]
+            assert usage["input_tokens"] > 0
+        refused = http.post(path, json={"input": "one more"}, headers=ANN)
+        assert refused.status_code == 409
+        error = refused.json()["error"]
+        assert error["code"] == "budget_exceeded"
+        assert error["details"] == {"limit": 40, "used": used}
