@@ -109,6 +109,8 @@ class TurnSample:
     user_bytes: int
     assistant_bytes: int
     head_bytes: int
+    #: The turn summarized older turns (it read them, and wrote a ``context_compacted``).
+    compacted: bool = False
 
 
 @dataclass
@@ -187,6 +189,9 @@ class Conversation:
             user_bytes=sizes.get("user_message", 0),
             assistant_bytes=sizes.get("assistant_message", 0),
             head_bytes=item_size(last.head),
+            compacted=any(
+                _kind(item) == "context_compacted" for c in work.commits for item in c.events
+            ),
         )
 
     def is_intact(self) -> bool:

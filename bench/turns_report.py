@@ -202,10 +202,14 @@ def _targets(results: Results) -> str:
     at_300 = _num(by_turn[300].priced_rcu) if 300 in by_turn else "-"
     # A turn reads the head and the events after the newest summary: what its context
     # may hold, and at most the first page's look-ahead beyond (events below the summary).
-    worst = max(s.items_read - 1 - s.context_events for s in samples)
+    plain = [s for s in samples if not s.compacted]
+    worst = max(s.items_read - 1 - s.context_events for s in plain)
+    compacting = len(samples) - len(plain)
     reads = (
         f"at most {peak} items read on a turn; beyond the events sent to the model a turn "
-        f"read at most {worst} more (the head's first page reaching below the summary); RCU "
+        f"that did not compact read at most {worst} more (a summary's own event, the first "
+        f"page reaching below the summary; the {compacting} compacting turns also read the "
+        f"turns they summarized); RCU "
         f"turn 300: {at_300}, turn {final.turn}: {_num(final.priced_rcu)} (compaction keeps "
         "the context, and so the read, between half and all of the budget)"
     )
@@ -242,10 +246,9 @@ def _misses(results: Results) -> str | None:
         )
     over = [s for s in samples if s.read_calls > 1]
     if over:
-        limit = max(s.page_limit for s in samples)
         found.append(
             f"- **Read round trips**: `ConversationStore.load` reads the head and the newest "
-            f"{limit - 1} events in one consistent query; from turn {over[0].turn} on the "
+            f"{FIRST_PAGE - 1} events in one consistent query; from turn {over[0].turn} on the "
             "context needs more, and the rest of it comes in one more query at the eventually "
             "consistent price (half): a trade of one round trip for half-price reads. The "
             "first page stays small because what it reads below the newest summary is paid "
