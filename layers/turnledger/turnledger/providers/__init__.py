@@ -1,27 +1,37 @@
-"""Model providers: the interface, the demo models, OpenAI-style HTTP APIs and Bedrock."""
+"""Model providers: the interface, the demo models, OpenAI-style HTTP APIs and Bedrock.
 
-from .base import Message, ModelReply, ModelRequest, Provider, ToolSpec
-from .bedrock_converse import BedrockConverseProvider
-from .demo import DemoProvider
-from .demo_stateful import DemoStatefulProvider
-from .factory import PROVIDERS, build_provider
-from .history import build_strict_history, check_strict_history
-from .openai_chat import OpenAIChatProvider
-from .openai_responses import OpenAIResponsesProvider
+Names are imported from their modules on first use (PEP 562): a handler that
+imports the interface does not pay for every provider's client library at cold
+start; :func:`build_provider` imports only the provider it builds.
+"""
 
-__all__ = [
-    "PROVIDERS",
-    "BedrockConverseProvider",
-    "DemoProvider",
-    "DemoStatefulProvider",
-    "Message",
-    "ModelReply",
-    "ModelRequest",
-    "OpenAIChatProvider",
-    "OpenAIResponsesProvider",
-    "Provider",
-    "ToolSpec",
-    "build_provider",
-    "build_strict_history",
-    "check_strict_history",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "Message": "base",
+    "ModelReply": "base",
+    "ModelRequest": "base",
+    "Provider": "base",
+    "ToolSpec": "base",
+    "BedrockConverseProvider": "bedrock_converse",
+    "DemoProvider": "demo",
+    "DemoStatefulProvider": "demo_stateful",
+    "PROVIDERS": "factory",
+    "build_provider": "factory",
+    "build_strict_history": "history",
+    "check_strict_history": "history",
+    "OpenAIChatProvider": "openai_chat",
+    "OpenAIResponsesProvider": "openai_responses",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)

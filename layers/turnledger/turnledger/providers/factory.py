@@ -11,18 +11,20 @@ created on the first call, so a cold start pays for none of them.
 from __future__ import annotations
 
 import json
-from typing import Any, cast
-
-import httpx
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import Settings
 from .base import Provider
-from .bedrock_converse import BedrockConverseProvider, JsonMode
-from .demo import DemoProvider
-from .demo_stateful import DemoStatefulProvider, demo_state_store
-from .openai_chat import OpenAIChatProvider
-from .openai_http import ApiKeyProvider
-from .openai_responses import OpenAIResponsesProvider
+
+if TYPE_CHECKING:
+    import httpx
+
+# Each provider's module (and its client library: httpx, boto3's bedrock-runtime model)
+# is imported by the branch that builds it, so a deployment pays only for its own.
+
+#: Returns the API key of an OpenAI-style provider (``None``: send none).
+ApiKeyProvider = Callable[[], str | None]
 
 #: The names ``PROVIDER`` (and a turn's ``"provider"``) accepts.
 PROVIDERS = ("demo", "demo-stateful", "openai-chat", "openai-responses", "bedrock-converse")
@@ -110,10 +112,17 @@ def build_provider(
     """
     name = settings.provider if name is None else name
     if name == "demo":
+        from .demo import DemoProvider
+
         return DemoProvider()
     if name == "demo-stateful":
+        from .demo_stateful import DemoStatefulProvider, demo_state_store
+
         return DemoStatefulProvider(demo_state_store(settings.demo_state_dir))
     if name in ("openai-chat", "openai-responses"):
+        from .openai_chat import OpenAIChatProvider
+        from .openai_responses import OpenAIResponsesProvider
+
         options: dict[str, Any] = {
             "base_url": settings.openai_base_url,
             "api_key": api_key_source(settings),
@@ -125,6 +134,8 @@ def build_provider(
             return OpenAIChatProvider(**options)
         return OpenAIResponsesProvider(store=settings.openai_responses_store, **options)
     if name == "bedrock-converse":
+        from .bedrock_converse import BedrockConverseProvider, JsonMode
+
         return BedrockConverseProvider(
             region=settings.bedrock_region,
             endpoint_url=settings.bedrock_endpoint,
