@@ -26,6 +26,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
 from .. import __version__
+from ..deadline import request_deadline
 from ..exceptions import (
     ConversationBusy,
     InvalidConversationId,
@@ -395,4 +396,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         # Bodies are JSON whatever the client labels them (``curl -d`` says form data):
         # a form or an unlabeled body would otherwise fail validation with a puzzling error.
         event = {**event, "headers": {**headers, "content-type": content_types.APPLICATION_JSON}}
-    return app.resolve(event, context)
+    remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
+    with request_deadline(remaining_ms() / 1000 if callable(remaining_ms) else None):
+        return app.resolve(event, context)
