@@ -48,3 +48,39 @@ def two_loads_meet() -> None:
         return snapshot
 
     DynamoDBConversationStore.load = load  # type: ignore[method-assign]
+
+
+#: The functions' environment variable naming the directory of armed DynamoDB faults.
+FAULTS_DIR = "TURNLEDGER_TEST_FAULTS"
+
+
+def dynamodb_faults() -> None:
+    """Fail DynamoDB calls on demand: a file ``<Operation>.<code>`` in the faults directory
+    makes the next call of ``Operation`` (in any worker) raise ``ClientError(code)``
+    instead of being sent, once; a ``TransactionCanceledException`` is cancelled for a
+    ``TransactionConflict``. The file is removed by the call it fails."""
+    from botocore.client import BaseClient
+    from botocore.exceptions import ClientError
+
+    directory = Path(os.environ[FAULTS_DIR])
+    original = BaseClient._make_api_call
+
+    def make_api_call(self: BaseClient, operation: str, params: Any) -> Any:
+        if self.meta.service_model.service_name == "dynamodb":
+            for armed in directory.glob(f"{operation}.*"):
+                try:
+                    armed.unlink()  # exactly one call (of any worker) wins the file
+                except FileNotFoundError:
+                    continue
+                code = armed.suffix.removeprefix(".")
+                extra: dict[str, Any] = (
+                    {"CancellationReasons": [{"Code": "TransactionConflict"}]}
+                    if code == "TransactionCanceledException"
+                    else {}
+                )
+                raise ClientError(
+                    {"Error": {"Code": code, "Message": "injected"}, **extra}, operation
+                )
+        return original(self, operation, params)
+
+    BaseClient._make_api_call = make_api_call  # type: ignore[method-assign]

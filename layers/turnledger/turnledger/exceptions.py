@@ -26,6 +26,7 @@ hierarchy to responses and never matches on message text::
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     ├── ProviderTimeout              504 provider_timeout
+    ├── ServiceUnavailable           503 service_unavailable
     └── InternalError                500 internal_error
         └── InvalidHistory           500 internal_error (strict-provider check)
 """
@@ -195,6 +196,37 @@ class ProviderTimeout(ProviderError):
 
     status = 504
     code = "provider_timeout"
+
+
+class ServiceUnavailable(TurnledgerError):
+    """The storage backend is throttling or failing (after its own bounded retries).
+
+    ``details.retry_after_seconds`` (and the ``Retry-After`` header) says when to try
+    again. When ``outcome_unknown`` is set, the backend failed after the write may have
+    landed: the write is whole or absent, never half, but which one is not known.
+    """
+
+    status = 503
+    code = "service_unavailable"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_seconds: int = 1,
+        outcome_unknown: bool = False,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            message, details={**(details or {}), "retry_after_seconds": retry_after_seconds}
+        )
+        self.outcome_unknown = outcome_unknown
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds after which a retry may succeed."""
+        value = self.details.get("retry_after_seconds")
+        return int(value) if isinstance(value, int | float) else None
 
 
 class InternalError(TurnledgerError):

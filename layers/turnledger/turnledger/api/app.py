@@ -26,12 +26,14 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
 from .. import __version__
+from ..deadline import request_deadline
 from ..exceptions import (
     ConversationBusy,
     InvalidConversationId,
     InvalidRequest,
     PayloadTooLarge,
     RequestValidationFailed,
+    ServiceUnavailable,
     TurnledgerError,
     Unauthorized,
 )
@@ -72,6 +74,7 @@ _ERROR_CODES = {
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
     "idempotency_key_reused",
     502: "provider_error",
+    503: "service_unavailable",
     504: "provider_timeout",
 }
 
@@ -95,7 +98,9 @@ def _responses(
 
 
 def _error(exc: TurnledgerError) -> Response[str]:
-    retry_after = exc.retry_after if isinstance(exc, ConversationBusy) else None
+    retry_after = (
+        exc.retry_after if isinstance(exc, ConversationBusy | ServiceUnavailable) else None
+    )
     return Response(
         status_code=exc.status,
         content_type=content_types.APPLICATION_JSON,
@@ -152,7 +157,7 @@ def _answer_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/turns",
-    responses=_responses(TurnResponse, 400, 401, 409, 413, 422, 502, 504),
+    responses=_responses(TurnResponse, 400, 401, 409, 413, 422, 502, 503, 504),
 )
 def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
@@ -166,7 +171,7 @@ def post_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/approvals",
-    responses=_responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 504),
+    responses=_responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 503, 504),
 )
 def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
@@ -183,7 +188,7 @@ def post_approvals(
 
 @app.get(
     "/v1/conversations/<conversation_id>",
-    responses=_responses(ConversationView, 400, 401, 404, 409, 422),
+    responses=_responses(ConversationView, 400, 401, 404, 409, 422, 503),
 )
 def get_conversation(conversation_id: ConversationId) -> ConversationView:
     """The conversation's head: status, timestamps, expiry, counts, pending calls."""
@@ -192,7 +197,7 @@ def get_conversation(conversation_id: ConversationId) -> ConversationView:
 
 @app.get(
     "/v1/conversations/<conversation_id>/events",
-    responses=_responses(EventsPage, 400, 401, 404, 409, 422),
+    responses=_responses(EventsPage, 400, 401, 404, 409, 422, 503),
 )
 def get_events(
     conversation_id: ConversationId,
@@ -207,7 +212,7 @@ def get_events(
 
 @app.delete(
     "/v1/conversations/<conversation_id>",
-    responses=_responses(None, 400, 401, 409, 422, status=204),
+    responses=_responses(None, 400, 401, 409, 422, 503, status=204),
 )
 def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     """Clear: delete the conversation, its events and its stored artifacts.
@@ -218,7 +223,7 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     return Response(status_code=204, body="")
 
 
-@app.delete("/v1/conversations", responses=_responses(PurgeReportView, 401, 422))
+@app.delete("/v1/conversations", responses=_responses(PurgeReportView, 401, 422, 503))
 def erase_tenant() -> PurgeReportView:
     """Tenant-wide erasure: every conversation of the caller's tenant, in time-bounded pages.
 
@@ -391,4 +396,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         # Bodies are JSON whatever the client labels them (``curl -d`` says form data):
         # a form or an unlabeled body would otherwise fail validation with a puzzling error.
         event = {**event, "headers": {**headers, "content-type": content_types.APPLICATION_JSON}}
-    return app.resolve(event, context)
+    remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
+    with request_deadline(remaining_ms() / 1000 if callable(remaining_ms) else None):
+        return app.resolve(event, context)

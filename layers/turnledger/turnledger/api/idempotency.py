@@ -21,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from ..exceptions import ConversationBusy, IdempotencyKeyReused
 from ..models import ConversationKey
 from ..runtime import get_runtime
 from ..store import codec, keys
+from ..store.dynamodb import transient_error
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import (
@@ -79,13 +81,16 @@ def idempotent[T: BaseModel](
 
     Raises:
         IdempotencyKeyReused: ``key`` was used with another body.
-        ConversationBusy: the first request with ``key`` is still running.
+        ConversationBusy: the first request with ``key`` is still running, or the
+            record's write met a running transaction.
+        ServiceUnavailable: DynamoDB throttled or failed the record's call.
     """
     if key is None:
         return run()
     from aws_lambda_powertools.utilities.idempotency import idempotent_function
     from aws_lambda_powertools.utilities.idempotency.exceptions import (
         IdempotencyAlreadyInProgressError,
+        IdempotencyPersistenceLayerError,
         IdempotencyValidationError,
     )
 
@@ -113,4 +118,12 @@ def idempotent[T: BaseModel](
         ) from exc
     except IdempotencyAlreadyInProgressError as exc:
         raise ConversationBusy("a request with this Idempotency-Key is still in progress") from exc
+    except IdempotencyPersistenceLayerError as exc:
+        # The record's own DynamoDB call was throttled, failed or met a transaction:
+        # answered like the store's own calls (503, or 409 busy).
+        cause = exc.__cause__
+        error = transient_error(cause) if isinstance(cause, ClientError) else None
+        if error is None:
+            raise
+        raise error from exc
     return parse(answer)

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from .. import deadline
 from ..exceptions import ProviderError, ProviderTimeout
 from .base import Provider
 from .retry import Backoff
@@ -103,6 +104,16 @@ class _Failure:
     retry: bool
     #: Seconds the server asked us to wait before the next attempt.
     wait: float | None = None
+
+
+def _capped(timeout: httpx.Timeout) -> httpx.Timeout:
+    """``timeout`` with each phase cut to the request's remaining time."""
+    return httpx.Timeout(
+        connect=deadline.cap(timeout.connect),
+        read=deadline.cap(timeout.read),
+        write=deadline.cap(timeout.write),
+        pool=deadline.cap(timeout.pool),
+    )
 
 
 class OpenAIStyleProvider(Provider):
@@ -204,7 +215,8 @@ class OpenAIStyleProvider(Provider):
             outcome = self._attempt(method, url, body, headers, key, accept, timeout)
             if isinstance(outcome, httpx.Response):
                 return outcome
-            if not outcome.retry or attempt > retries:
+            left = deadline.remaining()
+            if not outcome.retry or attempt > retries or (left is not None and left <= 0):
                 outcome.error.details["attempts"] = attempt
                 raise outcome.error
             self._backoff.wait(attempt, outcome.wait)
@@ -220,12 +232,21 @@ class OpenAIStyleProvider(Provider):
         timeout: httpx.Timeout | None,
     ) -> httpx.Response | _Failure:
         """One request: the response to return, or why it failed and whether to try again."""
+        configured = timeout or self._timeout
+        left = deadline.remaining()
+        if left is not None and left <= 0:
+            # The request's time is spent: answer 504 now rather than be cut off by Lambda.
+            error: ProviderError = ProviderTimeout(
+                "the request ran out of time before the model answered",
+                details={"reason": "deadline"},
+            )
+            return _Failure(error, retry=False)
         try:
             response = self._client.request(
-                method, url, json=body, headers=headers, timeout=timeout or self._timeout
+                method, url, json=body, headers=headers, timeout=_capped(configured)
             )
         except httpx.TimeoutException as exc:
-            error: ProviderError = ProviderTimeout(
+            error = ProviderTimeout(
                 "the model provider did not answer in time",
                 details={"reason": "timeout", "error": type(exc).__name__},
             )

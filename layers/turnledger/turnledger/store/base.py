@@ -531,9 +531,12 @@ class ConversationStore(ABC):
         head_item = codec.encode_head(key, head)
         try:
             self._transact_commit(head_item, expected_version, items, head.gen)
-        except TurnledgerError:
+        except TurnledgerError as exc:
             # The backend answered "no": nothing of the turn is stored, so its objects go too.
-            self._discard(written)
+            # Unless it failed on its side (ServiceUnavailable.outcome_unknown): the
+            # transaction may have landed, and then its events point at these objects.
+            if not getattr(exc, "outcome_unknown", False):
+                self._discard(written)
             raise
         # Any other failure (a timeout, a dropped connection) leaves the outcome unknown:
         # the objects stay, since deleting them could break a turn that did land. If it

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from ..exceptions import ConversationBusy, InternalError, PayloadTooLarge, TurnledgerError
+from ..exceptions import (
+    ConversationBusy,
+    InternalError,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TurnledgerError,
+)
 from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore
@@ -97,16 +105,85 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
+#: Error codes that say DynamoDB refused the call for capacity: nothing was written.
+_THROTTLED = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        # The codes a cancelled transaction's per-item reasons use for the same.
+        "ProvisionedThroughputExceeded",
+        "ThrottlingError",
+    }
+)
+#: Error codes that say DynamoDB failed on its side: a write may or may not have landed
+#: (whole: every call is one item or one transaction).
+_FAILED = frozenset({"InternalServerError", "ServiceUnavailable", "TransactionInProgressException"})
+#: What a caller is told to wait before retrying a throttled or conflicting write.
+RETRY_AFTER_SECONDS = 1
+
+
+def transient_error(exc: ClientError) -> TurnledgerError | None:
+    """The domain error for a call DynamoDB throttled, failed (after botocore's retries) or
+    refused for a conflicting transaction; ``None`` when ``exc`` is another refusal.
+
+    Throttling and failures are ``ServiceUnavailable`` (503); a write that met a running
+    transaction on the same item is ``ConversationBusy`` (409). Both say to retry in
+    ``RETRY_AFTER_SECONDS``.
+    """
+    code = _code(exc)
+    if code == "TransactionConflictException":
+        return ConversationBusy(
+            "another turn or decision on this conversation is committing",
+            details={"retry_after_seconds": RETRY_AFTER_SECONDS},
+        )
+    if code in _THROTTLED:
+        return ServiceUnavailable(
+            "the conversation store is throttling requests; retry shortly",
+            retry_after_seconds=RETRY_AFTER_SECONDS,
+        )
+    if code in _FAILED:
+        return ServiceUnavailable(
+            "the conversation store is failing; retry shortly",
+            retry_after_seconds=RETRY_AFTER_SECONDS,
+            outcome_unknown=True,
+        )
+    return None
+
+
+@contextmanager
+def _guarded() -> Iterator[None]:
+    """Throttling, server failures and transaction conflicts of the calls inside answer
+    their domain errors (:func:`transient_error`); every other ``ClientError`` (a failed
+    condition among them) goes through unchanged."""
+    try:
+        yield
+    except ClientError as exc:
+        error = transient_error(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
 def _commit_error(exc: ClientError) -> TurnledgerError:
     """The domain error for a refused commit transaction."""
     code = _code(exc)
     reasons = [str(r.get("Code", "")) for r in exc.response.get("CancellationReasons", [])]
-    if code == "TransactionCanceledException" and any(
-        r in {"ConditionalCheckFailed", "TransactionConflict"} for r in reasons
-    ):
+    if code == "TransactionCanceledException" and "ConditionalCheckFailed" in reasons:
         return ConversationBusy("another turn or decision on this conversation committed first")
-    if code == "TransactionConflictException":
-        return ConversationBusy("another turn or decision on this conversation is committing")
+    if code == "TransactionCanceledException" and "TransactionConflict" in reasons:
+        return ConversationBusy(
+            "another turn or decision on this conversation is committing",
+            details={"retry_after_seconds": RETRY_AFTER_SECONDS},
+        )
+    if code == "TransactionCanceledException" and any(r in _THROTTLED for r in reasons):
+        return ServiceUnavailable(
+            "the conversation store is throttling requests; retry shortly",
+            retry_after_seconds=RETRY_AFTER_SECONDS,
+        )
+    error = transient_error(exc)
+    if error is not None:
+        return error
     message = str(exc).lower()
     if code in {"ValidationException", "TransactionCanceledException"} and (
         "size" in message or "larger than" in message or "ValidationError" in reasons
@@ -129,12 +206,13 @@ class DynamoDBConversationStore(ConversationStore):
         self.table_name = table_name
 
     def _get_item(self, pk: str, sk: str) -> Item | None:
-        response = self.client.get_item(
-            TableName=self.table_name,
-            Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
-            ConsistentRead=True,
-            ReturnConsumedCapacity="TOTAL",
-        )
+        with _guarded():
+            response = self.client.get_item(
+                TableName=self.table_name,
+                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                ConsistentRead=True,
+                ReturnConsumedCapacity="TOTAL",
+            )
         self.meter.read(_units(response.get("ConsumedCapacity")))
         wire = response.get("Item")
         return _from_wire(wire) if wire else None
@@ -182,7 +260,8 @@ class DynamoDBConversationStore(ConversationStore):
             kwargs["ProjectionExpression"] = "#pk, #sk, #g"
         if cursor is not None:
             kwargs["ExclusiveStartKey"] = cursor
-        response = self.client.query(**kwargs)
+        with _guarded():
+            response = self.client.query(**kwargs)
         self.meter.read(_units(response.get("ConsumedCapacity")))
         return Page(
             items=[_from_wire(i) for i in response.get("Items", [])],
@@ -230,12 +309,13 @@ class DynamoDBConversationStore(ConversationStore):
 
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         try:
-            response = self.client.put_item(
-                TableName=self.table_name,
-                Item=_to_wire(head),
-                ReturnConsumedCapacity="TOTAL",
-                **_expect_head(expected),
-            )
+            with _guarded():
+                response = self.client.put_item(
+                    TableName=self.table_name,
+                    Item=_to_wire(head),
+                    ReturnConsumedCapacity="TOTAL",
+                    **_expect_head(expected),
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             return False
         self.meter.write(_units(response.get("ConsumedCapacity")))
@@ -243,12 +323,13 @@ class DynamoDBConversationStore(ConversationStore):
 
     def _delete_head(self, pk: str, expected: Item) -> bool:
         try:
-            response = self.client.delete_item(
-                TableName=self.table_name,
-                Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
-                ReturnConsumedCapacity="TOTAL",
-                **_expect_head(expected),
-            )
+            with _guarded():
+                response = self.client.delete_item(
+                    TableName=self.table_name,
+                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
+                    ReturnConsumedCapacity="TOTAL",
+                    **_expect_head(expected),
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             return False
         self.meter.write(_units(response.get("ConsumedCapacity")))
@@ -265,9 +346,10 @@ class DynamoDBConversationStore(ConversationStore):
             for attempt in range(_BATCH_ATTEMPTS):
                 if attempt:
                     time.sleep(min(0.05 * 2**attempt, 2.0))
-                response = self.client.batch_write_item(
-                    RequestItems=pending, ReturnConsumedCapacity="TOTAL"
-                )
+                with _guarded():
+                    response = self.client.batch_write_item(
+                        RequestItems=pending, ReturnConsumedCapacity="TOTAL"
+                    )
                 self.meter.write(_units(response.get("ConsumedCapacity")))
                 pending = dict(response.get("UnprocessedItems") or {})
                 if not pending:
@@ -277,16 +359,17 @@ class DynamoDBConversationStore(ConversationStore):
 
     def _fence_head(self, pk: str, token: str) -> Item | None:
         try:
-            response = self.client.update_item(
-                TableName=self.table_name,
-                Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
-                UpdateExpression="SET #fx = :fx",
-                ConditionExpression="attribute_exists(#pk) AND attribute_not_exists(#fx)",
-                ExpressionAttributeNames={"#pk": codec.A_PK, "#fx": codec.A_FENCE},
-                ExpressionAttributeValues={":fx": _serializer.serialize(token)},
-                ReturnValues="ALL_NEW",
-                ReturnConsumedCapacity="TOTAL",
-            )
+            with _guarded():
+                response = self.client.update_item(
+                    TableName=self.table_name,
+                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
+                    UpdateExpression="SET #fx = :fx",
+                    ConditionExpression="attribute_exists(#pk) AND attribute_not_exists(#fx)",
+                    ExpressionAttributeNames={"#pk": codec.A_PK, "#fx": codec.A_FENCE},
+                    ExpressionAttributeValues={":fx": _serializer.serialize(token)},
+                    ReturnValues="ALL_NEW",
+                    ReturnConsumedCapacity="TOTAL",
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             return None
         self.meter.write(_units(response.get("ConsumedCapacity")))
@@ -304,7 +387,8 @@ class DynamoDBConversationStore(ConversationStore):
         }
         if cursor is not None:
             kwargs["ExclusiveStartKey"] = cursor
-        response = self.client.query(**kwargs)
+        with _guarded():
+            response = self.client.query(**kwargs)
         self.meter.read(_units(response.get("ConsumedCapacity")))
         return Page(
             items=[_from_wire(i) for i in response.get("Items", [])],
@@ -325,12 +409,13 @@ class DynamoDBConversationStore(ConversationStore):
                 "ExpressionAttributeValues": {":g": _serializer.serialize(gen)},
             }
         try:
-            response = self.client.delete_item(
-                TableName=self.table_name,
-                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
-                ReturnConsumedCapacity="TOTAL",
-                **condition,
-            )
+            with _guarded():
+                response = self.client.delete_item(
+                    TableName=self.table_name,
+                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                    ReturnConsumedCapacity="TOTAL",
+                    **condition,
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             return False
         self.meter.write(_units(response.get("ConsumedCapacity")))
@@ -338,20 +423,21 @@ class DynamoDBConversationStore(ConversationStore):
 
     def _advance_cursor(self, item: Item) -> bool:
         try:
-            response = self.client.put_item(
-                TableName=self.table_name,
-                Item=_to_wire(item),
-                ConditionExpression="attribute_not_exists(#pk) OR (#v = :v AND #b < :b)",
-                ExpressionAttributeNames={
-                    "#pk": codec.A_PK,
-                    "#v": codec.A_SCHEMA,
-                    "#b": A_BUCKET,
-                },
-                ExpressionAttributeValues=_to_wire(
-                    {":v": item[codec.A_SCHEMA], ":b": item[A_BUCKET]}
-                ),
-                ReturnConsumedCapacity="TOTAL",
-            )
+            with _guarded():
+                response = self.client.put_item(
+                    TableName=self.table_name,
+                    Item=_to_wire(item),
+                    ConditionExpression="attribute_not_exists(#pk) OR (#v = :v AND #b < :b)",
+                    ExpressionAttributeNames={
+                        "#pk": codec.A_PK,
+                        "#v": codec.A_SCHEMA,
+                        "#b": A_BUCKET,
+                    },
+                    ExpressionAttributeValues=_to_wire(
+                        {":v": item[codec.A_SCHEMA], ":b": item[A_BUCKET]}
+                    ),
+                    ReturnConsumedCapacity="TOTAL",
+                )
         except self.client.exceptions.ConditionalCheckFailedException:
             return False
         self.meter.write(_units(response.get("ConsumedCapacity")))

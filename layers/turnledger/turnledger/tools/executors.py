@@ -11,6 +11,7 @@ again after a crash sends the same key and the tool can deduplicate it.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import threading
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .. import deadline
 from ..models import ToolCall
 from ..observability import logger
 from .registry import HttpExecutorConfig, LambdaExecutorConfig, ToolDefinition
@@ -123,7 +125,13 @@ class HttpExecutor:
         if not isinstance(config, HttpExecutorConfig):
             raise ValueError(f"tool {invocation.tool.name} is not an http tool")
         name = invocation.tool.name
-        timeout = config.timeout_seconds or self.timeout_seconds
+        configured = config.timeout_seconds or self.timeout_seconds
+        # Cut to the request's remaining time: a tool never outlives the function.
+        timeout = deadline.cap(configured) or 0.0
+        if timeout <= 0:
+            return ToolOutcome(
+                f"tool {name} was not run: the request ran out of time", is_error=True
+            )
         headers = {
             **config.headers,
             "Content-Type": "application/json",
@@ -306,5 +314,7 @@ class ToolRunner:
         if len(invocations) <= 1:
             return [self.run_one(invocation) for invocation in invocations]
         workers = min(self.max_workers, len(invocations))
+        # Each call runs in a copy of this thread's context: the request's deadline holds there.
+        contexts = [contextvars.copy_context() for _ in invocations]
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool") as pool:
-            return list(pool.map(self.run_one, invocations))
+            return list(pool.map(lambda c, i: c.run(self.run_one, i), contexts, invocations))
