@@ -191,7 +191,6 @@ def test_concurrent_first_requests_of_a_tenant_assume_the_role_once() -> None:
 @pytest.mark.parametrize("tenant", TENANTS)
 def test_session_name_and_tag_are_valid_for_any_tenant(tenant: str) -> None:
     assert SESSION_NAME.fullmatch(session_name(tenant))
-    assert session_name(tenant).startswith("tl-")  # the trust policy requires it
     assert TAG_VALUE.fullmatch(tag_value(tenant))
 
 
