@@ -24,8 +24,10 @@ from turnledger.local.template import (
     table_definition,
     ttl_attribute,
 )
-from turnledger.store import codec
+from turnledger.store import codec, keys
 from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
+from turnledger.store.indexes import CURSOR_PK
+from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
 
 EVENTS_DIR = PROJECT_ROOT / "events"
 
@@ -81,7 +83,7 @@ def props(template: dict[str, Any], name: str) -> dict[str, Any]:
 def policy_names(template: dict[str, Any], function: str) -> list[str]:
     """Policy template names of ``function``, conditional ones included."""
     names: list[str] = []
-    for policy in props(template, function).get("Policies", []):
+    for policy in props(template, function).get("Policies") or []:
         if "Fn::If" in policy:
             _, when_set, when_unset = policy["Fn::If"]
             assert when_unset == {"Ref": "AWS::NoValue"}
@@ -254,19 +256,6 @@ def test_optional_parameters_default_to_off(template: dict[str, Any]) -> None:
 # --- least privilege -----------------------------------------------------------------------
 
 
-def test_read_function_can_only_read(template: dict[str, Any]) -> None:
-    names = policy_names(template, "ReadFunction")
-    assert names == ["DynamoDBReadPolicy", "S3ReadPolicy"]
-
-
-def test_writers_are_scoped_to_the_table_and_bucket(template: dict[str, Any]) -> None:
-    for function in ("TurnFunction", "ApproveFunction", "ClearFunction", "SweepFunction"):
-        policies = props(template, function)["Policies"]
-        scoped = [p for p in policies if "DynamoDBCrudPolicy" in p or "S3CrudPolicy" in p]
-        assert {"DynamoDBCrudPolicy": {"TableName": {"Ref": "ConversationsTable"}}} in scoped
-        assert {"S3CrudPolicy": {"BucketName": {"Ref": "ArtifactsBucket"}}} in scoped
-
-
 def test_only_turn_and_approve_reach_secrets_and_tools(
     template: dict[str, Any],
 ) -> None:
@@ -275,7 +264,6 @@ def test_only_turn_and_approve_reach_secrets_and_tools(
         model_caller = function in {"TurnFunction", "ApproveFunction"}
         assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is model_caller, function
         assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
-        assert ("Statement" in names) is model_caller, function
 
 
 def test_optional_permissions_exist_only_when_their_parameter_is_set(
@@ -320,7 +308,7 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
     for function in functions(template):
         conditional = [
             policy["Fn::If"]
-            for policy in props(template, function)["Policies"]
+            for policy in props(template, function).get("Policies") or []
             if "Fn::If" in policy and policy["Fn::If"][0] == "HasBedrockModelIds"
         ]
         if function not in {"TurnFunction", "ApproveFunction"}:
@@ -341,6 +329,162 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
                 },
             ]
         }
+
+
+# --- tenant isolation ----------------------------------------------------------------------
+
+#: The functions serving one tenant's requests: they reach data only through TenantAccessRole.
+API_FUNCTIONS = ("TurnFunction", "ApproveFunction", "ReadFunction", "ClearFunction")
+#: SAM policy templates a function may use. DynamoDBCrudPolicy/DynamoDBReadPolicy grant Scan;
+#: S3CrudPolicy/S3ReadPolicy grant bucket configuration (lifecycle, location).
+ALLOWED_POLICY_TEMPLATES = {
+    "AWSSecretsManagerGetSecretValuePolicy",
+    "SSMParameterWithSlashPrefixReadPolicy",
+}
+#: Every data action any policy may allow.
+ALLOWED_DATA_ACTIONS = (
+    set(TENANT_DYNAMODB_ACTIONS) | set(TENANT_S3_OBJECT_ACTIONS) | {"s3:ListBucket"}
+)
+
+
+def string_like(pattern: str, value: str) -> bool:
+    """IAM's ``StringLike``: ``*`` any run of characters, ``?`` one, the rest literal."""
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, value, flags=re.DOTALL) is not None
+
+
+def statements_of(template: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every IAM statement of the template, with where it is: functions' inline
+    statements (conditional ones included), roles' and managed policies' documents."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for name, res in template["Resources"].items():
+        properties = res.get("Properties", {})
+        if res["Type"] == "AWS::Serverless::Function":
+            for policy in properties.get("Policies") or []:
+                if "Fn::If" in policy:
+                    policy = policy["Fn::If"][1]
+                found.extend((name, st) for st in policy.get("Statement", []))
+        elif res["Type"] == "AWS::IAM::Role":
+            for policy in properties.get("Policies", []):
+                found.extend((name, st) for st in policy["PolicyDocument"]["Statement"])
+        elif res["Type"] in {"AWS::IAM::Policy", "AWS::S3::BucketPolicy"}:
+            found.extend((name, st) for st in properties["PolicyDocument"]["Statement"])
+    return found
+
+
+def actions(statement: dict[str, Any]) -> list[str]:
+    found = statement["Action"]
+    return [found] if isinstance(found, str) else list(found)
+
+
+def test_no_policy_template_grants_scan_or_bucket_configuration(
+    template: dict[str, Any],
+) -> None:
+    for function in functions(template):
+        templates = {name for name in policy_names(template, function) if name != "Statement"}
+        assert templates <= ALLOWED_POLICY_TEMPLATES, function
+
+
+def test_no_policy_allows_scan_wildcards_or_bucket_configuration(
+    template: dict[str, Any],
+) -> None:
+    statements = statements_of(template)
+    assert statements
+    for where, statement in statements:
+        if statement["Effect"] == "Deny":
+            continue  # the bucket policy's deny of plain HTTP names s3:*, and only denies
+        for action in actions(statement):
+            service = action.split(":")[0]
+            if service in {"dynamodb", "s3"}:
+                assert action in ALLOWED_DATA_ACTIONS, (where, action)
+            assert "*" not in action, (where, action)
+
+
+def test_tenant_role_is_assumed_only_by_the_api_functions_with_a_tenant_tag(
+    template: dict[str, Any],
+) -> None:
+    role = props(template, "TenantAccessRole")
+    [trust] = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Effect"] == "Allow"
+    assert sorted(trust["Principal"]["AWS"], key=str) == sorted(
+        ({"Fn::GetAtt": f"{f}Role.Arn"} for f in API_FUNCTIONS), key=str
+    )
+    assert sorted(actions(trust)) == ["sts:AssumeRole", "sts:TagSession"]
+    condition = trust["Condition"]
+    assert condition["Null"] == {f"aws:RequestTag/{TENANT_TAG}": "false"}
+    assert condition["ForAllValues:StringEquals"] == {"aws:TagKeys": [TENANT_TAG]}
+    assert role["MaxSessionDuration"] == 3600
+
+
+def test_tenant_role_allows_item_actions_on_conversation_partitions_only(
+    template: dict[str, Any],
+) -> None:
+    [policy] = props(template, "TenantAccessRole")["Policies"]
+    by_sid = {st["Sid"]: st for st in policy["PolicyDocument"]["Statement"]}
+    assert set(by_sid) == {"ConversationItems", "ConversationObjects", "ListConversationObjects"}
+    items = by_sid["ConversationItems"]
+    assert tuple(actions(items)) == TENANT_DYNAMODB_ACTIONS
+    # The table only: no index (by-expiry and by-tenant list every tenant's heads).
+    assert items["Resource"] == {"Fn::GetAtt": "ConversationsTable.Arn"}
+    [pattern] = items["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+    assert items["Condition"]["Null"] == {"dynamodb:LeadingKeys": "false"}
+    for tenant in ("a", "a:b", "x,y=z@q+r", "A" * 128):
+        assert string_like(pattern, keys.tenant_partition_prefix(tenant) + "c1")
+    assert not string_like(pattern, CURSOR_PK)
+    objects = by_sid["ConversationObjects"]
+    assert tuple(actions(objects)) == TENANT_S3_OBJECT_ACTIONS
+    assert objects["Resource"] == {"Fn::Sub": "${ArtifactsBucket.Arn}/t/*"}
+    assert keys.tenant_blob_prefix("a:b").startswith("t/")
+    listing = by_sid["ListConversationObjects"]
+    assert actions(listing) == ["s3:ListBucket"]
+    assert listing["Resource"] == {"Fn::GetAtt": "ArtifactsBucket.Arn"}
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": "t/*"}}
+
+
+def test_api_functions_reach_data_only_through_the_tenant_role(
+    template: dict[str, Any],
+) -> None:
+    assume = props(template, "TenantAccessAssumePolicy")
+    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(f"{f}Role" for f in API_FUNCTIONS)
+    [statement] = assume["PolicyDocument"]["Statement"]
+    assert sorted(actions(statement)) == ["sts:AssumeRole", "sts:TagSession"]
+    assert statement["Resource"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}
+    statements = statements_of(template)
+    for function in API_FUNCTIONS:
+        assert resource(template, function)["DependsOn"] == "TenantAccessAssumePolicy"
+        variables = props(template, function)["Environment"]["Variables"]
+        assert variables["TENANT_ROLE_ARN"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}
+        data = [
+            st
+            for where, st in statements
+            if where == function and any(a.split(":")[0] in {"dynamodb", "s3"} for a in actions(st))
+        ]
+        # Tenant erasure is the one system operation an API function runs on its own role.
+        if function == "ClearFunction":
+            assert {st["Sid"] for st in data} == {
+                "ConversationItems",
+                "ListTenantConversations",
+                "ListArtifacts",
+                "DeleteArtifacts",
+            }
+        else:
+            assert data == [], function
+    assert props(template, "ReadFunction").get("Policies") is None
+
+
+def test_system_functions_query_only_their_index(template: dict[str, Any]) -> None:
+    expected = {"SweepFunction": EXPIRY_INDEX, "ClearFunction": TENANT_INDEX}
+    for function, index in expected.items():
+        statements = {st["Sid"]: st for where, st in statements_of(template) if where == function}
+        queries = [
+            st
+            for st in statements.values()
+            if st["Resource"] != {"Fn::GetAtt": "ConversationsTable.Arn"}
+            and any(a.startswith("dynamodb:") for a in actions(st))
+        ]
+        [query] = queries
+        assert actions(query) == ["dynamodb:Query"]
+        assert query["Resource"] == {"Fn::Sub": f"${{ConversationsTable.Arn}}/index/{index}"}
 
 
 # --- storage -------------------------------------------------------------------------------

@@ -212,6 +212,11 @@ class Settings:
     #: ``dynamodb`` (table and bucket) or ``sqlite`` (a database file and objects in ``data_dir``).
     store: str = "dynamodb"
     data_dir: str | None = None
+    # --- tenant isolation (tenancy.py) ---
+    #: Role assumed per tenant, with the tenant's session policy and tag, for every
+    #: table and bucket access of that tenant's requests (``None``: the process's own
+    #: credentials, as the local runner and tests use).
+    tenant_role_arn: str | None = None
 
     @property
     def allowed_providers(self) -> tuple[str, ...]:
@@ -320,4 +325,5 @@ class Settings:
             demo_state_dir=opt("DEMO_STATE_DIR"),
             store=env.get("STORE") or cls.store,
             data_dir=opt("DATA_DIR"),
+            tenant_role_arn=opt("TENANT_ROLE_ARN"),
         )

@@ -24,6 +24,7 @@ from .session import Clock, utc_now
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
+from .tenancy import TenantAccess, TenantCredentials
 from .tools.executors import ToolRunner
 from .tools.registry import ToolRegistry
 
@@ -39,14 +40,39 @@ _AWS_CONFIG = Config(
 
 
 @dataclass
+class TenantScope:
+    """What one tenant's requests use, on that tenant's credentials (see :mod:`.tenancy`)."""
+
+    dynamodb: DynamoDBClient
+    store: ConversationStore
+    conversations: Conversations
+
+
+@dataclass
 class Runtime:
     """The service and what it was built from."""
 
     settings: Settings
+    #: The service on the process's credentials: sweep, erasure, and every request when
+    #: no tenant role is configured. Tenants' requests use :meth:`conversations_for`.
     conversations: Conversations
     store: ConversationStore
     #: DynamoDB, also with the SQLite store: Powertools' idempotency records live there.
     dynamodb: DynamoDBClient
+    #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
+    tenants: TenantAccess[TenantScope] | None = None
+
+    def conversations_for(self, tenant: str) -> Conversations:
+        """The service for one request of ``tenant``: its store reaches only that tenant."""
+        return (
+            self.conversations
+            if self.tenants is None
+            else self.tenants.for_tenant(tenant).conversations
+        )
+
+    def dynamodb_for(self, tenant: str) -> DynamoDBClient:
+        """The DynamoDB client for ``tenant``'s idempotency records (its own partitions)."""
+        return self.dynamodb if self.tenants is None else self.tenants.for_tenant(tenant).dynamodb
 
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:
@@ -72,18 +98,51 @@ class Runtime:
             raise ValueError(
                 f"PROVIDERS names unknown providers {unknown}; valid: {', '.join(PROVIDERS)}"
             )
-        conversations = Conversations(
-            store=store,
-            provider=build_provider(settings),
-            # Other providers a turn may name, built on first use.
-            providers=partial(build_provider, settings),
-            redactor=redactor,
-            settings=settings,
-            tools=lambda: ToolRegistry.from_settings(settings),
-            runner=ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds),
-            clock=clock,
+        provider = build_provider(settings)
+        runner = ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds)
+
+        def service(store: ConversationStore) -> Conversations:
+            # One service per store: the process's, and one per tenant on its own
+            # credentials; all share the provider, the tool runner and the settings.
+            return Conversations(
+                store=store,
+                provider=provider,
+                # Other providers a turn may name, built on first use.
+                providers=partial(build_provider, settings),
+                redactor=redactor,
+                settings=settings,
+                tools=lambda: ToolRegistry.from_settings(settings),
+                runner=runner,
+                clock=clock,
+            )
+
+        conversations = service(store)
+        runtime = cls(
+            settings=settings, conversations=conversations, store=store, dynamodb=dynamodb
         )
-        return cls(settings=settings, conversations=conversations, store=store, dynamodb=dynamodb)
+        if settings.tenant_role_arn and settings.store == "dynamodb":
+            runtime.tenants = TenantAccess(
+                session.client("sts", config=_AWS_CONFIG),
+                settings.tenant_role_arn,
+                bucket=settings.bucket_name,
+                build=partial(_tenant_scope, settings, service),
+            )
+        return runtime
+
+
+def _tenant_scope(
+    settings: Settings,
+    service: Callable[[ConversationStore], Conversations],
+    tenant: str,
+    credentials: TenantCredentials,
+) -> TenantScope:
+    """Clients, store and service of ``tenant``, on its own credentials."""
+    session = credentials.session()
+    dynamodb: DynamoDBClient = session.client(
+        "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
+    )
+    store = _build_store(settings, session, dynamodb)
+    return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
 
 
 def _build_store(

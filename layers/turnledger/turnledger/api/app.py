@@ -163,9 +163,11 @@ def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
 ) -> TurnResponse:
     """Run one turn: append the input, call the model, run or pause tools, persist, answer."""
-    service = get_runtime().conversations
     return _answer_turn(
-        conversation_id, "turns", request, lambda who: service.turn(who, conversation_id, request)
+        conversation_id,
+        "turns",
+        request,
+        lambda who: get_runtime().conversations_for(who.tenant).turn(who, conversation_id, request),
     )
 
 
@@ -177,12 +179,13 @@ def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
 ) -> TurnResponse:
     """Decide pending tool calls; continue the turn when none is left undecided."""
-    service = get_runtime().conversations
     return _answer_turn(
         conversation_id,
         "approvals",
         request,
-        lambda who: service.approve(who, conversation_id, request),
+        lambda who: (
+            get_runtime().conversations_for(who.tenant).approve(who, conversation_id, request)
+        ),
     )
 
 
@@ -192,7 +195,8 @@ def post_approvals(
 )
 def get_conversation(conversation_id: ConversationId) -> ConversationView:
     """The conversation's head: status, timestamps, expiry, counts, pending calls."""
-    return get_runtime().conversations.get(caller(conversation_id), conversation_id)
+    who = caller(conversation_id)
+    return get_runtime().conversations_for(who.tenant).get(who, conversation_id)
 
 
 @app.get(
@@ -205,8 +209,11 @@ def get_events(
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many events.")] = 100,
 ) -> EventsPage:
     """The transcript: canonical events in sequence order, paginated."""
-    return get_runtime().conversations.events(
-        caller(conversation_id), conversation_id, after=after, limit=limit
+    who = caller(conversation_id)
+    return (
+        get_runtime()
+        .conversations_for(who.tenant)
+        .events(who, conversation_id, after=after, limit=limit)
     )
 
 
@@ -219,7 +226,8 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
 
     Answers 204, also when the conversation is absent.
     """
-    get_runtime().conversations.clear(caller(conversation_id), conversation_id)
+    who = caller(conversation_id)
+    get_runtime().conversations_for(who.tenant).clear(who, conversation_id)
     return Response(status_code=204, body="")
 
 

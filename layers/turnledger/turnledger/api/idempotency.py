@@ -48,7 +48,8 @@ def _persistence(conversation: ConversationKey) -> DynamoDBPersistenceLayer:
     runtime = get_runtime()
     return DynamoDBPersistenceLayer(
         table_name=runtime.settings.table_name,
-        boto3_client=runtime.dynamodb,
+        # The tenant's own credentials: its records are in its conversations' partitions.
+        boto3_client=runtime.dynamodb_for(conversation.tenant),
         key_attr=codec.A_PK,
         sort_key_attr=codec.A_SK,
         static_pk_value=keys.partition_key(conversation),

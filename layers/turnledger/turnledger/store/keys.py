@@ -43,9 +43,18 @@ _SEQ_WIDTH = 12
 EXPIRY_SHARDS = 4
 
 
+def tenant_partition_prefix(tenant: str) -> str:
+    """What every partition key of ``tenant``'s conversations starts with.
+
+    It ends with the separator: no other tenant's keys start with it (tenant-scoped
+    credentials grant exactly this prefix, see :mod:`..tenancy`).
+    """
+    return f"T#{quote(tenant, safe='')}#C#"
+
+
 def partition_key(key: ConversationKey) -> str:
     """The table partition key of a conversation."""
-    return f"T#{quote(key.tenant, safe='')}#C#{key.conversation_id}"
+    return f"{tenant_partition_prefix(key.tenant)}{key.conversation_id}"
 
 
 def parse_partition_key(pk: str) -> ConversationKey:
@@ -71,9 +80,14 @@ def sequence_of(sort_key: str) -> int:
     return int(sort_key.removeprefix(EVENT_PREFIX))
 
 
+def tenant_blob_prefix(tenant: str) -> str:
+    """What every object key of ``tenant``'s conversations starts with (ends with ``/``)."""
+    return f"t/{quote(tenant, safe='')}/"
+
+
 def blob_prefix(key: ConversationKey, gen: str | None = None) -> str:
     """The S3 prefix of a conversation's objects (of one life when ``gen`` is given)."""
-    base = f"t/{quote(key.tenant, safe='')}/c/{key.conversation_id}/"
+    base = f"{tenant_blob_prefix(key.tenant)}c/{key.conversation_id}/"
     return base if gen is None else f"{base}g/{gen}/"
 
 
