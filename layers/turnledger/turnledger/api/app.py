@@ -101,12 +101,25 @@ def _responses(
 
 def _error(exc: TurnledgerError) -> Response[str]:
     retry_after = exc.retry_after if isinstance(exc, ConversationBusy) else None
+    body = exc.to_body()
+    if _under_openai_face():
+        from .openai_face import openai_error_body
+
+        body = openai_error_body(exc)
     return Response(
         status_code=exc.status,
         content_type=content_types.APPLICATION_JSON,
-        body=json.dumps(exc.to_body()),
+        body=json.dumps(body),
         headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
+
+
+def _under_openai_face() -> bool:
+    """Whether the current request is under ``/openai/`` (errors in OpenAI's shape)."""
+    try:
+        return str(app.current_event.raw_event.get("rawPath", "")).startswith("/openai/")
+    except (AttributeError, RuntimeError):
+        return False  # no current event (an error before routing)
 
 
 def caller(conversation_id: str | None = None) -> Caller:
@@ -402,11 +415,16 @@ def _with_decoded_path(event: dict[str, Any]) -> dict[str, Any]:
     return event if path == raw else {**event, "rawPath": path}
 
 
-def _answer(error: TurnledgerError) -> dict[str, Any]:
+def _answer(error: TurnledgerError, event: dict[str, Any]) -> dict[str, Any]:
+    body = error.to_body()
+    if str(event.get("rawPath", "")).startswith("/openai/"):
+        from .openai_face import openai_error_body
+
+        body = openai_error_body(error)
     return {
         "statusCode": error.status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
-        "body": json.dumps(error.to_body()),
+        "body": json.dumps(body),
     }
 
 
@@ -446,7 +464,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     try:
         _check_body(event, get_runtime().settings.max_input_bytes)
     except TurnledgerError as exc:
-        return _answer(exc)
+        return _answer(exc, event)
     event = _with_decoded_path(event)
     headers = event.get("headers") or {}
     if (
