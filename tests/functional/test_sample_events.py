@@ -87,7 +87,7 @@ def test_each_sample_event_gets_its_documented_answer(
     """turn → 200; get → the head; events → the transcript; export → NDJSON;
     import → 201, then 409 conversation_exists; approve with nothing pending →
     409 not_awaiting_approval, then with a pending call → 200 complete; clear → 204;
-    erase → a report; openapi → the document."""
+    erase → a report; the OpenAI face's samples; openapi → the document."""
     call, sink = invoke
     turn = call("turn", load_event("turn"))
     assert turn["statusCode"] == 200
@@ -140,6 +140,20 @@ def test_each_sample_event_gets_its_documented_answer(
     # The conversation and the imported copy.
     assert body(erased)["conversations_removed"] == 2 and body(erased)["complete"] is True
     assert call("read", load_event("get-conversation"))["statusCode"] == 404
+
+    created = call("turn", load_event("openai-create-conversation"))
+    assert created["statusCode"] == 200 and body(created)["id"].startswith("conv_")
+    response = call("turn", load_event("openai-response"))
+    assert response["statusCode"] == 200
+    assert body(response)["output"][0]["content"][0]["text"] == "Noted (1 user messages so far)."
+    conversation = call("read", load_event("openai-get-conversation"))
+    assert conversation["statusCode"] == 200 and body(conversation)["object"] == "conversation"
+    items = call("read", load_event("openai-list-items"))
+    assert [item["role"] for item in body(items)["data"]] == ["user", "assistant"]
+    deleted = call("clear", load_event("openai-delete-conversation"))
+    assert deleted["statusCode"] == 200 and body(deleted)["deleted"] is True
+    gone = call("read", load_event("openai-get-conversation"))
+    assert gone["statusCode"] == 404 and body(gone)["error"]["type"] == "not_found_error"
 
     document = call("read", load_event("openapi"))
     assert document["statusCode"] == 200
