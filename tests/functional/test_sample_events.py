@@ -84,9 +84,10 @@ def body(result: dict[str, Any]) -> Any:
 def test_each_sample_event_gets_its_documented_answer(
     invoke: tuple[Invoke, HttpSink], load_event: Callable[[str], dict[str, Any]]
 ) -> None:
-    """turn → 200; get → the head; events → the transcript; approve with nothing pending →
+    """turn → 200; get → the head; events → the transcript; export → NDJSON;
+    import → 201, then 409 conversation_exists; approve with nothing pending →
     409 not_awaiting_approval, then with a pending call → 200 complete; clear → 204;
-    erase → a report; openapi → the document."""
+    erase → a report; the OpenAI face's samples; openapi → the document."""
     call, sink = invoke
     turn = call("turn", load_event("turn"))
     assert turn["statusCode"] == 200
@@ -97,6 +98,20 @@ def test_each_sample_event_gets_its_documented_answer(
 
     events = call("read", load_event("get-events"))
     assert [e["kind"] for e in body(events)["events"]] == ["user_message", "assistant_message"]
+
+    exported = call("read", load_event("export"))
+    assert exported["statusCode"] == 200
+    assert exported["headers"]["Content-Type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in exported["body"].splitlines()]
+    assert [line["type"] for line in lines] == ["conversation", "event", "event"]
+    assert lines[0]["turns"] == 1 and lines[0]["schema_version"] == 1
+
+    imported = call("turn", load_event("import"))
+    assert imported["statusCode"] == 201
+    assert body(imported)["conversation_id"] == "user-123-copy" and body(imported)["turns"] == 1
+    again = call("turn", load_event("import"))
+    assert again["statusCode"] == 409
+    assert body(again)["error"]["code"] == "conversation_exists"
 
     nothing = call("approve", load_event("approve"))
     assert nothing["statusCode"] == 409
@@ -122,8 +137,23 @@ def test_each_sample_event_gets_its_documented_answer(
     call("turn", load_event("turn"))
     erased = call("clear", load_event("erase-tenant"))
     assert erased["statusCode"] == 200
-    assert body(erased)["conversations_removed"] == 1 and body(erased)["complete"] is True
+    # The conversation and the imported copy.
+    assert body(erased)["conversations_removed"] == 2 and body(erased)["complete"] is True
     assert call("read", load_event("get-conversation"))["statusCode"] == 404
+
+    created = call("turn", load_event("openai-create-conversation"))
+    assert created["statusCode"] == 200 and body(created)["id"].startswith("conv_")
+    response = call("turn", load_event("openai-response"))
+    assert response["statusCode"] == 200
+    assert body(response)["output"][0]["content"][0]["text"] == "Noted (1 user messages so far)."
+    conversation = call("read", load_event("openai-get-conversation"))
+    assert conversation["statusCode"] == 200 and body(conversation)["object"] == "conversation"
+    items = call("read", load_event("openai-list-items"))
+    assert [item["role"] for item in body(items)["data"]] == ["user", "assistant"]
+    deleted = call("clear", load_event("openai-delete-conversation"))
+    assert deleted["statusCode"] == 200 and body(deleted)["deleted"] is True
+    gone = call("read", load_event("openai-get-conversation"))
+    assert gone["statusCode"] == 404 and body(gone)["error"]["type"] == "not_found_error"
 
     document = call("read", load_event("openapi"))
     assert document["statusCode"] == 200

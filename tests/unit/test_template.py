@@ -37,6 +37,13 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/conversations/{id}/approvals", "ApproveFunction"),
     ("GET", "/v1/conversations/{id}", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/events", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/export", "ReadFunction"),
+    ("POST", "/v1/conversations/{id}/import", "TurnFunction"),
+    ("POST", "/openai/v1/responses", "TurnFunction"),
+    ("POST", "/openai/v1/conversations", "TurnFunction"),
+    ("GET", "/openai/v1/conversations/{id}", "ReadFunction"),
+    ("GET", "/openai/v1/conversations/{id}/items", "ReadFunction"),
+    ("DELETE", "/openai/v1/conversations/{id}", "ClearFunction"),
     ("GET", "/v1/openapi.json", "ReadFunction"),
     ("DELETE", "/v1/conversations/{id}", "ClearFunction"),
     ("DELETE", "/v1/conversations", "ClearFunction"),
@@ -630,6 +637,13 @@ API_EVENTS = [
     "approve.json",
     "get-conversation.json",
     "get-events.json",
+    "export.json",
+    "import.json",
+    "openai-create-conversation.json",
+    "openai-response.json",
+    "openai-get-conversation.json",
+    "openai-list-items.json",
+    "openai-delete-conversation.json",
     "clear.json",
     "erase-tenant.json",
     "openapi.json",
@@ -660,7 +674,9 @@ def test_sample_event_matches_its_route(template: dict[str, Any], name: str) -> 
     else:
         assert "authorizer" not in event["requestContext"]
     if "body" in event:
-        assert isinstance(json.loads(event["body"]), dict)
+        # An import's body is NDJSON (an export): one JSON object a line.
+        lines = event["body"].splitlines() if route.path.endswith("/import") else [event["body"]]
+        assert lines and all(isinstance(json.loads(line), dict) for line in lines)
         assert event["isBase64Encoded"] is False
 
 

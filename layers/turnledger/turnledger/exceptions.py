@@ -142,6 +142,13 @@ class UnsupportedStateVersion(StateError):
         )
 
 
+class ConversationExists(TurnledgerError):
+    """An import names a conversation id that is taken (a live, or unreadable, head)."""
+
+    status = 409
+    code = "conversation_exists"
+
+
 class PayloadTooLarge(TurnledgerError):
     """The input is over the configured size limit."""
 

@@ -57,6 +57,11 @@ CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 #: A usable tenant claim: 1-128 of ``A-Z a-z 0-9 . _ : @ + = , -``. Anything else (a
 #: 2,000-character claim, control characters) is ``401 unauthorized`` before any storage call.
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9._:@+=,-]{1,128}")
+#: The media type of an export (``turnledger.transfer.NDJSON``; not imported here, so the
+#: handler's cold start does not load the transfer module).
+NDJSON = "application/x-ndjson"
+#: Routes whose body is not one JSON object (an import is NDJSON).
+_NDJSON_ROUTES = ("/import",)
 ConversationId = Annotated[
     str, Path(pattern=CONVERSATION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
 ]
@@ -69,7 +74,7 @@ _ERROR_CODES = {
     401: "unauthorized",
     404: "conversation_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
-    "unsupported_state_version",
+    "unsupported_state_version, conversation_exists",
     413: "payload_too_large",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
     "idempotency_key_reused",
@@ -101,12 +106,25 @@ def _error(exc: TurnledgerError) -> Response[str]:
     retry_after = (
         exc.retry_after if isinstance(exc, ConversationBusy | ServiceUnavailable) else None
     )
+    body = exc.to_body()
+    if _under_openai_face():
+        from .openai_face import openai_error_body
+
+        body = openai_error_body(exc)
     return Response(
         status_code=exc.status,
         content_type=content_types.APPLICATION_JSON,
-        body=json.dumps(exc.to_body()),
+        body=json.dumps(body),
         headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
+
+
+def _under_openai_face() -> bool:
+    """Whether the current request is under ``/openai/`` (errors in OpenAI's shape)."""
+    try:
+        return str(app.current_event.raw_event.get("rawPath", "")).startswith("/openai/")
+    except (AttributeError, RuntimeError):
+        return False  # no current event (an error before routing)
 
 
 def caller(conversation_id: str | None = None) -> Caller:
@@ -229,6 +247,61 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     who = caller(conversation_id)
     get_runtime().conversations_for(who.tenant).clear(who, conversation_id)
     return Response(status_code=204, body="")
+
+
+@app.get(
+    "/v1/conversations/<conversation_id>/export",
+    responses={
+        200: {"description": "The conversation as NDJSON", "content": {NDJSON: {}}},
+        **{k: v for k, v in _responses(None, 400, 401, 404, 409, 422).items() if k != 200},
+    },
+)
+def export_conversation(conversation_id: ConversationId) -> Response[str]:
+    """The whole conversation as NDJSON: its head line, then every event, payloads inline."""
+    from ..transfer import export_text
+
+    who = caller(conversation_id)
+    service = get_runtime().conversations_for(who.tenant)
+    key = ConversationKey(tenant=who.tenant, conversation_id=conversation_id)
+    return Response(
+        status_code=200, content_type=NDJSON, body=export_text(service.store, key, service.clock())
+    )
+
+
+@app.post(
+    "/v1/conversations/<conversation_id>/import",
+    responses=_responses(ConversationView, 400, 401, 409, 413, 422, status=201),
+)
+def import_conversation(conversation_id: ConversationId) -> Response[str]:
+    """Create the conversation from an export (NDJSON), checked whole and written all or nothing.
+
+    ``409 conversation_exists`` when the id is taken.
+    """
+    from ..transfer import import_text
+
+    runtime = get_runtime()
+    who = caller(conversation_id)
+    service = runtime.conversations_for(who.tenant)
+    key = ConversationKey(tenant=who.tenant, conversation_id=conversation_id)
+    raw = _raw_body(app.current_event.raw_event)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("the export is not UTF-8") from exc
+    import_text(
+        service.store,
+        key,
+        text,
+        now=service.clock(),
+        ttl_seconds=runtime.settings.ttl_for(who.tenant),
+        max_bytes=runtime.settings.max_input_bytes,
+    )
+    view = service.get(who, conversation_id)
+    return Response(
+        status_code=201,
+        content_type=content_types.APPLICATION_JSON,
+        body=view.model_dump_json(),
+    )
 
 
 @app.delete("/v1/conversations", responses=_responses(PurgeReportView, 401, 422, 503))
@@ -355,11 +428,16 @@ def _with_decoded_path(event: dict[str, Any]) -> dict[str, Any]:
     return event if path == raw else {**event, "rawPath": path}
 
 
-def _answer(error: TurnledgerError) -> dict[str, Any]:
+def _answer(error: TurnledgerError, event: dict[str, Any]) -> dict[str, Any]:
+    body = error.to_body()
+    if str(event.get("rawPath", "")).startswith("/openai/"):
+        from .openai_face import openai_error_body
+
+        body = openai_error_body(error)
     return {
         "statusCode": error.status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
-        "body": json.dumps(error.to_body()),
+        "body": json.dumps(body),
     }
 
 
@@ -379,6 +457,8 @@ def _check_body(event: dict[str, Any], limit: int) -> None:
     method = str(((event.get("requestContext") or {}).get("http") or {}).get("method", ""))
     if method.upper() not in {"POST", "PUT", "PATCH"}:
         return
+    if str(event.get("routeKey") or "").endswith(_NDJSON_ROUTES):
+        return  # checked line by line by the route (turnledger.transfer)
     try:
         parse_object(raw)
     except BodyError as exc:
@@ -397,10 +477,14 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     try:
         _check_body(event, get_runtime().settings.max_input_bytes)
     except TurnledgerError as exc:
-        return _answer(exc)
+        return _answer(exc, event)
     event = _with_decoded_path(event)
     headers = event.get("headers") or {}
-    if event.get("body") and headers.get("content-type") != content_types.APPLICATION_JSON:
+    if (
+        event.get("body")
+        and headers.get("content-type") != content_types.APPLICATION_JSON
+        and not str(event.get("routeKey") or "").endswith(_NDJSON_ROUTES)
+    ):
         # Bodies are JSON whatever the client labels them (``curl -d`` says form data):
         # a form or an unlabeled body would otherwise fail validation with a puzzling error.
         event = {**event, "headers": {**headers, "content-type": content_types.APPLICATION_JSON}}

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="execution environments (processes) per function; more requests queue (%(default)s)",
     )
+    from .transfer_cli import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -262,6 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``turnledger`` command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in {"export", "import"}:
+        from .transfer_cli import run
+
+        return run(args)
     if args.command != "local":
         parser.print_help(sys.stderr)
         return 2

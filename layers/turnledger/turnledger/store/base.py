@@ -85,6 +85,8 @@ from datetime import datetime
 from typing import Any
 
 from ..exceptions import (
+    ConversationBusy,
+    ConversationExists,
     CorruptedState,
     InternalError,
     StateError,
@@ -934,3 +936,118 @@ class ConversationStore(ABC):
         cursor of an unknown schema version is never overwritten.
         """
         return self._advance_cursor(cursor_item(bucket))
+
+    # --- imports: all or nothing over several commits ------------------------------------
+
+    #: How long an import's hidden staging head lives: past this, the sweep (or DynamoDB's
+    #: TTL) treats it as a dead purge and removes what the import had written.
+    import_staging_seconds: int = 900
+    #: Item bytes one staging write holds at most (DynamoDB's transactions take 4 MB).
+    import_chunk_bytes: int = 3_000_000
+
+    def import_conversation(
+        self, key: ConversationKey, head: Head, events: Sequence[Event], now: datetime
+    ) -> Head:
+        """Create ``key`` as ``head`` with ``events`` (public sequences 1..n), all or nothing.
+
+        ``head`` gives the conversation's state; its ``gen``, ``version``, ``base`` and
+        ``seq`` are chosen here. The events go in commits of at most
+        ``MAX_EVENTS_PER_COMMIT``, each under a *staging head*: a tombstone (which
+        every reader sees as absent) whose ``base`` covers everything staged so far,
+        naming a next life other than the one the events are written in. The final
+        write replaces the staging head with ``head``, conditionally, so the
+        conversation appears whole or not at all. A failure purges the staging head;
+        a crash leaves it, and since it is a tombstone due in
+        ``import_staging_seconds``, clear, sweep and TTL remove it with every event
+        and object it covers, like a purge that died. A turn sent meanwhile starts its
+        life above the staged events and makes the import fail ``ConversationBusy``.
+
+        Returns:
+            The head as written.
+
+        Raises:
+            ConversationExists: the id holds a live (or unreadable) conversation.
+            ConversationBusy: a clear is in flight, or the head changed during the import.
+            PayloadTooLarge: an event is over what the backend holds.
+        """
+        pk = keys.partition_key(key)
+        item = self._get_item(pk, keys.HEAD_SK)
+        if item is not None and codec.A_FENCE in item:
+            raise ConversationBusy("the conversation is being cleared; retry")
+        previous: Head | None = None
+        if item is not None:
+            try:
+                previous = codec.decode_head(item)
+            except StateError as exc:
+                raise ConversationExists(
+                    f"conversation {key.conversation_id!r} exists (its head cannot be read)"
+                ) from exc
+            if previous.status is not ConversationStatus.CLEARED:
+                raise ConversationExists(f"conversation {key.conversation_id!r} exists")
+        # Above every item of the partition, so nothing staged ever overwrites an old one.
+        base = max(previous.seq if previous else 0, self._highest_event_sequence(pk))
+        final = head.model_copy(update={"gen": new_generation(), "base": base})
+        staging_gen = new_generation()
+        expected = item  # the stored head each step is conditional on
+        version = previous.version if previous else 0
+        written = 0
+        attempt = secrets.token_hex(4)
+        try:
+            for chunk in self._import_chunks(key, final, events, attempt):
+                staging = Head(
+                    gen=staging_gen,
+                    version=version + 1,
+                    base=base + written + len(chunk),
+                    seq=base + written + len(chunk),
+                    turn=0,
+                    status=ConversationStatus.CLEARED,
+                    created_at=now,
+                    updated_at=now,
+                    ttl_seconds=0,
+                    expires_at=int(now.timestamp()) + self.import_staging_seconds,
+                )
+                staging_item = codec.encode_head(key, staging)
+                stored_gen = str(expected.get(codec.A_GEN, "")) if expected is not None else ""
+                try:
+                    self._transact_commit(
+                        staging_item,
+                        None if expected is None else version,
+                        [event_item for event_item, _ in chunk],
+                        stored_gen,
+                    )
+                except BaseException:
+                    self._discard([ref for _, ref in chunk if ref is not None])
+                    raise
+                expected, version, written = staging_item, staging.version, written + len(chunk)
+            final = final.model_copy(update={"version": version + 1, "seq": base + written})
+            if not self._replace_head(codec.encode_head(key, final), expected):
+                raise ConversationBusy("the conversation changed during the import; retry")
+        except TurnledgerError:
+            if written:
+                # Best effort: what is left is a due tombstone that the sweep finishes.
+                with contextlib.suppress(Exception):
+                    self._purge(key, expected, now)
+            raise
+        return final
+
+    def _import_chunks(
+        self, key: ConversationKey, head: Head, events: Sequence[Event], attempt: str
+    ) -> Iterator[list[tuple[Item, str | None]]]:
+        """``events`` as items of ``head``'s life (payloads offloaded as a commit would), in
+        chunks of at most ``MAX_EVENTS_PER_COMMIT`` items and ``import_chunk_bytes``."""
+        chunk: list[tuple[Item, str | None]] = []
+        size = 0
+        for event in events:
+            payload = codec.stored_payload(event)
+            ref = self._offload(key, head, event.sequence, payload, attempt)
+            event_item = codec.encode_event(key, head, event, ref, payload=payload)
+            item_bytes = codec.item_size(event_item)
+            if chunk and (
+                len(chunk) >= MAX_EVENTS_PER_COMMIT or size + item_bytes > self.import_chunk_bytes
+            ):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append((event_item, ref.key if ref else None))
+            size += item_bytes
+        if chunk:
+            yield chunk

@@ -1,0 +1,106 @@
+"""``turnledger export`` and ``turnledger import``: one conversation to or from NDJSON, straight
+against a table and bucket (or a ``--data-dir``), for migrations and backups.
+
+The format and its checks are :mod:`turnledger.transfer`'s, the same as
+``GET .../export`` and ``POST .../import``::
+
+    turnledger export --table T --bucket B --tenant acme user-123 > user-123.ndjson
+    turnledger import --table T2 --bucket B2 --tenant acme user-123 < user-123.ndjson
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from ..config import Settings
+from ..exceptions import TurnledgerError
+from ..models import ConversationKey, validate_conversation_id
+from ..session import utc_now
+
+
+def add_commands(commands: Any) -> None:
+    """Add the ``export`` and ``import`` sub-commands to ``commands`` (argparse subparsers)."""
+    defaults = Settings()
+    for name, summary in (
+        ("export", "write a conversation as NDJSON to stdout (or --file)"),
+        ("import", "create a conversation from NDJSON on stdin (or --file)"),
+    ):
+        command = commands.add_parser(name, help=summary, description=summary)
+        command.add_argument("conversation_id", metavar="ID", help="the conversation id")
+        command.add_argument("--tenant", required=True, help="the conversation's tenant")
+        command.add_argument("--file", metavar="FILE", help="read or write FILE, not stdio")
+        command.add_argument(
+            "--table", help=f"table name (default: TABLE_NAME, or {defaults.table_name})"
+        )
+        command.add_argument(
+            "--bucket", help=f"bucket name (default: BUCKET_NAME, or {defaults.bucket_name})"
+        )
+        command.add_argument(
+            "--dynamodb-endpoint", metavar="URL", help="DynamoDB endpoint (default: AWS's)"
+        )
+        command.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: AWS's)")
+        command.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+        command.add_argument(
+            "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
+        )
+        if name == "import":
+            command.add_argument(
+                "--ttl-seconds",
+                type=int,
+                default=None,
+                help="the imported conversation's idle TTL (default: TTL_SECONDS, or "
+                f"{defaults.ttl_seconds})",
+            )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``export`` or ``import``; returns the exit status (errors go to stderr)."""
+    from ..runtime import Runtime
+    from ..transfer import export_text, import_text
+
+    if args.region:
+        os.environ["AWS_DEFAULT_REGION"] = args.region
+    base = Settings.from_env()  # flags override the environment the functions would read
+    settings = replace(
+        base,
+        table_name=args.table or base.table_name,
+        bucket_name=args.bucket or base.bucket_name,
+        dynamodb_endpoint=args.dynamodb_endpoint or base.dynamodb_endpoint,
+        s3_endpoint=args.s3_endpoint or base.s3_endpoint,
+        store="sqlite" if args.data_dir else base.store,
+        data_dir=args.data_dir or base.data_dir,
+    )
+    try:
+        key = ConversationKey(
+            tenant=args.tenant, conversation_id=validate_conversation_id(args.conversation_id)
+        )
+        store = Runtime.from_settings(settings).store
+        if args.command == "export":
+            text = export_text(store, key, utc_now())
+            if args.file:
+                with open(args.file, "w", encoding="utf-8") as out:
+                    out.write(text)
+            else:
+                sys.stdout.write(text)
+            return 0
+        if args.file:
+            with open(args.file, encoding="utf-8") as source:
+                text = source.read()
+        else:
+            text = sys.stdin.read()
+        ttl = settings.ttl_for(key.tenant) if args.ttl_seconds is None else args.ttl_seconds
+        head = import_text(
+            store, key, text, now=utc_now(), ttl_seconds=ttl, max_bytes=settings.max_input_bytes
+        )
+        print(
+            f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",
+            file=sys.stderr,
+        )
+        return 0
+    except TurnledgerError as exc:
+        print(f"turnledger {args.command}: {exc.code}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,276 @@
+"""Export and import: a conversation as NDJSON, for migrations and backups.
+
+The format (one JSON object a line, every line schema-versioned):
+
+* the head line: ``{"type": "conversation", "schema_version": 1,
+  "conversation_id", "status", "turns", "events", "created_at",
+  "updated_at", "usage", "cost_usd", "failed_turns", "options"}``;
+* then one line per event, in sequence order, its payload inline (offloaded
+  payloads fetched): ``{"type": "event", "schema_version": 1, "event":
+  {"event_id", "sequence", "turn", "kind", "actor", "occurred_at",
+  "payload", "schema_version"}}``.
+
+An import is checked whole before anything is written (line types and
+versions, sequences ``1..n`` without gaps, kinds and payloads, turn numbers
+that never go back, a history a strict chat API accepts, no pending calls,
+sizes) and is written all or nothing
+(:meth:`~turnledger.store.base.ConversationStore.import_conversation`). The
+conversation gets the importing tenant's TTL; provider-side state (stored
+responses) is not carried over: the next turn sends the history afresh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from .context import build_messages, latest_summary
+from .exceptions import (
+    ConversationNotFound,
+    InvalidHistory,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestValidationFailed,
+)
+from .models import (
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    ConversationKey,
+    ConversationStatus,
+    Event,
+    Head,
+    SummaryRef,
+    TurnOptions,
+    Usage,
+    _Strict,
+)
+from .providers.base import Message
+from .providers.history import build_strict_history, check_strict_history
+from .store.base import ConversationStore
+
+#: The version of the export format's lines this build writes and reads.
+EXPORT_SCHEMA_VERSION = 1
+#: The media type of an export.
+NDJSON = "application/x-ndjson"
+#: Events read per page while exporting.
+_PAGE = 500
+
+
+class ExportHead(_Strict):
+    """The first line of an export: the conversation's state."""
+
+    type: Literal["conversation"]
+    schema_version: int
+    conversation_id: str
+    status: str
+    turns: int = Field(ge=0)
+    events: int = Field(ge=1)
+    created_at: datetime
+    updated_at: datetime
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = Field(default=0.0, ge=0)
+    failed_turns: int = Field(default=0, ge=0)
+    options: TurnOptions = Field(default_factory=TurnOptions)
+    pending_tool_calls: int = Field(default=0, ge=0)
+
+
+class ExportEvent(_Strict):
+    """A line of an export after the head: one event, its payload inline."""
+
+    type: Literal["event"]
+    schema_version: int
+    event: dict[str, Any]
+
+
+def _line(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def export_lines(store: ConversationStore, key: ConversationKey, head: Head) -> Iterator[str]:
+    """The export of the conversation whose visible head is ``head``, line by line.
+
+    Raises:
+        CorruptedState, UnsupportedStateVersion: an event cannot be read.
+    """
+    status = head.status.value if head.status is not ConversationStatus.RUNNING_TOOLS else "running"
+    yield _line(
+        ExportHead(
+            type="conversation",
+            schema_version=EXPORT_SCHEMA_VERSION,
+            conversation_id=key.conversation_id,
+            status=status,
+            turns=head.turn,
+            events=max(head.event_count, 1),
+            created_at=head.created_at,
+            updated_at=head.updated_at,
+            usage=head.usage,
+            cost_usd=head.cost_usd,
+            failed_turns=head.failed_turns,
+            options=head.options,
+            pending_tool_calls=len(head.pending),
+        ).model_dump(mode="json")
+    )
+    after = 0
+    while after < head.event_count:
+        events = store.read_events(key, head, after=after, limit=_PAGE)
+        for event in events:
+            body = event.model_dump(mode="json", exclude={"conversation_id"})
+            yield _line({"type": "event", "schema_version": EXPORT_SCHEMA_VERSION, "event": body})
+        if not events:
+            break
+        after = events[-1].sequence
+
+
+def export_text(store: ConversationStore, key: ConversationKey, now: datetime) -> str:
+    """The whole export of ``key`` as one string.
+
+    Raises:
+        ConversationNotFound: absent, expired, cleared.
+    """
+    head = store.get_head(key)
+    if head is None or not head.is_visible(now):
+        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+    return "".join(export_lines(store, key, head))
+
+
+def _invalid(line: int, reason: str) -> RequestValidationFailed:
+    return RequestValidationFailed(
+        f"import line {line}: {reason}", details={"line": line, "reason": reason}
+    )
+
+
+def _parse_line(number: int, raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"import line {number} is not JSON", details={"line": number, "reason": str(exc)}
+        ) from exc
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"import line {number} is not a JSON object", details={"line": number})
+    version = value.get("schema_version")
+    if version != EXPORT_SCHEMA_VERSION:
+        raise _invalid(number, f"schema_version {version!r} is not supported (this build reads 1)")
+    return value
+
+
+def parse_import(
+    text: str, conversation_id: str, *, max_bytes: int
+) -> tuple[ExportHead, list[Event]]:
+    """Parse and check an export for import under ``conversation_id``; nothing is written.
+
+    Raises:
+        PayloadTooLarge: the export, or one event's payload, is over ``max_bytes``.
+        InvalidRequest: a line is not a JSON object.
+        RequestValidationFailed: a rule is broken (``details.line`` and ``details.reason``).
+    """
+    if len(text.encode()) > max_bytes:
+        raise PayloadTooLarge(
+            f"the export is over the limit of {max_bytes} bytes", details={"limit": max_bytes}
+        )
+    lines = [(n, raw) for n, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
+    if not lines:
+        raise _invalid(1, "the export is empty")
+    number, raw = lines[0]
+    try:
+        head = ExportHead.model_validate(_parse_line(number, raw))
+    except ValidationError as exc:
+        raise _invalid(number, f"not a conversation line: {exc.errors()[0]['msg']}") from exc
+    if head.pending_tool_calls or head.status not in {"complete"}:
+        raise _invalid(
+            number,
+            f"a conversation with status {head.status!r} and {head.pending_tool_calls} pending "
+            "call(s) cannot be imported: decide or answer its calls first",
+        )
+    events: list[Event] = []
+    seen: set[str] = set()
+    for number, raw in lines[1:]:
+        try:
+            line = ExportEvent.model_validate(_parse_line(number, raw))
+        except ValidationError as exc:
+            raise _invalid(number, f"not an event line: {exc.errors()[0]['msg']}") from exc
+        body = {**line.event, "conversation_id": conversation_id}
+        if body.get("schema_version", SCHEMA_VERSION) not in SUPPORTED_SCHEMA_VERSIONS:
+            raise _invalid(number, f"event schema_version {body['schema_version']!r} is unknown")
+        try:
+            event = Event.model_validate(body)
+        except ValidationError as exc:
+            raise _invalid(number, f"not a valid event: {exc.errors()[0]['msg']}") from exc
+        expected = len(events) + 1
+        if event.sequence != expected:
+            raise _invalid(number, f"sequence {event.sequence}, expected {expected}")
+        if events and event.turn < events[-1].turn:
+            raise _invalid(number, f"turn {event.turn} after turn {events[-1].turn}")
+        if event.event_id in seen:
+            raise _invalid(number, f"event_id {event.event_id!r} is repeated")
+        if len(json.dumps(event.payload).encode()) > max_bytes:
+            raise PayloadTooLarge(
+                f"import line {number}: the payload is over the limit of {max_bytes} bytes",
+                details={"limit": max_bytes, "line": number},
+            )
+        seen.add(event.event_id)
+        events.append(event)
+    last = lines[-1][0]
+    if len(events) != head.events:
+        raise _invalid(last, f"{len(events)} event lines, the head says {head.events}")
+    if events[-1].turn != head.turns:
+        raise _invalid(
+            last, f"the last event is of turn {events[-1].turn}, the head says {head.turns}"
+        )
+    try:
+        latest_summary(events)
+        # A strict history ends with the next input: the check adds one, as a turn would.
+        messages = build_messages(events)
+        check_strict_history(
+            build_strict_history([*messages, Message(role="user", content="(next input)")])
+        )
+    except InvalidHistory as exc:
+        raise _invalid(last, f"the history is not one a model accepts: {exc}") from exc
+    except Exception as exc:  # a summary whose hash does not match, for one
+        raise _invalid(last, f"the events do not form a conversation: {exc}") from exc
+    return head, events
+
+
+def import_text(
+    store: ConversationStore,
+    key: ConversationKey,
+    text: str,
+    *,
+    now: datetime,
+    ttl_seconds: int,
+    max_bytes: int,
+) -> Head:
+    """Check ``text`` (an export) and create ``key`` from it, all or nothing.
+
+    Raises:
+        ConversationExists: the id is taken.
+        PayloadTooLarge, InvalidRequest, RequestValidationFailed: see :func:`parse_import`.
+        ConversationBusy: the conversation changed during the import (nothing is visible).
+    """
+    exported, events = parse_import(text, key.conversation_id, max_bytes=max_bytes)
+    summary = latest_summary(events)
+    expires_at = int(now.timestamp()) + ttl_seconds if ttl_seconds else None
+    head = Head(
+        gen="-",  # chosen by the store
+        version=1,
+        base=0,
+        seq=0,
+        turn=exported.turns,
+        status=ConversationStatus.COMPLETE,
+        created_at=exported.created_at,
+        updated_at=now,
+        ttl_seconds=ttl_seconds,
+        expires_at=expires_at,
+        usage=exported.usage,
+        options=exported.options,
+        summary=SummaryRef(sequence=summary.sequence, through=summary.body.to_sequence)
+        if summary is not None
+        else None,
+        failed_turns=exported.failed_turns,
+        cost_usd=exported.cost_usd,
+    )
+    return store.import_conversation(key, head, events, now)

@@ -1,0 +1,278 @@
+"""Export and import over every storage backend (the ``store`` fixture): round trips that answer
+the same, offloaded payloads, approvals, and invalid imports that leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+from turnledger.config import Settings
+from turnledger.context import build_messages
+from turnledger.exceptions import (
+    ConversationExists,
+    ConversationNotFound,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestValidationFailed,
+    TurnledgerError,
+)
+from turnledger.models import ConversationKey, ConversationStatus, Event
+from turnledger.pipeline import Caller, Conversations
+from turnledger.providers.base import Message
+from turnledger.providers.history import build_strict_history, check_strict_history
+from turnledger.schemas import ApprovalRequest, TurnRequest
+from turnledger.store import keys
+from turnledger.store.base import ConversationStore
+from turnledger.sweep import Sweeper
+from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.transfer import export_text, import_text
+
+from tests.functional.http_sink import HttpSink, Reply
+from tests.support.factories import FakeClock
+from tests.support.providers import Recording
+
+ANN = Caller(tenant="tenant-a", actor="ann")
+BOB = Caller(tenant="tenant-b", actor="bob")
+BIG = "y" * 600_000
+LIMIT = Settings().max_input_bytes
+
+
+@pytest.fixture
+def sink() -> Iterator[HttpSink]:
+    with HttpSink() as server:
+        server.respond("/email", Reply(body={"sent": True}))
+        yield server
+
+
+@pytest.fixture
+def service(store: ConversationStore, clock: FakeClock, sink: HttpSink) -> Iterator[Conversations]:
+    tools = {
+        "tools": [
+            {
+                "name": "send_email",
+                "parameters": {"type": "object", "properties": {"to": {"type": "string"}}},
+                "require_approval": True,
+                "executor": {"type": "http", "url": sink.url("/email")},
+            }
+        ]
+    }
+    with httpx.Client() as http:
+        yield Conversations(
+            store=store,
+            provider=Recording(),
+            settings=replace(Settings()),
+            tools=ToolRegistry.from_json(json.dumps(tools)),
+            runner=ToolRunner(http, None),
+            clock=clock.now,
+        )
+
+
+def say(svc: Conversations, text: str, conversation: str, who: Caller = ANN) -> str:
+    reply = svc.turn(who, conversation, TurnRequest(input=text))
+    assert reply.output_text is not None
+    return reply.output_text
+
+
+def export(svc: Conversations, conversation: str, who: Caller = ANN) -> str:
+    key = ConversationKey(tenant=who.tenant, conversation_id=conversation)
+    return export_text(svc.store, key, svc.clock())
+
+
+def load(svc: Conversations, conversation: str, text: str, who: Caller = ANN) -> None:
+    key = ConversationKey(tenant=who.tenant, conversation_id=conversation)
+    import_text(svc.store, key, text, now=svc.clock(), ttl_seconds=3600, max_bytes=LIMIT)
+
+
+def transcript(svc: Conversations, conversation: str, who: Caller = ANN) -> list[Event]:
+    page = svc.events(who, conversation, after=0, limit=1000)
+    return [Event.model_validate(view.model_dump()) for view in page.events]
+
+
+def comparable(events: list[Event]) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json", exclude={"conversation_id"}) for e in events]
+
+
+def leaves_nothing(store: ConversationStore, key: ConversationKey) -> bool:
+    """No head, no item and no object of ``key``: as if no import was ever tried."""
+    pk = keys.partition_key(key)
+    page = store._query(
+        pk, lower=None, upper=None, descending=False, limit=10, cursor=None, keys_only=True
+    )
+    return not page.items and not list(store.blobs.list_keys(keys.blob_prefix(key)))
+
+
+def test_a_round_trip_under_another_tenant_answers_the_same(service: Conversations) -> None:
+    """Export → import under another id and tenant: the same events, a strict history, and the
+    demo model still knows the name; a 600 KB offloaded message comes back whole."""
+    say(service, BIG, "orig")
+    say(service, "My name is Ada.", "orig")
+    text = export(service, "orig")
+    head, *lines = [json.loads(line) for line in text.splitlines()]
+    assert head["type"] == "conversation" and head["schema_version"] == 1
+    assert head["turns"] == 2 and head["events"] == 4
+    assert lines[0]["event"]["payload"]["content"] == BIG  # inline, fetched from the blobs
+
+    load(service, "copy", text, who=BOB)
+    assert comparable(transcript(service, "copy", BOB)) == comparable(transcript(service, "orig"))
+    messages = build_messages(transcript(service, "copy", BOB))
+    check_strict_history(build_strict_history([*messages, Message(role="user", content="x")]))
+    copy = ConversationKey(tenant=BOB.tenant, conversation_id="copy")
+    assert list(service.store.blobs.list_keys(keys.blob_prefix(copy)))  # offloaded again
+    assert say(service, "What is my name?", "copy", BOB) == "Your name is Ada."
+    view = service.get(BOB, "copy")
+    assert (view.turns, view.events, view.status) == (3, 6, "complete")
+    with pytest.raises(ConversationNotFound):
+        service.get(BOB, "orig")  # the tenant is the importer's, never the file's
+
+
+def test_a_conversation_with_approvals_round_trips(service: Conversations, sink: HttpSink) -> None:
+    """Approved and rejected calls, their results and decisions, travel with the export."""
+    paused = service.turn(ANN, "tools", TurnRequest(input='/tool send_email {"to": "a@x.io"}'))
+    service.approve(ANN, "tools", ApprovalRequest(approve=[paused.pending_tool_calls[0].id]))
+    paused = service.turn(ANN, "tools", TurnRequest(input='/tool send_email {"to": "b@x.io"}'))
+    service.approve(ANN, "tools", ApprovalRequest(reject=[paused.pending_tool_calls[0].id]))
+    load(service, "tools-copy", export(service, "tools"))
+    kinds = [e.kind.value for e in transcript(service, "tools-copy")]
+    assert kinds.count("approval_resolved") == 2 and "tool_result" in kinds
+    assert comparable(transcript(service, "tools-copy")) == comparable(transcript(service, "tools"))
+    assert say(service, "Thanks.", "tools-copy")
+    assert len(sink.requests_for("/email")) == 1  # nothing ran again
+
+
+def test_an_import_onto_a_taken_id_is_refused(service: Conversations) -> None:
+    """409 conversation_exists; a cleared id is free again."""
+    say(service, "Hello.", "one")
+    text = export(service, "one")
+    with pytest.raises(ConversationExists):
+        load(service, "one", text)
+    service.clear(ANN, "one")
+    load(service, "one", text)
+    assert service.get(ANN, "one").turns == 1
+
+
+def test_a_conversation_with_pending_calls_is_not_imported(service: Conversations) -> None:
+    """A paused turn exports (a backup), but is refused on import: decide it first."""
+    service.turn(ANN, "paused", TurnRequest(input='/tool send_email {"to": "a@x.io"}'))
+    with pytest.raises(RequestValidationFailed, match="pending"):
+        load(service, "paused-copy", export(service, "paused"))
+
+
+def _edit(text: str, change: Callable[[list[dict[str, Any]]], None]) -> str:
+    lines = [json.loads(line) for line in text.splitlines()]
+    change(lines)
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def _set(index: int, path: tuple[str, ...], value: Any) -> Callable[[list[dict[str, Any]]], None]:
+    def change(lines: list[dict[str, Any]]) -> None:
+        target = lines[index]
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+
+    return change
+
+
+def _edit_both_ids(lines: list[dict[str, Any]]) -> None:
+    lines[1]["event"]["event_id"] = lines[2]["event"]["event_id"] = "same"
+
+
+def _unanswered_call(lines: list[dict[str, Any]]) -> None:
+    # The assistant's answer replaced by a tool call whose result never came.
+    call = {"id": "call_9", "name": "send_email", "arguments": {}}
+    lines[2]["event"]["payload"] = {"content": None, "tool_calls": [call], "model": "demo"}
+
+
+INVALID: dict[str, tuple[Callable[[list[dict[str, Any]]], None], type[TurnledgerError], str]] = {
+    "head version": (_set(0, ("schema_version",), 2), RequestValidationFailed, "schema_version"),
+    "event line version": (_set(1, ("schema_version",), 9), RequestValidationFailed, "version"),
+    "event version": (
+        _set(1, ("event", "schema_version"), 99),
+        RequestValidationFailed,
+        "schema_version",
+    ),
+    "no head": (lambda lines: lines.pop(0), RequestValidationFailed, "conversation line"),
+    "a gap": (lambda lines: lines.pop(2), RequestValidationFailed, "sequence"),
+    "a repeat": (_set(2, ("event", "sequence"), 1), RequestValidationFailed, "sequence"),
+    "unknown kind": (_set(1, ("event", "kind"), "telepathy"), RequestValidationFailed, "event"),
+    "payload unlike its kind": (
+        _set(1, ("event", "payload"), {"content": 5}),
+        RequestValidationFailed,
+        "event",
+    ),
+    "turn going back": (_set(4, ("event", "turn"), 1), RequestValidationFailed, "turn"),
+    "count": (_set(0, ("events",), 9), RequestValidationFailed, "event lines"),
+    "history not strict": (_unanswered_call, RequestValidationFailed, "history"),
+    "repeated event id": (_edit_both_ids, RequestValidationFailed, "event_id"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_an_invalid_import_leaves_nothing(service: Conversations, case: str) -> None:
+    """Each rule: the import is refused with a clear error, and nothing of it is stored."""
+    say(service, "My name is Ada.", "src")
+    say(service, "Hello again.", "src")
+    text = export(service, "src")
+    change, error, message = INVALID[case]
+    with pytest.raises(error, match=message):
+        load(service, "dst", _edit(text, change))
+    assert leaves_nothing(service.store, ConversationKey(tenant="tenant-a", conversation_id="dst"))
+
+
+def test_bytes_that_are_no_export_are_refused(service: Conversations) -> None:
+    key = ConversationKey(tenant="tenant-a", conversation_id="dst")
+    for text, error in [("", RequestValidationFailed), ("not json\n", InvalidRequest)]:
+        with pytest.raises(error):
+            load(service, "dst", text)
+    with pytest.raises(InvalidRequest):
+        load(service, "dst", "[1, 2]\n")
+    with pytest.raises(PayloadTooLarge):
+        import_text(service.store, key, "x" * 100, now=service.clock(), ttl_seconds=0, max_bytes=10)
+    assert leaves_nothing(service.store, key)
+
+
+def test_an_import_that_fails_midway_leaves_nothing_visible(
+    service: Conversations, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More than one commit's worth of events; the flip refused: nothing is visible, and what
+    was staged is removed. A crash (no clean-up at all) leaves a hidden tombstone, which
+    whatever finishes a purge that died removes whole."""
+    store = service.store
+    for n in range(60):  # 120 events: two staging commits
+        say(service, f"Message {n}.", "long")
+    text = export(service, "long")
+    key = ConversationKey(tenant="tenant-a", conversation_id="dst")
+
+    monkeypatch.setattr(store, "_replace_head", lambda head, expected: False)
+    with pytest.raises(TurnledgerError):
+        load(service, "dst", text)
+    monkeypatch.undo()
+    with pytest.raises(ConversationNotFound):
+        service.get(ANN, "dst")
+    assert leaves_nothing(store, key)
+
+    # A crash after the staging writes: the flip and the clean-up never happen. What is
+    # left is a hidden tombstone, finished like any purge that died: by DELETE, by the
+    # on-demand sweep, or (on DynamoDB) by its TTL and the stream's reclaim.
+    for finish in (
+        lambda: service.clear(ANN, "dst"),
+        lambda: Sweeper(store, clock=clock.now).conversations([key]),
+        lambda: Sweeper(store, clock=clock.now).reclaim([key]),
+    ):
+        monkeypatch.setattr(store, "_replace_head", lambda head, expected: False)
+        monkeypatch.setattr(store, "_purge", lambda key, item, now: None)
+        with pytest.raises(TurnledgerError):
+            load(service, "dst", text)
+        monkeypatch.undo()
+        staged = store.get_head(key)
+        assert staged is not None and staged.status is ConversationStatus.CLEARED
+        with pytest.raises(ConversationNotFound):
+            service.get(ANN, "dst")
+        finish()
+        assert leaves_nothing(store, key)
+    load(service, "dst", text)  # the id is free
+    assert service.get(ANN, "dst").events == 120

@@ -1,0 +1,150 @@
+"""The OpenAI-compatible face, driven with the real ``openai`` SDK against the local runner:
+the same ledger (checked through ``/v1``), the same tenancy (the API key is the bearer token)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+from turnledger.local.runner import LocalConfig, LocalRunner
+from turnledger.local.template import PROJECT_ROOT
+
+from tests.http.conftest import ANN
+
+
+@pytest.fixture
+def runner_config(runner_config: LocalConfig) -> LocalConfig:
+    """The sample tools: ``send_email`` needs approval, ``lookup_user`` is a client tool."""
+    return dataclasses.replace(runner_config, tools_file=PROJECT_ROOT / "events/local-tools.json")
+
+
+@pytest.fixture
+def client(served: LocalRunner) -> Iterator[OpenAI]:
+    with OpenAI(base_url=f"{served.url}/openai/v1", api_key="local:acme:ann", max_retries=0) as c:
+        yield c
+
+
+def events_of(http: httpx.Client, conversation_id: str) -> list[dict[str, Any]]:
+    page = http.get(f"/v1/conversations/{conversation_id}/events", headers=ANN).json()
+    events: list[dict[str, Any]] = page["events"]
+    return events
+
+
+def test_turns_in_a_conversation_and_its_items(client: OpenAI, http: httpx.Client) -> None:
+    """create → responses per turn → items → delete; the events are the ledger's own."""
+    conversation = client.conversations.create()
+    assert conversation.id.startswith("conv_")
+    first = client.responses.create(
+        model="demo", input="My name is Ada.", conversation=conversation.id
+    )
+    assert first.output_text == "Noted (1 user messages so far)."
+    second = client.responses.create(
+        model="demo", input="What is my name?", conversation=conversation.id
+    )
+    assert second.output_text == "Your name is Ada."
+    assert client.conversations.retrieve(conversation.id).id == conversation.id
+
+    items = list(client.conversations.items.list(conversation.id, order="asc"))
+    texts = [(item.role, item.content[0].text) for item in items if item.type == "message"]
+    assert texts == [
+        ("user", "My name is Ada."),
+        ("assistant", "Noted (1 user messages so far)."),
+        ("user", "What is my name?"),
+        ("assistant", "Your name is Ada."),
+    ]
+    kinds = [e["kind"] for e in events_of(http, conversation.id)]
+    assert kinds == ["user_message", "assistant_message"] * 2
+
+    deleted = client.conversations.delete(conversation.id)
+    assert deleted.deleted is True
+    assert http.get(f"/v1/conversations/{conversation.id}", headers=ANN).status_code == 404
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.conversations.retrieve(conversation.id)
+    assert raised.value.body["code"] == "conversation_not_found"  # type: ignore[index]
+
+
+def test_previous_response_id_chains_turns(client: OpenAI, http: httpx.Client) -> None:
+    first = client.responses.create(model="demo", input="My name is Grace.")
+    second = client.responses.create(
+        model="demo", input="What is my name?", previous_response_id=first.id
+    )
+    assert second.output_text == "Your name is Grace."
+    conversation_id = second.conversation.id  # type: ignore[union-attr]
+    assert first.conversation.id == conversation_id  # type: ignore[union-attr]
+    assert len(events_of(http, conversation_id)) == 4
+    with pytest.raises(openai.BadRequestError):  # not the latest response: no branches
+        client.responses.create(model="demo", input="Again?", previous_response_id=first.id)
+
+
+def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
+    """A client tool is a function_call answered with function_call_output; a call that needs
+    approval is an mcp_approval_request decided with an mcp_approval_response."""
+    conversation = client.conversations.create()
+    asked = client.responses.create(
+        model="demo",
+        input='/tool lookup_user {"email": "ada@example.com"}',
+        conversation=conversation.id,
+        tools=[{"type": "function", "name": "lookup_user", "parameters": {}, "strict": False}],
+    )
+    calls = [item for item in asked.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "lookup_user"
+    assert json.loads(calls[0].arguments) == {"email": "ada@example.com"}
+    answered = client.responses.create(
+        model="demo",
+        input=[
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"id": 7}'}
+        ],
+        conversation=conversation.id,
+    )
+    assert answered.output_text == 'Tool results: lookup_user: {"id": 7}'
+
+    paused = client.responses.create(
+        model="demo",
+        input='/tool send_email {"to": "bob@example.com"}',
+        previous_response_id=answered.id,
+    )
+    requests = [item for item in paused.output if item.type == "mcp_approval_request"]
+    assert len(requests) == 1 and requests[0].name == "send_email"
+    decided = client.responses.create(
+        model="demo",
+        input=[
+            {
+                "type": "mcp_approval_response",
+                "approval_request_id": requests[0].id,
+                "approve": True,
+            }
+        ],
+        conversation=conversation.id,
+    )
+    assert decided.output_text is not None and "send_email" in decided.output_text
+    kinds = [e["kind"] for e in events_of(http, conversation.id)]
+    assert kinds.count("tool_result") == 2 and "approval_resolved" in kinds
+
+    items = list(client.conversations.items.list(conversation.id, order="asc"))
+    assert {item.type for item in items} >= {
+        "message",
+        "function_call",
+        "function_call_output",
+        "mcp_approval_response",
+    }
+
+
+def test_errors_have_openai_s_shape(client: OpenAI, served: LocalRunner) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        OpenAI(base_url=f"{served.url}/openai/v1", api_key="nope", max_retries=0).responses.create(
+            model="demo", input="Hi."
+        )
+    with pytest.raises(openai.UnprocessableEntityError) as raised:
+        client.responses.create(
+            model="demo",
+            input="Hi.",
+            tools=[{"type": "function", "name": "nope", "parameters": {}}],
+        )
+    assert set(raised.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
+    assert raised.value.body["code"] == "unknown_tool"  # type: ignore[index]
