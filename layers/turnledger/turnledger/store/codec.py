@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..exceptions import CorruptedState, UnsupportedStateVersion
+from ..exceptions import CorruptedState, PayloadTooLarge, UnsupportedStateVersion
 from ..models import (
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
@@ -255,3 +255,41 @@ def attribute_size(value: Any) -> int:
 def item_size(item: Item) -> int:
     """The size of an item as DynamoDB counts it: attribute names plus values."""
     return sum(len(name.encode()) + attribute_size(value) for name, value in item.items())
+
+
+#: DynamoDB's item size limit (attribute names and values, UTF-8): the backends that are
+#: not DynamoDB enforce it too, so a turn that fits locally fits when deployed.
+MAX_ITEM_BYTES = 400 * 1024
+
+#: The attributes that say which head a conditional write expects.
+_HEAD_IDENTITY = (A_VERSION, A_GEN, A_FENCE)
+
+
+def check_item_sizes(items: list[Item]) -> None:
+    """Refuse a write holding an item over :data:`MAX_ITEM_BYTES`.
+
+    Raises:
+        PayloadTooLarge: an item is over the limit.
+    """
+    for item in items:
+        if item_size(item) > MAX_ITEM_BYTES:
+            raise PayloadTooLarge(
+                "the turn's state is too large to store",
+                details={"reason": f"item {item[A_SK]} is over {MAX_ITEM_BYTES} bytes"},
+            )
+
+
+def expected_head(expected_version: int | None, gen: str) -> Item | None:
+    """The head identity a commit expects (``None``: no head at all)."""
+    return None if expected_version is None else {A_VERSION: expected_version, A_GEN: gen}
+
+
+def same_head(stored: Item | None, expected: Item | None) -> bool:
+    """Whether ``stored`` is still the head ``expected`` (``None``: no head): every
+    identity attribute present in both with the same value, or absent in both."""
+    if expected is None or stored is None:
+        return expected is None and stored is None
+    return all(
+        (name in stored) == (name in expected) and stored.get(name) == expected.get(name)
+        for name in _HEAD_IDENTITY
+    )

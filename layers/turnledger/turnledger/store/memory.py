@@ -10,28 +10,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..exceptions import ConversationBusy, PayloadTooLarge
+from ..exceptions import ConversationBusy
 from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore, MemoryBlobStore
 from .codec import Item
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
-
-#: DynamoDB's item size limit (attribute names and values, UTF-8).
-MAX_ITEM_BYTES = 400 * 1024
-
-#: The attributes that say which head a conditional write expects.
-_HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN, codec.A_FENCE)
-
-
-def _is(stored: Item | None, expected: Item | None) -> bool:
-    """Whether ``stored`` is still the head ``expected`` (``None``: no head)."""
-    if expected is None or stored is None:
-        return expected is None and stored is None
-    return all(
-        (name in stored) == (name in expected) and stored.get(name) == expected.get(name)
-        for name in _HEAD_IDENTITY
-    )
 
 
 class MemoryConversationStore(ConversationStore):
@@ -85,21 +69,12 @@ class MemoryConversationStore(ConversationStore):
     def _transact_commit(
         self, head: Item, expected_version: int | None, events: list[Item], gen: str
     ) -> None:
-        for item in [*events, head]:
-            if codec.item_size(item) > MAX_ITEM_BYTES:
-                raise PayloadTooLarge(
-                    "the turn's state is too large to store",
-                    details={"reason": f"item {item[codec.A_SK]} is over {MAX_ITEM_BYTES} bytes"},
-                )
-        expected = (
-            None
-            if expected_version is None
-            else {codec.A_VERSION: expected_version, codec.A_GEN: gen}
-        )
+        codec.check_item_sizes([*events, head])
+        expected = codec.expected_head(expected_version, gen)
         pk = head[codec.A_PK]
         with self._lock:
             partition = self.items.get(pk, {})
-            ok = _is(partition.get(keys.HEAD_SK), expected)
+            ok = codec.same_head(partition.get(keys.HEAD_SK), expected)
             for event in events:
                 existing = partition.get(event[codec.A_SK])
                 if existing is not None and existing.get(codec.A_GEN) == gen:
@@ -117,7 +92,7 @@ class MemoryConversationStore(ConversationStore):
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         with self._lock:
             partition = self.items.get(head[codec.A_PK], {})
-            if not _is(partition.get(keys.HEAD_SK), expected):
+            if not codec.same_head(partition.get(keys.HEAD_SK), expected):
                 return False
             self.meter.write(0)
             self.items.setdefault(head[codec.A_PK], {})[keys.HEAD_SK] = dict(head)
@@ -126,7 +101,7 @@ class MemoryConversationStore(ConversationStore):
     def _delete_head(self, pk: str, expected: Item) -> bool:
         with self._lock:
             partition = self.items.get(pk, {})
-            if not _is(partition.get(keys.HEAD_SK), expected):
+            if not codec.same_head(partition.get(keys.HEAD_SK), expected):
                 return False
             self.meter.write(0)
             del partition[keys.HEAD_SK]

@@ -29,15 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import ConversationBusy, InternalError, PayloadTooLarge
+from ..exceptions import ConversationBusy, InternalError
 from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore, FileBlobStore
 from .codec import Item
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
-
-#: DynamoDB's item size limit (attribute names and values, UTF-8).
-MAX_ITEM_BYTES = 400 * 1024
 
 #: The layout this build writes (``PRAGMA user_version``).
 SCHEMA_VERSION = 1
@@ -49,8 +46,6 @@ DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
 DATABASE_FILE = "turnledger.sqlite3"
 BLOBS_FOLDER = "blobs"
 
-#: The attributes that say which head a conditional write expects.
-_HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN, codec.A_FENCE)
 
 #: Index columns, named after the item attributes they copy.
 _INDEX_COLUMNS = tuple(INDEX_ATTRIBUTES.values())
@@ -69,16 +64,6 @@ CREATE INDEX IF NOT EXISTS "by-expiry" ON items ({codec.A_EXPIRY_BUCKET}, pk)
 CREATE INDEX IF NOT EXISTS "by-tenant" ON items ({codec.A_TENANT}, pk)
     WHERE {codec.A_TENANT} IS NOT NULL;
 """
-
-
-def _is(stored: Item | None, expected: Item | None) -> bool:
-    """Whether ``stored`` is still the head ``expected`` (``None``: no head)."""
-    if expected is None or stored is None:
-        return expected is None and stored is None
-    return all(
-        (name in stored) == (name in expected) and stored.get(name) == expected.get(name)
-        for name in _HEAD_IDENTITY
-    )
 
 
 def _encode(item: Item) -> str:
@@ -279,21 +264,12 @@ class SQLiteConversationStore(ConversationStore):
     def _transact_commit(
         self, head: Item, expected_version: int | None, events: list[Item], gen: str
     ) -> None:
-        for item in [*events, head]:
-            if codec.item_size(item) > MAX_ITEM_BYTES:
-                raise PayloadTooLarge(
-                    "the turn's state is too large to store",
-                    details={"reason": f"item {item[codec.A_SK]} is over {MAX_ITEM_BYTES} bytes"},
-                )
-        expected = (
-            None
-            if expected_version is None
-            else {codec.A_VERSION: expected_version, codec.A_GEN: gen}
-        )
+        codec.check_item_sizes([*events, head])
+        expected = codec.expected_head(expected_version, gen)
         pk = head[codec.A_PK]
         try:
             with self._transaction() as db:
-                ok = _is(self._stored(db, pk, keys.HEAD_SK), expected)
+                ok = codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected)
                 for event in events:
                     existing = self._stored(db, pk, event[codec.A_SK])
                     if existing is not None and existing.get(codec.A_GEN) == gen:
@@ -310,7 +286,7 @@ class SQLiteConversationStore(ConversationStore):
 
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         with self._writing() as db:
-            if not _is(self._stored(db, head[codec.A_PK], keys.HEAD_SK), expected):
+            if not codec.same_head(self._stored(db, head[codec.A_PK], keys.HEAD_SK), expected):
                 return False
             self._put(db, [head])
         self.meter.write(0)
@@ -318,7 +294,7 @@ class SQLiteConversationStore(ConversationStore):
 
     def _delete_head(self, pk: str, expected: Item) -> bool:
         with self._writing() as db:
-            if not _is(self._stored(db, pk, keys.HEAD_SK), expected):
+            if not codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected):
                 return False
             db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", (pk, keys.HEAD_SK))
         self.meter.write(0)
