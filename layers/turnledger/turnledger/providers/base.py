@@ -16,6 +16,7 @@ sends the whole context again in the same call and reports ``fallback``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -53,6 +54,9 @@ class ToolSpec(BaseModel):
 
 
 ProviderState = Literal["fresh", "continued", "fallback"]
+
+#: Returns the API key of an HTTP provider, called per request (``None``: send none).
+ApiKeyProvider = Callable[[], str | None]
 
 
 class ResponseFormat(BaseModel):

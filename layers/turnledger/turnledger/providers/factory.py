@@ -11,11 +11,10 @@ created on the first call, so a cold start pays for none of them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..config import Settings
-from .base import Provider
+from .base import ApiKeyProvider, Provider
 
 if TYPE_CHECKING:
     import httpx
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
 # Each provider's module (and its client library: httpx, boto3's bedrock-runtime model)
 # is imported by the branch that builds it, so a deployment pays only for its own.
 
-#: Returns the API key of an OpenAI-style provider (``None``: send none).
-ApiKeyProvider = Callable[[], str | None]
 
 #: The names ``PROVIDER`` (and a turn's ``"provider"``) accepts.
 PROVIDERS = ("demo", "demo-stateful", "openai-chat", "openai-responses", "bedrock-converse")

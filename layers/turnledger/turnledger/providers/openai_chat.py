@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..exceptions import ProviderError
 from ..models import ToolCall, Usage
-from .base import Message, ModelReply, ModelRequest, ResponseFormat, ToolSpec
+from .base import ApiKeyProvider, Message, ModelReply, ModelRequest, ResponseFormat, ToolSpec
 from .call_ids import OPENAI_CHAT_CALL_ID, CallIdMap
 from .history import MERGE_SEPARATOR, build_strict_history
-from .openai_http import ApiKeyProvider, OpenAIStyleProvider
+from .openai_http import OpenAIStyleProvider
 
 __all__ = ["ApiKeyProvider", "OpenAIChatProvider", "parse_reply", "request_body"]
 

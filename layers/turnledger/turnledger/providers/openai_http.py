@@ -28,16 +28,13 @@ import httpx
 
 from .. import deadline
 from ..exceptions import ProviderError, ProviderTimeout
-from .base import Provider
+from .base import ApiKeyProvider, Provider
 from .retry import Backoff
 
 #: Statuses worth another attempt: the server was busy, throttled or broken, not the request.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 #: Longest the provider's error text kept in ``ProviderError.details``.
 MESSAGE_LIMIT = 500
-
-#: Returns the API key; called on each request (cache inside it).
-ApiKeyProvider = Callable[[], str | None]
 
 
 @dataclass(frozen=True)
