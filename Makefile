@@ -59,7 +59,7 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check layers functions
 
 typecheck: $(DEV_STAMP)
-	$(BIN)/mypy layers/turnledger/turnledger functions
+	$(BIN)/mypy layers/turnledger/turnledger layers/local/turnledger_local functions
 
 $(SAM_VENV)/bin/sam:
 	$(PYTHON) -m venv $(SAM_VENV)

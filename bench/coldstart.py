@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnledger.local.template import PROJECT_ROOT, functions, load_template
+from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
 from bench.results import command_line, machine_line, write_section
 

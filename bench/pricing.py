@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from boto3.dynamodb.types import TypeSerializer
-from turnledger.local.template import load_template, table_definition
 from turnledger.store.codec import Item, item_size
+from turnledger_local.template import load_template, table_definition
 
 from tests.support.aws import TABLE_RESOURCE
 

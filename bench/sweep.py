@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from turnledger.local.template import load_template, table_definition
 from turnledger.models import (
     ConversationKey,
     ConversationStatus,
@@ -50,6 +49,7 @@ from turnledger.store.codec import Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.indexes import CURSOR_PK, CURSOR_SK
 from turnledger.sweep import SWEEP_LOOKBACK_BUCKETS, Sweeper
+from turnledger_local.template import load_template, table_definition
 
 from bench.pricing import to_wire
 from bench.results import command_line, machine_line, write_section

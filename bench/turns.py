@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 from moto.server import ThreadedMotoServer
 from turnledger.config import Settings
-from turnledger.local.template import PROJECT_ROOT, load_template, table_definition
 from turnledger.store.blobs import BlobStore, S3BlobStore
 from turnledger.store.codec import Item
+from turnledger_local.template import PROJECT_ROOT, load_template, table_definition
 
 from bench.conversation import Conversation, TurnSample
 from bench.metered import Commit

@@ -13,9 +13,9 @@ from unittest import mock
 import pytest
 from moto import mock_aws
 from turnledger.api import app, lambda_handler
-from turnledger.local.gateway import LambdaContext
 from turnledger.observability import logger
 from turnledger.runtime import get_runtime, set_runtime
+from turnledger_local.gateway import LambdaContext
 
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 

@@ -20,10 +20,10 @@ from moto import mock_aws
 from turnledger.api import lambda_handler
 from turnledger.deadline import cap, remaining, request_deadline
 from turnledger.exceptions import ProviderTimeout
-from turnledger.local.gateway import LambdaContext
 from turnledger.providers.openai_chat import OpenAIChatProvider
 from turnledger.runtime import set_runtime
 from turnledger.tools.executors import HttpExecutor
+from turnledger_local.gateway import LambdaContext
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.test_api_edges import request

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from moto import mock_aws
-from turnledger.local.gateway import LambdaContext
-from turnledger.local.template import PROJECT_ROOT
 from turnledger.runtime import set_runtime
+from turnledger_local.gateway import LambdaContext
+from turnledger_local.template import PROJECT_ROOT
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table

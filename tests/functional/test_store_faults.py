@@ -36,8 +36,8 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 from turnledger.api import lambda_handler
-from turnledger.local.gateway import LambdaContext
 from turnledger.runtime import get_runtime, set_runtime
+from turnledger_local.gateway import LambdaContext
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table

@@ -18,7 +18,6 @@ from unittest import mock
 import pytest
 from turnledger.config import Settings
 from turnledger.exceptions import InvalidRequest
-from turnledger.local.gateway import LambdaContext
 from turnledger.models import ConversationKey, ConversationStatus, Head
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
@@ -34,6 +33,7 @@ from turnledger.sweep import (
     erase_tenant,
     lambda_handler,
 )
+from turnledger_local.gateway import LambdaContext
 
 from tests.support.factories import (
     START,

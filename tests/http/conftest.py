@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.config import Settings
-from turnledger.local.clock import ClockFile
-from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.runtime import Runtime
 from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.support.factories import START
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 from turnledger.config import Settings
-from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.runtime import Runtime
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
+from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.support.cli import read_until
 
@@ -29,7 +29,7 @@ def served(data_dir: Path) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "turnledger.local.cli",
+            "turnledger_local.cli",
             "local",
             "--port",
             "0",

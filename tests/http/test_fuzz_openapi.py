@@ -18,7 +18,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.specs.openapi.checks import positive_data_acceptance
-from turnledger.local.runner import LocalConfig, LocalRunner
+from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.http.conftest import ANN
 

@@ -8,8 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from turnledger.local.clock import ClockFile
-from turnledger.local.runner import LocalConfig
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig
 
 from tests.http.conftest import ANN, start
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from turnledger.local.clock import ClockFile
-from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.store import keys
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.functional.fake_openai import FakeOpenAI, delayed, error_reply, text_reply
 from tests.http.conftest import ANN, BOB, start, store_of

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 from openai import OpenAI
-from turnledger.local.runner import LocalConfig, LocalRunner
-from turnledger.local.template import PROJECT_ROOT
+from turnledger_local.runner import LocalConfig, LocalRunner
+from turnledger_local.template import PROJECT_ROOT
 
 from tests.http.conftest import ANN
 

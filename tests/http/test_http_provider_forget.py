@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import httpx
-from turnledger.local.clock import ClockFile
-from turnledger.local.runner import LocalConfig
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig
 
 from tests.http.conftest import ANN, start
 

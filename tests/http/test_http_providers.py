@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
-from turnledger.local.clock import ClockFile
-from turnledger.local.runner import LocalConfig
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig
 
 from tests.functional.fake_openai import RESPONSES_PATH, FakeOpenAI, text_reply
 from tests.http.conftest import ANN, start

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from turnledger.local.clock import ClockFile
-from turnledger.local.runner import LocalConfig
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.http.conftest import ANN, start

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.tools import arguments_sha256
+from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.functional.fake_openai import FakeOpenAI, text_reply, tool_call, tool_calls_reply
 from tests.functional.http_sink import HttpSink, RecordedRequest

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import httpx
-from turnledger.local.runner import LocalRunner
+from turnledger_local.runner import LocalRunner
 
 from tests.http.conftest import ANN, BOB
 
@@ -87,7 +87,7 @@ def test_the_cli_exports_and_imports_against_a_table(
     env = {**os.environ, **served.environment}
 
     def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "turnledger.local.cli", *args, "--tenant", "acme"]
+        command = [sys.executable, "-m", "turnledger_local.cli", *args, "--tenant", "acme"]
         return subprocess.run(
             command, input=stdin, capture_output=True, text=True, env=env, timeout=60
         )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import boto3
 from botocore.config import Config
-from turnledger.local.template import load_template, table_definition, ttl_attribute
+from turnledger_local.template import load_template, table_definition, ttl_attribute
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient

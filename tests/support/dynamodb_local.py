@@ -20,7 +20,7 @@ from typing import IO
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
-from turnledger.local.template import PROJECT_ROOT
+from turnledger_local.template import PROJECT_ROOT
 
 JAR_ENV = "TURNLEDGER_DYNAMODB_LOCAL_JAR"
 DEFAULT_JAR = PROJECT_ROOT / ".tools" / "dynamodb-local" / "DynamoDBLocal.jar"

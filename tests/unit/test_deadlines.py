@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from turnledger.config import Settings
-from turnledger.local.template import functions, load_template
 from turnledger.providers.openai_http import OpenAIStyleProvider
+from turnledger_local.template import functions, load_template
 
 #: Seconds kept for loading and committing the conversation, and a cold start.
 MARGIN_SECONDS = 3

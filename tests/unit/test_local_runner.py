@@ -27,11 +27,11 @@ from typing import Any
 import boto3
 import httpx
 import pytest
-from turnledger.local.cli import build_parser, config_from_args, main
-from turnledger.local.embedded import EmbeddedStorage, StorageNames, provision
-from turnledger.local.gateway import MAX_BODY_BYTES
-from turnledger.local.runner import LocalConfig, LocalRunner
-from turnledger.local.template import load_template, ttl_attribute
+from turnledger_local.cli import build_parser, config_from_args, main
+from turnledger_local.embedded import EmbeddedStorage, StorageNames, provision
+from turnledger_local.gateway import MAX_BODY_BYTES
+from turnledger_local.runner import LocalConfig, LocalRunner
+from turnledger_local.template import load_template, ttl_attribute
 
 FAKE_TEMPLATE = """\
 AWSTemplateFormatVersion: "2010-09-09"
@@ -867,7 +867,7 @@ def test_embedded_storage_has_the_templates_tables_and_bucket() -> None:
 def test_cli_serves_until_interrupted() -> None:
     """``turnledger local`` prints where it serves, serves, and exits 0 on Ctrl-C."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "turnledger.local.cli", "local", "--port", "0"],
+        [sys.executable, "-m", "turnledger_local.cli", "local", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

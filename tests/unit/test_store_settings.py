@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 from turnledger.config import Settings
-from turnledger.local.cli import build_parser, config_from_args
-from turnledger.local.runner import LocalConfig, LocalRunner
 from turnledger.runtime import Runtime
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
+from turnledger_local.cli import build_parser, config_from_args
+from turnledger_local.runner import LocalConfig, LocalRunner
 
 
 def test_the_default_store_is_dynamodb() -> None:

@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 from turnledger.config import Settings
-from turnledger.local.template import (
+from turnledger.store import codec, keys
+from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
+from turnledger.store.indexes import CURSOR_PK
+from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
+from turnledger_local.template import (
     PROJECT_ROOT,
     functions,
     load_template,
@@ -24,10 +28,6 @@ from turnledger.local.template import (
     table_definition,
     ttl_attribute,
 )
-from turnledger.store import codec, keys
-from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
-from turnledger.store.indexes import CURSOR_PK
-from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
 
 EVENTS_DIR = PROJECT_ROOT / "events"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import FrameType
 
 from botocore.exceptions import BotoCoreError, ClientError
+from turnledger.redaction import Redactor
 
-from ..redaction import Redactor
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH
 

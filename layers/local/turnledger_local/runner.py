@@ -40,8 +40,8 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 import boto3
+from turnledger.strict_json import BodyError, parse_object
 
-from ..strict_json import BodyError, parse_object
 from .embedded import EmbeddedStorage, StorageNames, provision
 from .gateway import (
     MAX_BODY_BYTES,
@@ -479,7 +479,7 @@ class LocalRunner:
     def _forget(self) -> HttpResponse:
         """Drop every response ``demo-stateful`` keeps (shared by all workers through
         ``DEMO_STATE_DIR``): the next turn that expected one answers ``fallback``."""
-        from ..providers.demo_stateful import demo_state_store
+        from turnledger.providers.demo_stateful import demo_state_store
 
         state = demo_state_store(self.environment.get("DEMO_STATE_DIR"))
         return HttpResponse.json(200, {"forgotten": state.clear()})

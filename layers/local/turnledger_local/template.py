@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-#: The repository root (``layers/turnledger/turnledger/local/template.py`` -> four levels up).
-PROJECT_ROOT = Path(__file__).resolve().parents[4]
+#: The repository root (``layers/local/turnledger_local/template.py`` -> three levels up).
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE_PATH = PROJECT_ROOT / "template.yaml"
 
 

@@ -16,10 +16,10 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from ..config import Settings
-from ..exceptions import TurnledgerError
-from ..models import ConversationKey, validate_conversation_id
-from ..session import utc_now
+from turnledger.config import Settings
+from turnledger.exceptions import TurnledgerError
+from turnledger.models import ConversationKey, validate_conversation_id
+from turnledger.session import utc_now
 
 
 def add_commands(commands: Any) -> None:
@@ -59,8 +59,8 @@ def add_commands(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export`` or ``import``; returns the exit status (errors go to stderr)."""
-    from ..runtime import Runtime
-    from ..transfer import export_text, import_text
+    from turnledger.runtime import Runtime
+    from turnledger.transfer import export_text, import_text
 
     if args.region:
         os.environ["AWS_DEFAULT_REGION"] = args.region

@@ -17,7 +17,7 @@ forks another one while fewer than its limit exist, and queues the event
 beyond. Storage is shared through the endpoints in the environment (the
 embedded moto server is an HTTP server), never through process memory.
 
-The process side runs as ``python -m turnledger.local.workers FD``; its boot
+The process side runs as ``python -m turnledger_local.workers FD``; its boot
 message (handlers, ``sys.path``, optional clock file and hook) arrives on
 standard input. POSIX only (fork and descriptor passing).
 """
@@ -133,7 +133,7 @@ class Zygote:
         ours, theirs = socket.socketpair()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "turnledger.local.workers", str(theirs.fileno())],
+                [sys.executable, "-m", "turnledger_local.workers", str(theirs.fileno())],
                 stdin=subprocess.PIPE,
                 env=self._environment,
                 pass_fds=[theirs.fileno()],
@@ -353,8 +353,8 @@ def _prepare_runtime(clock_file: str | None) -> None:
     """
     if "turnledger.runtime" not in sys.modules:
         return  # handlers that are not turnledger's (the runner's own tests)
-    from ..config import Settings
-    from ..runtime import Runtime, set_runtime
+    from turnledger.config import Settings
+    from turnledger.runtime import Runtime, set_runtime
 
     if clock_file is not None:
         from .clock import FileClock
