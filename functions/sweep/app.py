@@ -1,5 +1,10 @@
-"""Lambda entry point of the scheduled TTL sweep (and of TTL-deletion stream records)."""
+"""Lambda entry point of the scheduled TTL sweep (and of TTL-deletion stream records).
 
-from turnledger.sweep import lambda_handler
+The sweep's module is imported on the first event (see :mod:`turnledger.entry`).
+"""
+
+from turnledger.entry import deferred
+
+lambda_handler = deferred("turnledger.sweep")
 
 __all__ = ["lambda_handler"]

@@ -67,8 +67,15 @@ class DynamoDBLocal:
     ever reach it through ``127.0.0.1``.
     """
 
-    def __init__(self, jar: Path) -> None:
+    def __init__(self, jar: Path, *, shared_db: bool = False) -> None:
+        """Prepare (not start) an instance.
+
+        Args:
+            shared_db: one database for every access key (``-sharedDb``): needed by
+                clients on assumed-role credentials, whose keys differ from the creator's.
+        """
         self.jar = jar
+        self.shared_db = shared_db
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -111,6 +118,7 @@ class DynamoDBLocal:
                 str(self.jar),
                 "-inMemory",
                 "-disableTelemetry",
+                *(["-sharedDb"] if self.shared_db else []),
                 "-port",
                 str(port),
             ],

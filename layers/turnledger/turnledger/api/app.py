@@ -491,3 +491,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
     with request_deadline(remaining_ms() / 1000 if callable(remaining_ms) else None):
         return app.resolve(event, context)
+
+
+# The OpenAI-compatible face adds its routes to ``app`` (it imports the names above).
+from . import openai_face  # noqa: E402, F401

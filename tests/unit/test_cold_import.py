@@ -1,0 +1,133 @@
+"""A cold handler import loads almost nothing; the first request loads what it needs.
+
+Each check runs in a fresh interpreter, as Lambda's init phase does: the handler's
+folder first on ``sys.path``, then ``import app``. What a request needs (the resolver,
+pydantic, boto3, the service) must not be in ``sys.modules`` after the import alone,
+so the cold-start gain measured by ``make bench`` cannot silently regress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from turnledger_local.template import PROJECT_ROOT, functions, load_template
+
+#: Modules a handler's import must not load (each also covers its submodules).
+HEAVY = (
+    "boto3",
+    "botocore",
+    "pydantic",
+    "aws_lambda_powertools",
+    "httpx",
+    "fastjsonschema",
+    "turnledger.api.app",
+    "turnledger.api.openai_face",
+    "turnledger.runtime",
+    "turnledger.pipeline",
+    "turnledger.execution",
+    "turnledger.sweep",
+    "turnledger.tenancy",
+    "turnledger.providers",
+    "turnledger.tools",
+    "turnledger.store",
+    "turnledger.models",
+    "turnledger.schemas",
+)
+
+_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+assert callable(app.lambda_handler)
+loaded = sorted(sys.modules)
+answer = None
+if len(sys.argv) > 2:
+    class Context:
+        function_name = "test"
+        function_version = "$LATEST"
+        invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:test"
+        memory_limit_in_mb = 512
+        aws_request_id = "r1"
+        def get_remaining_time_in_millis(self):
+            return 30000
+    answer = app.lambda_handler(json.loads(sys.argv[2]), Context())
+print(json.dumps({"after_import": loaded, "answer": answer, "after_request": sorted(sys.modules)}))
+"""
+
+
+def _folders() -> dict[str, Path]:
+    return {
+        Path(spec.code_uri).name: PROJECT_ROOT / spec.code_uri
+        for spec in functions(load_template()).values()
+    }
+
+
+def _probe(
+    folder: Path, env: dict[str, str], event: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    base = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/tmp",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_LAMBDA_FUNCTION_NAME": "test",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+    args = [sys.executable, "-c", _PROBE, str(folder)]
+    if event is not None:
+        args.append(json.dumps(event))
+    done = subprocess.run(
+        args, env={**base, **env}, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+def test_every_function_of_the_template_is_checked() -> None:
+    assert set(_folders()) == {"turn", "read", "clear", "approve", "sweep"}
+
+
+@pytest.mark.parametrize("name", ["turn", "read", "clear", "approve", "sweep"])
+def test_a_cold_import_loads_no_heavy_module(name: str) -> None:
+    found = _probe(_folders()[name], {})
+    assert _heavy(found["after_import"]) == []
+
+
+def test_the_probe_sees_heavy_modules_when_they_are_loaded() -> None:
+    # Under SnapStart the handler is loaded at import: the same probe must then see it,
+    # or the checks above could pass on a probe that sees nothing.
+    found = _probe(_folders()["read"], {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"})
+    heavy = _heavy(found["after_import"])
+    assert "turnledger.api.app" in heavy
+    assert "turnledger.api.openai_face" in heavy
+    assert "pydantic" in heavy
+
+
+def test_the_first_request_loads_the_resolver_and_answers(tmp_path: Path) -> None:
+    found = _probe(
+        _folders()["read"],
+        {"STORE": "sqlite", "DATA_DIR": str(tmp_path)},
+        json.loads((PROJECT_ROOT / "events" / "get-conversation.json").read_text()),
+    )
+    assert found["answer"]["statusCode"] == 404
+    assert json.loads(found["answer"]["body"])["error"]["code"] == "conversation_not_found"
+    assert "turnledger.api.app" in found["after_request"]
+    # The OpenAI face's routes are registered with the resolver, whatever path came first.
+    assert "turnledger.api.openai_face" in found["after_request"]
