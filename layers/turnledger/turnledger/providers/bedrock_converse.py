@@ -51,6 +51,7 @@ model, which a cold start should not pay for a provider it may never use).
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import threading
@@ -70,6 +71,7 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .. import deadline
 from ..exceptions import ProviderError, ProviderTimeout
 from ..models import ToolCall, Usage
 from .base import Message, ModelReply, ModelRequest, Provider, ResponseFormat, ToolSpec
@@ -110,6 +112,8 @@ _UNSAFE_NAME_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 JsonMode = Literal["tool", "native"]
 ClientFactory = Callable[[], "BedrockRuntimeClient"]
+#: Most clients kept with a read timeout cut by a request's deadline (one per whole second).
+MAX_TIMED_CLIENTS = 16
 
 
 # --- the request ---------------------------------------------------------------------------
@@ -439,6 +443,11 @@ class BedrockConverseProvider(Provider):
         self._client = client
         self._client_factory = client_factory or self._boto3_client
         self._client_lock = threading.Lock()
+        # botocore fixes a client's read timeout when it is built; an attempt that must end
+        # sooner (the request's deadline) takes a client built for that many whole seconds.
+        # Only for clients this provider builds itself: a given client is used as it is.
+        self._timed_clients: dict[int, BedrockRuntimeClient] = {}
+        self._builds_clients = client is None and client_factory is None
         self._backoff = Backoff(backoff_seconds, max_backoff_seconds, sleep, jitter)
 
     @property
@@ -450,13 +459,14 @@ class BedrockConverseProvider(Provider):
                     self._client = self._client_factory()
         return self._client
 
-    def _boto3_client(self) -> BedrockRuntimeClient:
+    def _boto3_client(self, timeout_seconds: float | None = None) -> BedrockRuntimeClient:
         import boto3
         from botocore.config import Config
 
+        timeout = self.timeout_seconds if timeout_seconds is None else timeout_seconds
         config = Config(
-            connect_timeout=min(self.timeout_seconds, 10.0),
-            read_timeout=self.timeout_seconds,
+            connect_timeout=min(timeout, 10.0),
+            read_timeout=timeout,
             # One retry policy, ours: botocore's would multiply the attempts.
             retries={"total_max_attempts": 1, "mode": "standard"},
         )
@@ -480,10 +490,10 @@ class BedrockConverseProvider(Provider):
                 something unusable.
         """
         call = converse_call(request, max_tokens=self.max_tokens, json_mode=self.json_mode)
-        client = self._build_client()
         attempt = 0
         while True:
             attempt += 1
+            client = self._client_for_attempt(attempt)
             try:
                 response = client.converse(**call.params)
             except ResponseParserError as exc:
@@ -493,16 +503,51 @@ class BedrockConverseProvider(Provider):
                 ) from exc
             except (ClientError, BotoCoreError) as exc:
                 error, retry = _failure(exc)
-                if not retry or attempt > self.max_retries:
+                left = deadline.remaining()
+                if not retry or attempt > self.max_retries or (left is not None and left <= 0):
                     error.details["attempts"] = attempt
                     raise error from exc
                 self._backoff.wait(attempt)
                 continue
             return parse_reply(response, call, request.model)
 
-    def _build_client(self) -> BedrockRuntimeClient:
+    def _client_for_attempt(self, attempt: int) -> BedrockRuntimeClient:
+        """The client for one attempt, its read timeout cut to the request's time left.
+
+        Raises:
+            ProviderTimeout: the request's time is spent; nothing is sent.
+            ProviderError: the client cannot be built.
+        """
+        timeout = deadline.cap(self.timeout_seconds)
+        if timeout is not None and timeout <= 0:
+            # Answer 504 now rather than be cut off by Lambda's timeout mid-call.
+            raise ProviderTimeout(
+                "the request ran out of time before the model answered",
+                details={"reason": "deadline", "attempts": attempt},
+            )
+        if timeout is None or timeout >= self.timeout_seconds or not self._builds_clients:
+            return self._build_client()
+        return self._build_client(max(1, math.floor(timeout)))
+
+    def timed_client(self, seconds: int) -> BedrockRuntimeClient:
+        """The cached client whose read timeout is ``seconds`` (built on first use).
+
+        A request's deadline takes the whole seconds it has left (at least 1; the
+        deadline's margin covers the part of a second over): at most one client per
+        second of the configured timeout, and :data:`MAX_TIMED_CLIENTS` in all.
+        """
+        with self._client_lock:
+            client = self._timed_clients.get(seconds)
+            if client is None:
+                if len(self._timed_clients) >= MAX_TIMED_CLIENTS:
+                    self._timed_clients.pop(next(iter(self._timed_clients)))
+                client = self._boto3_client(float(seconds))
+                self._timed_clients[seconds] = client
+            return client
+
+    def _build_client(self, timed_seconds: int | None = None) -> BedrockRuntimeClient:
         try:
-            return self.client
+            return self.client if timed_seconds is None else self.timed_client(timed_seconds)
         except (BotoCoreError, ValueError) as exc:  # no region, a bad endpoint URL
             raise ProviderError(
                 "could not set up the Bedrock client",
