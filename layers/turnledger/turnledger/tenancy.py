@@ -21,6 +21,14 @@ session (the trust policy requires it) so CloudTrail attributes each call.
 Credentials are cached per tenant until :data:`REFRESH_MARGIN_SECONDS` before
 they expire; the cache is thread-safe (the local runner and tests share one
 process between threads) and bounded.
+
+When STS fails, the request answers ``503 service_unavailable``, never 500:
+throttling, STS errors and an unreachable endpoint with ``Retry-After`` of
+:data:`STS_RETRY_AFTER_SECONDS` (``details.reason`` ``tenant_credentials_unavailable``);
+a refusal (access denied, a policy STS rejects: the deployment's role or trust
+policy is wrong, which no retry by the caller fixes soon) with ``Retry-After`` of
+:data:`STS_REFUSED_RETRY_AFTER_SECONDS` and ``details.reason``
+``tenant_credentials_refused``, logged as an error for whoever runs the service.
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
 
+from .exceptions import ServiceUnavailable
 from .store import keys
 
 
@@ -70,6 +80,25 @@ REFRESH_MARGIN_SECONDS = 300
 SESSION_SECONDS = 3600
 #: Tenants whose credentials and clients one process keeps (least recently used go).
 MAX_TENANTS = 256
+
+#: ``Retry-After`` when STS throttles, fails or cannot be reached.
+STS_RETRY_AFTER_SECONDS = 1
+#: ``Retry-After`` when STS refuses the role (a deployment error, not a passing one).
+STS_REFUSED_RETRY_AFTER_SECONDS = 60
+#: STS error codes of a passing condition (botocore's own retries were spent on them).
+STS_TRANSIENT_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "ServiceUnavailableException",
+        "InternalFailure",
+        "InternalError",
+        "IDPCommunicationError",
+    }
+)
 
 _SESSION_NAME_UNSAFE = re.compile(r"[^\w+=,.@-]")
 
@@ -222,13 +251,27 @@ class TenantAccess[T]:
             return self._tenant_locks.setdefault(tenant, threading.Lock())
 
     def _assume(self, tenant: str) -> TenantCredentials:
-        response: Any = self.sts.assume_role(
-            RoleArn=self.role_arn,
-            RoleSessionName=session_name(tenant),
-            DurationSeconds=SESSION_SECONDS,
-            Policy=session_policy(tenant, bucket=self.bucket),
-            Tags=[{"Key": TENANT_TAG, "Value": tag_value(tenant)}],
-        )
+        """Assume the tenant role for ``tenant``.
+
+        Raises:
+            ServiceUnavailable: STS failed or refused (see the module docstring).
+        """
+        try:
+            response: Any = self.sts.assume_role(
+                RoleArn=self.role_arn,
+                RoleSessionName=session_name(tenant),
+                DurationSeconds=SESSION_SECONDS,
+                Policy=session_policy(tenant, bucket=self.bucket),
+                Tags=[{"Key": TENANT_TAG, "Value": tag_value(tenant)}],
+            )
+        except ClientError as exc:
+            raise sts_failure(exc) from exc
+        except BotoCoreError as exc:  # unreachable endpoint, timeouts, no credentials
+            raise ServiceUnavailable(
+                "the tenant's credentials could not be obtained; try again shortly",
+                retry_after_seconds=STS_RETRY_AFTER_SECONDS,
+                details={"reason": "tenant_credentials_unavailable", "error": type(exc).__name__},
+            ) from exc
         found = response["Credentials"]
         expiration: datetime = found["Expiration"]
         return TenantCredentials(
@@ -237,3 +280,29 @@ class TenantAccess[T]:
             session_token=found["SessionToken"],
             expires_at=expiration.timestamp(),
         )
+
+
+def sts_failure(exc: ClientError) -> ServiceUnavailable:
+    """What a failed ``AssumeRole`` answers: see the module docstring."""
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if code in STS_TRANSIENT_CODES or status >= 500:
+        return ServiceUnavailable(
+            "the tenant's credentials could not be obtained; try again shortly",
+            retry_after_seconds=STS_RETRY_AFTER_SECONDS,
+            details={"reason": "tenant_credentials_unavailable", "sts_code": code},
+        )
+    # Imported here: observability loads Powertools, which this module does not need.
+    from .observability import logger
+
+    logger.error(
+        "STS refused the tenant role: check TENANT_ROLE_ARN and its trust policy",
+        extra={"sts_code": code, "sts_status": status},
+    )
+    return ServiceUnavailable(
+        "the service cannot reach this tenant's data: its access role was refused "
+        "(a deployment error; retrying soon will not help)",
+        retry_after_seconds=STS_REFUSED_RETRY_AFTER_SECONDS,
+        details={"reason": "tenant_credentials_refused", "sts_code": code},
+    )
