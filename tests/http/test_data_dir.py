@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import httpx
 from turnledger.config import Settings
+from turnledger.models import ConversationKey
 from turnledger.runtime import Runtime
+from turnledger.store import keys
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 from turnledger_local.runner import LocalConfig, LocalRunner
 
@@ -97,7 +100,7 @@ def test_a_conversation_continues_after_a_restart(tmp_path: Path) -> None:
 
 def test_the_runner_hands_the_sqlite_store_to_the_handlers(tmp_path: Path) -> None:
     """With ``data_dir`` the handlers' runtime builds the SQLite store on that folder; the
-    idempotency layer still works (on the embedded table)."""
+    idempotency layer works (its records in that store)."""
     config = LocalConfig(port=0, data_dir=tmp_path / "data")
     with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as http:
         answer = http.post(
@@ -118,3 +121,76 @@ def test_the_runner_hands_the_sqlite_store_to_the_handlers(tmp_path: Path) -> No
         assert again.json() == answer.json()
         head = http.get("/v1/conversations/c1", headers=ANN).json()
         assert head["turns"] == 1
+
+
+# --- Idempotency-Key records live in the data folder -------------------------------------
+
+
+def idempotency_records(data_dir: Path) -> list[tuple[str, str]]:
+    """``(pk, sk)`` of every idempotency record in the folder's database."""
+    with closing(sqlite3.connect(data_dir / DATABASE_FILE)) as db:
+        rows = db.execute(
+            "SELECT pk, sk FROM items WHERE sk LIKE ? ORDER BY pk, sk", (f"{keys.RECORD_PREFIX}%",)
+        ).fetchall()
+    return [(str(pk), str(sk)) for pk, sk in rows]
+
+
+def keyed_turn(url: str, conversation_id: str, text: str, key: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/conversations/{conversation_id}/turns",
+        json={"input": text},
+        headers={**ANN, "Idempotency-Key": key},
+        trust_env=False,
+        timeout=30,
+    )
+
+
+def test_an_idempotency_key_is_kept_across_a_restart(tmp_path: Path) -> None:
+    """A keyed turn in one run; in the next run the same request answers the recorded reply
+    (no second turn) and the same key with another body is 422."""
+    data_dir = tmp_path / "data"
+    with served(data_dir) as url:
+        first = keyed_turn(url, "c1", "My name is Ann.", "k1")
+        assert first.status_code == 200, first.text
+    conversation = keys.partition_key(ConversationKey(tenant="acme", conversation_id="c1"))
+    assert [pk for pk, _ in idempotency_records(data_dir)] == [conversation]
+
+    with served(data_dir) as url:
+        replay = keyed_turn(url, "c1", "My name is Ann.", "k1")
+        assert replay.status_code == 200, replay.text
+        assert replay.json() == first.json()
+        head = httpx.get(f"{url}/v1/conversations/c1", headers=ANN, trust_env=False, timeout=30)
+        assert head.json()["turns"] == 1
+        reused = keyed_turn(url, "c1", "Another body.", "k1")
+        assert reused.status_code == 422
+        assert reused.json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_clear_and_erasure_remove_the_idempotency_records(tmp_path: Path) -> None:
+    """After DELETE (or tenant erasure) the same keyed request runs anew instead of
+    answering the old reply, and no record of the old life is left in the folder."""
+    data_dir = tmp_path / "data"
+    config = LocalConfig(port=0, data_dir=data_dir)
+    with LocalRunner(config) as runner:
+        url = runner.url
+        assert keyed_turn(url, "c1", "My name is Ann.", "k1").status_code == 200
+        assert keyed_turn(url, "c2", "My name is Bob.", "k2").status_code == 200
+        assert len(idempotency_records(data_dir)) == 2
+
+        cleared = httpx.delete(f"{url}/v1/conversations/c1", headers=ANN, trust_env=False)
+        assert cleared.status_code == 204
+        c2 = keys.partition_key(ConversationKey(tenant="acme", conversation_id="c2"))
+        assert [pk for pk, _ in idempotency_records(data_dir)] == [c2]
+        again = keyed_turn(url, "c1", "My name is Ann.", "k1")
+        assert again.status_code == 200, again.text
+        head = httpx.get(f"{url}/v1/conversations/c1", headers=ANN, trust_env=False, timeout=30)
+        assert head.status_code == 200  # ran anew: the conversation exists again
+
+        erased = httpx.delete(f"{url}/v1/conversations", headers=ANN, trust_env=False, timeout=60)
+        assert erased.status_code == 200, erased.text
+        assert erased.json()["complete"] is True
+        assert idempotency_records(data_dir) == []
+        rerun = keyed_turn(url, "c2", "My name is Bob.", "k2")
+        assert rerun.status_code == 200
+        assert rerun.json()["turn"] == 1
+        assert len(idempotency_records(data_dir)) == 1

@@ -57,7 +57,7 @@ class Runtime:
     #: no tenant role is configured. Tenants' requests use :meth:`conversations_for`.
     conversations: Conversations
     store: ConversationStore
-    #: DynamoDB, also with the SQLite store: Powertools' idempotency records live there.
+    #: DynamoDB (its idempotency records; with the SQLite store they live in that store).
     dynamodb: DynamoDBClient
     #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
     tenants: TenantAccess[TenantScope] | None = None

@@ -14,6 +14,10 @@ a request that failed can be retried under the same key and runs again.
 
 The Powertools module is imported only when a request carries the header
 (it costs cold-start time every other request would pay for nothing).
+
+With the SQLite store (``turnledger local --data-dir``) the same records live in
+the SQLite database (:mod:`.idempotency_sqlite`), so they survive a restart and a
+clear or an erasure removes them there too.
 """
 
 from __future__ import annotations
@@ -24,16 +28,16 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from ..exceptions import ConversationBusy, IdempotencyKeyReused
+from ..exceptions import ConversationBusy, IdempotencyKeyReused, TurnledgerError
 from ..models import ConversationKey
 from ..runtime import get_runtime
 from ..store import codec, keys
 from ..store.dynamodb import transient_error
 
 if TYPE_CHECKING:
-    from aws_lambda_powertools.utilities.idempotency import (
-        DynamoDBPersistenceLayer,
-        IdempotencyConfig,
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
+    from aws_lambda_powertools.utilities.idempotency.persistence.base import (
+        BasePersistenceLayer,
     )
 
 #: How long a key is remembered.
@@ -42,10 +46,19 @@ KEY_TTL_SECONDS = 24 * 3600
 _KEY_PREFIX = keys.RECORD_PREFIX.removesuffix("#")
 
 
-def _persistence(conversation: ConversationKey) -> DynamoDBPersistenceLayer:
+def _persistence(conversation: ConversationKey) -> BasePersistenceLayer:
     from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
 
     runtime = get_runtime()
+    if runtime.settings.store == "sqlite":
+        # The local runner's data folder: the records go to the SQLite store, into the
+        # same partition-scoped items, so they outlive a restart and a clear erases them.
+        from ..store.sqlite import SQLiteConversationStore
+        from .idempotency_sqlite import SQLiteRecordPersistence
+
+        store = runtime.conversations_for(conversation.tenant).store
+        if isinstance(store, SQLiteConversationStore):
+            return SQLiteRecordPersistence(store, keys.partition_key(conversation))
     return DynamoDBPersistenceLayer(
         table_name=runtime.settings.table_name,
         # The tenant's own credentials: its records are in its conversations' partitions.
@@ -123,6 +136,8 @@ def idempotent[T: BaseModel](
         # The record's own DynamoDB call was throttled, failed or met a transaction:
         # answered like the store's own calls (503, or 409 busy).
         cause = exc.__cause__
+        if isinstance(cause, TurnledgerError):
+            raise cause from exc  # the SQLite store's own answer (a lock held too long)
         error = transient_error(cause) if isinstance(cause, ClientError) else None
         if error is None:
             raise

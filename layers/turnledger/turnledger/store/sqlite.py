@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -346,6 +346,36 @@ class SQLiteConversationStore(ConversationStore):
                 yield db
         except _Locked as exc:
             raise InternalError(f"the SQLite database stayed locked: {exc}") from exc
+
+    # --- idempotency records (the local runner's Idempotency-Key: api/idempotency.py) --------
+    #
+    # Items ``(pk, sk)`` of a conversation's partition, like the records Powertools keeps in
+    # the DynamoDB table, so a clear or an erasure (which deletes every item of the
+    # partition that is not the next life's) removes them with the conversation.
+
+    def get_record(self, pk: str, sk: str) -> Item | None:
+        """The item ``(pk, sk)``, or ``None``."""
+        return self._get_item(pk, sk)
+
+    def put_record_if(
+        self, item: Item, allowed: Callable[[Item | None], bool]
+    ) -> tuple[bool, Item | None]:
+        """Write ``item`` if ``allowed(the item stored under its key, or None)``, atomically.
+
+        Returns whether it was written, and the item stored under its key before.
+        """
+        codec.check_item_sizes([item])
+        with self._writing() as db:
+            stored = self._stored(db, item[codec.A_PK], item[codec.A_SK])
+            if not allowed(stored):
+                return False, stored
+            self._put(db, [item])
+        self.meter.write(0)
+        return True, stored
+
+    def delete_record(self, pk: str, sk: str) -> None:
+        """Delete the item ``(pk, sk)`` (nothing when absent)."""
+        self._delete_items(pk, [sk])
 
 
 class _Locked(Exception):
