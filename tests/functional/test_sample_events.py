@@ -60,6 +60,7 @@ def invoke(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[In
             "BUCKET_NAME": bucket,
             "TOOLS_FILE": str(tools),
             "TTL_SECONDS": "3600",
+            "CALLBACK_KEY": "00" * 32,
         }.items():
             monkeypatch.setenv(name, value)
         set_runtime(None)
@@ -129,6 +130,15 @@ def test_each_sample_event_gets_its_documented_answer(
     assert body(approved)["status"] == "complete"
     assert body(approved)["output_text"] == 'Tool results: send_email: {"sent":true}'
     assert len(sink.side_effects("/email")) == 1
+
+    # Nothing waits: a cancel stops nothing and says so.
+    idle = call("approve", load_event("cancel"))
+    assert idle["statusCode"] == 200
+    assert body(idle)["status"] == "complete" and body(idle)["cancelled_call_ids"] == []
+    # The sample's token is not signed with this deployment's key: refused, nothing stored.
+    forged = call("approve", load_event("callback"))
+    assert forged["statusCode"] == 410
+    assert body(forged)["error"]["code"] == "callback_invalid"
 
     cleared = call("clear", load_event("clear"))
     assert cleared["statusCode"] == 204

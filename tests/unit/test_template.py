@@ -47,6 +47,8 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/openapi.json", "ReadFunction"),
     ("DELETE", "/v1/conversations/{id}", "ClearFunction"),
     ("DELETE", "/v1/conversations", "ClearFunction"),
+    ("POST", "/v1/conversations/{id}/cancel", "ApproveFunction"),
+    ("POST", "/v1/callbacks/{token}", "ApproveFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.config``).
@@ -119,9 +121,26 @@ def test_routes_go_through_the_one_http_api(template: dict[str, Any]) -> None:
                 assert event["Properties"]["ApiId"] == {"Ref": "HttpApi"}
 
 
-def test_only_the_openapi_document_is_open(template: dict[str, Any]) -> None:
+def test_only_the_openapi_document_and_callbacks_are_open(template: dict[str, Any]) -> None:
+    # A callback's signed token is its credential (turnledger.callbacks).
     open_routes = {route.route_key for route in routes(template) if not route.authorized}
-    assert open_routes == {"GET /v1/openapi.json"}
+    assert open_routes == {"GET /v1/openapi.json", "POST /v1/callbacks/{token}"}
+
+
+def test_callback_signing_key_is_a_generated_secret(template: dict[str, Any]) -> None:
+    secret = template["Resources"]["CallbackSigningSecret"]
+    assert secret["Type"] == "AWS::SecretsManager::Secret"
+    assert secret["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
+    for name in ("TurnFunction", "ApproveFunction"):
+        variables = props(template, name)["Environment"]["Variables"]
+        assert variables["CALLBACK_SECRET_ARN"] == {"Ref": "CallbackSigningSecret"}
+        assert "PUBLIC_BASE_URL" in variables
+        policies = props(template, name)["Policies"]
+        assert {
+            "AWSSecretsManagerGetSecretValuePolicy": {
+                "SecretArn": {"Ref": "CallbackSigningSecret"}
+            }
+        } in policies
 
 
 def test_jwt_authorizer_is_the_default(template: dict[str, Any]) -> None:
@@ -647,6 +666,8 @@ API_EVENTS = [
     "clear.json",
     "erase-tenant.json",
     "openapi.json",
+    "cancel.json",
+    "callback.json",
 ]
 
 

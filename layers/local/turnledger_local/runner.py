@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -307,7 +308,7 @@ class LocalRunner:
         assert self._scratch is not None
         state = self._scratch / "demo-state"
         state.mkdir()
-        files = {"DEMO_STATE_DIR": str(state)}
+        files = {"DEMO_STATE_DIR": str(state), **self._callback_settings()}
         tools = self.config.tools_file
         if tools is not None and tools.is_file():
             text = tools.read_text(encoding="utf-8")
@@ -316,6 +317,29 @@ class LocalRunner:
                 resolved.write_text(text.replace(LOCAL_URL_PLACEHOLDER, self.url), "utf-8")
                 files["TOOLS_FILE"] = str(resolved)
         return files
+
+    def _callback_settings(self) -> dict[str, str]:
+        """The callback signing key and public base URL of deferred tools' callback_url.
+
+        With ``--data-dir`` the key is kept in ``callback.key`` there (callbacks of
+        jobs still running survive a restart); otherwise a new one per run. Either
+        can be overridden through the process environment or ``env``.
+        """
+        settings = {"PUBLIC_BASE_URL": os.environ.get("PUBLIC_BASE_URL") or self.url}
+        if os.environ.get("CALLBACK_KEY") or "CALLBACK_KEY" in self.config.env:
+            return settings
+        key = secrets.token_hex(32)
+        if self.config.data_dir is not None:
+            path = self.config.data_dir / "callback.key"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_file():
+                key = path.read_text(encoding="ascii").strip()
+            else:
+                # Written whole and readable by the owner only: it signs credentials.
+                handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(handle, "w", encoding="ascii") as out:
+                    out.write(key)
+        return {**settings, "CALLBACK_KEY": key}
 
     def _start_storage(self) -> None:
         cfg = self.config

@@ -245,3 +245,17 @@ class InternalError(TurnledgerError):
 
 class InvalidHistory(InternalError):
     """The history about to be sent to a strict provider breaks its message rules."""
+
+
+class InputPending(TurnledgerError):
+    """A plain turn was sent while human-input or deferred tool calls wait for their output."""
+
+    status = 409
+    code = "input_pending"
+
+
+class CallbackInvalid(TurnledgerError):
+    """A deferred tool's callback token is forged, expired, used, or its call is settled."""
+
+    status = 410
+    code = "callback_invalid"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from . import callbacks
 from .config import Settings
 from .exceptions import InternalError, UnknownToolCall
 from .models import (
@@ -27,7 +28,10 @@ from .models import (
     Lease,
     PendingCall,
     ToolCall,
+    ToolCallDeferred,
     ToolCallRequested,
+    ToolCallSettled,
+    ToolInputProvided,
     ToolResult,
     Usage,
 )
@@ -36,7 +40,10 @@ from .schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
 from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
 from .tools.executors import ToolInvocation, ToolRunner, idempotency_key
-from .tools.registry import ToolDefinition, ToolRegistry
+from .tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
+from .turnstate import AWAITING_DECISION, check_move, move, status_of
+
+__all__ = ["AWAITING_DECISION", "ToolCalls", "TurnWork", "status_of"]
 
 
 @dataclass
@@ -68,24 +75,9 @@ class TurnWork:
     summary_through: int | None = None
 
 
-#: States of calls that wait for a human decision on the approvals route.
-AWAITING_DECISION = frozenset({"awaiting_approval", "outcome_unknown"})
-
 #: Seconds a lease outlasts the longest thing its holder may still do, so a slow but
 #: live run is never taken for a crashed one.
 LEASE_MARGIN_SECONDS = 5
-
-
-def status_of(session: Session) -> ConversationStatus:
-    """The head status the session's pending calls call for."""
-    states = {p.state for p in session.pending}
-    if states & AWAITING_DECISION:
-        return ConversationStatus.AWAITING_APPROVAL
-    if "awaiting_client" in states:
-        return ConversationStatus.AWAITING_CLIENT_TOOLS
-    if states:
-        return ConversationStatus.RUNNING_TOOLS
-    return ConversationStatus.COMPLETE
 
 
 def decided_in_turn(session: Session) -> set[str]:
@@ -168,7 +160,13 @@ class ToolCalls:
                     actor="system",
                 )
                 continue
-            state = {"none": "ready", "approval": "awaiting_approval", "client": "awaiting_client"}
+            state = {
+                "none": "ready",
+                "approval": "awaiting_approval",
+                "client": "awaiting_client",
+                "input": "awaiting_input",
+            }
+            check_move(None, state[needs])
             expires_at = None
             if needs == "approval":
                 expires_at = self._approval_deadline(session, now)
@@ -230,6 +228,8 @@ class ToolCalls:
             owner=work.owner, expires_at=now + timedelta(seconds=self._lease_seconds(ready))
         )
         session.commit(ConversationStatus.RUNNING_TOOLS)
+        assert session.head is not None  # just committed
+        deadlines = {p.id: self._deferred_deadline(session, p, now) for p in ready}
         invocations = []
         for pending in ready:
             invocations.append(
@@ -239,12 +239,36 @@ class ToolCalls:
                     tenant=session.key.tenant,
                     conversation_id=session.key.conversation_id,
                     idempotency_key=pending.idempotency_key,
+                    callback_url=self._callback_url(session, pending, deadlines[pending.id]),
                 )
             )
         outcomes = self.runner.run(invocations)
         work.executed = True
-        done = {p.id for p in ready}
+        done = set()
         for pending, outcome in zip(ready, outcomes, strict=True):
+            if outcome.task_id is not None:
+                # Accepted to finish elsewhere: it waits for its callback (or deadline).
+                session.add(
+                    ToolCallDeferred(
+                        call_id=pending.id,
+                        name=pending.name,
+                        task_id=outcome.task_id,
+                        expires_at=deadlines[pending.id],
+                    ),
+                    actor=f"tool:{pending.name}",
+                )
+                replace_pending(
+                    session,
+                    move(
+                        pending,
+                        "deferred",
+                        requires="async",
+                        task_id=outcome.task_id,
+                        expires_at=deadlines[pending.id],
+                    ),
+                )
+                continue
+            done.add(pending.id)
             session.add(
                 ToolResult(
                     call_id=pending.id,
@@ -281,6 +305,34 @@ class ToolCalls:
 
     def _tool(self, name: str) -> ToolDefinition:
         return self.tools.get(name)
+
+    def _deferred_deadline(self, session: Session, pending: PendingCall, now: datetime) -> datetime:
+        """Until when a call, if its tool defers it, may wait for its callback: the tool's
+        ``deferred_ttl_seconds`` (else the approval window), never past the conversation's TTL."""
+        executor = self._tool(pending.name).executor
+        window = (
+            executor.deferred_ttl_seconds
+            if isinstance(executor, HttpExecutorConfig) and executor.deferred_ttl_seconds
+            else self.settings.approval_ttl_seconds
+        )
+        if session.ttl_seconds:
+            window = min(window, session.ttl_seconds)
+        return now + timedelta(seconds=window)
+
+    @staticmethod
+    def _callback_url(session: Session, pending: PendingCall, deadline: datetime) -> str | None:
+        """The signed callback URL of ``pending`` (http tools only; ``None``: none configured)."""
+        assert session.head is not None
+        return callbacks.callback_url(
+            callbacks.CallbackClaims(
+                tenant=session.key.tenant,
+                conversation_id=session.key.conversation_id,
+                life=callbacks.life_of(session.head.created_at),
+                call_id=pending.id,
+                idempotency_key=pending.idempotency_key,
+                deadline=int(deadline.timestamp()),
+            )
+        )
 
     def _lease_seconds(self, ready: list[PendingCall]) -> float:
         """How long the run may take: the slowest call (they run in parallel), then the
@@ -371,6 +423,105 @@ class ToolCalls:
                 pending.model_copy(update={"state": "rejected", "reason": "approval expired"}),
             )
         return [p.id for p in expired]
+
+    def provide_outputs(
+        self,
+        session: Session,
+        outputs: dict[str, str],
+        *,
+        actor: str,
+        via: Literal["approvals", "turn"],
+    ) -> None:
+        """Record outputs a person (or the application) supplied for human-input calls,
+        or for deferred calls it settles itself. Every id must name such a call.
+
+        Raises:
+            UnknownToolCall: an id names no call that waits for its output.
+        """
+        waiting = {p.id: p for p in session.pending if p.state in ("awaiting_input", "deferred")}
+        unknown = [call_id for call_id in outputs if call_id not in waiting]
+        if unknown:
+            raise UnknownToolCall(
+                "these call ids do not wait for an output",
+                details={"unknown": unknown, "pending": sorted(waiting)},
+            )
+        for call_id, output in outputs.items():
+            pending = waiting[call_id]
+            if pending.state == "deferred":
+                self.settle_deferred(session, pending, "succeeded", output, via=via, actor=actor)
+                continue
+            check_move(pending.state, "settled")
+            session.add(
+                ToolInputProvided(call_id=call_id, name=pending.name, provided_by=actor, via=via),
+                actor=actor,
+            )
+            session.add(ToolResult(call_id=call_id, name=pending.name, output=output), actor=actor)
+            session.pending = [p for p in session.pending if p.id != call_id]
+
+    def settle_deferred(
+        self,
+        session: Session,
+        pending: PendingCall,
+        status: Literal["succeeded", "failed", "cancelled"],
+        output: str,
+        *,
+        via: Literal["callback", "approvals", "turn", "timeout", "cancel"],
+        actor: str,
+    ) -> None:
+        """Record a deferred call's outcome (``tool_call_settled`` and its result)."""
+        check_move(pending.state, "settled")
+        session.add(
+            ToolCallSettled(
+                call_id=pending.id,
+                name=pending.name,
+                status=status,
+                via=via,
+                task_id=pending.task_id,
+            ),
+            actor=actor,
+        )
+        text = output
+        if status == "failed":
+            text = (
+                f"tool {pending.name} failed: {output}" if output else f"tool {pending.name} failed"
+            )
+        elif status == "cancelled":
+            text = f"tool call {pending.name} was cancelled" + (f": {output}" if output else "")
+        session.add(
+            ToolResult(
+                call_id=pending.id,
+                name=pending.name,
+                output=text,
+                is_error=status != "succeeded",
+            ),
+            actor=actor,
+        )
+        session.pending = [p for p in session.pending if p.id != pending.id]
+
+    def expire_due(self, session: Session) -> list[str]:
+        """Settle what is due now: approvals whose window closed are rejected
+        (:meth:`expire_approvals`), deferred calls past their deadline fail ("timed out").
+
+        Returns:
+            The ids of the calls settled, approvals first.
+        """
+        expired = self.expire_approvals(session)
+        now = self.clock()
+        for pending in [
+            p
+            for p in session.pending
+            if p.state == "deferred" and p.expires_at is not None and p.expires_at <= now
+        ]:
+            self.settle_deferred(
+                session,
+                pending,
+                "failed",
+                "timed out (no callback before its deadline)",
+                via="timeout",
+                actor="system",
+            )
+            expired.append(pending.id)
+        return expired
 
     def _approval_deadline(self, session: Session, now: datetime) -> datetime:
         window = self.settings.approval_ttl_seconds

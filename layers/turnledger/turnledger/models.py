@@ -72,6 +72,12 @@ class ConversationStatus(StrEnum):
     RUNNING_TOOLS = "running_tools"
     #: A tombstone: the conversation is being cleared or swept; reads see nothing.
     CLEARED = "cleared"
+    #: A human-input tool call waits for a person to supply its output.
+    AWAITING_HITL = "awaiting_hitl"
+    #: A deferred tool call runs elsewhere and is settled by its callback.
+    AWAITING_ASYNC_TOOLS = "awaiting_async_tools"
+    #: Public only: a ``running_tools`` head whose lease expired (its request died).
+    INTERRUPTED = "interrupted"
 
 
 class EventKind(StrEnum):
@@ -85,6 +91,10 @@ class EventKind(StrEnum):
     TOOL_RESULT = "tool_result"
     CONTEXT_COMPACTED = "context_compacted"
     TURN_FAILED = "turn_failed"
+    TOOL_CALL_DEFERRED = "tool_call_deferred"
+    TOOL_INPUT_PROVIDED = "tool_input_provided"
+    TOOL_CALL_SETTLED = "tool_call_settled"
+    TURN_INTERRUPTED = "turn_interrupted"
 
 
 class Usage(_Strict):
@@ -188,7 +198,7 @@ class AssistantMessage(_Strict):
         return compact
 
 
-Requirement = Literal["none", "approval", "client"]
+Requirement = Literal["none", "approval", "client", "input", "async"]
 
 
 class ToolCallRequested(_Strict):
@@ -257,6 +267,46 @@ class TurnFailed(_Strict):
     message: str = Field(max_length=500)
 
 
+class ToolCallDeferred(_Strict):
+    """A tool accepted a call to finish it elsewhere (``202 {"task_id"}``): it is settled
+    later by its signed callback, by ``outputs`` on the approvals route, or by its timeout."""
+
+    call_id: str
+    name: str
+    task_id: str
+    #: When an unsettled call is recorded as failed ("timed out").
+    expires_at: datetime
+
+
+class ToolInputProvided(_Strict):
+    """A person supplied the output of a human-input (or deferred) call."""
+
+    call_id: str
+    name: str
+    provided_by: str
+    #: ``approvals`` (``outputs``) or ``turn`` (a ``function_call_output`` item).
+    via: Literal["approvals", "turn"]
+
+
+class ToolCallSettled(_Strict):
+    """A deferred call got its outcome: from its callback, its timeout, or a cancel."""
+
+    call_id: str
+    name: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    via: Literal["callback", "approvals", "turn", "timeout", "cancel"]
+    task_id: str | None = None
+
+
+class TurnInterrupted(_Strict):
+    """A turn was stopped (``POST .../cancel``): its pending calls were cancelled, every
+    result recorded before stays."""
+
+    interrupted_by: str
+    cancelled_call_ids: list[str] = Field(default_factory=list)
+    reason: str | None = None
+
+
 PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.USER_MESSAGE: UserMessage,
     EventKind.ASSISTANT_MESSAGE: AssistantMessage,
@@ -266,6 +316,10 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.TOOL_RESULT: ToolResult,
     EventKind.CONTEXT_COMPACTED: ContextCompacted,
     EventKind.TURN_FAILED: TurnFailed,
+    EventKind.TOOL_CALL_DEFERRED: ToolCallDeferred,
+    EventKind.TOOL_INPUT_PROVIDED: ToolInputProvided,
+    EventKind.TOOL_CALL_SETTLED: ToolCallSettled,
+    EventKind.TURN_INTERRUPTED: TurnInterrupted,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -278,6 +332,10 @@ Payload = (
     | ToolResult
     | ContextCompacted
     | TurnFailed
+    | ToolCallDeferred
+    | ToolInputProvided
+    | ToolCallSettled
+    | TurnInterrupted
 )
 
 
@@ -329,17 +387,38 @@ class PendingCall(_Strict):
     the same ``idempotency_key``). ``rejected`` calls get an error result
     without running. ``outcome_unknown``: a tool that does not honour
     idempotency keys was running when its request died; a human decides whether
-    it runs again (approve) or is recorded as failed (reject).
+    it runs again (approve) or is recorded as failed (reject). ``awaiting_input``: a
+    human-input tool waits for a person's output; ``deferred``: the tool runs it
+    elsewhere (``task_id``) until its callback or ``expires_at``. The allowed moves
+    between states are :data:`turnledger.turnstate.CALL_TRANSITIONS`.
     """
 
     id: str
     name: str
     arguments: dict[str, Any]
     requires: Requirement
-    state: Literal["awaiting_approval", "awaiting_client", "ready", "rejected", "outcome_unknown"]
+    state: Literal[
+        "awaiting_approval",
+        "awaiting_client",
+        "ready",
+        "rejected",
+        "outcome_unknown",
+        "awaiting_input",
+        "deferred",
+    ]
     idempotency_key: str
     arguments_sha256: str
     expires_at: datetime | None = None
+    reason: str | None = None
+    #: The tool's id of a deferred call's job.
+    task_id: str | None = None
+
+
+class CancelRequest(_Strict):
+    """A ``POST .../cancel`` that met a running turn: its request stops at the next step."""
+
+    requested_by: str
+    requested_at: datetime
     reason: str | None = None
 
 
@@ -475,6 +554,8 @@ class Head(_Strict):
     provider_cursor: ProviderCursor | None = None
     #: Who runs the tools of a ``running_tools`` head, and until when.
     lease: Lease | None = None
+    #: Set (with ``running_tools`` only) when a cancel asks the running request to stop.
+    cancel: CancelRequest | None = None
 
     def live_lease(self, now: datetime) -> Lease | None:
         """The lease of a run that may still be going on at ``now``."""

@@ -31,6 +31,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from .callbacks import CallbackClaims, life_of
 from .config import Settings
 from .context import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -46,6 +47,7 @@ from .context import (
 from .exceptions import (
     ApprovalPending,
     BudgetExceeded,
+    CallbackInvalid,
     ConversationBusy,
     ConversationNotFound,
     NotAwaitingApproval,
@@ -55,16 +57,15 @@ from .exceptions import (
     UnknownToolCall,
 )
 from .execution import (
-    AWAITING_DECISION,
     ToolCalls,
     TurnWork,
     decided_in_turn,
     replace_pending,
-    status_of,
 )
 from .models import (
     ApprovalResolved,
     AssistantMessage,
+    CancelRequest,
     ContextCompacted,
     ConversationKey,
     ConversationStatus,
@@ -94,6 +95,9 @@ from .providers.base import (
 from .redaction import Redactor
 from .schemas import (
     ApprovalRequest,
+    CallbackRequest,
+    CallbackResponse,
+    CancelResponse,
     ContextInfo,
     ConversationView,
     EventsPage,
@@ -109,6 +113,17 @@ from .session import Clock, Session, utc_now
 from .store.base import ContextBudget, ConversationStore, PurgeReport
 from .tools.executors import ToolRunner
 from .tools.registry import ToolRegistry
+from .turnstate import (
+    AWAITING_DECISION,
+    WAIT_OF_STATE,
+    cancel_requested,
+    cancel_turn,
+    require_settled,
+    status_for,
+    status_of,
+    view,
+)
+from .turnstate import awaiting as open_waits
 
 #: The public statuses of a head (``running_tools`` is shown as itself on GET).
 _PUBLIC_STATUS = {
@@ -116,6 +131,9 @@ _PUBLIC_STATUS = {
     ConversationStatus.AWAITING_APPROVAL: "awaiting_approval",
     ConversationStatus.AWAITING_CLIENT_TOOLS: "awaiting_client_tools",
     ConversationStatus.RUNNING_TOOLS: "complete",
+    ConversationStatus.AWAITING_HITL: "awaiting_hitl",
+    ConversationStatus.AWAITING_ASYNC_TOOLS: "awaiting_async_tools",
+    ConversationStatus.INTERRUPTED: "interrupted",
 }
 
 
@@ -238,7 +256,7 @@ class Conversations:
         self._check_lease(session)
         self._check_budget(session)
         work = self._work(session)
-        self.calls.expire_approvals(session)
+        self.calls.expire_due(session)
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
         interrupted = session.head is not None and (
             session.head.status is ConversationStatus.RUNNING_TOOLS
@@ -265,6 +283,16 @@ class Conversations:
                     ]
                 },
             )
+        # Outputs of human-input (and deferred) calls settle them by id; the rest are
+        # client results. A new message while such a call still waits is refused.
+        waiting_output = {
+            p.id for p in session.pending if p.state in ("awaiting_input", "deferred")
+        }
+        given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
+        if messages:
+            require_settled(session, answered=given)
+        self.calls.provide_outputs(session, given, actor=caller.actor, via="turn")
+        outputs = [o for o in outputs if o.call_id not in given]
         # Client results belong to the turn of their calls (a context window never
         # splits a call from its result); only new messages start a new turn. Outputs
         # alone continue the waiting turn, as a final approval does.
@@ -281,8 +309,8 @@ class Conversations:
             work = self._work(session)
         for content in messages:
             session.add(UserMessage(content=content, metadata=request.metadata), actor=caller.actor)
-        if not messages and any(p.state == "awaiting_client" for p in session.pending):
-            session.commit(ConversationStatus.AWAITING_CLIENT_TOOLS)
+        if not messages and open_waits(session.pending):
+            session.commit(status_of(session))
             return self._response(work)
         self._advance(work)
         return self._response(work)
@@ -306,11 +334,27 @@ class Conversations:
         session = self._session(key, head, snapshot.events)
         self._check_lease(session)
         work = self._work(session)
-        expired = self.calls.expire_approvals(session)
-        awaiting = {p.id: p for p in session.pending if p.state in AWAITING_DECISION}
+        deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
+        expired = [i for i in self.calls.expire_due(session) if i in deciding]
         rejections = request.rejections()
         named = [*request.approve, *rejections]
-        if not awaiting and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
+        if request.outputs:
+            self.calls.provide_outputs(
+                session,
+                {o.id: o.output for o in request.outputs},
+                actor=caller.actor,
+                via="approvals",
+            )
+            if not named:
+                # Outputs only: the turn goes on once nothing else is awaited.
+                if open_waits(session.pending):
+                    self.calls.settle_rejected(work)
+                    session.commit(status_of(session))
+                    return self._response(work)
+                self._advance(work)
+                return self._response(work)
+        undecided = {p.id: p for p in session.pending if p.state in AWAITING_DECISION}
+        if not undecided and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
             # A retry after a crash: the decisions were recorded; finish the turn. Only
             # decisions of this turn may resume it, so a stray id is still an error.
             unknown = [i for i in named if i not in decided_in_turn(session)]
@@ -321,9 +365,9 @@ class Conversations:
                 )
             self._advance(work)
             return self._response(work)
-        if not awaiting and not expired:
+        if not undecided and not expired:
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
-        if not awaiting:
+        if not undecided:
             # Every decision came after the approval window closed: record the expiry
             # (the model gets the calls' errors with the next turn) and say so.
             self.calls.settle_rejected(work)
@@ -333,14 +377,14 @@ class Conversations:
                 "the pending approvals expired before this decision",
                 details={"expired": expired},
             )
-        unknown = [i for i in named if i not in awaiting]
+        unknown = [i for i in named if i not in undecided]
         if unknown:
             raise UnknownToolCall(
                 "these call ids are not pending approval",
-                details={"unknown": unknown, "pending": sorted(awaiting), "expired": expired},
+                details={"unknown": unknown, "pending": sorted(undecided), "expired": expired},
             )
         for call_id in [*request.approve, *rejections]:
-            pending = awaiting[call_id]
+            pending = undecided[call_id]
             approved = call_id in request.approve
             session.add(
                 ApprovalResolved(
@@ -365,7 +409,7 @@ class Conversations:
                 ),
             )
         if any(p.state in AWAITING_DECISION for p in session.pending):
-            session.commit(ConversationStatus.AWAITING_APPROVAL)
+            session.commit(status_of(session))
             return self._response(work)
         self._advance(work)
         return self._response(work)
@@ -377,7 +421,7 @@ class Conversations:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
         key = self._key(caller, conversation_id)
-        head = self._visible_head(key)
+        head = self._settle_due(key, self._visible_head(key))
         return ConversationView(
             conversation_id=conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
@@ -396,7 +440,36 @@ class Conversations:
             cost_usd=round(head.cost_usd, 6),
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
+            awaiting=open_waits(head.pending),
         )
+
+    def _settle_due(self, key: ConversationKey, head: Head) -> Head:
+        """Read-through expiry: record approvals and deferred calls whose time ran out
+        (``expire_due``), so a ``GET`` shows them settled at once. Best effort: a
+        concurrent request that commits first does it instead."""
+        now = self.clock()
+        due = [
+            p
+            for p in head.pending
+            if p.expires_at is not None
+            and p.expires_at <= now
+            and (p.state in AWAITING_DECISION or p.state == "deferred")
+        ]
+        if not due or head.live_lease(now) is not None:
+            return head
+        snapshot = self.store.load(key, self.budget)
+        if snapshot.head is None or snapshot.head.version != head.version:
+            return self._visible_head(key)
+        session = self._session(key, snapshot.head, snapshot.events)
+        work = self._work(session)
+        self.calls.expire_due(session)
+        self.calls.settle_rejected(work)
+        if any(p.state == "ready" for p in session.pending):
+            return head  # approved calls must run: the next turn or decision does that
+        try:
+            return session.commit(status_of(session))
+        except ConversationBusy:
+            return self._visible_head(key)
 
     def _head_status(self, head: Head) -> str:
         """The head's public status: a run with a live lease is ``running_tools``; one
@@ -430,17 +503,130 @@ class Conversations:
         self.forget_provider_state(report.provider_responses)
         return report
 
+    def cancel(
+        self, caller: Caller, conversation_id: str, reason: str | None = None
+    ) -> CancelResponse:
+        """Stop the current turn (``POST .../cancel``).
+
+        A waiting turn is stopped here: its pending calls are recorded as cancelled
+        with a ``turn_interrupted`` event, and the conversation is ready. A running
+        turn (a live lease) gets a cancel request on its head; its request stops at
+        the next step boundary and records the same. Nothing to stop: answered as is.
+
+        Raises:
+            ConversationNotFound: absent, expired, cleared, or another tenant's.
+            ConversationBusy: another request committed first; nothing was stored.
+        """
+        key = self._key(caller, conversation_id)
+        snapshot = self.store.load(key, self.budget)
+        head = snapshot.head
+        now = self.clock()
+        if head is None or not head.is_visible(now):
+            raise ConversationNotFound(f"conversation {conversation_id!r} not found")
+        session = self._session(key, head, snapshot.events)
+        lease = head.live_lease(now)
+        if lease is not None:
+            session.lease = lease
+            session.cancel = CancelRequest(
+                requested_by=caller.actor, requested_at=now, reason=reason
+            )
+            session.commit(ConversationStatus.RUNNING_TOOLS)
+            return CancelResponse(
+                conversation_id=conversation_id,
+                turn=session.turn,
+                status="running_tools",
+                cancel_requested=True,
+            )
+        cancelled: list[str] = []
+        if session.pending or head.status is ConversationStatus.RUNNING_TOOLS:
+            cancelled = cancel_turn(session, by=caller.actor, reason=reason)
+            session.commit(ConversationStatus.COMPLETE)
+        return CancelResponse(
+            conversation_id=conversation_id,
+            turn=session.turn,
+            status=self._head_status(session.head) if session.head else "complete",
+            cancelled_call_ids=cancelled,
+        )
+
+    def settle_callback(self, claims: CallbackClaims, request: CallbackRequest) -> CallbackResponse:
+        """Settle the deferred call a verified callback token names (``POST /v1/callbacks``).
+
+        Single use: the settle is a conditional commit on the call still being
+        ``deferred`` in this life of the conversation; a second use, a settled or
+        timed-out call, or a cleared conversation finds nothing to settle.
+
+        Raises:
+            CallbackInvalid: nothing to settle; nothing was stored.
+            ConversationBusy: a request runs the conversation's tools right now.
+        """
+        key = ConversationKey(tenant=claims.tenant, conversation_id=claims.conversation_id)
+        output = _callback_output(request.output)
+        for _ in range(3):
+            snapshot = self.store.load(key, self.budget)
+            head = snapshot.head
+            now = self.clock()
+            if head is None or not head.is_visible(now) or life_of(head.created_at) != claims.life:
+                raise CallbackInvalid("this callback token is not valid (forged, expired or used)")
+            pending = next(
+                (
+                    p
+                    for p in head.pending
+                    if p.id == claims.call_id
+                    and p.state == "deferred"
+                    and p.idempotency_key == claims.idempotency_key
+                    and (p.expires_at is None or p.expires_at > now)
+                ),
+                None,
+            )
+            if pending is None:
+                raise CallbackInvalid("this callback token is not valid (forged, expired or used)")
+            session = self._session(key, head, snapshot.events)
+            self._check_lease(session)
+            work = self._work(session)
+            self.calls.settle_deferred(
+                session,
+                pending,
+                request.status,
+                output,
+                via="callback",
+                actor=f"tool:{pending.name}",
+            )
+            continued = request.continue_ and not open_waits(session.pending)
+            try:
+                if continued:
+                    self._advance(work)
+                else:
+                    session.commit(status_for(session.pending))
+            except ConversationBusy:
+                if session.head is not head:
+                    raise  # the settle itself was committed; only a later step lost
+                continue  # nothing stored: read again (the call may be settled now)
+            return CallbackResponse(
+                conversation_id=claims.conversation_id,
+                call_id=claims.call_id,
+                settled=request.status,
+                status=self._head_status(session.head) if session.head else "complete",
+                awaiting=open_waits(session.pending),
+                continued=continued,
+            )
+        raise ConversationBusy("the conversation keeps changing; retry the callback")
+
     # --- the loop ---------------------------------------------------------------------------
 
     def _advance(self, work: TurnWork) -> None:
         """Drive the turn until the model answers in text, or it waits for someone."""
         session = work.session
         while True:
+            if self._stopped(work):
+                return
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
+            # A step boundary: tools ran; a cancel sent meanwhile stops the turn here.
+            if self._stopped(work):
+                return
             status = status_of(session)
             if status is not ConversationStatus.COMPLETE:
-                session.commit(status)
+                self._commit(work, status)
                 return
             if work.model_calls >= max(self.settings.max_tool_steps, 1):
                 work.status_reason = "max_tool_steps"
@@ -476,9 +662,71 @@ class Conversations:
                 work.output_text = reply.text
                 work.output_json = value
             if not calls:
-                session.commit(ConversationStatus.COMPLETE)
+                self._commit(work, ConversationStatus.COMPLETE)
                 return
             self.calls.request(work, calls)
+
+    # --- stopping a running turn (POST .../cancel) ----------------------------------------
+
+    def _holds_lease(self, work: TurnWork) -> bool:
+        head = work.session.head
+        return (
+            head is not None
+            and head.status is ConversationStatus.RUNNING_TOOLS
+            and head.lease is not None
+            and head.lease.owner == work.owner
+        )
+
+    def _adopt_cancel(self, work: TurnWork) -> bool:
+        """Whether a cancel was written on the head this request runs; if so the session
+        takes that head (the cancel changed nothing else), so it can commit the stop."""
+        if not self._holds_lease(work):
+            return False
+        session = work.session
+        fresh = self.store.get_head(session.key)
+        assert session.head is not None
+        if (
+            fresh is None
+            or fresh.gen != session.gen
+            or fresh.version == session.head.version
+            or not cancel_requested(fresh)
+            or fresh.lease is None
+            or fresh.lease.owner != work.owner
+        ):
+            return False
+        session.head = fresh
+        return True
+
+    def _finish_cancel(self, work: TurnWork) -> None:
+        """Record the cancel the running request found and leave the conversation ready."""
+        session = work.session
+        assert session.head is not None and session.head.cancel is not None
+        cancel = session.head.cancel
+        cancel_turn(session, by=cancel.requested_by, reason=cancel.reason)
+        work.status_reason = "cancelled"
+        session.commit(ConversationStatus.COMPLETE)
+
+    def _stopped(self, work: TurnWork) -> bool:
+        """At a step boundary: stop here if a cancel asks this request to (one read of
+        the head, only while this request holds the lease)."""
+        if self._adopt_cancel(work):
+            self._finish_cancel(work)
+            return True
+        return False
+
+    def _commit(self, work: TurnWork, status: ConversationStatus) -> None:
+        """Commit the step; if a cancel was written meanwhile, keep what the step
+        recorded and stop the turn instead.
+
+        Raises:
+            ConversationBusy: another request (not a cancel) committed first.
+        """
+        try:
+            work.session.commit(status)
+        except ConversationBusy:
+            if not self._adopt_cancel(work):
+                raise
+            self._finish_cancel(work)
 
     def _call_model(self, work: TurnWork) -> tuple[ModelReply, RunRecord]:
         """Build the context to its budget (compacting first when older turns no longer
@@ -835,23 +1083,13 @@ class Conversations:
 
     @classmethod
     def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
-        """The calls that wait for a human or for the client, as the API shows them."""
-        return [
-            cls._pending_view(p)
-            for p in pending
-            if p.state in AWAITING_DECISION or p.state == "awaiting_client"
-        ]
+        """The calls that wait for someone (a decision, an output, the client, a job's
+        callback), as the API shows them."""
+        return [view(p) for p in pending if p.state in WAIT_OF_STATE]
 
     @staticmethod
     def _pending_view(pending: PendingCall) -> PendingToolCallView:
-        return PendingToolCallView(
-            id=pending.id,
-            name=pending.name,
-            arguments=pending.arguments,
-            requires="client" if pending.requires == "client" else "approval",
-            expires_at=pending.expires_at,
-            reason=pending.reason if pending.state == "outcome_unknown" else None,
-        )
+        return view(pending)
 
     def _response(self, work: TurnWork) -> TurnResponse:
         session = work.session
@@ -865,6 +1103,7 @@ class Conversations:
             output_json=work.output_json,
             output=work.output,
             pending_tool_calls=self._waiting(session.pending),
+            awaiting=open_waits(session.pending),
             usage=work.usage,
             context=ContextInfo(
                 messages_sent=work.messages_sent,
@@ -912,6 +1151,16 @@ def _turn_usage(session: Session) -> int:
         if event.turn == session.turn and isinstance(body := event.body(), AssistantMessage):
             total = total + body.usage
     return total.input_tokens + total.output_tokens
+
+
+def _callback_output(value: Any) -> str:
+    """A callback's ``output`` as the call's result text: a string as itself, nothing as
+    empty, any other JSON value as compact JSON (as an http tool's answer is kept)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _unique_ids(calls: list[ToolCall]) -> list[ToolCall]:

@@ -74,6 +74,13 @@ class Rejection(_Body):
     reason: str | None = None
 
 
+class CallOutput(_Body):
+    """The output a person (or the application) supplies for a waiting call."""
+
+    id: str = Field(min_length=1)
+    output: str
+
+
 class ApprovalRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/approvals``."""
 
@@ -84,20 +91,26 @@ class ApprovalRequest(_Body):
             "anyOf": [
                 {"required": ["approve"], "properties": {"approve": {"minItems": 1}}},
                 {"required": ["reject"], "properties": {"reject": {"minItems": 1}}},
+                {"required": ["outputs"], "properties": {"outputs": {"minItems": 1}}},
             ]
         },
     )
 
     approve: list[str] = Field(default_factory=list, json_schema_extra={"uniqueItems": True})
     reject: list[str | Rejection] = Field(default_factory=list)
+    outputs: list[CallOutput] = Field(
+        default_factory=list,
+        description="Outputs of human-input calls (or of deferred calls the application "
+        "settles itself).",
+    )
 
     @model_validator(mode="after")
     def _decides_something(self) -> ApprovalRequest:
-        if not self.approve and not self.reject:
-            raise ValueError("approve or reject at least one call")
-        ids = [*self.approve, *(self.rejections())]
+        if not self.approve and not self.reject and not self.outputs:
+            raise ValueError("approve, reject or give the output of at least one call")
+        ids = [*self.approve, *(self.rejections()), *(o.id for o in self.outputs)]
         if len(ids) != len(set(ids)):
-            raise ValueError("a call id may appear only once across approve and reject")
+            raise ValueError("a call id may appear only once across approve, reject and outputs")
         return self
 
     def rejections(self) -> dict[str, str | None]:
@@ -114,11 +127,13 @@ class PendingToolCallView(BaseModel):
     id: str
     name: str
     arguments: dict[str, Any]
-    requires: Literal["approval", "client"]
+    requires: Literal["approval", "client", "input", "async"]
     expires_at: datetime | None = None
     #: Why a call waits for a decision when it is not a plain approval
     #: (``outcome_unknown``: its tool may have run when its request died).
     reason: str | None = None
+    #: A deferred call's job id, as its tool named it.
+    task_id: str | None = None
 
 
 class OutputMessage(BaseModel):
@@ -156,7 +171,14 @@ class TurnResponse(BaseModel):
 
     conversation_id: str
     turn: int
-    status: Literal["complete", "awaiting_approval", "awaiting_client_tools"]
+    status: Literal[
+        "complete",
+        "awaiting_approval",
+        "awaiting_client_tools",
+        "awaiting_hitl",
+        "awaiting_async_tools",
+        "interrupted",
+    ]
     #: Extension: why a turn stopped early (``max_tool_steps``), else ``None``.
     status_reason: str | None = None
     output_text: str | None
@@ -166,6 +188,9 @@ class TurnResponse(BaseModel):
     pending_tool_calls: list[PendingToolCallView]
     usage: Usage
     context: ContextInfo
+    #: Everything still awaited (``approval``, ``input``, ``client``, ``async``), the
+    #: first being what ``status`` shows.
+    awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
 
 
 class ConversationView(BaseModel):
@@ -173,7 +198,13 @@ class ConversationView(BaseModel):
 
     conversation_id: str
     status: Literal[
-        "complete", "awaiting_approval", "awaiting_client_tools", "running_tools", "interrupted"
+        "complete",
+        "awaiting_approval",
+        "awaiting_client_tools",
+        "running_tools",
+        "interrupted",
+        "awaiting_hitl",
+        "awaiting_async_tools",
     ]
     turns: int
     events: int
@@ -189,6 +220,8 @@ class ConversationView(BaseModel):
     failed_turns: int = 0
     #: The last event sequence the newest context summary covers, or ``None``.
     summary_through: int | None = None
+    #: Everything the current turn still awaits (see ``TurnResponse.awaiting``).
+    awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
 
 
 class EventView(BaseModel):
@@ -240,3 +273,55 @@ class PurgeReportView(BaseModel):
     read_units: float
     #: ``False`` when the work stopped at its time budget; run it again to continue.
     complete: bool
+
+
+class CallbackRequest(_Body):
+    """Body of ``POST /v1/callbacks/{token}``: a deferred call's outcome."""
+
+    status: Literal["succeeded", "failed", "cancelled"]
+    output: Any = Field(
+        default=None,
+        description="The result (a string, or any JSON value, kept as compact JSON); for "
+        "failed, the error text the model reads.",
+    )
+    continue_: bool = Field(
+        default=False,
+        alias="continue",
+        description="true: continue the turn in this request when nothing else is pending "
+        "(the model is called and its answer stored); false: the result reaches the model "
+        "with the next turn.",
+    )
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class CallbackResponse(BaseModel):
+    """Answer of a callback: what was settled and where the conversation stands."""
+
+    conversation_id: str
+    call_id: str
+    settled: Literal["succeeded", "failed", "cancelled"]
+    status: str
+    awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
+    #: True when the turn was continued in this request (the model answered).
+    continued: bool = False
+
+
+class CancelRequestBody(_Body):
+    """Body of ``POST /v1/conversations/{id}/cancel`` (may be ``{}``)."""
+
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class CancelResponse(BaseModel):
+    """Answer of a cancel."""
+
+    conversation_id: str
+    turn: int
+    #: The status after the cancel: ``complete`` once a waiting turn is cancelled;
+    #: ``running_tools`` when the running request was asked to stop at its next step.
+    status: str
+    #: Calls recorded as cancelled by this request.
+    cancelled_call_ids: list[str] = Field(default_factory=list)
+    #: True when a running request was asked to stop (it records the cancel itself).
+    cancel_requested: bool = False

@@ -19,6 +19,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from .models import (
     KIND_OF_PAYLOAD,
+    CancelRequest,
     ConversationKey,
     ConversationStatus,
     Event,
@@ -74,6 +75,8 @@ class Session:
     provider_cursor: ProviderCursor | None = None
     #: Held while this request runs tools (written only with ``running_tools``).
     lease: Lease | None = None
+    #: A cancel request for the running turn (written only with ``running_tools``).
+    cancel: CancelRequest | None = None
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
 
@@ -208,6 +211,7 @@ class Session:
             token_scale=self.token_scale,
             provider_cursor=self.provider_cursor,
             lease=self.lease if status is ConversationStatus.RUNNING_TOOLS else None,
+            cancel=self.cancel if status is ConversationStatus.RUNNING_TOOLS else None,
         )
         written = self.store.commit(
             self.key,

@@ -74,7 +74,8 @@ _ERROR_CODES = {
     401: "unauthorized",
     404: "conversation_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
-    "unsupported_state_version, conversation_exists",
+    "unsupported_state_version, conversation_exists, input_pending",
+    410: "callback_invalid",
     413: "payload_too_large",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
     "idempotency_key_reused",
@@ -493,5 +494,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         return app.resolve(event, context)
 
 
-# The OpenAI-compatible face adds its routes to ``app`` (it imports the names above).
-from . import openai_face  # noqa: E402, F401
+# The OpenAI-compatible face and the routes of waiting turns (cancel, callbacks) add
+# their routes to ``app`` (they import the names above).
+from . import openai_face, waits  # noqa: E402, F401

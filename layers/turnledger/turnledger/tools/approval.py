@@ -227,12 +227,15 @@ def requirement(
             only add an approval requirement, never waive one.
 
     Returns:
-        ``"client"`` for a client-side tool (the caller runs it), ``"approval"`` when
+        ``"client"`` for a client-side tool (the caller runs it), ``"input"`` for a
+        human-input tool (a person supplies its output), ``"approval"`` when
         the registry's rule or ``extra_approval`` asks for a human decision, else
         ``"none"``.
     """
     if tool.executor.type == "client":
         return "client"
+    if tool.executor.type == "human":
+        return "input"  # the person who answers it is the decision
     if approval_required(tool.require_approval, arguments) or tool.name in extra_approval:
         return "approval"
     return "none"

@@ -47,14 +47,21 @@ class ToolInvocation:
     tenant: str
     conversation_id: str
     idempotency_key: str
+    #: Where a tool that finishes the call later (``202``) reports its outcome.
+    callback_url: str | None = None
 
 
 @dataclass(frozen=True)
 class ToolOutcome:
-    """What a tool call produced: its output, or the error text when ``is_error``."""
+    """What a tool call produced: its output, or the error text when ``is_error``.
+
+    ``task_id`` set: the tool accepted the call to finish it elsewhere (deferred);
+    ``output`` is then empty and the outcome comes later, through its callback.
+    """
 
     output: str
     is_error: bool = False
+    task_id: str | None = None
 
 
 class Executor(Protocol):
@@ -92,12 +99,30 @@ def _short(text: str) -> str:
 
 
 def _request_body(invocation: ToolInvocation) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "tool": invocation.tool.name,
         "call_id": invocation.call.id,
         "conversation_id": invocation.conversation_id,
         "arguments": invocation.call.arguments,
     }
+    if invocation.callback_url is not None:
+        body["callback_url"] = invocation.callback_url
+    return body
+
+
+def _deferred(name: str, response: httpx.Response) -> ToolOutcome:
+    """A ``202`` answer: deferred with its ``task_id``, or an error the model can read."""
+    try:
+        value = response.json()
+    except ValueError:
+        value = None
+    task_id = value.get("task_id") if isinstance(value, dict) else None
+    if not isinstance(task_id, str) or not task_id or len(task_id) > 256:
+        return ToolOutcome(
+            f"tool {name} answered 202 without a task_id (a string of 1-256 characters)",
+            is_error=True,
+        )
+    return ToolOutcome("", task_id=task_id)
 
 
 def _encode(body: dict[str, Any]) -> bytes:
@@ -153,6 +178,8 @@ class HttpExecutor:
         except httpx.TransportError as exc:
             _unreachable(name, exc)
             return ToolOutcome(f"tool {name} failed: {type(exc).__name__}", is_error=True)
+        if response.status_code == 202:
+            return _deferred(name, response)
         if not response.is_success:
             return ToolOutcome(
                 f"tool {name} failed: HTTP {response.status_code}: {_short(response.text)}",
@@ -284,8 +311,8 @@ class ToolRunner:
             ValueError: the tool is a client-side tool.
         """
         tool = invocation.tool
-        if tool.executor.type == "client":
-            raise ValueError(f"tool {tool.name} is a client tool; the caller runs it")
+        if tool.executor.type in ("client", "human"):
+            raise ValueError(f"tool {tool.name} is a {tool.executor.type} tool; it never runs here")
         invalid = tool.validate_call(invocation.call)
         if invalid is not None:
             return ToolOutcome(invalid, is_error=True)
@@ -308,7 +335,7 @@ class ToolRunner:
         Raises:
             ValueError: an invocation is of a client-side tool (checked before any runs).
         """
-        clients = [i.tool.name for i in invocations if i.tool.executor.type == "client"]
+        clients = [i.tool.name for i in invocations if i.tool.executor.type in ("client", "human")]
         if clients:
             raise ValueError(f"client tools cannot be run on the server: {', '.join(clients)}")
         if len(invocations) <= 1:

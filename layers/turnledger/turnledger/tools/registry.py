@@ -66,6 +66,10 @@ class HttpExecutorConfig(_Config):
     headers: dict[str, str] = Field(default_factory=dict)
     #: Per-call timeout; the deployment's ``TOOL_TIMEOUT_SECONDS`` when ``None``.
     timeout_seconds: float | None = Field(default=None, gt=0)
+    #: How long a deferred call (the endpoint answered ``202 {"task_id"}``) may wait for
+    #: its callback before it is recorded as failed; ``APPROVAL_TTL_SECONDS`` when
+    #: ``None``, and never past the conversation's TTL.
+    deferred_ttl_seconds: int | None = Field(default=None, gt=0)
 
     @field_validator("url")
     @classmethod
@@ -93,8 +97,15 @@ class ClientExecutorConfig(_Config):
     type: Literal["client"]
 
 
+class HumanExecutorConfig(_Config):
+    """A person supplies the call's output (``outputs`` on the approvals route, or a
+    ``function_call_output`` item): the turn waits as ``awaiting_hitl``."""
+
+    type: Literal["human"]
+
+
 ExecutorConfig = Annotated[
-    HttpExecutorConfig | LambdaExecutorConfig | ClientExecutorConfig,
+    HttpExecutorConfig | LambdaExecutorConfig | ClientExecutorConfig | HumanExecutorConfig,
     Field(discriminator="type"),
 ]
 

@@ -1,0 +1,51 @@
+"""Routes of turns that wait: cancel a turn, and settle a deferred tool call by callback.
+
+``POST /v1/callbacks/{token}`` has no authorizer (the template opens it with
+``Auth: NONE``): the signed token is the credential, and the tenant comes from
+it once verified (:mod:`turnledger.callbacks`), never from anything else in
+the request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path
+
+from ..callbacks import MAX_TOKEN_CHARS, signing_key, verify
+from ..runtime import get_runtime
+from ..schemas import CallbackRequest, CallbackResponse, CancelRequestBody, CancelResponse
+from .app import ConversationId, _responses, app, caller
+
+CallbackToken = Annotated[
+    str, Path(max_length=MAX_TOKEN_CHARS, description="The signed token of the callback_url")
+]
+
+
+@app.post(
+    "/v1/conversations/<conversation_id>/cancel",
+    responses=_responses(CancelResponse, 400, 401, 404, 409, 413, 422, 503),
+)
+def post_cancel(
+    conversation_id: ConversationId, request: Annotated[CancelRequestBody, Body()]
+) -> CancelResponse:
+    """Stop a running or waiting turn at the next step boundary; results recorded stay."""
+    who = caller(conversation_id)
+    return (
+        get_runtime()
+        .conversations_for(who.tenant)
+        .cancel(who, conversation_id, reason=request.reason)
+    )
+
+
+@app.post(
+    "/v1/callbacks/<token>",
+    responses=_responses(CallbackResponse, 400, 409, 410, 413, 422, 502, 503, 504),
+)
+def post_callback(
+    token: CallbackToken, request: Annotated[CallbackRequest, Body()]
+) -> CallbackResponse:
+    """Settle a deferred tool call: the token is the only credential (single use)."""
+    runtime = get_runtime()
+    claims = verify(signing_key(), token, now=runtime.conversations.clock())
+    return runtime.conversations_for(claims.tenant).settle_callback(claims, request)

@@ -1,0 +1,150 @@
+"""Signed callback tokens of deferred tool calls.
+
+A deferred call's executor request carries ``callback_url`` =
+``<PUBLIC_BASE_URL>/v1/callbacks/<token>``. The token is its own credential (the
+route has no authorizer), so it says everything the settle needs and is signed:
+
+``base64url(claims JSON) "." base64url(HMAC-SHA256(key, claims JSON))``
+
+with claims tenant, conversation id, the conversation's life (its head's
+``created_at``: a cleared and re-created conversation of the same id is another
+life), call id, the call's idempotency key and the token's deadline (epoch
+seconds). Single use is not the token's business: the settle is a conditional
+commit on the call's ``deferred`` state, so a token used twice finds its call
+settled and is refused.
+
+The key: ``CALLBACK_KEY`` (hex; the local runner generates one), else the Secrets
+Manager secret ``CALLBACK_SECRET_ARN`` (read through Powertools parameters,
+cached). No key: deferred calls get no ``callback_url`` (the application settles
+them with ``outputs`` on the approvals route) and every callback is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+
+from .exceptions import CallbackInvalid
+
+#: How long a key read from Secrets Manager is cached (seconds).
+SECRET_MAX_AGE_SECONDS = 300
+
+#: Tokens longer than this are refused unread (a real one is ~300 characters).
+MAX_TOKEN_CHARS = 2048
+
+
+@dataclass(frozen=True)
+class CallbackClaims:
+    """What a callback token binds: one deferred call of one conversation's life."""
+
+    tenant: str
+    conversation_id: str
+    #: The conversation's ``created_at`` (ISO 8601): names its life.
+    life: str
+    call_id: str
+    idempotency_key: str
+    #: Epoch seconds after which the token is refused.
+    deadline: int
+
+    def to_json(self) -> bytes:
+        """The claims as compact JSON (what is signed)."""
+        return json.dumps(
+            [
+                self.tenant,
+                self.conversation_id,
+                self.life,
+                self.call_id,
+                self.idempotency_key,
+                self.deadline,
+            ],
+            separators=(",", ":"),
+            ensure_ascii=True,
+        ).encode("ascii")
+
+
+def life_of(created_at: datetime) -> str:
+    """The life marker of a conversation created at ``created_at``."""
+    return created_at.isoformat()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def sign(key: bytes, claims: CallbackClaims) -> str:
+    """The token of ``claims`` under ``key``."""
+    body = claims.to_json()
+    mac = hmac.new(key, body, hashlib.sha256).digest()
+    return f"{_b64(body)}.{_b64(mac)}"
+
+
+def verify(key: bytes | None, token: str, *, now: datetime) -> CallbackClaims:
+    """The claims of a genuine, unexpired token.
+
+    Raises:
+        CallbackInvalid: no key, a malformed or forged token, or one past its deadline.
+            The message never says which, so a forger learns nothing.
+    """
+    refused = CallbackInvalid("this callback token is not valid (forged, expired or used)")
+    if key is None or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
+        raise refused
+    body_text, mac_text = token.split(".")
+    try:
+        body, mac = _unb64(body_text), _unb64(mac_text)
+    except (binascii.Error, ValueError):
+        raise refused from None
+    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
+        raise refused
+    try:
+        parts = json.loads(body)
+        claims = CallbackClaims(*parts)
+    except (ValueError, TypeError):
+        raise refused from None
+    if not isinstance(claims.deadline, int) or now.timestamp() >= claims.deadline:
+        raise refused
+    return claims
+
+
+def signing_key() -> bytes | None:
+    """The deployment's callback signing key, or ``None`` when none is configured.
+
+    Raises:
+        ValueError: ``CALLBACK_KEY`` is not hex.
+    """
+    local = os.environ.get("CALLBACK_KEY")
+    if local:
+        return bytes.fromhex(local)
+    arn = os.environ.get("CALLBACK_SECRET_ARN")
+    if not arn:
+        return None
+    # Imported here: only requests that sign or verify a callback pay for it.
+    from aws_lambda_powertools.utilities import parameters
+
+    secret = parameters.get_secret(arn, max_age=SECRET_MAX_AGE_SECONDS)
+    text = secret.decode() if isinstance(secret, bytes) else str(secret)
+    return text.encode("utf-8")
+
+
+def public_base_url() -> str | None:
+    """This API's public base URL (``PUBLIC_BASE_URL``), without a trailing slash."""
+    url = os.environ.get("PUBLIC_BASE_URL", "").strip()
+    return url.rstrip("/") or None
+
+
+def callback_url(claims: CallbackClaims) -> str | None:
+    """The URL a deferred call's tool POSTs its outcome to (``None``: not configured)."""
+    base = public_base_url()
+    key = signing_key()
+    if base is None or key is None:
+        return None
+    return f"{base}/v1/callbacks/{sign(key, claims)}"
