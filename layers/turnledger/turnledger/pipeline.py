@@ -274,7 +274,9 @@ class Conversations:
             work.executed = False
             # A resumed run may have handed calls to a human (their outcome is unknown).
             awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
-        if awaiting:
+        # Outputs alone (no new message) settle their own calls whatever else waits:
+        # each wait of a turn is settled on its own, the model is called after the last.
+        if awaiting and messages:
             raise ApprovalPending(
                 "tool calls of this conversation await approval; decide them first",
                 details={

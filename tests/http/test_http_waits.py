@@ -1,0 +1,534 @@
+"""Tools that wait, over HTTP through the local runner: human input, deferred tools settled
+by signed callbacks, mixed waits in one turn, cancel and interrupted turns.
+
+One runner per module on DynamoDB Local (concurrent callbacks and cancels need a real
+engine), its functions reading their time from a clock file the tests move. The deferred
+tool is a real HTTP sink answering ``202 {"task_id"}``; its job is played by the test,
+which POSTs the ``callback_url`` the sink received, with no credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig, LocalRunner
+
+from tests.functional.http_sink import HttpSink, RecordedRequest, Reply
+from tests.functional.test_tool_turns import lines, tool_line
+from tests.support.aws import unique_name
+from tests.support.factories import START
+
+pytestmark = pytest.mark.integration
+
+ANN = {"Authorization": "Bearer local:acme:ann"}
+BEN = {"Authorization": "Bearer local:acme:ben"}
+
+#: The deferred tool's window for its callback.
+DEFERRED_TTL = 600
+
+
+def registry(sink: HttpSink) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "ask_operator",
+            "description": "Ask a person.",
+            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+            "executor": {"type": "human"},
+        },
+        {
+            "name": "run_report",
+            "description": "A long job.",
+            "parameters": {"type": "object"},
+            "executor": {
+                "type": "http",
+                "url": sink.url("/report"),
+                "deferred_ttl_seconds": DEFERRED_TTL,
+            },
+        },
+        {
+            "name": "send_email",
+            "parameters": {"type": "object"},
+            "require_approval": True,
+            "executor": {"type": "http", "url": sink.url("/email")},
+        },
+        {"name": "lookup_user", "parameters": {"type": "object"}, "executor": {"type": "client"}},
+        {
+            "name": "slow_step",
+            "parameters": {"type": "object"},
+            "executor": {"type": "http", "url": sink.url("/slow"), "timeout_seconds": 20},
+        },
+    ]
+
+
+@pytest.fixture(scope="module")
+def sink() -> Iterator[HttpSink]:
+    with HttpSink(dedupe=True) as server:
+        server.respond("/report", Reply(status=202, body={"task_id": "job-1"}))
+        server.respond("/email", Reply(body={"sent": True}))
+        server.respond("/slow", Reply(body={"slow": "done"}, delay=3.0))
+        yield server
+
+
+@pytest.fixture(scope="module")
+def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
+    return ClockFile(tmp_path_factory.mktemp("clock") / "clock", START)
+
+
+@pytest.fixture(scope="module")
+def runner(
+    sink: HttpSink,
+    clock: ClockFile,
+    ddb_local_endpoint: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LocalRunner]:
+    tools = tmp_path_factory.mktemp("registry") / "tools.json"
+    tools.write_text(json.dumps({"tools": registry(sink)}), encoding="utf-8")
+    config = LocalConfig(
+        port=0,
+        ttl_seconds=30 * 86400,
+        tools_file=tools,
+        dynamodb_endpoint=ddb_local_endpoint,
+        table=unique_name("conversations"),
+        bucket=unique_name("artifacts"),
+        clock_file=clock.path,
+    )
+    with LocalRunner(config) as served:
+        yield served
+
+
+@pytest.fixture
+def client(runner: LocalRunner) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
+        yield http
+
+
+@pytest.fixture
+def anonymous(runner: LocalRunner) -> Iterator[httpx.Client]:
+    """A client with no credentials: what a tool's job has."""
+    with httpx.Client(timeout=30) as http:
+        yield http
+
+
+@pytest.fixture
+def conversation() -> str:
+    return f"wait-{uuid.uuid4().hex[:12]}"
+
+
+def turn(client: httpx.Client, conversation: str, text: Any) -> httpx.Response:
+    return client.post(f"/v1/conversations/{conversation}/turns", json={"input": text})
+
+
+def approvals(
+    client: httpx.Client, conversation: str, headers: dict[str, str] | None = None, **body: Any
+) -> httpx.Response:
+    return client.post(f"/v1/conversations/{conversation}/approvals", json=body, headers=headers)
+
+
+def ok(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"code", "message", "details"}
+    return error
+
+
+def events(client: httpx.Client, conversation: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = ok(
+        client.get(f"/v1/conversations/{conversation}/events", params={"limit": 1000})
+    )["events"]
+    return found
+
+
+def kinds(client: httpx.Client, conversation: str) -> list[str]:
+    return [e["kind"] for e in events(client, conversation)]
+
+
+def report_request(sink: HttpSink, conversation: str) -> RecordedRequest:
+    [request] = [
+        r for r in sink.requests_for("/report") if r.json()["conversation_id"] == conversation
+    ]
+    return request
+
+
+def callback_url(sink: HttpSink, conversation: str) -> str:
+    url: str = report_request(sink, conversation).json()["callback_url"]
+    return url
+
+
+# --- human input ---------------------------------------------------------------------------
+
+
+def test_human_tool_waits_and_is_answered_on_the_approvals_route(
+    client: httpx.Client, conversation: str
+) -> None:
+    """awaiting_hitl with requires "input"; a plain turn is 409 input_pending; the output
+    from another person continues the turn; the transcript says who gave it."""
+    paused = ok(turn(client, conversation, tool_line("ask_operator", question="budget?")))
+    assert paused["status"] == "awaiting_hitl" and paused["awaiting"] == ["input"]
+    [pending] = paused["pending_tool_calls"]
+    assert (pending["id"], pending["requires"]) == ("call_1", "input")
+    head = ok(client.get(f"/v1/conversations/{conversation}"))
+    assert head["status"] == "awaiting_hitl" and head["awaiting"] == ["input"]
+
+    before = kinds(client, conversation)
+    refused = error_of(turn(client, conversation, "Hello?"), 409)
+    assert refused["code"] == "input_pending"
+    assert [p["id"] for p in refused["details"]["pending_tool_calls"]] == ["call_1"]
+    assert kinds(client, conversation) == before  # nothing stored
+
+    unknown = error_of(
+        approvals(client, conversation, outputs=[{"id": "nope", "output": "x"}]), 422
+    )
+    assert unknown["code"] == "unknown_tool_call"
+    done = ok(approvals(client, conversation, BEN, outputs=[{"id": "call_1", "output": "42k"}]))
+    assert done["status"] == "complete" and done["awaiting"] == []
+    assert done["output_text"] == "Tool results: ask_operator: 42k"
+    provided = [e for e in events(client, conversation) if e["kind"] == "tool_input_provided"]
+    assert [(e["actor"], e["payload"]["provided_by"], e["payload"]["via"]) for e in provided] == [
+        ("ben", "ben", "approvals")
+    ]
+    again = error_of(
+        approvals(client, conversation, outputs=[{"id": "call_1", "output": "x"}]), 422
+    )
+    assert again["code"] == "unknown_tool_call"
+
+
+def test_human_tool_answered_by_a_function_call_output(
+    client: httpx.Client, conversation: str
+) -> None:
+    ok(turn(client, conversation, tool_line("ask_operator", question="name?")))
+    done = ok(
+        turn(
+            client,
+            conversation,
+            [{"type": "function_call_output", "call_id": "call_1", "output": "Ada"}],
+        )
+    )
+    assert done["status"] == "complete" and done["turn"] == 1
+    assert done["output_text"] == "Tool results: ask_operator: Ada"
+    [provided] = [e for e in events(client, conversation) if e["kind"] == "tool_input_provided"]
+    assert provided["payload"]["via"] == "turn"
+
+
+# --- deferred tools and callbacks ------------------------------------------------------------
+
+
+def test_deferred_tool_is_settled_by_its_signed_callback(
+    client: httpx.Client,
+    anonymous: httpx.Client,
+    sink: HttpSink,
+    runner: LocalRunner,
+    conversation: str,
+) -> None:
+    """202 {"task_id"} defers the call; the job POSTs the callback_url with no other
+    credentials and continues the turn; a replay is 410 and stores nothing."""
+    paused = ok(turn(client, conversation, tool_line("run_report", month="11")))
+    assert paused["status"] == "awaiting_async_tools" and paused["awaiting"] == ["async"]
+    [pending] = paused["pending_tool_calls"]
+    assert (pending["requires"], pending["task_id"]) == ("async", "job-1")
+    request = report_request(sink, conversation)
+    assert request.idempotency_key
+    url = request.json()["callback_url"]
+    assert url.startswith(f"{runner.url}/v1/callbacks/")
+    assert "tool_call_deferred" in kinds(client, conversation)
+    refused = error_of(turn(client, conversation, "Is it done?"), 409)
+    assert refused["code"] == "input_pending"
+
+    settled = ok(
+        anonymous.post(url, json={"status": "succeeded", "output": {"rows": 3}, "continue": True})
+    )
+    assert settled["settled"] == "succeeded" and settled["continued"] is True
+    assert settled["status"] == "complete"
+    transcript = events(client, conversation)
+    [settle] = [e for e in transcript if e["kind"] == "tool_call_settled"]
+    assert settle["payload"] == {
+        "call_id": "call_1",
+        "name": "run_report",
+        "status": "succeeded",
+        "via": "callback",
+        "task_id": "job-1",
+    }
+    assert transcript[-1]["kind"] == "assistant_message"
+    assert transcript[-1]["payload"]["content"] == 'Tool results: run_report: {"rows":3}'
+
+    replay = error_of(anonymous.post(url, json={"status": "failed", "output": "again"}), 410)
+    assert replay["code"] == "callback_invalid"
+    assert events(client, conversation) == transcript
+
+
+def test_callback_without_continue_reaches_the_model_with_the_next_turn(
+    client: httpx.Client, anonymous: httpx.Client, sink: HttpSink, conversation: str
+) -> None:
+    ok(turn(client, conversation, tool_line("run_report")))
+    settled = ok(
+        anonymous.post(
+            callback_url(sink, conversation), json={"status": "failed", "output": "disk full"}
+        )
+    )
+    assert (settled["continued"], settled["status"]) == (False, "complete")
+    assert kinds(client, conversation)[-1] == "tool_result"
+    [result] = [e for e in events(client, conversation) if e["kind"] == "tool_result"]
+    assert result["payload"]["is_error"] is True
+    assert result["payload"]["output"] == "tool run_report failed: disk full"
+    nxt = ok(turn(client, conversation, "And now?"))
+    assert nxt["turn"] == 2 and nxt["output_text"] == "Noted (2 user messages so far)."
+
+
+def _tampered(url: str) -> list[str]:
+    base, _, token = url.rpartition("/")
+    claims, _, mac = token.partition(".")
+    flipped_mac = mac[:-2] + ("A" if mac[-2] != "A" else "B") + mac[-1]
+    other_claims = claims[:-3] + ("x" if claims[-3] != "x" else "y") + claims[-2:]
+    return [
+        f"{base}/{claims}.{flipped_mac}",
+        f"{base}/{other_claims}.{mac}",
+        f"{base}/{claims}",
+        f"{base}/not-a-token",
+    ]
+
+
+def test_forged_and_expired_callbacks_are_refused_and_store_nothing(
+    client: httpx.Client,
+    anonymous: httpx.Client,
+    sink: HttpSink,
+    clock: ClockFile,
+    conversation: str,
+) -> None:
+    ok(turn(client, conversation, tool_line("run_report")))
+    url = callback_url(sink, conversation)
+    before = events(client, conversation)
+    for forged in _tampered(url):
+        error = error_of(anonymous.post(forged, json={"status": "succeeded", "output": "x"}), 410)
+        assert error["code"] == "callback_invalid"
+    # A body that fails the schema is refused before anything else.
+    assert anonymous.post(url, json={"status": "done"}).status_code == 422
+    assert events(client, conversation) == before
+
+    clock.advance(DEFERRED_TTL + 1)
+    late = error_of(anonymous.post(url, json={"status": "succeeded", "output": "x"}), 410)
+    assert late["code"] == "callback_invalid"
+    assert events(client, conversation) == before
+    # Read-through: GET records the timeout at once.
+    head = ok(client.get(f"/v1/conversations/{conversation}"))
+    assert head["status"] == "complete" and head["pending_tool_calls"] == []
+    [settle] = [e for e in events(client, conversation) if e["kind"] == "tool_call_settled"]
+    assert (settle["payload"]["status"], settle["payload"]["via"]) == ("failed", "timeout")
+    [result] = [e for e in events(client, conversation) if e["kind"] == "tool_result"]
+    assert "timed out" in result["payload"]["output"]
+
+
+def test_a_token_of_a_cleared_conversation_is_refused_in_its_next_life(
+    client: httpx.Client, anonymous: httpx.Client, sink: HttpSink, conversation: str
+) -> None:
+    ok(turn(client, conversation, tool_line("run_report")))
+    url = callback_url(sink, conversation)
+    assert client.delete(f"/v1/conversations/{conversation}").status_code == 204
+    ok(turn(client, conversation, "A new life."))
+    error = error_of(anonymous.post(url, json={"status": "succeeded", "output": "x"}), 410)
+    assert error["code"] == "callback_invalid"
+    assert kinds(client, conversation) == ["user_message", "assistant_message"]
+
+
+# --- several waits in one turn ---------------------------------------------------------------
+
+MIXED = lines(
+    tool_line("send_email", to="a@x"),
+    tool_line("ask_operator", question="ok?"),
+    tool_line("run_report"),
+    tool_line("lookup_user", id=7),
+)
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ["approval", "input", "client", "async"],
+        ["async", "client", "input", "approval"],
+        ["input", "async", "approval", "client"],
+    ],
+    ids=lambda order: "-".join(order),
+)
+def test_mixed_waits_are_settled_one_by_one_and_the_model_is_called_once(
+    client: httpx.Client,
+    anonymous: httpx.Client,
+    sink: HttpSink,
+    conversation: str,
+    order: list[str],
+) -> None:
+    first = ok(turn(client, conversation, MIXED))
+    assert first["status"] == "awaiting_approval"
+    assert first["awaiting"] == ["approval", "input", "client", "async"]
+    assert {p["id"]: p["requires"] for p in first["pending_tool_calls"]} == {
+        "call_1": "approval",
+        "call_2": "input",
+        "call_3": "async",
+        "call_4": "client",
+    }
+    settle = {
+        "approval": lambda: approvals(client, conversation, approve=["call_1"]),
+        "input": lambda: approvals(
+            client, conversation, outputs=[{"id": "call_2", "output": "yes"}]
+        ),
+        "client": lambda: turn(
+            client,
+            conversation,
+            [{"type": "function_call_output", "call_id": "call_4", "output": "Ada"}],
+        ),
+        "async": lambda: anonymous.post(
+            callback_url(sink, conversation),
+            json={"status": "succeeded", "output": "report", "continue": True},
+        ),
+    }
+    status_of = {
+        "approval": "awaiting_approval",
+        "input": "awaiting_hitl",
+        "client": "awaiting_client_tools",
+        "async": "awaiting_async_tools",
+    }
+    left = ["approval", "input", "client", "async"]
+    for step, wait in enumerate(order):
+        answer = ok(settle[wait]())
+        left.remove(wait)
+        head = ok(client.get(f"/v1/conversations/{conversation}"))
+        assert head["awaiting"] == left
+        assert head["status"] == (status_of[left[0]] if left else "complete")
+        answers = [e for e in events(client, conversation) if e["kind"] == "assistant_message"]
+        # The model is called again only once nothing is pending.
+        assert len(answers) == (1 if step < 3 else 2), wait
+    assert answers[-1]["payload"]["content"] == (
+        'Tool results: send_email: {"sent":true}; ask_operator: yes; run_report: report; '
+        "lookup_user: Ada"
+    )
+    # The last settle answered the turn (a callback answers what it settled).
+    assert answer.get("output_text", answer.get("continued")) in (
+        True,
+        answers[-1]["payload"]["content"],
+    )
+
+
+# --- cancel and interrupted ------------------------------------------------------------------
+
+
+def test_cancel_of_a_waiting_turn_records_who_and_keeps_results(
+    client: httpx.Client, anonymous: httpx.Client, sink: HttpSink, conversation: str
+) -> None:
+    ok(turn(client, conversation, lines(tool_line("ask_operator"), tool_line("run_report"))))
+    url = callback_url(sink, conversation)
+    cancelled = ok(
+        client.post(
+            f"/v1/conversations/{conversation}/cancel",
+            json={"reason": "wrong question"},
+            headers=BEN,
+        )
+    )
+    assert cancelled["status"] == "complete"
+    assert cancelled["cancelled_call_ids"] == ["call_1", "call_2"]
+    transcript = events(client, conversation)
+    interrupted = transcript[-1]
+    assert interrupted["kind"] == "turn_interrupted" and interrupted["actor"] == "ben"
+    assert interrupted["payload"] == {
+        "interrupted_by": "ben",
+        "cancelled_call_ids": ["call_1", "call_2"],
+        "reason": "wrong question",
+    }
+    # The job's late callback finds its call settled.
+    error = error_of(anonymous.post(url, json={"status": "succeeded", "output": "x"}), 410)
+    assert error["code"] == "callback_invalid"
+    # Ready for a new turn.
+    nxt = ok(turn(client, conversation, "Next."))
+    assert nxt["status"] == "complete" and nxt["turn"] == 2
+    # Nothing to cancel: answered as is.
+    idle = ok(client.post(f"/v1/conversations/{conversation}/cancel", json={}))
+    assert idle["cancelled_call_ids"] == [] and idle["status"] == "complete"
+
+
+def test_a_callback_racing_a_cancel_exactly_one_wins(
+    client: httpx.Client, anonymous: httpx.Client, sink: HttpSink
+) -> None:
+    for _ in range(4):
+        conversation = f"race-{uuid.uuid4().hex[:10]}"
+        ok(turn(client, conversation, tool_line("run_report")))
+        url = callback_url(sink, conversation)
+        results: dict[str, httpx.Response] = {}
+        start = threading.Barrier(2)
+
+        def cancel(conversation: str = conversation) -> None:
+            start.wait()
+            results["cancel"] = client.post(f"/v1/conversations/{conversation}/cancel", json={})
+
+        def callback(url: str = url) -> None:
+            start.wait()
+            results["callback"] = anonymous.post(
+                url, json={"status": "succeeded", "output": "done"}
+            )
+
+        threads = [threading.Thread(target=cancel), threading.Thread(target=callback)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        transcript = events(client, conversation)
+        settles = [e for e in transcript if e["kind"] == "tool_call_settled"]
+        results_of_call = [e for e in transcript if e["kind"] == "tool_result"]
+        assert len(settles) == 1 and len(results_of_call) == 1  # never both, never half
+        won = settles[0]["payload"]["via"]
+        if won == "callback":
+            assert results["callback"].status_code == 200
+            cancel_answer = results["cancel"]
+            # The cancel came second (nothing left to cancel) or lost the commit race.
+            assert cancel_answer.status_code in (200, 409), cancel_answer.text
+            if cancel_answer.status_code == 200:
+                assert cancel_answer.json()["cancelled_call_ids"] == []
+        else:
+            assert won == "cancel"
+            assert results["cancel"].json()["cancelled_call_ids"] == ["call_1"]
+            assert results["callback"].status_code in (410, 409), results["callback"].text
+        assert ok(client.get(f"/v1/conversations/{conversation}"))["status"] == "complete"
+
+
+def test_cancel_of_a_running_turn_stops_it_at_the_next_step(
+    client: httpx.Client, sink: HttpSink, conversation: str
+) -> None:
+    """A cancel meeting a live lease is a request on the head; the running request sees
+    it after its tool step, records the tool's result and the cancel, and stops before
+    calling the model again."""
+    answer: dict[str, httpx.Response] = {}
+    running = threading.Thread(
+        target=lambda: answer.setdefault("turn", turn(client, conversation, tool_line("slow_step")))
+    )
+    running.start()
+    for _ in range(100):
+        head = client.get(f"/v1/conversations/{conversation}")
+        if head.status_code == 200 and head.json()["status"] == "running_tools":
+            break
+        threading.Event().wait(0.05)
+    else:
+        pytest.fail("the turn never started running its tool")
+    requested = ok(client.post(f"/v1/conversations/{conversation}/cancel", json={}, headers=BEN))
+    assert requested["cancel_requested"] is True and requested["status"] == "running_tools"
+    running.join()
+    stopped = ok(answer["turn"])
+    assert stopped["status"] == "complete" and stopped["status_reason"] == "cancelled"
+    transcript = events(client, conversation)
+    assert [e["kind"] for e in transcript] == [
+        "user_message",
+        "assistant_message",
+        "tool_call_requested",
+        "tool_result",
+        "turn_interrupted",
+    ]
+    assert transcript[3]["payload"]["output"] == '{"slow":"done"}'  # kept
+    assert transcript[-1]["payload"]["interrupted_by"] == "ben"
+    assert ok(client.get(f"/v1/conversations/{conversation}"))["status"] == "complete"
