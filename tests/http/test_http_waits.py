@@ -454,6 +454,29 @@ def test_cancel_of_a_waiting_turn_records_who_and_keeps_results(
     assert idle["cancelled_call_ids"] == [] and idle["status"] == "complete"
 
 
+def race(
+    client: httpx.Client, anonymous: httpx.Client, conversation: str, url: str
+) -> dict[str, httpx.Response]:
+    """A cancel and a callback sent at the same instant (from two threads); their answers."""
+    results: dict[str, httpx.Response] = {}
+    start = threading.Barrier(2)
+
+    def cancel() -> None:
+        start.wait()
+        results["cancel"] = client.post(f"/v1/conversations/{conversation}/cancel", json={})
+
+    def callback() -> None:
+        start.wait()
+        results["callback"] = anonymous.post(url, json={"status": "succeeded", "output": "done"})
+
+    threads = [threading.Thread(target=cancel), threading.Thread(target=callback)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def test_a_callback_racing_a_cancel_exactly_one_wins(
     client: httpx.Client, anonymous: httpx.Client, sink: HttpSink
 ) -> None:
@@ -461,24 +484,7 @@ def test_a_callback_racing_a_cancel_exactly_one_wins(
         conversation = f"race-{uuid.uuid4().hex[:10]}"
         ok(turn(client, conversation, tool_line("run_report")))
         url = callback_url(sink, conversation)
-        results: dict[str, httpx.Response] = {}
-        start = threading.Barrier(2)
-
-        def cancel(conversation: str = conversation) -> None:
-            start.wait()
-            results["cancel"] = client.post(f"/v1/conversations/{conversation}/cancel", json={})
-
-        def callback(url: str = url) -> None:
-            start.wait()
-            results["callback"] = anonymous.post(
-                url, json={"status": "succeeded", "output": "done"}
-            )
-
-        threads = [threading.Thread(target=cancel), threading.Thread(target=callback)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        results = race(client, anonymous, conversation, url)
         transcript = events(client, conversation)
         settles = [e for e in transcript if e["kind"] == "tool_call_settled"]
         results_of_call = [e for e in transcript if e["kind"] == "tool_result"]

@@ -1,0 +1,191 @@
+"""The one state machine of tool calls and statuses (turnledger.turnstate), and the signed
+callback tokens of deferred calls (turnledger.callbacks)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any, get_args
+
+import pytest
+from turnledger import callbacks
+from turnledger.exceptions import ApprovalPending, CallbackInvalid, InputPending
+from turnledger.models import ConversationStatus, PendingCall
+from turnledger.turnstate import (
+    CALL_TRANSITIONS,
+    WAIT_OF_STATE,
+    CallState,
+    IllegalTransition,
+    awaiting,
+    move,
+    status_for,
+    waits_for_person,
+)
+
+NOW = datetime(2099, 1, 15, 12, 0, tzinfo=UTC)
+
+
+def call(state: str, call_id: str = "c1", **extra: Any) -> PendingCall:
+    return PendingCall.model_validate(
+        {
+            "id": call_id,
+            "name": "tool",
+            "arguments": {},
+            "requires": "none",
+            "state": state,
+            "idempotency_key": "k" * 32,
+            "arguments_sha256": "0" * 64,
+            **extra,
+        }
+    )
+
+
+STATES = list(get_args(CallState))
+
+
+def test_every_stored_state_is_in_the_table() -> None:
+    stored = set(get_args(PendingCall.model_fields["state"].annotation))
+    assert stored == set(STATES) == {s for s in CALL_TRANSITIONS if s is not None}
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(STATES, STATES)))
+def test_moves_follow_the_table(source: str, target: str) -> None:
+    pending = call(source)
+    if target in CALL_TRANSITIONS[source]:
+        assert move(pending, target).state == target  # type: ignore[arg-type]
+    else:
+        with pytest.raises(IllegalTransition) as refused:
+            move(pending, target)  # type: ignore[arg-type]
+        assert refused.value.details == {"from": source, "to": target}
+
+
+def test_settled_calls_never_come_back() -> None:
+    # Only a call being recorded starts anywhere; nothing moves back to waiting for a decision
+    # once it ran or was deferred.
+    for state in ("deferred", "awaiting_input", "awaiting_client", "rejected"):
+        assert CALL_TRANSITIONS[state] == frozenset({"settled"})
+
+
+@pytest.mark.parametrize(
+    ("states", "status", "waits"),
+    [
+        ([], ConversationStatus.COMPLETE, []),
+        (["ready"], ConversationStatus.RUNNING_TOOLS, []),
+        (["deferred"], ConversationStatus.AWAITING_ASYNC_TOOLS, ["async"]),
+        (
+            ["awaiting_client", "deferred"],
+            ConversationStatus.AWAITING_CLIENT_TOOLS,
+            ["client", "async"],
+        ),
+        (["deferred", "awaiting_input"], ConversationStatus.AWAITING_HITL, ["input", "async"]),
+        (
+            ["deferred", "awaiting_client", "awaiting_input", "awaiting_approval"],
+            ConversationStatus.AWAITING_APPROVAL,
+            ["approval", "input", "client", "async"],
+        ),
+        (["outcome_unknown", "ready"], ConversationStatus.AWAITING_APPROVAL, ["approval"]),
+    ],
+)
+def test_status_is_the_first_wait_by_priority(
+    states: list[str], status: ConversationStatus, waits: list[str]
+) -> None:
+    pending = [call(state, f"c{i}") for i, state in enumerate(states)]
+    assert status_for(pending) is status
+    assert awaiting(pending) == waits
+
+
+def test_the_inbox_lists_what_a_person_acts_on() -> None:
+    assert waits_for_person(call("awaiting_approval")) == "approval"
+    assert waits_for_person(call("outcome_unknown")) == "approval"
+    assert waits_for_person(call("awaiting_input")) == "input"
+    for state in ("awaiting_client", "deferred", "ready", "rejected"):
+        assert waits_for_person(call(state)) is None
+    assert set(WAIT_OF_STATE) == {
+        "awaiting_approval",
+        "outcome_unknown",
+        "awaiting_input",
+        "awaiting_client",
+        "deferred",
+    }
+
+
+def test_require_settled_names_what_blocks_a_new_turn() -> None:
+    from turnledger.turnstate import require_settled
+
+    class Holder:
+        def __init__(self, *pending: PendingCall) -> None:
+            self.pending = list(pending)
+
+    require_settled(Holder(call("awaiting_client")))  # type: ignore[arg-type]
+    with pytest.raises(ApprovalPending):
+        require_settled(Holder(call("awaiting_input"), call("awaiting_approval", "c2")))  # type: ignore[arg-type]
+    with pytest.raises(InputPending) as waiting:
+        require_settled(Holder(call("deferred", task_id="t")))  # type: ignore[arg-type]
+    [listed] = waiting.value.details["pending_tool_calls"]
+    assert (listed["requires"], listed["task_id"]) == ("async", "t")
+    require_settled(Holder(call("awaiting_input")), answered=["c1"])  # type: ignore[arg-type]
+
+
+# --- callback tokens -----------------------------------------------------------------------
+
+KEY = bytes(range(32))
+CLAIMS = callbacks.CallbackClaims(
+    tenant="acme",
+    conversation_id="c-1",
+    life="2099-01-15T12:00:00+00:00",
+    call_id="call_1",
+    idempotency_key="a" * 32,
+    deadline=int((NOW + timedelta(minutes=10)).timestamp()),
+)
+
+
+def test_a_token_verifies_to_its_claims() -> None:
+    token = callbacks.sign(KEY, CLAIMS)
+    assert callbacks.verify(KEY, token, now=NOW) == CLAIMS
+    assert len(token) < callbacks.MAX_TOKEN_CHARS
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),
+        lambda t: t.replace(".", ""),
+        lambda t: t + ".x",
+        lambda t: "x" * 3000,
+        lambda t: "",
+        lambda t: "%%%.%%%",
+    ],
+)
+def test_a_mangled_token_is_refused(mangle: Any) -> None:
+    with pytest.raises(CallbackInvalid):
+        callbacks.verify(KEY, mangle(callbacks.sign(KEY, CLAIMS)), now=NOW)
+
+
+def test_other_claims_or_another_key_are_refused() -> None:
+    token = callbacks.sign(KEY, CLAIMS)
+    forged = callbacks.sign(b"another key", CLAIMS)
+    with pytest.raises(CallbackInvalid):
+        callbacks.verify(KEY, forged, now=NOW)
+    mac = token.partition(".")[2]
+    other = callbacks.sign(KEY, callbacks.CallbackClaims(**{**CLAIMS.__dict__, "tenant": "globex"}))
+    with pytest.raises(CallbackInvalid):
+        callbacks.verify(KEY, other.partition(".")[0] + "." + mac, now=NOW)
+    with pytest.raises(CallbackInvalid):
+        callbacks.verify(None, token, now=NOW)
+
+
+def test_an_expired_token_is_refused() -> None:
+    token = callbacks.sign(KEY, CLAIMS)
+    with pytest.raises(CallbackInvalid):
+        callbacks.verify(KEY, token, now=NOW + timedelta(minutes=10))
+
+
+def test_the_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CALLBACK_KEY", KEY.hex())
+    monkeypatch.setenv("PUBLIC_BASE_URL", "https://api.example.com/")
+    url = callbacks.callback_url(CLAIMS)
+    assert url is not None and url.startswith("https://api.example.com/v1/callbacks/")
+    assert callbacks.verify(KEY, url.rpartition("/")[2], now=NOW) == CLAIMS
+    monkeypatch.delenv("CALLBACK_KEY")
+    monkeypatch.delenv("CALLBACK_SECRET_ARN", raising=False)
+    assert callbacks.callback_url(CLAIMS) is None
