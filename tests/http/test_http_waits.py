@@ -13,6 +13,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from tests.functional.http_sink import HttpSink, RecordedRequest, Reply
 from tests.functional.test_tool_turns import lines, tool_line
 from tests.support.aws import unique_name
 from tests.support.factories import START
+from tests.support.worker_hooks import DIE_IN_TOOLS, FAULTS_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +62,11 @@ def registry(sink: HttpSink) -> list[dict[str, Any]]:
         },
         {"name": "lookup_user", "parameters": {"type": "object"}, "executor": {"type": "client"}},
         {
+            "name": "quick_step",
+            "parameters": {"type": "object"},
+            "executor": {"type": "http", "url": sink.url("/quick")},
+        },
+        {
             "name": "slow_step",
             "parameters": {"type": "object"},
             "executor": {"type": "http", "url": sink.url("/slow"), "timeout_seconds": 20},
@@ -73,6 +80,7 @@ def sink() -> Iterator[HttpSink]:
         server.respond("/report", Reply(status=202, body={"task_id": "job-1"}))
         server.respond("/email", Reply(body={"sent": True}))
         server.respond("/slow", Reply(body={"slow": "done"}, delay=3.0))
+        server.respond("/quick", Reply(body={"quick": True}))
         yield server
 
 
@@ -82,9 +90,16 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
 
 
 @pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Files here inject faults into the functions (tests/support/worker_hooks.py)."""
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="module")
 def runner(
     sink: HttpSink,
     clock: ClockFile,
+    faults: Path,
     ddb_local_endpoint: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LocalRunner]:
@@ -98,6 +113,8 @@ def runner(
         table=unique_name("conversations"),
         bucket=unique_name("artifacts"),
         clock_file=clock.path,
+        worker_hook="tests.support.worker_hooks:die_in_tools",
+        env={FAULTS_DIR: str(faults)},
     )
     with LocalRunner(config) as served:
         yield served
@@ -538,3 +555,36 @@ def test_cancel_of_a_running_turn_stops_it_at_the_next_step(
     assert transcript[3]["payload"]["output"] == '{"slow":"done"}'  # kept
     assert transcript[-1]["payload"]["interrupted_by"] == "ben"
     assert ok(client.get(f"/v1/conversations/{conversation}"))["status"] == "complete"
+
+
+def test_a_turn_whose_process_died_is_interrupted_and_resumed_by_the_next_request(
+    client: httpx.Client, sink: HttpSink, clock: ClockFile, faults: Path, conversation: str
+) -> None:
+    """The environment dies while it holds the tool lease: running_tools while the lease
+    is live (others are refused), interrupted once it expired, resumed by the next turn
+    from the log (the call runs once, under its recorded key, before the new message)."""
+    (faults / DIE_IN_TOOLS).touch()
+    died = turn(client, conversation, tool_line("quick_step"))
+    assert died.status_code >= 500
+    assert ok(client.get(f"/v1/conversations/{conversation}"))["status"] == "running_tools"
+    busy = error_of(turn(client, conversation, "Still there?"), 409)
+    assert busy["code"] == "conversation_busy"
+
+    clock.advance(3600)  # past any lease
+    assert ok(client.get(f"/v1/conversations/{conversation}"))["status"] == "interrupted"
+    resumed = ok(turn(client, conversation, "Still there?"))
+    assert resumed["status"] == "complete" and resumed["turn"] == 2
+    transcript = events(client, conversation)
+    assert [e["kind"] for e in transcript] == [
+        "user_message",
+        "assistant_message",
+        "tool_call_requested",
+        "tool_result",
+        "user_message",
+        "assistant_message",
+    ]
+    assert transcript[3]["payload"]["output"] == '{"quick":true}'
+    [request] = [
+        r for r in sink.requests_for("/quick") if r.json()["conversation_id"] == conversation
+    ]
+    assert request.idempotency_key == transcript[2]["payload"]["idempotency_key"]

@@ -84,3 +84,25 @@ def dynamodb_faults() -> None:
         return original(self, operation, params)
 
     BaseClient._make_api_call = make_api_call  # type: ignore[method-assign]
+
+
+#: A file in the faults directory that makes the next tool run kill its environment.
+DIE_IN_TOOLS = "die-in-tools"
+
+
+def die_in_tools() -> None:
+    """While ``<FAULTS_DIR>/die-in-tools`` exists, the next tool run kills its execution
+    environment (once): the request dies holding the tool lease, as a crashed Lambda does."""
+    from turnledger.tools.executors import ToolRunner
+
+    directory = Path(os.environ[FAULTS_DIR])
+    original = ToolRunner.run
+
+    def run(self: ToolRunner, *args: Any, **kwargs: Any) -> Any:
+        try:
+            (directory / DIE_IN_TOOLS).unlink()
+        except FileNotFoundError:
+            return original(self, *args, **kwargs)
+        os._exit(70)
+
+    ToolRunner.run = run  # type: ignore[method-assign]
