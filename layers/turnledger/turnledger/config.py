@@ -34,7 +34,7 @@
 | ``MAX_TOOL_STEPS`` | ``8`` | model calls per turn before it stops with a reason |
 | ``TOOL_TIMEOUT_SECONDS`` | ``30`` | per tool execution |
 | ``DYNAMODB_ENDPOINT`` / ``S3_ENDPOINT`` | (AWS) | other endpoints (local runner, tests) |
-| ``CALLBACK_SECRET_ARN`` | (none) | Secrets Manager secret signing deferred tools' callback tokens |
+| ``CALLBACK_SECRET_ARN`` | (none) | Secrets Manager secret: the callback token key |
 | ``CALLBACK_KEY`` | (none) | the signing key itself, hex (local runner: generated) |
 | ``PUBLIC_BASE_URL`` | (none) | this API's public URL, the base of ``callback_url`` |
 

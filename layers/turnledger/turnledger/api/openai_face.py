@@ -382,7 +382,9 @@ def _response_body(request: ResponseCreate, reply: TurnResponse) -> dict[str, An
                     "server_label": SERVER_LABEL,
                 }
             )
-        else:
+        elif call.requires in ("client", "input"):
+            # A human-input call is answered the same way (function_call_output); a
+            # deferred one waits for its job's callback, not for this client.
             output.append(
                 {
                     "type": "function_call",
