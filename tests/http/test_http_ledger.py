@@ -65,6 +65,7 @@ def test_readme_session_turn_three_answers_from_turns_one_and_two(turn: Turn) ->
         "output_json": None,
         "output": [{"type": "message", "role": "assistant", "content": "Your name is Ann."}],
         "pending_tool_calls": [],
+        "awaiting": [],
         "usage": third["usage"],
         "context": {
             "messages_sent": 5,

@@ -463,7 +463,9 @@ class Conversations:
         if snapshot.head is None or snapshot.head.version != head.version:
             return self._visible_head(key)
         session = self._session(key, snapshot.head, snapshot.events)
-        work = self._work(session)
+        # Settling needs neither the tool registry nor a model: the read function has no
+        # access to the registry's SSM parameter, and needs none for this.
+        work = TurnWork(session=session, tools=[], model="", provider=self.provider)
         self.calls.expire_due(session)
         self.calls.settle_rejected(work)
         if any(p.state == "ready" for p in session.pending):
