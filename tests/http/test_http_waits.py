@@ -588,3 +588,43 @@ def test_a_turn_whose_process_died_is_interrupted_and_resumed_by_the_next_reques
         r for r in sink.requests_for("/quick") if r.json()["conversation_id"] == conversation
     ]
     assert request.idempotency_key == transcript[2]["payload"]["idempotency_key"]
+
+
+def test_cancel_of_an_interrupted_turn_says_its_calls_may_have_run(
+    client: httpx.Client, clock: ClockFile, faults: Path, conversation: str
+) -> None:
+    (faults / DIE_IN_TOOLS).touch()
+    assert turn(client, conversation, tool_line("quick_step")).status_code >= 500
+    # While the dead request's lease is live, a cancel only asks it to stop...
+    asked = ok(client.post(f"/v1/conversations/{conversation}/cancel", json={}))
+    assert asked["cancel_requested"] is True
+    clock.advance(3600)
+    assert ok(client.get(f"/v1/conversations/{conversation}"))["status"] == "interrupted"
+    # ...and once it expired, the cancel stops the turn itself.
+    cancelled = ok(client.post(f"/v1/conversations/{conversation}/cancel", json={}, headers=BEN))
+    assert cancelled["cancelled_call_ids"] == ["call_1"] and cancelled["status"] == "complete"
+    transcript = events(client, conversation)
+    assert [e["kind"] for e in transcript][-2:] == ["tool_result", "turn_interrupted"]
+    assert transcript[-2]["payload"]["output"] == (
+        "tool call quick_step was cancelled by ben (it may have run before its request ended)"
+    )
+    assert ok(turn(client, conversation, "Fresh start."))["turn"] == 2
+
+
+def test_a_cancel_asked_of_a_run_that_died_stops_it_instead_of_resuming(
+    client: httpx.Client, sink: HttpSink, clock: ClockFile, faults: Path, conversation: str
+) -> None:
+    (faults / DIE_IN_TOOLS).touch()
+    assert turn(client, conversation, tool_line("quick_step")).status_code >= 500
+    asked = ok(client.post(f"/v1/conversations/{conversation}/cancel", json={}, headers=BEN))
+    assert asked["cancel_requested"] is True
+    clock.advance(3600)
+    nxt = ok(turn(client, conversation, "Next."))
+    assert (nxt["status"], nxt["turn"]) == ("complete", 2)
+    transcript = events(client, conversation)
+    interrupted = [e for e in transcript if e["kind"] == "turn_interrupted"]
+    assert [e["payload"]["interrupted_by"] for e in interrupted] == ["ben"]
+    # The cancelled call was not run again.
+    assert not [
+        r for r in sink.requests_for("/quick") if r.json()["conversation_id"] == conversation
+    ]

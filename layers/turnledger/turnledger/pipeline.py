@@ -254,6 +254,7 @@ class Conversations:
             outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
         session = self._open(key)
         self._check_lease(session)
+        self._honour_cancel(session)
         self._check_budget(session)
         work = self._work(session)
         self.calls.expire_due(session)
@@ -335,6 +336,7 @@ class Conversations:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
         self._check_lease(session)
+        self._honour_cancel(session)
         work = self._work(session)
         deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
@@ -1013,6 +1015,14 @@ class Conversations:
                 "another request is running this conversation's tools; nothing was stored",
                 details={"retry_after_seconds": wait},
             )
+
+    def _honour_cancel(self, session: Session) -> None:
+        """A cancel asked a run that then died (its lease expired): stop that turn now,
+        instead of resuming it, before this request does its own work."""
+        head = session.head
+        if head is not None and cancel_requested(head) and head.cancel is not None:
+            cancel_turn(session, by=head.cancel.requested_by, reason=head.cancel.reason)
+            session.commit(ConversationStatus.COMPLETE)
 
     def _check_budget(self, session: Session) -> None:
         """Refuse a turn once the conversation's token budget is spent.

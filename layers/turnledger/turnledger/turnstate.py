@@ -213,13 +213,12 @@ def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list
                 ),
                 actor=by,
             )
+        output = why.format(name=pending.name)
+        if pending.state == "ready":
+            # Its request died while it ran (interrupted): the side effect may be real.
+            output += " (it may have run before its request ended)"
         session.add(
-            ToolResult(
-                call_id=pending.id,
-                name=pending.name,
-                output=why.format(name=pending.name),
-                is_error=True,
-            ),
+            ToolResult(call_id=pending.id, name=pending.name, output=output, is_error=True),
             actor=by,
         )
         cancelled.append(pending.id)
