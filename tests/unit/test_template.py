@@ -17,6 +17,7 @@ import pytest
 from turnledger.config import Settings
 from turnledger.store import codec, keys
 from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
+from turnledger.store.inbox import A_INBOX, A_INBOX_SORT, INBOX_INDEX, inbox_partition
 from turnledger.store.indexes import CURSOR_PK
 from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
 from turnledger_local.template import (
@@ -428,7 +429,12 @@ def test_tenant_role_allows_item_actions_on_conversation_partitions_only(
 ) -> None:
     [policy] = props(template, "TenantAccessRole")["Policies"]
     by_sid = {st["Sid"]: st for st in policy["PolicyDocument"]["Statement"]}
-    assert set(by_sid) == {"ConversationItems", "ConversationObjects", "ListConversationObjects"}
+    assert set(by_sid) == {
+        "ConversationItems",
+        "ConversationObjects",
+        "ListConversationObjects",
+        "ApprovalInbox",
+    }
     items = by_sid["ConversationItems"]
     assert tuple(actions(items)) == TENANT_DYNAMODB_ACTIONS
     # The table only: no index (by-expiry and by-tenant list every tenant's heads).
@@ -438,6 +444,14 @@ def test_tenant_role_allows_item_actions_on_conversation_partitions_only(
     for tenant in ("a", "a:b", "x,y=z@q+r", "A" * 128):
         assert string_like(pattern, keys.tenant_partition_prefix(tenant) + "c1")
     assert not string_like(pattern, CURSOR_PK)
+    # The inbox index only, queried only, under the same leading-keys condition: its
+    # partition key is the tenant's prefix, which the session policy narrows to the caller.
+    listing = by_sid["ApprovalInbox"]
+    assert listing["Action"] == "dynamodb:Query"
+    assert listing["Resource"] == {"Fn::Sub": f"${{ConversationsTable.Arn}}/index/{INBOX_INDEX}"}
+    assert listing["Condition"] == items["Condition"]
+    for tenant in ("a", "a:b", "x,y=z@q+r"):
+        assert string_like(pattern, inbox_partition(tenant))
     objects = by_sid["ConversationObjects"]
     assert tuple(actions(objects)) == TENANT_S3_OBJECT_ACTIONS
     assert objects["Resource"] == {"Fn::Sub": "${ArtifactsBucket.Arn}/t/*"}
@@ -504,7 +518,14 @@ def test_table_is_the_one_the_store_writes(template: dict[str, Any]) -> None:
         {"AttributeName": codec.A_SK, "KeyType": "RANGE"},
     ]
     indexes = {index["IndexName"]: index for index in definition["GlobalSecondaryIndexes"]}
-    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX}
+    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX, INBOX_INDEX}
+    listing = indexes.pop(INBOX_INDEX)
+    assert [k["AttributeName"] for k in listing["KeySchema"]] == [A_INBOX, A_INBOX_SORT]
+    # What a listing decodes (schema version and body), never the whole item.
+    assert listing["Projection"] == {
+        "ProjectionType": "INCLUDE",
+        "NonKeyAttributes": [codec.A_SCHEMA, codec.A_BODY],
+    }
     assert [k["AttributeName"] for k in indexes[EXPIRY_INDEX]["KeySchema"]] == [
         codec.A_EXPIRY_BUCKET,
         codec.A_PK,

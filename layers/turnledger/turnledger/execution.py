@@ -22,6 +22,7 @@ from .models import (
     ApprovalRequested,
     ApprovalResolved,
     ConversationStatus,
+    EventKind,
     JsonObjectFormat,
     JsonSchemaFormat,
     Lease,
@@ -95,6 +96,16 @@ def decided_in_turn(session: Session) -> set[str]:
         for event in session.events
         if event.turn == session.turn and isinstance(body := event.body(), ApprovalResolved)
     }
+
+
+def turn_actor(session: Session) -> str | None:
+    """Who sent the current turn's input: the actor of its newest user message."""
+    for event in reversed(session.events):
+        if event.turn != session.turn:
+            break
+        if event.kind is EventKind.USER_MESSAGE:
+            return event.actor
+    return None
 
 
 def replace_pending(session: Session, updated: PendingCall) -> None:
@@ -190,6 +201,8 @@ class ToolCalls:
                     idempotency_key=key,
                     arguments_sha256=arguments_sha256(call.arguments),
                     expires_at=expires_at,
+                    requested_at=now,
+                    requested_by=turn_actor(session),
                 )
             )
 
@@ -274,6 +287,7 @@ class ToolCalls:
                 update={
                     "state": "outcome_unknown",
                     "expires_at": expires_at,
+                    "requested_at": self.clock(),
                     "reason": "its request ended while it ran: it may have run already",
                 }
             ),

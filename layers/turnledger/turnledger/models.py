@@ -188,7 +188,7 @@ class AssistantMessage(_Strict):
         return compact
 
 
-Requirement = Literal["none", "approval", "client"]
+Requirement = Literal["none", "approval", "client", "input"]
 
 
 class ToolCallRequested(_Strict):
@@ -341,6 +341,10 @@ class PendingCall(_Strict):
     arguments_sha256: str
     expires_at: datetime | None = None
     reason: str | None = None
+    #: When the model asked for the call, and the actor of the turn that asked
+    #: (``None`` on calls stored before these were recorded): the approval inbox shows them.
+    requested_at: datetime | None = None
+    requested_by: str | None = None
 
 
 class Lease(_Strict):

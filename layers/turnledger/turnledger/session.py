@@ -214,6 +214,7 @@ class Session:
             expected_version=previous.version if previous else None,
             head=head,
             events=self.staged,
+            previous=previous,
         )
         metrics.add_metric("BytesWritten", MetricUnit.Bytes, written)
         self.history.extend(self.staged)
