@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from turnledger.tools import arguments_sha256
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
@@ -151,3 +152,42 @@ def test_bad_limits_and_cursors_are_refused(client: httpx.Client) -> None:
     assert client.get("/v1/approvals").status_code == 401
     empty = client.get("/v1/approvals", headers=bearer("acme"))
     assert empty.json() == {"items": [], "next_cursor": None}
+
+
+def test_approving_with_edited_arguments(client: httpx.Client) -> None:
+    """Edited arguments are checked against the tool's schema (422, nothing decided), then
+    run instead of the requested ones; the decision records both hashes and the approver."""
+    asked = ask(client, "acme", "edit-1", ("send_email", {"to": "mallory@example.com"}))
+    [call] = asked.json()["pending_tool_calls"]
+    url = "/v1/conversations/edit-1/approvals"
+    refused = client.post(
+        url,
+        json={"approve": [{"id": call["id"], "arguments": {"to": 5}}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "validation_error"
+    assert refused.json()["error"]["details"]["errors"][0]["id"] == call["id"]
+    assert [i["id"] for i in inbox(client, "acme")] == [call["id"]]  # still waiting
+    edited = {"to": "bob@example.com", "subject": "<b>hi</b>"}
+    done = client.post(
+        url,
+        json={"approve": [{"id": call["id"], "arguments": edited}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    assert "bob@example.com" in done.json()["output_text"]
+    assert "mallory" not in done.json()["output_text"]
+    events = client.get(
+        "/v1/conversations/edit-1/events", params={"limit": 100}, headers=bearer("acme")
+    ).json()["events"]
+    [decision] = [e for e in events if e["kind"] == "approval_resolved"]
+    assert decision["actor"] == "rita"
+    assert decision["payload"]["approver"] == "rita"
+    assert decision["payload"]["arguments_sha256"] == arguments_sha256(call["arguments"])
+    assert decision["payload"]["approved_arguments_sha256"] == arguments_sha256(edited)
+    assert decision["payload"]["approved_arguments"] == edited
+    [result] = [e for e in events if e["kind"] == "tool_result"]
+    assert "bob@example.com" in result["payload"]["output"]
+    assert inbox(client, "acme") == []

@@ -217,6 +217,10 @@ class ApprovalResolved(_Strict):
     reason: str | None = None
     approver: str
     arguments_sha256: str
+    #: An approval with edited arguments: what runs instead of the requested ones
+    #: (``arguments_sha256`` stays the hash of what was requested).
+    approved_arguments: dict[str, Any] | None = None
+    approved_arguments_sha256: str | None = None
 
 
 class ToolResult(_Strict):

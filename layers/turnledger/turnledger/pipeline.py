@@ -31,6 +31,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from .approval_edits import check_edits
 from .config import Settings
 from .context import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -309,7 +310,8 @@ class Conversations:
         expired = self.calls.expire_approvals(session)
         awaiting = {p.id: p for p in session.pending if p.state in AWAITING_DECISION}
         rejections = request.rejections()
-        named = [*request.approve, *rejections]
+        approvals = request.approvals()
+        named = [*approvals, *rejections]
         if not awaiting and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
             # A retry after a crash: the decisions were recorded; finish the turn. Only
             # decisions of this turn may resume it, so a stray id is still an error.
@@ -339,9 +341,11 @@ class Conversations:
                 "these call ids are not pending approval",
                 details={"unknown": unknown, "pending": sorted(awaiting), "expired": expired},
             )
-        for call_id in [*request.approve, *rejections]:
+        edits = check_edits(self.calls.tools, awaiting, approvals)
+        for call_id in named:
             pending = awaiting[call_id]
-            approved = call_id in request.approve
+            approved = call_id in approvals
+            edited = edits.get(call_id)
             session.add(
                 ApprovalResolved(
                     call_id=call_id,
@@ -349,6 +353,8 @@ class Conversations:
                     reason=None if approved else rejections.get(call_id),
                     approver=caller.actor,
                     arguments_sha256=pending.arguments_sha256,
+                    approved_arguments=edited[0] if edited else None,
+                    approved_arguments_sha256=edited[1] if edited else None,
                 ),
                 actor=caller.actor,
             )
@@ -356,6 +362,11 @@ class Conversations:
                 session,
                 pending.model_copy(
                     update={
+                        **(
+                            {"arguments": edited[0], "arguments_sha256": edited[1]}
+                            if edited
+                            else {}
+                        ),
                         "state": "ready" if approved else "rejected",
                         "reason": None
                         if approved

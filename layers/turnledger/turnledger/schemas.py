@@ -74,6 +74,15 @@ class Rejection(_Body):
     reason: str | None = None
 
 
+class ApprovalEdit(_Body):
+    """An approval that runs edited arguments instead of the requested ones."""
+
+    id: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(
+        description="Validated against the tool's parameters; these run, not the requested ones."
+    )
+
+
 class ApprovalRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/approvals``."""
 
@@ -88,17 +97,26 @@ class ApprovalRequest(_Body):
         },
     )
 
-    approve: list[str] = Field(default_factory=list, json_schema_extra={"uniqueItems": True})
+    approve: list[str | ApprovalEdit] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True}
+    )
     reject: list[str | Rejection] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _decides_something(self) -> ApprovalRequest:
         if not self.approve and not self.reject:
             raise ValueError("approve or reject at least one call")
-        ids = [*self.approve, *(self.rejections())]
+        ids = [*self.approvals(), *(self.rejections())]
         if len(ids) != len(set(ids)):
             raise ValueError("a call id may appear only once across approve and reject")
         return self
+
+    def approvals(self) -> dict[str, dict[str, Any] | None]:
+        """Approved call ids with their edited arguments (``None``: as requested)."""
+        return {
+            a if isinstance(a, str) else a.id: None if isinstance(a, str) else a.arguments
+            for a in self.approve
+        }
 
     def rejections(self) -> dict[str, str | None]:
         """Rejected call ids with their reasons."""
