@@ -146,7 +146,7 @@ def test_bad_limits_and_cursors_are_refused(client: httpx.Client) -> None:
         assert answer.json()["error"]["code"] == "validation_error"
     answer = client.get("/v1/approvals", params={"cursor": "nonsense"}, headers=bearer("acme"))
     assert answer.status_code == 400
-    assert answer.json()["error"]["code"] == "invalid_request"
+    assert answer.json()["error"]["code"] == "invalid_cursor"
     answer = client.get("/v1/approvals", params={"conversation_id": "-bad"}, headers=bearer("acme"))
     assert answer.status_code in {400, 422}
     assert client.get("/v1/approvals").status_code == 401

@@ -48,6 +48,8 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/openapi.json", "ReadFunction"),
     ("DELETE", "/v1/conversations/{id}", "ClearFunction"),
     ("DELETE", "/v1/conversations", "ClearFunction"),
+    ("GET", "/v1/approvals", "ReadFunction"),
+    ("GET", "/approvals", "ReadFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.config``).
@@ -120,9 +122,10 @@ def test_routes_go_through_the_one_http_api(template: dict[str, Any]) -> None:
                 assert event["Properties"]["ApiId"] == {"Ref": "HttpApi"}
 
 
-def test_only_the_openapi_document_is_open(template: dict[str, Any]) -> None:
+def test_only_the_openapi_document_and_the_approval_page_are_open(template: dict[str, Any]) -> None:
     open_routes = {route.route_key for route in routes(template) if not route.authorized}
-    assert open_routes == {"GET /v1/openapi.json"}
+    # The approval page is static: it calls the JSON routes with the token its user pastes.
+    assert open_routes == {"GET /v1/openapi.json", "GET /approvals"}
 
 
 def test_jwt_authorizer_is_the_default(template: dict[str, Any]) -> None:
@@ -668,6 +671,8 @@ API_EVENTS = [
     "clear.json",
     "erase-tenant.json",
     "openapi.json",
+    "list-approvals.json",
+    "approvals-page.json",
 ]
 
 

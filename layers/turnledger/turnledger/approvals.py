@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .exceptions import InvalidRequest
+from .exceptions import InvalidCursor
 from .pipeline import Caller, Conversations
 from .store import inbox
 
@@ -65,12 +65,12 @@ def list_inbox(
     """One page of ``caller``'s tenant's inbox (calls whose window closed are left out).
 
     Raises:
-        InvalidRequest: ``cursor`` is not one this API returned (to this tenant's inbox).
+        InvalidCursor: ``cursor`` is not one this API returned (to this tenant's inbox).
     """
     try:
         after = inbox.decode_cursor(caller.tenant, cursor) if cursor else None
     except inbox.InvalidInboxCursor as exc:
-        raise InvalidRequest(
+        raise InvalidCursor(
             "cursor is not one this API returned; start again without it",
             details={"cursor": cursor},
         ) from exc

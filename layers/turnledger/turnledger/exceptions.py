@@ -245,3 +245,10 @@ class InternalError(TurnledgerError):
 
 class InvalidHistory(InternalError):
     """The history about to be sent to a strict provider breaks its message rules."""
+
+
+class InvalidCursor(TurnledgerError):
+    """A listing's ``cursor`` is not one this API handed out (to this tenant)."""
+
+    status = 400
+    code = "invalid_cursor"

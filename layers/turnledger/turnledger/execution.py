@@ -19,6 +19,7 @@ from typing import Any, Literal
 from .config import Settings
 from .exceptions import InternalError, UnknownToolCall
 from .models import (
+    ApprovalExpired,
     ApprovalRequested,
     ApprovalResolved,
     ConversationStatus,
@@ -370,6 +371,15 @@ class ToolCalls:
             if p.state in AWAITING_DECISION and p.expires_at is not None and p.expires_at <= now
         ]
         for pending in expired:
+            assert pending.expires_at is not None  # selected above on its expiry
+            session.add(
+                ApprovalExpired(
+                    call_id=pending.id,
+                    arguments_sha256=pending.arguments_sha256,
+                    expires_at=pending.expires_at,
+                ),
+                actor="system",
+            )
             session.add(
                 ApprovalResolved(
                     call_id=pending.id,
@@ -385,6 +395,15 @@ class ToolCalls:
                 pending.model_copy(update={"state": "rejected", "reason": "approval expired"}),
             )
         return [p.id for p in expired]
+
+    def expire_due(self, session: Session) -> list[str]:
+        """Record every wait of ``session`` whose window closed (the sweep's pass over
+        ``by-wait`` calls this through ``Conversations.expire_waits``); returns their ids.
+
+        Approvals only, for now: kinds of waits that get windows of their own extend
+        this, so the sweep needs no change for them.
+        """
+        return self.expire_approvals(session)
 
     def _approval_deadline(self, session: Session, now: datetime) -> datetime:
         window = self.settings.approval_ttl_seconds

@@ -85,6 +85,7 @@ class EventKind(StrEnum):
     TOOL_RESULT = "tool_result"
     CONTEXT_COMPACTED = "context_compacted"
     TURN_FAILED = "turn_failed"
+    APPROVAL_EXPIRED = "approval_expired"
 
 
 class Usage(_Strict):
@@ -223,6 +224,14 @@ class ApprovalResolved(_Strict):
     approved_arguments_sha256: str | None = None
 
 
+class ApprovalExpired(_Strict):
+    """A paused call's approval window closed with no decision (a rejection follows)."""
+
+    call_id: str
+    arguments_sha256: str
+    expires_at: datetime
+
+
 class ToolResult(_Strict):
     """The outcome of one tool call, exactly once per call."""
 
@@ -270,6 +279,7 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.TOOL_RESULT: ToolResult,
     EventKind.CONTEXT_COMPACTED: ContextCompacted,
     EventKind.TURN_FAILED: TurnFailed,
+    EventKind.APPROVAL_EXPIRED: ApprovalExpired,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -282,6 +292,7 @@ Payload = (
     | ToolResult
     | ContextCompacted
     | TurnFailed
+    | ApprovalExpired
 )
 
 

@@ -120,6 +120,15 @@ _PUBLIC_STATUS = {
 }
 
 
+def _lapsed(pending: PendingCall, now: datetime) -> bool:
+    """Whether ``pending`` waits for a decision whose window closed by ``now``."""
+    return (
+        pending.state in AWAITING_DECISION
+        and pending.expires_at is not None
+        and pending.expires_at <= now
+    )
+
+
 @dataclass(frozen=True)
 class Caller:
     """The verified identity of a request."""
@@ -381,6 +390,30 @@ class Conversations:
         self._advance(work)
         return self._response(work)
 
+    def expire_waits(self, key: ConversationKey) -> list[str]:
+        """Record the waits of ``key`` whose window closed, for a conversation nobody
+        touches (the sweep): ``approval_expired``, the rejection, and the error result the
+        model sees with the next turn, in one commit that also takes them out of the inbox.
+
+        Returns:
+            The ids of the calls expired (none: nothing was due, the conversation is gone,
+            or a run holds its lease).
+
+        Raises:
+            ConversationBusy: another request committed first (the next pass retries).
+        """
+        snapshot = self.store.load(key, self.budget)
+        head = snapshot.head
+        now = self.clock()
+        if head is None or not head.is_visible(now) or head.live_lease(now) is not None:
+            return []
+        session = self._session(key, head, snapshot.events)
+        expired = self.calls.expire_due(session)
+        if expired:
+            self.calls.settle_rejected(self._work(session))
+            session.commit(status_of(session))
+        return expired
+
     def get(self, caller: Caller, conversation_id: str) -> ConversationView:
         """The head (``GET /v1/conversations/{id}``).
 
@@ -389,6 +422,7 @@ class Conversations:
         """
         key = self._key(caller, conversation_id)
         head = self._visible_head(key)
+        now = self.clock()
         return ConversationView(
             conversation_id=conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
@@ -402,11 +436,12 @@ class Conversations:
             if head.expires_at is not None
             else None,
             ttl_seconds=head.ttl_seconds,
-            pending_tool_calls=self._waiting(head.pending),
+            pending_tool_calls=self._waiting([p for p in head.pending if not _lapsed(p, now)]),
             usage=head.usage,
             cost_usd=round(head.cost_usd, 6),
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
+            expired_tool_calls=self._waiting([p for p in head.pending if _lapsed(p, now)]),
         )
 
     def _head_status(self, head: Head) -> str:

@@ -187,7 +187,12 @@ class TurnResponse(BaseModel):
 
 
 class ConversationView(BaseModel):
-    """Answer of ``GET /v1/conversations/{id}``: the head."""
+    """Answer of ``GET /v1/conversations/{id}``: the head.
+
+    A call whose approval window closed is shown in ``expired_tool_calls`` at once,
+    not among ``pending_tool_calls``: the next request on the conversation (or the
+    sweep) records the expiry (``approval_expired``) and the rejection the model sees.
+    """
 
     conversation_id: str
     status: Literal[
@@ -207,6 +212,8 @@ class ConversationView(BaseModel):
     failed_turns: int = 0
     #: The last event sequence the newest context summary covers, or ``None``.
     summary_through: int | None = None
+    #: Calls whose approval window closed with no decision (see the class docstring).
+    expired_tool_calls: list[PendingToolCallView] = Field(default_factory=list)
 
 
 class EventView(BaseModel):

@@ -71,7 +71,7 @@ app = APIGatewayHttpResolver(enable_validation=True)
 
 #: The error codes each status can carry, for the OpenAPI document.
 _ERROR_CODES = {
-    400: "invalid_request, invalid_conversation_id",
+    400: "invalid_request, invalid_conversation_id, invalid_cursor",
     401: "unauthorized",
     404: "conversation_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
@@ -339,6 +339,18 @@ def get_approvals(
         cursor=cursor,
         tool=tool,
         conversation_id=conversation_id,
+    )
+
+
+@app.get("/approvals", include_in_schema=False)
+def approvals_page() -> Response[str]:
+    """The approval inbox as a web page (static; it calls the JSON routes with the
+    token the user pastes, so it needs none itself)."""
+    from ..approvals_page import page
+
+    html, headers = page()
+    return Response(
+        status_code=200, content_type="text/html; charset=utf-8", body=html, headers=headers
     )
 
 
