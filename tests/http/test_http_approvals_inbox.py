@@ -102,6 +102,12 @@ def test_inbox_across_tenants_pages_filters_and_decisions(
         assert first["arguments"] == {"to": f"{tenant}-0@example.com"}
         assert first["requested_by"] == "ann"
         assert first["expires_at"] > first["requested_at"]
+    # Each request was told to the runner's notification log (the local stand-in bus).
+    told = client.get("/_local/notifications").json()["notifications"]
+    requested = [n for n in told if n["detail-type"] == "approval.requested"]
+    assert len(requested) == 18
+    assert {n["detail"]["tenant"] for n in requested} == set(TENANTS)
+    assert all("arguments" not in n["detail"] for n in requested)
     # Filters.
     assert [i["conversation_id"] for i in inbox(client, "acme", tool="send_email")] == [
         "conv-0",
@@ -128,6 +134,15 @@ def test_inbox_across_tenants_pages_filters_and_decisions(
         headers=bearer("acme", "rita"),
     )
     assert finished.json()["status"] == "complete"
+    decided = [
+        n["detail"]
+        for n in client.get("/_local/notifications").json()["notifications"]
+        if n["detail-type"] == "approval.decided"
+    ]
+    assert [(d["conversation_id"], d["decision"], d["approver"]) for d in decided] == [
+        ("conv-0", "rejected", "rita"),
+        ("conv-0", "approved", "rita"),
+    ]
     assert inbox(client, "acme", conversation_id="conv-0") == []
     assert len(inbox(client, "acme")) == 4
     assert len(inbox(client, "globex")) == 6  # untouched by acme's decisions

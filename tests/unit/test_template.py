@@ -72,6 +72,9 @@ FUNCTION_ENVIRONMENT = {
     "POWERTOOLS_METRICS_NAMESPACE",
     "POWERTOOLS_LOG_LEVEL",
     "LOG_LEVEL",
+    "NOTIFICATIONS_BUS",
+    "NOTIFY_INCLUDE_ARGUMENTS",
+    "NOTIFY_SECRET_ARN",
 }
 
 
@@ -286,6 +289,7 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
         "HasToolsParameter": "ToolsParameterName",
         "HasToolLambdaArnPattern": "ToolLambdaArnPattern",
         "HasRedactionParameter": "RedactionParameterName",
+        "HasNotifySecret": "NotifySecretArn",
     }
     for condition, parameter in expected.items():
         assert conditions[condition] == {"Fn::Not": [{"Fn::Equals": [{"Ref": parameter}, ""]}]}
@@ -710,3 +714,27 @@ def test_sample_scheduled_event_is_an_eventbridge_schedule() -> None:
     event = load_event("sweep-schedule.json")
     assert event["source"] == "aws.events"
     assert event["detail-type"] == "Scheduled Event"
+
+
+def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any]) -> None:
+    """The bus exists, every function is told its name, and exactly the functions that
+    record requests and decisions (turn, approve) may put events on it, on it only."""
+    assert resource(template, "NotificationsBus")["Type"] == "AWS::Events::EventBus"
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["NOTIFICATIONS_BUS"] == {"Ref": "NotificationsBus"}
+    assert variables["NOTIFY_INCLUDE_ARGUMENTS"] == {"Ref": "NotifyIncludeArguments"}
+    assert template["Parameters"]["NotifyIncludeArguments"]["Default"] == "false"
+    for function in functions(template):
+        publishing = [
+            statement
+            for policy in props(template, function).get("Policies", [])
+            if isinstance(policy, dict)
+            for statement in policy.get("Statement", [])
+            if "events:PutEvents" in actions(statement)
+        ]
+        if function in {"TurnFunction", "ApproveFunction"}:
+            assert [s["Resource"] for s in publishing] == [
+                {"Fn::GetAtt": "NotificationsBus.Arn"}
+            ], function
+        else:
+            assert publishing == [], function

@@ -106,7 +106,7 @@ from .schemas import (
     TurnRequest,
     TurnResponse,
 )
-from .session import Clock, Session, utc_now
+from .session import Clock, CommitHook, Session, utc_now
 from .store.base import ContextBudget, ConversationStore, PurgeReport
 from .tools.executors import ToolRunner
 from .tools.registry import ToolRegistry
@@ -173,6 +173,8 @@ class Conversations:
         self.budget = ContextBudget(
             max_events=settings.context_max_events, max_chars=settings.context_max_chars
         )
+        #: Told of every commit that landed (notifications, :mod:`.notifications`).
+        self.on_commit: CommitHook | None = None
 
     @cached_property
     def tools(self) -> ToolRegistry:
@@ -844,7 +846,7 @@ class Conversations:
         return self._session(key, head, snapshot.events)
 
     def _session(self, key: ConversationKey, head: Head | None, events: list[Event]) -> Session:
-        return Session.open(
+        session = Session.open(
             self.store,
             key,
             head=head,
@@ -852,6 +854,8 @@ class Conversations:
             clock=self.clock,
             ttl_seconds=self.settings.ttl_for(key.tenant),
         )
+        session.on_commit = self.on_commit
+        return session
 
     def _visible_head(self, key: ConversationKey) -> Head:
         head = self.store.get_head(key)
