@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
-from turnledger.store import inbox
+from turnledger.store import inbox, keys
 from turnledger.store.base import ConversationStore
 
 from tests.support.factories import START, build_turn, make_key
@@ -173,3 +173,35 @@ def test_cursors_round_trip_within_the_tenant() -> None:
     position = inbox.entry_key(item)
     assert inbox.decode_cursor("acme", inbox.encode_cursor(position)) == position
     assert inbox.decode_cursor("globex", inbox.encode_cursor(position)).pk.startswith("T#globex#")
+
+
+def test_heads_with_a_closing_window_are_on_by_wait(store: ConversationStore) -> None:
+    """A head with a decision whose window closes is listed under the hour of its earliest
+    window, once; it leaves the index when nothing waits any more; heads without such a
+    call are never listed."""
+    early = make_key("acme", "early")
+    head = ask(
+        store,
+        early,
+        None,
+        [
+            waiting("c1", expires_at=DEADLINE + timedelta(hours=3)),
+            waiting("c2", expires_at=DEADLINE),
+        ],
+    )
+    ask(store, make_key("acme", "none"), None, [])
+    ask(
+        store,
+        make_key("globex", "input"),
+        None,
+        [waiting("i1", requires="input", state="awaiting_client", expires_at=None)],
+    )
+    bucket = keys.bucket_of(int(DEADLINE.timestamp()))
+
+    def listed_in(hour: int) -> set[ConversationKey]:
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)}
+
+    assert listed_in(bucket) == {early}
+    assert listed_in(bucket + 3) == set()
+    ask(store, early, head, [])
+    assert listed_in(bucket) == set()

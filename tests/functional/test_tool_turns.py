@@ -44,6 +44,7 @@ from turnledger.schemas import (
 )
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
+from turnledger.sweep import Sweeper
 from turnledger.tools import ToolRegistry, ToolRunner, arguments_sha256
 
 from tests.functional.http_sink import HttpSink, Reply
@@ -903,3 +904,32 @@ def test_expiry_is_shown_at_once_then_recorded_by_expire_waits(
     # The entry is gone from the index itself, not only hidden by its expiry.
     before = first.pending_tool_calls[0].expires_at - timedelta(seconds=1)
     assert harness.store.inbox_page(ANN.tenant, now=before, limit=10).entries == []
+
+
+def test_the_sweep_records_expired_approvals_nobody_touches(
+    harness: Harness, clock: FakeClock
+) -> None:
+    """The sweep's pass over ``by-wait`` records each expired approval once (its report's
+    ``waits_expired``), leaves calls still in their window alone, and empties the inbox."""
+    svc = harness.service(approval_ttl_seconds=600)
+    turn(svc, lines(tool_line("send_email", to="a@x")), conversation="late")
+    clock.advance(300)
+    turn(svc, lines(tool_line("send_email", to="b@x")), conversation="fresh")
+    clock.advance(301)
+    sweeper = Sweeper(harness.store, clock=clock.now, expire_waits=svc.expire_waits)
+    report = sweeper.expired()
+    assert report.waits_expired == 1 and report.complete
+    assert [e.kind.value for e in transcript(svc, "late")][-3:] == [
+        "approval_expired",
+        "approval_resolved",
+        "tool_result",
+    ]
+    assert svc.get(ANN, "fresh").pending_tool_calls != []
+    assert [
+        e.conversation_id
+        for e in harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries
+    ] == ["fresh"]
+    assert sweeper.expired().waits_expired == 0
+    clock.advance(300)
+    assert sweeper.expired().waits_expired == 1
+    assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries == []

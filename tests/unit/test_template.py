@@ -18,7 +18,7 @@ from turnledger.config import Settings
 from turnledger.store import codec, keys
 from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
 from turnledger.store.inbox import A_INBOX, A_INBOX_SORT, INBOX_INDEX, inbox_partition
-from turnledger.store.indexes import CURSOR_PK
+from turnledger.store.indexes import CURSOR_PK, WAIT_INDEX
 from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
 from turnledger_local.template import (
     PROJECT_ROOT,
@@ -276,8 +276,16 @@ def test_only_turn_and_approve_reach_secrets_and_tools(
     for function in functions(template):
         names = policy_names(template, function)
         model_caller = function in {"TurnFunction", "ApproveFunction"}
-        assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is model_caller, function
+        # The sweep reads one secret: the notify webhooks' (it tells of expiries it records).
+        reads_secret = model_caller or function == "SweepFunction"
+        assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is reads_secret, function
         assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
+    sweep_secrets = [
+        policy["Fn::If"][1]["AWSSecretsManagerGetSecretValuePolicy"]["SecretArn"]
+        for policy in props(template, "SweepFunction")["Policies"]
+        if "Fn::If" in policy
+    ]
+    assert sweep_secrets == [{"Ref": "NotifySecretArn"}]
 
 
 def test_optional_permissions_exist_only_when_their_parameter_is_set(
@@ -501,8 +509,8 @@ def test_api_functions_reach_data_only_through_the_tenant_role(
 
 
 def test_system_functions_query_only_their_index(template: dict[str, Any]) -> None:
-    expected = {"SweepFunction": EXPIRY_INDEX, "ClearFunction": TENANT_INDEX}
-    for function, index in expected.items():
+    expected = {"SweepFunction": [EXPIRY_INDEX, WAIT_INDEX], "ClearFunction": [TENANT_INDEX]}
+    for function, indexes in expected.items():
         statements = {st["Sid"]: st for where, st in statements_of(template) if where == function}
         queries = [
             st
@@ -510,9 +518,10 @@ def test_system_functions_query_only_their_index(template: dict[str, Any]) -> No
             if st["Resource"] != {"Fn::GetAtt": "ConversationsTable.Arn"}
             and any(a.startswith("dynamodb:") for a in actions(st))
         ]
-        [query] = queries
-        assert actions(query) == ["dynamodb:Query"]
-        assert query["Resource"] == {"Fn::Sub": f"${{ConversationsTable.Arn}}/index/{index}"}
+        assert all(actions(query) == ["dynamodb:Query"] for query in queries)
+        assert sorted(query["Resource"]["Fn::Sub"] for query in queries) == sorted(
+            f"${{ConversationsTable.Arn}}/index/{index}" for index in indexes
+        )
 
 
 # --- storage -------------------------------------------------------------------------------
@@ -525,7 +534,11 @@ def test_table_is_the_one_the_store_writes(template: dict[str, Any]) -> None:
         {"AttributeName": codec.A_SK, "KeyType": "RANGE"},
     ]
     indexes = {index["IndexName"]: index for index in definition["GlobalSecondaryIndexes"]}
-    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX, INBOX_INDEX}
+    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX, INBOX_INDEX, WAIT_INDEX}
+    assert [k["AttributeName"] for k in indexes[WAIT_INDEX]["KeySchema"]] == [
+        codec.A_WAIT_BUCKET,
+        codec.A_PK,
+    ]
     listing = indexes.pop(INBOX_INDEX)
     assert [k["AttributeName"] for k in listing["KeySchema"]] == [A_INBOX, A_INBOX_SORT]
     # What a listing decodes (schema version and body), never the whole item.
@@ -718,7 +731,8 @@ def test_sample_scheduled_event_is_an_eventbridge_schedule() -> None:
 
 def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any]) -> None:
     """The bus exists, every function is told its name, and exactly the functions that
-    record requests and decisions (turn, approve) may put events on it, on it only."""
+    record requests, decisions and expiries (turn, approve, sweep) may put events on it,
+    on it only."""
     assert resource(template, "NotificationsBus")["Type"] == "AWS::Events::EventBus"
     variables = template["Globals"]["Function"]["Environment"]["Variables"]
     assert variables["NOTIFICATIONS_BUS"] == {"Ref": "NotificationsBus"}
@@ -732,7 +746,7 @@ def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any
             for statement in policy.get("Statement", [])
             if "events:PutEvents" in actions(statement)
         ]
-        if function in {"TurnFunction", "ApproveFunction"}:
+        if function in {"TurnFunction", "ApproveFunction", "SweepFunction"}:
             assert [s["Resource"] for s in publishing] == [
                 {"Fn::GetAtt": "NotificationsBus.Arn"}
             ], function

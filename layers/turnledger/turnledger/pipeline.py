@@ -412,7 +412,9 @@ class Conversations:
         session = self._session(key, head, snapshot.events)
         expired = self.calls.expire_due(session)
         if expired:
-            self.calls.settle_rejected(self._work(session))
+            # Only the session is used: no tool registry or model is needed (or loaded).
+            idle = TurnWork(session=session, tools=[], model="", provider=self.provider)
+            self.calls.settle_rejected(idle)
             session.commit(status_of(session))
         return expired
 

@@ -265,3 +265,5 @@ class PurgeReportView(BaseModel):
     read_units: float
     #: ``False`` when the work stopped at its time budget; run it again to continue.
     complete: bool
+    #: Calls whose approval window closed, recorded by the sweep's expiry pass.
+    waits_expired: int = 0

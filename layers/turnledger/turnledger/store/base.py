@@ -103,6 +103,7 @@ from .indexes import (
     EXPIRY_INDEX,
     INDEX_PAGE_SIZE,
     TENANT_INDEX,
+    WAIT_INDEX,
     EventStamp,
     cursor_bucket,
     cursor_item,
@@ -894,6 +895,13 @@ class ConversationStore(ABC):
         the table: re-read the head before acting.
         """
         return self._index_keys(EXPIRY_INDEX, keys.expiry_partition(bucket, shard))
+
+    def waiting_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
+        """Conversations whose earliest decision window closes in ``bucket`` (``by-wait``).
+
+        Pages lazily; the index may lag behind the table: re-read before acting.
+        """
+        return self._index_keys(WAIT_INDEX, keys.expiry_partition(bucket, shard))
 
     def of_tenant(self, tenant: str) -> Iterator[ConversationKey]:
         """Every conversation of ``tenant`` that has a head, tombstones included (``by-tenant``).

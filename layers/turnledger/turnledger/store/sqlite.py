@@ -37,8 +37,8 @@ from .codec import Item
 from .inbox import A_INBOX, A_INBOX_SORT, EntryKey, entry_key
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
 
-#: The layout this build writes (``PRAGMA user_version``). 2: the by-inbox columns
-#: (a layout-1 file is upgraded in place: two columns and an index are added).
+#: The layout this build writes (``PRAGMA user_version``). 2: the by-wait and by-inbox
+#: columns (a layout-1 file is upgraded in place: three columns and indexes are added).
 SCHEMA_VERSION = 2
 
 #: How long a write waits for another connection's write to end.
@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS items (
     item TEXT NOT NULL,
     {codec.A_EXPIRY_BUCKET} TEXT,
     {codec.A_TENANT} TEXT,
+    {codec.A_WAIT_BUCKET} TEXT,
     {_INBOX_COLUMNS[0]} TEXT,
     {_INBOX_COLUMNS[1]} TEXT,
     PRIMARY KEY (pk, sk)
@@ -70,11 +71,14 @@ CREATE INDEX IF NOT EXISTS "by-expiry" ON items ({codec.A_EXPIRY_BUCKET}, pk)
     WHERE {codec.A_EXPIRY_BUCKET} IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "by-tenant" ON items ({codec.A_TENANT}, pk)
     WHERE {codec.A_TENANT} IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "by-wait" ON items ({codec.A_WAIT_BUCKET}, pk)
+    WHERE {codec.A_WAIT_BUCKET} IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "by-inbox" ON items ({_INBOX_COLUMNS[0]}, {_INBOX_COLUMNS[1]})
     WHERE {_INBOX_COLUMNS[0]} IS NOT NULL;
 """
 #: What a layout-1 file needs to become layout 2 (before the statements above).
 _UPGRADE_FROM_1 = (
+    f"ALTER TABLE items ADD COLUMN {codec.A_WAIT_BUCKET} TEXT",
     f"ALTER TABLE items ADD COLUMN {_INBOX_COLUMNS[0]} TEXT",
     f"ALTER TABLE items ADD COLUMN {_INBOX_COLUMNS[1]} TEXT",
 )
@@ -90,8 +94,8 @@ def _decode(text: str) -> Item:
 
 
 def _row(item: Item) -> tuple[Any, ...]:
-    """``(pk, sk, item, xb, tn, inbox_pk, inbox_sk)``: an index column holds its attribute
-    when it is a string."""
+    """``(pk, sk, item, xb, tn, wb, inbox_pk, inbox_sk)``: an index column holds its
+    attribute when it is a string."""
     indexed = [
         item[name] if isinstance(item.get(name), str) else None
         for name in (*_INDEX_COLUMNS, A_INBOX, A_INBOX_SORT)
@@ -293,7 +297,7 @@ class SQLiteConversationStore(ConversationStore):
         db.executemany(
             "INSERT OR REPLACE INTO items "
             f"(pk, sk, item, {', '.join((*_INDEX_COLUMNS, *_INBOX_COLUMNS))}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"VALUES ({', '.join('?' * (3 + len(_INDEX_COLUMNS) + len(_INBOX_COLUMNS)))})",
             [_row(item) for item in items],
         )
 
