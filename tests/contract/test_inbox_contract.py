@@ -205,3 +205,15 @@ def test_heads_with_a_closing_window_are_on_by_wait(store: ConversationStore) ->
     assert listed_in(bucket + 3) == set()
     ask(store, early, head, [])
     assert listed_in(bucket) == set()
+
+
+def test_a_very_long_call_id_still_gets_an_entry(store: ConversationStore) -> None:
+    """An index sort key holds at most 1,024 bytes: a call id too long for it is keyed by
+    its hash, and the entry still lists (and leaves) with the call's own id."""
+    key = make_key("acme", "conv-1")
+    long_id = "call_" + "x" * 900
+    head = ask(store, key, None, [waiting(long_id), waiting("call_2", minute=1)])
+    listed_ids = [e.call_id for e in store.inbox_page("acme", now=LATER, limit=5).entries]
+    assert listed_ids == [long_id, "call_2"]
+    ask(store, key, head, [waiting("call_2")])
+    assert [e.call_id for e in store.inbox_page("acme", now=LATER, limit=5).entries] == ["call_2"]

@@ -539,6 +539,12 @@ class ConversationStore(ABC):
             raise
         head_item = codec.encode_head(key, head)
         puts, deletes = inbox.changes(key, previous, head)
+        if len(events) + len(puts) + len(deletes) > MAX_EVENTS_PER_COMMIT:
+            # One transaction holds 100 items; the inbox entries count with the events.
+            self._discard(written)
+            raise InternalError(
+                f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events and inbox entries"
+            )
         try:
             self._transact_commit(
                 head_item, expected_version, items, head.gen, puts=puts, deletes=deletes

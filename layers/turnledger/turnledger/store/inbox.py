@@ -109,6 +109,18 @@ def kind_of(call: PendingCall) -> Literal["approval", "input"] | None:
     return None
 
 
+#: Longest call id kept as is in an index sort key (DynamoDB allows 1,024 bytes in all).
+_CALL_PART_MAX = 200
+
+
+def _call_part(call_id: str) -> str:
+    """The call's part of the index sort key: its id (calls of one turn, requested at one
+    instant, list in id order), or for an id too long for a key, its entry hash."""
+    if len(call_id.encode("utf-8")) <= _CALL_PART_MAX:
+        return call_id
+    return entry_sort_key(call_id)
+
+
 def waits_for_person(call: PendingCall) -> bool:
     """Whether ``call`` belongs in the inbox."""
     return kind_of(call) is not None
@@ -134,7 +146,7 @@ def entry_item(key: ConversationKey, head: Head, call: PendingCall) -> Item:
         codec.A_SCHEMA: ENTRY_SCHEMA_VERSION,
         codec.A_GEN: head.gen,
         A_INBOX: inbox_partition(key.tenant),
-        A_INBOX_SORT: f"{_instant(requested_at)}#{key.conversation_id}#{call.id}",
+        A_INBOX_SORT: f"{_instant(requested_at)}#{key.conversation_id}#{_call_part(call.id)}",
         codec.A_BODY: json.dumps(body, ensure_ascii=False, separators=(",", ":")),
     }
 
