@@ -20,7 +20,7 @@ PORT ?= 3000
 DATA_DIR ?= .data
 ARGS ?=
 
-.PHONY: run test lint typecheck template bench clean
+.PHONY: run test lint typecheck template bench clean chromium
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "python3.13 not found (pyenv install 3.13 or put it on PATH)"; exit 1; }
@@ -46,12 +46,21 @@ $(DDB_DIR)/DynamoDBLocal.jar:
 	  && tar xzf amplify-dynamodb-simulator-$(DDB_VERSION).tgz --strip-components=2 package/emulator \
 	  && rm -f amplify-dynamodb-simulator-$(DDB_VERSION).tgz
 
+## Debian's Chromium for the approval page's browser test (tests/http/test_approvals_page.py),
+## launched by path through the playwright package; installed once, skipped when present.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq \
+	    && $(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "chromium not found: install it for the approval page's browser test"; fi; }
+
 ## Run the service locally on 127.0.0.1:$(PORT), conversations in $(DATA_DIR), the demo model.
 run: $(LOCAL_STAMP)
 	$(BIN)/turnledger local --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(ARGS)
 
 ## Run every test: unit, functional (moto), contract, integration (DynamoDB Local), HTTP.
-test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar
+test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar chromium
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/pytest -n 2 $(ARGS)
 
 lint: $(DEV_STAMP)

@@ -102,9 +102,12 @@ class MeteredStore(DynamoDBConversationStore):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
+        previous: Head | None = None,
     ) -> int:
         with self._timed():
-            return super().commit(key, expected_version=expected_version, head=head, events=events)
+            return super().commit(
+                key, expected_version=expected_version, head=head, events=events, previous=previous
+            )
 
     def clear(self, key: ConversationKey, now: datetime) -> PurgeReport:
         with self._timed():
@@ -147,9 +150,16 @@ class MeteredStore(DynamoDBConversationStore):
         return page
 
     def _transact_commit(
-        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+        self,
+        head: Item,
+        expected_version: int | None,
+        events: list[Item],
+        gen: str,
+        *,
+        puts: Sequence[Item] = (),
+        deletes: Sequence[str] = (),
     ) -> None:
-        super()._transact_commit(head, expected_version, events, gen)
+        super()._transact_commit(head, expected_version, events, gen, puts=puts, deletes=deletes)
         table = sum(write_units(item_size(item)) for item in [*events, head])
         old = self._heads.get(head[A_PK])
         # Indexes are updated after the transaction commits, at the standard rate.

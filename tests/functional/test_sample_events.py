@@ -125,11 +125,21 @@ def test_each_sample_event_gets_its_documented_answer(
     paused = call("turn", ask)
     assert body(paused)["status"] == "awaiting_approval"
     assert body(paused)["pending_tool_calls"][0]["id"] == "call_1"
+    inbox = call("read", load_event("list-approvals"))
+    assert inbox["statusCode"] == 200
+    assert [(i["conversation_id"], i["id"], i["tool"]) for i in body(inbox)["items"]] == [
+        ("user-123", "call_1", "send_email")
+    ]
+    page = call("read", load_event("approvals-page"))
+    assert page["statusCode"] == 200
+    assert page["headers"]["Content-Type"].startswith("text/html")
+    assert "default-src 'none'" in page["headers"]["Content-Security-Policy"]
     approved = call("approve", load_event("approve"))
     assert approved["statusCode"] == 200
     assert body(approved)["status"] == "complete"
     assert body(approved)["output_text"] == 'Tool results: send_email: {"sent":true}'
     assert len(sink.side_effects("/email")) == 1
+    assert body(call("read", load_event("list-approvals")))["items"] == []
 
     # Nothing waits: a cancel stops nothing and says so.
     idle = call("approve", load_event("cancel"))

@@ -181,3 +181,29 @@ def test_store_and_blobs_of_one_folder(tmp_path: Path) -> None:
     assert isinstance(store, SQLiteConversationStore)
     assert (tmp_path / "turnledger.sqlite3").is_file()
     assert any(p.is_file() for p in (tmp_path / "blobs").rglob("*"))
+
+
+def test_a_layout_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A data folder written before the approval inbox (layout 1: no by-wait and by-inbox
+    columns) is upgraded when opened: its conversations read back, and new commits are
+    listed on both indexes."""
+    path = tmp_path / "turnledger.sqlite3"
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript(
+            """
+            CREATE TABLE items (pk TEXT NOT NULL, sk TEXT NOT NULL, item TEXT NOT NULL,
+                xb TEXT, tn TEXT, PRIMARY KEY (pk, sk)) WITHOUT ROWID;
+            PRAGMA user_version=1;
+            """
+        )
+    old = SQLiteConversationStore(path, FileBlobStore(tmp_path / "blobs"))
+    old.close()
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+    assert {"wb", "inbox_pk", "inbox_sk"} <= columns
+    store = open_store(str(tmp_path))
+    first = commit_turn(store, KEY, None, ["hello"])
+    assert store.load(KEY, EVERYTHING).head == first.head
+    assert list(store.of_tenant(KEY.tenant)) == [KEY]
+    store.close()

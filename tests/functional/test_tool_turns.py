@@ -44,6 +44,7 @@ from turnledger.schemas import (
 )
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
+from turnledger.sweep import Sweeper
 from turnledger.tools import ToolRegistry, ToolRunner, arguments_sha256
 
 from tests.functional.http_sink import HttpSink, Reply
@@ -865,3 +866,70 @@ def test_a_repeated_call_id_in_one_reply_keeps_the_history_valid(harness: Harnes
     [assistant, *_] = of_kind(transcript(svc), "assistant_message")
     assert [c["id"] for c in assistant["tool_calls"]] == ["dup", "dup_2"]
     assert_history_is_strict(svc)
+
+
+# --- exact expiry: shown at once, recorded by the sweep's pass, out of the inbox ----------
+
+
+def test_expiry_is_shown_at_once_then_recorded_by_expire_waits(
+    harness: Harness, clock: FakeClock
+) -> None:
+    """A call whose window closed is shown by GET among ``expired_tool_calls`` at once;
+    ``expire_waits`` (the sweep's pass) records ``approval_expired``, the rejection and the
+    model's error result in one commit, once, which also deletes its inbox entry."""
+    svc = harness.service(approval_ttl_seconds=600)
+    key = ConversationKey(tenant=ANN.tenant, conversation_id="conv-1")
+    first = turn(svc, lines(tool_line("send_email", to="a@x")))
+    [call] = first.pending_tool_calls
+    assert svc.expire_waits(key) == []  # nothing due yet: nothing written
+    listed = harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=10).entries
+    assert [(e.call_id, e.requested_by) for e in listed] == [(call.id, "ann")]
+    clock.advance(601)
+    view = svc.get(ANN, "conv-1")
+    assert view.pending_tool_calls == []
+    assert [c.id for c in view.expired_tool_calls] == [call.id]
+    assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=10).entries == []
+    assert svc.expire_waits(key) == [call.id]
+    assert svc.expire_waits(key) == []  # recorded once
+    events = transcript(svc)
+    assert [e.kind.value for e in events][-3:] == [
+        "approval_expired",
+        "approval_resolved",
+        "tool_result",
+    ]
+    assert events[-3].payload["call_id"] == call.id
+    assert events[-1].payload["output"] == "tool call send_email was not run: approval expired"
+    view = svc.get(ANN, "conv-1")
+    assert (view.status, view.pending_tool_calls, view.expired_tool_calls) == ("complete", [], [])
+    # The entry is gone from the index itself, not only hidden by its expiry.
+    before = first.pending_tool_calls[0].expires_at - timedelta(seconds=1)
+    assert harness.store.inbox_page(ANN.tenant, now=before, limit=10).entries == []
+
+
+def test_the_sweep_records_expired_approvals_nobody_touches(
+    harness: Harness, clock: FakeClock
+) -> None:
+    """The sweep's pass over ``by-wait`` records each expired approval once (its report's
+    ``waits_expired``), leaves calls still in their window alone, and empties the inbox."""
+    svc = harness.service(approval_ttl_seconds=600)
+    turn(svc, lines(tool_line("send_email", to="a@x")), conversation="late")
+    clock.advance(300)
+    turn(svc, lines(tool_line("send_email", to="b@x")), conversation="fresh")
+    clock.advance(301)
+    sweeper = Sweeper(harness.store, clock=clock.now, expire_waits=svc.expire_waits)
+    report = sweeper.expired()
+    assert report.waits_expired == 1 and report.complete
+    assert [e.kind.value for e in transcript(svc, "late")][-3:] == [
+        "approval_expired",
+        "approval_resolved",
+        "tool_result",
+    ]
+    assert svc.get(ANN, "fresh").pending_tool_calls != []
+    assert [
+        e.conversation_id
+        for e in harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries
+    ] == ["fresh"]
+    assert sweeper.expired().waits_expired == 0
+    clock.advance(300)
+    assert sweeper.expired().waits_expired == 1
+    assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries == []

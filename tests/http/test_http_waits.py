@@ -337,9 +337,14 @@ def test_forged_and_expired_callbacks_are_refused_and_store_nothing(
     late = error_of(anonymous.post(url, json={"status": "succeeded", "output": "x"}), 410)
     assert late["code"] == "callback_invalid"
     assert events(client, conversation) == before
-    # Read-through: GET records the timeout at once.
+    # A read writes nothing: GET shows the call expired at once, the sweep records it.
     head = ok(client.get(f"/v1/conversations/{conversation}"))
-    assert head["status"] == "complete" and head["pending_tool_calls"] == []
+    assert head["pending_tool_calls"] == [] and head["awaiting"] == []
+    assert [c["name"] for c in head["expired_tool_calls"]] == ["run_report"]
+    assert events(client, conversation) == before
+    assert ok(client.post("/_local/sweep"))["waits_expired"] == 1
+    head = ok(client.get(f"/v1/conversations/{conversation}"))
+    assert head["status"] == "complete" and head["expired_tool_calls"] == []
     [settle] = [e for e in events(client, conversation) if e["kind"] == "tool_call_settled"]
     assert (settle["payload"]["status"], settle["payload"]["via"]) == ("failed", "timeout")
     [result] = [e for e in events(client, conversation) if e["kind"] == "tool_result"]

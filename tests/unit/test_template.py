@@ -17,7 +17,8 @@ import pytest
 from turnledger.config import Settings
 from turnledger.store import codec, keys
 from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
-from turnledger.store.indexes import CURSOR_PK
+from turnledger.store.inbox import A_INBOX, A_INBOX_SORT, INBOX_INDEX, inbox_partition
+from turnledger.store.indexes import CURSOR_PK, WAIT_INDEX
 from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
 from turnledger_local.template import (
     PROJECT_ROOT,
@@ -49,6 +50,8 @@ CONTRACT_ROUTES = {
     ("DELETE", "/v1/conversations", "ClearFunction"),
     ("POST", "/v1/conversations/{id}/cancel", "ApproveFunction"),
     ("POST", "/v1/callbacks/{token}", "ApproveFunction"),
+    ("GET", "/v1/approvals", "ReadFunction"),
+    ("GET", "/approvals", "ReadFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.config``).
@@ -71,6 +74,9 @@ FUNCTION_ENVIRONMENT = {
     "POWERTOOLS_METRICS_NAMESPACE",
     "POWERTOOLS_LOG_LEVEL",
     "LOG_LEVEL",
+    "NOTIFICATIONS_BUS",
+    "NOTIFY_INCLUDE_ARGUMENTS",
+    "NOTIFY_SECRET_ARN",
 }
 
 
@@ -121,10 +127,13 @@ def test_routes_go_through_the_one_http_api(template: dict[str, Any]) -> None:
                 assert event["Properties"]["ApiId"] == {"Ref": "HttpApi"}
 
 
-def test_only_the_openapi_document_and_callbacks_are_open(template: dict[str, Any]) -> None:
-    # A callback's signed token is its credential (turnledger.callbacks).
+def test_only_the_openapi_document_the_approval_page_and_callbacks_are_open(
+    template: dict[str, Any],
+) -> None:
+    # A callback's signed token is its credential (turnledger.callbacks); the approval page
+    # is static: it calls the JSON routes with the token its user pastes.
     open_routes = {route.route_key for route in routes(template) if not route.authorized}
-    assert open_routes == {"GET /v1/openapi.json", "POST /v1/callbacks/{token}"}
+    assert open_routes == {"GET /v1/openapi.json", "POST /v1/callbacks/{token}", "GET /approvals"}
 
 
 def test_callback_signing_key_is_a_generated_secret(template: dict[str, Any]) -> None:
@@ -137,9 +146,7 @@ def test_callback_signing_key_is_a_generated_secret(template: dict[str, Any]) ->
         assert "PUBLIC_BASE_URL" in variables
         policies = props(template, name)["Policies"]
         assert {
-            "AWSSecretsManagerGetSecretValuePolicy": {
-                "SecretArn": {"Ref": "CallbackSigningSecret"}
-            }
+            "AWSSecretsManagerGetSecretValuePolicy": {"SecretArn": {"Ref": "CallbackSigningSecret"}}
         } in policies
 
 
@@ -288,8 +295,16 @@ def test_only_turn_and_approve_reach_secrets_and_tools(
     for function in functions(template):
         names = policy_names(template, function)
         model_caller = function in {"TurnFunction", "ApproveFunction"}
-        assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is model_caller, function
+        # The sweep reads one secret: the notify webhooks' (it tells of expiries it records).
+        reads_secret = model_caller or function == "SweepFunction"
+        assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is reads_secret, function
         assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
+    sweep_secrets = [
+        policy["Fn::If"][1]["AWSSecretsManagerGetSecretValuePolicy"]["SecretArn"]
+        for policy in props(template, "SweepFunction")["Policies"]
+        if "Fn::If" in policy
+    ]
+    assert sweep_secrets == [{"Ref": "NotifySecretArn"}]
 
 
 def test_optional_permissions_exist_only_when_their_parameter_is_set(
@@ -301,6 +316,7 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
         "HasToolsParameter": "ToolsParameterName",
         "HasToolLambdaArnPattern": "ToolLambdaArnPattern",
         "HasRedactionParameter": "RedactionParameterName",
+        "HasNotifySecret": "NotifySecretArn",
     }
     for condition, parameter in expected.items():
         assert conditions[condition] == {"Fn::Not": [{"Fn::Equals": [{"Ref": parameter}, ""]}]}
@@ -447,7 +463,12 @@ def test_tenant_role_allows_item_actions_on_conversation_partitions_only(
 ) -> None:
     [policy] = props(template, "TenantAccessRole")["Policies"]
     by_sid = {st["Sid"]: st for st in policy["PolicyDocument"]["Statement"]}
-    assert set(by_sid) == {"ConversationItems", "ConversationObjects", "ListConversationObjects"}
+    assert set(by_sid) == {
+        "ConversationItems",
+        "ConversationObjects",
+        "ListConversationObjects",
+        "ApprovalInbox",
+    }
     items = by_sid["ConversationItems"]
     assert tuple(actions(items)) == TENANT_DYNAMODB_ACTIONS
     # The table only: no index (by-expiry and by-tenant list every tenant's heads).
@@ -457,6 +478,14 @@ def test_tenant_role_allows_item_actions_on_conversation_partitions_only(
     for tenant in ("a", "a:b", "x,y=z@q+r", "A" * 128):
         assert string_like(pattern, keys.tenant_partition_prefix(tenant) + "c1")
     assert not string_like(pattern, CURSOR_PK)
+    # The inbox index only, queried only, under the same leading-keys condition: its
+    # partition key is the tenant's prefix, which the session policy narrows to the caller.
+    listing = by_sid["ApprovalInbox"]
+    assert listing["Action"] == "dynamodb:Query"
+    assert listing["Resource"] == {"Fn::Sub": f"${{ConversationsTable.Arn}}/index/{INBOX_INDEX}"}
+    assert listing["Condition"] == items["Condition"]
+    for tenant in ("a", "a:b", "x,y=z@q+r"):
+        assert string_like(pattern, inbox_partition(tenant))
     objects = by_sid["ConversationObjects"]
     assert tuple(actions(objects)) == TENANT_S3_OBJECT_ACTIONS
     assert objects["Resource"] == {"Fn::Sub": "${ArtifactsBucket.Arn}/t/*"}
@@ -499,8 +528,8 @@ def test_api_functions_reach_data_only_through_the_tenant_role(
 
 
 def test_system_functions_query_only_their_index(template: dict[str, Any]) -> None:
-    expected = {"SweepFunction": EXPIRY_INDEX, "ClearFunction": TENANT_INDEX}
-    for function, index in expected.items():
+    expected = {"SweepFunction": [EXPIRY_INDEX, WAIT_INDEX], "ClearFunction": [TENANT_INDEX]}
+    for function, indexes in expected.items():
         statements = {st["Sid"]: st for where, st in statements_of(template) if where == function}
         queries = [
             st
@@ -508,9 +537,10 @@ def test_system_functions_query_only_their_index(template: dict[str, Any]) -> No
             if st["Resource"] != {"Fn::GetAtt": "ConversationsTable.Arn"}
             and any(a.startswith("dynamodb:") for a in actions(st))
         ]
-        [query] = queries
-        assert actions(query) == ["dynamodb:Query"]
-        assert query["Resource"] == {"Fn::Sub": f"${{ConversationsTable.Arn}}/index/{index}"}
+        assert all(actions(query) == ["dynamodb:Query"] for query in queries)
+        assert sorted(query["Resource"]["Fn::Sub"] for query in queries) == sorted(
+            f"${{ConversationsTable.Arn}}/index/{index}" for index in indexes
+        )
 
 
 # --- storage -------------------------------------------------------------------------------
@@ -523,7 +553,18 @@ def test_table_is_the_one_the_store_writes(template: dict[str, Any]) -> None:
         {"AttributeName": codec.A_SK, "KeyType": "RANGE"},
     ]
     indexes = {index["IndexName"]: index for index in definition["GlobalSecondaryIndexes"]}
-    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX}
+    assert set(indexes) == {EXPIRY_INDEX, TENANT_INDEX, INBOX_INDEX, WAIT_INDEX}
+    assert [k["AttributeName"] for k in indexes[WAIT_INDEX]["KeySchema"]] == [
+        codec.A_WAIT_BUCKET,
+        codec.A_PK,
+    ]
+    listing = indexes.pop(INBOX_INDEX)
+    assert [k["AttributeName"] for k in listing["KeySchema"]] == [A_INBOX, A_INBOX_SORT]
+    # What a listing decodes (schema version and body), never the whole item.
+    assert listing["Projection"] == {
+        "ProjectionType": "INCLUDE",
+        "NonKeyAttributes": [codec.A_SCHEMA, codec.A_BODY],
+    }
     assert [k["AttributeName"] for k in indexes[EXPIRY_INDEX]["KeySchema"]] == [
         codec.A_EXPIRY_BUCKET,
         codec.A_PK,
@@ -668,6 +709,8 @@ API_EVENTS = [
     "openapi.json",
     "cancel.json",
     "callback.json",
+    "list-approvals.json",
+    "approvals-page.json",
 ]
 
 
@@ -705,3 +748,28 @@ def test_sample_scheduled_event_is_an_eventbridge_schedule() -> None:
     event = load_event("sweep-schedule.json")
     assert event["source"] == "aws.events"
     assert event["detail-type"] == "Scheduled Event"
+
+
+def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any]) -> None:
+    """The bus exists, every function is told its name, and exactly the functions that
+    record requests, decisions and expiries (turn, approve, sweep) may put events on it,
+    on it only."""
+    assert resource(template, "NotificationsBus")["Type"] == "AWS::Events::EventBus"
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["NOTIFICATIONS_BUS"] == {"Ref": "NotificationsBus"}
+    assert variables["NOTIFY_INCLUDE_ARGUMENTS"] == {"Ref": "NotifyIncludeArguments"}
+    assert template["Parameters"]["NotifyIncludeArguments"]["Default"] == "false"
+    for function in functions(template):
+        publishing = [
+            statement
+            for policy in props(template, function).get("Policies", [])
+            if isinstance(policy, dict)
+            for statement in policy.get("Statement", [])
+            if "events:PutEvents" in actions(statement)
+        ]
+        if function in {"TurnFunction", "ApproveFunction", "SweepFunction"}:
+            assert [s["Resource"] for s in publishing] == [
+                {"Fn::GetAtt": "NotificationsBus.Arn"}
+            ], function
+        else:
+            assert publishing == [], function

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,6 +72,10 @@ logger = logging.getLogger("local_runner")
 
 #: A local stand-in tool endpoint (see ``_echo``).
 ECHO_PATH = "/_local/echo"
+#: Where the functions send approval notifications locally (POST), and where the last
+#: :data:`NOTIFICATIONS_KEPT` of them are read (GET); see turnledger/notifications.py.
+NOTIFICATIONS_PATH = "/_local/notifications"
+NOTIFICATIONS_KEPT = 100
 SWEEP_PATH = "/_local/sweep"
 #: Drops the ``demo-stateful`` provider's stored responses, so the next turn falls back.
 FORGET_PATH = "/_local/provider/forget"
@@ -167,6 +172,7 @@ class LocalRunner:
         self._zygote: Zygote | None = None
         self._pools: dict[str, FunctionPool] = {}
         self._scratch: Path | None = None
+        self._notifications: deque[Any] = deque(maxlen=NOTIFICATIONS_KEPT)
         self.endpoints: dict[str, str] = {}
         #: The functions' environment variables (complete once started).
         self.environment: dict[str, str] = {}
@@ -208,6 +214,7 @@ class LocalRunner:
             server.runner = self
             self._server = server
             self.environment.update(self._local_files())
+            self.environment["NOTIFICATIONS_LOCAL_URL"] = self.url + NOTIFICATIONS_PATH
             self.environment.update(self.config.env)
             self._start_workers(boots)
             self._serve(server)
@@ -477,6 +484,8 @@ class LocalRunner:
     def _local(self, request: HttpRequest) -> HttpResponse:
         if request.raw_path == ECHO_PATH and request.method.upper() == "POST":
             return self._echo(request)
+        if request.raw_path == NOTIFICATIONS_PATH and request.method.upper() in {"GET", "POST"}:
+            return self._notification(request)
         known = {SWEEP_PATH, FORGET_PATH} if self._sweep is not None else {FORGET_PATH}
         if request.raw_path not in known:
             raise GatewayError(404, "not_found", f"no route for {request.raw_path}")
@@ -507,6 +516,22 @@ class LocalRunner:
 
         state = demo_state_store(self.environment.get("DEMO_STATE_DIR"))
         return HttpResponse.json(200, {"forgotten": state.clear()})
+
+    def _notification(self, request: HttpRequest) -> HttpResponse:
+        """Keep (and print) one notification the functions sent, or list the kept ones,
+        newest last: the local stand-in for the deployment's EventBridge bus."""
+        if request.method.upper() == "GET":
+            return HttpResponse.json(200, {"notifications": list(self._notifications)})
+        note = _json_object(request.body or b"{}")
+        self._notifications.append(note)
+        raw = note.get("detail")
+        detail: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        print(
+            f"notification {note.get('detail-type')}: {detail.get('tenant')}/"
+            f"{detail.get('conversation_id')} {detail.get('call_id')} {detail.get('tool')}",
+            flush=True,
+        )
+        return HttpResponse.json(202, {"kept": len(self._notifications)})
 
     @staticmethod
     def _echo(request: HttpRequest) -> HttpResponse:

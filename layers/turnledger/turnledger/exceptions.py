@@ -259,3 +259,10 @@ class CallbackInvalid(TurnledgerError):
 
     status = 410
     code = "callback_invalid"
+
+
+class InvalidCursor(TurnledgerError):
+    """A listing's ``cursor`` is not one this API handed out (to this tenant)."""
+
+    status = 400
+    code = "invalid_cursor"

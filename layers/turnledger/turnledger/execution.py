@@ -20,9 +20,11 @@ from . import callbacks
 from .config import Settings
 from .exceptions import InternalError, UnknownToolCall
 from .models import (
+    ApprovalExpired,
     ApprovalRequested,
     ApprovalResolved,
     ConversationStatus,
+    EventKind,
     JsonObjectFormat,
     JsonSchemaFormat,
     Lease,
@@ -87,6 +89,16 @@ def decided_in_turn(session: Session) -> set[str]:
         for event in session.events
         if event.turn == session.turn and isinstance(body := event.body(), ApprovalResolved)
     }
+
+
+def turn_actor(session: Session) -> str | None:
+    """Who sent the current turn's input: the actor of its newest user message."""
+    for event in reversed(session.events):
+        if event.turn != session.turn:
+            break
+        if event.kind is EventKind.USER_MESSAGE:
+            return event.actor
+    return None
 
 
 def replace_pending(session: Session, updated: PendingCall) -> None:
@@ -188,6 +200,8 @@ class ToolCalls:
                     idempotency_key=key,
                     arguments_sha256=arguments_sha256(call.arguments),
                     expires_at=expires_at,
+                    requested_at=now,
+                    requested_by=turn_actor(session),
                 )
             )
 
@@ -298,6 +312,7 @@ class ToolCalls:
                 update={
                     "state": "outcome_unknown",
                     "expires_at": expires_at,
+                    "requested_at": self.clock(),
                     "reason": "its request ended while it ran: it may have run already",
                 }
             ),
@@ -408,6 +423,15 @@ class ToolCalls:
             if p.state in AWAITING_DECISION and p.expires_at is not None and p.expires_at <= now
         ]
         for pending in expired:
+            assert pending.expires_at is not None  # selected above on its expiry
+            session.add(
+                ApprovalExpired(
+                    call_id=pending.id,
+                    arguments_sha256=pending.arguments_sha256,
+                    expires_at=pending.expires_at,
+                ),
+                actor="system",
+            )
             session.add(
                 ApprovalResolved(
                     call_id=pending.id,

@@ -95,6 +95,7 @@ class EventKind(StrEnum):
     TOOL_INPUT_PROVIDED = "tool_input_provided"
     TOOL_CALL_SETTLED = "tool_call_settled"
     TURN_INTERRUPTED = "turn_interrupted"
+    APPROVAL_EXPIRED = "approval_expired"
 
 
 class Usage(_Strict):
@@ -227,6 +228,18 @@ class ApprovalResolved(_Strict):
     reason: str | None = None
     approver: str
     arguments_sha256: str
+    #: An approval with edited arguments: what runs instead of the requested ones
+    #: (``arguments_sha256`` stays the hash of what was requested).
+    approved_arguments: dict[str, Any] | None = None
+    approved_arguments_sha256: str | None = None
+
+
+class ApprovalExpired(_Strict):
+    """A paused call's approval window closed with no decision (a rejection follows)."""
+
+    call_id: str
+    arguments_sha256: str
+    expires_at: datetime
 
 
 class ToolResult(_Strict):
@@ -320,6 +333,7 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.TOOL_INPUT_PROVIDED: ToolInputProvided,
     EventKind.TOOL_CALL_SETTLED: ToolCallSettled,
     EventKind.TURN_INTERRUPTED: TurnInterrupted,
+    EventKind.APPROVAL_EXPIRED: ApprovalExpired,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -336,6 +350,7 @@ Payload = (
     | ToolInputProvided
     | ToolCallSettled
     | TurnInterrupted
+    | ApprovalExpired
 )
 
 
@@ -412,6 +427,10 @@ class PendingCall(_Strict):
     reason: str | None = None
     #: The tool's id of a deferred call's job.
     task_id: str | None = None
+    #: When the model asked for the call, and the actor of the turn that asked
+    #: (``None`` on calls stored before these were recorded): the approval inbox shows them.
+    requested_at: datetime | None = None
+    requested_by: str | None = None
 
 
 class CancelRequest(_Strict):

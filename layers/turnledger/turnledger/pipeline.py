@@ -31,6 +31,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from .approval_edits import check_edits
 from .callbacks import CallbackClaims, life_of
 from .config import Settings
 from .context import (
@@ -109,7 +110,7 @@ from .schemas import (
     TurnRequest,
     TurnResponse,
 )
-from .session import Clock, Session, utc_now
+from .session import Clock, CommitHook, Session, utc_now
 from .store.base import ContextBudget, ConversationStore, PurgeReport
 from .tools.executors import ToolRunner
 from .tools.registry import ToolRegistry
@@ -118,6 +119,7 @@ from .turnstate import (
     WAIT_OF_STATE,
     cancel_requested,
     cancel_turn,
+    lapsed,
     require_settled,
     status_for,
     status_of,
@@ -181,6 +183,8 @@ class Conversations:
         self.budget = ContextBudget(
             max_events=settings.context_max_events, max_chars=settings.context_max_chars
         )
+        #: Told of every commit that landed (notifications, :mod:`.notifications`).
+        self.on_commit: CommitHook | None = None
 
     @cached_property
     def tools(self) -> ToolRegistry:
@@ -341,7 +345,8 @@ class Conversations:
         deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
         rejections = request.rejections()
-        named = [*request.approve, *rejections]
+        approvals = request.approvals()
+        named = [*approvals, *rejections]
         if request.outputs:
             self.calls.provide_outputs(
                 session,
@@ -387,9 +392,11 @@ class Conversations:
                 "these call ids are not pending approval",
                 details={"unknown": unknown, "pending": sorted(undecided), "expired": expired},
             )
-        for call_id in [*request.approve, *rejections]:
+        edits = check_edits(self.calls.tools, undecided, approvals)
+        for call_id in named:
             pending = undecided[call_id]
-            approved = call_id in request.approve
+            approved = call_id in approvals
+            edited = edits.get(call_id)
             session.add(
                 ApprovalResolved(
                     call_id=call_id,
@@ -397,6 +404,8 @@ class Conversations:
                     reason=None if approved else rejections.get(call_id),
                     approver=caller.actor,
                     arguments_sha256=pending.arguments_sha256,
+                    approved_arguments=edited[0] if edited else None,
+                    approved_arguments_sha256=edited[1] if edited else None,
                 ),
                 actor=caller.actor,
             )
@@ -404,6 +413,11 @@ class Conversations:
                 session,
                 pending.model_copy(
                     update={
+                        **(
+                            {"arguments": edited[0], "arguments_sha256": edited[1]}
+                            if edited
+                            else {}
+                        ),
                         "state": "ready" if approved else "rejected",
                         "reason": None
                         if approved
@@ -418,6 +432,35 @@ class Conversations:
         self._advance(work)
         return self._response(work)
 
+    def expire_waits(self, key: ConversationKey) -> list[str]:
+        """Record the waits of ``key`` whose window closed, for a conversation nobody
+        touches (the sweep): ``approval_expired``, the rejection, and the error result the
+        model sees with the next turn, in one commit that also takes them out of the inbox.
+
+        Returns:
+            The ids of the calls expired (none: nothing was due, the conversation is gone,
+            or a run holds its lease).
+
+        Raises:
+            ConversationBusy: another request committed first (the next pass retries).
+        """
+        snapshot = self.store.load(key, self.budget)
+        head = snapshot.head
+        now = self.clock()
+        if head is None or not head.is_visible(now) or head.live_lease(now) is not None:
+            return []
+        session = self._session(key, head, snapshot.events)
+        expired = self.calls.expire_due(session)
+        if not expired:
+            return []
+        # Only the session is used: no tool registry or model is needed (or loaded).
+        idle = TurnWork(session=session, tools=[], model="", provider=self.provider)
+        self.calls.settle_rejected(idle)
+        if any(p.state == "ready" for p in session.pending):
+            return []  # approved calls must run first: the next turn or decision does that
+        session.commit(status_of(session))
+        return expired
+
     def get(self, caller: Caller, conversation_id: str) -> ConversationView:
         """The head (``GET /v1/conversations/{id}``).
 
@@ -425,7 +468,11 @@ class Conversations:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
         key = self._key(caller, conversation_id)
-        head = self._settle_due(key, self._visible_head(key))
+        head = self._visible_head(key)
+        now = self.clock()
+        # A read writes nothing: what is due shows as expired at once, and the next
+        # request (or the sweep's pass, :meth:`expire_waits`) records it.
+        waiting = [p for p in head.pending if not lapsed(p, now)]
         return ConversationView(
             conversation_id=conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
@@ -439,43 +486,14 @@ class Conversations:
             if head.expires_at is not None
             else None,
             ttl_seconds=head.ttl_seconds,
-            pending_tool_calls=self._waiting(head.pending),
+            pending_tool_calls=self._waiting(waiting),
             usage=head.usage,
             cost_usd=round(head.cost_usd, 6),
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
-            awaiting=open_waits(head.pending),
+            awaiting=open_waits(waiting),
+            expired_tool_calls=self._waiting([p for p in head.pending if lapsed(p, now)]),
         )
-
-    def _settle_due(self, key: ConversationKey, head: Head) -> Head:
-        """Read-through expiry: record approvals and deferred calls whose time ran out
-        (``expire_due``), so a ``GET`` shows them settled at once. Best effort: a
-        concurrent request that commits first does it instead."""
-        now = self.clock()
-        due = [
-            p
-            for p in head.pending
-            if p.expires_at is not None
-            and p.expires_at <= now
-            and (p.state in AWAITING_DECISION or p.state == "deferred")
-        ]
-        if not due or head.live_lease(now) is not None:
-            return head
-        snapshot = self.store.load(key, self.budget)
-        if snapshot.head is None or snapshot.head.version != head.version:
-            return self._visible_head(key)
-        session = self._session(key, snapshot.head, snapshot.events)
-        # Settling needs neither the tool registry nor a model: the read function has no
-        # access to the registry's SSM parameter, and needs none for this.
-        work = TurnWork(session=session, tools=[], model="", provider=self.provider)
-        self.calls.expire_due(session)
-        self.calls.settle_rejected(work)
-        if any(p.state == "ready" for p in session.pending):
-            return head  # approved calls must run: the next turn or decision does that
-        try:
-            return session.commit(status_of(session))
-        except ConversationBusy:
-            return self._visible_head(key)
 
     def _head_status(self, head: Head) -> str:
         """The head's public status: a run with a live lease is ``running_tools``; one
@@ -1060,7 +1078,7 @@ class Conversations:
         return self._session(key, head, snapshot.events)
 
     def _session(self, key: ConversationKey, head: Head | None, events: list[Event]) -> Session:
-        return Session.open(
+        session = Session.open(
             self.store,
             key,
             head=head,
@@ -1068,6 +1086,8 @@ class Conversations:
             clock=self.clock,
             ttl_seconds=self.settings.ttl_for(key.tenant),
         )
+        session.on_commit = self.on_commit
+        return session
 
     def _visible_head(self, key: ConversationKey) -> Head:
         head = self.store.get_head(key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 import boto3
@@ -17,6 +17,7 @@ import httpx
 from botocore.config import Config
 
 from .config import Settings
+from .notifications import environment, publisher_from_env
 from .pipeline import Conversations
 from .providers.factory import PROVIDERS, build_provider
 from .redaction import Redactor, load_redactor
@@ -101,10 +102,19 @@ class Runtime:
         provider = build_provider(settings)
         runner = ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds)
 
+        # Webhook URLs from the registry, read once per process (on the first notification).
+        registry = cache(partial(ToolRegistry.from_settings, settings))
+        publisher = publisher_from_env(
+            environment(),
+            session=session,
+            post=http.post,
+            webhook_of=lambda tool: registry().get(tool).notify,
+        )
+
         def service(store: ConversationStore) -> Conversations:
             # One service per store: the process's, and one per tenant on its own
             # credentials; all share the provider, the tool runner and the settings.
-            return Conversations(
+            conversations = Conversations(
                 store=store,
                 provider=provider,
                 # Other providers a turn may name, built on first use.
@@ -115,6 +125,8 @@ class Runtime:
                 runner=runner,
                 clock=clock,
             )
+            conversations.on_commit = publisher.on_commit if publisher else None
+            return conversations
 
         conversations = service(store)
         runtime = cls(

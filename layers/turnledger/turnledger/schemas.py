@@ -81,6 +81,15 @@ class CallOutput(_Body):
     output: str
 
 
+class ApprovalEdit(_Body):
+    """An approval that runs edited arguments instead of the requested ones."""
+
+    id: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(
+        description="Validated against the tool's parameters; these run, not the requested ones."
+    )
+
+
 class ApprovalRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/approvals``."""
 
@@ -96,7 +105,9 @@ class ApprovalRequest(_Body):
         },
     )
 
-    approve: list[str] = Field(default_factory=list, json_schema_extra={"uniqueItems": True})
+    approve: list[str | ApprovalEdit] = Field(
+        default_factory=list, json_schema_extra={"uniqueItems": True}
+    )
     reject: list[str | Rejection] = Field(default_factory=list)
     outputs: list[CallOutput] = Field(
         default_factory=list,
@@ -108,10 +119,21 @@ class ApprovalRequest(_Body):
     def _decides_something(self) -> ApprovalRequest:
         if not self.approve and not self.reject and not self.outputs:
             raise ValueError("approve, reject or give the output of at least one call")
-        ids = [*self.approve, *(self.rejections()), *(o.id for o in self.outputs)]
+        ids = [
+            *(a if isinstance(a, str) else a.id for a in self.approve),
+            *(r if isinstance(r, str) else r.id for r in self.reject),
+            *(o.id for o in self.outputs),
+        ]
         if len(ids) != len(set(ids)):
             raise ValueError("a call id may appear only once across approve, reject and outputs")
         return self
+
+    def approvals(self) -> dict[str, dict[str, Any] | None]:
+        """Approved call ids with their edited arguments (``None``: as requested)."""
+        return {
+            a if isinstance(a, str) else a.id: None if isinstance(a, str) else a.arguments
+            for a in self.approve
+        }
 
     def rejections(self) -> dict[str, str | None]:
         """Rejected call ids with their reasons."""
@@ -194,7 +216,12 @@ class TurnResponse(BaseModel):
 
 
 class ConversationView(BaseModel):
-    """Answer of ``GET /v1/conversations/{id}``: the head."""
+    """Answer of ``GET /v1/conversations/{id}``: the head.
+
+    A call whose approval window closed is shown in ``expired_tool_calls`` at once,
+    not among ``pending_tool_calls``: the next request on the conversation (or the
+    sweep) records the expiry (``approval_expired``) and the rejection the model sees.
+    """
 
     conversation_id: str
     status: Literal[
@@ -222,6 +249,8 @@ class ConversationView(BaseModel):
     summary_through: int | None = None
     #: Everything the current turn still awaits (see ``TurnResponse.awaiting``).
     awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
+    #: Calls whose approval window closed with no decision (see the class docstring).
+    expired_tool_calls: list[PendingToolCallView] = Field(default_factory=list)
 
 
 class EventView(BaseModel):
@@ -273,6 +302,9 @@ class PurgeReportView(BaseModel):
     read_units: float
     #: ``False`` when the work stopped at its time budget; run it again to continue.
     complete: bool
+    #: Calls whose wait (a decision's window, a deferred call's deadline) closed,
+    #: recorded by the sweep's expiry pass.
+    waits_expired: int = 0
 
 
 class CallbackRequest(_Body):

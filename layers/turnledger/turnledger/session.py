@@ -37,6 +37,9 @@ from .store import keys
 from .store.base import ConversationStore, new_generation
 
 Clock = Callable[[], datetime]
+#: Told of each commit that landed: the key, the pending calls before it, the head it
+#: wrote and its events (notifications; must not raise).
+CommitHook = Callable[[ConversationKey, list[PendingCall], Head, list[Event]], None]
 
 
 def utc_now() -> datetime:
@@ -79,6 +82,7 @@ class Session:
     cancel: CancelRequest | None = None
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
+    on_commit: CommitHook | None = None
 
     def __post_init__(self) -> None:
         previous = self.head or self.predecessor
@@ -218,10 +222,14 @@ class Session:
             expected_version=previous.version if previous else None,
             head=head,
             events=self.staged,
+            previous=previous,
         )
         metrics.add_metric("BytesWritten", MetricUnit.Bytes, written)
+        committed = self.staged
         self.history.extend(self.staged)
         self.staged = []
         self.head = head
         self.predecessor = None
+        if self.on_commit is not None:
+            self.on_commit(self.key, list(previous.pending) if previous else [], head, committed)
         return head

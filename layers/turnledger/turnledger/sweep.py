@@ -117,6 +117,11 @@ TIME_MARGIN_MS = 10_000
 TIME_MARGIN_FRACTION = 0.25
 #: Times a reclaim re-reads a conversation whose head keeps changing under it.
 RECLAIM_ATTEMPTS = 5
+#: Hours of ``by-wait`` buckets the expiry pass reads back from the current one. A head
+#: leaves the index once its expired calls are recorded, so only the failures of earlier
+#: passes sit further back; past this, the conversation's own TTL (never shorter than its
+#: approval windows) ends it, and the next request on it records the expiry.
+WAIT_LOOKBACK_BUCKETS = 48
 
 
 class RemainingTime(Protocol):
@@ -161,6 +166,8 @@ class _Run:
     sweeper: Sweeper
     removed: PurgeReport = field(default_factory=PurgeReport)
     complete: bool = True
+    #: Calls whose approval window closed, recorded by the expiry pass.
+    waits_expired: int = 0
     start: CapacityMeter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -178,6 +185,7 @@ class _Run:
             provider_state_deleted=deleted,
             read_units=spent.read_units,
             complete=self.complete,
+            waits_expired=self.waits_expired,
         )
 
 
@@ -209,18 +217,23 @@ class Sweeper:
         clock: Clock,
         deadline: Deadline | None = None,
         forget: Callable[[list[tuple[str, str]]], int] | None = None,
+        expire_waits: Callable[[ConversationKey], list[str]] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.deadline = deadline or Deadline(None)
         self.forget = forget
+        #: Records the expired waits of one conversation (``Conversations.expire_waits``).
+        self.expire_waits = expire_waits
 
     # --- the scheduled sweep ------------------------------------------------------------
 
     def expired(self) -> PurgeReportView:
-        """Purge every expired conversation the expiry index lists from the cursor on."""
+        """Record the approvals whose window closed (``by-wait``), then purge every expired
+        conversation the expiry index lists from the cursor on."""
         run = _Run(self)
         now = self.clock()
+        self._expire_waits(now, run)
         epoch = int(now.timestamp())
         current = epoch // keys.EXPIRY_BUCKET_SECONDS
         settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
@@ -247,6 +260,31 @@ class Sweeper:
             if not self._each(candidates, run, lambda k: self._sweep_one(k, now, False)):
                 handled = False
         return handled
+
+    def _expire_waits(self, now: datetime, run: _Run) -> None:
+        """The expiry pass: every conversation whose earliest decision window closed by
+        ``now`` gets ``approval_expired``, its rejections and the model's error results
+        recorded (and leaves the approval inbox), though nobody touches it."""
+        if self.expire_waits is None:
+            return
+        expire = self.expire_waits
+        current = int(now.timestamp()) // keys.EXPIRY_BUCKET_SECONDS
+        for bucket in range(current - WAIT_LOOKBACK_BUCKETS, current + 1):
+            for shard in range(keys.EXPIRY_SHARDS):
+                if self.deadline.reached():
+                    run.complete = False
+                    return
+                for key in self.store.waiting_in(bucket, shard):
+                    try:
+                        run.waits_expired += len(expire(key))
+                    except ConversationBusy:
+                        continue  # a request got there first: it records the expiry itself
+                    except Exception:
+                        # One conversation must not stop the pass; the next run retries it.
+                        logger.exception(
+                            "could not record expired approvals",
+                            extra={"tenant": key.tenant, "conversation_id": key.conversation_id},
+                        )
 
     # --- on demand ----------------------------------------------------------------------
 
@@ -408,6 +446,7 @@ def _sweeper(runtime: Runtime, context: RemainingTime | None) -> Sweeper:
         clock=runtime.conversations.clock,
         deadline=Deadline.of(context),
         forget=runtime.conversations.forget_provider_state,
+        expire_waits=runtime.conversations.expire_waits,
     )
 
 
@@ -526,5 +565,6 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     metrics.add_metric("EventsSwept", MetricUnit.Count, report.events_removed)
     metrics.add_metric("ObjectsSwept", MetricUnit.Count, report.objects_removed)
     metrics.add_metric("SweepReadUnits", MetricUnit.Count, report.read_units)
+    metrics.add_metric("ApprovalsExpired", MetricUnit.Count, report.waits_expired)
     logger.info("sweep done", extra=report.model_dump())
     return report.model_dump(mode="json")

@@ -15,6 +15,7 @@ approvals and of deferred calls), and how a turn is cancelled.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from .exceptions import ApprovalPending, InputPending, InternalError
@@ -121,6 +122,18 @@ def status_for(pending: Iterable[PendingCall]) -> ConversationStatus:
 def status_of(session: Session) -> ConversationStatus:
     """The head status the session's pending calls call for."""
     return status_for(session.pending)
+
+
+#: States whose wait has a deadline: a decision's window, a deferred call's callback.
+EXPIRING = AWAITING_DECISION | {"deferred"}
+
+
+def lapsed(pending: PendingCall, now: datetime) -> bool:
+    """Whether ``pending`` waits for something whose deadline passed by ``now`` (shown
+    as expired at once; recorded by the next request or the sweep's expiry pass)."""
+    return (
+        pending.state in EXPIRING and pending.expires_at is not None and pending.expires_at <= now
+    )
 
 
 def waits_for_person(pending: PendingCall) -> Literal["approval", "input"] | None:

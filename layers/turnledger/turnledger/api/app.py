@@ -26,6 +26,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
 from .. import __version__
+from ..approvals import DEFAULT_LIMIT, MAX_LIMIT, InboxPageView, list_inbox
 from ..deadline import request_deadline
 from ..exceptions import (
     ConversationBusy,
@@ -70,7 +71,7 @@ app = APIGatewayHttpResolver(enable_validation=True)
 
 #: The error codes each status can carry, for the OpenAPI document.
 _ERROR_CODES = {
-    400: "invalid_request, invalid_conversation_id",
+    400: "invalid_request, invalid_conversation_id, invalid_cursor",
     401: "unauthorized",
     404: "conversation_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
@@ -315,6 +316,43 @@ def erase_tenant() -> PurgeReportView:
 
     context: LambdaContext | None = app.lambda_context
     return erase(get_runtime(), caller().tenant, context)
+
+
+@app.get("/v1/approvals", responses=_responses(InboxPageView, 400, 401, 409, 422, 503))
+def get_approvals(
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many calls.")] = (
+        DEFAULT_LIMIT
+    ),
+    cursor: Annotated[
+        str | None, Query(max_length=2048, description="next_cursor of the previous page.")
+    ] = None,
+    tool: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    conversation_id: Annotated[
+        str | None, Query(pattern=CONVERSATION_ID_PATTERN, description="Only this conversation.")
+    ] = None,
+) -> InboxPageView:
+    """The tenant's approval inbox: every call waiting for a person, oldest first."""
+    who = caller()
+    return list_inbox(
+        get_runtime().conversations_for(who.tenant),
+        who,
+        limit=limit,
+        cursor=cursor,
+        tool=tool,
+        conversation_id=conversation_id,
+    )
+
+
+@app.get("/approvals", include_in_schema=False)
+def approvals_page() -> Response[str]:
+    """The approval inbox as a web page (static; it calls the JSON routes with the
+    token the user pastes, so it needs none itself)."""
+    from ..approvals_page import page
+
+    html, headers = page()
+    return Response(
+        status_code=200, content_type="text/html; charset=utf-8", body=html, headers=headers
+    )
 
 
 @app.get("/v1/openapi.json", include_in_schema=False)

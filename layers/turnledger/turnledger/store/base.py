@@ -93,15 +93,17 @@ from ..exceptions import (
     TurnledgerError,
 )
 from ..models import ConversationKey, ConversationStatus, Event, Head
-from . import codec, keys
+from . import codec, inbox, keys
 from .blobs import BlobStore
 from .codec import BlobRef, Item, StoredEvent
+from .inbox import EntryKey
 from .indexes import (
     CURSOR_PK,
     CURSOR_SK,
     EXPIRY_INDEX,
     INDEX_PAGE_SIZE,
     TENANT_INDEX,
+    WAIT_INDEX,
     EventStamp,
     cursor_bucket,
     cursor_item,
@@ -491,6 +493,7 @@ class ConversationStore(ABC):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
+        previous: Head | None = None,
     ) -> int:
         """Append ``events`` and replace the head, atomically.
 
@@ -499,6 +502,10 @@ class ConversationStore(ABC):
             head: the new head; its ``version`` must be ``expected_version + 1``
                 and its ``seq`` must cover ``events``.
             events: new events with consecutive public sequences after the old head.
+            previous: the head this commit replaces, as the caller read it: the
+                approval inbox entries of the calls that start or stop waiting for a
+                person between the two are written or deleted in the same transaction
+                (:func:`.inbox.changes`).
 
         Returns:
             The bytes written: the items' attribute names and values, and offloaded objects.
@@ -531,8 +538,17 @@ class ConversationStore(ABC):
             self._discard(written)
             raise
         head_item = codec.encode_head(key, head)
+        puts, deletes = inbox.changes(key, previous, head)
+        if len(events) + len(puts) + len(deletes) > MAX_EVENTS_PER_COMMIT:
+            # One transaction holds 100 items; the inbox entries count with the events.
+            self._discard(written)
+            raise InternalError(
+                f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events and inbox entries"
+            )
         try:
-            self._transact_commit(head_item, expected_version, items, head.gen)
+            self._transact_commit(
+                head_item, expected_version, items, head.gen, puts=puts, deletes=deletes
+            )
         except TurnledgerError as exc:
             # The backend answered "no": nothing of the turn is stored, so its objects go too.
             # Unless it failed on its side (ServiceUnavailable.outcome_unknown): the
@@ -544,7 +560,7 @@ class ConversationStore(ABC):
         # the objects stay, since deleting them could break a turn that did land. If it
         # did not, they are leftovers under the conversation's prefix that clear and sweep
         # remove.
-        return sum(codec.item_size(item) for item in [*items, head_item]) + offloaded
+        return sum(codec.item_size(item) for item in [*items, *puts, head_item]) + offloaded
 
     def _offload(
         self,
@@ -781,13 +797,22 @@ class ConversationStore(ABC):
 
     @abstractmethod
     def _transact_commit(
-        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+        self,
+        head: Item,
+        expected_version: int | None,
+        events: list[Item],
+        gen: str,
+        *,
+        puts: Sequence[Item] = (),
+        deletes: Sequence[str] = (),
     ) -> None:
-        """Atomically put ``events`` and ``head``.
+        """Atomically put ``events`` and ``head``, put ``puts`` and delete the items of the
+        head's partition at the sort keys ``deletes`` (inbox entries; absent ones are fine).
 
         Conditions: the stored head's ``ver`` equals ``expected_version`` and its
         ``g`` equals ``gen`` (or no head exists when ``expected_version`` is
         ``None``); no event item of life ``gen`` exists at any of the events' keys.
+        ``puts`` and ``deletes`` carry no condition of their own.
 
         Raises:
             ConversationBusy: a condition failed or a concurrent transaction conflicted.
@@ -836,6 +861,16 @@ class ConversationStore(ABC):
         """
 
     @abstractmethod
+    def _inbox_query(self, partition: str, *, after: EntryKey | None, limit: int) -> Page:
+        """One page of the ``by-inbox`` index's partition ``partition``, by sort key ascending.
+
+        Items are entries (:mod:`.inbox`) with at least ``pk``, ``sk``, ``v``, ``is`` and
+        ``d``; ``after`` resumes after that entry (even if it was deleted since). The page's
+        cursor is the :class:`.inbox.EntryKey` of its last item, ``None`` when the query is
+        exhausted. The index may lag behind the table (DynamoDB's global indexes do).
+        """
+
+    @abstractmethod
     def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
         """Delete the item at ``(pk, sk)`` if its ``g`` is ``gen`` (``None``: it has no ``g``).
 
@@ -866,6 +901,14 @@ class ConversationStore(ABC):
         the table: re-read the head before acting.
         """
         return self._index_keys(EXPIRY_INDEX, keys.expiry_partition(bucket, shard))
+
+    def waiting_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
+        """Conversations whose earliest wait (a decision's window, a deferred call's deadline)
+        closes in ``bucket`` (``by-wait``).
+
+        Pages lazily; the index may lag behind the table: re-read before acting.
+        """
+        return self._index_keys(WAIT_INDEX, keys.expiry_partition(bucket, shard))
 
     def of_tenant(self, tenant: str) -> Iterator[ConversationKey]:
         """Every conversation of ``tenant`` that has a head, tombstones included (``by-tenant``).
@@ -936,6 +979,42 @@ class ConversationStore(ABC):
         cursor of an unknown schema version is never overwritten.
         """
         return self._advance_cursor(cursor_item(bucket))
+
+    # --- the approval inbox --------------------------------------------------------------
+
+    def inbox_page(
+        self,
+        tenant: str,
+        *,
+        now: datetime,
+        limit: int,
+        after: EntryKey | None = None,
+        tool: str | None = None,
+        conversation_id: str | None = None,
+    ) -> inbox.InboxPage:
+        """Up to ``limit`` calls of ``tenant`` waiting for a person, oldest request first.
+
+        Calls whose window closed by ``now`` are left out (the next request on their
+        conversation, or the sweep, records the expiry and removes the entry), as are
+        entries not matching ``tool`` or ``conversation_id``: reading goes on past them
+        until the page is full or the index is exhausted.
+        """
+        partition = inbox.inbox_partition(tenant)
+        chosen: list[tuple[inbox.InboxEntry, EntryKey]] = []
+        position = after
+        while len(chosen) < limit:
+            page = self._inbox_query(partition, after=position, limit=limit - len(chosen) + 1)
+            chosen.extend(
+                inbox.select(page.items, now=now, tool=tool, conversation_id=conversation_id)
+            )
+            if page.cursor is None:
+                break
+            position = page.cursor
+        if len(chosen) > limit:
+            return inbox.InboxPage([e for e, _ in chosen[:limit]], chosen[limit - 1][1])
+        # Exactly full with more unread: the next page starts after the last shown.
+        more = len(chosen) == limit and page.cursor is not None
+        return inbox.InboxPage([e for e, _ in chosen], chosen[-1][1] if more else None)
 
     # --- imports: all or nothing over several commits ------------------------------------
 

@@ -23,10 +23,12 @@ from ..models import (
     SUPPORTED_SCHEMA_VERSIONS,
     AssistantMessage,
     ConversationKey,
+    ConversationStatus,
     Event,
     EventKind,
     Head,
 )
+from ..turnstate import EXPIRING
 from . import keys
 
 Item = dict[str, Any]
@@ -48,6 +50,10 @@ A_TENANT = "tn"
 #: On a head being cleared only: the token of the clear that fenced it (the purge
 #: protocol in :mod:`.base`). No turn ever writes it; conditional head writes compare it.
 A_FENCE = "fx"
+#: Wait index partition (sparse: only heads with a call whose wait expires, a decision's
+#: window or a deferred call's deadline): ``"<hour of the earliest such expiry>#<shard>"``,
+#: for the sweep's expiry pass.
+A_WAIT_BUCKET = "wb"
 
 
 class BlobRef(BaseModel):
@@ -105,6 +111,9 @@ def encode_head(key: ConversationKey, head: Head) -> Item:
     if head.expires_at is not None:
         item[A_EXPIRES] = head.expires_at
         item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.filed_bucket, pk)
+    due = [p.expires_at for p in head.pending if p.expires_at is not None and p.state in EXPIRING]
+    if due and head.status is not ConversationStatus.CLEARED:
+        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(int(min(due).timestamp())), pk)
     return item
 
 

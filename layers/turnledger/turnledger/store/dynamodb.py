@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore
 from .codec import Item
+from .inbox import A_INBOX, A_INBOX_SORT, INBOX_INDEX, EntryKey, entry_key
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
 from .indexes import EXPIRY_INDEX as EXPIRY_INDEX
 from .indexes import TENANT_INDEX as TENANT_INDEX
@@ -269,7 +270,14 @@ class DynamoDBConversationStore(ConversationStore):
         )
 
     def _transact_commit(
-        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+        self,
+        head: Item,
+        expected_version: int | None,
+        events: list[Item],
+        gen: str,
+        *,
+        puts: Sequence[Item] = (),
+        deletes: Sequence[str] = (),
     ) -> None:
         event_condition = {
             "ConditionExpression": "attribute_not_exists(#pk) OR #g <> :g",
@@ -285,6 +293,17 @@ class DynamoDBConversationStore(ConversationStore):
             {"Put": {"TableName": self.table_name, "Item": _to_wire(e), **event_condition}}
             for e in events
         ]
+        # Inbox entries (store/inbox.py): unconditional, the head's condition guards them.
+        transact.extend({"Put": {"TableName": self.table_name, "Item": _to_wire(p)}} for p in puts)
+        transact.extend(
+            {
+                "Delete": {
+                    "TableName": self.table_name,
+                    "Key": _to_wire({codec.A_PK: head[codec.A_PK], codec.A_SK: sk}),
+                }
+            }
+            for sk in deletes
+        )
         transact.append(
             {
                 "Put": {
@@ -394,6 +413,32 @@ class DynamoDBConversationStore(ConversationStore):
             items=[_from_wire(i) for i in response.get("Items", [])],
             cursor=response.get("LastEvaluatedKey"),
         )
+
+    def _inbox_query(self, partition: str, *, after: EntryKey | None, limit: int) -> Page:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "IndexName": INBOX_INDEX,
+            "KeyConditionExpression": "#ib = :ib",
+            "ExpressionAttributeNames": {"#ib": A_INBOX},
+            "ExpressionAttributeValues": {":ib": _serializer.serialize(partition)},
+            "Limit": limit,
+            "ReturnConsumedCapacity": "TOTAL",
+        }
+        if after is not None:
+            kwargs["ExclusiveStartKey"] = _to_wire(
+                {
+                    A_INBOX: partition,
+                    A_INBOX_SORT: after.sort,
+                    codec.A_PK: after.pk,
+                    codec.A_SK: after.sk,
+                }
+            )
+        with _guarded():
+            response = self.client.query(**kwargs)
+        self.meter.read(_units(response.get("ConsumedCapacity")))
+        items = [_from_wire(i) for i in response.get("Items", [])]
+        more = bool(response.get("LastEvaluatedKey")) and bool(items)
+        return Page(items=items, cursor=entry_key(items[-1]) if more else None)
 
     def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
         condition: dict[str, Any]

@@ -34,9 +34,16 @@ from .codec import Item
 #: Index names, as declared in template.yaml.
 EXPIRY_INDEX = "by-expiry"
 TENANT_INDEX = "by-tenant"
+#: Heads with a decision whose window closes, by the hour of the earliest such window
+#: (``wb``, sharded like ``xb``): the sweep's pass that records expired approvals.
+WAIT_INDEX = "by-wait"
 
 #: The item attribute each index is keyed on (see :mod:`.codec`).
-INDEX_ATTRIBUTES = {EXPIRY_INDEX: codec.A_EXPIRY_BUCKET, TENANT_INDEX: codec.A_TENANT}
+INDEX_ATTRIBUTES = {
+    EXPIRY_INDEX: codec.A_EXPIRY_BUCKET,
+    TENANT_INDEX: codec.A_TENANT,
+    WAIT_INDEX: codec.A_WAIT_BUCKET,
+}
 
 #: Where the sweep cursor lives.
 CURSOR_PK = "#SWEEP"

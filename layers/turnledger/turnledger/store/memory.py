@@ -8,6 +8,7 @@ Conditions, cursors and the item size limit behave as DynamoDB's do.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import ConversationBusy
@@ -15,6 +16,7 @@ from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore, MemoryBlobStore
 from .codec import Item
+from .inbox import A_INBOX, A_INBOX_SORT, EntryKey, entry_key
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
 
 
@@ -67,9 +69,16 @@ class MemoryConversationStore(ConversationStore):
             )
 
     def _transact_commit(
-        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+        self,
+        head: Item,
+        expected_version: int | None,
+        events: list[Item],
+        gen: str,
+        *,
+        puts: Sequence[Item] = (),
+        deletes: Sequence[str] = (),
     ) -> None:
-        codec.check_item_sizes([*events, head])
+        codec.check_item_sizes([*events, *puts, head])
         expected = codec.expected_head(expected_version, gen)
         pk = head[codec.A_PK]
         with self._lock:
@@ -85,8 +94,10 @@ class MemoryConversationStore(ConversationStore):
                 )
             self.meter.write(0)
             partition = self.items.setdefault(pk, {})
-            for event in events:
-                partition[event[codec.A_SK]] = dict(event)
+            for sk in deletes:
+                partition.pop(sk, None)
+            for item in [*events, *puts]:
+                partition[item[codec.A_SK]] = dict(item)
             partition[head[codec.A_SK]] = dict(head)
 
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
@@ -142,6 +153,22 @@ class MemoryConversationStore(ConversationStore):
             items=[{codec.A_PK: pk} for pk in chosen],
             cursor=chosen[-1] if len(pks) > limit else None,
         )
+
+    def _inbox_query(self, partition: str, *, after: EntryKey | None, limit: int) -> Page:
+        with self._lock:
+            self.meter.read(0)
+            entries = sorted(
+                (
+                    dict(item)
+                    for items in self.items.values()
+                    for item in items.values()
+                    if item.get(A_INBOX) == partition
+                    and (after is None or str(item.get(A_INBOX_SORT)) > after.sort)
+                ),
+                key=lambda item: str(item[A_INBOX_SORT]),
+            )
+        chosen = entries[:limit]
+        return Page(items=chosen, cursor=entry_key(chosen[-1]) if len(entries) > limit else None)
 
     def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
         with self._lock:

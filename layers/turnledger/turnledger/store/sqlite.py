@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,12 @@ from . import codec, keys
 from .base import ConversationStore, Page
 from .blobs import BlobStore, FileBlobStore
 from .codec import Item
+from .inbox import A_INBOX, A_INBOX_SORT, EntryKey, entry_key
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
 
-#: The layout this build writes (``PRAGMA user_version``).
-SCHEMA_VERSION = 1
+#: The layout this build writes (``PRAGMA user_version``). 2: the by-wait and by-inbox
+#: columns (a layout-1 file is upgraded in place: three columns and indexes are added).
+SCHEMA_VERSION = 2
 
 #: How long a write waits for another connection's write to end.
 DEFAULT_BUSY_TIMEOUT_SECONDS = 30.0
@@ -49,6 +51,9 @@ BLOBS_FOLDER = "blobs"
 
 #: Index columns, named after the item attributes they copy.
 _INDEX_COLUMNS = tuple(INDEX_ATTRIBUTES.values())
+#: The by-inbox columns (``is`` is an SQL keyword, so they are named apart):
+#: the attributes ``ib`` and ``is`` of an inbox entry.
+_INBOX_COLUMNS = ("inbox_pk", "inbox_sk")
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS items (
@@ -57,13 +62,26 @@ CREATE TABLE IF NOT EXISTS items (
     item TEXT NOT NULL,
     {codec.A_EXPIRY_BUCKET} TEXT,
     {codec.A_TENANT} TEXT,
+    {codec.A_WAIT_BUCKET} TEXT,
+    {_INBOX_COLUMNS[0]} TEXT,
+    {_INBOX_COLUMNS[1]} TEXT,
     PRIMARY KEY (pk, sk)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS "by-expiry" ON items ({codec.A_EXPIRY_BUCKET}, pk)
     WHERE {codec.A_EXPIRY_BUCKET} IS NOT NULL;
 CREATE INDEX IF NOT EXISTS "by-tenant" ON items ({codec.A_TENANT}, pk)
     WHERE {codec.A_TENANT} IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "by-wait" ON items ({codec.A_WAIT_BUCKET}, pk)
+    WHERE {codec.A_WAIT_BUCKET} IS NOT NULL;
+CREATE INDEX IF NOT EXISTS "by-inbox" ON items ({_INBOX_COLUMNS[0]}, {_INBOX_COLUMNS[1]})
+    WHERE {_INBOX_COLUMNS[0]} IS NOT NULL;
 """
+#: What a layout-1 file needs to become layout 2 (before the statements above).
+_UPGRADE_FROM_1 = (
+    f"ALTER TABLE items ADD COLUMN {codec.A_WAIT_BUCKET} TEXT",
+    f"ALTER TABLE items ADD COLUMN {_INBOX_COLUMNS[0]} TEXT",
+    f"ALTER TABLE items ADD COLUMN {_INBOX_COLUMNS[1]} TEXT",
+)
 
 
 def _encode(item: Item) -> str:
@@ -76,8 +94,12 @@ def _decode(text: str) -> Item:
 
 
 def _row(item: Item) -> tuple[Any, ...]:
-    """``(pk, sk, item, xb, tn)``: an index column holds its attribute when it is a string."""
-    indexed = [item[name] if isinstance(item.get(name), str) else None for name in _INDEX_COLUMNS]
+    """``(pk, sk, item, xb, tn, wb, inbox_pk, inbox_sk)``: an index column holds its
+    attribute when it is a string."""
+    indexed = [
+        item[name] if isinstance(item.get(name), str) else None
+        for name in (*_INDEX_COLUMNS, A_INBOX, A_INBOX_SORT)
+    ]
     return (item[codec.A_PK], item[codec.A_SK], _encode(item), *indexed)
 
 
@@ -148,6 +170,9 @@ class SQLiteConversationStore(ConversationStore):
                 raise InternalError(
                     f"{self.path} has storage layout {found}; this build reads {SCHEMA_VERSION}"
                 )
+            if found == 1:
+                for statement in _UPGRADE_FROM_1:
+                    db.execute(statement)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
@@ -246,6 +271,20 @@ class SQLiteConversationStore(ConversationStore):
             cursor=chosen[-1] if len(rows) > limit else None,
         )
 
+    def _inbox_query(self, partition: str, *, after: EntryKey | None, limit: int) -> Page:
+        self.meter.read(0)
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT item FROM items WHERE {_INBOX_COLUMNS[0]} = ? AND {_INBOX_COLUMNS[1]} > ? "
+                f"ORDER BY {_INBOX_COLUMNS[1]} LIMIT ?",
+                (partition, "" if after is None else after.sort, limit + 1),
+            )
+            .fetchall()
+        )
+        chosen = [_decode(item) for (item,) in rows[:limit]]
+        return Page(items=chosen, cursor=entry_key(chosen[-1]) if len(rows) > limit else None)
+
     # --- writes -------------------------------------------------------------------------
 
     @staticmethod
@@ -256,15 +295,23 @@ class SQLiteConversationStore(ConversationStore):
     @staticmethod
     def _put(db: sqlite3.Connection, items: list[Item]) -> None:
         db.executemany(
-            f"INSERT OR REPLACE INTO items (pk, sk, item, {', '.join(_INDEX_COLUMNS)}) "
-            "VALUES (?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO items "
+            f"(pk, sk, item, {', '.join((*_INDEX_COLUMNS, *_INBOX_COLUMNS))}) "
+            f"VALUES ({', '.join('?' * (3 + len(_INDEX_COLUMNS) + len(_INBOX_COLUMNS)))})",
             [_row(item) for item in items],
         )
 
     def _transact_commit(
-        self, head: Item, expected_version: int | None, events: list[Item], gen: str
+        self,
+        head: Item,
+        expected_version: int | None,
+        events: list[Item],
+        gen: str,
+        *,
+        puts: Sequence[Item] = (),
+        deletes: Sequence[str] = (),
     ) -> None:
-        codec.check_item_sizes([*events, head])
+        codec.check_item_sizes([*events, *puts, head])
         expected = codec.expected_head(expected_version, gen)
         pk = head[codec.A_PK]
         try:
@@ -278,7 +325,10 @@ class SQLiteConversationStore(ConversationStore):
                     raise ConversationBusy(
                         "another turn or decision on this conversation committed first"
                     )
-                self._put(db, [*events, head])
+                db.executemany(
+                    "DELETE FROM items WHERE pk = ? AND sk = ?", [(pk, sk) for sk in deletes]
+                )
+                self._put(db, [*events, *puts, head])
         except _Locked as exc:
             # Nothing was written: the same answer as a conflicting DynamoDB transaction.
             raise ConversationBusy("another request on this store held it too long") from exc

@@ -163,6 +163,9 @@ class ToolDefinition(_Config):
     #: False: the tool does not honour ``Idempotency-Key``, so a run that may have
     #: happened is never repeated by itself after a crash (a human decides).
     idempotent: bool = True
+    #: A webhook told (signed, see :mod:`turnledger.notifications`) when a call of this
+    #: tool waits for approval, is decided or expires.
+    notify: str | None = Field(default=None, pattern=r"^https?://\S+$")
 
     _validator: Callable[[Any], Any] = PrivateAttr()
 

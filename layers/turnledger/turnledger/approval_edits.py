@@ -1,0 +1,64 @@
+"""Approving with edited arguments: ``{"approve": [{"id": "call_1", "arguments": {...}}]}``.
+
+The person deciding may correct what the model asked for (a recipient, an
+amount) and approve that instead. The edited arguments are checked against the
+tool's ``parameters`` like the model's own, before anything is recorded; the
+decision then records the hash of what was requested and of what was approved
+(and the approved arguments), and the call runs with the edited arguments under
+its own idempotency key. A call whose tool may already have run
+(``outcome_unknown``) cannot be edited: running other arguments under the key of
+a run that may have happened would make that key lie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .exceptions import RequestValidationFailed
+from .models import PendingCall
+from .tools.approval import arguments_sha256
+from .tools.registry import ToolRegistry
+
+
+def check_edits(
+    registry: ToolRegistry,
+    awaiting: Mapping[str, PendingCall],
+    approvals: Mapping[str, dict[str, Any] | None],
+) -> dict[str, tuple[dict[str, Any], str]]:
+    """The edited approvals among ``approvals``, as ``{call id: (arguments, their sha256)}``.
+
+    Calls not in ``awaiting`` are left to the caller's own unknown-id check.
+    An edit equal to the requested arguments is no edit.
+
+    Raises:
+        RequestValidationFailed: edited arguments fail the tool's schema, or edit a call
+            that may have run already; nothing is recorded.
+    """
+    edits: dict[str, tuple[dict[str, Any], str]] = {}
+    errors: list[dict[str, Any]] = []
+    for call_id, arguments in approvals.items():
+        pending = awaiting.get(call_id)
+        if arguments is None or pending is None:
+            continue
+        digest = arguments_sha256(arguments)
+        if digest == pending.arguments_sha256:
+            continue
+        if pending.state == "outcome_unknown":
+            errors.append(
+                {
+                    "id": call_id,
+                    "msg": "its tool may have run already: approve it as it is, or reject it",
+                }
+            )
+            continue
+        problem = registry.get(pending.name).validate_arguments(arguments)
+        if problem is not None:
+            errors.append({"id": call_id, "msg": problem})
+            continue
+        edits[call_id] = (arguments, digest)
+    if errors:
+        raise RequestValidationFailed(
+            "edited arguments were refused; nothing was decided", details={"errors": errors}
+        )
+    return edits

@@ -1,0 +1,241 @@
+"""The approval inbox: one entry item per call waiting for a person, on a sparse index.
+
+A call that waits for a human (``requires`` ``"approval"``, kind ``approval``;
+``"input"``, kind ``input``) has an *entry* item in its conversation's
+partition::
+
+    pk  = "T#<tenant>#C#<conversation_id>"       the conversation's partition
+    sk  = "W#<sha256(call id)[:32]>"              one entry per call
+    g   = the life that wrote it                  (a purge removes it with the rest)
+    ib  = "T#<tenant>#C#"                         by-inbox partition: the tenant
+    is  = "<requested_at>#<conversation_id>#<call id>"   by-inbox sort: oldest first
+    d   = the entry (JSON): kind, call, tool, arguments, who asked, when, until when
+
+Entries are written in the *same* transaction that records the request and
+deleted in the one that decides (or expires) it: :func:`changes` compares the
+pending calls of the head a commit replaces with those of the head it writes.
+So the index never holds an entry for a decided call that the table does not
+(the global index itself lags the table by its usual fraction of a second).
+
+``"W#"`` sorts after ``"HEAD"``, so no read of the head and events meets an
+entry, and a clear, an erasure or a sweep (which delete every item of the
+partition not of the next life) remove them with the conversation.
+
+The index partition is the tenant's key prefix (``T#<tenant>#C#``), so the
+tenant-scoped role's ``dynamodb:LeadingKeys`` condition covers its queries as
+it covers the table's: a tenant can only ever list its own inbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from .. import turnstate
+from ..models import ConversationKey, Head, PendingCall
+from . import codec, keys
+from .codec import Item
+
+#: The index's name, as declared in template.yaml.
+INBOX_INDEX = "by-inbox"
+#: Item attributes of the index's keys.
+A_INBOX = "ib"
+A_INBOX_SORT = "is"
+#: Sort keys of entries start with this (after ``"HEAD"`` and ``"I#"``).
+ENTRY_PREFIX = "W#"
+ENTRY_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    """One call waiting for a person, as the inbox lists it."""
+
+    kind: Literal["approval", "input"]
+    conversation_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    requested_by: str | None
+    requested_at: datetime
+    expires_at: datetime | None
+    #: ``outcome_unknown`` calls: a run of this call may have happened already.
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EntryKey:
+    """Where an entry sits in the index: enough to resume a listing after it."""
+
+    sort: str
+    pk: str
+    sk: str
+
+
+def entry_sort_key(call_id: str) -> str:
+    """The sort key of the entry of ``call_id`` in its conversation's partition."""
+    return f"{ENTRY_PREFIX}{hashlib.sha256(call_id.encode('utf-8')).hexdigest()[:32]}"
+
+
+def inbox_partition(tenant: str) -> str:
+    """The by-inbox partition of ``tenant``: its key prefix (see the module docstring)."""
+    return keys.tenant_partition_prefix(tenant)
+
+
+def _instant(value: datetime) -> str:
+    """A fixed-width UTC timestamp that sorts as the instant does."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+#: Longest call id kept as is in an index sort key (DynamoDB allows 1,024 bytes in all).
+_CALL_PART_MAX = 200
+
+
+def _call_part(call_id: str) -> str:
+    """The call's part of the index sort key: its id (calls of one turn, requested at one
+    instant, list in id order), or for an id too long for a key, its entry hash."""
+    if len(call_id.encode("utf-8")) <= _CALL_PART_MAX:
+        return call_id
+    return entry_sort_key(call_id)
+
+
+def waits_for_person(call: PendingCall) -> bool:
+    """Whether ``call`` belongs in the inbox (:func:`turnledger.turnstate.waits_for_person`)."""
+    return turnstate.waits_for_person(call) is not None
+
+
+def entry_item(key: ConversationKey, head: Head, call: PendingCall) -> Item:
+    """The entry item of ``call``, pending on ``head`` (the head the same commit writes)."""
+    requested_at = call.requested_at or head.updated_at
+    body = {
+        "kind": turnstate.waits_for_person(call) or "approval",
+        "conversation_id": key.conversation_id,
+        "call_id": call.id,
+        "tool": call.name,
+        "arguments": call.arguments,
+        "requested_by": call.requested_by,
+        "requested_at": requested_at.isoformat(),
+        "expires_at": call.expires_at.isoformat() if call.expires_at else None,
+        "reason": call.reason if call.state == "outcome_unknown" else None,
+    }
+    return {
+        codec.A_PK: keys.partition_key(key),
+        codec.A_SK: entry_sort_key(call.id),
+        codec.A_SCHEMA: ENTRY_SCHEMA_VERSION,
+        codec.A_GEN: head.gen,
+        A_INBOX: inbox_partition(key.tenant),
+        A_INBOX_SORT: f"{_instant(requested_at)}#{key.conversation_id}#{_call_part(call.id)}",
+        codec.A_BODY: json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+    }
+
+
+def changes(key: ConversationKey, before: Head | None, after: Head) -> tuple[list[Item], list[str]]:
+    """The entries a commit replacing ``before`` by ``after`` writes, and those it deletes.
+
+    A call waiting in both keeps its entry (nothing is rewritten); one that waits
+    only after gets one; one that waited only before (decided, expired, settled,
+    cancelled) loses it. A commit of a new life (``before`` of another ``gen``)
+    starts from nothing: the old life's entries went with its purge.
+    """
+    old = (
+        {p.id for p in before.pending if waits_for_person(p)}
+        if before is not None and before.gen == after.gen
+        else set()
+    )
+    new = {p.id: p for p in after.pending if waits_for_person(p)}
+    puts = [entry_item(key, after, call) for call_id, call in new.items() if call_id not in old]
+    deletes = [entry_sort_key(call_id) for call_id in sorted(old - new.keys())]
+    return puts, deletes
+
+
+def decode_entry(item: Item) -> InboxEntry | None:
+    """The entry ``item`` holds; ``None`` for an item that is not a readable entry."""
+    if item.get(codec.A_SCHEMA) != ENTRY_SCHEMA_VERSION:
+        return None
+    try:
+        body = json.loads(str(item[codec.A_BODY]))
+        return InboxEntry(
+            kind=body["kind"],
+            conversation_id=str(body["conversation_id"]),
+            call_id=str(body["call_id"]),
+            tool=str(body["tool"]),
+            arguments=dict(body["arguments"]),
+            requested_by=body.get("requested_by"),
+            requested_at=datetime.fromisoformat(body["requested_at"]),
+            expires_at=datetime.fromisoformat(body["expires_at"])
+            if body.get("expires_at")
+            else None,
+            reason=body.get("reason"),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def entry_key(item: Item) -> EntryKey:
+    """Where ``item`` (an entry) sits in the index."""
+    return EntryKey(str(item[A_INBOX_SORT]), str(item[codec.A_PK]), str(item[codec.A_SK]))
+
+
+class InvalidInboxCursor(ValueError):
+    """A cursor that this deployment did not hand out to this tenant."""
+
+
+def encode_cursor(position: EntryKey) -> str:
+    """The public, opaque form of a listing position (no tenant in it: it is implied)."""
+    raw = json.dumps([position.sort, position.sk], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(tenant: str, cursor: str) -> EntryKey:
+    """Invert :func:`encode_cursor` for ``tenant``.
+
+    Raises:
+        InvalidInboxCursor: not a cursor of this API.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        sort, sk = json.loads(raw)
+        _, conversation_id, _ = str(sort).split("#", 2)
+        if not str(sk).startswith(ENTRY_PREFIX):
+            raise ValueError("not an entry key")
+        pk = keys.partition_key(ConversationKey(tenant=tenant, conversation_id=conversation_id))
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidInboxCursor("cursor is not one this API returned") from exc
+    return EntryKey(str(sort), pk, str(sk))
+
+
+@dataclass(frozen=True)
+class InboxPage:
+    """One page of the inbox."""
+
+    entries: list[InboxEntry]
+    #: Where the next page starts; ``None`` when the inbox has nothing after this page.
+    next: EntryKey | None
+
+
+def select(
+    items: Sequence[Item],
+    *,
+    now: datetime,
+    tool: str | None,
+    conversation_id: str | None,
+) -> list[tuple[InboxEntry, EntryKey]]:
+    """The entries of ``items`` a listing shows: readable, not expired at ``now``, filtered."""
+    chosen = []
+    for item in items:
+        entry = decode_entry(item)
+        if entry is None:
+            continue
+        if entry.expires_at is not None and entry.expires_at <= now:
+            continue  # its window closed: the next request or the sweep records the expiry
+        if tool is not None and entry.tool != tool:
+            continue
+        if conversation_id is not None and entry.conversation_id != conversation_id:
+            continue
+        chosen.append((entry, entry_key(item)))
+    return chosen

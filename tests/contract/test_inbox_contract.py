@@ -1,0 +1,219 @@
+"""The approval inbox's store contract (``by-inbox``), on every backend.
+
+Entries are written and deleted by the commits that request and decide calls,
+listed per tenant oldest first, paged, filtered, and removed with their
+conversation by clear. Runs over the ``store`` fixture's backends (memory, moto,
+DynamoDB Local, SQLite); each test's docstring states the invariant it protects.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
+from turnledger.store import inbox, keys
+from turnledger.store.base import ConversationStore
+
+from tests.support.factories import START, build_turn, make_key
+
+LATER = START + timedelta(minutes=5)
+DEADLINE = START + timedelta(hours=1)
+
+
+def waiting(
+    call_id: str, *, tool: str = "send_email", minute: int = 0, **extra: object
+) -> PendingCall:
+    """A call of ``tool`` awaiting approval, requested ``minute`` minutes after START."""
+    fields: dict[str, object] = {
+        "id": call_id,
+        "name": tool,
+        "arguments": {"to": f"{call_id}@example.com", "html": "<script>x</script>"},
+        "requires": "approval",
+        "state": "awaiting_approval",
+        "idempotency_key": f"key-{call_id}",
+        "arguments_sha256": "0" * 64,
+        "expires_at": DEADLINE,
+        "requested_at": START + timedelta(minutes=minute),
+        "requested_by": "ann",
+    }
+    fields.update(extra)
+    return PendingCall.model_validate(fields)
+
+
+def ask(
+    store: ConversationStore, key: ConversationKey, previous: Head | None, calls: list[PendingCall]
+) -> Head:
+    """Commit a turn whose head has ``calls`` pending (replacing ``previous``)."""
+    turn = build_turn(
+        key,
+        previous,
+        ["q"],
+        pending=calls,
+        status=ConversationStatus.AWAITING_APPROVAL if calls else ConversationStatus.COMPLETE,
+    )
+    store.commit(
+        key,
+        expected_version=turn.expected_version,
+        head=turn.head,
+        events=turn.events,
+        previous=previous,
+    )
+    return turn.head
+
+
+def listed(store: ConversationStore, tenant: str, **options: object) -> list[tuple[str, str]]:
+    """Every (conversation, call) of ``tenant``'s inbox, page by page of 2."""
+    found: list[tuple[str, str]] = []
+    after = None
+    while True:
+        page = store.inbox_page(tenant, now=LATER, limit=2, after=after, **options)  # type: ignore[arg-type]
+        assert len(page.entries) <= 2
+        found.extend((e.conversation_id, e.call_id) for e in page.entries)
+        if page.next is None:
+            return found
+        after = page.next
+
+
+def test_requests_are_listed_per_tenant_oldest_first(store: ConversationStore) -> None:
+    """Across 3 tenants and several conversations, each tenant lists exactly its own
+    waiting calls, oldest request first, through pages; the entry carries what a person
+    needs to decide (tool, arguments as given, who asked, when, until when)."""
+    expected: dict[str, list[tuple[int, str, str]]] = {}
+    for t, tenant in enumerate(["acme", "globex", "initech"]):
+        for c in range(3):
+            key = make_key(tenant, f"conv-{c}")
+            calls = [waiting(f"call_{c}_{n}", minute=(c * 7 + n * 3 + t) % 20) for n in range(2)]
+            ask(store, key, None, calls)
+            expected.setdefault(tenant, []).extend(
+                ((c * 7 + n * 3 + t) % 20, key.conversation_id, f"call_{c}_{n}") for n in range(2)
+            )
+    for tenant, rows in expected.items():
+        assert listed(store, tenant) == [(conv, call) for _, conv, call in sorted(rows)]
+    entry = store.inbox_page("acme", now=LATER, limit=1).entries[0]
+    assert entry.kind == "approval"
+    assert entry.tool == "send_email"
+    assert entry.arguments["html"] == "<script>x</script>"
+    assert entry.requested_by == "ann"
+    assert entry.expires_at == DEADLINE
+    assert store.inbox_page("nobody", now=LATER, limit=10).entries == []
+
+
+def test_decided_calls_leave_the_inbox_in_their_commit(store: ConversationStore) -> None:
+    """A commit that decides a call deletes its entry; one still waiting keeps it, and a
+    call that starts waiting in a later commit gets one."""
+    key = make_key("acme", "conv-1")
+    head = ask(store, key, None, [waiting("call_1"), waiting("call_2", minute=1)])
+    assert listed(store, "acme") == [("conv-1", "call_1"), ("conv-1", "call_2")]
+    decided = waiting("call_1").model_copy(update={"state": "ready"})
+    head = ask(store, key, head, [decided, waiting("call_2", minute=1)])
+    assert listed(store, "acme") == [("conv-1", "call_2")]
+    head = ask(store, key, head, [waiting("call_3", minute=2)])
+    assert listed(store, "acme") == [("conv-1", "call_3")]
+    ask(store, key, head, [])
+    assert listed(store, "acme") == []
+
+
+def test_filters_and_expired_calls(store: ConversationStore) -> None:
+    """``tool`` and ``conversation_id`` narrow the listing (paging past what they skip);
+    a call whose window closed is not listed."""
+    ask(store, make_key("acme", "a"), None, [waiting("c1", tool="pay"), waiting("c2", minute=1)])
+    ask(store, make_key("acme", "b"), None, [waiting("c3", tool="pay", minute=2)])
+    ask(
+        store,
+        make_key("acme", "c"),
+        None,
+        [waiting("c4", tool="pay", minute=3, expires_at=START + timedelta(minutes=4))],
+    )
+    assert listed(store, "acme", tool="pay") == [("a", "c1"), ("b", "c3")]
+    assert listed(store, "acme", conversation_id="a") == [("a", "c1"), ("a", "c2")]
+    assert listed(store, "acme", tool="pay", conversation_id="b") == [("b", "c3")]
+
+
+def test_clear_removes_the_entries(store: ConversationStore) -> None:
+    """Entries live in the conversation's partition: a clear removes them, and a new life
+    of the same id starts with an empty inbox."""
+    key = make_key("acme", "conv-1")
+    ask(store, key, None, [waiting("call_1")])
+    ask(store, make_key("acme", "other"), None, [waiting("call_9")])
+    store.clear(key, LATER)
+    assert listed(store, "acme") == [("other", "call_9")]
+
+
+def test_input_calls_are_listed_as_input(store: ConversationStore) -> None:
+    """A human-input call is in the inbox with kind ``input``; an ``outcome_unknown`` call
+    (a decision, whatever its requirement) with kind ``approval``."""
+    ask(
+        store,
+        make_key("acme", "conv-1"),
+        None,
+        [
+            waiting("ask_1", requires="input", state="awaiting_client"),
+            waiting("crash_1", requires="none", state="outcome_unknown", minute=1),
+        ],
+    )
+    kinds = [(e.call_id, e.kind) for e in store.inbox_page("acme", now=LATER, limit=5).entries]
+    assert kinds == [("ask_1", "input"), ("crash_1", "approval")]
+
+
+@pytest.mark.parametrize("cursor", ["", "!!", "WyJ4Il0", "WyJhI2IjYyIsICJIRUFEIl0"])
+def test_foreign_cursors_are_refused(cursor: str) -> None:
+    """A cursor that is not one the API handed out is refused, never trusted."""
+    with pytest.raises(inbox.InvalidInboxCursor):
+        inbox.decode_cursor("acme", cursor)
+
+
+def test_cursors_round_trip_within_the_tenant() -> None:
+    """A cursor names a position of the caller's own tenant only."""
+    item = inbox.entry_item(
+        make_key("acme", "conv-1"),
+        build_turn(make_key("acme", "conv-1"), None, []).head,
+        waiting("call_1"),
+    )
+    position = inbox.entry_key(item)
+    assert inbox.decode_cursor("acme", inbox.encode_cursor(position)) == position
+    assert inbox.decode_cursor("globex", inbox.encode_cursor(position)).pk.startswith("T#globex#")
+
+
+def test_heads_with_a_closing_window_are_on_by_wait(store: ConversationStore) -> None:
+    """A head with a decision whose window closes is listed under the hour of its earliest
+    window, once; it leaves the index when nothing waits any more; heads without such a
+    call are never listed."""
+    early = make_key("acme", "early")
+    head = ask(
+        store,
+        early,
+        None,
+        [
+            waiting("c1", expires_at=DEADLINE + timedelta(hours=3)),
+            waiting("c2", expires_at=DEADLINE),
+        ],
+    )
+    ask(store, make_key("acme", "none"), None, [])
+    ask(
+        store,
+        make_key("globex", "input"),
+        None,
+        [waiting("i1", requires="input", state="awaiting_client", expires_at=None)],
+    )
+    bucket = keys.bucket_of(int(DEADLINE.timestamp()))
+
+    def listed_in(hour: int) -> set[ConversationKey]:
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)}
+
+    assert listed_in(bucket) == {early}
+    assert listed_in(bucket + 3) == set()
+    ask(store, early, head, [])
+    assert listed_in(bucket) == set()
+
+
+def test_a_very_long_call_id_still_gets_an_entry(store: ConversationStore) -> None:
+    """An index sort key holds at most 1,024 bytes: a call id too long for it is keyed by
+    its hash, and the entry still lists (and leaves) with the call's own id."""
+    key = make_key("acme", "conv-1")
+    long_id = "call_" + "x" * 900
+    head = ask(store, key, None, [waiting(long_id), waiting("call_2", minute=1)])
+    listed_ids = [e.call_id for e in store.inbox_page("acme", now=LATER, limit=5).entries]
+    assert listed_ids == [long_id, "call_2"]
+    ask(store, key, head, [waiting("call_2")])
+    assert [e.call_id for e in store.inbox_page("acme", now=LATER, limit=5).entries] == ["call_2"]

@@ -1,0 +1,199 @@
+"""Approval notifications: EventBridge events (moto) and signed webhooks (a real HTTP sink).
+
+A turn that pauses for approval, the decision, and an expiry each publish one
+event on the bus after their commit (arguments only when configured); a tool
+with a ``notify`` URL gets each one POSTed with a signature the receiver can
+check; a bus or webhook that fails never fails the request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from moto import mock_aws
+from turnledger.config import Settings
+from turnledger.models import ConversationKey
+from turnledger.notifications import SIGNATURE_HEADER, Publisher
+from turnledger.pipeline import Caller, Conversations
+from turnledger.providers.demo import DemoProvider
+from turnledger.schemas import ApprovalRequest, Rejection, TurnRequest
+from turnledger.store.memory import MemoryConversationStore
+from turnledger.tools import ToolRegistry, ToolRunner
+
+from tests.functional.http_sink import HttpSink, Reply
+from tests.support.factories import FakeClock
+
+ANN = Caller(tenant="acme", actor="ann")
+RITA = Caller(tenant="acme", actor="rita")
+SECRET = "s3cret-for-tests"
+
+
+@pytest.fixture
+def sink() -> Iterator[HttpSink]:
+    with HttpSink() as server:
+        server.respond("/email", Reply(body={"sent": True}))
+        server.respond("/hook", Reply(body={}))
+        yield server
+
+
+def service(sink: HttpSink, clock: FakeClock, publisher: Publisher) -> Conversations:
+    registry = ToolRegistry.from_json(
+        json.dumps(
+            {
+                "tools": [
+                    {
+                        "name": "send_email",
+                        "parameters": {"type": "object"},
+                        "require_approval": True,
+                        "executor": {"type": "http", "url": sink.url("/email")},
+                        "notify": sink.url("/hook"),
+                    },
+                    {
+                        "name": "pay",
+                        "parameters": {"type": "object"},
+                        "require_approval": True,
+                        "executor": {"type": "http", "url": sink.url("/email")},
+                    },
+                ]
+            }
+        )
+    )
+    publisher.webhook_of = lambda tool: registry.get(tool).notify
+    svc = Conversations(
+        store=MemoryConversationStore(),
+        provider=DemoProvider(),
+        settings=Settings(approval_ttl_seconds=600),
+        tools=registry,
+        runner=ToolRunner(httpx.Client(timeout=5), None),
+        clock=clock.now,
+    )
+    svc.on_commit = publisher.on_commit
+    return svc
+
+
+def ask(svc: Conversations, conversation: str, tool: str, **arguments: Any) -> str:
+    reply = svc.turn(ANN, conversation, TurnRequest(input=f"/tool {tool} {json.dumps(arguments)}"))
+    assert reply.status == "awaiting_approval"
+    return reply.pending_tool_calls[0].id
+
+
+@pytest.fixture
+def bus() -> Iterator[tuple[Any, str]]:
+    """A bus whose turnledger events land in an SQS queue (moto), and that queue's URL."""
+    with mock_aws():
+        events = boto3.client("events", region_name="us-east-1")
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        events.create_event_bus(Name="approvals")
+        queue = sqs.create_queue(QueueName="approvals")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        events.put_rule(
+            Name="all",
+            EventBusName="approvals",
+            EventPattern=json.dumps({"source": ["turnledger"]}),
+        )
+        events.put_targets(
+            Rule="all", EventBusName="approvals", Targets=[{"Id": "queue", "Arn": arn}]
+        )
+        yield sqs, queue
+
+
+def received(sqs: Any, queue: str) -> list[dict[str, Any]]:
+    found = []
+    while True:
+        answer = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10)
+        if not answer.get("Messages"):
+            return found
+        for message in answer["Messages"]:
+            found.append(json.loads(message["Body"]))
+            sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+
+
+def test_requests_decisions_and_expiries_reach_the_bus(
+    bus: tuple[Any, str], sink: HttpSink, clock: FakeClock
+) -> None:
+    sqs, queue = bus
+    publisher = Publisher(
+        bus="approvals",
+        events_client=lambda: boto3.client("events", region_name="us-east-1"),
+        post=httpx.post,
+        secret=lambda: SECRET,
+    )
+    svc = service(sink, clock, publisher)
+    first = ask(svc, "c1", "pay", amount=12, iban="DE00")
+    [requested] = received(sqs, queue)
+    assert requested["source"] == "turnledger"
+    assert requested["detail-type"] == "approval.requested"
+    detail = requested["detail"]
+    assert {k: detail[k] for k in ("tenant", "conversation_id", "call_id", "tool", "kind")} == {
+        "tenant": "acme",
+        "conversation_id": "c1",
+        "call_id": first,
+        "tool": "pay",
+        "kind": "approval",
+    }
+    assert detail["expires_at"]
+    assert "arguments" not in detail  # never, unless configured
+    svc.approve(RITA, "c1", ApprovalRequest(reject=[Rejection(id=first, reason="no")]))
+    [decided] = received(sqs, queue)
+    assert decided["detail-type"] == "approval.decided"
+    assert (decided["detail"]["decision"], decided["detail"]["approver"]) == ("rejected", "rita")
+    assert decided["detail"]["reason"] == "no"
+
+    second = ask(svc, "c2", "pay", amount=3)
+    received(sqs, queue)
+    clock.advance(601)
+    assert svc.expire_waits(ConversationKey(tenant="acme", conversation_id="c2")) == [second]
+    [expired] = received(sqs, queue)
+    assert expired["detail-type"] == "approval.expired"
+    assert expired["detail"]["call_id"] == second
+
+    publisher.include_arguments = True
+    ask(svc, "c3", "pay", amount=7)
+    [with_arguments] = received(sqs, queue)
+    assert with_arguments["detail"]["arguments"] == {"amount": 7}
+
+
+def test_webhooks_are_signed_and_failures_never_fail_the_request(
+    sink: HttpSink, clock: FakeClock
+) -> None:
+    publisher = Publisher(
+        bus="missing-bus",
+        # A bus that refuses everything: the turn still answers.
+        events_client=lambda: boto3.client(
+            "events", region_name="us-east-1", endpoint_url="http://127.0.0.1:9"
+        ),
+        post=httpx.post,
+        secret=lambda: SECRET,
+        clock=lambda: 1_700_000_000.0,
+    )
+    svc = service(sink, clock, publisher)
+    call = ask(svc, "c1", "send_email", to="bob@example.com")
+    reply = svc.approve(RITA, "c1", ApprovalRequest(approve=[call]))
+    assert reply.status == "complete"
+    hooks = sink.requests_for("/hook")
+    assert [h.json()["detail-type"] for h in hooks] == ["approval.requested", "approval.decided"]
+    for hook in hooks:
+        header = hook.header(SIGNATURE_HEADER.lower()) or ""
+        parts = dict(part.split("=", 1) for part in header.split(","))
+        assert parts["t"] == "1700000000"
+        expected = hmac.new(
+            SECRET.encode(), f"{parts['t']}.".encode() + hook.body, hashlib.sha256
+        ).hexdigest()
+        assert hmac.compare_digest(parts["v1"], expected)
+        assert hook.json()["detail"]["tool"] == "send_email"
+        assert "arguments" not in hook.json()["detail"]
+    # A tool without a webhook sends none; a webhook that answers 500 fails nothing.
+    sink.respond("/hook", Reply(status=500, body={}))
+    other = ask(svc, "c2", "send_email", to="x@example.com")
+    assert svc.approve(RITA, "c2", ApprovalRequest(approve=[other])).status == "complete"
+    ask(svc, "c3", "pay", amount=1)
+    assert len(sink.requests_for("/hook")) == 4

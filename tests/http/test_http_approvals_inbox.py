@@ -1,0 +1,208 @@
+"""The approval inbox over HTTP (``GET /v1/approvals``), through the local runner.
+
+Three tenants with several conversations each ask for approvals; each tenant's
+inbox lists exactly its own waiting calls, oldest first, page by page; filters
+narrow it; deciding a call or letting its window close takes it out. Runs on
+the embedded storage (moto's server, ``http``) and on DynamoDB Local (``ddb``),
+and on the SQLite data folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from turnledger.tools import arguments_sha256
+from turnledger_local.clock import ClockFile
+from turnledger_local.runner import LocalConfig
+
+from tests.http.conftest import start
+
+pytestmark = pytest.mark.http
+
+TOOLS = Path(__file__).resolve().parents[2] / "events" / "local-tools.json"
+TENANTS = ["acme", "globex", "initech"]
+
+
+def bearer(tenant: str, user: str = "ann") -> dict[str, str]:
+    return {"Authorization": f"Bearer local:{tenant}:{user}"}
+
+
+@pytest.fixture(params=["moto", "sqlite", pytest.param("ddb", marks=pytest.mark.integration)])
+def client(
+    request: pytest.FixtureRequest,
+    runner_config: LocalConfig,
+    runner_clock: ClockFile,
+    tmp_path: Path,
+) -> Iterator[httpx.Client]:
+    """A runner with the sample tool registry, on each storage."""
+    config = dataclasses.replace(runner_config, tools_file=TOOLS)
+    if request.param == "sqlite":
+        config = dataclasses.replace(config, data_dir=tmp_path / "data")
+    if request.param == "ddb":
+        config = dataclasses.replace(
+            config, dynamodb_endpoint=request.getfixturevalue("ddb_local_endpoint")
+        )
+    yield from start(config, runner_clock)
+
+
+def ask(
+    client: httpx.Client, tenant: str, conversation: str, *calls: tuple[str, dict[str, Any]]
+) -> httpx.Response:
+    lines = "\n".join(f"/tool {name} {json.dumps(args)}" for name, args in calls)
+    answer = client.post(
+        f"/v1/conversations/{conversation}/turns", json={"input": lines}, headers=bearer(tenant)
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "awaiting_approval"
+    return answer
+
+
+def inbox(client: httpx.Client, tenant: str, **query: Any) -> list[dict[str, Any]]:
+    """Every item of ``tenant``'s inbox, read in pages of 2."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params = {"limit": 2, **query, **({"cursor": cursor} if cursor else {})}
+        page = client.get("/v1/approvals", params=params, headers=bearer(tenant))
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert len(body["items"]) <= 2
+        items.extend(body["items"])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return items
+
+
+def test_inbox_across_tenants_pages_filters_and_decisions(
+    client: httpx.Client, runner_clock: ClockFile
+) -> None:
+    for tenant in TENANTS:
+        for n in range(3):
+            ask(
+                client,
+                tenant,
+                f"conv-{n}",
+                ("send_email", {"to": f"{tenant}-{n}@example.com"}),
+                ("delete_record", {"id": f"r{n}", "environment": "production"}),
+            )
+            runner_clock.advance(1)
+    for tenant in TENANTS:
+        items = inbox(client, tenant)
+        assert [(i["conversation_id"], i["tool"]) for i in items] == [
+            (f"conv-{n}", tool) for n in range(3) for tool in ("send_email", "delete_record")
+        ]
+        first = items[0]
+        assert first["kind"] == "approval"
+        assert first["arguments"] == {"to": f"{tenant}-0@example.com"}
+        assert first["requested_by"] == "ann"
+        assert first["expires_at"] > first["requested_at"]
+    # Each request was told to the runner's notification log (the local stand-in bus).
+    told = client.get("/_local/notifications").json()["notifications"]
+    requested = [n for n in told if n["detail-type"] == "approval.requested"]
+    assert len(requested) == 18
+    assert {n["detail"]["tenant"] for n in requested} == set(TENANTS)
+    assert all("arguments" not in n["detail"] for n in requested)
+    # Filters.
+    assert [i["conversation_id"] for i in inbox(client, "acme", tool="send_email")] == [
+        "conv-0",
+        "conv-1",
+        "conv-2",
+    ]
+    assert {i["tool"] for i in inbox(client, "acme", conversation_id="conv-1")} == {
+        "send_email",
+        "delete_record",
+    }
+    # A decision takes the decided call out at once; the other stays until decided too.
+    email = inbox(client, "acme", conversation_id="conv-0", tool="send_email")[0]
+    decided = client.post(
+        "/v1/conversations/conv-0/approvals",
+        json={"reject": [{"id": email["id"], "reason": "wrong recipient"}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert decided.status_code == 200, decided.text
+    assert [i["tool"] for i in inbox(client, "acme", conversation_id="conv-0")] == ["delete_record"]
+    remaining = inbox(client, "acme", conversation_id="conv-0")[0]
+    finished = client.post(
+        "/v1/conversations/conv-0/approvals",
+        json={"approve": [remaining["id"]]},
+        headers=bearer("acme", "rita"),
+    )
+    assert finished.json()["status"] == "complete"
+    decided = [
+        n["detail"]
+        for n in client.get("/_local/notifications").json()["notifications"]
+        if n["detail-type"] == "approval.decided"
+    ]
+    assert [(d["conversation_id"], d["decision"], d["approver"]) for d in decided] == [
+        ("conv-0", "rejected", "rita"),
+        ("conv-0", "approved", "rita"),
+    ]
+    assert inbox(client, "acme", conversation_id="conv-0") == []
+    assert len(inbox(client, "acme")) == 4
+    assert len(inbox(client, "globex")) == 6  # untouched by acme's decisions
+    # A clear takes a conversation's calls out.
+    assert client.delete("/v1/conversations/conv-1", headers=bearer("acme")).status_code == 204
+    assert [i["conversation_id"] for i in inbox(client, "acme")] == ["conv-2", "conv-2"]
+    # Windows close: the calls leave the inbox at once, before anyone touches them.
+    runner_clock.advance(2 * 86400)
+    assert inbox(client, "acme") == []
+
+
+def test_bad_limits_and_cursors_are_refused(client: httpx.Client) -> None:
+    for limit in ("0", "101", "x"):
+        answer = client.get("/v1/approvals", params={"limit": limit}, headers=bearer("acme"))
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"]["code"] == "validation_error"
+    answer = client.get("/v1/approvals", params={"cursor": "nonsense"}, headers=bearer("acme"))
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "invalid_cursor"
+    answer = client.get("/v1/approvals", params={"conversation_id": "-bad"}, headers=bearer("acme"))
+    assert answer.status_code in {400, 422}
+    assert client.get("/v1/approvals").status_code == 401
+    empty = client.get("/v1/approvals", headers=bearer("acme"))
+    assert empty.json() == {"items": [], "next_cursor": None}
+
+
+def test_approving_with_edited_arguments(client: httpx.Client) -> None:
+    """Edited arguments are checked against the tool's schema (422, nothing decided), then
+    run instead of the requested ones; the decision records both hashes and the approver."""
+    asked = ask(client, "acme", "edit-1", ("send_email", {"to": "mallory@example.com"}))
+    [call] = asked.json()["pending_tool_calls"]
+    url = "/v1/conversations/edit-1/approvals"
+    refused = client.post(
+        url,
+        json={"approve": [{"id": call["id"], "arguments": {"to": 5}}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "validation_error"
+    assert refused.json()["error"]["details"]["errors"][0]["id"] == call["id"]
+    assert [i["id"] for i in inbox(client, "acme")] == [call["id"]]  # still waiting
+    edited = {"to": "bob@example.com", "subject": "<b>hi</b>"}
+    done = client.post(
+        url,
+        json={"approve": [{"id": call["id"], "arguments": edited}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    assert "bob@example.com" in done.json()["output_text"]
+    assert "mallory" not in done.json()["output_text"]
+    events = client.get(
+        "/v1/conversations/edit-1/events", params={"limit": 100}, headers=bearer("acme")
+    ).json()["events"]
+    [decision] = [e for e in events if e["kind"] == "approval_resolved"]
+    assert decision["actor"] == "rita"
+    assert decision["payload"]["approver"] == "rita"
+    assert decision["payload"]["arguments_sha256"] == arguments_sha256(call["arguments"])
+    assert decision["payload"]["approved_arguments_sha256"] == arguments_sha256(edited)
+    assert decision["payload"]["approved_arguments"] == edited
+    [result] = [e for e in events if e["kind"] == "tool_result"]
+    assert "bob@example.com" in result["payload"]["output"]
+    assert inbox(client, "acme") == []
