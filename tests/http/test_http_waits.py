@@ -633,3 +633,20 @@ def test_a_cancel_asked_of_a_run_that_died_stops_it_instead_of_resuming(
     assert not [
         r for r in sink.requests_for("/quick") if r.json()["conversation_id"] == conversation
     ]
+
+
+def test_the_runner_keeps_its_callback_key_in_the_data_folder(tmp_path: Path) -> None:
+    """With a data folder the key survives restarts (jobs still running can call back),
+    readable by its owner only; without one each run has its own."""
+
+    def key_of(config: LocalConfig) -> tuple[str, str]:
+        with LocalRunner(config) as served:
+            return served.environment["CALLBACK_KEY"], served.environment["PUBLIC_BASE_URL"]
+
+    kept = LocalConfig(port=0, data_dir=tmp_path / "data", provision_storage=False)
+    first, base = key_of(kept)
+    assert key_of(kept)[0] == first and len(bytes.fromhex(first)) == 32
+    assert base.startswith("http://127.0.0.1:")
+    assert (tmp_path / "data" / "callback.key").stat().st_mode & 0o777 == 0o600
+    fresh = LocalConfig(port=0, provision_storage=False)
+    assert key_of(fresh)[0] != key_of(fresh)[0]
