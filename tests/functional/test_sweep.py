@@ -743,7 +743,9 @@ def test_handler_runs_the_scheduled_sweep(
         "provider_state_deleted",
         "read_units",
         "complete",
+        "waits_expired",
     }
+    assert answer["waits_expired"] == 0
     assert_gone(store, expired)
     assert_intact(store, live, kept)
 
@@ -824,6 +826,7 @@ def test_erase_tenant_route_answers_the_report(
         "provider_state_deleted": 0,
         "read_units": body["read_units"],
         "complete": True,
+        "waits_expired": 0,
     }
     for key in mine:
         assert_gone(store, key)
