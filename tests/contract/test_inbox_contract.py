@@ -148,7 +148,7 @@ def test_input_calls_are_listed_as_input(store: ConversationStore) -> None:
         make_key("acme", "conv-1"),
         None,
         [
-            waiting("ask_1", requires="input", state="awaiting_client"),
+            waiting("ask_1", requires="input", state="awaiting_input"),
             waiting("crash_1", requires="none", state="outcome_unknown", minute=1),
         ],
     )
