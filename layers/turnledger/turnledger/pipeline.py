@@ -43,6 +43,7 @@ from .context import (
     text_sha256,
     turns_to_compact,
 )
+from .drafts import model_reply
 from .exceptions import (
     ApprovalPending,
     BudgetExceeded,
@@ -514,7 +515,8 @@ class Conversations:
         started = time.perf_counter()
         try:
             with timed("ModelLatency"):
-                reply = provider.complete(
+                reply = model_reply(
+                    provider,
                     ModelRequest(
                         model=work.model,
                         messages=assembly.messages,
@@ -526,7 +528,7 @@ class Conversations:
                         else None,
                         continuation=continuation,
                         store=provider.stateful,
-                    )
+                    ),
                 )
             if work.response_format and not reply.tool_calls:
                 _json_answer(reply)  # an answer that is not JSON is the provider's failure
