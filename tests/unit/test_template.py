@@ -47,6 +47,8 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/openapi.json", "ReadFunction"),
     ("DELETE", "/v1/conversations/{id}", "ClearFunction"),
     ("DELETE", "/v1/conversations", "ClearFunction"),
+    ("GET", "/v1/conversations/{id}/turns/{turn}", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/turns/{turn}/stream", "ReadFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.config``).
@@ -143,6 +145,7 @@ def test_every_function_has_its_own_thin_handler(template: dict[str, Any]) -> No
         "ReadFunction",
         "ClearFunction",
         "SweepFunction",
+        "TurnWorkerFunction",
     }
     code_uris = [spec.code_uri for spec in specs.values()]
     assert len(set(code_uris)) == len(code_uris)
@@ -268,7 +271,7 @@ def test_only_turn_and_approve_reach_secrets_and_tools(
 ) -> None:
     for function in functions(template):
         names = policy_names(template, function)
-        model_caller = function in {"TurnFunction", "ApproveFunction"}
+        model_caller = function in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}
         assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is model_caller, function
         assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
 
@@ -318,13 +321,19 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
             for policy in props(template, function).get("Policies") or []
             if "Fn::If" in policy and policy["Fn::If"][0] == "HasBedrockModelIds"
         ]
-        if function not in {"TurnFunction", "ApproveFunction"}:
+        if function not in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}:
             assert conditional == [], function
             continue
         [(_, when, otherwise)] = conditional
         assert otherwise == {"Ref": "AWS::NoValue"}
         [statement] = when["Statement"]
-        assert (statement["Effect"], statement["Action"]) == ("Allow", "bedrock:InvokeModel")
+        # The worker streams (ConverseStream is authorized as InvokeModelWithResponseStream).
+        expected: Any = (
+            ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+            if function == "TurnWorkerFunction"
+            else "bedrock:InvokeModel"
+        )
+        assert (statement["Effect"], statement["Action"]) == ("Allow", expected)
         assert statement["Resource"] == {
             "Fn::Split": [
                 ",",
@@ -342,11 +351,15 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
 
 #: The functions serving one tenant's requests: they reach data only through TenantAccessRole.
 API_FUNCTIONS = ("TurnFunction", "ApproveFunction", "ReadFunction", "ClearFunction")
+#: ... and the turn worker, which runs a tenant's long turns (issue 13).
+TENANT_FUNCTIONS = (*API_FUNCTIONS, "TurnWorkerFunction")
 #: SAM policy templates a function may use. DynamoDBCrudPolicy/DynamoDBReadPolicy grant Scan;
 #: S3CrudPolicy/S3ReadPolicy grant bucket configuration (lifecycle, location).
 ALLOWED_POLICY_TEMPLATES = {
     "AWSSecretsManagerGetSecretValuePolicy",
     "SSMParameterWithSlashPrefixReadPolicy",
+    # Only the turn worker's function, by name (the turn and approval functions start it).
+    "LambdaInvokePolicy",
 }
 #: Every data action any policy may allow.
 ALLOWED_DATA_ACTIONS = (
@@ -414,7 +427,7 @@ def test_tenant_role_is_assumed_only_by_the_api_functions_with_a_tenant_tag(
     [trust] = role["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Effect"] == "Allow"
     assert sorted(trust["Principal"]["AWS"], key=str) == sorted(
-        ({"Fn::GetAtt": f"{f}Role.Arn"} for f in API_FUNCTIONS), key=str
+        ({"Fn::GetAtt": f"{f}Role.Arn"} for f in TENANT_FUNCTIONS), key=str
     )
     assert sorted(actions(trust)) == ["sts:AssumeRole", "sts:TagSession"]
     condition = trust["Condition"]
@@ -452,12 +465,14 @@ def test_api_functions_reach_data_only_through_the_tenant_role(
     template: dict[str, Any],
 ) -> None:
     assume = props(template, "TenantAccessAssumePolicy")
-    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(f"{f}Role" for f in API_FUNCTIONS)
+    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(
+        f"{f}Role" for f in TENANT_FUNCTIONS
+    )
     [statement] = assume["PolicyDocument"]["Statement"]
     assert sorted(actions(statement)) == ["sts:AssumeRole", "sts:TagSession"]
     assert statement["Resource"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}
     statements = statements_of(template)
-    for function in API_FUNCTIONS:
+    for function in TENANT_FUNCTIONS:
         assert resource(template, function)["DependsOn"] == "TenantAccessAssumePolicy"
         variables = props(template, function)["Environment"]["Variables"]
         assert variables["TENANT_ROLE_ARN"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}
@@ -647,6 +662,8 @@ API_EVENTS = [
     "clear.json",
     "erase-tenant.json",
     "openapi.json",
+    "get-turn.json",
+    "get-turn-stream.json",
 ]
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import boto3
 from turnledger.strict_json import BodyError, parse_object
@@ -68,6 +69,10 @@ from .workers import Boot, FunctionBoot, FunctionPool, InvocationFailed, WorkerE
 # root handlers, every record of a logger whose name contains "turnledger".
 logger = logging.getLogger("local_runner")
 
+#: The template's long-turn worker (invoked asynchronously through ``_LAMBDA_INVOKE``).
+TURN_WORKER = "TurnWorkerFunction"
+#: Lambda's Invoke API path, served for the template's functions.
+_LAMBDA_INVOKE = re.compile(r"/2015-03-31/functions/(?P<name>[^/]+)/invocations")
 #: A local stand-in tool endpoint (see ``_echo``).
 ECHO_PATH = "/_local/echo"
 SWEEP_PATH = "/_local/sweep"
@@ -255,6 +260,8 @@ class LocalRunner:
         wanted = {route.function for route in routes(self._template)}
         if self._sweep is not None:
             wanted.add(self._sweep.name)
+        if TURN_WORKER in self._functions:
+            wanted.add(TURN_WORKER)  # invoked through the Lambda Invoke API path below
         boots: list[FunctionBoot] = []
         for name in sorted(wanted):
             spec = self._functions[name]
@@ -308,6 +315,11 @@ class LocalRunner:
         state = self._scratch / "demo-state"
         state.mkdir()
         files = {"DEMO_STATE_DIR": str(state)}
+        if TURN_WORKER in self._functions:
+            # Long turns: the functions start the worker through Lambda's Invoke API,
+            # which this runner serves (``_lambda_invoke``), as Lambda would run it.
+            files["TURN_WORKER_FUNCTION"] = TURN_WORKER
+            files["AWS_ENDPOINT_URL_LAMBDA"] = self.url
         tools = self.config.tools_file
         if tools is not None and tools.is_file():
             text = tools.read_text(encoding="utf-8")
@@ -414,6 +426,9 @@ class LocalRunner:
         try:
             if request.raw_path.startswith(_LOCAL_PREFIX):
                 return self._local(request)
+            invoked = _LAMBDA_INVOKE.fullmatch(request.raw_path)
+            if invoked is not None and request.method.upper() == "POST":
+                return self._lambda_invoke(unquote(invoked["name"]), request)
             route, path_parameters = self._routes.resolve(request.method, request.raw_path)
             claims = (
                 authenticate(request.header("authorization"), self.config.tenant_claim)
@@ -449,6 +464,44 @@ class LocalRunner:
                     elapsed,
                     spec.timeout_seconds,
                 )
+
+    def _lambda_invoke(self, name: str, request: HttpRequest) -> HttpResponse:
+        """Lambda's Invoke API for the template's own functions (the turn worker).
+
+        ``X-Amz-Invocation-Type: Event`` answers ``202`` at once and runs the function
+        in the background, in its own execution environment, as Lambda's event queue
+        would (without its retries); otherwise the function's result is the answer.
+        Only loopback clients reach it (the runner serves loopback unless told otherwise).
+        """
+        function = name.rsplit(":", 1)[-1]
+        if function not in self._pools:
+            error = {"Type": "User", "message": f"Function not found: {name}"}
+            return HttpResponse.json(404, error, headers={"x-amzn-errortype": "ResourceNotFound"})
+        event = _json_object(request.body or b"{}")
+        if (request.header("x-amz-invocation-type") or "RequestResponse") == "Event":
+            thread = threading.Thread(
+                target=self._invoke_in_background,
+                args=(function, event),
+                name=f"invoke-{function}",
+                daemon=True,
+            )
+            thread.start()
+            return HttpResponse(status=202)
+        try:
+            result = self._invoke(function, event)
+        except GatewayError as exc:
+            return HttpResponse.json(
+                200,
+                {"errorType": exc.code, "errorMessage": exc.message},
+                headers={"x-amz-function-error": "Unhandled"},
+            )
+        return HttpResponse.json(200, result)
+
+    def _invoke_in_background(self, function: str, event: dict[str, Any]) -> None:
+        try:
+            self._invoke(function, event)
+        except GatewayError as exc:
+            logger.error("%s (asynchronous invocation) failed: %s", function, exc.message)
 
     def _local(self, request: HttpRequest) -> HttpResponse:
         if request.raw_path == ECHO_PATH and request.method.upper() == "POST":

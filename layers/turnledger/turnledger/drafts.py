@@ -120,6 +120,8 @@ class DraftState:
     result: dict[str, Any] | None = None
     #: ``turn`` (a turn's input) or ``approval`` (decisions continuing the turn).
     kind: str = "turn"
+    #: The life (``gen``) of the conversation the run wrote to (``None``: it had none yet).
+    gen: str | None = None
 
     @property
     def done(self) -> bool:
@@ -152,6 +154,7 @@ def _decode_state(turn: int, item: Item) -> DraftState:
         started_at=str(item.get(A_STARTED, "")),
         result=json.loads(raw) if isinstance(raw, str) and raw else None,
         kind=str(item.get(A_KIND, "turn")),
+        gen=str(item[codec.A_GEN]) if item.get(codec.A_GEN) else None,
     )
 
 
@@ -161,10 +164,23 @@ def read_state(store: ConversationStore, key: ConversationKey, turn: int) -> Dra
     return None if item is None else _decode_state(turn, item)
 
 
-def read(store: ConversationStore, key: ConversationKey, turn: int, *, after: int = 0) -> DraftRead:
-    """The chunks of ``turn``'s draft after seq ``after``, and its state, in one query."""
+def read(
+    store: ConversationStore,
+    key: ConversationKey,
+    turn: int,
+    *,
+    after: int = 0,
+    consistent: bool = True,
+) -> DraftRead:
+    """The chunks of ``turn``'s draft after seq ``after``, and its state, in one query.
+
+    ``consistent=False`` reads at half the price and may miss the newest writes.
+    """
     items = store.query_side_items(
-        keys.partition_key(key), lower=chunk_key(turn, after + 1), upper=state_key(turn)
+        keys.partition_key(key),
+        lower=chunk_key(turn, after + 1),
+        upper=state_key(turn),
+        consistent=consistent,
     )
     chunks: list[Chunk] = []
     state: DraftState | None = None
@@ -226,6 +242,8 @@ class DraftWriter:
     expires_at: int | None
     now: Callable[[], datetime]
     kind: str = "turn"
+    #: The conversation's life the run writes to, when it has one (readers skip other lives').
+    gen: str | None = None
     flush_ms: int = DEFAULT_FLUSH_MS
     flush_chars: int = DEFAULT_FLUSH_CHARS
     monotonic: Callable[[], float] = time.monotonic
@@ -325,6 +343,8 @@ class DraftWriter:
             A_KIND: self.kind,
             **_expiry(self.expires_at),
         }
+        if self.gen:
+            item[codec.A_GEN] = self.gen
         if reason:
             item[A_REASON] = reason
         if result is not None:
