@@ -1,0 +1,170 @@
+"""Providers stream (issue 13): ``Provider.stream`` against the fake servers' real wire formats.
+
+The fake OpenAI server streams any scripted answer when the request says ``stream:
+true`` (Chat Completions chunks with ``[DONE]``, Responses API events); the streamed
+reply must equal what the same answer gives unstreamed, and the deltas must join to
+its text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from turnledger.exceptions import ProviderError
+from turnledger.models import ToolCall
+from turnledger.providers.base import Continuation, Message, ModelRequest, Provider
+from turnledger.providers.demo import DemoProvider
+from turnledger.providers.openai_chat import OpenAIChatProvider
+from turnledger.providers.openai_responses import OpenAIResponsesProvider
+
+from tests.functional.fake_openai import (
+    FakeOpenAI,
+    broken_stream,
+    error_reply,
+    function_call_item,
+    response_reply,
+    text_reply,
+    tool_call,
+    tool_calls_reply,
+)
+
+HELLO = ModelRequest(model="gpt-test", messages=[Message(role="user", content="hello")])
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+def options(fake: FakeOpenAI) -> dict[str, Any]:
+    return {
+        "base_url": fake.base_url,
+        "api_key": lambda: "sk-test",
+        "timeout_seconds": 5.0,
+        "max_retries": 2,
+        "sleep": lambda _: None,
+    }
+
+
+def streamed(provider: Provider, request: ModelRequest) -> tuple[list[str], Any]:
+    pieces: list[str] = []
+    reply = provider.stream(request, pieces.append)
+    return pieces, reply
+
+
+def test_openai_chat_streams_text_and_usage(fake: FakeOpenAI) -> None:
+    answer = "The quick brown fox jumps."
+    fake.script(text_reply(answer, prompt_tokens=7, completion_tokens=5))
+    fake.script(text_reply(answer, prompt_tokens=7, completion_tokens=5))
+    provider = OpenAIChatProvider(**options(fake))
+    pieces, reply = streamed(provider, HELLO)
+    assert len(pieces) == 5 and "".join(pieces) == answer
+    assert reply == provider.complete(HELLO)  # the same reply as unstreamed
+    body = fake.requests[0].json()
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert fake.requests[0].headers["accept"] == "text/event-stream"
+    assert "stream" not in fake.requests[1].json()
+
+
+def test_openai_chat_streams_tool_calls_in_pieces(fake: FakeOpenAI) -> None:
+    fake.script(
+        tool_calls_reply(
+            tool_call("call_a", "get_weather", '{"city": "Oslo"}'),
+            tool_call("call_b", "send_email", '{"to": "bob@example.com"}'),
+        )
+    )
+    pieces, reply = streamed(OpenAIChatProvider(**options(fake)), HELLO)
+    assert pieces == [] and reply.text is None
+    assert reply.tool_calls == [
+        ToolCall(id="call_a", name="get_weather", arguments={"city": "Oslo"}),
+        ToolCall(id="call_b", name="send_email", arguments={"to": "bob@example.com"}),
+    ]
+
+
+def test_openai_chat_retries_before_the_stream_and_fails_on_a_broken_one(
+    fake: FakeOpenAI,
+) -> None:
+    fake.script(error_reply(429, "slow down"), text_reply("after a retry"))
+    pieces, reply = streamed(OpenAIChatProvider(**options(fake)), HELLO)
+    assert "".join(pieces) == reply.text == "after a retry"
+    fake.script(broken_stream("half", " an"))
+    pieces = []
+    with pytest.raises(ProviderError) as caught:
+        OpenAIChatProvider(**options(fake)).stream(HELLO, pieces.append)
+    assert caught.value.details["reason"] == "stream_incomplete"
+    assert pieces == ["half", " an"]
+    assert len(fake.requests) == 3  # a stream that began is never retried
+
+
+def test_openai_responses_streams_and_keeps_state(fake: FakeOpenAI) -> None:
+    fake.script(response_reply("Stored and streamed.", input_tokens=3, output_tokens=3))
+    provider = OpenAIResponsesProvider(**options(fake))
+    request = HELLO.model_copy(update={"store": True})
+    pieces, reply = streamed(provider, request)
+    assert "".join(pieces) == reply.text == "Stored and streamed."
+    assert reply.response_id == "resp_fake_1" and reply.provider_state == "fresh"
+    assert reply.usage.input_tokens == 3
+    assert fake.requests[0].json()["stream"] is True
+    # Continued over the stored state, streamed too.
+    fake.script(response_reply(None, function_call_item("call_1", "lookup", '{"q": "x"}')))
+    follow = ModelRequest(
+        model="gpt-test",
+        messages=[
+            Message(role="user", content="hello"),
+            Message(role="assistant", content="Stored and streamed."),
+            Message(role="user", content="more"),
+        ],
+        continuation=Continuation(previous_response_id="resp_fake_1", new_from=2),
+        store=True,
+    )
+    pieces, reply = streamed(provider, follow)
+    assert pieces == [] and reply.provider_state == "continued"
+    assert [c.name for c in reply.tool_calls] == ["lookup"]
+
+
+def test_openai_responses_stream_falls_back_when_state_is_gone(fake: FakeOpenAI) -> None:
+    fake.script(response_reply("whole context again"))
+    request = ModelRequest(
+        model="gpt-test",
+        messages=[Message(role="user", content="hello"), Message(role="user", content="again")],
+        continuation=Continuation(previous_response_id="resp_gone", new_from=1),
+        store=True,
+    )
+    pieces, reply = streamed(OpenAIResponsesProvider(**options(fake)), request)
+    assert "".join(pieces) == "whole context again"
+    assert reply.provider_state == "fallback"
+    assert [r.json().get("previous_response_id") for r in fake.requests] == ["resp_gone", None]
+
+
+def test_openai_responses_stream_reports_a_failed_response(fake: FakeOpenAI) -> None:
+    from tests.functional.fake_openai import json_reply, response_body
+
+    failed = response_body("partial", status="failed")
+    failed["error"] = {"code": "server_error", "message": "the model crashed"}
+    fake.script(json_reply(failed))
+    with pytest.raises(ProviderError) as caught:
+        OpenAIResponsesProvider(**options(fake)).stream(HELLO, lambda _: None)
+    assert caught.value.details["reason"] == "response_failed"
+
+
+def test_the_default_stream_hands_the_whole_text_over_once() -> None:
+    class Whole(DemoProvider):
+        def stream(self, request: ModelRequest, on_text: Any) -> Any:
+            return Provider.stream(self, request, on_text)
+
+    pieces, reply = streamed(Whole(), ModelRequest(model="m", messages=[_user("echo: a b c")]))
+    assert pieces == ["a b c"] and reply.text == "a b c"
+
+
+def test_the_demo_model_streams_word_by_word() -> None:
+    pieces, reply = streamed(
+        DemoProvider(), ModelRequest(model="m", messages=[_user("echo: a  b c ")])
+    )
+    assert pieces == ["a", "  b", " c"] and "".join(pieces) == reply.text == "a  b c"
+
+
+def _user(text: str) -> Message:
+    return Message(role="user", content=text)
