@@ -168,3 +168,80 @@ def test_the_demo_model_streams_word_by_word() -> None:
 
 def _user(text: str) -> Message:
     return Message(role="user", content=text)
+
+
+# --- Bedrock ConverseStream (AWS event stream, decoded by botocore) ------------------------
+
+MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+
+
+@pytest.fixture
+def bedrock() -> Iterator[Any]:
+    from tests.functional.fake_bedrock import FakeBedrock
+
+    with FakeBedrock() as server:
+        yield server
+
+
+def bedrock_provider(fake: Any, **overrides: Any) -> Any:
+    from turnledger.providers.bedrock_converse import BedrockConverseProvider
+
+    return BedrockConverseProvider(
+        endpoint_url=fake.url,
+        region="us-east-1",
+        timeout_seconds=5.0,
+        max_retries=2,
+        sleep=lambda _: None,
+        **overrides,
+    )
+
+
+def test_bedrock_converse_stream_streams_text_and_tool_uses(bedrock: Any) -> None:
+    from tests.functional.fake_bedrock import converse_reply, tool_use
+
+    answer = "Rain in Oslo today."
+    bedrock.script(converse_reply(answer, input_tokens=9, output_tokens=4))
+    request = ModelRequest(model=MODEL, messages=[_user("weather?")])
+    pieces, reply = streamed(bedrock_provider(bedrock), request)
+    assert pieces == ["Rain", " in", " Oslo", " today."] and reply.text == answer
+    assert (reply.usage.input_tokens, reply.usage.output_tokens) == (9, 4)
+    assert bedrock.requests[0].path.endswith("/converse-stream")
+    bedrock.script(converse_reply(None, tool_use("tu_1", "get_weather", {"city": "Oslo"})))
+    pieces, reply = streamed(bedrock_provider(bedrock), request)
+    assert pieces == []
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("get_weather", {"city": "Oslo"})]
+
+
+def test_bedrock_stream_retries_before_and_fails_on_an_exception_event(bedrock: Any) -> None:
+    from tests.functional.fake_bedrock import bedrock_error, converse_reply, failing_stream
+
+    bedrock.script(bedrock_error(429, "ThrottlingException", "slow down"), converse_reply("ok"))
+    request = ModelRequest(model=MODEL, messages=[_user("hi")])
+    pieces, _ = streamed(bedrock_provider(bedrock), request)
+    assert pieces == ["ok"] and len(bedrock.requests) == 2
+    bedrock.script(failing_stream("half an"))
+    pieces = []
+    with pytest.raises(ProviderError) as caught:
+        bedrock_provider(bedrock).stream(request, pieces.append)
+    assert pieces == ["half an"]
+    assert caught.value.details["attempts"] == 1  # a stream that began is never sent again
+    assert len(bedrock.requests) == 3
+
+
+def test_bedrock_json_tool_mode_hands_the_answer_over_whole(bedrock: Any) -> None:
+    from turnledger.providers.base import ResponseFormat
+
+    from tests.functional.fake_bedrock import converse_reply, tool_use
+
+    def answer(request: Any) -> Any:
+        tool = request.json()["toolConfig"]["tools"][-1]["toolSpec"]["name"]
+        return converse_reply(None, tool_use("tu_j", tool, {"answer": "Ann"}))
+
+    bedrock.script(answer)
+    request = ModelRequest(
+        model=MODEL,
+        messages=[_user("Who am I?")],
+        response_format=ResponseFormat(type="json_object"),
+    )
+    pieces, reply = streamed(bedrock_provider(bedrock), request)
+    assert pieces == ['{"answer": "Ann"}'] and reply.text == '{"answer": "Ann"}'
