@@ -193,7 +193,8 @@ class DemoProvider(Provider):
     estimate_is_exact = True
 
     def __init__(self, token_delay_ms: int = 0) -> None:
-        """``token_delay_ms``: how long :meth:`stream` waits before each word (a slow model)."""
+        """``token_delay_ms``: how long the model takes per word of its answer (a slow
+        model): :meth:`complete` waits it for every word, :meth:`stream` before each."""
         self.token_delay_ms = max(token_delay_ms, 0)
 
     def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
@@ -202,16 +203,26 @@ class DemoProvider(Provider):
         Each piece is a word with the whitespace before it, so the pieces join to
         exactly the answer; ``token_delay_ms`` passes before each one.
         """
-        reply = self.complete(request)
+        reply = self.answer(request)
         stream_words(reply.text, on_text, self.token_delay_ms)
+        return reply
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer by the demo rules (see the module docstring); never fails.
+
+        With a token delay, the whole answer takes as long as streaming it would.
+        """
+        reply = self.answer(request)
+        if self.token_delay_ms and reply.text and request.purpose == "turn":
+            time.sleep(self.token_delay_ms * len(_PIECE.findall(reply.text)) / 1000)
         return reply
 
     def estimate_tokens(self, text: str) -> int:
         """Whitespace-separated words: exactly what the demo model counts as usage."""
         return _words(text)
 
-    def complete(self, request: ModelRequest) -> ModelReply:
-        """Answer by the demo rules (see the module docstring); never fails."""
+    def answer(self, request: ModelRequest) -> ModelReply:
+        """The demo rules' answer to ``request``, at once (see the module docstring)."""
         messages = request.messages
         usage_in = sum(_words(message.content) for message in messages)
 

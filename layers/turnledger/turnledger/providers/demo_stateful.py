@@ -24,6 +24,7 @@ import re
 import secrets
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -188,7 +189,7 @@ class DemoStatefulProvider(Provider):
 
     def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
         """The same answer as :meth:`complete` (state kept alike), handed over word by word."""
-        reply = self.complete(request)
+        reply = self._reply(request)
         stream_words(reply.text, on_text, self.token_delay_ms)
         return reply
 
@@ -199,8 +200,15 @@ class DemoStatefulProvider(Provider):
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer from the stored state plus the new messages, or from the whole context.
 
-        Never fails (see the module docstring for ``provider_state``).
+        Never fails (see the module docstring for ``provider_state``). With a token
+        delay, the whole answer takes as long as streaming it would.
         """
+        reply = self._reply(request)
+        if self.token_delay_ms and reply.text and request.purpose == "turn":
+            time.sleep(self.token_delay_ms * len(reply.text.split()) / 1000)
+        return reply
+
+    def _reply(self, request: ModelRequest) -> ModelReply:
         context = list(request.messages)
         state: ProviderState = "fresh"
         if request.continuation is not None:
