@@ -172,3 +172,48 @@ def test_draft_items_carry_the_conversation_expiry(
     )
     assert len(items) == 2
     assert all(item["expires_at"] == w.expires_at for item in items)
+
+
+def _streamed_turn(store: ConversationStore, clock: FakeClock, conversation_id: str) -> None:
+    service = _service(store, clock, DemoProvider())
+    key = ConversationKey(tenant="tenant-a", conversation_id=conversation_id)
+    w = DraftWriter(
+        store=store,
+        key=key,
+        turn=1,
+        expires_at=int(clock.now().timestamp()) + 3600,
+        now=clock.now,
+        flush_chars=1,
+    )
+    w.begin()
+    with streaming_into(w):
+        answer = service.turn(ANN, conversation_id, TurnRequest(input="echo: a b c"))
+    w.finish(answer.model_dump(mode="json"))
+    assert len(drafts.read(store, key, 1).chunks) == 3
+
+
+def _draft_items(store: ConversationStore, conversation_id: str) -> list[object]:
+    key = ConversationKey(tenant="tenant-a", conversation_id=conversation_id)
+    return list(
+        store.query_side_items(
+            keys.partition_key(key), lower=drafts.DRAFT_PREFIX, upper=drafts.DRAFT_PREFIX + "~"
+        )
+    )
+
+
+def test_the_sweep_and_tenant_erasure_remove_drafts(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    from turnledger.sweep import Sweeper
+
+    _streamed_turn(store, clock, "expiring")
+    clock.advance(3600 + 1)  # past the conversation's TTL (and the drafts')
+    report = Sweeper(store, clock=clock.now).expired()
+    assert report.conversations_removed == 1
+    assert _draft_items(store, "expiring") == []
+
+    _streamed_turn(store, clock, "erased")
+    assert _draft_items(store, "erased")
+    report = Sweeper(store, clock=clock.now).erase("tenant-a")
+    assert report.complete and report.conversations_removed >= 1
+    assert _draft_items(store, "erased") == []
