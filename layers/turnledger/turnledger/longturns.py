@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -69,6 +70,15 @@ class TurnNotFound(TurnledgerError):
 
     status = 404
     code = "turn_not_found"
+
+
+class TurnSuperseded(TurnledgerError):
+    """The accepted turn's number was taken before its worker ran: by another request's
+    turn, or by an earlier run of the same worker invocation that committed and died
+    before it could say so. Nothing of this run was stored; the transcript is the record."""
+
+    status = 409
+    code = "turn_superseded"
 
 
 class AsyncTurnAccepted(BaseModel):
@@ -350,13 +360,14 @@ def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
                 isinstance(i, InputMessage) for i in request.input
             )
             expected = turn - 1 if new_turn else turn
-            if (head.turn if head is not None else 0) != expected:
-                # Another turn landed after this one was accepted (or a retry of this
-                # run comes after its commit): never run the input a second time.
-                raise ConversationBusy(
-                    "another turn of this conversation landed first; nothing of this one "
-                    "was stored",
-                    details={"turn": turn},
+            current = head.turn if head is not None else 0
+            if current != expected:
+                # Another turn landed after this one was accepted, or a retried invocation
+                # comes after its own commit: never run the input a second time.
+                raise TurnSuperseded(
+                    f"turn {turn} was taken before this run began; nothing of it was stored "
+                    "(the conversation's events say what happened)",
+                    details={"turn": turn, "turns": current},
                 )
             with drafts.streaming_into(writer):
                 response = service.turn(caller, conversation_id, request)
@@ -387,6 +398,20 @@ def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
 # --- reading ------------------------------------------------------------------------------
 
 
+def _effective(state: DraftState, now: datetime) -> DraftState:
+    """``state``, or ``interrupted`` (``worker_lost``) when its run went stale.
+
+    A worker that died without a word (its timeout, or retries spent into the
+    dead-letter queue) must not leave readers waiting for ever.
+    """
+    if state.done or _running(state, now):
+        return state
+    error = TurnledgerError("the turn's worker stopped before the turn ended")
+    body = error.to_body()
+    body["error"]["status"] = error.status
+    return replace(state, status="interrupted", reason="worker_lost", result=body)
+
+
 def _readable(
     service: Conversations, caller: Caller, conversation_id: str, turn: int
 ) -> tuple[ConversationKey, DraftState]:
@@ -405,6 +430,8 @@ def _readable(
         # Written to another life of the conversation: a leftover of a cleared one (a run
         # that went on writing after the clear). Purges delete drafts with the partition.
         state = None
+    if state is not None:
+        state = _effective(state, service.clock())
     if state is None:
         if head is None:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
@@ -470,7 +497,7 @@ def stream_page(
     consistent = True
     while True:
         read = drafts.read(service.store, key, turn, after=cursor, consistent=consistent)
-        current = read.state or state
+        current = _effective(read.state, service.clock()) if read.state else state
         if current.done and not consistent:
             consistent = True
             continue  # the last chunks may lag an eventually consistent read
