@@ -245,3 +245,61 @@ def test_bedrock_json_tool_mode_hands_the_answer_over_whole(bedrock: Any) -> Non
     )
     pieces, reply = streamed(bedrock_provider(bedrock), request)
     assert pieces == ['{"answer": "Ann"}'] and reply.text == '{"answer": "Ann"}'
+
+
+# --- through the pipeline: a long turn's model call streams into its draft ------------------
+
+
+def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_it(
+    fake: FakeOpenAI,
+) -> None:
+    from dataclasses import replace
+
+    from turnledger import drafts
+    from turnledger.config import Settings
+    from turnledger.drafts import DraftWriter, streaming_into
+    from turnledger.models import ConversationKey
+    from turnledger.pipeline import Caller, Conversations
+    from turnledger.schemas import TurnRequest
+    from turnledger.store.memory import MemoryConversationStore
+
+    from tests.support.factories import FakeClock
+
+    clock = FakeClock()
+    store = MemoryConversationStore()
+    service = Conversations(
+        store=store,
+        provider=OpenAIChatProvider(**options(fake)),
+        settings=replace(Settings(), provider="openai-chat", model="gpt-test"),
+        clock=clock.now,
+    )
+    caller = Caller(tenant="t", actor="ann")
+    key = ConversationKey(tenant="t", conversation_id="c1")
+
+    def run(turn: int, text: str) -> Any:
+        writer = DraftWriter(
+            store=store, key=key, turn=turn, expires_at=None, now=clock.now, flush_chars=1
+        )
+        writer.begin()
+        with streaming_into(writer):
+            return service.turn(caller, "c1", TurnRequest(input=text))
+
+    fake.script(text_reply("Hello there, Ann."))
+    answer = run(1, "My name is Ann.")
+    assert answer.output_text == "Hello there, Ann."
+    assert [c.text for c in drafts.read(store, key, 1).chunks] == ["Hello", " there,", " Ann."]
+    fake.script(broken_stream("I", " think"))
+    with pytest.raises(ProviderError):
+        run(2, "What is my name?")
+    assert [c.text for c in drafts.read(store, key, 2).chunks] == ["I", " think"]
+    kinds = [e.kind for e in service.events(caller, "c1", after=0, limit=50).events]
+    assert kinds == ["user_message", "assistant_message", "turn_failed"]
+    # The next model call sees the committed answer only, never the half one.
+    fake.script(text_reply("Ann."))
+    run(3, "What is my name?")
+    sent = fake.requests[-1].json()["messages"]
+    assert [m["content"] for m in sent] == [
+        "My name is Ann.",
+        "Hello there, Ann.",
+        "What is my name?",
+    ]
