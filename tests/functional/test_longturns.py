@@ -137,3 +137,32 @@ def test_reads_of_turns_without_a_draft(clock: FakeClock) -> None:
 def test_a_stray_event_is_refused(clock: FakeClock) -> None:
     with pytest.raises(ValueError):
         longturns.run_worker(service(clock), {"kind": "something else"})
+
+
+def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeClock) -> None:
+    """Deployed (a buffering front door) the route answers SSE itself, whole: what
+    ``sse_text`` writes must read back with an SSE client, ids and all."""
+    import httpx
+    from httpx_sse import EventSource
+
+    conversations = service(clock, draft_flush_chars=1)
+    invoked = Invocations()
+    longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="echo: a b"), invoked)
+    longturns.run_worker(conversations, invoked.payloads[0])
+    page = longturns.stream_page(conversations, ANN, "c1", 1, after=0, wait=0, gather=True)
+    response = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, text=longturns.sse_text(page)
+    )
+    events = list(EventSource(response).iter_sse())
+    assert [(e.event, e.id) for e in events] == [("chunk", "1"), ("chunk", "2"), ("done", "2")]
+    assert events[0].retry == 1000
+    assert [e.json()["text"] for e in events[:2]] == ["a", " b"]
+    assert events[2].json()["result"]["output_text"] == "a b"
+    # Nothing new within the wait: only a comment (the client reconnects), no empty event.
+    empty = longturns.StreamPage(
+        conversation_id="c1", turn=1, next_after=2, done=False, status="in_progress"
+    )
+    quiet = httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, text=longturns.sse_text(empty)
+    )
+    assert [e.data for e in EventSource(quiet).iter_sse() if e.data] == []

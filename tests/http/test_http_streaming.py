@@ -62,6 +62,7 @@ def follow(
     for _ in range(200):
         page = client.get(f"{path}/stream", params={"after": after, "wait": 5}, headers=headers)
         assert page.status_code == 200, page.text
+        assert page.headers["content-type"] == "application/json", (page.headers, page.text)
         body = page.json()
         chunks.extend(body["chunks"])
         after = body["next_after"]
@@ -243,36 +244,50 @@ def test_async_turn_pauses_for_approval_and_is_continued_async(client: httpx.Cli
     assert again.status_code == 409 and again.json()["error"]["code"] == "not_awaiting_approval"
 
 
-def test_sse_read_by_a_real_client_resumes_from_last_event_id(client: httpx.Client) -> None:
+def test_sse_streams_live_to_a_real_client_that_resumes_from_last_event_id(
+    client: httpx.Client,
+) -> None:
+    """The runner writes each chunk as an event as soon as it is stored (a front door
+    that passes streams through); a client that drops resumes with ``Last-Event-ID``."""
+    words = " ".join(f"w{i}" for i in range(80))  # about 1.6 s to write
     accepted = client.post(
-        "/v1/conversations/long-6/turns", json={"input": f"echo: {WORDS}"}, headers=ASYNC
+        "/v1/conversations/long-6/turns", json={"input": f"echo: {words}"}, headers=ASYNC
     )
     url = accepted.json()["stream_url"]
     texts: dict[int, str] = {}
+    # A copy: connect_sse sets Accept on the dict it is given.
+    with connect_sse(client, "GET", url, headers={**ANN}) as source:
+        assert source.response.headers["content-type"].startswith("text/event-stream")
+        for sse in source.iter_sse():
+            assert sse.event == "chunk" and sse.retry in (None, 1000)
+            data = sse.json()
+            assert str(data["seq"]) == sse.id
+            texts[data["seq"]] = data["text"]
+            if len(texts) == 2:
+                break  # the connection drops mid-answer
+    last_id = str(max(texts))
+    arrivals: list[float] = []
     result: dict[str, Any] | None = None
-    last_id: str | None = None
-    connections = 0
-    while result is None and connections < 50:
-        connections += 1
-        headers = {**ANN, **({"Last-Event-ID": last_id} if last_id else {})}
-        # A short wait per connection: the client reconnects as EventSource does.
-        with connect_sse(client, "GET", url, params={"wait": 0.3}, headers=headers) as source:
-            assert source.response.headers["content-type"].startswith("text/event-stream")
-            for sse in source.iter_sse():
-                if sse.event == "chunk":
-                    data = sse.json()
-                    assert str(data["seq"]) == sse.id
-                    assert data["seq"] not in texts  # resumed, never repeated
-                    texts[data["seq"]] = data["text"]
-                    last_id = sse.id
-                elif sse.event == "done":
-                    result = sse.json()["result"]
-                assert sse.retry in (None, 1000)
-    assert connections > 1  # it really resumed
-    assert result is not None and result["output_text"] == WORDS
-    assert "".join(texts[s] for s in sorted(texts)) == WORDS
+    with connect_sse(client, "GET", url, headers={**ANN, "Last-Event-ID": last_id}) as source:
+        for sse in source.iter_sse():
+            arrivals.append(time.monotonic())
+            if sse.event == "chunk":
+                data = sse.json()
+                assert data["seq"] not in texts  # resumed after the last one seen
+                texts[data["seq"]] = data["text"]
+            elif sse.event == "done":
+                result = sse.json()["result"]
+    assert result is not None and result["output_text"] == words
+    assert "".join(texts[s] for s in sorted(texts)) == words
+    # Live, not buffered: the events of one connection came over a span of time.
+    assert arrivals[-1] - arrivals[0] > 0.3
     bad = client.get(url, headers={**ANN, "Last-Event-ID": "x", "Accept": "text/event-stream"})
     assert bad.status_code == 422
+    gone = client.get(
+        "/v1/conversations/nobody/turns/1/stream",
+        headers={**ANN, "Accept": "text/event-stream"},
+    )
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "conversation_not_found"
 
 
 def test_idempotency_key_answers_the_same_202_and_runs_once(client: httpx.Client) -> None:

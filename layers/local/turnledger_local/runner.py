@@ -24,6 +24,7 @@ is a stand-in tool endpoint that answers what it was sent.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -32,13 +33,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import boto3
 from turnledger.strict_json import BodyError, parse_object
@@ -69,6 +70,12 @@ from .workers import Boot, FunctionBoot, FunctionPool, InvocationFailed, WorkerE
 # root handlers, every record of a logger whose name contains "turnledger".
 logger = logging.getLogger("local_runner")
 
+#: The long turns' stream route, which the runner streams live as server-sent events.
+LIVE_STREAM_SUFFIX = "/turns/{turn}/stream"
+#: Each long poll the live stream makes (the route's own limit).
+LIVE_POLL_WAIT_SECONDS = 20
+#: The ``retry`` a live stream tells clients (milliseconds before reconnecting).
+LIVE_RETRY_MS = 1000
 #: The template's long-turn worker (invoked asynchronously through ``_LAMBDA_INVOKE``).
 TURN_WORKER = "TurnWorkerFunction"
 #: Lambda's Invoke API path, served for the template's functions.
@@ -465,6 +472,81 @@ class LocalRunner:
                     spec.timeout_seconds,
                 )
 
+    def live_events(self, request: HttpRequest) -> HttpResponse | Iterator[bytes] | None:
+        """Server-sent events of a long turn, written as the turn goes (``None``: not one).
+
+        Deployed, API Gateway's HTTP API buffers a response whole, so the stream route's
+        own SSE answer arrives when it ends. Here the runner plays a front door that
+        passes streams through: for ``GET .../turns/{n}/stream`` with ``Accept:
+        text/event-stream`` it long-polls the route's JSON form through the function
+        (as any client could) and writes each chunk as an event at once, until the
+        turn ends or the client goes away. ``Last-Event-ID`` (or ``after``) says where
+        to start. An error answer of the first poll is returned as it is.
+        """
+        if request.method.upper() != "GET" or "text/event-stream" not in (
+            request.header("accept") or ""
+        ):
+            return None
+        try:
+            route, path_parameters = self._routes.resolve(request.method, request.raw_path)
+        except GatewayError:
+            return None
+        if not route.path.endswith(LIVE_STREAM_SUFFIX):
+            return None
+        try:
+            claims = authenticate(request.header("authorization"), self.config.tenant_claim)
+        except GatewayError as exc:
+            return exc.to_response()
+        query = dict(parse_qsl(request.raw_query))
+        last_event_id = request.header("last-event-id")
+        after = last_event_id if last_event_id is not None else query.get("after", "0")
+
+        def poll(after: str) -> HttpResponse:
+            kept = [
+                (name, value)
+                for name, value in request.headers
+                if name.lower() not in {"accept", "last-event-id"}
+            ]
+            headers = (*kept, ("accept", "application/json"))
+            polled = replace(
+                request,
+                headers=headers,
+                raw_query=urlencode({"after": after, "wait": LIVE_POLL_WAIT_SECONDS}),
+            )
+            event = build_event(polled, route, path_parameters, claims)
+            return to_http(self._invoke(route.function, event))
+
+        try:
+            first = poll(after)
+        except GatewayError as exc:
+            return exc.to_response()
+        if first.status != 200:
+            return first
+
+        def events() -> Iterator[bytes]:
+            # ``retry`` rides on the first event: a block of its own would reach some
+            # clients as an empty message.
+            retry = f"retry: {LIVE_RETRY_MS}\n"
+            page = first
+            while True:
+                body = json.loads(page.body)
+                for chunk in body["chunks"]:
+                    data = json.dumps({"seq": chunk["seq"], "text": chunk["text"]})
+                    yield f"{retry}id: {chunk['seq']}\nevent: chunk\ndata: {data}\n\n".encode()
+                    retry = ""
+                if body["done"]:
+                    end = json.dumps({k: body[k] for k in ("status", "reason", "result")})
+                    yield f"{retry}id: {body['next_after']}\nevent: done\ndata: {end}\n\n".encode()
+                    return
+                try:
+                    page = poll(str(body["next_after"]))
+                except GatewayError:
+                    return  # the function failed or the runner stops: the client reconnects
+                if page.status != 200:
+                    return  # the conversation went away meanwhile: the client reconnects
+
+        return events()
+
     def _lambda_invoke(self, name: str, request: HttpRequest) -> HttpResponse:
         """Lambda's Invoke API for the template's own functions (the turn worker).
 
@@ -602,7 +684,28 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except GatewayError as exc:
             self._write(exc.to_response())
             return
-        self._write(self.server.runner.handle(request))
+        live = self.server.runner.live_events(request)
+        if isinstance(live, HttpResponse):
+            self._write(live)
+        elif live is not None:
+            self._write_live(live)
+        else:
+            self._write(self.server.runner.handle(request))
+
+    def _write_live(self, events: Iterator[bytes]) -> None:
+        """Write server-sent events as they come; the connection ends with the stream."""
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.end_headers()
+        try:
+            for piece in events:
+                self.wfile.write(piece)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away: it resumes with Last-Event-ID
 
     def _read_request(self) -> HttpRequest:
         target = urlsplit(self.path)

@@ -527,14 +527,20 @@ def sse_text(page: StreamPage, *, retry_ms: int = 1000) -> str:
     ``EventSource`` sends it back as ``Last-Event-ID``); the end is an event ``done``
     carrying the status, reason and result. ``retry`` tells the client when to reconnect.
     """
-    lines = [f"retry: {retry_ms}", ""]
+    events: list[list[str]] = []
     for chunk in page.chunks:
         data = json.dumps({"seq": chunk.seq, "text": chunk.text})
-        lines += [f"id: {chunk.seq}", "event: chunk", f"data: {data}", ""]
+        events.append([f"id: {chunk.seq}", "event: chunk", f"data: {data}"])
     if page.done:
         data = json.dumps({"status": page.status, "reason": page.reason, "result": page.result})
-        lines += [f"id: {page.next_after}", "event: done", f"data: {data}", ""]
-    return "\n".join(lines) + "\n"
+        events.append([f"id: {page.next_after}", "event: done", f"data: {data}"])
+    if not events:
+        # Nothing new within the wait: a comment, so the client just reconnects.
+        events.append([": no new chunks yet"])
+    # ``retry`` rides on the first event: a block of its own reaches some clients as
+    # an empty message.
+    events[0].insert(0, f"retry: {retry_ms}")
+    return "".join("\n".join(lines) + "\n\n" for lines in events)
 
 
 def worker_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
