@@ -217,3 +217,20 @@ def test_the_sweep_and_tenant_erasure_remove_drafts(
     report = Sweeper(store, clock=clock.now).erase("tenant-a")
     assert report.complete and report.conversations_removed >= 1
     assert _draft_items(store, "erased") == []
+
+
+def test_running_turn_finds_the_draft_being_written(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    key = ConversationKey(tenant="tenant-a", conversation_id="c1")
+    assert drafts.running_turn(store, key, 0) is None
+    w = writer(store, clock, turn=1)
+    w.begin()
+    found = drafts.running_turn(store, key, 0)  # a first turn: nothing committed yet
+    assert found is not None and found.turn == 1
+    w.finish({})
+    assert drafts.running_turn(store, key, 1) is None
+    again = writer(store, clock, turn=1, kind="approval")
+    again.begin()  # an approval continuing turn 1
+    found = drafts.running_turn(store, key, 1)
+    assert found is not None and (found.turn, found.kind) == (1, "approval")

@@ -228,6 +228,22 @@ def request_cancel(
     return True
 
 
+def running_turn(
+    store: ConversationStore, key: ConversationKey, head_turn: int
+) -> DraftState | None:
+    """The draft being written now, if any: a new turn (``head_turn + 1``, not committed
+    yet) or the head's own turn continued by an approval. For a cancel route: pass the
+    returned state's ``turn`` to :func:`request_cancel`.
+    """
+    for turn in (head_turn + 1, head_turn):
+        if turn < 1:
+            continue
+        state = read_state(store, key, turn)
+        if state is not None and not state.done:
+            return state
+    return None
+
+
 @dataclass
 class DraftWriter:
     """Writes one run of a turn's draft: batched chunks, then the final state.
