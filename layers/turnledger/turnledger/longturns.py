@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal
@@ -233,7 +234,7 @@ def accept(
     conversation_id: str,
     kind: RouteKind,
     request: TurnRequest | ApprovalRequest,
-    invoke: Any,
+    invoke: Callable[[dict[str, Any]], None],
 ) -> AsyncTurnAccepted:
     """Accept a long turn: check it, mark its draft in progress, start the worker.
 
