@@ -13,13 +13,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import coldstart, context, providers, turns
+from bench import coldstart, context, providers, streaming, turns
 
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "turns": turns.main,
     "coldstart": coldstart.main,
     "providers": providers.main,
     "context": context.main,
+    "streaming": streaming.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

@@ -15,7 +15,9 @@ so botocore raises the same ``ClientError`` it raises for the real service::
 from __future__ import annotations
 
 import json
+import struct
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,8 +31,84 @@ Responder = Scripted | Callable[[RecordedRequest], Scripted]
 
 
 def model_id(request: RecordedRequest) -> str:
-    """The model id of a ``/model/{id}/converse`` request."""
-    return unquote(request.path.removeprefix("/model/").removesuffix("/converse"))
+    """The model id of a ``/model/{id}/converse`` (or ``/converse-stream``) request."""
+    path = request.path.removeprefix("/model/").removesuffix("/converse-stream")
+    return unquote(path.removesuffix("/converse"))
+
+
+#: ``ConverseStream``'s path suffix; its answer is an AWS event stream.
+STREAM_SUFFIX = "/converse-stream"
+EVENT_STREAM = "application/vnd.amazon.eventstream"
+
+
+def _header(name: str, value: str) -> bytes:
+    raw_name, raw_value = name.encode(), value.encode()
+    return (
+        struct.pack("B", len(raw_name))
+        + raw_name
+        + struct.pack("!BH", 7, len(raw_value))  # 7: a string value
+        + raw_value
+    )
+
+
+def event_message(event_type: str, payload: dict[str, Any], *, exception: bool = False) -> bytes:
+    """One message of the AWS event stream encoding (what botocore decodes)."""
+    kind = "exception" if exception else "event"
+    headers = (
+        _header(":event-type" if not exception else ":exception-type", event_type)
+        + _header(":content-type", "application/json")
+        + _header(":message-type", kind)
+    )
+    body = json.dumps(payload).encode()
+    total = 12 + len(headers) + len(body) + 4
+    prelude = struct.pack("!II", total, len(headers))
+    prelude += struct.pack("!I", zlib.crc32(prelude))
+    message = prelude + headers + body
+    return message + struct.pack("!I", zlib.crc32(message))
+
+
+def stream_events(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The ``ConverseStream`` events a ``converse`` answer is streamed as: text word by
+    word, each tool's input JSON in two pieces, then the stop reason and the usage."""
+    events: list[tuple[str, dict[str, Any]]] = [("messageStart", {"role": "assistant"})]
+    for index, block in enumerate(body["output"]["message"]["content"]):
+        if "text" in block:
+            words = block["text"].split(" ")
+            for i, word in enumerate(words):
+                delta = {"text": word if i == 0 else " " + word}
+                events.append(("contentBlockDelta", {"contentBlockIndex": index, "delta": delta}))
+        else:
+            use = block["toolUse"]
+            start = {"toolUse": {"toolUseId": use["toolUseId"], "name": use["name"]}}
+            events.append(("contentBlockStart", {"contentBlockIndex": index, "start": start}))
+            raw = json.dumps(use["input"])
+            for piece in (raw[: len(raw) // 2], raw[len(raw) // 2 :]):
+                delta = {"toolUse": {"input": piece}}
+                events.append(("contentBlockDelta", {"contentBlockIndex": index, "delta": delta}))
+        events.append(("contentBlockStop", {"contentBlockIndex": index}))
+    events.append(("messageStop", {"stopReason": body["stopReason"]}))
+    events.append(("metadata", {"usage": body["usage"], "metrics": {"latencyMs": 1}}))
+    return events
+
+
+def streamed(reply: Scripted) -> Scripted:
+    """A JSON ``converse`` answer as ``ConverseStream`` sends it; others stay as they are."""
+    if reply.content_type != "application/json" or not 200 <= reply.status < 300:
+        return reply
+    messages = b"".join(
+        event_message(kind, payload) for kind, payload in stream_events(json.loads(reply.body))
+    )
+    return Scripted(reply.status, messages, reply.headers, EVENT_STREAM)
+
+
+def failing_stream(text: str, code: str = "internalServerException") -> Scripted:
+    """A stream that writes ``text`` and then sends an exception event, as Bedrock does
+    when the model fails mid-answer."""
+    messages = event_message("messageStart", {"role": "assistant"}) + event_message(
+        "contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": text}}
+    )
+    messages += event_message(code, {"message": "the model failed mid-answer"}, exception=True)
+    return Scripted(200, messages, {}, EVENT_STREAM)
 
 
 def converse_body(
@@ -168,7 +246,8 @@ class FakeBedrock:
     def _answer(self, request: RecordedRequest) -> Scripted:
         with self._lock:
             self._requests.append(request)
-            if not (request.path.startswith("/model/") and request.path.endswith("/converse")):
+            known = request.path.endswith("/converse") or request.path.endswith(STREAM_SUFFIX)
+            if not (request.path.startswith("/model/") and known):
                 return bedrock_error(
                     404, "UnknownOperationException", "FakeBedrock serves Converse"
                 )
@@ -178,4 +257,6 @@ class FakeBedrock:
         reply = responder(request) if callable(responder) else responder
         if reply.delay:
             self._closed.wait(reply.delay)
+        if request.path.endswith(STREAM_SUFFIX):
+            return streamed(reply)
         return reply

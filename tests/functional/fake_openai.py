@@ -213,6 +213,109 @@ def delayed(reply: Scripted, seconds: float) -> Scripted:
     return Scripted(reply.status, reply.body, reply.headers, reply.content_type, seconds)
 
 
+def _wants_stream(request: RecordedRequest) -> bool:
+    try:
+        body = request.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("stream") is True
+
+
+def _sse(events: list[tuple[str | None, Any]]) -> bytes:
+    lines: list[str] = []
+    for event, data in events:
+        if event is not None:
+            lines.append(f"event: {event}")
+        lines += [f"data: {data if isinstance(data, str) else json.dumps(data)}", ""]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` in word-sized deltas that join to exactly it."""
+    words = text.split(" ")
+    return [word if i == 0 else " " + word for i, word in enumerate(words)]
+
+
+def streamed(reply: Scripted, *, responses: bool) -> Scripted:
+    """A JSON answer as OpenAI streams it (``stream: true``); SSE answers stay as they are.
+
+    Chat Completions: ``chat.completion.chunk`` events (text word by word, each tool
+    call's name then its arguments in two pieces), the usage in a last chunk, ``[DONE]``.
+    Responses: ``response.created``, ``response.output_text.delta`` per word, then
+    ``response.completed`` with the whole response (``response.failed`` for a failed one).
+    """
+    if reply.content_type != "application/json":
+        return reply
+    body = json.loads(reply.body)
+    events: list[tuple[str | None, Any]] = []
+    if responses:
+        events.append(("response.created", {"type": "response.created", "response": body}))
+        for item in body.get("output", []):
+            for part in item.get("content") or []:
+                if part.get("type") == "output_text":
+                    for piece in _pieces(part.get("text") or ""):
+                        delta = {"type": "response.output_text.delta", "delta": piece}
+                        events.append(("response.output_text.delta", delta))
+        done = "response.failed" if body.get("status") == "failed" else "response.completed"
+        events.append((done, {"type": done, "response": body}))
+    else:
+        message = body["choices"][0]["message"]
+        base = {"id": body.get("id"), "object": "chat.completion.chunk", "model": body["model"]}
+
+        def chunk(delta: dict[str, Any]) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": delta}]}
+
+        events.append((None, chunk({"role": "assistant", "content": ""})))
+        for piece in _pieces(message.get("content") or "") if message.get("content") else []:
+            events.append((None, chunk({"content": piece})))
+        for index, call in enumerate(message.get("tool_calls") or []):
+            arguments = call["function"]["arguments"]
+            half = len(arguments) // 2
+            head = {"index": index, "id": call["id"], "type": "function"}
+            events.append(
+                (
+                    None,
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    **head,
+                                    "function": {
+                                        "name": call["function"]["name"],
+                                        "arguments": arguments[:half],
+                                    },
+                                }
+                            ]
+                        }
+                    ),
+                )
+            )
+            events.append(
+                (
+                    None,
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {"index": index, "function": {"arguments": arguments[half:]}}
+                            ]
+                        }
+                    ),
+                )
+            )
+        events.append((None, {**base, "choices": [], "usage": body.get("usage")}))
+        events.append((None, "[DONE]"))
+    return Scripted(reply.status, _sse(events), reply.headers, "text/event-stream")
+
+
+def broken_stream(*texts: str) -> Scripted:
+    """A chat stream that sends ``texts`` as deltas and then ends without ``[DONE]``."""
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": "fake-model"}
+    events: list[tuple[str | None, Any]] = [
+        (None, {**base, "choices": [{"index": 0, "delta": {"content": text}}]}) for text in texts
+    ]
+    return Scripted(200, _sse(events), {}, "text/event-stream")
+
+
 #: Answer nothing until the server closes: every client attempt times out.
 HANG = delayed(error_reply(503, "the fake server was closed while hanging"), 60.0)
 
@@ -356,7 +459,9 @@ class FakeOpenAI:
         if reply.delay:
             self._closed.wait(reply.delay)
         if route == ("POST", RESPONSES_PATH) and 200 <= reply.status < 300:
-            return self._keep(request, reply, context)
+            reply = self._keep(request, reply, context)
+        if _wants_stream(request) and 200 <= reply.status < 300:
+            return streamed(reply, responses=route == ("POST", RESPONSES_PATH))
         return reply
 
     def _context_of(self, request: RecordedRequest) -> list[dict[str, Any]] | Scripted:

@@ -178,3 +178,24 @@ def test_each_sample_event_gets_its_documented_answer(
     document = call("read", load_event("openapi"))
     assert document["statusCode"] == 200
     assert body(document)["info"]["title"] == "turnledger"
+
+
+def test_the_turn_worker_sample_runs_a_long_turn_that_the_reads_follow(
+    invoke: tuple[Invoke, HttpSink], load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """turn-worker (the event the turn function sends, Prefer: respond-async) → the
+    turn runs and its draft is done; get-turn → the final response; get-turn-stream →
+    every chunk and ``done``."""
+    call, _ = invoke
+    ran = call("worker", load_event("turn-worker"))
+    assert ran == {"turn": 1, "status": "done"}
+    final = call("read", load_event("get-turn"))
+    assert final["statusCode"] == 200
+    assert body(final)["output_text"] == "a long answer, streamed into the draft"
+    page = call("read", load_event("get-turn-stream"))
+    assert page["statusCode"] == 200
+    streamed = body(page)
+    assert streamed["done"] and streamed["status"] == "done"
+    assert "".join(c["text"] for c in streamed["chunks"]) == body(final)["output_text"]
+    # A retried invocation (Lambda retries asynchronous events) runs nothing again.
+    assert call("worker", load_event("turn-worker"))["skipped"] is True

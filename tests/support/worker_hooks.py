@@ -106,3 +106,28 @@ def die_in_tools() -> None:
         os._exit(70)
 
     ToolRunner.run = run  # type: ignore[method-assign]
+#: An input holding this fails after part of its answer streamed (``demo_fails_mid_stream``).
+FAIL_MID_STREAM = "FAIL-MID-STREAM"
+
+
+def demo_fails_mid_stream() -> None:
+    """The demo model streams the first three words of an answer to an input holding
+    :data:`FAIL_MID_STREAM`, then fails as a dropped provider connection would."""
+    from turnledger.exceptions import ProviderError
+    from turnledger.providers.base import ModelReply, ModelRequest, TextSink
+    from turnledger.providers.demo import DemoProvider, stream_words
+
+    original = DemoProvider.stream
+
+    def stream(self: DemoProvider, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        last = next((m.content or "" for m in reversed(request.messages) if m.role == "user"), "")
+        if FAIL_MID_STREAM not in last:
+            return original(self, request, on_text)
+        reply = self.complete(request)
+        words = (reply.text or "").split(" ")
+        stream_words(" ".join(words[:3]), on_text, self.token_delay_ms)
+        raise ProviderError(
+            "the model provider failed", details={"provider_message": "connection reset"}
+        )
+
+    DemoProvider.stream = stream  # type: ignore[method-assign]

@@ -101,10 +101,10 @@ def _heavy(modules: list[str]) -> list[str]:
 
 
 def test_every_function_of_the_template_is_checked() -> None:
-    assert set(_folders()) == {"turn", "read", "clear", "approve", "sweep"}
+    assert set(_folders()) == {"turn", "read", "clear", "approve", "sweep", "worker"}
 
 
-@pytest.mark.parametrize("name", ["turn", "read", "clear", "approve", "sweep"])
+@pytest.mark.parametrize("name", ["turn", "read", "clear", "approve", "sweep", "worker"])
 def test_a_cold_import_loads_no_heavy_module(name: str) -> None:
     found = _probe(_folders()[name], {})
     assert _heavy(found["after_import"]) == []

@@ -52,6 +52,8 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/callbacks/{token}", "ApproveFunction"),
     ("GET", "/v1/approvals", "ReadFunction"),
     ("GET", "/approvals", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/turns/{turn}", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/turns/{turn}/stream", "ReadFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.config``).
@@ -140,7 +142,7 @@ def test_callback_signing_key_is_a_generated_secret(template: dict[str, Any]) ->
     secret = template["Resources"]["CallbackSigningSecret"]
     assert secret["Type"] == "AWS::SecretsManager::Secret"
     assert secret["Properties"]["GenerateSecretString"]["PasswordLength"] >= 32
-    for name in ("TurnFunction", "ApproveFunction"):
+    for name in ("TurnFunction", "ApproveFunction", "TurnWorkerFunction"):
         variables = props(template, name)["Environment"]["Variables"]
         assert variables["CALLBACK_SECRET_ARN"] == {"Ref": "CallbackSigningSecret"}
         assert "PUBLIC_BASE_URL" in variables
@@ -169,6 +171,7 @@ def test_every_function_has_its_own_thin_handler(template: dict[str, Any]) -> No
         "ReadFunction",
         "ClearFunction",
         "SweepFunction",
+        "TurnWorkerFunction",
     }
     code_uris = [spec.code_uri for spec in specs.values()]
     assert len(set(code_uris)) == len(code_uris)
@@ -294,7 +297,7 @@ def test_only_turn_and_approve_reach_secrets_and_tools(
 ) -> None:
     for function in functions(template):
         names = policy_names(template, function)
-        model_caller = function in {"TurnFunction", "ApproveFunction"}
+        model_caller = function in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}
         # The sweep reads one secret: the notify webhooks' (it tells of expiries it records).
         reads_secret = model_caller or function == "SweepFunction"
         assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is reads_secret, function
@@ -353,13 +356,19 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
             for policy in props(template, function).get("Policies") or []
             if "Fn::If" in policy and policy["Fn::If"][0] == "HasBedrockModelIds"
         ]
-        if function not in {"TurnFunction", "ApproveFunction"}:
+        if function not in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}:
             assert conditional == [], function
             continue
         [(_, when, otherwise)] = conditional
         assert otherwise == {"Ref": "AWS::NoValue"}
         [statement] = when["Statement"]
-        assert (statement["Effect"], statement["Action"]) == ("Allow", "bedrock:InvokeModel")
+        # The worker streams (ConverseStream is authorized as InvokeModelWithResponseStream).
+        expected: Any = (
+            ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+            if function == "TurnWorkerFunction"
+            else "bedrock:InvokeModel"
+        )
+        assert (statement["Effect"], statement["Action"]) == ("Allow", expected)
         assert statement["Resource"] == {
             "Fn::Split": [
                 ",",
@@ -377,11 +386,15 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
 
 #: The functions serving one tenant's requests: they reach data only through TenantAccessRole.
 API_FUNCTIONS = ("TurnFunction", "ApproveFunction", "ReadFunction", "ClearFunction")
+#: ... and the turn worker, which runs a tenant's long turns (issue 13).
+TENANT_FUNCTIONS = (*API_FUNCTIONS, "TurnWorkerFunction")
 #: SAM policy templates a function may use. DynamoDBCrudPolicy/DynamoDBReadPolicy grant Scan;
 #: S3CrudPolicy/S3ReadPolicy grant bucket configuration (lifecycle, location).
 ALLOWED_POLICY_TEMPLATES = {
     "AWSSecretsManagerGetSecretValuePolicy",
     "SSMParameterWithSlashPrefixReadPolicy",
+    # Only the turn worker's function, by name (the turn and approval functions start it).
+    "LambdaInvokePolicy",
 }
 #: Every data action any policy may allow.
 ALLOWED_DATA_ACTIONS = (
@@ -449,7 +462,7 @@ def test_tenant_role_is_assumed_only_by_the_api_functions_with_a_tenant_tag(
     [trust] = role["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Effect"] == "Allow"
     assert sorted(trust["Principal"]["AWS"], key=str) == sorted(
-        ({"Fn::GetAtt": f"{f}Role.Arn"} for f in API_FUNCTIONS), key=str
+        ({"Fn::GetAtt": f"{f}Role.Arn"} for f in TENANT_FUNCTIONS), key=str
     )
     assert sorted(actions(trust)) == ["sts:AssumeRole", "sts:TagSession"]
     condition = trust["Condition"]
@@ -500,12 +513,14 @@ def test_api_functions_reach_data_only_through_the_tenant_role(
     template: dict[str, Any],
 ) -> None:
     assume = props(template, "TenantAccessAssumePolicy")
-    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(f"{f}Role" for f in API_FUNCTIONS)
+    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(
+        f"{f}Role" for f in TENANT_FUNCTIONS
+    )
     [statement] = assume["PolicyDocument"]["Statement"]
     assert sorted(actions(statement)) == ["sts:AssumeRole", "sts:TagSession"]
     assert statement["Resource"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}
     statements = statements_of(template)
-    for function in API_FUNCTIONS:
+    for function in TENANT_FUNCTIONS:
         assert resource(template, function)["DependsOn"] == "TenantAccessAssumePolicy"
         variables = props(template, function)["Environment"]["Variables"]
         assert variables["TENANT_ROLE_ARN"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}
@@ -711,6 +726,8 @@ API_EVENTS = [
     "callback.json",
     "list-approvals.json",
     "approvals-page.json",
+    "get-turn.json",
+    "get-turn-stream.json",
 ]
 
 
@@ -767,7 +784,7 @@ def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any
             for statement in policy.get("Statement", [])
             if "events:PutEvents" in actions(statement)
         ]
-        if function in {"TurnFunction", "ApproveFunction", "SweepFunction"}:
+        if function in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction", "SweepFunction"}:
             assert [s["Resource"] for s in publishing] == [
                 {"Fn::GetAtt": "NotificationsBus.Arn"}
             ], function

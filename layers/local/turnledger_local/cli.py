@@ -164,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="execution environments (processes) per function; more requests queue (%(default)s)",
     )
+    streaming = local.add_argument_group("long and streamed turns (Prefer: respond-async)")
+    streaming.add_argument(
+        "--demo-token-delay-ms",
+        type=_non_negative,
+        metavar="MS",
+        help="the demo models wait this long before each streamed word (default: 0)",
+    )
     from .transfer_cli import add_commands
 
     add_commands(commands)
@@ -177,6 +184,7 @@ def _context_env(args: argparse.Namespace) -> dict[str, str]:
         "CONVERSATION_TOKEN_BUDGET": args.conversation_token_budget,
         "TURN_TOKEN_BUDGET": args.turn_token_budget,
         "REDACTION_FILE": args.redaction.resolve() if args.redaction else None,
+        "DEMO_TOKEN_DELAY_MS": getattr(args, "demo_token_delay_ms", None),
     }
     return {name: str(value) for name, value in flags.items() if value is not None}
 

@@ -24,8 +24,10 @@ is a stand-in tool endpoint that answers what it was sent.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -33,13 +35,13 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import boto3
 from turnledger.strict_json import BodyError, parse_object
@@ -70,6 +72,16 @@ from .workers import Boot, FunctionBoot, FunctionPool, InvocationFailed, WorkerE
 # root handlers, every record of a logger whose name contains "turnledger".
 logger = logging.getLogger("local_runner")
 
+#: The long turns' stream route, which the runner streams live as server-sent events.
+LIVE_STREAM_SUFFIX = "/turns/{turn}/stream"
+#: Each long poll the live stream makes (the route's own limit).
+LIVE_POLL_WAIT_SECONDS = 20
+#: The ``retry`` a live stream tells clients (milliseconds before reconnecting).
+LIVE_RETRY_MS = 1000
+#: The template's long-turn worker (invoked asynchronously through ``_LAMBDA_INVOKE``).
+TURN_WORKER = "TurnWorkerFunction"
+#: Lambda's Invoke API path, served for the template's functions.
+_LAMBDA_INVOKE = re.compile(r"/2015-03-31/functions/(?P<name>[^/]+)/invocations")
 #: A local stand-in tool endpoint (see ``_echo``).
 ECHO_PATH = "/_local/echo"
 #: Where the functions send approval notifications locally (POST), and where the last
@@ -263,6 +275,8 @@ class LocalRunner:
         wanted = {route.function for route in routes(self._template)}
         if self._sweep is not None:
             wanted.add(self._sweep.name)
+        if TURN_WORKER in self._functions:
+            wanted.add(TURN_WORKER)  # invoked through the Lambda Invoke API path below
         boots: list[FunctionBoot] = []
         for name in sorted(wanted):
             spec = self._functions[name]
@@ -316,6 +330,11 @@ class LocalRunner:
         state = self._scratch / "demo-state"
         state.mkdir()
         files = {"DEMO_STATE_DIR": str(state), **self._callback_settings()}
+        if TURN_WORKER in self._functions:
+            # Long turns: the functions start the worker through Lambda's Invoke API,
+            # which this runner serves (``_lambda_invoke``), as Lambda would run it.
+            files["TURN_WORKER_FUNCTION"] = TURN_WORKER
+            files["AWS_ENDPOINT_URL_LAMBDA"] = self.url
         tools = self.config.tools_file
         if tools is not None and tools.is_file():
             text = tools.read_text(encoding="utf-8")
@@ -445,6 +464,9 @@ class LocalRunner:
         try:
             if request.raw_path.startswith(_LOCAL_PREFIX):
                 return self._local(request)
+            invoked = _LAMBDA_INVOKE.fullmatch(request.raw_path)
+            if invoked is not None and request.method.upper() == "POST":
+                return self._lambda_invoke(unquote(invoked["name"]), request)
             route, path_parameters = self._routes.resolve(request.method, request.raw_path)
             claims = (
                 authenticate(request.header("authorization"), self.config.tenant_claim)
@@ -480,6 +502,119 @@ class LocalRunner:
                     elapsed,
                     spec.timeout_seconds,
                 )
+
+    def live_events(self, request: HttpRequest) -> HttpResponse | Iterator[bytes] | None:
+        """Server-sent events of a long turn, written as the turn goes (``None``: not one).
+
+        Deployed, API Gateway's HTTP API buffers a response whole, so the stream route's
+        own SSE answer arrives when it ends. Here the runner plays a front door that
+        passes streams through: for ``GET .../turns/{n}/stream`` with ``Accept:
+        text/event-stream`` it long-polls the route's JSON form through the function
+        (as any client could) and writes each chunk as an event at once, until the
+        turn ends or the client goes away. ``Last-Event-ID`` (or ``after``) says where
+        to start. An error answer of the first poll is returned as it is.
+        """
+        if request.method.upper() != "GET" or "text/event-stream" not in (
+            request.header("accept") or ""
+        ):
+            return None
+        try:
+            route, path_parameters = self._routes.resolve(request.method, request.raw_path)
+        except GatewayError:
+            return None
+        if not route.path.endswith(LIVE_STREAM_SUFFIX):
+            return None
+        try:
+            claims = authenticate(request.header("authorization"), self.config.tenant_claim)
+        except GatewayError as exc:
+            return exc.to_response()
+        query = dict(parse_qsl(request.raw_query))
+        last_event_id = request.header("last-event-id")
+        after = last_event_id if last_event_id is not None else query.get("after", "0")
+
+        def poll(after: str) -> HttpResponse:
+            kept = [
+                (name, value)
+                for name, value in request.headers
+                if name.lower() not in {"accept", "last-event-id"}
+            ]
+            headers = (*kept, ("accept", "application/json"))
+            polled = replace(
+                request,
+                headers=headers,
+                raw_query=urlencode({"after": after, "wait": LIVE_POLL_WAIT_SECONDS}),
+            )
+            event = build_event(polled, route, path_parameters, claims)
+            return to_http(self._invoke(route.function, event))
+
+        try:
+            first = poll(after)
+        except GatewayError as exc:
+            return exc.to_response()
+        if first.status != 200:
+            return first
+
+        def events() -> Iterator[bytes]:
+            # ``retry`` rides on the first event: a block of its own would reach some
+            # clients as an empty message.
+            retry = f"retry: {LIVE_RETRY_MS}\n"
+            page = first
+            while True:
+                body = json.loads(page.body)
+                for chunk in body["chunks"]:
+                    data = json.dumps({"seq": chunk["seq"], "text": chunk["text"]})
+                    yield f"{retry}id: {chunk['seq']}\nevent: chunk\ndata: {data}\n\n".encode()
+                    retry = ""
+                if body["done"]:
+                    end = json.dumps({k: body[k] for k in ("status", "reason", "result")})
+                    yield f"{retry}id: {body['next_after']}\nevent: done\ndata: {end}\n\n".encode()
+                    return
+                try:
+                    page = poll(str(body["next_after"]))
+                except GatewayError:
+                    return  # the function failed or the runner stops: the client reconnects
+                if page.status != 200:
+                    return  # the conversation went away meanwhile: the client reconnects
+
+        return events()
+
+    def _lambda_invoke(self, name: str, request: HttpRequest) -> HttpResponse:
+        """Lambda's Invoke API for the template's own functions (the turn worker).
+
+        ``X-Amz-Invocation-Type: Event`` answers ``202`` at once and runs the function
+        in the background, in its own execution environment, as Lambda's event queue
+        would (without its retries); otherwise the function's result is the answer.
+        Only loopback clients reach it (the runner serves loopback unless told otherwise).
+        """
+        function = name.rsplit(":", 1)[-1]
+        if function not in self._pools:
+            error = {"Type": "User", "message": f"Function not found: {name}"}
+            return HttpResponse.json(404, error, headers={"x-amzn-errortype": "ResourceNotFound"})
+        event = _json_object(request.body or b"{}")
+        if (request.header("x-amz-invocation-type") or "RequestResponse") == "Event":
+            thread = threading.Thread(
+                target=self._invoke_in_background,
+                args=(function, event),
+                name=f"invoke-{function}",
+                daemon=True,
+            )
+            thread.start()
+            return HttpResponse(status=202)
+        try:
+            result = self._invoke(function, event)
+        except GatewayError as exc:
+            return HttpResponse.json(
+                200,
+                {"errorType": exc.code, "errorMessage": exc.message},
+                headers={"x-amz-function-error": "Unhandled"},
+            )
+        return HttpResponse.json(200, result)
+
+    def _invoke_in_background(self, function: str, event: dict[str, Any]) -> None:
+        try:
+            self._invoke(function, event)
+        except GatewayError as exc:
+            logger.error("%s (asynchronous invocation) failed: %s", function, exc.message)
 
     def _local(self, request: HttpRequest) -> HttpResponse:
         if request.raw_path == ECHO_PATH and request.method.upper() == "POST":
@@ -598,7 +733,28 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except GatewayError as exc:
             self._write(exc.to_response())
             return
-        self._write(self.server.runner.handle(request))
+        live = self.server.runner.live_events(request)
+        if isinstance(live, HttpResponse):
+            self._write(live)
+        elif live is not None:
+            self._write_live(live)
+        else:
+            self._write(self.server.runner.handle(request))
+
+    def _write_live(self, events: Iterator[bytes]) -> None:
+        """Write server-sent events as they come; the connection ends with the stream."""
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.end_headers()
+        try:
+            for piece in events:
+                self.wfile.write(piece)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away: it resumes with Last-Event-ID
 
     def _read_request(self) -> HttpRequest:
         target = urlsplit(self.path)

@@ -52,6 +52,14 @@ Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, `
 | ``DEMO_STATE_DIR`` | (none: memory) | where ``demo-stateful`` keeps state (shared by processes) |
 | ``STORE`` | ``dynamodb`` | ``sqlite``: conversations in ``DATA_DIR`` (``local --data-dir``) |
 | ``DATA_DIR`` | (none) | the folder of the SQLite store: database file and offloaded payloads |
+
+Long and streamed turns (``Prefer: respond-async``):
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``TURN_WORKER_FUNCTION`` | (none: async turns refused) | the function async turns run in |
+| ``DRAFT_FLUSH_MS``, ``_CHARS`` | ``250``, ``400`` | a draft chunk at most this often, or size |
+| ``DEMO_TOKEN_DELAY_MS`` | ``0`` | the demo models wait this long before each streamed word |
 """
 
 from __future__ import annotations
@@ -220,6 +228,14 @@ class Settings:
     #: table and bucket access of that tenant's requests (``None``: the process's own
     #: credentials, as the local runner and tests use).
     tenant_role_arn: str | None = None
+    # --- long and streamed turns (drafts.py, longturns.py) ---
+    #: The demo models wait this long before each streamed word (a slow model).
+    demo_token_delay_ms: int = 0
+    #: A draft chunk is stored at most this often, or once this many characters wait.
+    draft_flush_ms: int = 250
+    draft_flush_chars: int = 400
+    #: The function that runs ``Prefer: respond-async`` turns (invoked asynchronously).
+    turn_worker_function: str | None = None
 
     @property
     def allowed_providers(self) -> tuple[str, ...]:
@@ -329,4 +345,8 @@ class Settings:
             store=env.get("STORE") or cls.store,
             data_dir=opt("DATA_DIR"),
             tenant_role_arn=opt("TENANT_ROLE_ARN"),
+            demo_token_delay_ms=_int(env, "DEMO_TOKEN_DELAY_MS", cls.demo_token_delay_ms),
+            draft_flush_ms=_int(env, "DRAFT_FLUSH_MS", cls.draft_flush_ms),
+            draft_flush_chars=_int(env, "DRAFT_FLUSH_CHARS", cls.draft_flush_chars),
+            turn_worker_function=opt("TURN_WORKER_FUNCTION"),
         )

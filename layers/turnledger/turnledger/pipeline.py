@@ -45,6 +45,7 @@ from .context import (
     text_sha256,
     turns_to_compact,
 )
+from .drafts import model_reply
 from .exceptions import (
     ApprovalPending,
     BudgetExceeded,
@@ -786,7 +787,8 @@ class Conversations:
         started = time.perf_counter()
         try:
             with timed("ModelLatency"):
-                reply = provider.complete(
+                reply = model_reply(
+                    provider,
                     ModelRequest(
                         model=work.model,
                         messages=assembly.messages,
@@ -798,7 +800,7 @@ class Conversations:
                         else None,
                         continuation=continuation,
                         store=provider.stateful,
-                    )
+                    ),
                 )
             if work.response_format and not reply.tool_calls:
                 _json_answer(reply)  # an answer that is not JSON is the provider's failure

@@ -53,6 +53,7 @@ from ..schemas import (
 )
 from ..strict_json import BodyError, parse_object
 from .idempotency import idempotent
+from .streaming import ASYNC_ANSWER, AsyncTurnAccepted, accept_async, prefers_async
 
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 #: A usable tenant claim: 1-128 of ``A-Z a-z 0-9 . _ : @ + = , -``. Anything else (a
@@ -177,29 +178,40 @@ def _answer_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/turns",
-    responses=_responses(TurnResponse, 400, 401, 409, 413, 422, 502, 503, 504),
+    responses=_responses(TurnResponse, 400, 401, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
 )
 def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
-) -> TurnResponse:
-    """Run one turn: append the input, call the model, run or pause tools, persist, answer."""
-    return _answer_turn(
+) -> Response[TurnResponse | AsyncTurnAccepted]:
+    """Run one turn: append the input, call the model, run or pause tools, persist, answer.
+
+    With ``Prefer: respond-async``: ``202`` at once, the turn runs in the turn worker.
+    """
+    if prefers_async(app.current_event.headers.get("prefer")):
+        return accept_async(conversation_id, "turn", request)
+    answer = _answer_turn(
         conversation_id,
         "turns",
         request,
         lambda who: get_runtime().conversations_for(who.tenant).turn(who, conversation_id, request),
     )
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
 
 
 @app.post(
     "/v1/conversations/<conversation_id>/approvals",
-    responses=_responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 503, 504),
+    responses=_responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
 )
 def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
-) -> TurnResponse:
-    """Decide pending tool calls; continue the turn when none is left undecided."""
-    return _answer_turn(
+) -> Response[TurnResponse | AsyncTurnAccepted]:
+    """Decide pending tool calls; continue the turn when none is left undecided.
+
+    With ``Prefer: respond-async``: ``202`` at once, the turn goes on in the turn worker.
+    """
+    if prefers_async(app.current_event.headers.get("prefer")):
+        return accept_async(conversation_id, "approval", request)
+    answer = _answer_turn(
         conversation_id,
         "approvals",
         request,
@@ -207,6 +219,7 @@ def post_approvals(
             get_runtime().conversations_for(who.tenant).approve(who, conversation_id, request)
         ),
     )
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
 
 
 @app.get(
@@ -380,7 +393,7 @@ def _domain_error(exc: TurnledgerError) -> Response[str]:
 @app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError) -> Response[str]:
     errors = list(exc.errors())
-    if any(tuple(e.get("loc", ()))[:1] == ("path",) for e in errors):
+    if any(tuple(e.get("loc", ()))[:2] == ("path", "conversation_id") for e in errors):
         return _error(
             InvalidConversationId(
                 "conversation_id must be 1-128 characters of A-Z a-z 0-9 . _ : - "
@@ -532,6 +545,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         return app.resolve(event, context)
 
 
-# The OpenAI-compatible face and the routes of waiting turns (cancel, callbacks) add
-# their routes to ``app`` (they import the names above).
-from . import openai_face, waits  # noqa: E402, F401
+# The OpenAI-compatible face, the routes of waiting turns (cancel, callbacks) and long
+# turns' reads (``GET .../turns/{n}[/stream]``) add their routes to ``app`` (they import
+# the names above).
+from . import openai_face, streaming_routes, waits  # noqa: E402, F401

@@ -55,6 +55,9 @@ class ToolSpec(BaseModel):
 
 ProviderState = Literal["fresh", "continued", "fallback"]
 
+#: Takes each piece of an answer's text as a streaming provider receives it.
+TextSink = Callable[[str], None]
+
 #: Returns the API key of an HTTP provider, called per request (``None``: send none).
 ApiKeyProvider = Callable[[], str | None]
 
@@ -157,6 +160,23 @@ class Provider(ABC):
             ProviderTimeout: the provider did not answer in time (after retries).
             ProviderError: the provider failed or answered something unusable.
         """
+
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        """Ask the model for the next message, handing its text to ``on_text`` as it comes.
+
+        Returns the whole reply, as :meth:`complete` does; the pieces given to
+        ``on_text`` are its text in order. The default calls :meth:`complete` and
+        hands the text over once; a provider that can stream overrides this.
+        ``on_text`` may raise (a cancel): the exception goes through unchanged.
+
+        Raises:
+            ProviderTimeout: the provider did not answer in time (after retries).
+            ProviderError: the provider failed or answered something unusable.
+        """
+        reply = self.complete(request)
+        if reply.text:
+            on_text(reply.text)
+        return reply
 
     def estimate_tokens(self, text: str) -> int:
         """A conservative estimate of the tokens ``text`` costs this provider's models.

@@ -74,7 +74,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .. import deadline
 from ..exceptions import ProviderError, ProviderTimeout
 from ..models import ToolCall, Usage
-from .base import Message, ModelReply, ModelRequest, Provider, ResponseFormat, ToolSpec
+from .base import (
+    Message,
+    ModelReply,
+    ModelRequest,
+    Provider,
+    ResponseFormat,
+    TextSink,
+    ToolSpec,
+)
 from .call_ids import BEDROCK_CALL_ID, CallIdMap
 from .history import build_strict_history
 from .retry import Backoff
@@ -511,6 +519,54 @@ class BedrockConverseProvider(Provider):
                 continue
             return parse_reply(response, call, request.model)
 
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        """Send ``request`` to ``converse_stream``; hand each text delta to ``on_text``.
+
+        The events (content block starts and deltas, the stop reason, the usage
+        metadata) are assembled into the ``converse`` response they stand for and
+        mapped by :func:`parse_reply`. In JSON tool mode the answer is the forced
+        tool's input, handed over whole at the end. Only the call that opens the
+        stream is retried; an error event or a broken stream fails the call.
+
+        Raises:
+            ProviderTimeout, ProviderError: as :meth:`complete`.
+        """
+        call = converse_call(request, max_tokens=self.max_tokens, json_mode=self.json_mode)
+        sink = on_text if call.json_tool is None else None
+        attempt = 0
+        while True:
+            attempt += 1
+            client = self._client_for_attempt(attempt)
+            try:
+                opened = client.converse_stream(**call.params)
+            except ResponseParserError as exc:
+                raise ProviderError(
+                    "the model provider answered with an unusable body",
+                    details={"reason": "invalid_response", "attempts": attempt},
+                ) from exc
+            except (ClientError, BotoCoreError) as exc:
+                error, retry = _failure(exc)
+                left = deadline.remaining()
+                if not retry or attempt > self.max_retries or (left is not None and left <= 0):
+                    error.details["attempts"] = attempt
+                    raise error from exc
+                self._backoff.wait(attempt)
+                continue
+            break
+        try:
+            response = _assemble(opened["stream"], sink)
+        except ProviderError as exc:
+            exc.details["attempts"] = attempt
+            raise
+        except (ClientError, BotoCoreError) as exc:
+            error, _ = _failure(exc)  # the answer had begun: never sent again
+            error.details["attempts"] = attempt
+            raise error from exc
+        reply = parse_reply(response, call, request.model)
+        if sink is None and reply.text:
+            on_text(reply.text)
+        return reply
+
     def _client_for_attempt(self, attempt: int) -> BedrockRuntimeClient:
         """The client for one attempt, its read timeout cut to the request's time left.
 
@@ -553,3 +609,75 @@ class BedrockConverseProvider(Provider):
                 "could not set up the Bedrock client",
                 details={"reason": "client_unavailable", "error": type(exc).__name__},
             ) from exc
+
+
+def _assemble(events: Any, on_text: TextSink | None) -> dict[str, Any]:
+    """The ``converse`` response a ``converse_stream`` event stream stands for.
+
+    Raises:
+        ProviderError: an exception event, or a stream that ends before ``messageStop``.
+        ClientError, BotoCoreError: botocore's, from reading the stream.
+    """
+    blocks: dict[int, dict[str, Any]] = {}
+    stop_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    for event in events:
+        if "contentBlockStart" in event:
+            start = event["contentBlockStart"]
+            use = (start.get("start") or {}).get("toolUse")
+            if use is not None:
+                blocks[int(start.get("contentBlockIndex", len(blocks)))] = {
+                    "toolUse": {"toolUseId": use.get("toolUseId"), "name": use.get("name")},
+                    "input": "",
+                }
+        elif "contentBlockDelta" in event:
+            part = event["contentBlockDelta"]
+            index = int(part.get("contentBlockIndex", 0))
+            delta = part.get("delta") or {}
+            if "text" in delta:
+                block = blocks.setdefault(index, {"text": ""})
+                block["text"] = block.get("text", "") + delta["text"]
+                if on_text is not None and delta["text"]:
+                    on_text(delta["text"])
+            elif "toolUse" in delta:
+                block = blocks.setdefault(index, {"toolUse": {}, "input": ""})
+                block["input"] += (delta["toolUse"] or {}).get("input", "")
+        elif "messageStop" in event:
+            stop_reason = event["messageStop"].get("stopReason")
+        elif "metadata" in event:
+            usage = event["metadata"].get("usage")
+        elif any(name.endswith("Exception") for name in event):
+            # An exception event (the model failed mid-answer); botocore may raise instead.
+            failure = next(name for name in event if name.endswith("Exception"))
+            raise ProviderError(
+                "the model provider failed while streaming",
+                details={
+                    "reason": "stream_error",
+                    "provider_code": failure,
+                    "provider_message": str((event.get(failure) or {}).get("message", ""))[
+                        :_MESSAGE_LIMIT
+                    ],
+                },
+            )
+    if stop_reason is None:
+        raise ProviderError(
+            "the model provider's stream ended before it was done",
+            details={"reason": "stream_incomplete"},
+        )
+    content: list[dict[str, Any]] = []
+    for index in sorted(blocks):
+        block = blocks[index]
+        if "toolUse" in block:
+            raw = block["input"] or "{}"
+            try:
+                value: Any = json.loads(raw)
+            except ValueError:
+                value = raw  # kept as the call's raw arguments by parse_reply
+            content.append({"toolUse": {**block["toolUse"], "input": value}})
+        else:
+            content.append({"text": block.get("text", "")})
+    return {
+        "output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": stop_reason,
+        "usage": usage or {"inputTokens": 0, "outputTokens": 0, "totalTokens": 0},
+    }

@@ -35,16 +35,35 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 from ..exceptions import ProviderError
 from ..models import ToolCall, Usage
-from .base import Message, ModelReply, ModelRequest, Provider
+from .base import Message, ModelReply, ModelRequest, Provider, TextSink
 
 _TOOL_LINE = re.compile(r"/tool\s+(?P<name>\S+)(?:\s+(?P<arguments>.*))?", re.DOTALL)
 _ASKS_NAME = re.compile(r"what\s+is\s+my\s+name", re.IGNORECASE)
 # `[^\W_]` is a letter or a digit, in any script.
 _GIVES_NAME = re.compile(r"\bmy\s+name\s+is\s+(?P<name>[^\W_]+)", re.IGNORECASE)
+
+
+#: A word with the whitespace before it: the pieces the demo model streams.
+_PIECE = re.compile(r"\s*\S+")
+
+
+def stream_words(text: str | None, on_text: TextSink, delay_ms: int) -> None:
+    """Hand ``text`` to ``on_text`` word by word, waiting ``delay_ms`` before each word."""
+    if not text:
+        return
+    pieces = _PIECE.findall(text)
+    tail = text[sum(len(p) for p in pieces) :]  # trailing whitespace, kept exactly
+    for piece in pieces:
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
+        on_text(piece)
+    if tail:
+        on_text(tail)
 
 
 def _words(text: str | None) -> int:
@@ -173,12 +192,37 @@ class DemoProvider(Provider):
     #: Its estimate is its usage: nothing to calibrate.
     estimate_is_exact = True
 
+    def __init__(self, token_delay_ms: int = 0) -> None:
+        """``token_delay_ms``: how long the model takes per word of its answer (a slow
+        model): :meth:`complete` waits it for every word, :meth:`stream` before each."""
+        self.token_delay_ms = max(token_delay_ms, 0)
+
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        """The same answer as :meth:`complete`, handed over word by word.
+
+        Each piece is a word with the whitespace before it, so the pieces join to
+        exactly the answer; ``token_delay_ms`` passes before each one.
+        """
+        reply = self.answer(request)
+        stream_words(reply.text, on_text, self.token_delay_ms)
+        return reply
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer by the demo rules (see the module docstring); never fails.
+
+        With a token delay, the whole answer takes as long as streaming it would.
+        """
+        reply = self.answer(request)
+        if self.token_delay_ms and reply.text and request.purpose == "turn":
+            time.sleep(self.token_delay_ms * len(_PIECE.findall(reply.text)) / 1000)
+        return reply
+
     def estimate_tokens(self, text: str) -> int:
         """Whitespace-separated words: exactly what the demo model counts as usage."""
         return _words(text)
 
-    def complete(self, request: ModelRequest) -> ModelReply:
-        """Answer by the demo rules (see the module docstring); never fails."""
+    def answer(self, request: ModelRequest) -> ModelReply:
+        """The demo rules' answer to ``request``, at once (see the module docstring)."""
         messages = request.messages
         usage_in = sum(_words(message.content) for message in messages)
 

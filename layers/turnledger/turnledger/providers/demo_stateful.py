@@ -24,13 +24,14 @@ import re
 import secrets
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from .base import Message, ModelReply, ModelRequest, Provider, ProviderState
-from .demo import DemoProvider
+from .base import Message, ModelReply, ModelRequest, Provider, ProviderState, TextSink
+from .demo import DemoProvider, stream_words
 
 #: What a demo response id looks like; anything else is unknown (and never a path).
 RESPONSE_ID = re.compile(r"resp_[0-9a-f]{24}")
@@ -179,10 +180,18 @@ class DemoStatefulProvider(Provider):
     stateful = True
     estimate_is_exact = True
 
-    def __init__(self, store: DemoStateStore | None = None) -> None:
-        """Keep state in ``store`` (default: this process's memory)."""
+    def __init__(self, store: DemoStateStore | None = None, token_delay_ms: int = 0) -> None:
+        """Keep state in ``store`` (default: this process's memory); ``token_delay_ms`` as
+        :class:`DemoProvider`'s."""
         self.state = store or MemoryDemoState()
         self._model = DemoProvider()
+        self.token_delay_ms = max(token_delay_ms, 0)
+
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        """The same answer as :meth:`complete` (state kept alike), handed over word by word."""
+        reply = self._reply(request)
+        stream_words(reply.text, on_text, self.token_delay_ms)
+        return reply
 
     def estimate_tokens(self, text: str) -> int:
         """The demo model's estimate: whitespace-separated words."""
@@ -191,8 +200,15 @@ class DemoStatefulProvider(Provider):
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer from the stored state plus the new messages, or from the whole context.
 
-        Never fails (see the module docstring for ``provider_state``).
+        Never fails (see the module docstring for ``provider_state``). With a token
+        delay, the whole answer takes as long as streaming it would.
         """
+        reply = self._reply(request)
+        if self.token_delay_ms and reply.text and request.purpose == "turn":
+            time.sleep(self.token_delay_ms * len(reply.text.split()) / 1000)
+        return reply
+
+    def _reply(self, request: ModelRequest) -> ModelReply:
         context = list(request.messages)
         state: ProviderState = "fresh"
         if request.continuation is not None:

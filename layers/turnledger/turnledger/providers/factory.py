@@ -111,11 +111,14 @@ def build_provider(
     if name == "demo":
         from .demo import DemoProvider
 
-        return DemoProvider()
+        return DemoProvider(token_delay_ms=settings.demo_token_delay_ms)
     if name == "demo-stateful":
         from .demo_stateful import DemoStatefulProvider, demo_state_store
 
-        return DemoStatefulProvider(demo_state_store(settings.demo_state_dir))
+        return DemoStatefulProvider(
+            demo_state_store(settings.demo_state_dir),
+            token_delay_ms=settings.demo_token_delay_ms,
+        )
     if name in ("openai-chat", "openai-responses"):
         from .openai_chat import OpenAIChatProvider
         from .openai_responses import OpenAIResponsesProvider

@@ -17,16 +17,25 @@ mode is ``response_format``. Failures are mapped as
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..exceptions import ProviderError
 from ..models import ToolCall, Usage
-from .base import ApiKeyProvider, Message, ModelReply, ModelRequest, ResponseFormat, ToolSpec
+from .base import (
+    ApiKeyProvider,
+    Message,
+    ModelReply,
+    ModelRequest,
+    ResponseFormat,
+    TextSink,
+    ToolSpec,
+)
 from .call_ids import OPENAI_CHAT_CALL_ID, CallIdMap
 from .history import MERGE_SEPARATOR, build_strict_history
-from .openai_http import OpenAIStyleProvider
+from .openai_http import OpenAIStyleProvider, sse_events
 
 __all__ = ["ApiKeyProvider", "OpenAIChatProvider", "parse_reply", "request_body"]
 
@@ -275,3 +284,97 @@ class OpenAIChatProvider(OpenAIStyleProvider):
         key = self.resolve_key()
         response = self.send("POST", self.url, key=key, body=body)
         return parse_reply(response.content, request.model)
+
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        """Send ``request`` with ``stream: true``; hand each text delta to ``on_text``.
+
+        The reply is assembled from the chunks (text, tool calls by index, the usage
+        of the last chunk, asked for with ``stream_options.include_usage``) and mapped
+        as :func:`parse_reply` maps a whole completion. Failures before the first byte
+        are retried as in :meth:`complete`; a stream that breaks off or ends without
+        ``[DONE]`` is a :class:`ProviderError`.
+
+        Raises:
+            ProviderTimeout, ProviderError: as :meth:`complete`.
+        """
+        body = {
+            **request_body(request),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        key = self.resolve_key()
+        response = self.send("POST", self.url, key=key, body=body, stream=True)
+        try:
+            return parse_stream(sse_events(response), request.model, on_text)
+        finally:
+            response.close()
+
+
+def parse_stream(
+    events: Iterator[tuple[str | None, str]], fallback_model: str, on_text: TextSink
+) -> ModelReply:
+    """Assemble a streamed chat completion (``chat.completion.chunk`` events).
+
+    Raises:
+        ProviderError: a chunk is not JSON, carries an error, or the stream ends early.
+    """
+    texts: list[str] = []
+    refusals: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    for _, data in events:
+        if data.strip() == "[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            raise ProviderError(
+                "the model provider streamed an unusable chunk",
+                details={"reason": "invalid_response"},
+            ) from exc
+        if not isinstance(chunk, dict):
+            continue
+        if isinstance(chunk.get("error"), dict):
+            raise ProviderError(
+                "the model provider failed while streaming",
+                details={
+                    "reason": "stream_error",
+                    "provider_message": str(chunk["error"].get("message", ""))[:500],
+                },
+            )
+        model = chunk.get("model") or model
+        if isinstance(chunk.get("usage"), dict):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                texts.append(delta["content"])
+                on_text(delta["content"])
+            if isinstance(delta.get("refusal"), str) and delta["refusal"]:
+                refusals.append(delta["refusal"])
+                if not texts:
+                    on_text(delta["refusal"])  # the answer is the refusal (parse_reply)
+            for part in delta.get("tool_calls") or []:
+                call = calls.setdefault(
+                    int(part.get("index", len(calls))),
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = part.get("id") or call["id"]
+                function = part.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+    else:
+        raise ProviderError(
+            "the model provider's stream ended before it was done",
+            details={"reason": "stream_incomplete"},
+        )
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(texts) if texts else None,
+        "refusal": "".join(refusals) if refusals else None,
+    }
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    whole = {"choices": [{"message": message}], "usage": usage, "model": model}
+    return parse_reply(json.dumps(whole).encode(), fallback_model)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -185,8 +185,13 @@ class OpenAIStyleProvider(Provider):
         accept: Callable[[httpx.Response], bool] | None = None,
         max_retries: int | None = None,
         timeout: httpx.Timeout | None = None,
+        stream: bool = False,
     ) -> httpx.Response:
         """Send one request, with retries; the 2xx response or one ``accept`` keeps.
+
+        With ``stream`` the 2xx response is returned unread (server-sent events, see
+        :func:`sse_events`) and the caller must close it; failures before it are retried
+        as usual, nothing after it is (the answer has begun).
 
         Args:
             method: ``POST``, ``DELETE``, ...
@@ -202,14 +207,14 @@ class OpenAIStyleProvider(Provider):
             ProviderTimeout: the last attempt allowed timed out.
             ProviderError: the provider failed or refused the request.
         """
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "text/event-stream" if stream else "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         retries = self.max_retries if max_retries is None else max_retries
         attempt = 0
         while True:
             attempt += 1
-            outcome = self._attempt(method, url, body, headers, key, accept, timeout)
+            outcome = self._attempt(method, url, body, headers, key, accept, timeout, stream)
             if isinstance(outcome, httpx.Response):
                 return outcome
             left = deadline.remaining()
@@ -227,6 +232,7 @@ class OpenAIStyleProvider(Provider):
         key: str | None,
         accept: Callable[[httpx.Response], bool] | None,
         timeout: httpx.Timeout | None,
+        stream: bool = False,
     ) -> httpx.Response | _Failure:
         """One request: the response to return, or why it failed and whether to try again."""
         configured = timeout or self._timeout
@@ -239,9 +245,18 @@ class OpenAIStyleProvider(Provider):
             )
             return _Failure(error, retry=False)
         try:
-            response = self._client.request(
-                method, url, json=body, headers=headers, timeout=_capped(configured)
-            )
+            if stream:
+                built = self._client.build_request(
+                    method, url, json=body, headers=headers, timeout=_capped(configured)
+                )
+                response = self._client.send(built, stream=True)
+                if not response.is_success:
+                    response.read()  # an error answer is small: read it whole, as below
+                    response.close()
+            else:
+                response = self._client.request(
+                    method, url, json=body, headers=headers, timeout=_capped(configured)
+                )
         except httpx.TimeoutException as exc:
             error = ProviderTimeout(
                 "the model provider did not answer in time",
@@ -271,3 +286,43 @@ class OpenAIStyleProvider(Provider):
             details={"status": response.status_code, "provider_message": message},
         )
         return _Failure(error, retry=retryable(response.status_code), wait=retry_after(response))
+
+
+def sse_events(response: httpx.Response) -> Iterator[tuple[str | None, str]]:
+    """``(event, data)`` of each server-sent event of an open streaming ``response``.
+
+    Multi-line ``data`` is joined with newlines, as the SSE specification says.
+
+    Raises:
+        ProviderTimeout: the stream stalled past the read timeout.
+        ProviderError: the connection broke mid-stream (``reason: stream_interrupted``).
+    """
+    event: str | None = None
+    data: list[str] = []
+    try:
+        for line in response.iter_lines():
+            if not line:
+                if data:
+                    yield event, "\n".join(data)
+                event, data = None, []
+            elif line.startswith(":"):
+                continue  # a comment (keep-alive)
+            else:
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "event":
+                    event = value
+                elif name == "data":
+                    data.append(value)
+        if data:
+            yield event, "\n".join(data)
+    except httpx.TimeoutException as exc:
+        raise ProviderTimeout(
+            "the model provider stopped streaming its answer",
+            details={"reason": "timeout", "error": type(exc).__name__},
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ProviderError(
+            "the model provider's stream broke off",
+            details={"reason": "stream_interrupted", "error": type(exc).__name__},
+        ) from exc

@@ -33,6 +33,7 @@ unusable 2xx body, or a response whose ``status`` is ``failed``, is a
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -42,11 +43,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..exceptions import ProviderError
 from ..models import ToolCall, Usage
 from ..observability import logger
-from .base import Message, ModelReply, ModelRequest, ProviderState, ResponseFormat, ToolSpec
+from .base import (
+    Message,
+    ModelReply,
+    ModelRequest,
+    ProviderState,
+    ResponseFormat,
+    TextSink,
+    ToolSpec,
+)
 from .call_ids import OPENAI_RESPONSES_CALL_ID, CallIdMap
 from .history import MERGE_SEPARATOR, build_strict_history, normalize_history
 from .openai_chat import arguments_text, json_instruction
-from .openai_http import OpenAIStyleProvider, error_body
+from .openai_http import OpenAIStyleProvider, error_body, sse_events
 
 #: Retries of one ``DELETE /responses/{id}`` (a clear must not wait long on them).
 DELETE_MAX_RETRIES = 2
@@ -320,6 +329,44 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
             update={"response_id": response_id if store else None, "provider_state": state}
         )
 
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        """As :meth:`complete`, with ``stream: true``: text deltas go to ``on_text``.
+
+        The reply is the ``response.completed`` event's response, mapped as
+        :func:`parse_reply` maps a whole one; stored state that proved gone is a
+        ``fallback`` as in :meth:`complete` (decided before any text arrives).
+
+        Raises:
+            ProviderTimeout, ProviderError: as :meth:`complete`; also a stream that
+                breaks off, ends before ``response.completed``, or reports a failure.
+        """
+        store = request.store and self.store
+        continued = request.continuation is not None
+        body = request_body(request, store=store, continued=continued)
+        key = self.resolve_key()
+        state: ProviderState = "continued" if continued else "fresh"
+        response = self.send(
+            "POST",
+            self.url,
+            key=key,
+            body={**body, "stream": True},
+            accept=state_gone if continued else None,
+            stream=True,
+        )
+        if not response.is_success:
+            state = "fallback"
+            body = request_body(request, store=store, continued=False)
+            response = self.send(
+                "POST", self.url, key=key, body={**body, "stream": True}, stream=True
+            )
+        try:
+            response_id, reply = parse_stream(sse_events(response), request.model, on_text)
+        finally:
+            response.close()
+        return reply.model_copy(
+            update={"response_id": response_id if store else None, "provider_state": state}
+        )
+
     def delete_state(self, response_ids: list[str]) -> int:
         """``DELETE /responses/{id}`` for each id, best effort; how many were deleted.
 
@@ -362,3 +409,44 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
 
 def _not_found(response: httpx.Response) -> bool:
     return response.status_code == 404
+
+
+def parse_stream(
+    events: Iterator[tuple[str | None, str]], fallback_model: str, on_text: TextSink
+) -> tuple[str, ModelReply]:
+    """``(response id, reply)`` of a streamed response: deltas to ``on_text``, the reply
+    from ``response.completed``.
+
+    Raises:
+        ProviderError: an ``error``/``response.failed`` event, a chunk that is not JSON,
+            or a stream that ends before ``response.completed``.
+    """
+    for event, data in events:
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise _unusable("invalid_response") from exc
+        kind = (payload.get("type") if isinstance(payload, dict) else None) or event
+        if not isinstance(payload, dict):
+            continue
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
+            delta = payload.get("delta")
+            if isinstance(delta, str) and delta:
+                on_text(delta)
+        elif kind in ("response.completed", "response.failed", "response.incomplete"):
+            whole = payload.get("response")
+            if not isinstance(whole, dict):
+                raise _unusable("invalid_response")
+            return parse_reply(json.dumps(whole).encode(), fallback_model)
+        elif kind == "error":
+            raise ProviderError(
+                "the model provider failed while streaming",
+                details={
+                    "reason": "stream_error",
+                    "provider_message": str(payload.get("message", ""))[:500],
+                },
+            )
+    raise ProviderError(
+        "the model provider's stream ended before it was done",
+        details={"reason": "stream_incomplete"},
+    )

@@ -885,6 +885,56 @@ class ConversationStore(ABC):
         schema version ``v`` and a ``bucket`` below ``item``'s; returns whether it was.
         """
 
+    # --- side items (drafts: turnledger/drafts.py) ----------------------------------------
+    #
+    # Items of a conversation's partition outside the event range and the head (sort keys
+    # after ``"HEAD"``), never read by :meth:`load`: a purge deletes them with the rest.
+
+    def put_side_items(self, items: list[Item]) -> None:
+        """Put ``items`` (each a whole item with ``pk`` and ``sk``), unconditionally.
+
+        Raises:
+            PayloadTooLarge: an item is over the backend's item size limit.
+        """
+        codec.check_item_sizes(items)
+        self._put_items(items)
+
+    def get_side_item(self, pk: str, sk: str) -> Item | None:
+        """The item at ``(pk, sk)``, read consistently, or ``None``."""
+        return self._get_item(pk, sk)
+
+    def query_side_items(
+        self, pk: str, *, lower: str, upper: str, limit: int = 1000, consistent: bool = True
+    ) -> list[Item]:
+        """The items of ``pk`` with ``lower <= sk <= upper``, in key order (every page)."""
+        found: list[Item] = []
+        cursor: Any = None
+        while True:
+            page = self._query(
+                pk,
+                lower=lower,
+                upper=upper,
+                descending=False,
+                limit=limit,
+                cursor=cursor,
+                consistent=consistent,
+            )
+            found.extend(page.items)
+            if page.cursor is None:
+                return found
+            cursor = page.cursor
+
+    def delete_side_items(self, pk: str, sort_keys: list[str]) -> None:
+        """Delete the items of ``pk`` at ``sort_keys`` (absent ones are fine)."""
+        self._delete_items(pk, sort_keys)
+
+    def _put_items(self, items: list[Item]) -> None:
+        """Put each of ``items`` unconditionally (not atomically as a group).
+
+        A backend that stores side items overrides this.
+        """
+        raise NotImplementedError(f"{type(self).__name__} stores no side items")
+
     # --- indexes and the sweep cursor ---------------------------------------------------
 
     #: Index entries a page of :meth:`expiring_in` and :meth:`of_tenant` reads.

@@ -326,6 +326,18 @@ class DynamoDBConversationStore(ConversationStore):
             raise _commit_error(exc) from exc
         self.meter.write(_units(response.get("ConsumedCapacity")))
 
+    def _put_items(self, items: list[Item]) -> None:
+        # One PutItem each: a draft writes one chunk at a time, and a batch would only
+        # add the unprocessed-items retry loop for no saving (capacity is per item).
+        for item in items:
+            with _guarded():
+                response = self.client.put_item(
+                    TableName=self.table_name,
+                    Item=_to_wire(item),
+                    ReturnConsumedCapacity="TOTAL",
+                )
+            self.meter.write(_units(response.get("ConsumedCapacity")))
+
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         try:
             with _guarded():

@@ -334,6 +334,11 @@ class SQLiteConversationStore(ConversationStore):
             raise ConversationBusy("another request on this store held it too long") from exc
         self.meter.write(0)
 
+    def _put_items(self, items: list[Item]) -> None:
+        with self._writing() as db:
+            self._put(db, items)
+        self.meter.write(0)
+
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         with self._writing() as db:
             if not codec.same_head(self._stored(db, head[codec.A_PK], keys.HEAD_SK), expected):

@@ -1,0 +1,397 @@
+"""Drafts: the answer of a long turn, stored chunk by chunk while the model writes it.
+
+A draft is not the transcript. Its items live in the conversation's own
+partition, after ``"HEAD"`` (so no read of the head and events ever meets one)::
+
+    sk = "S#<turn:012>#<seq:012>"   one chunk of text, seq 1, 2, ...
+    sk = "S#<turn:012>#~"           the draft's state: status, reason, next seq, result
+    sk = "S#<turn:012>#~cancel"     present once a cancel was requested
+
+``"~"`` sorts after every digit, so one query from a chunk key to the state key
+reads the chunks after it *and* the state (a poll is one round trip). The cancel
+flag is an item of its own, not an attribute of the state: the writer rewrites the
+state without reading it, and a cancel written meanwhile must not be lost.
+
+Every item carries the table's TTL attribute (the conversation's expiry) and is
+removed by clear, erasure and the sweep with the rest of the partition.
+
+The final ``assistant_message`` is never written from a draft: the pipeline
+commits it, whole, as for a synchronous turn. A draft only shows what is being
+written; when the turn fails or is cancelled the draft stays, marked
+``interrupted`` with the reason.
+
+Writes are batched (:class:`DraftWriter`): a chunk at most every
+``flush_ms`` (default 250 ms) or ``flush_chars`` (default 400 characters), so a
+streamed answer's extra cost is bounded by its length and duration, not by the
+number of tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from .exceptions import ProviderError
+from .models import ConversationKey
+from .providers.base import ModelReply, ModelRequest, Provider
+from .store import codec, keys
+from .store.base import ConversationStore
+from .store.codec import Item
+
+DRAFT_PREFIX = "S#"
+_WIDTH = 12
+_STATE = "~"
+_CANCEL = "~cancel"
+
+#: Attributes of draft items (short: they are paid per byte on every chunk).
+A_TEXT = "tx"
+A_STATUS = "st"
+A_REASON = "rs"
+A_NEXT = "nx"
+A_RESULT = "res"
+A_STARTED = "at"
+A_UPDATED = "up"
+A_KIND = "kd"
+
+DraftStatus = Literal["in_progress", "done", "interrupted"]
+
+#: Defaults of the writer's batching (``DRAFT_FLUSH_MS``, ``DRAFT_FLUSH_CHARS``).
+DEFAULT_FLUSH_MS = 250
+DEFAULT_FLUSH_CHARS = 400
+
+
+class TurnCancelled(ProviderError):
+    """A cancel was requested while the turn's answer was being written.
+
+    A :class:`ProviderError`, so the pipeline records it like any failed model call
+    (``turn_failed`` with code ``turn_cancelled``) and nothing of the answer is kept.
+    """
+
+    status = 409
+    code = "turn_cancelled"
+
+
+def turn_prefix(turn: int) -> str:
+    """What every draft sort key of ``turn`` starts with."""
+    return f"{DRAFT_PREFIX}{turn:0{_WIDTH}d}#"
+
+
+def chunk_key(turn: int, seq: int) -> str:
+    """The sort key of chunk ``seq`` of ``turn``'s draft."""
+    return f"{turn_prefix(turn)}{seq:0{_WIDTH}d}"
+
+
+def state_key(turn: int) -> str:
+    """The sort key of ``turn``'s draft state."""
+    return turn_prefix(turn) + _STATE
+
+
+def cancel_key(turn: int) -> str:
+    """The sort key of ``turn``'s cancel flag."""
+    return turn_prefix(turn) + _CANCEL
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One stored piece of a draft."""
+
+    seq: int
+    text: str
+
+
+@dataclass(frozen=True)
+class DraftState:
+    """Where a turn's draft stands."""
+
+    turn: int
+    status: DraftStatus
+    #: Why an interrupted draft stopped (an error code such as ``provider_error``).
+    reason: str | None
+    #: The seq the next chunk gets (chunks so far: ``next_seq - 1``).
+    next_seq: int
+    #: When the run that writes it began (ISO 8601).
+    started_at: str
+    #: The turn's final response (the synchronous turn's shape) or error body, once over.
+    result: dict[str, Any] | None = None
+    #: ``turn`` (a turn's input) or ``approval`` (decisions continuing the turn).
+    kind: str = "turn"
+    #: The life (``gen``) of the conversation the run wrote to (``None``: it had none yet).
+    gen: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether nothing more will be written."""
+        return self.status != "in_progress"
+
+
+@dataclass(frozen=True)
+class DraftRead:
+    """One read of a draft: the chunks after a point, and the state when there is one."""
+
+    chunks: list[Chunk]
+    state: DraftState | None
+
+
+def _expiry(expires_at: int | None) -> dict[str, Any]:
+    return {codec.A_EXPIRES: expires_at} if expires_at is not None else {}
+
+
+def _decode_state(turn: int, item: Item) -> DraftState:
+    import json
+
+    raw = item.get(A_RESULT)
+    status = str(item.get(A_STATUS, "in_progress"))
+    return DraftState(
+        turn=turn,
+        status=status if status in ("done", "interrupted") else "in_progress",  # type: ignore[arg-type]
+        reason=str(item[A_REASON]) if item.get(A_REASON) else None,
+        next_seq=int(item.get(A_NEXT, 1)),
+        started_at=str(item.get(A_STARTED, "")),
+        result=json.loads(raw) if isinstance(raw, str) and raw else None,
+        kind=str(item.get(A_KIND, "turn")),
+        gen=str(item[codec.A_GEN]) if item.get(codec.A_GEN) else None,
+    )
+
+
+def read_state(store: ConversationStore, key: ConversationKey, turn: int) -> DraftState | None:
+    """``turn``'s draft state, or ``None`` when the turn has no draft."""
+    item = store.get_side_item(keys.partition_key(key), state_key(turn))
+    return None if item is None else _decode_state(turn, item)
+
+
+def read(
+    store: ConversationStore,
+    key: ConversationKey,
+    turn: int,
+    *,
+    after: int = 0,
+    consistent: bool = True,
+) -> DraftRead:
+    """The chunks of ``turn``'s draft after seq ``after``, and its state, in one query.
+
+    ``consistent=False`` reads at half the price and may miss the newest writes.
+    """
+    items = store.query_side_items(
+        keys.partition_key(key),
+        lower=chunk_key(turn, after + 1),
+        upper=state_key(turn),
+        consistent=consistent,
+    )
+    chunks: list[Chunk] = []
+    state: DraftState | None = None
+    for item in items:
+        sort_key = str(item[codec.A_SK])
+        suffix = sort_key.removeprefix(turn_prefix(turn))
+        if suffix == _STATE:
+            state = _decode_state(turn, item)
+        elif suffix.isdigit():
+            chunks.append(Chunk(seq=int(suffix), text=str(item.get(A_TEXT, ""))))
+    if state is not None and state.done:
+        # Past a finished draft's count, a chunk can only be a leftover of an abandoned run.
+        chunks = [c for c in chunks if c.seq < state.next_seq]
+    return DraftRead(chunks=chunks, state=state)
+
+
+def request_cancel(
+    store: ConversationStore,
+    key: ConversationKey,
+    turn: int,
+    *,
+    now: datetime,
+    ttl_seconds: int,
+) -> bool:
+    """Ask the run writing ``turn``'s draft to stop; returns whether one is in progress.
+
+    The writer sees the flag before its next chunk and raises :class:`TurnCancelled`;
+    the turn then records ``turn_failed`` (code ``turn_cancelled``) and the draft is
+    marked ``interrupted``. A draft that is over (or absent) is left alone.
+    """
+    state = read_state(store, key, turn)
+    if state is None or state.done:
+        return False
+    expires = int(now.timestamp()) + ttl_seconds if ttl_seconds else None
+    store.put_side_items(
+        [
+            {
+                codec.A_PK: keys.partition_key(key),
+                codec.A_SK: cancel_key(turn),
+                A_UPDATED: now.isoformat(),
+                **_expiry(expires),
+            }
+        ]
+    )
+    return True
+
+
+def running_turn(
+    store: ConversationStore, key: ConversationKey, head_turn: int
+) -> DraftState | None:
+    """The draft being written now, if any: a new turn (``head_turn + 1``, not committed
+    yet) or the head's own turn continued by an approval. For a cancel route: pass the
+    returned state's ``turn`` to :func:`request_cancel`.
+    """
+    for turn in (head_turn + 1, head_turn):
+        if turn < 1:
+            continue
+        state = read_state(store, key, turn)
+        if state is not None and not state.done:
+            return state
+    return None
+
+
+@dataclass
+class DraftWriter:
+    """Writes one run of a turn's draft: batched chunks, then the final state.
+
+    Not thread-safe: one turn runs in one worker.
+    """
+
+    store: ConversationStore
+    key: ConversationKey
+    turn: int
+    #: The conversation's expiry (epoch seconds), the TTL of every draft item.
+    expires_at: int | None
+    now: Callable[[], datetime]
+    kind: str = "turn"
+    #: The conversation's life the run writes to, when it has one (readers skip other lives').
+    gen: str | None = None
+    flush_ms: int = DEFAULT_FLUSH_MS
+    flush_chars: int = DEFAULT_FLUSH_CHARS
+    monotonic: Callable[[], float] = time.monotonic
+    next_seq: int = 1
+    started_at: str = ""
+    _buffer: list[str] = field(default_factory=list)
+    _buffered: int = 0
+    _last_flush: float = 0.0
+
+    @property
+    def pk(self) -> str:
+        """The conversation's partition key."""
+        return keys.partition_key(self.key)
+
+    def begin(self) -> None:
+        """Mark the draft in progress; a continued turn (an approval) numbers on.
+
+        A stale cancel flag of an earlier run of the same turn is removed first.
+        """
+        previous = read_state(self.store, self.key, self.turn)
+        self.next_seq = previous.next_seq if previous is not None else 1
+        self.store.delete_side_items(self.pk, [cancel_key(self.turn)])
+        self.started_at = self.now().isoformat()
+        self._last_flush = self.monotonic()
+        self._put_state("in_progress", None, None)
+
+    def add(self, text: str) -> None:
+        """Take a piece of the answer; store it once enough is buffered or time passed.
+
+        Raises:
+            TurnCancelled: a cancel was requested (seen when a chunk is stored).
+        """
+        if not text:
+            return
+        self._buffer.append(text)
+        self._buffered += len(text)
+        elapsed_ms = (self.monotonic() - self._last_flush) * 1000
+        if self._buffered >= self.flush_chars or elapsed_ms >= self.flush_ms:
+            self.flush()
+
+    def flush(self, *, check_cancel: bool = True) -> None:
+        """Store the buffered text as the next chunk, then look for a cancel.
+
+        Raises:
+            TurnCancelled: a cancel was requested.
+        """
+        if self._buffer:
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+            self.store.put_side_items(
+                [
+                    {
+                        codec.A_PK: self.pk,
+                        codec.A_SK: chunk_key(self.turn, self.next_seq),
+                        A_TEXT: text,
+                        **_expiry(self.expires_at),
+                    }
+                ]
+            )
+            self.next_seq += 1
+            # Readers learn of new chunks from the chunk items themselves; the state's
+            # count is rewritten only at the end (one write per chunk, not two).
+        self._last_flush = self.monotonic()
+        if check_cancel and self.cancel_requested():
+            raise TurnCancelled(
+                "the turn was cancelled while its answer was being written",
+                details={"turn": self.turn},
+            )
+
+    def cancel_requested(self) -> bool:
+        """Whether a cancel flag is set for this turn."""
+        return self.store.get_side_item(self.pk, cancel_key(self.turn)) is not None
+
+    def finish(self, result: dict[str, Any]) -> None:
+        """Store what is buffered and mark the draft done with the turn's response."""
+        self.flush(check_cancel=False)
+        self._put_state("done", None, result)
+
+    def interrupt(self, reason: str, result: dict[str, Any] | None) -> None:
+        """Store what is buffered and mark the draft interrupted, with why."""
+        self.flush(check_cancel=False)
+        self._put_state("interrupted", reason, result)
+
+    def _put_state(
+        self, status: DraftStatus, reason: str | None, result: dict[str, Any] | None
+    ) -> None:
+        import json
+
+        item: Item = {
+            codec.A_PK: self.pk,
+            codec.A_SK: state_key(self.turn),
+            A_STATUS: status,
+            A_NEXT: self.next_seq,
+            A_STARTED: self.started_at,
+            A_UPDATED: self.now().isoformat(),
+            A_KIND: self.kind,
+            **_expiry(self.expires_at),
+        }
+        if self.gen:
+            item[codec.A_GEN] = self.gen
+        if reason:
+            item[A_REASON] = reason
+        if result is not None:
+            item[A_RESULT] = json.dumps(result, separators=(",", ":"))
+        self.store.put_side_items([item])
+
+
+#: The writer of the turn this context runs, if it streams (see :func:`streaming_into`).
+_current: ContextVar[DraftWriter | None] = ContextVar("turnledger_draft_writer", default=None)
+
+
+@contextmanager
+def streaming_into(writer: DraftWriter) -> Iterator[DraftWriter]:
+    """Within the block, model calls stream their answers into ``writer``."""
+    token = _current.set(writer)
+    try:
+        yield writer
+    finally:
+        _current.reset(token)
+
+
+def model_reply(provider: Provider, request: ModelRequest) -> ModelReply:
+    """The model's reply: streamed into the current draft when there is one.
+
+    Summaries (``purpose="summary"``) never stream: they are no answer.
+
+    Raises:
+        ProviderError, ProviderTimeout: the model failed.
+        TurnCancelled: a cancel was requested while the answer was written.
+    """
+    writer = _current.get()
+    if writer is None or request.purpose != "turn":
+        return provider.complete(request)
+    return provider.stream(request, writer.add)
