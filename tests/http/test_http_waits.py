@@ -9,6 +9,7 @@ which POSTs the ``callback_url`` the sink received, with no credentials.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import uuid
@@ -370,11 +371,7 @@ MIXED = lines(
 
 @pytest.mark.parametrize(
     "order",
-    [
-        ["approval", "input", "client", "async"],
-        ["async", "client", "input", "approval"],
-        ["input", "async", "approval", "client"],
-    ],
+    [list(order) for order in itertools.permutations(["approval", "input", "client", "async"])],
     ids=lambda order: "-".join(order),
 )
 def test_mixed_waits_are_settled_one_by_one_and_the_model_is_called_once(
