@@ -443,7 +443,7 @@ def test_cancel_of_a_waiting_turn_records_who_and_keeps_results(
     cancelled = ok(
         client.post(
             f"/v1/conversations/{conversation}/cancel",
-            json={"reason": "wrong question"},
+            json={"reason": "wrong question {name}"},
             headers=BEN,
         )
     )
@@ -455,8 +455,14 @@ def test_cancel_of_a_waiting_turn_records_who_and_keeps_results(
     assert interrupted["payload"] == {
         "interrupted_by": "ben",
         "cancelled_call_ids": ["call_1", "call_2"],
-        "reason": "wrong question",
+        "reason": "wrong question {name}",
     }
+    [asked] = [
+        e for e in transcript if e["kind"] == "tool_result" and e["payload"]["call_id"] == "call_1"
+    ]
+    assert asked["payload"]["output"] == (
+        "tool call ask_operator was cancelled by ben: wrong question {name}"
+    )
     # The job's late callback finds its call settled.
     error = error_of(anonymous.post(url, json={"status": "succeeded", "output": "x"}), 410)
     assert error["code"] == "callback_invalid"
