@@ -540,9 +540,24 @@ class Conversations:
 
         Raises:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
-            ConversationBusy: another request committed first; nothing was stored.
+            ConversationBusy: other requests kept committing first (three times); nothing
+                was stored.
         """
         key = self._key(caller, conversation_id)
+        for _ in range(2):
+            # Lost to a concurrent commit (a callback, a decision): read again and stop
+            # what is left, so a cancel is not refused because something else moved.
+            try:
+                return self._cancel_once(caller, key, reason)
+            except ConversationBusy:
+                continue
+        return self._cancel_once(caller, key, reason)
+
+    def _cancel_once(
+        self, caller: Caller, key: ConversationKey, reason: str | None
+    ) -> CancelResponse:
+        """One attempt of :meth:`cancel` on the head as read now."""
+        conversation_id = key.conversation_id
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
         now = self.clock()

@@ -210,7 +210,7 @@ def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list
         The ids of the calls cancelled, in pending order.
     """
     cancelled: list[str] = []
-    why = f"tool call {{name}} was cancelled by {by}" + (f": {reason}" if reason else "")
+    why = f" was cancelled by {by}" + (f": {reason}" if reason else "")
     for pending in session.pending:
         # A ready call (recorded, not run: the turn's process died) is cancelled too.
         if pending.state != "ready":
@@ -226,7 +226,7 @@ def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list
                 ),
                 actor=by,
             )
-        output = why.format(name=pending.name)
+        output = f"tool call {pending.name}{why}"
         if pending.state == "ready":
             # Its request died while it ran (interrupted): the side effect may be real.
             output += " (it may have run before its request ended)"
