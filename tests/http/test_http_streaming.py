@@ -193,18 +193,32 @@ def test_cancel_mid_stream_interrupts_the_draft_and_records_why(
     path = accepted.headers["location"]
     page = client.get(f"{path}/stream", params={"after": 0, "wait": 10}, headers=ANN).json()
     assert page["chunks"] and not page["done"]
-    # The cancel route (another branch) calls this hook; the writer sees it at its next chunk.
-    store = store_of(streaming)
-    key = ConversationKey(tenant="acme", conversation_id="long-4")
-    assert drafts.request_cancel(store, key, 1, now=START, ttl_seconds=3600)
+    # POST .../cancel asks the worker to stop; it sees the flag at its next chunk.
+    cancel = client.post(
+        "/v1/conversations/long-4/cancel", json={"reason": "changed my mind"}, headers=ANN
+    )
+    assert cancel.status_code == 200, cancel.text
+    assert cancel.json() == {
+        "conversation_id": "long-4",
+        "turn": 1,
+        "status": "in_progress",
+        "cancelled_call_ids": [],
+        "cancel_requested": True,
+    }
     chunks, last = follow(client, path, after=page["next_after"])
     text = "".join(c["text"] for c in [*page["chunks"], *chunks])
     assert WORDS.startswith(text) and text != WORDS
     assert last["status"] == "interrupted" and last["reason"] == "turn_cancelled"
     events = events_of(client, "long-4")
-    assert [e["kind"] for e in events] == ["turn_failed"]
-    assert events[0]["payload"]["code"] == "turn_cancelled"
+    assert [e["kind"] for e in events] == ["turn_interrupted"]
+    assert events[0]["actor"] == events[0]["payload"]["interrupted_by"] != "system"
+    assert events[0]["payload"]["reason"] == "changed my mind"
     assert client.get(path, headers=ANN).json()["error"]["code"] == "turn_cancelled"
+    # Nothing of the draft reaches the next turn, and the conversation takes one at once.
+    again = client.post("/v1/conversations/long-4/turns", json={"input": "hi"}, headers=ANN)
+    assert again.json()["output_text"] == "Noted (1 user messages so far)."
+    store = store_of(streaming)
+    key = ConversationKey(tenant="acme", conversation_id="long-4")
     # A cancel of a turn that is over changes nothing.
     assert not drafts.request_cancel(store, key, 1, now=START, ttl_seconds=3600)
 

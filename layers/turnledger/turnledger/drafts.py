@@ -56,6 +56,9 @@ A_NEXT = "nx"
 A_RESULT = "res"
 A_STARTED = "at"
 A_UPDATED = "up"
+#: On a cancel flag: who asked (the caller's actor) and why (``POST .../cancel``'s reason).
+A_CANCELLED_BY = "by"
+A_CANCEL_REASON = "why"
 A_KIND = "kd"
 
 DraftStatus = Literal["in_progress", "done", "interrupted"]
@@ -68,8 +71,9 @@ DEFAULT_FLUSH_CHARS = 400
 class TurnCancelled(ProviderError):
     """A cancel was requested while the turn's answer was being written.
 
-    A :class:`ProviderError`, so the pipeline records it like any failed model call
-    (``turn_failed`` with code ``turn_cancelled``) and nothing of the answer is kept.
+    A :class:`ProviderError`, so the pipeline ends the turn as for a failed model call
+    (nothing of the answer is kept), recording ``turn_interrupted`` instead of
+    ``turn_failed``; ``details`` name who cancelled (``interrupted_by``) and why.
     """
 
     status = 409
@@ -204,12 +208,15 @@ def request_cancel(
     *,
     now: datetime,
     ttl_seconds: int,
+    by: str = "system",
+    reason: str | None = None,
 ) -> bool:
     """Ask the run writing ``turn``'s draft to stop; returns whether one is in progress.
 
     The writer sees the flag before its next chunk and raises :class:`TurnCancelled`;
-    the turn then records ``turn_failed`` (code ``turn_cancelled``) and the draft is
-    marked ``interrupted``. A draft that is over (or absent) is left alone.
+    the turn then records ``turn_interrupted`` (``interrupted_by`` = ``by``, with
+    ``reason``), keeps nothing of the answer, and the draft is marked ``interrupted``.
+    A draft that is over (or absent) is left alone.
     """
     state = read_state(store, key, turn)
     if state is None or state.done:
@@ -221,6 +228,8 @@ def request_cancel(
                 codec.A_PK: keys.partition_key(key),
                 codec.A_SK: cancel_key(turn),
                 A_UPDATED: now.isoformat(),
+                A_CANCELLED_BY: by,
+                **({A_CANCEL_REASON: reason} if reason else {}),
                 **_expiry(expires),
             }
         ]
@@ -324,15 +333,17 @@ class DraftWriter:
             # Readers learn of new chunks from the chunk items themselves; the state's
             # count is rewritten only at the end (one write per chunk, not two).
         self._last_flush = self.monotonic()
-        if check_cancel and self.cancel_requested():
-            raise TurnCancelled(
-                "the turn was cancelled while its answer was being written",
-                details={"turn": self.turn},
-            )
-
-    def cancel_requested(self) -> bool:
-        """Whether a cancel flag is set for this turn."""
-        return self.store.get_side_item(self.pk, cancel_key(self.turn)) is not None
+        if check_cancel:
+            flag = self.store.get_side_item(self.pk, cancel_key(self.turn))
+            if flag is not None:
+                raise TurnCancelled(
+                    "the turn was cancelled while its answer was being written",
+                    details={
+                        "turn": self.turn,
+                        "interrupted_by": str(flag.get(A_CANCELLED_BY, "system")),
+                        "reason": flag.get(A_CANCEL_REASON),
+                    },
+                )
 
     def finish(self, result: dict[str, Any]) -> None:
         """Store what is buffered and mark the draft done with the turn's response."""

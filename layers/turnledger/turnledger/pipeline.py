@@ -31,6 +31,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from . import drafts
 from .approval_edits import check_edits
 from .callbacks import CallbackClaims, life_of
 from .config import Settings
@@ -45,7 +46,7 @@ from .context import (
     text_sha256,
     turns_to_compact,
 )
-from .drafts import model_reply
+from .drafts import TurnCancelled, model_reply
 from .exceptions import (
     ApprovalPending,
     BudgetExceeded,
@@ -79,6 +80,7 @@ from .models import (
     SummaryRef,
     ToolCall,
     TurnFailed,
+    TurnInterrupted,
     TurnOptions,
     Usage,
     UserMessage,
@@ -562,6 +564,14 @@ class Conversations:
         head = snapshot.head
         now = self.clock()
         if head is None or not head.is_visible(now):
+            # A conversation's first turn, running long, has a draft and no head yet.
+            if head is None and self._cancel_streaming(caller, key, 0, reason, now):
+                return CancelResponse(
+                    conversation_id=conversation_id,
+                    turn=1,
+                    status="in_progress",
+                    cancel_requested=True,
+                )
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
         lease = head.live_lease(now)
@@ -581,11 +591,41 @@ class Conversations:
         if session.pending or head.status is ConversationStatus.RUNNING_TOOLS:
             cancelled = cancel_turn(session, by=caller.actor, reason=reason)
             session.commit(ConversationStatus.COMPLETE)
+        elif self._cancel_streaming(caller, key, head.turn, reason, now):
+            return CancelResponse(
+                conversation_id=conversation_id,
+                turn=head.turn + 1,
+                status="in_progress",
+                cancel_requested=True,
+            )
         return CancelResponse(
             conversation_id=conversation_id,
             turn=session.turn,
             status=self._head_status(session.head) if session.head else "complete",
             cancelled_call_ids=cancelled,
+        )
+
+    def _cancel_streaming(
+        self,
+        caller: Caller,
+        key: ConversationKey,
+        head_turn: int,
+        reason: str | None,
+        now: datetime,
+    ) -> bool:
+        """Ask a long turn whose answer is being written (its draft in progress, no tools
+        running) to stop at its next chunk; returns whether there was one."""
+        running = drafts.running_turn(self.store, key, head_turn)
+        if running is None:
+            return False
+        return drafts.request_cancel(
+            self.store,
+            key,
+            running.turn,
+            now=now,
+            ttl_seconds=self.settings.ttl_for(key.tenant),
+            by=caller.actor,
+            reason=reason,
         )
 
     def settle_callback(self, claims: CallbackClaims, request: CallbackRequest) -> CallbackResponse:
@@ -1002,7 +1042,8 @@ class Conversations:
         return self._providers[name]
 
     def _record_failure(self, work: TurnWork, exc: ProviderError) -> None:
-        """Commit a ``turn_failed`` event for a failed model call.
+        """Commit a ``turn_failed`` event for a failed model call (``turn_interrupted``
+        for one a cancel stopped while its answer streamed).
 
         Results of tools that already acted are facts and are kept with it (the turn
         is resumed by the next request); otherwise nothing of the turn is stored, and
@@ -1018,17 +1059,29 @@ class Conversations:
         else:
             session.rollback()
             status = None
-        session.add(
-            TurnFailed(
-                code=exc.code,
-                status=exc.status,
-                attempts=max(int(exc.details.get("attempts", 1) or 1), 1),
-                message=str(exc.details.get("provider_message") or exc.message)[:500],
-            ),
-            actor="system",
-            turn=failing_turn,
-        )
-        session.failed_turns += 1
+        if isinstance(exc, TurnCancelled):
+            # Stopped mid-answer by ``POST .../cancel``: an interruption, not a failure.
+            by = str(exc.details.get("interrupted_by") or "system")
+            reason = exc.details.get("reason")
+            session.add(
+                TurnInterrupted(
+                    interrupted_by=by, reason=str(reason) if reason is not None else None
+                ),
+                actor=by,
+                turn=failing_turn,
+            )
+        else:
+            session.add(
+                TurnFailed(
+                    code=exc.code,
+                    status=exc.status,
+                    attempts=max(int(exc.details.get("attempts", 1) or 1), 1),
+                    message=str(exc.details.get("provider_message") or exc.message)[:500],
+                ),
+                actor="system",
+                turn=failing_turn,
+            )
+            session.failed_turns += 1
         try:
             session.commit(status or status_of(session))
         except TurnledgerError as error:

@@ -351,7 +351,8 @@ class CancelResponse(BaseModel):
     conversation_id: str
     turn: int
     #: The status after the cancel: ``complete`` once a waiting turn is cancelled;
-    #: ``running_tools`` when the running request was asked to stop at its next step.
+    #: ``running_tools`` when the running request was asked to stop at its next step;
+    #: ``in_progress`` when a long turn's answer being written was (``turn`` is that turn).
     status: str
     #: Calls recorded as cancelled by this request.
     cancelled_call_ids: list[str] = Field(default_factory=list)
