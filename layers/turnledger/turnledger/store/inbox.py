@@ -109,6 +109,9 @@ def kind_of(call: PendingCall) -> Literal["approval", "input"] | None:
     return None
 
 
+#: Entries one index query reads at least when a listing is filtered (it skips most).
+FILTERED_READ = 100
+
 #: Longest call id kept as is in an index sort key (DynamoDB allows 1,024 bytes in all).
 _CALL_PART_MAX = 200
 
