@@ -217,3 +217,16 @@ def test_a_very_long_call_id_still_gets_an_entry(store: ConversationStore) -> No
     assert listed_ids == [long_id, "call_2"]
     ask(store, key, head, [waiting("call_2")])
     assert [e.call_id for e in store.inbox_page("acme", now=LATER, limit=5).entries] == ["call_2"]
+
+
+def test_a_page_reads_a_bounded_number_of_index_queries(store: ConversationStore) -> None:
+    """Entries a listing skips (expired here) cost at most ``inbox_rounds`` queries per
+    page: a page may then come back short, or empty, with a cursor that goes on."""
+    closed = START + timedelta(minutes=4)
+    calls = [waiting(f"old_{n}", minute=n, expires_at=closed) for n in range(3)]
+    calls += [waiting(f"new_{n}", minute=10 + n) for n in range(2)]
+    ask(store, make_key("acme", "conv-1"), None, calls)
+    store.inbox_rounds = 1
+    first = store.inbox_page("acme", now=LATER, limit=2)
+    assert first.entries == [] and first.next is not None
+    assert listed(store, "acme") == [("conv-1", "new_0"), ("conv-1", "new_1")]

@@ -206,3 +206,41 @@ def test_approving_with_edited_arguments(client: httpx.Client) -> None:
     [result] = [e for e in events if e["kind"] == "tool_result"]
     assert "bob@example.com" in result["payload"]["output"]
     assert inbox(client, "acme") == []
+
+
+@pytest.fixture
+def short_windows(runner_config: LocalConfig, runner_clock: ClockFile) -> Iterator[httpx.Client]:
+    """A runner whose approval windows (10 min) close long before conversations expire."""
+    config = dataclasses.replace(
+        runner_config, tools_file=TOOLS, env={"APPROVAL_TTL_SECONDS": "600"}
+    )
+    yield from start(config, runner_clock)
+
+
+def test_the_sweep_records_expiries_nobody_touches(
+    short_windows: httpx.Client, runner_clock: ClockFile
+) -> None:
+    client = short_windows
+    ask(client, "acme", "quiet", ("send_email", {"to": "a@example.com"}))
+    runner_clock.advance(601)
+    # Shown as expired at once, out of the inbox at once; nothing written yet.
+    view = client.get("/v1/conversations/quiet", headers=bearer("acme")).json()
+    assert view["pending_tool_calls"] == []
+    assert [c["name"] for c in view["expired_tool_calls"]] == ["send_email"]
+    assert inbox(client, "acme") == []
+    report = client.post("/_local/sweep", headers=bearer("acme"))
+    assert report.status_code == 200, report.text
+    assert report.json()["waits_expired"] == 1
+    assert client.post("/_local/sweep", headers=bearer("acme")).json()["waits_expired"] == 0
+    events = client.get(
+        "/v1/conversations/quiet/events", params={"limit": 100}, headers=bearer("acme")
+    ).json()["events"]
+    assert [e["kind"] for e in events][-3:] == [
+        "approval_expired",
+        "approval_resolved",
+        "tool_result",
+    ]
+    view = client.get("/v1/conversations/quiet", headers=bearer("acme")).json()
+    assert (view["status"], view["expired_tool_calls"]) == ("complete", [])
+    told = client.get("/_local/notifications").json()["notifications"]
+    assert [n["detail-type"] for n in told] == ["approval.requested", "approval.expired"]

@@ -1032,6 +1032,9 @@ class ConversationStore(ABC):
 
     # --- the approval inbox --------------------------------------------------------------
 
+    #: Index queries one inbox page may take when filters or expiries skip entries.
+    inbox_rounds: int = 8
+
     def inbox_page(
         self,
         tenant: str,
@@ -1047,24 +1050,35 @@ class ConversationStore(ABC):
         Calls whose window closed by ``now`` are left out (the next request on their
         conversation, or the sweep, records the expiry and removes the entry), as are
         entries not matching ``tool`` or ``conversation_id``: reading goes on past them
-        until the page is full or the index is exhausted.
+        for at most :attr:`inbox_rounds` index queries, so a filter that matches little
+        costs a bounded time per request. A page may then hold fewer than ``limit``
+        calls and still name where the next one starts.
         """
         partition = inbox.inbox_partition(tenant)
+        filtering = tool is not None or conversation_id is not None
         chosen: list[tuple[inbox.InboxEntry, EntryKey]] = []
         position = after
-        while len(chosen) < limit:
-            page = self._inbox_query(partition, after=position, limit=limit - len(chosen) + 1)
-            chosen.extend(
-                inbox.select(page.items, now=now, tool=tool, conversation_id=conversation_id)
+        for _ in range(self.inbox_rounds):
+            wanted = limit - len(chosen) + 1  # one more than needed: is there a next page?
+            page = self._inbox_query(
+                partition,
+                after=position,
+                limit=max(wanted, inbox.FILTERED_READ) if filtering else wanted,
             )
+            for item in page.items:
+                chosen.extend(
+                    inbox.select([item], now=now, tool=tool, conversation_id=conversation_id)
+                )
+                if len(chosen) > limit:
+                    # The next page starts right after the last call shown.
+                    return inbox.InboxPage([e for e, _ in chosen[:limit]], chosen[limit - 1][1])
             if page.cursor is None:
-                break
+                return inbox.InboxPage([e for e, _ in chosen], None)
+            # Everything read so far was shown or skipped: go on after the last item read.
             position = page.cursor
-        if len(chosen) > limit:
-            return inbox.InboxPage([e for e, _ in chosen[:limit]], chosen[limit - 1][1])
-        # Exactly full with more unread: the next page starts after the last shown.
-        more = len(chosen) == limit and page.cursor is not None
-        return inbox.InboxPage([e for e, _ in chosen], chosen[-1][1] if more else None)
+            if len(chosen) == limit:
+                break
+        return inbox.InboxPage([e for e, _ in chosen], position)
 
     # --- imports: all or nothing over several commits ------------------------------------
 

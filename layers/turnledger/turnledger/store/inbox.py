@@ -92,6 +92,9 @@ def _instant(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+#: Entries one index query reads at least when a listing is filtered (it skips most).
+FILTERED_READ = 100
+
 #: Longest call id kept as is in an index sort key (DynamoDB allows 1,024 bytes in all).
 _CALL_PART_MAX = 200
 
