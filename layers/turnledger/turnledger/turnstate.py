@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from .exceptions import ApprovalPending, InputPending, InternalError
 from .models import (
@@ -243,16 +243,3 @@ def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list
     session.cancel = None
     return cancelled
 
-
-class Expirer(Protocol):
-    """What :func:`expire_due` needs: ``turnledger.execution.ToolCalls``."""
-
-    def expire_due(self, session: Session) -> list[str]:
-        """Settle the session's due calls; their ids."""
-        ...
-
-
-def expire_due(calls: Expirer, session: Session) -> list[str]:
-    """Settle what is due at the clock's now: approvals whose window closed (rejected)
-    and deferred calls past their deadline (failed, "timed out"). Returns their ids."""
-    return calls.expire_due(session)
