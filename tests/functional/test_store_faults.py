@@ -95,8 +95,9 @@ class Injector:
             # Events are "E#<sequence>" items: the highest is the transcript's length after it.
             sequences = [
                 int(sk.removeprefix("E#"))
-                for put in params["TransactItems"]
-                if (sk := put["Put"]["Item"]["sk"]["S"]).startswith("E#")
+                for item in params["TransactItems"]
+                # Deletes (a decided call's inbox entry) and checks carry no event.
+                if "Put" in item and (sk := item["Put"]["Item"]["sk"]["S"]).startswith("E#")
             ]
             self.commits.append(max(sequences, default=self.commits[-1] if self.commits else 0))
         if len(self.calls) == self.at and self.fault == "lost" and model.name in WRITES:
