@@ -553,12 +553,21 @@ class LocalRunner:
         ``X-Amz-Invocation-Type: Event`` answers ``202`` at once and runs the function
         in the background, in its own execution environment, as Lambda's event queue
         would (without its retries); otherwise the function's result is the answer.
-        Only loopback clients reach it (the runner serves loopback unless told otherwise).
+        Only loopback clients may call it: an event names its tenant itself.
         """
+        if request.source_ip not in {"127.0.0.1", "::1"}:
+            # The functions call it from this machine; an event names any tenant, so no
+            # other host may send one (the runner may listen on 0.0.0.0).
+            error = {"Type": "User", "message": "Lambda's Invoke API is served to loopback only"}
+            return HttpResponse.json(
+                403, error, headers={"x-amzn-errortype": "AccessDeniedException"}
+            )
         function = name.rsplit(":", 1)[-1]
         if function not in self._pools:
             error = {"Type": "User", "message": f"Function not found: {name}"}
-            return HttpResponse.json(404, error, headers={"x-amzn-errortype": "ResourceNotFound"})
+            return HttpResponse.json(
+                404, error, headers={"x-amzn-errortype": "ResourceNotFoundException"}
+            )
         event = _json_object(request.body or b"{}")
         if (request.header("x-amz-invocation-type") or "RequestResponse") == "Event":
             thread = threading.Thread(
