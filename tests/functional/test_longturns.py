@@ -166,3 +166,15 @@ def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeCloc
         200, headers={"content-type": "text/event-stream"}, text=longturns.sse_text(empty)
     )
     assert [e.data for e in EventSource(quiet).iter_sse() if e.data] == []
+
+
+def test_a_request_too_large_for_the_workers_event_is_refused_first(clock: FakeClock) -> None:
+    from turnledger.exceptions import PayloadTooLarge
+
+    conversations = service(clock)
+    invoked = Invocations()
+    big = TurnRequest(input="x" * (longturns.MAX_EVENT_BYTES + 1))
+    with pytest.raises(PayloadTooLarge) as caught:
+        longturns.accept(conversations, ANN, "c1", "turn", big, invoked)
+    assert caught.value.details["limit"] == longturns.MAX_EVENT_BYTES
+    assert invoked.payloads == [] and drafts.read_state(conversations.store, KEY, 1) is None

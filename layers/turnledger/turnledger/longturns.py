@@ -38,6 +38,7 @@ from .exceptions import (
     ConversationBusy,
     ConversationNotFound,
     NotAwaitingApproval,
+    PayloadTooLarge,
     ServiceUnavailable,
     TurnledgerError,
 )
@@ -53,6 +54,8 @@ WORKER_EVENT = "turnledger.async_turn"
 MAX_WAIT_SECONDS = 20
 #: A draft ``in_progress`` for longer than the worker's longest run (15 minutes) is dead.
 STALE_AFTER_SECONDS = 900
+#: Lambda's limit of an asynchronous invocation's event (256 KiB), which carries the input.
+MAX_EVENT_BYTES = 256 * 1024
 #: Between two reads of a draft while a stream request waits.
 POLL_SECONDS = 0.2
 
@@ -276,13 +279,6 @@ def accept(
         ):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
         turn = head.turn
-    if _running(drafts.read_state(service.store, key, turn), service.clock()):
-        raise ConversationBusy(
-            "a turn of this conversation is running; follow it or wait for it",
-            details={"turn": turn, "retry_after_seconds": 1},
-        )
-    writer = _writer(service, key, turn, kind)
-    writer.begin()
     payload = {
         "kind": WORKER_EVENT,
         "route": kind,
@@ -292,6 +288,22 @@ def accept(
         "turn": turn,
         "body": request.model_dump(mode="json"),
     }
+    size = len(json.dumps(payload).encode())
+    if size > MAX_EVENT_BYTES:
+        # The input travels in the worker's event, and Lambda caps asynchronous events:
+        # refused before anything is stored (a retry would fail the same way).
+        raise PayloadTooLarge(
+            f"a long turn's request may be at most {MAX_EVENT_BYTES} bytes (it is carried "
+            "in the turn worker's event); send it synchronously",
+            details={"limit": MAX_EVENT_BYTES, "size": size},
+        )
+    if _running(drafts.read_state(service.store, key, turn), service.clock()):
+        raise ConversationBusy(
+            "a turn of this conversation is running; follow it or wait for it",
+            details={"turn": turn, "retry_after_seconds": 1},
+        )
+    writer = _writer(service, key, turn, kind)
+    writer.begin()
     try:
         invoke(payload)
     except Exception as exc:
