@@ -326,7 +326,8 @@ class LocalRunner:
             # Long turns: the functions start the worker through Lambda's Invoke API,
             # which this runner serves (``_lambda_invoke``), as Lambda would run it.
             files["TURN_WORKER_FUNCTION"] = TURN_WORKER
-            files["AWS_ENDPOINT_URL_LAMBDA"] = self.url
+            # Its own variable: Lambda tools keep whatever Lambda endpoint they are given.
+            files["TURN_WORKER_ENDPOINT"] = self.url
         tools = self.config.tools_file
         if tools is not None and tools.is_file():
             text = tools.read_text(encoding="utf-8")

@@ -321,18 +321,20 @@ def accept(
     )
 
 
-def invoke_worker(function_name: str, payload: dict[str, Any]) -> None:
+def invoke_worker(
+    function_name: str, payload: dict[str, Any], endpoint_url: str | None = None
+) -> None:
     """Start the turn worker with ``payload``, asynchronously (Lambda ``Event`` invocation).
 
-    The client honours ``AWS_ENDPOINT_URL_LAMBDA`` (the local runner serves Lambda's
-    Invoke API there).
+    ``endpoint_url``: another Lambda endpoint (``TURN_WORKER_ENDPOINT``: the local
+    runner serves Lambda's Invoke API for its functions).
 
     Raises:
         botocore.exceptions.BotoCoreError, ClientError: Lambda refused or was unreachable.
     """
     import boto3
 
-    client = boto3.client("lambda")
+    client = boto3.client("lambda", endpoint_url=endpoint_url)
     client.invoke(
         FunctionName=function_name,
         InvocationType="Event",
