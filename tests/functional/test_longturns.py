@@ -166,3 +166,34 @@ def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeCloc
         200, headers={"content-type": "text/event-stream"}, text=longturns.sse_text(empty)
     )
     assert [e.data for e in EventSource(quiet).iter_sse() if e.data] == []
+
+
+def test_a_request_too_large_for_the_workers_event_is_refused_first(clock: FakeClock) -> None:
+    from turnledger.exceptions import PayloadTooLarge
+
+    conversations = service(clock)
+    invoked = Invocations()
+    big = TurnRequest(input="x" * (longturns.MAX_EVENT_BYTES + 1))
+    with pytest.raises(PayloadTooLarge) as caught:
+        longturns.accept(conversations, ANN, "c1", "turn", big, invoked)
+    assert caught.value.details["limit"] == longturns.MAX_EVENT_BYTES
+    assert invoked.payloads == [] and drafts.read_state(conversations.store, KEY, 1) is None
+
+
+def test_what_a_turn_would_refuse_is_refused_before_202(clock: FakeClock) -> None:
+    from turnledger.exceptions import BudgetExceeded, ConversationBusy, UnknownTool
+
+    conversations = service(clock, conversation_token_budget=5)
+    conversations.turn(ANN, "c1", TurnRequest(input="echo: spend the whole budget now"))
+    with pytest.raises(BudgetExceeded):
+        longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="hi"), Invocations())
+    with pytest.raises(UnknownTool):
+        longturns.accept(
+            conversations, ANN, "c2", "turn", TurnRequest(input="hi", tools=["nope"]), Invocations()
+        )
+    # A long turn of the conversation is running: a second one is busy, nothing started.
+    invoked = Invocations()
+    longturns.accept(conversations, ANN, "c3", "turn", TurnRequest(input="one"), invoked)
+    with pytest.raises(ConversationBusy):
+        longturns.accept(conversations, ANN, "c3", "turn", TurnRequest(input="two"), invoked)
+    assert len(invoked.payloads) == 1

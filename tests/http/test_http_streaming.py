@@ -351,3 +351,39 @@ def test_a_second_async_turn_while_one_runs_is_busy_and_clear_removes_drafts(
     assert drafts.read(store, key, 1).chunks == []
     gone = client.get(first.headers["location"], headers=ANN)
     assert gone.status_code == 404
+
+
+def test_the_runner_serves_lambdas_invoke_api_to_boto3_on_loopback_only(
+    streaming: LocalRunner,
+) -> None:
+    import json
+
+    import boto3
+    from turnledger_local.gateway import HttpRequest
+
+    lambda_client = boto3.client(
+        "lambda",
+        endpoint_url=streaming.url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    queued = lambda_client.invoke(
+        FunctionName="TurnWorkerFunction", InvocationType="Event", Payload=b'{"kind": "x"}'
+    )
+    assert queued["StatusCode"] == 202
+    # Synchronously, the worker's refusal of a stray event is a function error, as on AWS.
+    refused = lambda_client.invoke(FunctionName="TurnWorkerFunction", Payload=b'{"kind": "x"}')
+    assert refused["FunctionError"] == "Unhandled"
+    assert "errorType" in json.loads(refused["Payload"].read())
+    with pytest.raises(lambda_client.exceptions.ResourceNotFoundException):
+        lambda_client.invoke(FunctionName="NoSuchFunction", Payload=b"{}")
+    remote = streaming.handle(
+        HttpRequest(
+            method="POST",
+            raw_path="/2015-03-31/functions/TurnWorkerFunction/invocations",
+            body=b"{}",
+            source_ip="192.0.2.7",
+        )
+    )
+    assert remote.status == 403

@@ -334,7 +334,8 @@ class LocalRunner:
             # Long turns: the functions start the worker through Lambda's Invoke API,
             # which this runner serves (``_lambda_invoke``), as Lambda would run it.
             files["TURN_WORKER_FUNCTION"] = TURN_WORKER
-            files["AWS_ENDPOINT_URL_LAMBDA"] = self.url
+            # Its own variable: Lambda tools keep whatever Lambda endpoint they are given.
+            files["TURN_WORKER_ENDPOINT"] = self.url
         tools = self.config.tools_file
         if tools is not None and tools.is_file():
             text = tools.read_text(encoding="utf-8")
@@ -584,12 +585,21 @@ class LocalRunner:
         ``X-Amz-Invocation-Type: Event`` answers ``202`` at once and runs the function
         in the background, in its own execution environment, as Lambda's event queue
         would (without its retries); otherwise the function's result is the answer.
-        Only loopback clients reach it (the runner serves loopback unless told otherwise).
+        Only loopback clients may call it: an event names its tenant itself.
         """
+        if request.source_ip not in {"127.0.0.1", "::1"}:
+            # The functions call it from this machine; an event names any tenant, so no
+            # other host may send one (the runner may listen on 0.0.0.0).
+            error = {"Type": "User", "message": "Lambda's Invoke API is served to loopback only"}
+            return HttpResponse.json(
+                403, error, headers={"x-amzn-errortype": "AccessDeniedException"}
+            )
         function = name.rsplit(":", 1)[-1]
         if function not in self._pools:
             error = {"Type": "User", "message": f"Function not found: {name}"}
-            return HttpResponse.json(404, error, headers={"x-amzn-errortype": "ResourceNotFound"})
+            return HttpResponse.json(
+                404, error, headers={"x-amzn-errortype": "ResourceNotFoundException"}
+            )
         event = _json_object(request.body or b"{}")
         if (request.header("x-amz-invocation-type") or "RequestResponse") == "Event":
             thread = threading.Thread(

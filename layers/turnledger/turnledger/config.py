@@ -58,6 +58,7 @@ Long and streamed turns (``Prefer: respond-async``):
 | variable | default | meaning |
 | --- | --- | --- |
 | ``TURN_WORKER_FUNCTION`` | (none: async turns refused) | the function async turns run in |
+| ``TURN_WORKER_ENDPOINT`` | (AWS) | the Lambda endpoint that starts it (local runner) |
 | ``DRAFT_FLUSH_MS``, ``_CHARS`` | ``250``, ``400`` | a draft chunk at most this often, or size |
 | ``DEMO_TOKEN_DELAY_MS`` | ``0`` | the demo models wait this long before each streamed word |
 """
@@ -236,6 +237,8 @@ class Settings:
     draft_flush_chars: int = 400
     #: The function that runs ``Prefer: respond-async`` turns (invoked asynchronously).
     turn_worker_function: str | None = None
+    #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
+    turn_worker_endpoint: str | None = None
 
     @property
     def allowed_providers(self) -> tuple[str, ...]:
@@ -349,4 +352,5 @@ class Settings:
             draft_flush_ms=_int(env, "DRAFT_FLUSH_MS", cls.draft_flush_ms),
             draft_flush_chars=_int(env, "DRAFT_FLUSH_CHARS", cls.draft_flush_chars),
             turn_worker_function=opt("TURN_WORKER_FUNCTION"),
+            turn_worker_endpoint=opt("TURN_WORKER_ENDPOINT"),
         )

@@ -38,6 +38,7 @@ from .exceptions import (
     ConversationBusy,
     ConversationNotFound,
     NotAwaitingApproval,
+    PayloadTooLarge,
     ServiceUnavailable,
     TurnledgerError,
 )
@@ -53,6 +54,8 @@ WORKER_EVENT = "turnledger.async_turn"
 MAX_WAIT_SECONDS = 20
 #: A draft ``in_progress`` for longer than the worker's longest run (15 minutes) is dead.
 STALE_AFTER_SECONDS = 900
+#: Lambda's limit of an asynchronous invocation's event (256 KiB), which carries the input.
+MAX_EVENT_BYTES = 256 * 1024
 #: Between two reads of a draft while a stream request waits.
 POLL_SECONDS = 0.2
 
@@ -276,13 +279,6 @@ def accept(
         ):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
         turn = head.turn
-    if _running(drafts.read_state(service.store, key, turn), service.clock()):
-        raise ConversationBusy(
-            "a turn of this conversation is running; follow it or wait for it",
-            details={"turn": turn, "retry_after_seconds": 1},
-        )
-    writer = _writer(service, key, turn, kind)
-    writer.begin()
     payload = {
         "kind": WORKER_EVENT,
         "route": kind,
@@ -292,6 +288,22 @@ def accept(
         "turn": turn,
         "body": request.model_dump(mode="json"),
     }
+    size = len(json.dumps(payload).encode())
+    if size > MAX_EVENT_BYTES:
+        # The input travels in the worker's event, and Lambda caps asynchronous events:
+        # refused before anything is stored (a retry would fail the same way).
+        raise PayloadTooLarge(
+            f"a long turn's request may be at most {MAX_EVENT_BYTES} bytes (it is carried "
+            "in the turn worker's event); send it synchronously",
+            details={"limit": MAX_EVENT_BYTES, "size": size},
+        )
+    if _running(drafts.read_state(service.store, key, turn), service.clock()):
+        raise ConversationBusy(
+            "a turn of this conversation is running; follow it or wait for it",
+            details={"turn": turn, "retry_after_seconds": 1},
+        )
+    writer = _writer(service, key, turn, kind)
+    writer.begin()
     try:
         invoke(payload)
     except Exception as exc:
@@ -309,18 +321,20 @@ def accept(
     )
 
 
-def invoke_worker(function_name: str, payload: dict[str, Any]) -> None:
+def invoke_worker(
+    function_name: str, payload: dict[str, Any], endpoint_url: str | None = None
+) -> None:
     """Start the turn worker with ``payload``, asynchronously (Lambda ``Event`` invocation).
 
-    The client honours ``AWS_ENDPOINT_URL_LAMBDA`` (the local runner serves Lambda's
-    Invoke API there).
+    ``endpoint_url``: another Lambda endpoint (``TURN_WORKER_ENDPOINT``: the local
+    runner serves Lambda's Invoke API for its functions).
 
     Raises:
         botocore.exceptions.BotoCoreError, ClientError: Lambda refused or was unreachable.
     """
     import boto3
 
-    client = boto3.client("lambda")
+    client = boto3.client("lambda", endpoint_url=endpoint_url)
     client.invoke(
         FunctionName=function_name,
         InvocationType="Event",

@@ -242,4 +242,3 @@ def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list
     session.lease = None
     session.cancel = None
     return cancelled
-

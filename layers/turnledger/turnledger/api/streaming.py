@@ -46,6 +46,7 @@ def accept_async(
     who = caller(conversation_id)
     service = runtime.conversations_for(who.tenant)
     function = runtime.settings.turn_worker_function or ""
+    endpoint = runtime.settings.turn_worker_endpoint
     accepted = idempotent(
         key=app.current_event.headers.get("idempotency-key") or None,
         conversation=ConversationKey(tenant=who.tenant, conversation_id=conversation_id),
@@ -58,7 +59,7 @@ def accept_async(
             conversation_id,
             kind,
             request,
-            invoke=lambda payload: invoke_worker(function, payload),
+            invoke=lambda payload: invoke_worker(function, payload, endpoint),
         ),
         parse=AsyncTurnAccepted.model_validate,
     )
