@@ -328,6 +328,13 @@ def test_input_calls_are_listed_and_answered_from_the_inbox(
     assert (provided["actor"], provided["payload"]["via"]) == ("rita", "approvals")
     [result] = [e for e in events if e["kind"] == "tool_result"]
     assert result["payload"]["output"] == "42k"
+    # The request and the answer were told like approvals (the runner's notification log).
+    told = [
+        (n["detail-type"], n["detail"]["kind"], n["detail"].get("provided_by"))
+        for n in client.get("/_local/notifications").json()["notifications"]
+        if n["detail"]["conversation_id"] == "budget-1"
+    ]
+    assert told == [("input.requested", "input", None), ("input.provided", "input", "rita")]
     # Answered once: a second answer names no waiting call and stores nothing.
     again = client.post(
         "/v1/conversations/budget-1/approvals",
