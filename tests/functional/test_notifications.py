@@ -1,9 +1,11 @@
 """Approval notifications: EventBridge events (moto) and signed webhooks (a real HTTP sink).
 
 A turn that pauses for approval, the decision, and an expiry each publish one
-event on the bus after their commit (arguments only when configured); a tool
-with a ``notify`` URL gets each one POSTed with a signature the receiver can
-check; a bus or webhook that fails never fails the request.
+event on the bus after their commit (arguments only when configured); so do a
+human-input call's request and its answer (``input.*``, kind ``input``) and a
+cancel that ends a person's wait (``<kind>.cancelled``); a tool with a ``notify``
+URL gets each one POSTed with a signature the receiver can check; a bus or
+webhook that fails never fails the request.
 """
 
 from __future__ import annotations
@@ -19,11 +21,18 @@ import httpx
 import pytest
 from moto import mock_aws
 from turnledger.config import Settings
-from turnledger.models import ConversationKey
-from turnledger.notifications import SIGNATURE_HEADER, Publisher
+from turnledger.models import (
+    ConversationKey,
+    Event,
+    EventKind,
+    Head,
+    PendingCall,
+    TurnInterrupted,
+)
+from turnledger.notifications import SIGNATURE_HEADER, Publisher, notifications_of
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import ApprovalRequest, Rejection, TurnRequest
+from turnledger.schemas import ApprovalRequest, CallOutput, Rejection, TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
@@ -60,6 +69,15 @@ def service(sink: HttpSink, clock: FakeClock, publisher: Publisher) -> Conversat
                         "parameters": {"type": "object"},
                         "require_approval": True,
                         "executor": {"type": "http", "url": sink.url("/email")},
+                    },
+                    {
+                        "name": "ask_operator",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"question": {"type": "string"}},
+                        },
+                        "executor": {"type": "human"},
+                        "notify": sink.url("/hook"),
                     },
                 ]
             }
@@ -197,3 +215,141 @@ def test_webhooks_are_signed_and_failures_never_fail_the_request(
     assert svc.approve(RITA, "c2", ApprovalRequest(approve=[other])).status == "complete"
     ask(svc, "c3", "pay", amount=1)
     assert len(sink.requests_for("/hook")) == 4
+
+
+def ask_person(svc: Conversations, conversation: str, question: str) -> str:
+    """A turn whose model asks the human-input tool; returns the call id."""
+    line = f"/tool ask_operator {json.dumps({'question': question})}"
+    reply = svc.turn(ANN, conversation, TurnRequest(input=line))
+    assert reply.status == "awaiting_hitl"
+    return reply.pending_tool_calls[0].id
+
+
+def test_input_requests_answers_and_cancels_reach_the_bus(
+    bus: tuple[Any, str], sink: HttpSink, clock: FakeClock
+) -> None:
+    sqs, queue = bus
+    publisher = Publisher(
+        bus="approvals",
+        events_client=lambda: boto3.client("events", region_name="us-east-1"),
+        post=httpx.post,
+        secret=lambda: SECRET,
+    )
+    svc = service(sink, clock, publisher)
+
+    # Requested: kind input, no deadline, no arguments unless configured.
+    call = ask_person(svc, "c1", "budget?")
+    [requested] = received(sqs, queue)
+    assert requested["detail-type"] == "input.requested"
+    assert requested["detail"] == {
+        "tenant": "acme",
+        "conversation_id": "c1",
+        "call_id": call,
+        "tool": "ask_operator",
+        "kind": "input",
+        "expires_at": None,
+    }
+    # Answered on the approvals route: who and how, never the answer itself.
+    reply = svc.approve(RITA, "c1", ApprovalRequest(outputs=[CallOutput(id=call, output="42k")]))
+    assert reply.status == "complete"
+    [provided] = received(sqs, queue)
+    assert provided["detail-type"] == "input.provided"
+    detail = provided["detail"]
+    assert (detail["call_id"], detail["kind"], detail["provided_by"], detail["via"]) == (
+        call,
+        "input",
+        "rita",
+        "approvals",
+    )
+    assert "42k" not in json.dumps(provided)
+
+    # Answered by a function_call_output item of a turn: via "turn".
+    publisher.include_arguments = True
+    call = ask_person(svc, "c2", "name?")
+    [requested] = received(sqs, queue)
+    assert requested["detail"]["arguments"] == {"question": "name?"}
+    answer = TurnRequest.model_validate(
+        {"input": [{"type": "function_call_output", "call_id": call, "output": "Ada"}]}
+    )
+    assert svc.turn(ANN, "c2", answer).status == "complete"
+    [provided] = received(sqs, queue)
+    assert provided["detail-type"] == "input.provided"
+    assert (provided["detail"]["provided_by"], provided["detail"]["via"]) == ("ann", "turn")
+    publisher.include_arguments = False
+
+    # A cancel ends the wait: told with who and why.
+    call = ask_person(svc, "c3", "really?")
+    received(sqs, queue)
+    cancelled = svc.cancel(RITA, "c3", reason="customer left")
+    assert cancelled.cancelled_call_ids == [call]
+    [told] = received(sqs, queue)
+    assert told["detail-type"] == "input.cancelled"
+    assert (told["detail"]["call_id"], told["detail"]["kind"]) == (call, "input")
+    assert (told["detail"]["cancelled_by"], told["detail"]["reason"]) == ("rita", "customer left")
+
+
+def test_a_cancel_tells_only_of_calls_a_person_waited_for(clock: FakeClock) -> None:
+    """``<kind>.cancelled`` for an approval and an input call; nothing for a client call
+    (nobody was told it waited)."""
+
+    def pending(call_id: str, requires: str, state: str) -> PendingCall:
+        return PendingCall.model_validate(
+            {
+                "id": call_id,
+                "name": f"tool_{call_id}",
+                "arguments": {},
+                "requires": requires,
+                "state": state,
+                "idempotency_key": f"k-{call_id}",
+                "arguments_sha256": "0" * 64,
+            }
+        )
+
+    before = [
+        pending("a", "approval", "awaiting_approval"),
+        pending("i", "input", "awaiting_input"),
+        pending("c", "client", "awaiting_client"),
+    ]
+    interrupted = Event(
+        event_id="e1",
+        conversation_id="c1",
+        sequence=9,
+        turn=1,
+        kind=EventKind.TURN_INTERRUPTED,
+        actor="rita",
+        occurred_at=clock.now(),
+        payload=TurnInterrupted(
+            interrupted_by="rita", cancelled_call_ids=["a", "i", "c"], reason=None
+        ).model_dump(mode="json"),
+    )
+    notes = notifications_of(
+        ConversationKey(tenant="acme", conversation_id="c1"),
+        before,
+        Head.model_construct(pending=[]),
+        [interrupted],
+        include_arguments=False,
+    )
+    assert [(n.detail_type, n.detail["call_id"], n.detail["kind"]) for n in notes] == [
+        ("approval.cancelled", "a", "approval"),
+        ("input.cancelled", "i", "input"),
+    ]
+
+
+def test_input_webhooks_are_signed(sink: HttpSink, clock: FakeClock) -> None:
+    publisher = Publisher(post=httpx.post, secret=lambda: SECRET, clock=lambda: 1_700_000_000.0)
+    svc = service(sink, clock, publisher)
+    call = ask_person(svc, "c1", "budget?")
+    svc.approve(RITA, "c1", ApprovalRequest(outputs=[CallOutput(id=call, output="42k")]))
+    hooks = sink.requests_for("/hook")
+    assert [(h.json()["detail-type"], h.json()["detail"]["kind"]) for h in hooks] == [
+        ("input.requested", "input"),
+        ("input.provided", "input"),
+    ]
+    for hook in hooks:
+        parts = dict(
+            part.split("=", 1) for part in (hook.header("turnledger-signature") or "").split(",")
+        )
+        expected = hmac.new(
+            SECRET.encode(), f"{parts['t']}.".encode() + hook.body, hashlib.sha256
+        ).hexdigest()
+        assert hmac.compare_digest(parts["v1"], expected)

@@ -5,7 +5,10 @@ it): sign in with a pasted token, see the pending calls, approve one, reject one
 with a reason, edit the arguments of a third and approve them, using the mouse
 and the keyboard; then the JSON API must show each decision recorded (with the
 approver and the hashes) and each turn continued. A tool argument holding HTML
-is shown as text and never runs. The page's screenshot is kept as
+is shown as text and never runs. A human-input call is answered from the page
+(an "Answer" box and "Send answer", no approve/reject/edit), and the JSON API
+must show ``tool_input_provided`` recorded and the turn continued. The page's
+screenshot, a queue holding both kinds with the input call open, is kept as
 ``docs/approvals.png`` (the README shows it).
 """
 
@@ -102,8 +105,6 @@ def test_deciding_from_the_page(runner: LocalRunner, api: httpx.Client) -> None:
             sync_api.expect(page.locator("#messages")).to_contain_text("ann")
             assert page.locator("#arguments img, #arguments script").count() == 0
             assert page.evaluate("window.__pwned") is None
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT))
             page.keyboard.press("a")  # approve
             sync_api.expect(page.locator("#notice")).to_contain_text("Approved send_email")
             sync_api.expect(queue).to_have_count(2)
@@ -171,3 +172,140 @@ def test_the_page_is_served_with_a_strict_policy(runner: LocalRunner) -> None:
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy
     assert "unsafe-inline" not in policy and "http" not in policy.replace("'self'", "")
     assert "innerHTML" not in answer.text and "insertAdjacentHTML" not in answer.text
+
+
+#: The samples' registry plus a human-input tool.
+HUMAN_TOOLS: dict[str, Any] = {
+    "tools": [
+        *json.loads(TOOLS.read_text(encoding="utf-8"))["tools"],
+        {
+            "name": "ask_operator",
+            "description": "Ask a person; they type the answer.",
+            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+            "executor": {"type": "human"},
+        },
+    ]
+}
+
+
+@pytest.fixture
+def human_runner(runner_config: LocalConfig, tmp_path: Path) -> Iterator[LocalRunner]:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(HUMAN_TOOLS), encoding="utf-8")
+    with LocalRunner(dataclasses.replace(runner_config, tools_file=tools)) as served:
+        yield served
+
+
+def test_answering_an_input_call_from_the_page(human_runner: LocalRunner) -> None:
+    runner = human_runner
+    with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as api:
+        ask(api, "orders-1", "send_email", {"to": "bob@example.com", "subject": HOSTILE})
+        asked = api.post(
+            "/v1/conversations/budget-1/turns",
+            json={"input": '/tool ask_operator {"question": "Budget for <b>Q1</b>?"}'},
+        )
+        assert asked.json()["status"] == "awaiting_hitl", asked.text
+        [call] = asked.json()["pending_tool_calls"]
+
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 760})
+                failures: list[str] = []
+                page.on("pageerror", lambda error: failures.append(str(error)))
+                page.goto(f"{runner.url}/approvals")
+                page.keyboard.type("local:acme:rita")
+                page.keyboard.press("Enter")
+                queue = page.locator("#queue button")
+                sync_api.expect(queue).to_have_count(2)
+                sync_api.expect(queue.nth(1).locator(".kind")).to_have_text("input")
+
+                # Open the input call with the keyboard: no approve, reject or edit for it.
+                page.keyboard.press("Escape")
+                page.keyboard.press("j")
+                page.keyboard.press("j")
+                page.keyboard.press("Enter")
+                sync_api.expect(page.locator("#call-tool")).to_have_text("ask_operator")
+                sync_api.expect(page.locator("#call-kind")).to_have_text("input")
+                assert json.loads(page.locator("#arguments").inner_text()) == {
+                    "question": "Budget for <b>Q1</b>?"
+                }
+                assert page.locator("#arguments b").count() == 0  # shown as text
+                for hidden in ("#approve", "#reject", "#edit", "#reject-reason"):
+                    sync_api.expect(page.locator(hidden)).to_be_hidden()
+                answer = page.get_by_label("Answer", exact=True)
+                sync_api.expect(answer).to_be_visible()
+                sync_api.expect(page.get_by_role("button", name="Send answer")).to_be_visible()
+                page.keyboard.press("a")  # approval keys do nothing here
+                assert api.get("/v1/conversations/orders-1").json()["status"] == (
+                    "awaiting_approval"
+                )
+
+                # A blank answer is refused in words; nothing is sent.
+                page.keyboard.press("i")
+                sync_api.expect(answer).to_be_focused()
+                page.keyboard.press("Control+Enter")
+                sync_api.expect(page.locator("#error")).to_contain_text("Type an answer first")
+                assert api.get("/v1/conversations/budget-1").json()["status"] == "awaiting_hitl"
+
+                # Several lines (Enter is a new line), then Ctrl+Enter sends.
+                page.keyboard.type("42k for Q1")
+                sync_api.expect(page.locator("#error")).to_be_empty()
+                page.keyboard.press("Enter")
+                page.keyboard.type("<i>approved by finance</i>")
+                sync_api.expect(page.locator("#messages")).to_contain_text("ann")
+                SCREENSHOT.parent.mkdir(exist_ok=True)
+                page.screenshot(path=str(SCREENSHOT))
+                page.keyboard.press("Control+Enter")
+                sync_api.expect(page.locator("#notice")).to_contain_text(
+                    "Answered ask_operator in budget-1"
+                )
+                sync_api.expect(page.locator("#notice")).to_contain_text("now complete")
+                sync_api.expect(queue).to_have_count(1)
+                sync_api.expect(queue.first.locator(".kind")).to_have_text("approval")
+
+                # Answered elsewhere meanwhile: the page says so in words.
+                second = api.post(
+                    "/v1/conversations/budget-2/turns",
+                    json={"input": '/tool ask_operator {"question": "Deadline?"}'},
+                )
+                [late] = second.json()["pending_tool_calls"]
+                page.locator("#refresh").click()
+                sync_api.expect(queue).to_have_count(2)
+                queue.filter(has_text="budget-2").click()
+                answered = api.post(
+                    "/v1/conversations/budget-2/approvals",
+                    json={"outputs": [{"id": late["id"], "output": "Friday"}]},
+                )
+                assert answered.status_code == 200, answered.text
+                page.get_by_label("Answer", exact=True).fill("Monday")
+                page.get_by_role("button", name="Send answer").click()
+                sync_api.expect(page.locator("#error")).to_contain_text(
+                    "no longer waiting: someone else decided or answered it"
+                )
+                sync_api.expect(queue).to_have_count(1)
+                assert page.evaluate("window.__pwned") is None
+                assert failures == []
+            finally:
+                browser.close()
+
+        # Recorded through the API: who answered, how, what the model saw.
+        budget = api.get("/v1/conversations/budget-1").json()
+        assert budget["status"] == "complete"
+        kinds = [e["kind"] for e in events(api, "budget-1")]
+        assert kinds.index("tool_input_provided") < kinds.index("tool_result")
+        [provided] = [e for e in events(api, "budget-1") if e["kind"] == "tool_input_provided"]
+        assert provided["actor"] == "rita"
+        assert provided["payload"] == {
+            "call_id": call["id"],
+            "name": "ask_operator",
+            "provided_by": "rita",
+            "via": "approvals",
+        }
+        [result] = [e for e in events(api, "budget-1") if e["kind"] == "tool_result"]
+        assert result["payload"]["output"] == "42k for Q1\n<i>approved by finance</i>"
+        [reply] = [e for e in events(api, "budget-1") if e["kind"] == "assistant_message"][-1:]
+        assert "42k for Q1" in reply["payload"]["content"]
+        [kept] = [e for e in events(api, "budget-2") if e["kind"] == "tool_result"]
+        assert kept["payload"]["output"] == "Friday"  # the page's late answer stored nothing
+        assert [i["kind"] for i in api.get("/v1/approvals").json()["items"]] == ["approval"]

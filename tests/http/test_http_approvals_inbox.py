@@ -244,3 +244,102 @@ def test_the_sweep_records_expiries_nobody_touches(
     assert (view["status"], view["expired_tool_calls"]) == ("complete", [])
     told = client.get("/_local/notifications").json()["notifications"]
     assert [n["detail-type"] for n in told] == ["approval.requested", "approval.expired"]
+
+
+#: A registry with a human-input tool besides the samples' approval tool.
+HUMAN_TOOLS: dict[str, Any] = {
+    "tools": [
+        *json.loads(TOOLS.read_text(encoding="utf-8"))["tools"],
+        {
+            "name": "ask_operator",
+            "description": "Ask a person; they type the answer.",
+            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+            "executor": {"type": "human"},
+        },
+    ]
+}
+
+
+@pytest.fixture(params=["moto", "sqlite", pytest.param("ddb", marks=pytest.mark.integration)])
+def human(
+    request: pytest.FixtureRequest,
+    runner_config: LocalConfig,
+    runner_clock: ClockFile,
+    tmp_path: Path,
+) -> Iterator[httpx.Client]:
+    """A runner whose registry has the human-input tool ``ask_operator``, on each storage."""
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(HUMAN_TOOLS), encoding="utf-8")
+    config = dataclasses.replace(runner_config, tools_file=tools)
+    if request.param == "sqlite":
+        config = dataclasses.replace(config, data_dir=tmp_path / "data")
+    if request.param == "ddb":
+        config = dataclasses.replace(
+            config, dynamodb_endpoint=request.getfixturevalue("ddb_local_endpoint")
+        )
+    yield from start(config, runner_clock)
+
+
+def test_input_calls_are_listed_and_answered_from_the_inbox(
+    human: httpx.Client, runner_clock: ClockFile
+) -> None:
+    """A human-input call is listed as ``kind: "input"`` beside another conversation's
+    approval; its output on the approvals route takes it out and the turn continues."""
+    client = human
+    ask(client, "acme", "orders-1", ("send_email", {"to": "bob@example.com"}))
+    runner_clock.advance(1)
+    paused = client.post(
+        "/v1/conversations/budget-1/turns",
+        json={"input": '/tool ask_operator {"question": "budget for Q1?"}'},
+        headers=bearer("acme"),
+    )
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["status"] == "awaiting_hitl"
+    [call] = paused.json()["pending_tool_calls"]
+    assert call["requires"] == "input"
+
+    items = inbox(client, "acme")
+    assert [(i["kind"], i["conversation_id"], i["tool"]) for i in items] == [
+        ("approval", "orders-1", "send_email"),
+        ("input", "budget-1", "ask_operator"),
+    ]
+    asked = items[1]
+    assert asked["id"] == call["id"]
+    assert asked["arguments"] == {"question": "budget for Q1?"}
+    assert asked["requested_by"] == "ann"
+    assert inbox(client, "globex") == []  # another tenant sees none of it
+
+    answered = client.post(
+        "/v1/conversations/budget-1/approvals",
+        json={"outputs": [{"id": call["id"], "output": "42k"}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["status"] == "complete"
+    # The local model echoes the results it was given: it saw the person's answer.
+    assert answered.json()["output_text"] == "Tool results: ask_operator: 42k"
+    assert [(i["kind"], i["conversation_id"]) for i in inbox(client, "acme")] == [
+        ("approval", "orders-1")
+    ]
+    events = client.get(
+        "/v1/conversations/budget-1/events", params={"limit": 100}, headers=bearer("acme")
+    ).json()["events"]
+    [provided] = [e for e in events if e["kind"] == "tool_input_provided"]
+    assert (provided["actor"], provided["payload"]["via"]) == ("rita", "approvals")
+    [result] = [e for e in events if e["kind"] == "tool_result"]
+    assert result["payload"]["output"] == "42k"
+    # The request and the answer were told like approvals (the runner's notification log).
+    told = [
+        (n["detail-type"], n["detail"]["kind"], n["detail"].get("provided_by"))
+        for n in client.get("/_local/notifications").json()["notifications"]
+        if n["detail"]["conversation_id"] == "budget-1"
+    ]
+    assert told == [("input.requested", "input", None), ("input.provided", "input", "rita")]
+    # Answered once: a second answer names no waiting call and stores nothing.
+    again = client.post(
+        "/v1/conversations/budget-1/approvals",
+        json={"outputs": [{"id": call["id"], "output": "43k"}]},
+        headers=bearer("acme", "rita"),
+    )
+    assert again.status_code == 422, again.text
+    assert again.json()["error"]["code"] == "unknown_tool_call"

@@ -1,15 +1,20 @@
-"""Telling people that a call waits for them, was decided, or expired.
+"""Telling people that a call waits for them, was decided, answered, expired or cancelled.
 
 After a commit lands (never before: a commit that fails told nobody anything),
-every approval it requested, decided or expired is published:
+every approval it requested, decided or expired, every human-input call it
+requested or got the answer of, and every such wait a cancel ended is published:
 
 * as an EventBridge event on the deployment's bus (``NOTIFICATIONS_BUS``, the
   template's ``NotificationsBus``): source ``turnledger``, detail-type
-  ``approval.requested`` / ``approval.decided`` / ``approval.expired``, detail
-  ``{tenant, conversation_id, call_id, tool, kind, expires_at}`` (plus
-  ``decision``, ``approver``, ``reason`` for a decision) and the arguments only
-  when ``NOTIFY_INCLUDE_ARGUMENTS`` is true: a team routes them with rules to
-  Slack, e-mail or a ticket queue;
+  ``approval.requested`` / ``approval.decided`` / ``approval.expired`` and
+  ``input.requested`` / ``input.provided`` (a human-input tool's call: kind
+  ``input``), and ``approval.cancelled`` / ``input.cancelled`` when ``POST
+  .../cancel`` ends such a wait; detail ``{tenant, conversation_id, call_id,
+  tool, kind, expires_at}`` (plus ``decision``, ``approver``, ``reason`` for a
+  decision; ``provided_by``, ``via`` for an answer, never the answer itself;
+  ``cancelled_by``, ``reason`` for a cancel) and the arguments only when
+  ``NOTIFY_INCLUDE_ARGUMENTS`` is true: a team routes them with rules to Slack,
+  e-mail or a ticket queue, and closes the message when the wait ends;
 * to the tool's own ``notify`` webhook (tool registry), when it has one: a POST
   of ``{"source", "detail-type", "detail"}`` signed with HMAC-SHA256 over
   ``"<timestamp>.<body>"`` under a shared secret (Secrets Manager
@@ -37,6 +42,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from . import turnstate
 from .models import (
     ApprovalExpired,
     ApprovalRequested,
@@ -45,6 +51,9 @@ from .models import (
     Event,
     Head,
     PendingCall,
+    ToolCallRequested,
+    ToolInputProvided,
+    TurnInterrupted,
 )
 from .observability import logger, metrics
 
@@ -52,6 +61,10 @@ SOURCE = "turnledger"
 REQUESTED = "approval.requested"
 DECIDED = "approval.decided"
 EXPIRED = "approval.expired"
+INPUT_REQUESTED = "input.requested"
+INPUT_PROVIDED = "input.provided"
+#: ``<kind>.cancelled``: a cancel ended a call that waited for a person.
+CANCELLED = "cancelled"
 SIGNATURE_HEADER = "Turnledger-Signature"
 #: Seconds one webhook delivery may take: it runs inside the request that caused it.
 WEBHOOK_TIMEOUT_SECONDS = 3.0
@@ -78,37 +91,53 @@ def notifications_of(
 ) -> list[Notification]:
     """What one commit (``events``, replacing pending calls ``before`` by ``head``'s) tells."""
     calls = {p.id: p for p in [*before, *head.pending]}
+    # What each call waited for before this commit: a cancel is told only of person waits.
+    waited = {p.id: turnstate.waits_for_person(p) for p in before}
     expired = {b.call_id for e in events if isinstance(b := e.body(), ApprovalExpired)}
     found: list[Notification] = []
     for event in events:
         body = event.body()
+        told: list[tuple[str, str, dict[str, Any]]] = []  # (detail-type, call id, extra)
         extra: dict[str, Any]
         if isinstance(body, ApprovalRequested):
-            detail_type, extra = REQUESTED, {}
+            told.append((REQUESTED, body.call_id, {}))
         elif isinstance(body, ApprovalExpired):
-            detail_type, extra = EXPIRED, {}
+            told.append((EXPIRED, body.call_id, {}))
         elif isinstance(body, ApprovalResolved) and body.call_id not in expired:
-            detail_type = DECIDED
             extra = {"decision": body.decision, "approver": body.approver, "reason": body.reason}
             if body.approved_arguments_sha256:
                 extra["edited"] = True
-        else:
-            continue
-        call = calls.get(body.call_id)
-        if call is None:
-            continue
-        detail: dict[str, Any] = {
-            "tenant": key.tenant,
-            "conversation_id": key.conversation_id,
-            "call_id": call.id,
-            "tool": call.name,
-            "kind": "input" if call.requires == "input" else "approval",
-            "expires_at": call.expires_at.isoformat() if call.expires_at else None,
-            **extra,
-        }
-        if include_arguments:
-            detail["arguments"] = call.arguments
-        found.append(Notification(detail_type, detail, call.name))
+            told.append((DECIDED, body.call_id, extra))
+        elif isinstance(body, ToolCallRequested) and body.requires == "input":
+            # A human-input call has no approval_requested event: its request is this one.
+            told.append((INPUT_REQUESTED, body.call_id, {}))
+        elif isinstance(body, ToolInputProvided):
+            extra = {"provided_by": body.provided_by, "via": body.via}
+            told.append((INPUT_PROVIDED, body.call_id, extra))
+        elif isinstance(body, TurnInterrupted):
+            extra = {"cancelled_by": body.interrupted_by, "reason": body.reason}
+            for call_id in body.cancelled_call_ids:
+                kind = waited.get(call_id)
+                if kind is not None:
+                    told.append((f"{kind}.{CANCELLED}", call_id, extra))
+        for detail_type, call_id, extra in told:
+            call = calls.get(call_id)
+            if call is None:
+                # Not pending before or after this commit (e.g. a human-input call whose
+                # arguments were refused got its error result at once): nobody waits.
+                continue
+            detail: dict[str, Any] = {
+                "tenant": key.tenant,
+                "conversation_id": key.conversation_id,
+                "call_id": call.id,
+                "tool": call.name,
+                "kind": "input" if call.requires == "input" else "approval",
+                "expires_at": call.expires_at.isoformat() if call.expires_at else None,
+                **extra,
+            }
+            if include_arguments:
+                detail["arguments"] = call.arguments
+            found.append(Notification(detail_type, detail, call.name))
     return found
 
 
