@@ -8,14 +8,17 @@ approver and the hashes) and each turn continued. A tool argument holding HTML
 is shown as text and never runs. A human-input call is answered from the page
 (an "Answer" box and "Send answer", no approve/reject/edit), and the JSON API
 must show ``tool_input_provided`` recorded and the turn continued. The page's
-screenshot, a queue holding both kinds with the input call open, is kept as
-``docs/approvals.png`` (the README shows it).
+screenshot, a queue holding both kinds with the input call open, is what
+``docs/approvals.png`` shows (the README): ``TURNLEDGER_SCREENSHOT=docs/approvals.png``
+refreshes it; otherwise the test writes its screenshot to a temporary folder, so a
+test run never changes the repository.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +33,6 @@ pytestmark = pytest.mark.http
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "events" / "local-tools.json"
-SCREENSHOT = ROOT / "docs" / "approvals.png"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ANN = {"Authorization": "Bearer local:acme:ann"}
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
@@ -196,7 +198,7 @@ def human_runner(runner_config: LocalConfig, tmp_path: Path) -> Iterator[LocalRu
         yield served
 
 
-def test_answering_an_input_call_from_the_page(human_runner: LocalRunner) -> None:
+def test_answering_an_input_call_from_the_page(human_runner: LocalRunner, tmp_path: Path) -> None:
     runner = human_runner
     with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as api:
         ask(api, "orders-1", "send_email", {"to": "bob@example.com", "subject": HOSTILE})
@@ -254,8 +256,9 @@ def test_answering_an_input_call_from_the_page(human_runner: LocalRunner) -> Non
                 page.keyboard.press("Enter")
                 page.keyboard.type("<i>approved by finance</i>")
                 sync_api.expect(page.locator("#messages")).to_contain_text("ann")
-                SCREENSHOT.parent.mkdir(exist_ok=True)
-                page.screenshot(path=str(SCREENSHOT))
+                target = Path(os.environ.get("TURNLEDGER_SCREENSHOT") or tmp_path / "page.png")
+                page.screenshot(path=str(target))
+                assert target.stat().st_size > 10_000  # a rendered page, not an empty image
                 page.keyboard.press("Control+Enter")
                 sync_api.expect(page.locator("#notice")).to_contain_text(
                     "Answered ask_operator in budget-1"

@@ -479,6 +479,49 @@ def test_cancel_of_a_waiting_turn_records_who_and_keeps_results(
     assert idle["cancelled_call_ids"] == [] and idle["status"] == "complete"
 
 
+def test_cancel_decides_the_approvals_a_turn_waits_for(
+    client: httpx.Client, sink: HttpSink, conversation: str
+) -> None:
+    """An approval, a person's input and a client tool pending at once: a cancel settles
+    all three; the approval is recorded as rejected by the canceller and leaves the inbox."""
+    first = ok(
+        turn(
+            client,
+            conversation,
+            lines(tool_line("send_email"), tool_line("ask_operator"), tool_line("lookup_user")),
+        )
+    )
+    assert first["awaiting"] == ["approval", "input", "client"]
+    inbox = ok(client.get("/v1/approvals", params={"conversation_id": conversation}))
+    assert sorted(i["kind"] for i in inbox["items"]) == ["approval", "input"]
+    cancelled = ok(
+        client.post(
+            f"/v1/conversations/{conversation}/cancel", json={"reason": "stop"}, headers=BEN
+        )
+    )
+    assert cancelled["status"] == "complete"
+    assert cancelled["cancelled_call_ids"] == ["call_1", "call_2", "call_3"]
+    [decision] = [e for e in events(client, conversation) if e["kind"] == "approval_resolved"]
+    assert decision["actor"] == "ben"
+    assert (decision["payload"]["decision"], decision["payload"]["reason"]) == (
+        "rejected",
+        "cancelled by ben: stop",
+    )
+    assert not [
+        r for r in sink.requests_for("/email") if r.json()["conversation_id"] == conversation
+    ]
+    assert ok(client.get("/v1/approvals", params={"conversation_id": conversation}))["items"] == []
+    # People are told once per call: cancelled (not also "decided").
+    told = [
+        (n["detail-type"], n["detail"]["call_id"])
+        for n in ok(client.get("/_local/notifications"))["notifications"]
+        if n["detail"]["conversation_id"] == conversation
+    ]
+    assert told[-2:] == [("approval.cancelled", "call_1"), ("input.cancelled", "call_2")]
+    assert ("approval.decided", "call_1") not in told
+    assert ok(turn(client, conversation, "Next."))["status"] == "complete"
+
+
 def race(
     client: httpx.Client, anonymous: httpx.Client, conversation: str, url: str
 ) -> dict[str, httpx.Response]:

@@ -94,6 +94,13 @@ def notifications_of(
     # What each call waited for before this commit: a cancel is told only of person waits.
     waited = {p.id: turnstate.waits_for_person(p) for p in before}
     expired = {b.call_id for e in events if isinstance(b := e.body(), ApprovalExpired)}
+    # A cancel rejects the approvals it ends: told once, as cancelled, not also as decided.
+    cancelled = {
+        call_id
+        for e in events
+        if isinstance(b := e.body(), TurnInterrupted)
+        for call_id in b.cancelled_call_ids
+    }
     found: list[Notification] = []
     for event in events:
         body = event.body()
@@ -103,7 +110,7 @@ def notifications_of(
             told.append((REQUESTED, body.call_id, {}))
         elif isinstance(body, ApprovalExpired):
             told.append((EXPIRED, body.call_id, {}))
-        elif isinstance(body, ApprovalResolved) and body.call_id not in expired:
+        elif isinstance(body, ApprovalResolved) and body.call_id not in expired | cancelled:
             extra = {"decision": body.decision, "approver": body.approver, "reason": body.reason}
             if body.approved_arguments_sha256:
                 extra["edited"] = True

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 from .exceptions import ApprovalPending, InputPending, InternalError
 from .models import (
+    ApprovalResolved,
     ConversationStatus,
     Head,
     PendingCall,
@@ -203,8 +204,9 @@ def cancel_requested(head: Head | None) -> bool:
 
 def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list[str]:
     """Stop the current turn: every pending call is recorded as cancelled (a deferred
-    one also as settled), then one ``turn_interrupted`` event; results recorded before
-    stay. The caller commits ``complete``.
+    one also as settled, an undecided approval also as rejected by the canceller), then
+    one ``turn_interrupted`` event; results recorded before stay. The caller commits
+    ``complete``.
 
     Returns:
         The ids of the calls cancelled, in pending order.
@@ -212,8 +214,22 @@ def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list
     cancelled: list[str] = []
     why = f" was cancelled by {by}" + (f": {reason}" if reason else "")
     for pending in session.pending:
-        # A ready call (recorded, not run: the turn's process died) is cancelled too.
-        if pending.state != "ready":
+        if pending.state in AWAITING_DECISION:
+            # A decision nobody made: the cancel decides it (rejected), so every
+            # approval_requested keeps its approval_resolved.
+            check_move(pending.state, "rejected")
+            session.add(
+                ApprovalResolved(
+                    call_id=pending.id,
+                    decision="rejected",
+                    reason=f"cancelled by {by}" + (f": {reason}" if reason else ""),
+                    approver=by,
+                    arguments_sha256=pending.arguments_sha256,
+                ),
+                actor=by,
+            )
+        elif pending.state != "ready":
+            # A ready call (recorded, not run: the turn's process died) is cancelled too.
             check_move(pending.state, "settled")
         if pending.state == "deferred":
             session.add(
