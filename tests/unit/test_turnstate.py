@@ -10,11 +10,10 @@ from typing import Any, get_args
 import pytest
 from turnledger import callbacks
 from turnledger.exceptions import ApprovalPending, CallbackInvalid, InputPending
-from turnledger.models import ConversationStatus, PendingCall
+from turnledger.models import CallState, ConversationStatus, PendingCall
 from turnledger.turnstate import (
     CALL_TRANSITIONS,
     WAIT_OF_STATE,
-    CallState,
     IllegalTransition,
     awaiting,
     move,

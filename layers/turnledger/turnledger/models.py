@@ -393,6 +393,18 @@ class Event(_Strict):
         return model.model_validate(self.payload)  # type: ignore[return-value]
 
 
+#: Where a pending call stands (moves: :data:`turnledger.turnstate.CALL_TRANSITIONS`).
+CallState = Literal[
+    "awaiting_approval",
+    "awaiting_client",
+    "ready",
+    "rejected",
+    "outcome_unknown",
+    "awaiting_input",
+    "deferred",
+]
+
+
 class PendingCall(_Strict):
     """A tool call of the current turn that has no result yet.
 
@@ -412,15 +424,7 @@ class PendingCall(_Strict):
     name: str
     arguments: dict[str, Any]
     requires: Requirement
-    state: Literal[
-        "awaiting_approval",
-        "awaiting_client",
-        "ready",
-        "rejected",
-        "outcome_unknown",
-        "awaiting_input",
-        "deferred",
-    ]
+    state: CallState
     idempotency_key: str
     arguments_sha256: str
     expires_at: datetime | None = None

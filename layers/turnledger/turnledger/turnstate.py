@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from .exceptions import ApprovalPending, InputPending, InternalError
 from .models import (
     ApprovalResolved,
+    CallState,
     ConversationStatus,
     Head,
     PendingCall,
@@ -33,15 +34,6 @@ if TYPE_CHECKING:
     from .schemas import PendingToolCallView
     from .session import Session
 
-CallState = Literal[
-    "awaiting_approval",
-    "awaiting_client",
-    "ready",
-    "rejected",
-    "outcome_unknown",
-    "awaiting_input",
-    "deferred",
-]
 #: Where a call may go from each state (``None``: a call being recorded). ``settled``:
 #: its result is recorded and it leaves the pending list.
 CALL_TRANSITIONS: dict[str | None, frozenset[str]] = {

@@ -498,26 +498,8 @@ class BedrockConverseProvider(Provider):
                 something unusable.
         """
         call = converse_call(request, max_tokens=self.max_tokens, json_mode=self.json_mode)
-        attempt = 0
-        while True:
-            attempt += 1
-            client = self._client_for_attempt(attempt)
-            try:
-                response = client.converse(**call.params)
-            except ResponseParserError as exc:
-                raise ProviderError(
-                    "the model provider answered with an unusable body",
-                    details={"reason": "invalid_response", "attempts": attempt},
-                ) from exc
-            except (ClientError, BotoCoreError) as exc:
-                error, retry = _failure(exc)
-                left = deadline.remaining()
-                if not retry or attempt > self.max_retries or (left is not None and left <= 0):
-                    error.details["attempts"] = attempt
-                    raise error from exc
-                self._backoff.wait(attempt)
-                continue
-            return parse_reply(response, call, request.model)
+        response, _ = self._send("converse", call.params)
+        return parse_reply(response, call, request.model)
 
     def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
         """Send ``request`` to ``converse_stream``; hand each text delta to ``on_text``.
@@ -533,26 +515,7 @@ class BedrockConverseProvider(Provider):
         """
         call = converse_call(request, max_tokens=self.max_tokens, json_mode=self.json_mode)
         sink = on_text if call.json_tool is None else None
-        attempt = 0
-        while True:
-            attempt += 1
-            client = self._client_for_attempt(attempt)
-            try:
-                opened = client.converse_stream(**call.params)
-            except ResponseParserError as exc:
-                raise ProviderError(
-                    "the model provider answered with an unusable body",
-                    details={"reason": "invalid_response", "attempts": attempt},
-                ) from exc
-            except (ClientError, BotoCoreError) as exc:
-                error, retry = _failure(exc)
-                left = deadline.remaining()
-                if not retry or attempt > self.max_retries or (left is not None and left <= 0):
-                    error.details["attempts"] = attempt
-                    raise error from exc
-                self._backoff.wait(attempt)
-                continue
-            break
+        opened, attempt = self._send("converse_stream", call.params)
         try:
             response = _assemble(opened["stream"], sink)
         except ProviderError as exc:
@@ -566,6 +529,34 @@ class BedrockConverseProvider(Provider):
         if sink is None and reply.text:
             on_text(reply.text)
         return reply
+
+    def _send(
+        self, operation: Literal["converse", "converse_stream"], params: dict[str, Any]
+    ) -> tuple[Any, int]:
+        """Call ``operation`` with bounded retries (throttling, 5xx, timeouts) while the
+        request's deadline allows; returns the answer and the attempts it took.
+
+        Raises:
+            ProviderTimeout, ProviderError: as :meth:`complete`.
+        """
+        attempt = 0
+        while True:
+            attempt += 1
+            client = self._client_for_attempt(attempt)
+            try:
+                return getattr(client, operation)(**params), attempt
+            except ResponseParserError as exc:
+                raise ProviderError(
+                    "the model provider answered with an unusable body",
+                    details={"reason": "invalid_response", "attempts": attempt},
+                ) from exc
+            except (ClientError, BotoCoreError) as exc:
+                error, retry = _failure(exc)
+                left = deadline.remaining()
+                if not retry or attempt > self.max_retries or (left is not None and left <= 0):
+                    error.details["attempts"] = attempt
+                    raise error from exc
+                self._backoff.wait(attempt)
 
     def _client_for_attempt(self, attempt: int) -> BedrockRuntimeClient:
         """The client for one attempt, its read timeout cut to the request's time left.
