@@ -1,0 +1,532 @@
+"""The approval inbox, measured: what a call waiting for a person costs in capacity.
+
+On DynamoDB Local (the table built from ``template.yaml``, S3 on moto's server),
+:class:`~turnledger.pipeline.Conversations` runs the demo model with a registry
+whose ``send_email`` tool needs approval and runs over ``http`` against a local
+sink (:class:`tests.functional.http_sink.HttpSink`). Each sample measures, on
+fresh conversations of one tenant:
+
+1. **text turn**: the first turn of a conversation, ``echo: {"to": ...}``, which
+   the model answers with that text;
+2. **approval turn**: the first turn of another conversation,
+   ``/tool send_email {"to": ...}`` (the same arguments), which the model
+   answers with one call that waits for approval: the head, its events, the
+   inbox entry ``W#...`` and its ``by-inbox`` index entry;
+3. **decision**: ``POST .../approvals`` approving it: the tool runs, the model
+   answers, and the entry and its index entry are deleted.
+
+Then 3 tenants each get ``--pending`` calls waiting (one conversation each) and
+each tenant's first inbox page of 50 (``GET /v1/approvals``,
+:func:`turnledger.approvals.list_inbox`) is read: its capacity, and how many
+index items it read and whose they were.
+
+Capacity is given two ways, as in ``bench/turns.py``: as DynamoDB Local reported
+it (the store's :class:`~turnledger.store.base.CapacityMeter`) and as DynamoDB
+prices it (:mod:`bench.pricing`, from the size of every item written or read,
+index entries included). DynamoDB Local misreports ``TransactWriteItems``, so
+write units are the priced ones. Writes the section ``## Approval inbox`` of
+``bench/RESULTS.md``.
+
+Run: ``make bench ARGS=approvals`` or ``.venv/bin/python -m bench.approvals``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from moto.server import ThreadedMotoServer
+from turnledger.approvals import DEFAULT_LIMIT, list_inbox
+from turnledger.config import Settings
+from turnledger.observability import metrics
+from turnledger.pipeline import Caller, Conversations
+from turnledger.providers.demo import DemoProvider
+from turnledger.schemas import ApprovalRequest, TurnRequest
+from turnledger.store import codec, inbox
+from turnledger.store.base import Page
+from turnledger.store.blobs import BlobStore, S3BlobStore
+from turnledger.store.codec import Item
+from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.inbox import EntryKey
+from turnledger.store.indexes import WAIT_INDEX
+from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger_local.template import load_template, table_definition
+
+from bench.conversation import BenchClock
+from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
+from bench.results import command_line, machine_line, write_section
+from tests.functional.http_sink import HttpSink, Reply
+from tests.support.aws import TABLE_RESOURCE, aws_clients, create_bucket, create_conversations_table
+from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+SECTION = "Approval inbox"
+TENANTS = ("acme", "globex", "initech")
+TOOL = "send_email"
+ARGUMENTS = {"to": "ops@example.com", "body": "The nightly report is ready."}
+
+
+@dataclass
+class Work:
+    """What the store did for one request, priced from item sizes and as reported."""
+
+    #: Table items of the commits: head and events (x2, transactional).
+    table_wcu: float = 0.0
+    #: Inbox entry items put or deleted in those commits (x2, transactional).
+    entry_wcu: float = 0.0
+    #: ``by-inbox`` index entries put or deleted.
+    inbox_index_wcu: float = 0.0
+    #: The head's ``by-wait`` index entry (the hour its earliest decision window closes).
+    wait_index_wcu: float = 0.0
+    #: The head's other keys-only indexes (``by-expiry``, ``by-tenant``).
+    head_index_wcu: float = 0.0
+    #: Writes outside a commit (drafts, leases, fences), priced one standard write each.
+    other_wcu: float = 0.0
+    rcu: float = 0.0
+    commits: int = 0
+    events: int = 0
+    #: Items of the ``by-inbox`` queries, and their index partitions.
+    inbox_items: int = 0
+    inbox_partitions: set[str] = field(default_factory=set)
+    reported_wcu: float = 0.0
+    reported_rcu: float = 0.0
+
+    @property
+    def wcu(self) -> float:
+        """Every priced write unit."""
+        return (
+            self.table_wcu
+            + self.entry_wcu
+            + self.inbox_index_wcu
+            + self.wait_index_wcu
+            + self.head_index_wcu
+            + self.other_wcu
+        )
+
+    @property
+    def inbox_wcu(self) -> float:
+        """The inbox's part: its entry items and their index entries."""
+        return self.entry_wcu + self.inbox_index_wcu
+
+
+def _index_layout() -> tuple[list[IndexSpec], tuple[str, ...]]:
+    """The head's keys-only indexes, and the attributes ``by-inbox`` projects."""
+    definition = table_definition(load_template(), TABLE_RESOURCE, "any")
+    head_indexes: list[IndexSpec] = []
+    projected: tuple[str, ...] = ()
+    for index in definition.get("GlobalSecondaryIndexes", []):
+        names = tuple(k["AttributeName"] for k in index["KeySchema"])
+        if index["IndexName"] == inbox.INBOX_INDEX:
+            extra = tuple(index["Projection"].get("NonKeyAttributes", []))
+            projected = (codec.A_PK, codec.A_SK, *names, *extra)
+        elif index["Projection"]["ProjectionType"] == "KEYS_ONLY":
+            head_indexes.append(IndexSpec(name=index["IndexName"], key_attributes=names))
+        else:
+            raise ValueError(f"index {index['IndexName']}: its projection is not priced here")
+    if not projected:
+        raise ValueError(f"template.yaml declares no {inbox.INBOX_INDEX} index")
+    return head_indexes, projected
+
+
+class InboxMeteredStore(DynamoDBConversationStore):
+    """The DynamoDB store, pricing what it writes and reads, inbox entries apart.
+
+    ``bench.metered.MeteredStore`` prices a commit's head and events only; a
+    commit that requests or decides an approval also puts or deletes entry
+    items, each with an index entry holding most of it (``INCLUDE`` projection).
+    One instance per thread.
+    """
+
+    def __init__(self, client: DynamoDBClient, table_name: str, blobs: BlobStore) -> None:
+        super().__init__(client, table_name, blobs)
+        self.head_indexes, self.projected = _index_layout()
+        self.work = Work()
+        self._reported = self.meter.snapshot()
+        self._heads: dict[str, Item] = {}
+        #: Entry items written, by (pk, sk): a delete is priced on the item it removes.
+        self._entries: dict[tuple[str, str], Item] = {}
+
+    def measure(self) -> Work:
+        """Start measuring a new request; the returned record fills as it runs."""
+        self.work = Work()
+        self._reported = self.meter.snapshot()
+        return self.work
+
+    def finish(self) -> Work:
+        """The record of the request :meth:`measure` started, with the reported units."""
+        reported = self.meter.since(self._reported)
+        work = self.work
+        work.reported_wcu = reported.write_units
+        work.reported_rcu = reported.read_units
+        # What runs until the next measure() (setting up the inboxes) is counted apart.
+        self.work = Work()
+        return work
+
+    def _index_units(self, entry: Item) -> int:
+        # An index entry is the projected attributes of its item, priced as a standard write.
+        return write_units(item_size({k: v for k, v in entry.items() if k in self.projected}))
+
+    def _price_head_indexes(self, head: Item) -> None:
+        old = self._heads.get(head[codec.A_PK])
+        for spec in self.head_indexes:
+            units = spec.write_units(old, head)
+            if spec.name == WAIT_INDEX:
+                self.work.wait_index_wcu += units
+            else:
+                self.work.head_index_wcu += units
+        self._heads[head[codec.A_PK]] = head
+
+    def _transact_commit(
+        self,
+        head: Item,
+        expected_version: int | None,
+        events: list[Item],
+        gen: str,
+        *,
+        puts: Sequence[Item] = (),
+        deletes: Sequence[str] = (),
+    ) -> None:
+        super()._transact_commit(head, expected_version, events, gen, puts=puts, deletes=deletes)
+        pk = head[codec.A_PK]
+        removed = [self._entries.pop((pk, sk)) for sk in deletes if (pk, sk) in self._entries]
+        if len(removed) != len(deletes):
+            raise RuntimeError("a commit deleted an inbox entry this benchmark did not write")
+        work = self.work
+        work.commits += 1
+        work.events += len(events)
+        work.table_wcu += TRANSACTION_FACTOR * sum(
+            write_units(item_size(i)) for i in [*events, head]
+        )
+        # A transactional delete is priced like a put of the item it removes.
+        work.entry_wcu += TRANSACTION_FACTOR * sum(
+            write_units(item_size(i)) for i in [*puts, *removed]
+        )
+        work.inbox_index_wcu += sum(self._index_units(i) for i in [*puts, *removed])
+        self._price_head_indexes(head)
+        for item in puts:
+            self._entries[(pk, item[codec.A_SK])] = item
+
+    def _put_items(self, items: list[Item]) -> None:
+        super()._put_items(items)
+        self.work.other_wcu += sum(write_units(item_size(i)) for i in items)
+
+    def _replace_head(self, head: Item, expected: Item | None) -> bool:
+        done = super()._replace_head(head, expected)
+        if done:
+            self.work.other_wcu += write_units(item_size(head))
+            self._price_head_indexes(head)
+        return done
+
+    def _fence_head(self, pk: str, token: str) -> Item | None:
+        head = super()._fence_head(pk, token)
+        if head is not None:
+            self.work.other_wcu += write_units(item_size(head))
+        return head
+
+    def _get_item(self, pk: str, sk: str) -> Item | None:
+        item = super()._get_item(pk, sk)
+        # DynamoDB charges a read of a missing item too (1 RCU); DynamoDB Local reports 0.
+        self.work.rcu += read_units(item_size(item) if item else 0)
+        return item
+
+    def _query(
+        self,
+        pk: str,
+        *,
+        lower: str | None,
+        upper: str | None,
+        descending: bool,
+        limit: int,
+        cursor: Any,
+        keys_only: bool = False,
+        consistent: bool = True,
+    ) -> Page:
+        page = super()._query(
+            pk,
+            lower=lower,
+            upper=upper,
+            descending=descending,
+            limit=limit,
+            cursor=cursor,
+            keys_only=keys_only,
+            consistent=consistent,
+        )
+        # A query is priced on the whole items it reads, whatever it projects.
+        self.work.rcu += read_units(sum(item_size(i) for i in page.items), consistent=consistent)
+        return page
+
+    def _inbox_query(self, partition: str, *, after: EntryKey | None, limit: int) -> Page:
+        page = super()._inbox_query(partition, after=after, limit=limit)
+        # A global index is read eventually consistent, priced on the projected entries.
+        self.work.rcu += read_units(sum(item_size(i) for i in page.items), consistent=False)
+        self.work.inbox_items += len(page.items)
+        self.work.inbox_partitions.update(str(i[inbox.A_INBOX]) for i in page.items)
+        return page
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One text turn, one approval turn and its decision."""
+
+    text: Work
+    ask: Work
+    decide: Work
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One inbox page of one tenant."""
+
+    tenant: str
+    work: Work
+    shown: int
+    others: int
+
+
+def _registry(sink: HttpSink) -> ToolRegistry:
+    definition = {
+        "name": TOOL,
+        "description": "Send an email.",
+        "parameters": {
+            "type": "object",
+            "properties": {"to": {"type": "string"}, "body": {"type": "string"}},
+            "required": ["to"],
+        },
+        "require_approval": True,
+        "executor": {"type": "http", "url": sink.url("/email")},
+    }
+    return ToolRegistry.from_json(json.dumps({"tools": [definition]}))
+
+
+def _sample(service: Conversations, store: InboxMeteredStore, number: int) -> Sample:
+    caller = Caller(tenant=TENANTS[0], actor="ann")
+    arguments = json.dumps(ARGUMENTS)
+    clock = service.clock
+    assert isinstance(clock, BenchClock)
+
+    store.measure()
+    reply = service.turn(caller, f"text-{number}", TurnRequest(input=f"echo: {arguments}"))
+    text = store.finish()
+    assert reply.status == "complete" and reply.output_text == arguments, reply.status
+    clock.advance(1)
+
+    store.measure()
+    conversation = f"ask-{number}"
+    reply = service.turn(caller, conversation, TurnRequest(input=f"/tool {TOOL} {arguments}"))
+    ask = store.finish()
+    assert reply.status == "awaiting_approval", reply.status
+    [call] = reply.pending_tool_calls
+    clock.advance(1)
+
+    store.measure()
+    done = service.approve(caller, conversation, ApprovalRequest(approve=[call.id]))
+    decide = store.finish()
+    assert done.status == "complete", done.status
+    assert done.output_text and '"sent":true' in done.output_text, done.output_text
+    clock.advance(1)
+    metrics.clear_metrics()
+    return Sample(text=text, ask=ask, decide=decide)
+
+
+def _fill(service: Conversations, pending: int) -> None:
+    """``pending`` calls waiting in each tenant's inbox, interleaved in time across tenants."""
+    clock = service.clock
+    assert isinstance(clock, BenchClock)
+    for n in range(pending):
+        for tenant in TENANTS:
+            caller = Caller(tenant=tenant, actor="ann")
+            arguments = json.dumps({**ARGUMENTS, "to": f"user{n}@{tenant}.example"})
+            reply = service.turn(
+                caller, f"inbox-{n}", TurnRequest(input=f"/tool {TOOL} {arguments}")
+            )
+            assert reply.status == "awaiting_approval", reply.status
+            clock.advance(1)
+            # Powertools prints its buffer every 100 values: keep the run's output readable.
+            metrics.clear_metrics()
+
+
+def _listing(service: Conversations, store: InboxMeteredStore, tenant: str) -> Listing:
+    store.measure()
+    page = list_inbox(service, Caller(tenant=tenant, actor="ann"), limit=DEFAULT_LIMIT)
+    work = store.finish()
+    own = inbox.inbox_partition(tenant)
+    return Listing(
+        tenant=tenant,
+        work=work,
+        shown=len(page.items),
+        others=len(work.inbox_partitions - {own}),
+    )
+
+
+def run(samples: int, pending: int) -> tuple[list[Sample], list[Listing]]:
+    """Run the samples and the listings on DynamoDB Local."""
+    jar = find_jar()
+    s3_port = free_port()
+    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    s3_server.start()
+    try:
+        with DynamoDBLocal(jar) as ddb, HttpSink() as sink, httpx.Client() as http:
+            sink.respond("/email", Reply(body={"sent": True}))
+            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
+            bucket = create_bucket(clients.s3)
+            settings = replace(
+                Settings(),
+                table_name=create_conversations_table(clients.dynamodb),
+                bucket_name=bucket,
+            )
+            store = InboxMeteredStore(
+                clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, bucket)
+            )
+            service = Conversations(
+                store=store,
+                provider=DemoProvider(),
+                settings=settings,
+                tools=_registry(sink),
+                runner=ToolRunner(http, None),
+                clock=BenchClock(),
+            )
+            results = []
+            for number in range(1, samples + 1):
+                results.append(_sample(service, store, number))
+                print(f"  sample {number}/{samples}", flush=True)
+            # Every decided call left the inbox with its decision's commit.
+            left = list_inbox(service, Caller(tenant=TENANTS[0], actor="ann"))
+            assert left.items == [], [(i.conversation_id, i.id) for i in left.items]
+            _fill(service, pending)
+            print(f"  {pending} calls waiting in each of {len(TENANTS)} inboxes", flush=True)
+            listings = [
+                _listing(service, store, tenant) for _ in range(samples) for tenant in TENANTS
+            ]
+    finally:
+        s3_server.stop()
+    return results, listings
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def render(samples: list[Sample], listings: list[Listing], pending: int, command: str) -> str:
+    """The section's markdown."""
+
+    def m(pick: str, kind: str) -> float:
+        return _median([getattr(getattr(s, kind), pick) for s in samples])
+
+    rows = [
+        ("table items (head, events), x2 in a transaction", "table_wcu"),
+        ("inbox entry item `W#...` (put / delete), x2", "entry_wcu"),
+        ("`by-inbox` index entry (put / delete)", "inbox_index_wcu"),
+        ("`by-wait` index entry of the head (expiry sweep)", "wait_index_wcu"),
+        ("other head indexes (`by-expiry`, `by-tenant`)", "head_index_wcu"),
+        ("other writes (outside the commit)", "other_wcu"),
+        ("**WCU, priced**", "wcu"),
+        ("WCU as DynamoDB Local reported it", "reported_wcu"),
+        ("**RCU, priced**", "rcu"),
+        ("RCU as DynamoDB Local reported it", "reported_rcu"),
+        ("commits", "commits"),
+        ("events written", "events"),
+    ]
+    arguments = json.dumps(ARGUMENTS)
+    lines = [
+        f"{command}; alone: `make bench ARGS=approvals`. On DynamoDB Local; {machine_line()}.",
+        "",
+        f"Median of {len(samples)} samples, each on new conversations of one tenant. "
+        f"**Text turn**: the first turn of a conversation, `echo: {arguments}` "
+        "(the demo model answers that JSON as text). **Approval turn**: the first turn "
+        f"of another conversation, `/tool {TOOL} {arguments}` (same arguments), which the "
+        f"model answers with one call of `{TOOL}` (registry: `require_approval: true`, "
+        "executor `http` on a local sink), so the turn ends `awaiting_approval` and writes "
+        "the call's inbox entry. **Decision**: `POST .../approvals` approving it: the tool "
+        "runs, the model answers, the entry is deleted. Write units are priced from item "
+        "sizes (`bench/pricing.py`; DynamoDB Local misreports transactions); index entries "
+        "at the standard rate, `by-inbox` on its projected attributes (`INCLUDE v, d`).",
+        "",
+        "| capacity | text turn | approval turn | decision |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, pick in rows:
+        values = [m(pick, kind) for kind in ("text", "ask", "decide")]
+        lines.append(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+    ask_extra = m("wcu", "ask") - m("wcu", "text")
+    ask_inbox = m("inbox_wcu", "ask")
+    decide_inbox = m("inbox_wcu", "decide")
+    lines += [
+        "",
+        f"- The approval turn writes {ask_extra:+.1f} WCU against the text turn "
+        f"({m('wcu', 'ask'):.1f} against {m('wcu', 'text'):.1f}); the inbox (entry item + "
+        f"`by-inbox` entry) is {ask_inbox:.1f} of its WCU "
+        f"({ask_inbox / m('wcu', 'ask'):.0%}), the `by-wait` entry "
+        f"{m('wait_index_wcu', 'ask'):.1f} more; the rest is the turn's own items "
+        f"({m('events', 'ask'):.0f} events, the call and its request among them, against "
+        f"{m('events', 'text'):.0f}, and a larger head holding the pending call).",
+        "- Reads: a first turn reads only its (missing) head, priced 1 RCU (DynamoDB "
+        "charges a read of a missing item; DynamoDB Local reports 0).",
+        f"- The decision writes {m('wcu', 'decide'):.1f} WCU and reads "
+        f"{m('rcu', 'decide'):.1f} RCU in {m('commits', 'decide'):.0f} commits (the "
+        "decision, then the tool's result with the model's answer); deleting the entry and "
+        f"its index entry is {decide_inbox:.1f} WCU of it, removing the `by-wait` entry "
+        f"{m('wait_index_wcu', 'decide'):.1f}.",
+    ]
+    shown = _median([float(x.shown) for x in listings])
+    read = _median([float(x.work.inbox_items) for x in listings])
+    others = max(x.others for x in listings)
+    lines += [
+        "",
+        f"`GET /v1/approvals` (first page, `limit={DEFAULT_LIMIT}`) while {len(TENANTS)} "
+        f"tenants each have {pending} calls waiting (each call in a conversation of its "
+        f"own, requests interleaved in time across tenants); median of {len(listings)} listings "
+        f"({len(listings) // len(TENANTS)} per tenant):",
+        "",
+        "| listing | value |",
+        "| --- | ---: |",
+        f"| calls shown | {shown:.0f} |",
+        f"| index items read | {read:.0f} |",
+        f"| items read of other tenants | {others} |",
+        f"| RCU, priced (eventually consistent index query) | "
+        f"{_median([x.work.rcu for x in listings]):.1f} |",
+        f"| RCU as DynamoDB Local reported it | "
+        f"{_median([x.work.reported_rcu for x in listings]):.1f} |",
+        "",
+        f"The page reads {read:.0f} of the index's {pending * len(TENANTS)} entries in one "
+        "query (up to one more than it shows, to know whether a next page exists), all of "
+        "the caller's tenant: the `by-inbox` partition is the tenant, so other tenants' "
+        "entries are never read and do not add to the cost.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and rewrite its section of ``bench/RESULTS.md``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.approvals", description=__doc__)
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--pending", type=int, default=60, help="waiting calls per tenant")
+    parser.add_argument("--print-only", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"approvals benchmark: {args.samples} samples", flush=True)
+    samples, listings = run(args.samples, args.pending)
+    others = [x for x in listings if x.others]
+    if others:
+        print(f"a listing read another tenant's entries: {others[0].tenant}", file=sys.stderr)
+        return 1
+    command = command_line("bench.approvals", sys.argv[1:] if argv is None else argv)
+    markdown = render(samples, listings, args.pending, command)
+    if args.print_only:
+        print(markdown)
+    else:
+        write_section(SECTION, markdown)
+        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
