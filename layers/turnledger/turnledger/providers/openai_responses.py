@@ -311,19 +311,7 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
             ProviderError: the provider failed, refused the request, or answered
                 something unusable.
         """
-        store = request.store and self.store
-        continued = request.continuation is not None
-        body = request_body(request, store=store, continued=continued)
-        key = self.resolve_key()
-        state: ProviderState = "continued" if continued else "fresh"
-        response = self.send(
-            "POST", self.url, key=key, body=body, accept=state_gone if continued else None
-        )
-        if not response.is_success:
-            # The stored state is gone (expired, deleted, never stored): the whole context.
-            state = "fallback"
-            body = request_body(request, store=store, continued=False)
-            response = self.send("POST", self.url, key=key, body=body)
+        response, state, store = self._post(request, stream=False)
         response_id, reply = parse_reply(response.content, request.model)
         return reply.model_copy(
             update={"response_id": response_id if store else None, "provider_state": state}
@@ -340,25 +328,7 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
             ProviderTimeout, ProviderError: as :meth:`complete`; also a stream that
                 breaks off, ends before ``response.completed``, or reports a failure.
         """
-        store = request.store and self.store
-        continued = request.continuation is not None
-        body = request_body(request, store=store, continued=continued)
-        key = self.resolve_key()
-        state: ProviderState = "continued" if continued else "fresh"
-        response = self.send(
-            "POST",
-            self.url,
-            key=key,
-            body={**body, "stream": True},
-            accept=state_gone if continued else None,
-            stream=True,
-        )
-        if not response.is_success:
-            state = "fallback"
-            body = request_body(request, store=store, continued=False)
-            response = self.send(
-                "POST", self.url, key=key, body={**body, "stream": True}, stream=True
-            )
+        response, state, store = self._post(request, stream=True)
         try:
             response_id, reply = parse_stream(sse_events(response), request.model, on_text)
         finally:
@@ -366,6 +336,37 @@ class OpenAIResponsesProvider(OpenAIStyleProvider):
         return reply.model_copy(
             update={"response_id": response_id if store else None, "provider_state": state}
         )
+
+    def _post(
+        self, request: ModelRequest, *, stream: bool
+    ) -> tuple[httpx.Response, ProviderState, bool]:
+        """POST ``request`` over the stored state when it has a continuation, and once
+        more with the whole context (``fallback``) when that state proved gone.
+
+        Returns:
+            The successful response (open, for a stream), how the context was sent,
+            and whether the response is stored.
+        """
+        store = request.store and self.store
+        continued = request.continuation is not None
+        extra = {"stream": True} if stream else {}
+        body = request_body(request, store=store, continued=continued)
+        key = self.resolve_key()
+        state: ProviderState = "continued" if continued else "fresh"
+        response = self.send(
+            "POST",
+            self.url,
+            key=key,
+            body={**body, **extra},
+            accept=state_gone if continued else None,
+            stream=stream,
+        )
+        if not response.is_success:
+            # The stored state is gone (expired, deleted, never stored): the whole context.
+            state = "fallback"
+            body = request_body(request, store=store, continued=False)
+            response = self.send("POST", self.url, key=key, body={**body, **extra}, stream=stream)
+        return response, state, store
 
     def delete_state(self, response_ids: list[str]) -> int:
         """``DELETE /responses/{id}`` for each id, best effort; how many were deleted.
