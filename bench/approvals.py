@@ -61,7 +61,7 @@ from turnledger_local.template import load_template, table_definition
 
 from bench.conversation import BenchClock
 from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
-from bench.results import command_line, machine_line, write_section
+from bench.results import command_line, machine_line, publish
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support.aws import TABLE_RESOURCE, aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
@@ -412,15 +412,11 @@ def run(samples: int, pending: int) -> tuple[list[Sample], list[Listing]]:
     return results, listings
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
 def render(samples: list[Sample], listings: list[Listing], pending: int, command: str) -> str:
     """The section's markdown."""
 
     def m(pick: str, kind: str) -> float:
-        return _median([getattr(getattr(s, kind), pick) for s in samples])
+        return float(statistics.median([getattr(getattr(s, kind), pick) for s in samples]))
 
     rows = [
         ("table items (head, events), x2 in a transaction", "table_wcu"),
@@ -477,8 +473,8 @@ def render(samples: list[Sample], listings: list[Listing], pending: int, command
         f"its index entry is {decide_inbox:.1f} WCU of it, removing the `by-wait` entry "
         f"{m('wait_index_wcu', 'decide'):.1f}.",
     ]
-    shown = _median([float(x.shown) for x in listings])
-    read = _median([float(x.work.inbox_items) for x in listings])
+    shown = statistics.median([float(x.shown) for x in listings])
+    read = statistics.median([float(x.work.inbox_items) for x in listings])
     others = max(x.others for x in listings)
     lines += [
         "",
@@ -493,9 +489,9 @@ def render(samples: list[Sample], listings: list[Listing], pending: int, command
         f"| index items read | {read:.0f} |",
         f"| items read of other tenants | {others} |",
         f"| RCU, priced (eventually consistent index query) | "
-        f"{_median([x.work.rcu for x in listings]):.1f} |",
+        f"{statistics.median([x.work.rcu for x in listings]):.1f} |",
         f"| RCU as DynamoDB Local reported it | "
-        f"{_median([x.work.reported_rcu for x in listings]):.1f} |",
+        f"{statistics.median([x.work.reported_rcu for x in listings]):.1f} |",
         "",
         f"The page reads {read:.0f} of the index's {pending * len(TENANTS)} entries in one "
         "query (up to one more than it shows, to know whether a next page exists), all of "
@@ -520,11 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     command = command_line("bench.approvals", sys.argv[1:] if argv is None else argv)
     markdown = render(samples, listings, args.pending, command)
-    if args.print_only:
-        print(markdown)
-    else:
-        write_section(SECTION, markdown)
-        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    publish(SECTION, markdown, print_only=args.print_only)
     return 0
 
 

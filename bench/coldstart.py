@@ -36,7 +36,7 @@ from typing import Any
 from moto.server import ThreadedMotoServer
 from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
-from bench.results import command_line, machine_line, write_section
+from bench.results import command_line, machine_line, publish
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar, free_port
 
@@ -589,11 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = command_line("bench.coldstart", sys.argv[1:] if argv is None else argv)
     markdown = render(found, args.runs, command)
-    if args.print_only:
-        print(markdown)
-    else:
-        write_section(SECTION, markdown)
-        print(f"wrote '## {SECTION}' of bench/RESULTS.md", flush=True)
+    publish(SECTION, markdown, print_only=args.print_only)
     return 0
 
 

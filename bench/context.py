@@ -39,7 +39,7 @@ from turnledger.store.blobs import S3BlobStore
 from bench.conversation import USER_CHARS, BenchClock, text_of
 from bench.metered import MeteredStore
 from bench.pricing import index_specs
-from bench.results import command_line, machine_line, write_section
+from bench.results import command_line, machine_line, publish
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 
@@ -210,11 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples, summaries, seconds, events = run(args.turns, args.budget)
     command = command_line("bench.context", sys.argv[1:] if argv is None else argv)
     markdown = render(samples, summaries, seconds, events, args.budget, command)
-    if args.print_only:
-        print(markdown)
-    else:
-        write_section(SECTION, markdown)
-        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    publish(SECTION, markdown, print_only=args.print_only)
     return 0
 
 

@@ -44,7 +44,7 @@ from turnledger.schemas import TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, text_of
-from bench.results import command_line, machine_line, write_section
+from bench.results import command_line, machine_line, publish
 from tests.functional.fake_openai import (
     RESPONSES_PATH,
     FakeOpenAI,
@@ -230,11 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert results["fallback"][-1].state == "fallback"
     command = command_line("bench.providers", sys.argv[1:] if argv is None else argv)
     markdown = render(results, args.turns, seconds, command)
-    if args.print_only:
-        print(markdown)
-    else:
-        write_section(SECTION, markdown)
-        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    publish(SECTION, markdown, print_only=args.print_only)
     return 0
 
 

@@ -130,3 +130,13 @@ def command_line(module: str, args: Sequence[str]) -> str:
     """The command that reproduces a run of ``module`` with ``args``."""
     line = " ".join([".venv/bin/python", "-m", module, *args])
     return f"`{line}` (`make bench` runs every benchmark with the defaults)"
+
+
+def publish(title: str, markdown: str, *, print_only: bool) -> None:
+    """A benchmark's last step: print its section (``--print-only``), or write it as
+    ``## title`` of ``bench/RESULTS.md`` and say so."""
+    if print_only:
+        print(markdown)
+    else:
+        write_section(title, markdown)
+        print(f"wrote '## {title}' of bench/RESULTS.md", flush=True)

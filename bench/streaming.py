@@ -41,7 +41,7 @@ from turnledger.store.blobs import S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
-from bench.results import command_line, machine_line, write_section
+from bench.results import command_line, machine_line, publish
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 
@@ -249,11 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples, answer = run(args.samples, args.token_delay_ms)
     command = command_line("bench.streaming", sys.argv[1:] if argv is None else argv)
     markdown = render(samples, answer, args.token_delay_ms, Settings(), command)
-    if args.print_only:
-        print(markdown)
-    else:
-        write_section(SECTION, markdown)
-        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    publish(SECTION, markdown, print_only=args.print_only)
     return 0
 
 

@@ -43,7 +43,7 @@ from bench.pricing import (
     to_wire,
     write_units,
 )
-from bench.results import command_line, write_section
+from bench.results import command_line, publish
 from bench.turns_report import (
     CUMULATIVE_AT,
     MARKED_TURNS,
@@ -245,11 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run(args.turns, args.parallel, args.parallel_turns)
     command = command_line("bench.turns", sys.argv[1:] if argv is None else argv)
     markdown = render(results, command)
-    if args.print_only:
-        print(markdown)
-    else:
-        write_section(SECTION, markdown)
-        print(f"wrote '## {SECTION}' of bench/RESULTS.md")
+    publish(SECTION, markdown, print_only=args.print_only)
     return 0
 
 
