@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from .exceptions import ProviderError
 from .models import ConversationKey
@@ -42,6 +42,7 @@ from .providers.base import ModelReply, ModelRequest, Provider
 from .store import codec, keys
 from .store.base import ConversationStore
 from .store.codec import Item
+from .turnstate import DraftMove, DraftStatus, draft_move
 
 DRAFT_PREFIX = "S#"
 _WIDTH = 12
@@ -61,7 +62,6 @@ A_CANCELLED_BY = "by"
 A_CANCEL_REASON = "why"
 A_KIND = "kd"
 
-DraftStatus = Literal["in_progress", "done", "interrupted"]
 
 #: Defaults of the writer's batching (``DRAFT_FLUSH_MS``, ``DRAFT_FLUSH_CHARS``).
 DEFAULT_FLUSH_MS = 250
@@ -274,6 +274,8 @@ class DraftWriter:
     monotonic: Callable[[], float] = time.monotonic
     next_seq: int = 1
     started_at: str = ""
+    #: Where the draft is (:data:`turnledger.turnstate.DRAFT_MOVES`); ``None``: not begun.
+    status: DraftStatus | None = None
     _buffer: list[str] = field(default_factory=list)
     _buffered: int = 0
     _last_flush: float = 0.0
@@ -290,10 +292,11 @@ class DraftWriter:
         """
         previous = read_state(self.store, self.key, self.turn)
         self.next_seq = previous.next_seq if previous is not None else 1
+        self.status = previous.status if previous is not None else None
         self.store.delete_side_items(self.pk, [cancel_key(self.turn)])
         self.started_at = self.now().isoformat()
         self._last_flush = self.monotonic()
-        self._put_state("in_progress", None, None)
+        self._put_state(DraftMove.BEGIN, None, None)
 
     def add(self, text: str) -> None:
         """Take a piece of the answer; store it once enough is buffered or time passed.
@@ -348,16 +351,15 @@ class DraftWriter:
     def finish(self, result: dict[str, Any]) -> None:
         """Store what is buffered and mark the draft done with the turn's response."""
         self.flush(check_cancel=False)
-        self._put_state("done", None, result)
+        self._put_state(DraftMove.FINISH, None, result)
 
     def interrupt(self, reason: str, result: dict[str, Any] | None) -> None:
         """Store what is buffered and mark the draft interrupted, with why."""
         self.flush(check_cancel=False)
-        self._put_state("interrupted", reason, result)
+        self._put_state(DraftMove.INTERRUPT, reason, result)
 
-    def _put_state(
-        self, status: DraftStatus, reason: str | None, result: dict[str, Any] | None
-    ) -> None:
+    def _put_state(self, how: DraftMove, reason: str | None, result: dict[str, Any] | None) -> None:
+        status = self.status = draft_move(self.status, how)
         import json
 
         item: Item = {

@@ -23,11 +23,9 @@ from .models import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalResolved,
-    ConversationStatus,
     EventKind,
     JsonObjectFormat,
     JsonSchemaFormat,
-    Lease,
     PendingCall,
     ToolCall,
     ToolCallDeferred,
@@ -43,9 +41,17 @@ from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
 from .tools.executors import ToolInvocation, ToolRunner, idempotency_key
 from .tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
-from .turnstate import AWAITING_DECISION, check_move, move, status_of
+from .turnstate import AWAITING_DECISION, CallMove, call_target, lapsed
 
-__all__ = ["AWAITING_DECISION", "ToolCalls", "TurnWork", "status_of"]
+__all__ = ["ToolCalls", "TurnWork"]
+
+#: The move that records a call, by what it needs.
+_OPENING_MOVE = {
+    "none": CallMove.REQUEST,
+    "approval": CallMove.ASK_APPROVAL,
+    "client": CallMove.AWAIT_CLIENT,
+    "input": CallMove.ASK_INPUT,
+}
 
 
 @dataclass
@@ -99,11 +105,6 @@ def turn_actor(session: Session) -> str | None:
         if event.kind is EventKind.USER_MESSAGE:
             return event.actor
     return None
-
-
-def replace_pending(session: Session, updated: PendingCall) -> None:
-    """Put ``updated`` in place of the pending call with its id."""
-    session.pending = [updated if p.id == updated.id else p for p in session.pending]
 
 
 class ToolCalls:
@@ -167,18 +168,13 @@ class ToolCalls:
                 actor=f"model:{work.model}",
             )
             if error is not None:
+                session.life.refuse_call()
                 session.add(
                     ToolResult(call_id=call.id, name=call.name, output=error, is_error=True),
                     actor="system",
                 )
                 continue
-            state = {
-                "none": "ready",
-                "approval": "awaiting_approval",
-                "client": "awaiting_client",
-                "input": "awaiting_input",
-            }
-            check_move(None, state[needs])
+            how = _OPENING_MOVE[needs]
             expires_at = None
             if needs == "approval":
                 expires_at = self._approval_deadline(session, now)
@@ -190,19 +186,20 @@ class ToolCalls:
                     ),
                     actor="system",
                 )
-            session.pending.append(
+            session.life.open_call(
                 PendingCall(
                     id=call.id,
                     name=call.name,
                     arguments=call.arguments,
                     requires=needs,
-                    state=state[needs],
+                    state=call_target(None, how),
                     idempotency_key=key,
                     arguments_sha256=arguments_sha256(call.arguments),
                     expires_at=expires_at,
                     requested_at=now,
                     requested_by=turn_actor(session),
-                )
+                ),
+                how,
             )
 
     def run_ready(self, work: TurnWork) -> None:
@@ -225,12 +222,7 @@ class ToolCalls:
         for pending in ready:
             if arguments_sha256(pending.arguments) != pending.arguments_sha256:
                 raise InternalError(f"arguments of call {pending.id} changed after approval")
-        resumed = (
-            session.head is not None
-            and session.head.status is ConversationStatus.RUNNING_TOOLS
-            and not session.staged
-        )
-        if resumed:
+        if session.life.resuming():
             unsure = [p for p in ready if not self._tool(p.name).idempotent]
             for pending in unsure:
                 self._ask_about(session, pending)
@@ -238,10 +230,8 @@ class ToolCalls:
             if not ready:
                 return
         now = self.clock()
-        session.lease = Lease(
-            owner=work.owner, expires_at=now + timedelta(seconds=self._lease_seconds(ready))
-        )
-        session.commit(ConversationStatus.RUNNING_TOOLS)
+        session.life.take_lease(work.owner, now, self._lease_seconds(ready))
+        session.commit()
         assert session.head is not None  # just committed
         deadlines = {p.id: self._deferred_deadline(session, p, now) for p in ready}
         invocations = []
@@ -271,15 +261,12 @@ class ToolCalls:
                     ),
                     actor=f"tool:{pending.name}",
                 )
-                replace_pending(
-                    session,
-                    move(
-                        pending,
-                        "deferred",
-                        requires="async",
-                        task_id=outcome.task_id,
-                        expires_at=deadlines[pending.id],
-                    ),
+                session.life.change(
+                    pending,
+                    CallMove.DEFER,
+                    requires="async",
+                    task_id=outcome.task_id,
+                    expires_at=deadlines[pending.id],
                 )
                 continue
             done.add(pending.id)
@@ -292,7 +279,7 @@ class ToolCalls:
                 ),
                 actor=f"tool:{pending.name}",
             )
-        session.pending = [p for p in session.pending if p.id not in done]
+        session.life.settle(done)
 
     def _ask_about(self, session: Session, pending: PendingCall) -> None:
         """Hand a call whose run may have happened to a human: approve runs it again
@@ -306,16 +293,12 @@ class ToolCalls:
             ),
             actor="system",
         )
-        replace_pending(
-            session,
-            pending.model_copy(
-                update={
-                    "state": "outcome_unknown",
-                    "expires_at": expires_at,
-                    "requested_at": self.clock(),
-                    "reason": "its request ended while it ran: it may have run already",
-                }
-            ),
+        session.life.change(
+            pending,
+            CallMove.MARK_UNKNOWN,
+            expires_at=expires_at,
+            requested_at=self.clock(),
+            reason="its request ended while it ran: it may have run already",
         )
 
     def _tool(self, name: str) -> ToolDefinition:
@@ -364,7 +347,8 @@ class ToolCalls:
     def settle_rejected(self, work: TurnWork) -> None:
         """Answer rejected (or expired) calls with an error result saying why; nothing runs."""
         session = work.session
-        for pending in [p for p in session.pending if p.state == "rejected"]:
+        rejected = [p for p in session.pending if p.state == "rejected"]
+        for pending in rejected:
             session.add(
                 ToolResult(
                     call_id=pending.id,
@@ -374,7 +358,7 @@ class ToolCalls:
                 ),
                 actor="system",
             )
-        session.pending = [p for p in session.pending if p.state != "rejected"]
+        session.life.settle(p.id for p in rejected)
 
     def apply_client_outputs(
         self, work: TurnWork, outputs: list[FunctionCallOutput], *, closing: bool
@@ -407,21 +391,14 @@ class ToolCalls:
                     actor="system",
                 )
             waiting.clear()
-        answered = {o.call_id for o in outputs}
-        session.pending = [
-            p
-            for p in session.pending
-            if p.state != "awaiting_client" or (p.id in waiting and p.id not in answered)
-        ]
+        session.life.settle(
+            p.id for p in session.pending if p.state == "awaiting_client" and p.id not in waiting
+        )
 
     def expire_approvals(self, session: Session) -> list[str]:
         """Resolve approvals whose window closed as rejected (``approval expired``)."""
         now = self.clock()
-        expired = [
-            p
-            for p in session.pending
-            if p.state in AWAITING_DECISION and p.expires_at is not None and p.expires_at <= now
-        ]
+        expired = [p for p in session.pending if p.state in AWAITING_DECISION and lapsed(p, now)]
         for pending in expired:
             assert pending.expires_at is not None  # selected above on its expiry
             session.add(
@@ -442,10 +419,7 @@ class ToolCalls:
                 ),
                 actor="system",
             )
-            replace_pending(
-                session,
-                pending.model_copy(update={"state": "rejected", "reason": "approval expired"}),
-            )
+            session.life.change(pending, CallMove.EXPIRE, reason="approval expired")
         return [p.id for p in expired]
 
     def provide_outputs(
@@ -474,13 +448,12 @@ class ToolCalls:
             if pending.state == "deferred":
                 self.settle_deferred(session, pending, "succeeded", output, via=via, actor=actor)
                 continue
-            check_move(pending.state, "settled")
             session.add(
                 ToolInputProvided(call_id=call_id, name=pending.name, provided_by=actor, via=via),
                 actor=actor,
             )
             session.add(ToolResult(call_id=call_id, name=pending.name, output=output), actor=actor)
-            session.pending = [p for p in session.pending if p.id != call_id]
+            session.life.settle([call_id])
 
     def settle_deferred(
         self,
@@ -493,7 +466,7 @@ class ToolCalls:
         actor: str,
     ) -> None:
         """Record a deferred call's outcome (``tool_call_settled`` and its result)."""
-        check_move(pending.state, "settled")
+        call_target(pending.state, CallMove.SETTLE)
         session.add(
             ToolCallSettled(
                 call_id=pending.id,
@@ -520,7 +493,7 @@ class ToolCalls:
             ),
             actor=actor,
         )
-        session.pending = [p for p in session.pending if p.id != pending.id]
+        session.life.settle([pending.id])
 
     def expire_due(self, session: Session) -> list[str]:
         """Settle what is due now: approvals whose window closed are rejected
@@ -531,11 +504,7 @@ class ToolCalls:
         """
         expired = self.expire_approvals(session)
         now = self.clock()
-        for pending in [
-            p
-            for p in session.pending
-            if p.state == "deferred" and p.expires_at is not None and p.expires_at <= now
-        ]:
+        for pending in [p for p in session.pending if p.state == "deferred" and lapsed(p, now)]:
             self.settle_deferred(
                 session,
                 pending,

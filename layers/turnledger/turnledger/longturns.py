@@ -33,8 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import drafts
 from .drafts import DraftState, DraftWriter
 from .exceptions import (
-    ApprovalPending,
-    BudgetExceeded,
     ConversationBusy,
     ConversationNotFound,
     NotAwaitingApproval,
@@ -42,11 +40,11 @@ from .exceptions import (
     ServiceUnavailable,
     TurnledgerError,
 )
-from .execution import AWAITING_DECISION
-from .models import ConversationKey, ConversationStatus, Head, validate_conversation_id
+from .models import ConversationKey, Head, validate_conversation_id
 from .observability import logger
 from .pipeline import Caller, Conversations
 from .schemas import ApprovalRequest, InputMessage, TurnRequest
+from .turnstate import DraftMove, awaits_decision, draft_move, is_tombstone, refuse_new_turn
 
 #: The worker's event marks itself, so a stray event is refused, not run.
 WORKER_EVENT = "turnledger.async_turn"
@@ -164,36 +162,9 @@ def _check_startable(service: Conversations, head: Head | None, key: Conversatio
         BudgetExceeded: the conversation's token budget is spent.
         ApprovalPending: calls await approval (not yet expired).
     """
-    if head is None:
-        return
-    now = service.clock()
-    lease = head.live_lease(now)
-    if lease is not None:
-        wait = max(int((lease.expires_at - now).total_seconds() + 0.999), 1)
-        raise ConversationBusy(
-            "another request is running this conversation's tools; nothing was stored",
-            details={"retry_after_seconds": wait},
-        )
-    limit = service.settings.conversation_budget_for(key.tenant)
-    used = head.usage.input_tokens + head.usage.output_tokens
-    if limit and used >= limit:
-        raise BudgetExceeded(
-            "this conversation's token budget is spent", details={"limit": limit, "used": used}
-        )
-    awaiting = [
-        p
-        for p in head.pending
-        if p.state in AWAITING_DECISION and (p.expires_at is None or p.expires_at > now)
-    ]
-    if awaiting:
-        raise ApprovalPending(
-            "tool calls of this conversation await approval; decide them first",
-            details={
-                "pending_tool_calls": [
-                    service._pending_view(p).model_dump(mode="json") for p in awaiting
-                ]
-            },
-        )
+    refuse_new_turn(
+        head, service.clock(), budget=service.settings.conversation_budget_for(key.tenant)
+    )
 
 
 def _running(state: DraftState | None, now: datetime) -> bool:
@@ -223,9 +194,7 @@ def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) 
         expires_at=expires_at,
         now=service.clock,
         kind=kind,
-        gen=head.gen
-        if head is not None and head.status is not ConversationStatus.CLEARED
-        else None,
+        gen=head.gen if head is not None and not is_tombstone(head) else None,
         flush_ms=service.settings.draft_flush_ms,
         flush_chars=service.settings.draft_flush_chars,
     )
@@ -273,10 +242,7 @@ def accept(
     else:
         if head is None:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
-        if head.status not in (
-            ConversationStatus.AWAITING_APPROVAL,
-            ConversationStatus.RUNNING_TOOLS,
-        ):
+        if not awaits_decision(head):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
         turn = head.turn
     payload = {
@@ -424,7 +390,8 @@ def _effective(state: DraftState, now: datetime) -> DraftState:
     error = TurnledgerError("the turn's worker stopped before the turn ended")
     body = error.to_body()
     body["error"]["status"] = error.status
-    return replace(state, status="interrupted", reason="worker_lost", result=body)
+    status = draft_move(state.status, DraftMove.INTERRUPT)
+    return replace(state, status=status, reason="worker_lost", result=body)
 
 
 def _readable(

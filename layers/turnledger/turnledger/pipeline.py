@@ -49,7 +49,6 @@ from .context import (
 from .drafts import TurnCancelled, model_reply
 from .exceptions import (
     ApprovalPending,
-    BudgetExceeded,
     CallbackInvalid,
     ConversationBusy,
     ConversationNotFound,
@@ -63,7 +62,6 @@ from .execution import (
     ToolCalls,
     TurnWork,
     decided_in_turn,
-    replace_pending,
 )
 from .models import (
     ApprovalResolved,
@@ -71,7 +69,6 @@ from .models import (
     CancelRequest,
     ContextCompacted,
     ConversationKey,
-    ConversationStatus,
     Event,
     Head,
     PendingCall,
@@ -119,27 +116,17 @@ from .tools.executors import ToolRunner
 from .tools.registry import ToolRegistry
 from .turnstate import (
     AWAITING_DECISION,
-    WAIT_OF_STATE,
+    CallMove,
     cancel_requested,
-    cancel_turn,
+    holds_lease,
+    is_running,
+    is_tombstone,
     lapsed,
-    require_settled,
-    status_for,
-    status_of,
+    public_status,
     view,
+    waiting,
 )
 from .turnstate import awaiting as open_waits
-
-#: The public statuses of a head (``running_tools`` is shown as itself on GET).
-_PUBLIC_STATUS = {
-    ConversationStatus.COMPLETE: "complete",
-    ConversationStatus.AWAITING_APPROVAL: "awaiting_approval",
-    ConversationStatus.AWAITING_CLIENT_TOOLS: "awaiting_client_tools",
-    ConversationStatus.RUNNING_TOOLS: "complete",
-    ConversationStatus.AWAITING_HITL: "awaiting_hitl",
-    ConversationStatus.AWAITING_ASYNC_TOOLS: "awaiting_async_tools",
-    ConversationStatus.INTERRUPTED: "interrupted",
-}
 
 
 @dataclass(frozen=True)
@@ -260,16 +247,13 @@ class Conversations:
             messages = [i.content for i in request.input if isinstance(i, InputMessage)]
             outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
         session = self._open(key)
-        self._check_lease(session)
-        self._honour_cancel(session)
-        self._check_budget(session)
+        admission = session.life.admit(
+            self.clock(), budget=self.settings.conversation_budget_for(key.tenant)
+        )
         work = self._work(session)
         self.calls.expire_due(session)
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
-        interrupted = session.head is not None and (
-            session.head.status is ConversationStatus.RUNNING_TOOLS
-        )
-        if interrupted or not awaiting:
+        if admission.resuming or not awaiting:
             # Finish what an earlier request left half done (expired or rejected calls,
             # calls recorded but never run) in *its* turn, before anything of this one is
             # staged: old results must precede the new input, and a failure of this
@@ -277,8 +261,9 @@ class Conversations:
             # others still await a decision wait for the last decision instead.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
+            session.life.release_lease()
             if session.staged:
-                session.commit(status_of(session))
+                session.commit()
             work.executed = False
             # A resumed run may have handed calls to a human (their outcome is unknown).
             awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
@@ -300,7 +285,7 @@ class Conversations:
         }
         given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
         if messages:
-            require_settled(session, answered=given)
+            session.life.require_settled(answered=given)
         self.calls.provide_outputs(session, given, actor=caller.actor, via="turn")
         outputs = [o for o in outputs if o.call_id not in given]
         # Client results belong to the turn of their calls (a context window never
@@ -319,8 +304,8 @@ class Conversations:
             work = self._work(session)
         for content in messages:
             session.add(UserMessage(content=content, metadata=request.metadata), actor=caller.actor)
-        if not messages and open_waits(session.pending):
-            session.commit(status_of(session))
+        if not messages and session.life.awaiting():
+            session.commit()
             return self._response(work)
         self._advance(work)
         return self._response(work)
@@ -342,8 +327,7 @@ class Conversations:
         if head is None or not head.is_visible(self.clock()):
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
-        self._check_lease(session)
-        self._honour_cancel(session)
+        session.life.admit(self.clock())
         work = self._work(session)
         deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
@@ -359,14 +343,14 @@ class Conversations:
             )
             if not named:
                 # Outputs only: the turn goes on once nothing else is awaited.
-                if open_waits(session.pending):
+                if session.life.awaiting():
                     self.calls.settle_rejected(work)
-                    session.commit(status_of(session))
+                    session.commit()
                     return self._response(work)
                 self._advance(work)
                 return self._response(work)
         undecided = {p.id: p for p in session.pending if p.state in AWAITING_DECISION}
-        if not undecided and not expired and head.status is ConversationStatus.RUNNING_TOOLS:
+        if not undecided and not expired and is_running(session.head):
             # A retry after a crash: the decisions were recorded; finish the turn. Only
             # decisions of this turn may resume it, so a stray id is still an error.
             unknown = [i for i in named if i not in decided_in_turn(session)]
@@ -384,7 +368,8 @@ class Conversations:
             # (the model gets the calls' errors with the next turn) and say so.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
-            session.commit(status_of(session))
+            session.life.release_lease()
+            session.commit()
             raise NotAwaitingApproval(
                 "the pending approvals expired before this decision",
                 details={"expired": expired},
@@ -412,25 +397,21 @@ class Conversations:
                 ),
                 actor=caller.actor,
             )
-            replace_pending(
-                session,
-                pending.model_copy(
-                    update={
-                        **(
-                            {"arguments": edited[0], "arguments_sha256": edited[1]}
-                            if edited
-                            else {}
-                        ),
-                        "state": "ready" if approved else "rejected",
-                        "reason": None
-                        if approved
-                        else f"rejected by {caller.actor}"
-                        + (f": {rejections[call_id]}" if rejections.get(call_id) else ""),
-                    }
-                ),
-            )
+            if edited:
+                session.life.change(
+                    pending, CallMove.EDIT, arguments=edited[0], arguments_sha256=edited[1]
+                )
+            elif approved:
+                session.life.change(pending, CallMove.APPROVE, reason=None)
+            else:
+                why = rejections.get(call_id)
+                session.life.change(
+                    pending,
+                    CallMove.REJECT,
+                    reason=f"rejected by {caller.actor}" + (f": {why}" if why else ""),
+                )
         if any(p.state in AWAITING_DECISION for p in session.pending):
-            session.commit(status_of(session))
+            session.commit()
             return self._response(work)
         self._advance(work)
         return self._response(work)
@@ -461,7 +442,7 @@ class Conversations:
         self.calls.settle_rejected(idle)
         if any(p.state == "ready" for p in session.pending):
             return []  # approved calls must run first: the next turn or decision does that
-        session.commit(status_of(session))
+        session.commit()
         return expired
 
     def get(self, caller: Caller, conversation_id: str) -> ConversationView:
@@ -475,12 +456,12 @@ class Conversations:
         now = self.clock()
         # A read writes nothing: what is due shows as expired at once, and the next
         # request (or the sweep's pass, :meth:`expire_waits`) records it.
-        waiting = [p for p in head.pending if not lapsed(p, now)]
+        open_calls = [p for p in head.pending if not lapsed(p, now)]
         return ConversationView(
             conversation_id=conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
             # reports it complete (the request that ran them is over).
-            status=self._head_status(head),
+            status=public_status(head, now),
             turns=head.turn,
             events=head.event_count,
             created_at=head.created_at,
@@ -489,21 +470,14 @@ class Conversations:
             if head.expires_at is not None
             else None,
             ttl_seconds=head.ttl_seconds,
-            pending_tool_calls=self._waiting(waiting),
+            pending_tool_calls=self._waiting(open_calls),
             usage=head.usage,
             cost_usd=round(head.cost_usd, 6),
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
-            awaiting=open_waits(waiting),
+            awaiting=open_waits(open_calls),
             expired_tool_calls=self._waiting([p for p in head.pending if lapsed(p, now)]),
         )
-
-    def _head_status(self, head: Head) -> str:
-        """The head's public status: a run with a live lease is ``running_tools``; one
-        whose lease expired died mid-way and is ``interrupted`` (the next request resumes it)."""
-        if head.status is ConversationStatus.RUNNING_TOOLS:
-            return "running_tools" if head.live_lease(self.clock()) else "interrupted"
-        return _PUBLIC_STATUS[head.status]
 
     def events(self, caller: Caller, conversation_id: str, *, after: int, limit: int) -> EventsPage:
         """A page of the transcript (``GET .../events``).
@@ -576,11 +550,10 @@ class Conversations:
         session = self._session(key, head, snapshot.events)
         lease = head.live_lease(now)
         if lease is not None:
-            session.lease = lease
-            session.cancel = CancelRequest(
-                requested_by=caller.actor, requested_at=now, reason=reason
+            session.life.request_cancel(
+                lease, CancelRequest(requested_by=caller.actor, requested_at=now, reason=reason)
             )
-            session.commit(ConversationStatus.RUNNING_TOOLS)
+            session.commit()
             return CancelResponse(
                 conversation_id=conversation_id,
                 turn=session.turn,
@@ -588,9 +561,9 @@ class Conversations:
                 cancel_requested=True,
             )
         cancelled: list[str] = []
-        if session.pending or head.status is ConversationStatus.RUNNING_TOOLS:
-            cancelled = cancel_turn(session, by=caller.actor, reason=reason)
-            session.commit(ConversationStatus.COMPLETE)
+        if session.pending or is_running(head):
+            cancelled = session.life.cancel_turn(by=caller.actor, reason=reason)
+            session.commit()
         elif self._cancel_streaming(caller, key, head.turn, reason, now):
             return CancelResponse(
                 conversation_id=conversation_id,
@@ -601,7 +574,7 @@ class Conversations:
         return CancelResponse(
             conversation_id=conversation_id,
             turn=session.turn,
-            status=self._head_status(session.head) if session.head else "complete",
+            status=public_status(session.head, now) if session.head else "complete",
             cancelled_call_ids=cancelled,
         )
 
@@ -654,14 +627,14 @@ class Conversations:
                     if p.id == claims.call_id
                     and p.state == "deferred"
                     and p.idempotency_key == claims.idempotency_key
-                    and (p.expires_at is None or p.expires_at > now)
+                    and not lapsed(p, now)
                 ),
                 None,
             )
             if pending is None:
                 raise CallbackInvalid("this callback token is not valid (forged, expired or used)")
             session = self._session(key, head, snapshot.events)
-            self._check_lease(session)
+            session.life.admit(now)
             work = self._work(session)
             self.calls.settle_deferred(
                 session,
@@ -671,12 +644,12 @@ class Conversations:
                 via="callback",
                 actor=f"tool:{pending.name}",
             )
-            continued = request.continue_ and not open_waits(session.pending)
+            continued = request.continue_ and not session.life.awaiting()
             try:
                 if continued:
                     self._advance(work)
                 else:
-                    session.commit(status_for(session.pending))
+                    session.commit()
             except ConversationBusy:
                 if session.head is not head:
                     raise  # the settle itself was committed; only a later step lost
@@ -685,8 +658,8 @@ class Conversations:
                 conversation_id=claims.conversation_id,
                 call_id=claims.call_id,
                 settled=request.status,
-                status=self._head_status(session.head) if session.head else "complete",
-                awaiting=open_waits(session.pending),
+                status=public_status(session.head, self.clock()) if session.head else "complete",
+                awaiting=session.life.awaiting(),
                 continued=continued,
             )
         raise ConversationBusy("the conversation keeps changing; retry the callback")
@@ -704,18 +677,18 @@ class Conversations:
             # A step boundary: tools ran; a cancel sent meanwhile stops the turn here.
             if self._stopped(work):
                 return
-            status = status_of(session)
-            if status is not ConversationStatus.COMPLETE:
-                self._commit(work, status)
+            if session.pending:
+                # Something waits (a person, the client, a job): the step ends here.
+                self._commit(work)
                 return
             if work.model_calls >= max(self.settings.max_tool_steps, 1):
                 work.status_reason = "max_tool_steps"
-                session.commit(ConversationStatus.COMPLETE)
+                self._commit(work)
                 return
             limit = self.settings.turn_budget_for(session.key.tenant)
             if limit and work.model_calls and _turn_usage(session) >= limit:
                 work.status_reason = "turn_budget"
-                session.commit(ConversationStatus.COMPLETE)
+                self._commit(work)
                 return
             reply, run = self._call_model(work)
             session.usage = session.usage + reply.usage
@@ -742,25 +715,16 @@ class Conversations:
                 work.output_text = reply.text
                 work.output_json = value
             if not calls:
-                self._commit(work, ConversationStatus.COMPLETE)
+                self._commit(work)
                 return
             self.calls.request(work, calls)
 
     # --- stopping a running turn (POST .../cancel) ----------------------------------------
 
-    def _holds_lease(self, work: TurnWork) -> bool:
-        head = work.session.head
-        return (
-            head is not None
-            and head.status is ConversationStatus.RUNNING_TOOLS
-            and head.lease is not None
-            and head.lease.owner == work.owner
-        )
-
     def _adopt_cancel(self, work: TurnWork) -> bool:
         """Whether a cancel was written on the head this request runs; if so the session
         takes that head (the cancel changed nothing else), so it can commit the stop."""
-        if not self._holds_lease(work):
+        if not holds_lease(work.session.head, work.owner):
             return False
         session = work.session
         fresh = self.store.get_head(session.key)
@@ -782,9 +746,9 @@ class Conversations:
         session = work.session
         assert session.head is not None and session.head.cancel is not None
         cancel = session.head.cancel
-        cancel_turn(session, by=cancel.requested_by, reason=cancel.reason)
+        session.life.cancel_turn(by=cancel.requested_by, reason=cancel.reason)
         work.status_reason = "cancelled"
-        session.commit(ConversationStatus.COMPLETE)
+        session.commit()
 
     def _stopped(self, work: TurnWork) -> bool:
         """At a step boundary: stop here if a cancel asks this request to (one read of
@@ -794,15 +758,16 @@ class Conversations:
             return True
         return False
 
-    def _commit(self, work: TurnWork, status: ConversationStatus) -> None:
-        """Commit the step; if a cancel was written meanwhile, keep what the step
-        recorded and stop the turn instead.
+    def _commit(self, work: TurnWork) -> None:
+        """End the run's step (its lease released) and commit it; if a cancel was written
+        meanwhile, keep what the step recorded and stop the turn instead.
 
         Raises:
             ConversationBusy: another request (not a cancel) committed first.
         """
+        work.session.life.release_lease()
         try:
-            work.session.commit(status)
+            work.session.commit()
         except ConversationBusy:
             if not self._adopt_cancel(work):
                 raise
@@ -1053,12 +1018,10 @@ class Conversations:
         session = work.session
         failing_turn = max(session.turn, 1)
         if work.executed:
-            status = ConversationStatus.RUNNING_TOOLS
             # Nothing runs any more: the next request may resume at once (``interrupted``).
-            session.lease = None
+            session.life.interrupt()
         else:
             session.rollback()
-            status = None
         if isinstance(exc, TurnCancelled):
             # Stopped mid-answer by ``POST .../cancel``: an interruption, not a failure.
             by = str(exc.details.get("interrupted_by") or "system")
@@ -1083,48 +1046,9 @@ class Conversations:
             )
             session.failed_turns += 1
         try:
-            session.commit(status or status_of(session))
+            session.commit()
         except TurnledgerError as error:
             logger.warning("could not record a failed turn", extra={"code": error.code})
-
-    def _check_lease(self, session: Session) -> None:
-        """Refuse to act while another request runs this conversation's tools.
-
-        Raises:
-            ConversationBusy: the head holds a live lease; ``retry_after_seconds`` says
-                when it ends at the latest.
-        """
-        head = session.head
-        now = self.clock()
-        lease = head.live_lease(now) if head is not None else None
-        if lease is not None:
-            wait = max(int((lease.expires_at - now).total_seconds() + 0.999), 1)
-            raise ConversationBusy(
-                "another request is running this conversation's tools; nothing was stored",
-                details={"retry_after_seconds": wait},
-            )
-
-    def _honour_cancel(self, session: Session) -> None:
-        """A cancel asked a run that then died (its lease expired): stop that turn now,
-        instead of resuming it, before this request does its own work."""
-        head = session.head
-        if head is not None and cancel_requested(head) and head.cancel is not None:
-            cancel_turn(session, by=head.cancel.requested_by, reason=head.cancel.reason)
-            session.commit(ConversationStatus.COMPLETE)
-
-    def _check_budget(self, session: Session) -> None:
-        """Refuse a turn once the conversation's token budget is spent.
-
-        Raises:
-            BudgetExceeded: input + output tokens so far reached the budget.
-        """
-        limit = self.settings.conversation_budget_for(session.key.tenant)
-        used = session.usage.input_tokens + session.usage.output_tokens
-        if limit and used >= limit:
-            raise BudgetExceeded(
-                "this conversation's token budget is spent",
-                details={"limit": limit, "used": used},
-            )
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -1137,11 +1061,7 @@ class Conversations:
         """Load a session for a turn: expired conversations are purged and start fresh."""
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
-        if (
-            head is not None
-            and head.status is not ConversationStatus.CLEARED
-            and head.is_expired(self.clock())
-        ):
+        if head is not None and not is_tombstone(head) and head.is_expired(self.clock()):
             if self.store.purge_if_unchanged(key, head, self.clock()) is None:
                 raise ConversationBusy("the conversation changed while it expired; retry")
             return self._open(key)
@@ -1189,7 +1109,7 @@ class Conversations:
     def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
         """The calls that wait for someone (a decision, an output, the client, a job's
         callback), as the API shows them."""
-        return [view(p) for p in pending if p.state in WAIT_OF_STATE]
+        return [view(p) for p in waiting(pending)]
 
     @staticmethod
     def _pending_view(pending: PendingCall) -> PendingToolCallView:
@@ -1197,11 +1117,10 @@ class Conversations:
 
     def _response(self, work: TurnWork) -> TurnResponse:
         session = work.session
-        status = status_of(session)
         return TurnResponse(
             conversation_id=session.key.conversation_id,
             turn=session.turn,
-            status=_PUBLIC_STATUS[status],
+            status=session.life.answer_status(),
             status_reason=work.status_reason,
             output_text=work.output_text,
             output_json=work.output_json,

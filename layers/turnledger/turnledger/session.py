@@ -21,7 +21,6 @@ from .models import (
     KIND_OF_PAYLOAD,
     CancelRequest,
     ConversationKey,
-    ConversationStatus,
     Event,
     Head,
     Lease,
@@ -35,6 +34,7 @@ from .models import (
 from .observability import metrics
 from .store import keys
 from .store.base import ConversationStore, new_generation
+from .turnstate import TurnLife, is_tombstone
 
 Clock = Callable[[], datetime]
 #: Told of each commit that landed: the key, the pending calls before it, the head it
@@ -76,18 +76,21 @@ class Session:
     cost_usd: float = 0.0
     token_scale: float | None = None
     provider_cursor: ProviderCursor | None = None
-    #: Held while this request runs tools (written only with ``running_tools``).
+    #: Held while this request runs tools (taken and released by :attr:`life`).
     lease: Lease | None = None
-    #: A cancel request for the running turn (written only with ``running_tools``).
+    #: A cancel request for the running turn (written by :attr:`life`).
     cancel: CancelRequest | None = None
     #: The life this session writes: the head's, the tombstone's successor, or a new one.
     gen: str = field(default_factory=new_generation)
     on_commit: CommitHook | None = None
+    #: The turn's owner: every move of its calls and run, and the status commits write.
+    life: TurnLife = field(init=False)
 
     def __post_init__(self) -> None:
         previous = self.head or self.predecessor
         if previous is not None:
             self.gen = previous.gen
+        self.life = TurnLife(self)
 
     @classmethod
     def open(
@@ -101,7 +104,7 @@ class Session:
         ttl_seconds: int,
     ) -> Session:
         """A session over a live head, or a new life over nothing or a tombstone."""
-        if head is not None and head.status is ConversationStatus.CLEARED:
+        if is_tombstone(head):
             return cls(store, key, clock, ttl_seconds, head=None, predecessor=head)
         if head is None:
             return cls(store, key, clock, ttl_seconds, head=None)
@@ -157,6 +160,9 @@ class Session:
         self.cost_usd = head.cost_usd if head else 0.0
         self.token_scale = head.token_scale if head else None
         self.provider_cursor = head.provider_cursor if head else None
+        self.lease = None
+        self.cancel = None
+        self.life.rolled_back(head)
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
         """Stage one event of the current turn (or of ``turn``)."""
@@ -184,13 +190,15 @@ class Session:
             return filed
         return due
 
-    def commit(self, status: ConversationStatus) -> Head:
-        """Write the staged events and the new head atomically.
+    def commit(self) -> Head:
+        """Write the staged events and the new head atomically, with the status the
+        turn's owner (:attr:`life`) derives: no caller chooses a status.
 
         Raises:
             ConversationBusy: another request committed on this conversation first.
         """
         now = self.clock()
+        status = self.life.status()
         previous = self.head or self.predecessor
         base = previous.base if previous else 0
         expires_at = int(now.timestamp()) + self.ttl_seconds if self.ttl_seconds else None
@@ -214,8 +222,8 @@ class Session:
             cost_usd=self.cost_usd,
             token_scale=self.token_scale,
             provider_cursor=self.provider_cursor,
-            lease=self.lease if status is ConversationStatus.RUNNING_TOOLS else None,
-            cancel=self.cancel if status is ConversationStatus.RUNNING_TOOLS else None,
+            lease=self.life.lease(),
+            cancel=self.life.cancel(),
         )
         written = self.store.commit(
             self.key,

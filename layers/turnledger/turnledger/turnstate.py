@@ -1,54 +1,132 @@
-"""The one state machine of a turn's tool calls and of the conversation's status.
+"""The turn's owner: every status a conversation, a call or a draft can take, and every move.
 
-A pending call (:class:`~turnledger.models.PendingCall`) moves only along
-:data:`CALL_TRANSITIONS`; ``settled`` means it left the pending list with its
-result recorded. The conversation's status follows from what its pending calls
-wait for (:func:`status_for`): when several waits coexist, the one a person
-must act on first is shown, in :data:`WAIT_PRIORITY` order, and ``awaiting``
-lists every wait still open.
+One object, :class:`TurnLife` (one per :class:`~turnledger.session.Session`,
+as ``session.life``), owns a turn's life. Three tables say what may happen:
 
-Every route asks this module, never its own copy of the rules: what a status
-is, which calls wait for a person (the inbox), which are due (expiry of
-approvals and of deferred calls), and how a turn is cancelled.
+* :data:`CALL_MOVES`: a tool call's moves (request, ask a person, decide, edit,
+  expire, defer, settle, mark ``outcome_unknown``, cancel). ``settled`` means
+  it left the pending list with its result recorded.
+* :data:`RUN_MOVES`: the run's moves (lease taken, renewed, released; a cancel
+  requested of a live run; interrupted; cancelled).
+* :data:`DRAFT_MOVES`: a long turn's draft (begun, done, interrupted).
+
+An illegal move raises :class:`IllegalTransition`. Nobody passes a status:
+:meth:`TurnLife.status` derives the head's status from the run's phase and the
+pending calls, and :meth:`Session.commit <turnledger.session.Session.commit>`
+writes what it says. When several waits coexist the status shows the one a
+person must act on first (:data:`WAIT_PRIORITY`); ``awaiting`` lists them all.
+
+The module also answers the questions every route asks, so none keeps its own
+copy: may this request start now (:meth:`TurnLife.admit`: lease, budget,
+pending waits, cancel), which calls wait for a person (the inbox), which waits
+are due (:func:`lapsed`), and what status the API shows (:func:`public_status`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from .exceptions import ApprovalPending, InputPending, InternalError
+from .exceptions import (
+    ApprovalPending,
+    BudgetExceeded,
+    ConversationBusy,
+    InputPending,
+    InternalError,
+)
 from .models import (
     ApprovalResolved,
     CallState,
+    CancelRequest,
     ConversationStatus,
     Head,
+    Lease,
     PendingCall,
     ToolCallSettled,
     ToolResult,
     TurnInterrupted,
+    Usage,
 )
 
 if TYPE_CHECKING:
     from .schemas import PendingToolCallView
     from .session import Session
 
-#: Where a call may go from each state (``None``: a call being recorded). ``settled``:
-#: its result is recorded and it leaves the pending list.
-CALL_TRANSITIONS: dict[str | None, frozenset[str]] = {
-    None: frozenset({"ready", "awaiting_approval", "awaiting_client", "awaiting_input", "settled"}),
-    "awaiting_approval": frozenset({"ready", "rejected"}),
-    "outcome_unknown": frozenset({"ready", "rejected"}),
-    "ready": frozenset({"settled", "deferred", "outcome_unknown", "rejected"}),
-    "deferred": frozenset({"settled"}),
-    "awaiting_input": frozenset({"settled"}),
-    "awaiting_client": frozenset({"settled"}),
-    "rejected": frozenset({"settled"}),
+# --- tool calls -----------------------------------------------------------------------------
+
+#: Where a call is before it is recorded (``None`` in the tables) and once its result is.
+New = None
+Settled = Literal["settled"]
+CallPlace = CallState | Settled | None
+
+
+class CallMove(StrEnum):
+    """Every move a tool call can make."""
+
+    #: Recorded, cleared to run (no approval needed).
+    REQUEST = "request"
+    #: Recorded, waiting for a person's decision.
+    ASK_APPROVAL = "ask_approval"
+    #: Recorded, waiting for a person's output (a human-input tool).
+    ASK_INPUT = "ask_input"
+    #: Recorded, waiting for the client's output (a client tool).
+    AWAIT_CLIENT = "await_client"
+    #: Recorded and answered at once with an error (unknown tool, invalid arguments).
+    REFUSE = "refuse"
+    #: A person approved it as asked.
+    APPROVE = "approve"
+    #: A person approved it with edited arguments.
+    EDIT = "edit"
+    #: A person (or a rule) rejected it: it gets an error result without running.
+    REJECT = "reject"
+    #: Its decision window closed: rejected as expired.
+    EXPIRE = "expire"
+    #: Its run was interrupted and its tool ignores idempotency keys: a person decides.
+    MARK_UNKNOWN = "mark_unknown"
+    #: Its tool accepted it to finish elsewhere (202): it waits for its callback.
+    DEFER = "defer"
+    #: Its result is recorded (a run, an output, a callback, a timeout, an error).
+    SETTLE = "settle"
+    #: The turn was cancelled: an error result says so.
+    CANCEL = "cancel"
+
+
+_DECIDING: frozenset[CallPlace] = frozenset({"awaiting_approval", "outcome_unknown"})
+_WAITING: frozenset[CallPlace] = frozenset(
+    {"awaiting_approval", "outcome_unknown", "awaiting_input", "awaiting_client", "deferred"}
+)
+
+#: Each move: the places a call may take it from, and where it goes.
+CALL_MOVES: dict[CallMove, tuple[frozenset[CallPlace], CallPlace]] = {
+    CallMove.REQUEST: (frozenset({New}), "ready"),
+    CallMove.ASK_APPROVAL: (frozenset({New}), "awaiting_approval"),
+    CallMove.ASK_INPUT: (frozenset({New}), "awaiting_input"),
+    CallMove.AWAIT_CLIENT: (frozenset({New}), "awaiting_client"),
+    CallMove.REFUSE: (frozenset({New}), "settled"),
+    CallMove.APPROVE: (_DECIDING, "ready"),
+    CallMove.EDIT: (_DECIDING, "ready"),
+    CallMove.REJECT: (_DECIDING, "rejected"),
+    CallMove.EXPIRE: (_DECIDING, "rejected"),
+    CallMove.MARK_UNKNOWN: (frozenset({"ready"}), "outcome_unknown"),
+    CallMove.DEFER: (frozenset({"ready"}), "deferred"),
+    CallMove.SETTLE: (
+        frozenset({"ready", "deferred", "awaiting_input", "awaiting_client", "rejected"}),
+        "settled",
+    ),
+    CallMove.CANCEL: (_WAITING | {"ready", "rejected"}, "settled"),
 }
 
+#: Where a call may go from each place (derived from :data:`CALL_MOVES`).
+CALL_TRANSITIONS: dict[CallPlace, frozenset[CallPlace]] = {}
+for _sources, _target in CALL_MOVES.values():
+    for _source in _sources:
+        CALL_TRANSITIONS[_source] = CALL_TRANSITIONS.get(_source, frozenset()) | {_target}
+
 #: States of calls that wait for a human decision on the approvals route.
-AWAITING_DECISION = frozenset({"awaiting_approval", "outcome_unknown"})
+AWAITING_DECISION: frozenset[str] = frozenset({"awaiting_approval", "outcome_unknown"})
 
 Wait = Literal["approval", "input", "client", "async"]
 #: What each waiting state waits for.
@@ -68,16 +146,19 @@ WAIT_PRIORITY: tuple[tuple[Wait, ConversationStatus], ...] = (
     ("async", ConversationStatus.AWAITING_ASYNC_TOOLS),
 )
 
+#: States whose wait has a deadline: a decision's window, a deferred call's callback.
+EXPIRING: frozenset[str] = AWAITING_DECISION | {"deferred"}
+
 
 class IllegalTransition(InternalError):
-    """A call was asked to move where :data:`CALL_TRANSITIONS` does not allow (a bug)."""
+    """A call, a run or a draft was asked to make a move its table does not allow (a bug)."""
 
 
-def check_move(current: str | None, target: str) -> None:
-    """Refuse a move the table does not allow.
+def check_move(current: CallPlace, target: CallPlace) -> None:
+    """Refuse a call's move from ``current`` to ``target`` that no move allows.
 
     Raises:
-        IllegalTransition: ``current`` -> ``target`` is not in :data:`CALL_TRANSITIONS`.
+        IllegalTransition: no :data:`CALL_MOVES` entry goes from ``current`` to ``target``.
     """
     if target not in CALL_TRANSITIONS.get(current, frozenset()):
         raise IllegalTransition(
@@ -86,13 +167,34 @@ def check_move(current: str | None, target: str) -> None:
         )
 
 
-def move(pending: PendingCall, target: CallState, **changes: object) -> PendingCall:
-    """``pending`` in state ``target`` (with ``changes``), checked against the table.
+def call_target(current: CallPlace, how: CallMove) -> CallPlace:
+    """Where ``how`` takes a call that is at ``current``.
 
     Raises:
-        IllegalTransition: the move is not allowed.
+        IllegalTransition: ``how`` cannot be made from ``current``.
     """
-    check_move(pending.state, target)
+    sources, target = CALL_MOVES[how]
+    if current not in sources:
+        raise IllegalTransition(
+            f"a tool call cannot {how.value} from {current or 'new'}",
+            details={"from": current, "move": how.value, "to": target},
+        )
+    return target
+
+
+def move(pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
+    """``pending`` after ``how`` (with ``changes``), checked against :data:`CALL_MOVES`.
+
+    Raises:
+        IllegalTransition: the move is not allowed from the call's state, or it settles
+            the call (settled calls leave the pending list: :meth:`TurnLife.settle`).
+    """
+    target = call_target(pending.state, how)
+    if target == "settled":
+        raise IllegalTransition(
+            f"{how.value} settles a call: it leaves the pending list, it has no state",
+            details={"move": how.value},
+        )
     return pending.model_copy(update={"state": target, **changes})
 
 
@@ -112,21 +214,18 @@ def status_for(pending: Iterable[PendingCall]) -> ConversationStatus:
     return ConversationStatus.RUNNING_TOOLS if calls else ConversationStatus.COMPLETE
 
 
-def status_of(session: Session) -> ConversationStatus:
-    """The head status the session's pending calls call for."""
-    return status_for(session.pending)
-
-
-#: States whose wait has a deadline: a decision's window, a deferred call's callback.
-EXPIRING = AWAITING_DECISION | {"deferred"}
-
-
 def lapsed(pending: PendingCall, now: datetime) -> bool:
     """Whether ``pending`` waits for something whose deadline passed by ``now`` (shown
     as expired at once; recorded by the next request or the sweep's expiry pass)."""
     return (
         pending.state in EXPIRING and pending.expires_at is not None and pending.expires_at <= now
     )
+
+
+def wait_deadline(pending: Iterable[PendingCall]) -> datetime | None:
+    """The earliest deadline of the waits that have one (what the ``by-wait`` index files)."""
+    due = [p.expires_at for p in pending if p.state in EXPIRING and p.expires_at is not None]
+    return min(due) if due else None
 
 
 def waits_for_person(pending: PendingCall) -> Literal["approval", "input"] | None:
@@ -139,34 +238,9 @@ def waits_for_person(pending: PendingCall) -> Literal["approval", "input"] | Non
     return None
 
 
-def require_settled(session: Session, *, answered: Iterable[str] = ()) -> None:
-    """Refuse a new turn while calls of the current one still need a person or a job.
-
-    Client calls never block: a new message closes them (API.md). ``answered``
-    names calls this very request supplies outputs for.
-
-    Raises:
-        ApprovalPending: calls await a decision.
-        InputPending: human-input or deferred calls wait for their output.
-    """
-    given = set(answered)
-    decisions = [p for p in session.pending if p.state in AWAITING_DECISION]
-    if decisions:
-        raise ApprovalPending(
-            "tool calls of this conversation await approval; decide them first",
-            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in decisions]},
-        )
-    inputs = [
-        p
-        for p in session.pending
-        if p.state in ("awaiting_input", "deferred") and p.id not in given
-    ]
-    if inputs:
-        raise InputPending(
-            "tool calls of this conversation wait for their output; send it first "
-            "(outputs on the approvals route, or function_call_output items)",
-            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in inputs]},
-        )
+def waiting(pending: Iterable[PendingCall]) -> list[PendingCall]:
+    """The calls that wait for someone: a decision, an output, the client, a callback."""
+    return [p for p in pending if p.state in WAIT_OF_STATE]
 
 
 def view(pending: PendingCall) -> PendingToolCallView:
@@ -185,68 +259,444 @@ def view(pending: PendingCall) -> PendingToolCallView:
     )
 
 
+# --- the run --------------------------------------------------------------------------------
+
+
+class RunPhase(StrEnum):
+    """Where the current turn's run is, as this request sees it."""
+
+    #: Nothing runs: the status is what the pending calls wait for.
+    IDLE = "idle"
+    #: This request holds the lease and runs the turn's tools (or the model after them).
+    RUNNING = "running"
+    #: Tools acted but the turn did not finish (the model failed): the next request resumes.
+    INTERRUPTED = "interrupted"
+    #: Another request holds a live lease and this one asked it to stop.
+    CANCEL_REQUESTED = "cancel_requested"
+
+
+class RunMove(StrEnum):
+    """Every move of a turn's run."""
+
+    TAKE_LEASE = "take_lease"
+    RENEW_LEASE = "renew_lease"
+    RELEASE_LEASE = "release_lease"
+    INTERRUPT = "interrupt"
+    REQUEST_CANCEL = "request_cancel"
+    CANCEL = "cancel"
+
+
+#: Each move: the phases it may be made from, and the phase it leads to.
+RUN_MOVES: dict[RunMove, tuple[frozenset[RunPhase], RunPhase]] = {
+    RunMove.TAKE_LEASE: (frozenset({RunPhase.IDLE, RunPhase.INTERRUPTED}), RunPhase.RUNNING),
+    RunMove.RENEW_LEASE: (frozenset({RunPhase.RUNNING}), RunPhase.RUNNING),
+    RunMove.RELEASE_LEASE: (frozenset({RunPhase.RUNNING, RunPhase.IDLE}), RunPhase.IDLE),
+    RunMove.INTERRUPT: (frozenset({RunPhase.RUNNING, RunPhase.IDLE}), RunPhase.INTERRUPTED),
+    RunMove.REQUEST_CANCEL: (frozenset({RunPhase.IDLE}), RunPhase.CANCEL_REQUESTED),
+    RunMove.CANCEL: (frozenset(RunPhase), RunPhase.IDLE),
+}
+
+# --- drafts ---------------------------------------------------------------------------------
+
+DraftStatus = Literal["in_progress", "done", "interrupted"]
+
+
+class DraftMove(StrEnum):
+    """Every move of a long turn's draft."""
+
+    #: The answer starts (or a continued turn goes on) being written.
+    BEGIN = "begin"
+    #: The answer was committed whole.
+    FINISH = "finish"
+    #: The turn failed or was cancelled mid-answer (or its worker was lost).
+    INTERRUPT = "interrupt"
+
+
+#: Each move: the statuses a draft may take it from (``None``: no draft yet), and where.
+DRAFT_MOVES: dict[DraftMove, tuple[frozenset[DraftStatus | None], DraftStatus]] = {
+    DraftMove.BEGIN: (frozenset({None, "in_progress", "done", "interrupted"}), "in_progress"),
+    DraftMove.FINISH: (frozenset({"in_progress"}), "done"),
+    DraftMove.INTERRUPT: (frozenset({"in_progress"}), "interrupted"),
+}
+
+
+def draft_move(current: DraftStatus | None, how: DraftMove) -> DraftStatus:
+    """The draft's status after ``how``.
+
+    Raises:
+        IllegalTransition: ``how`` cannot be made from ``current``.
+    """
+    sources, target = DRAFT_MOVES[how]
+    if current not in sources:
+        raise IllegalTransition(
+            f"a draft cannot {how.value} from {current or 'nothing'}",
+            details={"from": current, "move": how.value},
+        )
+    return target
+
+
+# --- the public status ----------------------------------------------------------------------
+
+#: The public statuses of a committed head; ``running_tools`` is resolved by
+#: :func:`public_status` (a turn's own answer never shows it: its request is over).
+_PUBLIC_STATUS: dict[ConversationStatus, str] = {
+    ConversationStatus.COMPLETE: "complete",
+    ConversationStatus.AWAITING_APPROVAL: "awaiting_approval",
+    ConversationStatus.AWAITING_CLIENT_TOOLS: "awaiting_client_tools",
+    ConversationStatus.RUNNING_TOOLS: "complete",
+    ConversationStatus.AWAITING_HITL: "awaiting_hitl",
+    ConversationStatus.AWAITING_ASYNC_TOOLS: "awaiting_async_tools",
+    ConversationStatus.INTERRUPTED: "interrupted",
+}
+
+
+def public_status(head: Head, now: datetime) -> str:
+    """A head's status as ``GET`` shows it: a run with a live lease is ``running_tools``;
+    one whose lease lapsed died mid-way and is ``interrupted`` (the next request resumes it)."""
+    if head.status is ConversationStatus.RUNNING_TOOLS:
+        return "running_tools" if head.live_lease(now) else "interrupted"
+    return _PUBLIC_STATUS[head.status]
+
+
+def answer_status(pending: Iterable[PendingCall]) -> str:
+    """The status a request's own answer shows: what the turn waits for, else ``complete``."""
+    return _PUBLIC_STATUS[status_for(pending)]
+
+
+def is_running(head: Head | None) -> bool:
+    """Whether ``head`` was committed mid-run (its tools running, or a run that died)."""
+    return head is not None and head.status is ConversationStatus.RUNNING_TOOLS
+
+
+def is_tombstone(head: Head | None) -> bool:
+    """Whether ``head`` is a cleared conversation's tombstone."""
+    return head is not None and head.status is ConversationStatus.CLEARED
+
+
+def awaits_decision(head: Head) -> bool:
+    """Whether a long turn's approval may continue ``head``: it waits for a decision, or
+    a run that died after its decisions were recorded."""
+    return head.status in (ConversationStatus.AWAITING_APPROVAL, ConversationStatus.RUNNING_TOOLS)
+
+
 def cancel_requested(head: Head | None) -> bool:
     """Whether a cancel asks the request running ``head``'s turn to stop."""
+    return is_running(head) and head is not None and head.cancel is not None
+
+
+def holds_lease(head: Head | None, owner: str) -> bool:
+    """Whether ``owner``'s lease is the one written on ``head`` (live or not)."""
     return (
-        head is not None
-        and head.status is ConversationStatus.RUNNING_TOOLS
-        and head.cancel is not None
+        is_running(head)
+        and head is not None
+        and head.lease is not None
+        and (head.lease.owner == owner)
     )
 
 
-def cancel_turn(session: Session, *, by: str, reason: str | None = None) -> list[str]:
-    """Stop the current turn: every pending call is recorded as cancelled (a deferred
-    one also as settled, an undecided approval also as rejected by the canceller), then
-    one ``turn_interrupted`` event; results recorded before stay. The caller commits
-    ``complete``.
+# --- may a request start? ------------------------------------------------------------------
 
-    Returns:
-        The ids of the calls cancelled, in pending order.
+
+def refuse_if_running(head: Head | None, now: datetime) -> None:
+    """Refuse to act while another request runs the conversation's tools.
+
+    Raises:
+        ConversationBusy: ``head`` holds a live lease; ``retry_after_seconds`` says when it
+            ends at the latest.
     """
-    cancelled: list[str] = []
-    why = f" was cancelled by {by}" + (f": {reason}" if reason else "")
-    for pending in session.pending:
-        if pending.state in AWAITING_DECISION:
-            # A decision nobody made: the cancel decides it (rejected), so every
-            # approval_requested keeps its approval_resolved.
-            check_move(pending.state, "rejected")
+    lease = head.live_lease(now) if head is not None else None
+    if lease is not None:
+        wait = max(int((lease.expires_at - now).total_seconds() + 0.999), 1)
+        raise ConversationBusy(
+            "another request is running this conversation's tools; nothing was stored",
+            details={"retry_after_seconds": wait},
+        )
+
+
+def refuse_if_spent(usage: Usage, budget: int) -> None:
+    """Refuse a turn once the conversation's token budget (``0``: none) is spent.
+
+    Raises:
+        BudgetExceeded: input + output tokens so far reached ``budget``.
+    """
+    used = usage.input_tokens + usage.output_tokens
+    if budget and used >= budget:
+        raise BudgetExceeded(
+            "this conversation's token budget is spent",
+            details={"limit": budget, "used": used},
+        )
+
+
+def refuse_new_turn(head: Head | None, now: datetime, *, budget: int) -> None:
+    """What a turn request refuses before it is accepted to run later (``202``): a live
+    lease, a spent budget, approvals still undecided (an expired one no longer blocks:
+    the turn itself records its expiry).
+
+    Raises:
+        ConversationBusy, BudgetExceeded, ApprovalPending: as a turn would at once.
+    """
+    if head is None:
+        return
+    refuse_if_running(head, now)
+    refuse_if_spent(head.usage, budget)
+    require_settled(
+        [p for p in head.pending if p.state in AWAITING_DECISION and not lapsed(p, now)]
+    )
+
+
+# --- the owner ------------------------------------------------------------------------------
+
+
+@dataclass
+class Admission:
+    """What a request may do, decided before it does anything."""
+
+    #: The head was committed mid-run and no lease is live: this request resumes the run.
+    resuming: bool
+
+
+class TurnLife:
+    """The owner of one session's turn: its calls' moves, its run and its status.
+
+    Every change of a pending call or of the run goes through a method here,
+    checked against :data:`CALL_MOVES` or :data:`RUN_MOVES`; :meth:`status` is
+    what the next commit writes.
+    """
+
+    def __init__(self, session: Session, phase: RunPhase = RunPhase.IDLE) -> None:
+        self.session = session
+        self.phase = phase
+
+    # --- status ---------------------------------------------------------------------------
+
+    def status(self) -> ConversationStatus:
+        """The status the next commit writes: ``running_tools`` mid-run (held, interrupted
+        or asked to stop), else what the pending calls wait for."""
+        if self.phase is not RunPhase.IDLE:
+            return ConversationStatus.RUNNING_TOOLS
+        return status_for(self.session.pending)
+
+    def lease(self) -> Lease | None:
+        """The lease the next commit writes (only mid-run)."""
+        return self.session.lease if self.status() is ConversationStatus.RUNNING_TOOLS else None
+
+    def cancel(self) -> CancelRequest | None:
+        """The cancel request the next commit writes (only mid-run)."""
+        return self.session.cancel if self.status() is ConversationStatus.RUNNING_TOOLS else None
+
+    def awaiting(self) -> list[Wait]:
+        """What the turn still waits for, by priority."""
+        return awaiting(self.session.pending)
+
+    def answer_status(self) -> str:
+        """The status this request's answer shows."""
+        return answer_status(self.session.pending)
+
+    def resuming(self) -> bool:
+        """Whether this request picks up a run that died (its head mid-run, nothing staged)."""
+        return is_running(self.session.head) and not self.session.staged
+
+    # --- may this request start now? ---------------------------------------------------------
+
+    def admit(self, now: datetime, *, budget: int = 0) -> Admission:
+        """Decide whether a request may act on the conversation now.
+
+        Refuses while another request's lease is live, and (``budget`` > 0) once
+        the conversation's tokens reached it. A cancel that asked a run which then
+        died is honoured here first: that turn stops instead of being resumed.
+
+        Raises:
+            ConversationBusy: a live lease; ``retry_after_seconds`` says when it ends
+                at the latest.
+            BudgetExceeded: the conversation's token budget is spent.
+        """
+        session = self.session
+        head = session.head
+        refuse_if_running(head, now)
+        if head is not None and cancel_requested(head) and head.cancel is not None:
+            self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
+            session.commit()
+        refuse_if_spent(session.usage, budget)
+        return Admission(resuming=is_running(session.head))
+
+    def require_settled(self, *, answered: Iterable[str] = ()) -> None:
+        """Refuse a new message while calls of the current turn still need a person or a job.
+
+        Client calls never block: a new message closes them (API.md). ``answered``
+        names calls this very request supplies outputs for.
+
+        Raises:
+            ApprovalPending: calls await a decision.
+            InputPending: human-input or deferred calls wait for their output.
+        """
+        require_settled(self.session.pending, answered=answered)
+
+    # --- calls ------------------------------------------------------------------------------
+
+    def open_call(self, pending: PendingCall, how: CallMove) -> None:
+        """Add a call the model just requested, in the state ``how`` leads to."""
+        target = call_target(New, how)
+        if target != pending.state:
+            raise IllegalTransition(
+                f"{how.value} records a call as {target}, not {pending.state}",
+                details={"move": how.value, "state": pending.state},
+            )
+        self.session.pending.append(pending)
+
+    def refuse_call(self) -> None:
+        """A call answered at once (unknown tool, invalid arguments): checked, never pending."""
+        call_target(New, CallMove.REFUSE)
+
+    def change(self, pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
+        """Make ``how`` on the pending call with ``pending``'s id; returns it as it is now."""
+        current = self._current(pending.id)
+        updated = move(current, how, **changes)
+        self.session.pending = [updated if p.id == updated.id else p for p in self.session.pending]
+        return updated
+
+    def settle(self, call_ids: Iterable[str], how: CallMove = CallMove.SETTLE) -> None:
+        """Take the calls out of the pending list: their results are recorded."""
+        ids = set(call_ids)
+        for pending in self.session.pending:
+            if pending.id in ids:
+                call_target(pending.state, how)
+        self.session.pending = [p for p in self.session.pending if p.id not in ids]
+
+    def _current(self, call_id: str) -> PendingCall:
+        for pending in self.session.pending:
+            if pending.id == call_id:
+                return pending
+        raise IllegalTransition(f"no pending call {call_id}", details={"call_id": call_id})
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def _run(self, how: RunMove) -> None:
+        sources, target = RUN_MOVES[how]
+        if self.phase not in sources:
+            raise IllegalTransition(
+                f"a run cannot {how.value} while {self.phase.value}",
+                details={"from": self.phase.value, "move": how.value},
+            )
+        self.phase = target
+
+    def take_lease(self, owner: str, now: datetime, seconds: float) -> Lease:
+        """This request starts running the turn's tools until ``now + seconds`` at most;
+        a request already running (its next step) renews its own lease instead."""
+        if self.phase is RunPhase.RUNNING:
+            return self.renew_lease(now, seconds)
+        self._run(RunMove.TAKE_LEASE)
+        self.session.lease = Lease(owner=owner, expires_at=now + timedelta(seconds=seconds))
+        return self.session.lease
+
+    def renew_lease(self, now: datetime, seconds: float) -> Lease:
+        """The holder extends its own lease (a conditional commit: it fails if it lost it)."""
+        self._run(RunMove.RENEW_LEASE)
+        assert self.session.lease is not None  # held while running
+        self.session.lease = Lease(
+            owner=self.session.lease.owner, expires_at=now + timedelta(seconds=seconds)
+        )
+        return self.session.lease
+
+    def release_lease(self) -> None:
+        """The run's step is over: the next commit writes what the turn waits for."""
+        self._run(RunMove.RELEASE_LEASE)
+        self.session.lease = None
+
+    def interrupt(self) -> None:
+        """Tools acted but the turn cannot finish now (the model failed): the next request
+        may resume it at once (no lease)."""
+        self._run(RunMove.INTERRUPT)
+        self.session.lease = None
+
+    def request_cancel(self, lease: Lease, request: CancelRequest) -> None:
+        """Ask the request holding ``lease`` to stop at its next step boundary."""
+        self._run(RunMove.REQUEST_CANCEL)
+        self.session.lease = lease
+        self.session.cancel = request
+
+    def rolled_back(self, head: Head | None) -> None:
+        """The session went back to ``head``: so does the run (idle; mid-run heads are
+        resumed by whoever opens them next)."""
+        del head
+        self.phase = RunPhase.IDLE
+
+    def cancel_turn(self, *, by: str, reason: str | None = None) -> list[str]:
+        """Stop the current turn: every pending call is recorded as cancelled (a deferred
+        one also as settled, an undecided approval also as rejected by the canceller),
+        then one ``turn_interrupted`` event; results recorded before stay.
+
+        Returns:
+            The ids of the calls cancelled, in pending order.
+        """
+        session = self.session
+        cancelled: list[str] = []
+        why = f" was cancelled by {by}" + (f": {reason}" if reason else "")
+        for pending in list(session.pending):
+            if pending.state in AWAITING_DECISION:
+                # A decision nobody made: the cancel decides it (rejected), so every
+                # approval_requested keeps its approval_resolved.
+                pending = self.change(pending, CallMove.REJECT)
+                session.add(
+                    ApprovalResolved(
+                        call_id=pending.id,
+                        decision="rejected",
+                        reason=f"cancelled by {by}" + (f": {reason}" if reason else ""),
+                        approver=by,
+                        arguments_sha256=pending.arguments_sha256,
+                    ),
+                    actor=by,
+                )
+            if pending.state == "deferred":
+                session.add(
+                    ToolCallSettled(
+                        call_id=pending.id,
+                        name=pending.name,
+                        status="cancelled",
+                        via="cancel",
+                        task_id=pending.task_id,
+                    ),
+                    actor=by,
+                )
+            output = f"tool call {pending.name}{why}"
+            if pending.state == "ready":
+                # Its request died while it ran (interrupted): the side effect may be real.
+                output += " (it may have run before its request ended)"
             session.add(
-                ApprovalResolved(
-                    call_id=pending.id,
-                    decision="rejected",
-                    reason=f"cancelled by {by}" + (f": {reason}" if reason else ""),
-                    approver=by,
-                    arguments_sha256=pending.arguments_sha256,
-                ),
+                ToolResult(call_id=pending.id, name=pending.name, output=output, is_error=True),
                 actor=by,
             )
-        elif pending.state != "ready":
-            # A ready call (recorded, not run: the turn's process died) is cancelled too.
-            check_move(pending.state, "settled")
-        if pending.state == "deferred":
-            session.add(
-                ToolCallSettled(
-                    call_id=pending.id,
-                    name=pending.name,
-                    status="cancelled",
-                    via="cancel",
-                    task_id=pending.task_id,
-                ),
-                actor=by,
-            )
-        output = f"tool call {pending.name}{why}"
-        if pending.state == "ready":
-            # Its request died while it ran (interrupted): the side effect may be real.
-            output += " (it may have run before its request ended)"
+            self.settle([pending.id], CallMove.CANCEL)
+            cancelled.append(pending.id)
         session.add(
-            ToolResult(call_id=pending.id, name=pending.name, output=output, is_error=True),
+            TurnInterrupted(interrupted_by=by, cancelled_call_ids=cancelled, reason=reason),
             actor=by,
         )
-        cancelled.append(pending.id)
-    session.pending = []
-    session.add(
-        TurnInterrupted(interrupted_by=by, cancelled_call_ids=cancelled, reason=reason), actor=by
-    )
-    session.lease = None
-    session.cancel = None
-    return cancelled
+        self._run(RunMove.CANCEL)
+        session.lease = None
+        session.cancel = None
+        return cancelled
+
+
+def require_settled(pending: Iterable[PendingCall], *, answered: Iterable[str] = ()) -> None:
+    """Refuse a new message while calls still need a person or a job (see
+    :meth:`TurnLife.require_settled`).
+
+    Raises:
+        ApprovalPending: calls await a decision.
+        InputPending: human-input or deferred calls wait for their output.
+    """
+    calls = list(pending)
+    given = set(answered)
+    decisions = [p for p in calls if p.state in AWAITING_DECISION]
+    if decisions:
+        raise ApprovalPending(
+            "tool calls of this conversation await approval; decide them first",
+            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in decisions]},
+        )
+    inputs = [p for p in calls if p.state in ("awaiting_input", "deferred") and p.id not in given]
+    if inputs:
+        raise InputPending(
+            "tool calls of this conversation wait for their output; send it first "
+            "(outputs on the approvals route, or function_call_output items)",
+            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in inputs]},
+        )
