@@ -12,10 +12,19 @@ from turnledger import callbacks
 from turnledger.exceptions import ApprovalPending, CallbackInvalid, InputPending
 from turnledger.models import CallState, ConversationStatus, PendingCall
 from turnledger.turnstate import (
+    CALL_MOVES,
     CALL_TRANSITIONS,
+    DRAFT_MOVES,
+    RUN_MOVES,
     WAIT_OF_STATE,
+    CallMove,
+    DraftMove,
     IllegalTransition,
+    RunPhase,
+    TurnLife,
     awaiting,
+    call_target,
+    draft_move,
     move,
     status_for,
     waits_for_person,
@@ -40,6 +49,7 @@ def call(state: str, call_id: str = "c1", **extra: Any) -> PendingCall:
 
 
 STATES = list(get_args(CallState))
+PLACES: list[str | None] = [None, *STATES, "settled"]
 
 
 def test_every_stored_state_is_in_the_table() -> None:
@@ -47,22 +57,120 @@ def test_every_stored_state_is_in_the_table() -> None:
     assert stored == set(STATES) == {s for s in CALL_TRANSITIONS if s is not None}
 
 
-@pytest.mark.parametrize(("source", "target"), list(itertools.product(STATES, STATES)))
-def test_moves_follow_the_table(source: str, target: str) -> None:
-    pending = call(source)
-    if target in CALL_TRANSITIONS[source]:
-        assert move(pending, target).state == target  # type: ignore[arg-type]
+@pytest.mark.parametrize(("place", "how"), list(itertools.product(PLACES, list(CallMove))))
+def test_every_call_move_from_every_place_follows_the_table(
+    place: str | None, how: CallMove
+) -> None:
+    sources, target = CALL_MOVES[how]
+    if place in sources:
+        assert call_target(place, how) == target  # type: ignore[arg-type]
+        if place not in (None, "settled") and target != "settled":
+            assert move(call(place), how).state == target  # type: ignore[arg-type]
     else:
         with pytest.raises(IllegalTransition) as refused:
-            move(pending, target)  # type: ignore[arg-type]
-        assert refused.value.details == {"from": source, "to": target}
+            call_target(place, how)  # type: ignore[arg-type]
+        assert refused.value.details["move"] == how.value
+
+
+def test_a_settling_move_never_leaves_a_call_pending() -> None:
+    with pytest.raises(IllegalTransition):
+        move(call("ready"), CallMove.SETTLE)
 
 
 def test_settled_calls_never_come_back() -> None:
     # Only a call being recorded starts anywhere; nothing moves back to waiting for a decision
-    # once it ran or was deferred.
+    # once it ran or was deferred, and nothing leaves "settled".
     for state in ("deferred", "awaiting_input", "awaiting_client", "rejected"):
         assert CALL_TRANSITIONS[state] == frozenset({"settled"})
+    assert "settled" not in CALL_TRANSITIONS
+
+
+class _Session:
+    """Just what :class:`TurnLife` reads and writes of a session."""
+
+    def __init__(self, *pending: PendingCall) -> None:
+        self.pending = list(pending)
+        self.lease: Any = None
+        self.cancel: Any = None
+        self.head: Any = None
+        self.staged: list[Any] = []
+        self.added: list[Any] = []
+
+    def add(self, payload: Any, **_: Any) -> None:
+        self.added.append(payload)
+
+
+@pytest.mark.parametrize(("phase", "how"), list(itertools.product(list(RunPhase), RUN_MOVES)))
+def test_every_run_move_from_every_phase_follows_the_table(phase: RunPhase, how: Any) -> None:
+    life = TurnLife(_Session(), phase)  # type: ignore[arg-type]
+    sources, target = RUN_MOVES[how]
+    if phase in sources:
+        life._run(how)
+        assert life.phase is target
+    else:
+        with pytest.raises(IllegalTransition):
+            life._run(how)
+        assert life.phase is phase
+
+
+@pytest.mark.parametrize(
+    ("current", "how"),
+    list(itertools.product([None, "in_progress", "done", "interrupted"], DraftMove)),
+)
+def test_every_draft_move_follows_the_table(current: Any, how: DraftMove) -> None:
+    sources, target = DRAFT_MOVES[how]
+    if current in sources:
+        assert draft_move(current, how) == target
+    else:
+        with pytest.raises(IllegalTransition):
+            draft_move(current, how)
+
+
+def test_a_commit_writes_the_status_the_owner_derives() -> None:
+    session = _Session(call("awaiting_client", "c1"), call("awaiting_approval", "c2"))
+    life = TurnLife(session)  # type: ignore[arg-type]
+    assert life.status() is ConversationStatus.AWAITING_APPROVAL
+    # Mid-run the head says running_tools and carries the lease; released, the waits show.
+    lease = life.take_lease("me", NOW, 30)
+    assert life.status() is ConversationStatus.RUNNING_TOOLS and life.lease() == lease
+    assert life.take_lease("me", NOW + timedelta(seconds=20), 30).expires_at > lease.expires_at
+    life.release_lease()
+    assert life.status() is ConversationStatus.AWAITING_APPROVAL and life.lease() is None
+    # Interrupted (tools acted, the model failed): running_tools with no lease.
+    life.take_lease("me", NOW, 30)
+    life.interrupt()
+    assert life.status() is ConversationStatus.RUNNING_TOOLS and life.lease() is None
+
+
+def test_a_cancel_settles_every_pending_call_and_ends_the_run() -> None:
+    session = _Session(
+        call("awaiting_approval", "c1"), call("deferred", "c2", task_id="t"), call("ready", "c3")
+    )
+    life = TurnLife(session, RunPhase.INTERRUPTED)  # type: ignore[arg-type]
+    assert life.cancel_turn(by="ops", reason="stop") == ["c1", "c2", "c3"]
+    assert session.pending == [] and life.phase is RunPhase.IDLE
+    assert life.status() is ConversationStatus.COMPLETE
+    kinds = [type(p).__name__ for p in session.added]
+    assert kinds == [
+        "ApprovalResolved",
+        "ToolResult",
+        "ToolCallSettled",
+        "ToolResult",
+        "ToolResult",
+        "TurnInterrupted",
+    ]
+
+
+def test_changes_go_through_the_table() -> None:
+    session = _Session(call("awaiting_approval", "c1"))
+    life = TurnLife(session)  # type: ignore[arg-type]
+    with pytest.raises(IllegalTransition):
+        life.change(session.pending[0], CallMove.DEFER)
+    assert life.change(session.pending[0], CallMove.APPROVE).state == "ready"
+    with pytest.raises(IllegalTransition):
+        life.settle(["c1"], CallMove.REJECT)
+    life.settle(["c1"])
+    assert session.pending == []
 
 
 @pytest.mark.parametrize(
@@ -111,18 +219,14 @@ def test_the_inbox_lists_what_a_person_acts_on() -> None:
 def test_require_settled_names_what_blocks_a_new_turn() -> None:
     from turnledger.turnstate import require_settled
 
-    class Holder:
-        def __init__(self, *pending: PendingCall) -> None:
-            self.pending = list(pending)
-
-    require_settled(Holder(call("awaiting_client")))  # type: ignore[arg-type]
+    require_settled([call("awaiting_client")])
     with pytest.raises(ApprovalPending):
-        require_settled(Holder(call("awaiting_input"), call("awaiting_approval", "c2")))  # type: ignore[arg-type]
+        require_settled([call("awaiting_input"), call("awaiting_approval", "c2")])
     with pytest.raises(InputPending) as waiting:
-        require_settled(Holder(call("deferred", task_id="t")))  # type: ignore[arg-type]
+        require_settled([call("deferred", task_id="t")])
     [listed] = waiting.value.details["pending_tool_calls"]
     assert (listed["requires"], listed["task_id"]) == ("async", "t")
-    require_settled(Holder(call("awaiting_input")), answered=["c1"])  # type: ignore[arg-type]
+    require_settled([call("awaiting_input")], answered=["c1"])
 
 
 # --- callback tokens -----------------------------------------------------------------------

@@ -361,19 +361,19 @@ def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
         body["error"]["status"] = exc.status
         writer.interrupt(exc.code, body)
         logger.info("long turn interrupted", extra={"code": exc.code, "turn": turn})
-        return {"turn": turn, "status": "interrupted", "reason": exc.code}
+        return {"turn": turn, "status": writer.status, "reason": exc.code}
     except Exception:
         logger.exception("long turn failed")
         error = TurnledgerError("internal error; the turn left no partial state")
         body = error.to_body()
         body["error"]["status"] = error.status
         writer.interrupt(error.code, body)
-        return {"turn": turn, "status": "interrupted", "reason": error.code}
+        return {"turn": turn, "status": writer.status, "reason": error.code}
     head = service.store.get_head(key)
     if head is not None:
         writer.gen = head.gen  # a first turn created the conversation's life just now
     writer.finish(response.model_dump(mode="json"))
-    return {"turn": turn, "status": "done"}
+    return {"turn": turn, "status": writer.status}
 
 
 # --- reading ------------------------------------------------------------------------------

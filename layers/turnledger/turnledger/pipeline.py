@@ -539,11 +539,12 @@ class Conversations:
         now = self.clock()
         if head is None or not head.is_visible(now):
             # A conversation's first turn, running long, has a draft and no head yet.
-            if head is None and self._cancel_streaming(caller, key, 0, reason, now):
+            draft = self._cancel_streaming(caller, key, 0, reason, now) if head is None else None
+            if draft is not None:
                 return CancelResponse(
                     conversation_id=conversation_id,
-                    turn=1,
-                    status="in_progress",
+                    turn=draft.turn,
+                    status=draft.status,
                     cancel_requested=True,
                 )
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
@@ -553,22 +554,22 @@ class Conversations:
             session.life.request_cancel(
                 lease, CancelRequest(requested_by=caller.actor, requested_at=now, reason=reason)
             )
-            session.commit()
+            head = session.commit()
             return CancelResponse(
                 conversation_id=conversation_id,
                 turn=session.turn,
-                status="running_tools",
+                status=public_status(head, now),
                 cancel_requested=True,
             )
         cancelled: list[str] = []
         if session.pending or is_running(head):
             cancelled = session.life.cancel_turn(by=caller.actor, reason=reason)
             session.commit()
-        elif self._cancel_streaming(caller, key, head.turn, reason, now):
+        elif (draft := self._cancel_streaming(caller, key, head.turn, reason, now)) is not None:
             return CancelResponse(
                 conversation_id=conversation_id,
-                turn=head.turn + 1,
-                status="in_progress",
+                turn=draft.turn,
+                status=draft.status,
                 cancel_requested=True,
             )
         return CancelResponse(
@@ -585,13 +586,13 @@ class Conversations:
         head_turn: int,
         reason: str | None,
         now: datetime,
-    ) -> bool:
+    ) -> drafts.DraftState | None:
         """Ask a long turn whose answer is being written (its draft in progress, no tools
-        running) to stop at its next chunk; returns whether there was one."""
+        running) to stop at its next chunk; returns its draft when there was one."""
         running = drafts.running_turn(self.store, key, head_turn)
         if running is None:
-            return False
-        return drafts.request_cancel(
+            return None
+        asked = drafts.request_cancel(
             self.store,
             key,
             running.turn,
@@ -600,6 +601,7 @@ class Conversations:
             by=caller.actor,
             reason=reason,
         )
+        return running if asked else None
 
     def settle_callback(self, claims: CallbackClaims, request: CallbackRequest) -> CallbackResponse:
         """Settle the deferred call a verified callback token names (``POST /v1/callbacks``).

@@ -40,7 +40,6 @@ from .models import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     ConversationKey,
-    ConversationStatus,
     Event,
     Head,
     SummaryRef,
@@ -51,6 +50,7 @@ from .models import (
 from .providers.base import Message
 from .providers.history import build_strict_history, check_strict_history
 from .store.base import ConversationStore
+from .turnstate import is_running, status_for
 
 #: The version of the export format's lines this build writes and reads.
 EXPORT_SCHEMA_VERSION = 1
@@ -96,7 +96,7 @@ def export_lines(store: ConversationStore, key: ConversationKey, head: Head) -> 
     Raises:
         CorruptedState, UnsupportedStateVersion: an event cannot be read.
     """
-    status = head.status.value if head.status is not ConversationStatus.RUNNING_TOOLS else "running"
+    status = "running" if is_running(head) else head.status.value
     yield _line(
         ExportHead(
             type="conversation",
@@ -260,7 +260,7 @@ def import_text(
         base=0,
         seq=0,
         turn=exported.turns,
-        status=ConversationStatus.COMPLETE,
+        status=status_for(()),  # an imported conversation waits for nothing
         created_at=exported.created_at,
         updated_at=now,
         ttl_seconds=ttl_seconds,
