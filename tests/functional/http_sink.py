@@ -17,6 +17,10 @@ Other things a test can ask of it:
   whichever comes first: a timeout test never waits for it to end.
 * ``Reply(raw=b"...")`` answers bytes that need not be JSON; ``Reply(echo=True)``
   answers the request's own body.
+* ``Reply(trickle=0.5)`` sends the body one byte at a time, a byte every half
+  second (``trickle_headers=True``: the status line and headers too), and
+  ``Reply(length=False)`` sends no ``Content-Length`` (the body ends when the
+  connection closes). A trickle stops when the client goes away or the sink closes.
 * ``HttpSink(dedupe=True)`` behaves like a tool that honours ``Idempotency-Key``:
   a repeated key (per path) gets the first answer again and is not a new side
   effect; :meth:`HttpSink.side_effects` lists the requests that counted.
@@ -87,6 +91,12 @@ class Reply:
     echo: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+    #: Seconds between the bytes of a trickled answer (0: sent at once).
+    trickle: float = 0.0
+    #: Trickle the status line and headers too, not only the body.
+    trickle_headers: bool = False
+    #: Send ``Content-Length`` (without it, the body ends when the connection closes).
+    length: bool = True
 
     def render(self, request_body: bytes) -> bytes:
         """The bytes this reply answers to a request with ``request_body``."""
@@ -104,6 +114,9 @@ class _Answer:
     status: int
     headers: dict[str, str]
     body: bytes
+    trickle: float = 0.0
+    trickle_headers: bool = False
+    length: bool = True
 
 
 class _Slot:
@@ -142,14 +155,33 @@ class _Handler(BaseHTTPRequestHandler):
         )
         answer = self.server.sink._answer(request)
         try:
+            if answer.trickle:
+                self._trickle(answer)
+                return
             self.send_response(answer.status)
             for name, value in answer.headers.items():
                 self.send_header(name, value)
-            self.send_header("Content-Length", str(len(answer.body)))
+            if answer.length:
+                self.send_header("Content-Length", str(len(answer.body)))
             self.end_headers()
             self.wfile.write(answer.body)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _trickle(self, answer: _Answer) -> None:
+        lines = [f"HTTP/1.0 {answer.status} OK"]
+        lines += [f"{name}: {value}" for name, value in answer.headers.items()]
+        if answer.length:
+            lines.append(f"Content-Length: {len(answer.body)}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if not answer.trickle_headers:
+            self.wfile.write(head)
+            head = b""
+        closing = self.server.sink._closing
+        for byte in head + answer.body:
+            if closing.wait(answer.trickle):
+                return
+            self.wfile.write(bytes([byte]))
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
@@ -318,7 +350,14 @@ class HttpSink:
         if reply.delay:
             self._closing.wait(reply.delay)
         headers = {"Content-Type": reply.content_type, **reply.headers}
-        return _Answer(reply.status, headers, reply.render(request.body))
+        return _Answer(
+            reply.status,
+            headers,
+            reply.render(request.body),
+            trickle=reply.trickle,
+            trickle_headers=reply.trickle_headers,
+            length=reply.length,
+        )
 
 
 def _json_answer(status: int, body: Any) -> _Answer:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 import httpx
 import pytest
+from botocore.config import Config
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 from turnledger.models import ToolCall
@@ -21,7 +22,7 @@ from turnledger.tools import (
     ToolRunner,
     idempotency_key,
 )
-from turnledger.tools.executors import HttpExecutor, LambdaExecutor
+from turnledger.tools.executors import HttpExecutor, LambdaExecutor, tool_http_client
 
 from .http_sink import HttpSink, Reply
 
@@ -41,7 +42,7 @@ def sink() -> Iterator[HttpSink]:
 
 @pytest.fixture
 def http() -> Iterator[httpx.Client]:
-    with httpx.Client() as client:
+    with tool_http_client() as client:
         yield client
 
 
@@ -374,7 +375,7 @@ def test_lambda_tool_invokes_the_function_and_takes_its_json_result() -> None:
             EXPECTED_INVOKE,
         )
 
-        outcome = LambdaExecutor(client).execute(call)
+        outcome = LambdaExecutor(lambda _config: client).execute(call)
 
         stubber.assert_no_pending_responses()
     assert outcome.output == '{"temp":19}'
@@ -399,7 +400,7 @@ def test_lambda_function_error_is_an_error_outcome() -> None:
             EXPECTED_INVOKE,
         )
 
-        outcome = LambdaExecutor(client).execute(invocation(lambda_tool()))
+        outcome = LambdaExecutor(lambda _config: client).execute(invocation(lambda_tool()))
 
     assert outcome.is_error
     assert outcome.output == (
@@ -414,7 +415,7 @@ def test_lambda_payload_that_is_not_json_is_an_error() -> None:
             "invoke", {"StatusCode": 200, "Payload": payload(b"<html>")}, EXPECTED_INVOKE
         )
 
-        outcome = LambdaExecutor(client).execute(invocation(lambda_tool()))
+        outcome = LambdaExecutor(lambda _config: client).execute(invocation(lambda_tool()))
 
     assert outcome.is_error
     assert outcome.output == "tool weather returned invalid JSON"
@@ -430,7 +431,7 @@ def test_lambda_service_error_is_an_error_outcome() -> None:
             http_status_code=404,
         )
 
-        outcome = LambdaExecutor(client).execute(invocation(lambda_tool()))
+        outcome = LambdaExecutor(lambda _config: client).execute(invocation(lambda_tool()))
 
     assert outcome.is_error
     assert outcome.output == (
@@ -442,7 +443,7 @@ def test_runner_creates_the_lambda_client_once_on_first_use(http: httpx.Client) 
     client = make_lambda_client()
     created: list[LambdaClient] = []
 
-    def factory() -> LambdaClient:
+    def factory(config: Config) -> LambdaClient:
         created.append(client)
         return client
 

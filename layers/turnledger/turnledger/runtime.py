@@ -13,7 +13,6 @@ from functools import cache, partial
 from typing import TYPE_CHECKING
 
 import boto3
-import httpx
 from botocore.config import Config
 
 from .config import Settings
@@ -26,7 +25,7 @@ from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
 from .tenancy import TenantAccess, TenantCredentials
-from .tools.executors import ToolRunner
+from .tools.executors import ToolRunner, tool_http_client
 from .tools.registry import ToolRegistry
 
 if TYPE_CHECKING:
@@ -34,7 +33,8 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
-#: Bounded, fast-failing AWS calls: a handler should answer, not hang.
+#: Bounded, fast-failing AWS calls: a handler should answer, not hang. Not for invoking
+#: ``lambda`` tools: their client never retries (see ``tools.executors.invoke_config``).
 _AWS_CONFIG = Config(
     connect_timeout=3, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"}
 )
@@ -83,10 +83,10 @@ class Runtime:
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
         store = _build_store(settings, session, dynamodb)
-        http = httpx.Client(timeout=settings.tool_timeout_seconds)
+        http = tool_http_client(settings.tool_timeout_seconds)
 
-        def lambda_client() -> LambdaClient:
-            return session.client("lambda", config=_AWS_CONFIG)
+        def lambda_client(config: Config) -> LambdaClient:
+            return session.client("lambda", config=config)
 
         redactor: Redactor | Callable[[], Redactor | None] | None = None
         if settings.redaction_file:

@@ -7,6 +7,17 @@ error statuses, unreachable endpoints and unusable bodies into a
 Every call carries an idempotency key derived from where the call was
 recorded (tenant, conversation, life, call id, sequence), so a call that runs
 again after a crash sends the same key and the tool can deduplicate it.
+
+Every call is bounded in wall-clock time by the tool's ``timeout_seconds`` and by
+the request's remaining time (:mod:`turnledger.deadline`), whichever is sooner:
+
+* ``http``: one deadline for the whole call (connect, send, every read), enforced
+  by :func:`tool_http_client`'s transport on every socket operation and checked
+  between the chunks of the streamed body; a body over
+  :data:`MAX_RESPONSE_BYTES` is an error and is never buffered past the cap.
+* ``lambda``: a single attempt (the invoke client never retries: a retried Invoke
+  runs the function again) whose read timeout is the tool's timeout plus
+  :data:`LAMBDA_TIMEOUT_MARGIN_SECONDS`, cut to the request's remaining time.
 """
 
 from __future__ import annotations
@@ -14,14 +25,25 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
+import math
 import threading
-from collections.abc import Callable
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import httpcore
 import httpx
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
+)
 
 from .. import deadline
 from ..models import ToolCall
@@ -36,6 +58,24 @@ _SHORT_BODY = 200
 
 #: Per-call timeout when neither the tool nor the runner sets one (seconds).
 DEFAULT_TIMEOUT_SECONDS = 30.0
+
+#: The largest ``http`` tool response body read (bytes, after any content decoding):
+#: a longer one is an error, and nothing past the cap is kept in memory.
+MAX_RESPONSE_BYTES = 1024 * 1024
+
+#: How much longer than its timeout a ``lambda`` tool's Invoke is awaited (seconds): a
+#: function whose own timeout is the tool's gets to answer "Task timed out" itself.
+LAMBDA_TIMEOUT_MARGIN_SECONDS = 1.0
+
+#: Read timeouts cut by the request's deadline are rounded down to this step (seconds),
+#: so that the invoke clients (one per read timeout) are reused across requests.
+_LAMBDA_TIMEOUT_STEP = 0.25
+
+#: Invoke clients kept, one per read timeout; the least recently used one goes first.
+_LAMBDA_CLIENTS = 8
+
+#: Longest wait for the TCP connection to Lambda (seconds), as for other AWS calls.
+_LAMBDA_CONNECT_TIMEOUT = 3.0
 
 
 @dataclass(frozen=True)
@@ -110,10 +150,10 @@ def _request_body(invocation: ToolInvocation) -> dict[str, Any]:
     return body
 
 
-def _deferred(name: str, response: httpx.Response) -> ToolOutcome:
+def _deferred(name: str, body: bytes) -> ToolOutcome:
     """A ``202`` answer: deferred with its ``task_id``, or an error the model can read."""
     try:
-        value = response.json()
+        value = json.loads(body)
     except ValueError:
         value = None
     task_id = value.get("task_id") if isinstance(value, dict) else None
@@ -129,20 +169,171 @@ def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+# --- a deadline for the whole HTTP call ---------------------------------------------
+#
+# httpx's timeouts are per operation: a server that sends a byte before each read
+# timeout keeps a call alive for ever. httpcore reads its read timeout once per
+# response, so it cannot be shortened between chunks either; instead the tool client's
+# network streams cut every connect, read and write to the time left before the
+# current call's end, which the executor sets in this context variable.
+
+#: ``time.monotonic()`` by which the running ``http`` tool call must be over.
+_call_end: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "turnledger_tool_call_end", default=None
+)
+
+
+@contextmanager
+def _ends_at(end: float) -> Iterator[None]:
+    token = _call_end.set(end)
+    try:
+        yield
+    finally:
+        _call_end.reset(token)
+
+
+def _left(timeout: float | None) -> float | None:
+    """``timeout``, or the time left in the current call when that is sooner."""
+    end = _call_end.get()
+    if end is None:
+        return timeout
+    # A positive floor: a socket timeout of 0 would make it non-blocking (an error other
+    # than a timeout) instead of timing out at once.
+    left = max(end - time.monotonic(), 0.001)
+    return left if timeout is None else min(timeout, left)
+
+
+class _BoundedStream(httpcore.NetworkStream):
+    """A network stream whose every operation ends by the current call's end."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _left(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _left(timeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        return _BoundedStream(self._stream.start_tls(ssl_context, server_hostname, _left(timeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _BoundedBackend(httpcore.NetworkBackend):
+    """httpcore's socket backend, with streams and connects cut to the call's end."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._backend.connect_tcp(
+            host, port, _left(timeout), local_address, socket_options
+        )
+        return _BoundedStream(stream)
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._backend.connect_unix_socket(path, _left(timeout), socket_options)
+        return _BoundedStream(stream)
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+def tool_http_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> httpx.Client:
+    """An HTTP client whose ``http`` tool calls end by their deadline, read by read.
+
+    Other requests made with it (webhooks) behave as with a plain client.
+    """
+    transport = httpx.HTTPTransport()
+    # httpx's transport takes no network backend; its pool is replaced by the same
+    # pool on the bounded backend (tests/functional/test_executor_bounds.py fails if
+    # httpx stops using it).
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(),
+        max_connections=100,
+        max_keepalive_connections=20,
+        keepalive_expiry=5.0,
+        network_backend=_BoundedBackend(),
+    )
+    return httpx.Client(timeout=timeout, transport=transport)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _read_body(response: httpx.Response, end: float, cap: int) -> bytes:
+    """The response body, read chunk by chunk until ``end``.
+
+    Raises:
+        httpx.ReadTimeout: ``end`` passed before the body ended.
+        _TooLarge: the body is longer than ``cap`` bytes (nothing past it was kept).
+    """
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise _TooLarge
+        chunks.append(chunk)
+        if time.monotonic() >= end:
+            # A client without the bounded transport still stops here, between chunks.
+            raise httpx.ReadTimeout("the call's deadline passed while reading its body")
+    return b"".join(chunks)
+
+
 class HttpExecutor:
-    """POSTs the call to the tool's URL and takes the JSON response body as its output."""
+    """POSTs the call to the tool's URL and takes the JSON response body as its output.
+
+    The whole call (connect, send, every read) ends within the tool's timeout cut to
+    the request's remaining time: exactly with a :func:`tool_http_client`, between
+    body chunks with any other client.
+    """
 
     def __init__(
-        self, client: httpx.Client, *, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+        self,
+        client: httpx.Client,
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         """Create the executor.
 
         Args:
-            client: the shared HTTP client (connection pooling across calls).
+            client: the shared HTTP client (connection pooling across calls), best
+                made by :func:`tool_http_client`.
             timeout_seconds: per-call timeout for tools that do not set their own.
+            max_response_bytes: the longest response body accepted.
         """
         self.client = client
         self.timeout_seconds = timeout_seconds
+        self.max_response_bytes = max_response_bytes
 
     def execute(self, invocation: ToolInvocation) -> ToolOutcome:
         """POST the call; see the module docstring for how failures are reported."""
@@ -160,14 +351,27 @@ class HttpExecutor:
         headers = {
             **config.headers,
             "Content-Type": "application/json",
+            # The size cap counts decoded bytes: ask for a body that is not compressed.
+            "Accept-Encoding": "identity",
             "Idempotency-Key": invocation.idempotency_key,
         }
+        end = time.monotonic() + timeout
         try:
-            response = self.client.post(
-                config.url,
-                content=_encode(_request_body(invocation)),
-                headers=headers,
-                timeout=timeout,
+            with (
+                _ends_at(end),
+                self.client.stream(
+                    "POST",
+                    config.url,
+                    content=_encode(_request_body(invocation)),
+                    headers=headers,
+                    timeout=timeout,
+                ) as response,
+            ):
+                body = _read_body(response, end, self.max_response_bytes)
+        except _TooLarge:
+            return ToolOutcome(
+                f"tool {name} answered more than {self.max_response_bytes} bytes",
+                is_error=True,
             )
         except httpx.TimeoutException as exc:
             _unreachable(name, exc)
@@ -179,14 +383,15 @@ class HttpExecutor:
             _unreachable(name, exc)
             return ToolOutcome(f"tool {name} failed: {type(exc).__name__}", is_error=True)
         if response.status_code == 202:
-            return _deferred(name, response)
+            return _deferred(name, body)
         if not response.is_success:
+            text = body.decode(response.encoding or "utf-8", errors="replace")
             return ToolOutcome(
-                f"tool {name} failed: HTTP {response.status_code}: {_short(response.text)}",
+                f"tool {name} failed: HTTP {response.status_code}: {_short(text)}",
                 is_error=True,
             )
         try:
-            value = response.json()
+            value = json.loads(body)
         except ValueError:
             return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
         return ToolOutcome(_as_output(value))
@@ -200,20 +405,72 @@ def _unreachable(tool: str, exc: Exception) -> None:
     )
 
 
+def invoke_config(read_timeout: float) -> Config:
+    """The botocore config of a client that invokes ``lambda`` tools.
+
+    A single attempt: botocore would otherwise retry an Invoke whose answer is late,
+    running the function again while the first run goes on (other AWS clients keep
+    their retries). ``read_timeout`` bounds the wait for the function's answer.
+    """
+    return Config(
+        connect_timeout=min(_LAMBDA_CONNECT_TIMEOUT, read_timeout),
+        read_timeout=read_timeout,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+    )
+
+
+def _invoke_timeout(configured: float) -> float | None:
+    """How long to await the Invoke: the tool's timeout plus the margin, cut to the
+    request's remaining time (rounded down to a step); ``None``: no time is left."""
+    wanted = configured + LAMBDA_TIMEOUT_MARGIN_SECONDS
+    left = deadline.remaining()
+    if left is None or left >= wanted:
+        return wanted
+    stepped = math.floor(left / _LAMBDA_TIMEOUT_STEP) * _LAMBDA_TIMEOUT_STEP
+    return stepped if stepped > 0 else None
+
+
 class LambdaExecutor:
     """Invokes the tool's Lambda function synchronously; its JSON result is the output.
 
     The payload is ``{"tool", "call_id", "conversation_id", "arguments",
-    "idempotency_key"}``. The Lambda client's own ``read_timeout`` bounds the call.
+    "idempotency_key"}``. The Invoke is made once, never retried, and awaited for the
+    tool's timeout plus :data:`LAMBDA_TIMEOUT_MARGIN_SECONDS`, cut to the request's
+    remaining time (see :func:`invoke_config`).
     """
 
-    def __init__(self, client: LambdaClient) -> None:
+    def __init__(
+        self,
+        client_factory: Callable[[Config], LambdaClient],
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    ) -> None:
         """Create the executor.
 
         Args:
-            client: the Lambda client (its config sets timeouts and retries).
+            client_factory: builds a Lambda client with the given botocore config; it
+                is called once per distinct read timeout (a few are kept).
+            timeout_seconds: per-call timeout for tools that do not set their own.
         """
-        self.client = client
+        self._client_factory = client_factory
+        self.timeout_seconds = timeout_seconds
+        self._clients: OrderedDict[float, LambdaClient] = OrderedDict()
+        # Also serialises the factory: a boto3 session must not build clients in parallel.
+        self._lock = threading.Lock()
+
+    def client(self, read_timeout: float) -> LambdaClient:
+        """The invoke client awaiting answers for ``read_timeout`` seconds."""
+        with self._lock:
+            client = self._clients.get(read_timeout)
+            if client is None:
+                client = self._clients[read_timeout] = self._client_factory(
+                    invoke_config(read_timeout)
+                )
+                if len(self._clients) > _LAMBDA_CLIENTS:
+                    self._clients.popitem(last=False)
+            else:
+                self._clients.move_to_end(read_timeout)
+            return client
 
     def execute(self, invocation: ToolInvocation) -> ToolOutcome:
         """Invoke the function; failures become error outcomes."""
@@ -221,14 +478,22 @@ class LambdaExecutor:
         if not isinstance(config, LambdaExecutorConfig):
             raise ValueError(f"tool {invocation.tool.name} is not a lambda tool")
         name = invocation.tool.name
+        read_timeout = _invoke_timeout(config.timeout_seconds or self.timeout_seconds)
+        if read_timeout is None:
+            return ToolOutcome(
+                f"tool {name} was not run: the request ran out of time", is_error=True
+            )
         payload = {**_request_body(invocation), "idempotency_key": invocation.idempotency_key}
         try:
-            response = self.client.invoke(
+            response = self.client(read_timeout).invoke(
                 FunctionName=config.function_name,
                 InvocationType="RequestResponse",
                 Payload=_encode(payload),
             )
             raw = response["Payload"].read()
+        except (ReadTimeoutError, ConnectTimeoutError) as exc:
+            _unreachable(name, exc)
+            return ToolOutcome(f"tool {name} timed out after {read_timeout:g}s", is_error=True)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             detail = f"{error.get('Code', 'ClientError')}: {error.get('Message', '')}"
@@ -270,7 +535,7 @@ class ToolRunner:
     def __init__(
         self,
         http: httpx.Client,
-        lambda_client_factory: Callable[[], LambdaClient] | None = None,
+        lambda_client_factory: Callable[[Config], LambdaClient] | None = None,
         *,
         max_workers: int = 8,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
@@ -278,12 +543,14 @@ class ToolRunner:
         """Create the runner.
 
         Args:
-            http: the shared HTTP client for ``http`` tools.
-            lambda_client_factory: builds the Lambda client on the first ``lambda``
-                call (kept out of cold starts that never need it); ``None`` when
-                Lambda tools are not available here (they then answer with an error).
+            http: the shared HTTP client for ``http`` tools, best made by
+                :func:`tool_http_client` (it ends each call by its deadline, read by read).
+            lambda_client_factory: builds a Lambda client with the botocore config it
+                is given (:func:`invoke_config`), on the first ``lambda`` call (kept out
+                of cold starts that never need it); ``None`` when Lambda tools are not
+                available here (they then answer with an error).
             max_workers: calls run at the same time, at most.
-            timeout_seconds: per-call timeout of ``http`` tools that set none.
+            timeout_seconds: per-call timeout of tools that set none.
 
         Raises:
             ValueError: ``max_workers`` is below 1.
@@ -292,17 +559,12 @@ class ToolRunner:
             raise ValueError("max_workers must be at least 1")
         self.http = HttpExecutor(http, timeout_seconds=timeout_seconds)
         self.max_workers = max_workers
-        self._lambda_client_factory = lambda_client_factory
-        self._lambda: LambdaExecutor | None = None
-        self._lambda_lock = threading.Lock()
-
-    def _lambda_executor(self) -> LambdaExecutor | None:
-        if self._lambda_client_factory is None:
-            return None
-        with self._lambda_lock:
-            if self._lambda is None:
-                self._lambda = LambdaExecutor(self._lambda_client_factory())
-            return self._lambda
+        # Builds no client until the first lambda call.
+        self.lambda_executor = (
+            None
+            if lambda_client_factory is None
+            else LambdaExecutor(lambda_client_factory, timeout_seconds=timeout_seconds)
+        )
 
     def run_one(self, invocation: ToolInvocation) -> ToolOutcome:
         """Validate and run one call.
@@ -318,7 +580,7 @@ class ToolRunner:
             return ToolOutcome(invalid, is_error=True)
         if tool.executor.type == "http":
             return self.http.execute(invocation)
-        executor = self._lambda_executor()
+        executor = self.lambda_executor
         if executor is None:
             return ToolOutcome(
                 f"tool {tool.name} cannot run: Lambda tools are not available here",

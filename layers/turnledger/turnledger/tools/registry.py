@@ -64,7 +64,8 @@ class HttpExecutorConfig(_Config):
     type: Literal["http"]
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
-    #: Per-call timeout; the deployment's ``TOOL_TIMEOUT_SECONDS`` when ``None``.
+    #: The whole call's bound (connect, send and every read), cut to the request's
+    #: remaining time; the deployment's ``TOOL_TIMEOUT_SECONDS`` when ``None``.
     timeout_seconds: float | None = Field(default=None, gt=0)
     #: How long a deferred call (the endpoint answered ``202 {"task_id"}``) may wait for
     #: its callback before it is recorded as failed; ``APPROVAL_TTL_SECONDS`` when
@@ -89,6 +90,10 @@ class LambdaExecutorConfig(_Config):
     type: Literal["lambda"]
     #: A function name or ARN, optionally with a version or alias.
     function_name: str = Field(min_length=1)
+    #: The function's own timeout: the single Invoke is awaited this long plus a second
+    #: (for the function's own "Task timed out" answer), cut to the request's remaining
+    #: time; the deployment's ``TOOL_TIMEOUT_SECONDS`` when ``None``.
+    timeout_seconds: float | None = Field(default=None, gt=0)
 
 
 class ClientExecutorConfig(_Config):
@@ -160,8 +165,13 @@ class ToolDefinition(_Config):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     require_approval: ApprovalRule = False
     executor: ExecutorConfig
-    #: False: the tool does not honour ``Idempotency-Key``, so a run that may have
-    #: happened is never repeated by itself after a crash (a human decides).
+    #: Whether the tool deduplicates calls by their idempotency key (the
+    #: ``Idempotency-Key`` header of ``http`` tools, ``idempotency_key`` in a ``lambda``
+    #: tool's payload). True by default: every call keeps one key across every resume
+    #: and both executors send it, so a call that runs again after a crash is a repeat
+    #: the tool recognises. False: the tool cannot deduplicate, so a call that was
+    #: running when its request died is never run again by itself; it becomes
+    #: ``outcome_unknown`` and a person decides.
     idempotent: bool = True
     #: A webhook told (signed, see :mod:`turnledger.notifications`) when a call of this
     #: tool waits for approval, is decided or expires.
