@@ -277,6 +277,9 @@ class Conversations:
             # others still await a decision wait for the last decision instead.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
+            # A cancel the run's lease renewal took in stops that turn here, as it
+            # would have stopped the request it asked.
+            self._honour_cancel(session)
             if session.staged:
                 session.commit(status_of(session))
             work.executed = False
@@ -384,7 +387,8 @@ class Conversations:
             # (the model gets the calls' errors with the next turn) and say so.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
-            session.commit(status_of(session))
+            if not self._honour_cancel(session):
+                session.commit(status_of(session))
             raise NotAwaitingApproval(
                 "the pending approvals expired before this decision",
                 details={"expired": expired},
@@ -763,8 +767,10 @@ class Conversations:
         if not self._holds_lease(work):
             return False
         session = work.session
-        fresh = self.store.get_head(session.key)
         assert session.head is not None
+        if cancel_requested(session.head):
+            return True  # taken in already: a lease renewal met it between two rounds
+        fresh = self.store.get_head(session.key)
         if (
             fresh is None
             or fresh.gen != session.gen
@@ -1104,13 +1110,16 @@ class Conversations:
                 details={"retry_after_seconds": wait},
             )
 
-    def _honour_cancel(self, session: Session) -> None:
-        """A cancel asked a run that then died (its lease expired): stop that turn now,
-        instead of resuming it, before this request does its own work."""
+    def _honour_cancel(self, session: Session) -> bool:
+        """A cancel asked a run that then died (its lease expired), or one this request's
+        run took in when it renewed its lease: stop that turn now, instead of resuming
+        or continuing it, before this request does its own work. Returns whether it did."""
         head = session.head
         if head is not None and cancel_requested(head) and head.cancel is not None:
             cancel_turn(session, by=head.cancel.requested_by, reason=head.cancel.reason)
             session.commit(ConversationStatus.COMPLETE)
+            return True
+        return False
 
     def _check_budget(self, session: Session) -> None:
         """Refuse a turn once the conversation's token budget is spent.
