@@ -14,11 +14,12 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from math import ceil
 from typing import Any, Literal
 
-from . import callbacks
+from . import callbacks, deadline
 from .config import Settings
-from .exceptions import InternalError, UnknownToolCall
+from .exceptions import ConversationBusy, InternalError, UnknownToolCall
 from .models import (
     ApprovalExpired,
     ApprovalRequested,
@@ -35,11 +36,13 @@ from .models import (
     ToolResult,
     Usage,
 )
+from .observability import logger
 from .providers.base import Provider
+from .providers.retry import Backoff
 from .schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
 from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
-from .tools.executors import ToolInvocation, ToolRunner, idempotency_key
+from .tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
 from .tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
 from .turnstate import AWAITING_DECISION, CallMove, call_target, lapsed
 
@@ -206,10 +209,12 @@ class ToolCalls:
         """Run every call that is recorded and cleared to run, then record the results.
 
         What is about to run is committed first, with a lease on the conversation:
-        while it is live nobody else runs these calls. A run resumed after a crash
-        (the head still ``running_tools``, its lease expired) repeats idempotent calls
-        under their keys, and hands calls of tools that do not honour keys to a human
-        (``outcome_unknown``): they may have run already.
+        while it is live nobody else runs these calls. They run in rounds of the
+        runner's parallel limit; before every round after the first the lease is
+        renewed (:meth:`_renew`), and a request that lost it stops there. A run
+        resumed after a crash (the head still ``running_tools``, its lease expired)
+        repeats idempotent calls under their keys, and hands calls of tools that do
+        not honour keys to a human (``outcome_unknown``): they may have run already.
         """
         session = work.session
         ready = [p for p in session.pending if p.state == "ready"]
@@ -246,7 +251,7 @@ class ToolCalls:
                     callback_url=self._callback_url(session, pending, deadlines[pending.id]),
                 )
             )
-        outcomes = self.runner.run(invocations)
+        outcomes = self._run_in_rounds(work, ready, invocations)
         work.executed = True
         done = set()
         for pending, outcome in zip(ready, outcomes, strict=True):
@@ -332,17 +337,79 @@ class ToolCalls:
             )
         )
 
-    def _lease_seconds(self, ready: list[PendingCall]) -> float:
-        """How long the run may take: the slowest call (they run in parallel), then the
-        model call that follows with all its attempts, and a margin."""
+    def _run_in_rounds(
+        self, work: TurnWork, ready: list[PendingCall], invocations: list[ToolInvocation]
+    ) -> list[ToolOutcome]:
+        """Run the calls at most the runner's parallel limit at a time, in call order,
+        renewing the lease before every round after the first.
+
+        Raises:
+            ConversationBusy: the lease was lost between two rounds (nothing of this
+                run is recorded: the request that took it over runs the calls).
+        """
+        assert self.runner is not None  # checked by the caller
+        limit = self.runner.max_workers
+        outcomes: list[ToolOutcome] = []
+        for start in range(0, len(invocations), limit):
+            if start:
+                self._renew(work, ready[start:])
+            outcomes.extend(self.runner.run(invocations[start : start + limit]))
+        return outcomes
+
+    def _renew(self, work: TurnWork, rest: list[PendingCall]) -> None:
+        """Extend this request's lease over the rounds still to run (``rest``): a commit
+        of the head that expects the version this request wrote last.
+
+        A cancel written meanwhile (it keeps the lease) is taken in and kept on the
+        head; the turn stops at its next step boundary as it would have.
+
+        Raises:
+            ConversationBusy: anything else was committed since (a request that found
+                the lease expired took the run over, or a clear): the lease is lost
+                and this request must not run anything more.
+        """
+        session = work.session
+        session.life.renew_lease(self.clock(), self._lease_seconds(rest))
+        try:
+            session.commit()
+            return
+        except ConversationBusy:
+            if not session.life.adopt_cancel(session.store.get_head(session.key), work.owner):
+                logger.warning(
+                    "a tool run lost its lease; it stops before its next round",
+                    extra={"calls_not_run": len(rest)},
+                )
+                raise
+        session.commit()
+
+    def _lease_seconds(self, rest: list[PendingCall]) -> float:
+        """How long the run of ``rest`` and the rest of its step may take, plus a margin.
+
+        The calls run in ``ceil(n / parallel limit)`` rounds, each as long as the slowest
+        call's timeout at most; then comes the step's model work: a context summary and
+        the model call, each with every attempt and the longest backoff between them.
+        Within a request with a deadline this is cut to the time the function has left
+        (:func:`turnledger.deadline.life_left`): a run never outlives its function, so a
+        longer lease would only keep a crashed run from being resumed. The margin
+        (:data:`LEASE_MARGIN_SECONDS`) is added last either way.
+        """
         settings = self.settings
+        limit = self.runner.max_workers if self.runner is not None else 1
         slowest = max(
             getattr(self._tool(p.name).executor, "timeout_seconds", None)
             or settings.tool_timeout_seconds
-            for p in ready
+            for p in rest
         )
-        model = settings.provider_timeout_seconds * (settings.provider_max_retries + 1)
-        return float(slowest) + model + LEASE_MARGIN_SECONDS
+        retries = settings.provider_max_retries
+        model_call = (
+            settings.provider_timeout_seconds * (retries + 1)
+            + Backoff.max_backoff_seconds * retries
+        )
+        step = ceil(len(rest) / limit) * float(slowest) + 2 * model_call
+        left = deadline.life_left()
+        if left is not None:
+            step = min(step, left)
+        return step + LEASE_MARGIN_SECONDS
 
     def settle_rejected(self, work: TurnWork) -> None:
         """Answer rejected (or expired) calls with an error result saying why; nothing runs."""

@@ -451,6 +451,16 @@ class Lease(_Strict):
     Taken by the commit that starts running tools; while it is live every other
     request answers ``conversation_busy`` and runs nothing. Only an expired lease
     is a crashed run, resumed from the log under the same idempotency keys.
+
+    Its length covers the slowest the step can be: the calls run at most the
+    runner's parallel limit at a time, so ``ceil(calls / limit)`` rounds of the
+    slowest call's timeout, then the model work that follows (a context summary and
+    the model call, each with all its attempts and backoffs), plus a margin. Within
+    a request with a deadline it is cut to the function's remaining life plus that
+    margin, never more: a run cannot outlive its function. Before each round after
+    the first, the holder renews it over what is left, with a commit that expects
+    the head it wrote last; if anything else was committed meanwhile (other than a
+    cancel, which it takes in), the renewal fails and the holder stops there.
     """
 
     owner: str

@@ -261,9 +261,12 @@ class Conversations:
             # others still await a decision wait for the last decision instead.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
-            session.life.release_lease()
-            if session.staged:
-                session.commit()
+            # A cancel the run's lease renewal took in stops that turn here, as it
+            # would have stopped the request it asked.
+            if not session.life.honour_cancel():
+                session.life.release_lease()
+                if session.staged:
+                    session.commit()
             work.executed = False
             # A resumed run may have handed calls to a human (their outcome is unknown).
             awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
@@ -368,8 +371,9 @@ class Conversations:
             # (the model gets the calls' errors with the next turn) and say so.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
-            session.life.release_lease()
-            session.commit()
+            if not session.life.honour_cancel():
+                session.life.release_lease()
+                session.commit()
             raise NotAwaitingApproval(
                 "the pending approvals expired before this decision",
                 details={"expired": expired},
@@ -729,19 +733,10 @@ class Conversations:
         if not holds_lease(work.session.head, work.owner):
             return False
         session = work.session
-        fresh = self.store.get_head(session.key)
         assert session.head is not None
-        if (
-            fresh is None
-            or fresh.gen != session.gen
-            or fresh.version == session.head.version
-            or not cancel_requested(fresh)
-            or fresh.lease is None
-            or fresh.lease.owner != work.owner
-        ):
-            return False
-        session.head = fresh
-        return True
+        if cancel_requested(session.head):
+            return True  # taken in already: a lease renewal met it between two rounds
+        return session.life.adopt_cancel(self.store.get_head(session.key), work.owner)
 
     def _finish_cancel(self, work: TurnWork) -> None:
         """Record the cancel the running request found and leave the conversation ready."""

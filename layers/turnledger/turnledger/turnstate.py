@@ -513,11 +513,43 @@ class TurnLife:
         session = self.session
         head = session.head
         refuse_if_running(head, now)
-        if head is not None and cancel_requested(head) and head.cancel is not None:
-            self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
-            session.commit()
+        self.honour_cancel()
         refuse_if_spent(session.usage, budget)
         return Admission(resuming=is_running(session.head))
+
+    def honour_cancel(self) -> bool:
+        """Stop the turn a cancel asked to stop, if the session's head carries one (a run
+        that then died, or one this request took in while renewing its lease): its calls
+        are cancelled and the stop committed. Returns whether it did.
+
+        Raises:
+            ConversationBusy: another request committed first.
+        """
+        head = self.session.head
+        if head is None or not cancel_requested(head) or head.cancel is None:
+            return False
+        self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
+        self.session.commit()
+        return True
+
+    def adopt_cancel(self, fresh: Head | None, owner: str) -> bool:
+        """Whether ``fresh`` (the head as stored now) differs from the session's only by a
+        cancel asking ``owner``'s run to stop; if so the session takes it, cancel and all,
+        so its next commit keeps the cancel instead of losing to it."""
+        mine = self.session.head
+        if (
+            mine is None
+            or fresh is None
+            or fresh.gen != mine.gen
+            or fresh.seq != mine.seq
+            or fresh.pending != mine.pending
+            or not cancel_requested(fresh)
+            or not holds_lease(fresh, owner)
+        ):
+            return False
+        self.session.head = fresh
+        self.session.cancel = fresh.cancel
+        return True
 
     def require_settled(self, *, answered: Iterable[str] = ()) -> None:
         """Refuse a new message while calls of the current turn still need a person or a job.
