@@ -602,6 +602,7 @@ class LocalRunner:
         ``X-Amz-Invocation-Type: Event`` answers ``202`` at once and runs the function
         in the background, in its own execution environment, as Lambda's event queue
         would (without its retries); otherwise the function's result is the answer.
+        Either way the invocation is stopped at the function's timeout, as Lambda would.
         Only loopback clients may call it: an event names its tenant itself.
         """
         if request.source_ip not in {"127.0.0.1", "::1"}:
