@@ -336,3 +336,60 @@ def test_a_crash_in_every_process_still_ends_complete(world: World) -> None:
     assert stage == "done"
     assert deaths >= 3  # the turn's two commits and the approval's: each died once at least
     assert_completed_exactly_once(world)
+
+
+# --- a retried request is recognised (issue 18, failure 1) ----------------------------------
+
+#: A turn whose tool needs no approval: model, commit (intent), tools, model, commit.
+AUTO_TURN = TurnRequest(input=tool_line("get_weather", city="Oslo"))
+
+
+def died_after_its_tool(world: World, request: TurnRequest, key: str | None) -> None:
+    """The request's process dies right after the tool ran, before its result is stored."""
+    injector = Injector(lambda _index, name, phase: name == "tools" and phase == "after")
+    with suppress(SimulatedCrash), world.commits_counted(injector):
+        world.process(injector).turn(ANN, CONVERSATION, request, idempotency_key=key)
+    assert injector.crashed is not None
+
+
+def user_messages(world: World) -> list[str]:
+    page = world.process(Injector(never)).events(ANN, CONVERSATION, after=0, limit=1000)
+    return [e.payload["content"] for e in page.events if e.kind == "user_message"]
+
+
+@pytest.mark.parametrize("key", [None, "key-1"])
+def test_a_retried_request_answers_the_turn_it_began_and_never_begins_another(
+    world: World, key: str | None
+) -> None:
+    died_after_its_tool(world, AUTO_TURN, key)
+    process = world.process(Injector(never))
+    reply = world.after_retry_after(
+        lambda: process.turn(ANN, CONVERSATION, AUTO_TURN, idempotency_key=key)
+    )
+    assert (reply.status, reply.turn) == ("complete", 1)
+    assert reply.output_text == 'Tool results: get_weather: {"temp":21}'
+    assert user_messages(world) == [AUTO_TURN.input]
+    requests = world.sink.requests_for("/weather")
+    assert len(requests) == 2  # the dead run's call and its resumption
+    assert len({r.idempotency_key for r in requests}) == 1
+
+
+@pytest.mark.parametrize(
+    ("retry", "key"),
+    [
+        (TurnRequest(input="what now?"), None),  # another body
+        (AUTO_TURN, "key-2"),  # the same body under another key: another request
+        (AUTO_TURN.model_copy(update={"metadata": {"n": "2"}}), None),
+    ],
+    ids=["another-body", "another-key", "other-metadata"],
+)
+def test_another_request_finishes_the_interrupted_turn_then_begins_its_own(
+    world: World, retry: TurnRequest, key: str | None
+) -> None:
+    died_after_its_tool(world, AUTO_TURN, "key-1")
+    process = world.process(Injector(never))
+    reply = world.after_retry_after(
+        lambda: process.turn(ANN, CONVERSATION, retry, idempotency_key=key)
+    )
+    assert (reply.status, reply.turn) == ("complete", 2)
+    assert user_messages(world) == [AUTO_TURN.input, retry.input]

@@ -106,6 +106,8 @@ def die_in_tools() -> None:
         os._exit(70)
 
     ToolRunner.run = run  # type: ignore[method-assign]
+
+
 #: An input holding this fails after part of its answer streamed (``demo_fails_mid_stream``).
 FAIL_MID_STREAM = "FAIL-MID-STREAM"
 
@@ -131,3 +133,19 @@ def demo_fails_mid_stream() -> None:
         )
 
     DemoProvider.stream = stream  # type: ignore[method-assign]
+
+
+def tools_outlast_deadline() -> None:
+    """``http`` tool calls are not cut to the request's remaining time: a tool slower than
+    the function's timeout keeps the invocation running until the runner stops it (as
+    Lambda stops a function whose tool, storage or memory outran what its code foresaw)."""
+    from turnledger.deadline import request_deadline
+    from turnledger.tools.executors import HttpExecutor, ToolInvocation, ToolOutcome
+
+    original = HttpExecutor.execute
+
+    def execute(self: HttpExecutor, invocation: ToolInvocation) -> ToolOutcome:
+        with request_deadline(None):
+            return original(self, invocation)
+
+    HttpExecutor.execute = execute  # type: ignore[method-assign]

@@ -90,6 +90,9 @@ Resources:
         Plain:
           Type: HttpApi
           Properties: {Method: GET, Path: /v1/plain}
+        Hang:
+          Type: HttpApi
+          Properties: {Method: GET, Path: /v1/hang}
   SweepFunction:
     Type: AWS::Serverless::Function
     Properties:
@@ -163,11 +166,16 @@ def handle(event, context):
         raise RuntimeError("boom")
     if route == "POST /v1/crash":
         os._exit(3)
+    if route == "GET /v1/hang":
+        # Says which process it is, then outruns any timeout.
+        (pathlib.Path(os.environ["HANG_DIR"]) / str(os.getpid())).touch()
+        time.sleep(60)
+        return {"statusCode": 200, "body": "woke up"}
     if route == "GET /v1/binary":
         return {"statusCode": 200, "headers": {"content-type": "application/octet-stream"},
                 "body": base64.b64encode(bytes([0, 255, 1])).decode(), "isBase64Encoded": True}
     return {"plain": True, "remaining_ms": context.get_remaining_time_in_millis(),
-            "memory": context.memory_limit_in_mb}
+            "memory": context.memory_limit_in_mb, "pid": os.getpid()}
 """
 
 SWEEP_APP = """\
@@ -199,7 +207,15 @@ def call_log(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def runner(project: Path, call_log: Path, tmp_path: Path) -> Iterator[LocalRunner]:
+def hang_dir(tmp_path: Path) -> Path:
+    """Where ``GET /v1/hang`` leaves the pid of the environment it hangs in."""
+    directory = tmp_path / "hangs"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def runner(project: Path, call_log: Path, tmp_path: Path, hang_dir: Path) -> Iterator[LocalRunner]:
     (tmp_path / "rendezvous").mkdir()
     config = LocalConfig(
         port=0,
@@ -215,6 +231,7 @@ def runner(project: Path, call_log: Path, tmp_path: Path) -> Iterator[LocalRunne
             "FAKE_CALL_LOG": str(call_log),
             "EXTRA": "yes",
             "RENDEZVOUS_DIR": str(tmp_path / "rendezvous"),
+            "HANG_DIR": str(hang_dir),
         },
     )
     with LocalRunner(config) as running:
@@ -648,6 +665,101 @@ def test_a_crashed_environment_is_500_and_replaced(client: httpx.Client) -> None
     assert client.get("/v1/plain", headers=TENANT).status_code == 200
 
 
+def hung_pids(hang_dir: Path) -> list[int]:
+    return sorted(int(path.name) for path in hang_dir.iterdir())
+
+
+def gone(pid: int, within: float) -> bool:
+    """Whether process ``pid`` no longer exists (killed and reaped) within ``within`` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_an_invocation_past_its_timeout_is_killed_and_answered_as_api_gateway_does(
+    client: httpx.Client, hang_dir: Path
+) -> None:
+    """OddFunction's Timeout is 3 s: its environment is killed then, the client gets what
+    an HTTP API answers for a Lambda timeout, and the next event gets a new environment."""
+    began = time.monotonic()
+    response = client.get("/v1/hang", headers=TENANT)
+    took = time.monotonic() - began
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {"message": "Internal Server Error"}
+    assert 3 <= took < 3 + 1.5
+    [pid] = hung_pids(hang_dir)
+    assert gone(pid, within=5)
+    after = client.get("/v1/plain", headers=TENANT).json()
+    assert after["pid"] != pid
+    assert 0 < after["remaining_ms"] <= 3000
+
+
+def function_timeout_runner(
+    project: Path, call_log: Path, hang_dir: Path, seconds: float
+) -> LocalRunner:
+    return LocalRunner(
+        LocalConfig(
+            port=0,
+            template_path=project / "template.yaml",
+            provision_storage=False,
+            function_timeout_seconds=seconds,
+            env={"FAKE_CALL_LOG": str(call_log), "HANG_DIR": str(hang_dir)},
+        )
+    )
+
+
+def test_function_timeout_overrides_every_functions_timeout(
+    project: Path, call_log: Path, hang_dir: Path
+) -> None:
+    """The override stops invocations sooner, and the context reports it too."""
+    with function_timeout_runner(project, call_log, hang_dir, 1.0) as running:
+        url = running.url
+        assert 0 < httpx.get(f"{url}/v1/plain", headers=TENANT).json()["remaining_ms"] <= 1000
+        echo = httpx.get(f"{url}/v1/things/x", headers=TENANT).json()["context"]
+        assert 0 < echo["remaining_ms"] <= 1000
+        began = time.monotonic()
+        response = httpx.get(f"{url}/v1/hang", headers=TENANT, timeout=30)
+        took = time.monotonic() - began
+        assert (response.status_code, response.json()) == (
+            500,
+            {"message": "Internal Server Error"},
+        )
+        assert 1 <= took < 1 + 1.5
+        [pid] = hung_pids(hang_dir)
+        assert gone(pid, within=5)
+
+
+def test_lambda_invocations_are_stopped_at_the_timeout_too(
+    project: Path, call_log: Path, hang_dir: Path
+) -> None:
+    """Through Lambda's Invoke API (what starts the turn worker): an asynchronous event's
+    environment is killed at the timeout; a synchronous one reports Lambda's timeout error."""
+    with function_timeout_runner(project, call_log, hang_dir, 1.0) as running:
+        invoke = f"{running.url}/2015-03-31/functions/OddFunction/invocations"
+        event = {"routeKey": "GET /v1/hang"}
+        accepted = httpx.post(invoke, json=event, headers={"X-Amz-Invocation-Type": "Event"})
+        assert accepted.status_code == 202
+        deadline = time.monotonic() + 10
+        while not hung_pids(hang_dir) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [pid] = hung_pids(hang_dir)
+        assert gone(pid, within=1 + 1.5)
+
+        answer = httpx.post(invoke, json=event, timeout=30)
+        assert answer.status_code == 200
+        assert answer.headers["x-amz-function-error"] == "Unhandled"
+        assert answer.json() == {
+            "errorType": "Sandbox.Timedout",
+            "errorMessage": "Task timed out after 1.00 seconds",
+        }
+
+
 def test_first_request_latency_is_bounded(project: Path, call_log: Path) -> None:
     """start() returns at once (the handlers load in the background); the first request
     after it is answered within a few seconds, and a warm one in well under a second."""
@@ -774,6 +886,8 @@ def test_cli_flags_map_onto_the_runner_config(tmp_path: Path) -> None:
             "--print-metrics",
             "--max-workers",
             "3",
+            "--function-timeout",
+            "2.5",
         ]
     )
     config = config_from_args(args)
@@ -784,6 +898,7 @@ def test_cli_flags_map_onto_the_runner_config(tmp_path: Path) -> None:
     assert config.s3_endpoint == "http://127.0.0.1:9000"
     assert (config.table, config.bucket) == ("tbl", "bkt")
     assert (config.log_level, config.print_metrics, config.max_workers) == ("DEBUG", True, 3)
+    assert config.function_timeout_seconds == 2.5
 
 
 def test_cli_defaults_are_the_contracts(tmp_path: Path) -> None:
@@ -792,11 +907,21 @@ def test_cli_defaults_are_the_contracts(tmp_path: Path) -> None:
     assert config.dynamodb_endpoint is None and config.s3_endpoint is None
     # A quiet console: warnings only, no metrics blobs.
     assert (config.log_level, config.print_metrics) == ("WARNING", False)
+    # Each function's own Timeout from the template.
+    assert config.function_timeout_seconds is None
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["local", "--ttl-seconds", "-1"], ["local", "--port", "x"], ["local", "--max-workers", "0"]],
+    [
+        ["local", "--ttl-seconds", "-1"],
+        ["local", "--port", "x"],
+        ["local", "--max-workers", "0"],
+        ["local", "--function-timeout", "0"],
+        ["local", "--function-timeout", "-1"],
+        ["local", "--function-timeout", "nan"],
+        ["local", "--function-timeout", "soon"],
+    ],
 )
 def test_cli_rejects_bad_numbers(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:

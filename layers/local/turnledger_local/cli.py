@@ -32,6 +32,9 @@ local routes:
   POST /_local/echo   a stand-in tool endpoint: answers the tool, arguments and
                       Idempotency-Key it was sent (events/local-tools.json uses it).
 In a tools file, ${LOCAL_URL} stands for this server's own base URL.
+timeouts: an invocation that outruns its function's Timeout (or --function-timeout)
+is killed with its environment, as Lambda does; the client gets API Gateway's
+answer, 500 {"message": "Internal Server Error"}.
 """
 
 
@@ -49,6 +52,16 @@ def _positive(raw: str) -> int:
     value = _non_negative(raw)
     if value == 0:
         raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {raw!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0: {raw}")
     return value
 
 
@@ -164,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="execution environments (processes) per function; more requests queue (%(default)s)",
     )
+    local.add_argument(
+        "--function-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help=(
+            "stop every invocation after SECONDS instead of its function's Timeout in the "
+            "template (for tests: a timeout in seconds, not minutes); the handlers' context "
+            "reports the same, and the killed environment is replaced"
+        ),
+    )
     streaming = local.add_argument_group("long and streamed turns (Prefer: respond-async)")
     streaming.add_argument(
         "--demo-token-delay-ms",
@@ -210,6 +233,7 @@ def config_from_args(args: argparse.Namespace) -> LocalConfig:
         data_dir=args.data_dir,
         print_metrics=args.print_metrics,
         max_workers=args.max_workers,
+        function_timeout_seconds=args.function_timeout,
     )
 
 

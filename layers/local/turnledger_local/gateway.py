@@ -292,7 +292,7 @@ class LambdaContext:
 
     function_name: str
     memory_limit_in_mb: int
-    timeout_seconds: int
+    timeout_seconds: float
     region: str = "us-east-1"
     function_version: str = "$LATEST"
     aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
@@ -303,6 +303,10 @@ class LambdaContext:
 
     def __post_init__(self) -> None:
         self._deadline = time.monotonic() + self.timeout_seconds
+
+    def set_deadline(self, monotonic: float) -> None:
+        """End the invocation at ``monotonic`` (a ``time.monotonic()`` value) instead."""
+        self._deadline = monotonic
 
     @property
     def invoked_function_arn(self) -> str:

@@ -14,6 +14,9 @@ per function (``workers.py``). The front (this module) parses HTTP, matches
 routes, authenticates and builds the events on its threads; it never runs a
 handler itself. Workers share storage through its endpoints (the embedded moto
 server is an HTTP server) and demo provider state through ``DEMO_STATE_DIR``.
+An invocation that outruns its function's ``Timeout`` (or
+``LocalConfig.function_timeout_seconds``) has its environment killed, as Lambda
+does, and the client gets API Gateway's answer to it (:class:`FunctionTimedOut`).
 
 Local-only routes: ``POST /_local/sweep`` invokes the scheduled function on
 demand (it needs a local token like every API route), ``POST
@@ -33,7 +36,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -66,7 +68,15 @@ from .template import (
     routes,
     scheduled_function,
 )
-from .workers import Boot, FunctionBoot, FunctionPool, InvocationFailed, WorkerError, Zygote
+from .workers import (
+    Boot,
+    FunctionBoot,
+    FunctionPool,
+    InvocationFailed,
+    InvocationTimedOut,
+    WorkerError,
+    Zygote,
+)
 
 # Not named after the package: Powertools' Logger(service="turnledger") filters out, at the
 # root handlers, every record of a logger whose name contains "turnledger".
@@ -139,6 +149,9 @@ class LocalConfig:
     data_dir: Path | None = None
     #: Execution environments (worker processes) per function; more requests queue.
     max_workers: int = 8
+    #: Every function's timeout in seconds instead of its template ``Timeout`` (tests:
+    #: a timeout met in seconds, not minutes); ``None``: each function's own.
+    function_timeout_seconds: float | None = None
     #: Local-only, for tests: the functions read the current time from this file
     #: (``clock.ClockFile`` writes it).
     clock_file: Path | None = None
@@ -289,7 +302,7 @@ class LocalRunner:
                     source=str(source),
                     attribute=attribute,
                     memory_mb=spec.memory_mb,
-                    timeout_seconds=spec.timeout_seconds,
+                    timeout_seconds=self.timeout_of(name),
                     region=self.config.region,
                 )
             )
@@ -451,6 +464,12 @@ class LocalRunner:
         # Only a running loop may be shut down: shutdown() waits for the loop to answer.
         self._thread = thread
 
+    def timeout_of(self, function: str) -> float:
+        """Seconds an invocation of ``function`` may run before it is stopped: its
+        template ``Timeout``, or :attr:`LocalConfig.function_timeout_seconds`."""
+        override = self.config.function_timeout_seconds
+        return self._functions[function].timeout_seconds if override is None else override
+
     def pool_sizes(self) -> dict[str, int]:
         """How many execution environments each function has now."""
         return {name: pool.size for name, pool in self._pools.items()}
@@ -480,29 +499,27 @@ class LocalRunner:
             return exc.to_response()
 
     def _invoke(self, function: str, event: dict[str, Any]) -> Any:
-        spec = self._functions[function]
+        """Run ``event`` in an environment of ``function``, stopped at its timeout.
+
+        Raises:
+            FunctionTimedOut: the invocation outran its timeout (its environment is gone).
+            GatewayError: ``500 internal_error`` for a handler that raised or died.
+        """
         pool = self._pools.get(function)
         if pool is None:
             raise GatewayError(500, "internal_error", "the runner is stopped")
-        started = time.monotonic()
         try:
-            return pool.invoke(event)
+            return pool.invoke(event, self.timeout_of(function))
         except InvocationFailed as exc:
             raise GatewayError(
                 500, "internal_error", f"{function} failed: {exc.error_type}"
             ) from exc
+        except InvocationTimedOut as exc:
+            logger.error("%s", exc)
+            raise FunctionTimedOut(exc.timeout_seconds) from exc
         except WorkerError as exc:
             logger.error("%s: %s", function, exc)
             raise GatewayError(500, "internal_error", f"{function} failed: {exc}") from exc
-        finally:
-            elapsed = time.monotonic() - started
-            if elapsed > spec.timeout_seconds:
-                logger.warning(
-                    "%s ran %.1f s; Lambda would have stopped it at %d s",
-                    function,
-                    elapsed,
-                    spec.timeout_seconds,
-                )
 
     def live_events(self, request: HttpRequest) -> HttpResponse | Iterator[bytes] | None:
         """Server-sent events of a long turn, written as the turn goes (``None``: not one).
@@ -585,6 +602,7 @@ class LocalRunner:
         ``X-Amz-Invocation-Type: Event`` answers ``202`` at once and runs the function
         in the background, in its own execution environment, as Lambda's event queue
         would (without its retries); otherwise the function's result is the answer.
+        Either way the invocation is stopped at the function's timeout, as Lambda would.
         Only loopback clients may call it: an event names its tenant itself.
         """
         if request.source_ip not in {"127.0.0.1", "::1"}:
@@ -710,6 +728,25 @@ class LocalRunner:
                 details={"field": "conversation_ids"},
             )
         return {"conversation_ids": ids, "tenant": tenant}
+
+
+class FunctionTimedOut(GatewayError):
+    """An invocation outran its function's timeout and was stopped.
+
+    Over HTTP it is what an HTTP API answers when its Lambda integration times out:
+    ``500`` with ``{"message": "Internal Server Error"}`` (not the contract's error
+    shape: API Gateway, not the function, answers). Through Lambda's Invoke API it is
+    the function error Lambda reports, ``Sandbox.Timedout``.
+    """
+
+    def __init__(self, timeout_seconds: float) -> None:
+        super().__init__(
+            500, "Sandbox.Timedout", f"Task timed out after {timeout_seconds:.2f} seconds"
+        )
+
+    def to_response(self) -> HttpResponse:
+        """API Gateway's own answer to a Lambda integration that timed out."""
+        return HttpResponse.json(500, {"message": "Internal Server Error"})
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

@@ -60,6 +60,14 @@ class WorkerError(Exception):
     """An environment could not be started, or died while it handled an event."""
 
 
+class InvocationTimedOut(WorkerError):
+    """The event outran its function's timeout: the environment was killed, like Lambda's."""
+
+    def __init__(self, function: str, timeout_seconds: float) -> None:
+        super().__init__(f"{function}: task timed out after {timeout_seconds:.2f} seconds")
+        self.timeout_seconds = timeout_seconds
+
+
 class InvocationFailed(Exception):
     """The handler raised: Lambda reports an unhandled error (the runner answers 500)."""
 
@@ -77,7 +85,8 @@ class FunctionBoot:
     source: str
     attribute: str
     memory_mb: int
-    timeout_seconds: int
+    #: What the Lambda context reports; the front stops an event after as long.
+    timeout_seconds: float
     region: str
 
 
@@ -223,21 +232,35 @@ class Worker:
         self.pid = pid
         self._connection = connection
 
-    def invoke(self, event: dict[str, Any]) -> Any:
+    def invoke(self, event: dict[str, Any], timeout_seconds: float) -> Any:
         """Run the handler on ``event`` in this environment; returns its result.
+
+        After ``timeout_seconds`` the environment is killed, as Lambda stops a function
+        at its timeout (its context reports the same deadline).
 
         Raises:
             InvocationFailed: the handler raised.
+            InvocationTimedOut: the event outran ``timeout_seconds`` (the environment is gone).
             WorkerError: the environment died (it cannot be used again).
         """
+        deadline = time.monotonic() + timeout_seconds
+        message = {"event": event, "deadline": deadline}
         try:
-            self._connection.send_bytes(json.dumps({"event": event}).encode())
+            self._connection.send_bytes(json.dumps(message).encode())
+            if not self._connection.poll(max(0.0, deadline - time.monotonic())):
+                self.kill()
+                raise InvocationTimedOut(self.function, timeout_seconds)
             answer = json.loads(self._connection.recv_bytes())
         except (EOFError, OSError) as exc:
             raise WorkerError(f"the environment of {self.function} died") from exc
         if "error" in answer:
             raise InvocationFailed(answer["error"], answer.get("message", ""))
         return answer["result"]
+
+    def kill(self) -> None:
+        """Stop the environment at once, whatever it is doing (its zygote reaps it)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
     def close(self) -> None:
         """Close the channel; an idle environment exits at once."""
@@ -264,16 +287,18 @@ class FunctionPool:
         """How many environments exist (idle or busy)."""
         return self._count
 
-    def invoke(self, event: dict[str, Any]) -> Any:
-        """Run ``event`` in an environment of its own for the time it runs.
+    def invoke(self, event: dict[str, Any], timeout_seconds: float) -> Any:
+        """Run ``event`` in an environment of its own for the time it runs, at most
+        ``timeout_seconds`` (then that environment is killed; the next event gets a new one).
 
         Raises:
             InvocationFailed: the handler raised.
+            InvocationTimedOut: the event outran ``timeout_seconds``.
             WorkerError: no environment could be started, or it died.
         """
         worker = self._acquire()
         try:
-            result = worker.invoke(event)
+            result = worker.invoke(event, timeout_seconds)
         except WorkerError:
             self._discard(worker)
             raise
@@ -392,6 +417,10 @@ def _serve_events(function: FunctionBoot, handler: Handler, connection: Connecti
             timeout_seconds=function.timeout_seconds,
             region=function.region,
         )
+        if isinstance(message.get("deadline"), float):
+            # The front's own deadline (CLOCK_MONOTONIC is the machine's, not the
+            # process's): the remaining time the handler sees ends when it is killed.
+            context.set_deadline(message["deadline"])
         try:
             result = handler(message["event"], context)
             answer = json.dumps({"result": result})

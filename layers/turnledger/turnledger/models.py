@@ -528,6 +528,9 @@ class TurnOptions(_Strict):
     model: str | None = None
     tools: list[str] | None = None
     require_approval: list[str] = Field(default_factory=list)
+    #: Who began the turn: a sha256 of its ``Idempotency-Key`` (if any) and body, so a
+    #: retry of that request resumes the turn instead of beginning another.
+    request_sha256: str | None = None
 
 
 class SummaryRef(_Strict):

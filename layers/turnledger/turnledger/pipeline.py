@@ -226,8 +226,19 @@ class Conversations:
 
     # --- routes ---------------------------------------------------------------------------
 
-    def turn(self, caller: Caller, conversation_id: str, request: TurnRequest) -> TurnResponse:
+    def turn(
+        self,
+        caller: Caller,
+        conversation_id: str,
+        request: TurnRequest,
+        *,
+        idempotency_key: str | None = None,
+    ) -> TurnResponse:
         """Run one turn (``POST .../turns``).
+
+        A request that finds the turn it began interrupted (its run died holding the
+        tool lease, e.g. a Lambda timeout) is recognised by :meth:`_request_sha256`:
+        the turn is resumed and answered, never begun a second time.
 
         Raises:
             ApprovalPending: calls of this conversation await approval.
@@ -253,6 +264,10 @@ class Conversations:
         work = self._work(session)
         self.calls.expire_due(session)
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
+        identity = self._request_sha256(request, idempotency_key)
+        retried = (
+            admission.resuming and bool(messages) and session.options.request_sha256 == identity
+        )
         if admission.resuming or not awaiting:
             # Finish what an earlier request left half done (expired or rejected calls,
             # calls recorded but never run) in *its* turn, before anything of this one is
@@ -270,6 +285,8 @@ class Conversations:
             work.executed = False
             # A resumed run may have handed calls to a human (their outcome is unknown).
             awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
+        if retried:
+            return self._answer_retried(work)
         # Outputs alone (no new message) settle their own calls whatever else waits:
         # each wait of a turn is settled on its own, the model is called after the last.
         if awaiting and messages:
@@ -303,6 +320,7 @@ class Conversations:
                 model=request.model,
                 tools=request.tools,
                 require_approval=request.require_approval,
+                request_sha256=identity,
             )
             work = self._work(session)
         for content in messages:
@@ -311,6 +329,30 @@ class Conversations:
             session.commit()
             return self._response(work)
         self._advance(work)
+        return self._response(work)
+
+    @staticmethod
+    def _request_sha256(request: TurnRequest, idempotency_key: str | None) -> str:
+        """The identity of a turn request: its ``Idempotency-Key`` and canonical body.
+
+        Kept on the head with the turn's options by the request that begins a turn,
+        so its retry (the same key, or the same body replayed without one) knows the
+        turn as its own.
+        """
+        canonical = json.dumps(
+            {"idempotency_key": idempotency_key, "body": request.model_dump(mode="json")},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def _answer_retried(self, work: TurnWork) -> TurnResponse:
+        """Answer the turn this request began before its run died: the calls it left were
+        just resumed (under their own keys); the model answers their results unless they
+        now wait for someone. Its input is never appended again."""
+        if not work.session.life.awaiting():
+            self._advance(work)
         return self._response(work)
 
     def approve(

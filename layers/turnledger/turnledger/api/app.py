@@ -157,6 +157,11 @@ def caller(conversation_id: str | None = None) -> Caller:
     return Caller(tenant=tenant, actor=str(actor) if actor else "anonymous")
 
 
+def _idempotency_key() -> str | None:
+    """The request's ``Idempotency-Key`` header, if it has one."""
+    return app.current_event.headers.get("idempotency-key") or None
+
+
 def _answer_turn(
     conversation_id: str,
     route: str,
@@ -167,7 +172,7 @@ def _answer_turn(
     who = caller(conversation_id)
     with timed("TurnLatency"):
         return idempotent(
-            key=app.current_event.headers.get("idempotency-key") or None,
+            key=_idempotency_key(),
             conversation=ConversationKey(tenant=who.tenant, conversation_id=conversation_id),
             route=route,
             body=request.model_dump(mode="json"),
@@ -193,7 +198,11 @@ def post_turn(
         conversation_id,
         "turns",
         request,
-        lambda who: get_runtime().conversations_for(who.tenant).turn(who, conversation_id, request),
+        lambda who: (
+            get_runtime()
+            .conversations_for(who.tenant)
+            .turn(who, conversation_id, request, idempotency_key=_idempotency_key())
+        ),
     )
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
 
