@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from . import turnstate
 from .models import (
     KIND_OF_PAYLOAD,
     CancelRequest,
@@ -216,13 +217,14 @@ class Session:
             provider_cursor=self.provider_cursor,
             lease=self.lease if status is ConversationStatus.RUNNING_TOOLS else None,
             cancel=self.cancel if status is ConversationStatus.RUNNING_TOOLS else None,
+            wait_deadline=turnstate.wait_deadline(self.pending),
         )
         written = self.store.commit(
             self.key,
             expected_version=previous.version if previous else None,
             head=head,
             events=self.staged,
-            previous=previous,
+            inbox_changes=turnstate.inbox_changes(self.key, previous, head),
         )
         metrics.add_metric("BytesWritten", MetricUnit.Bytes, written)
         committed = self.staged

@@ -493,7 +493,7 @@ class ConversationStore(ABC):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
-        previous: Head | None = None,
+        inbox_changes: inbox.InboxChanges | None = None,
     ) -> int:
         """Append ``events`` and replace the head, atomically.
 
@@ -502,10 +502,9 @@ class ConversationStore(ABC):
             head: the new head; its ``version`` must be ``expected_version + 1``
                 and its ``seq`` must cover ``events``.
             events: new events with consecutive public sequences after the old head.
-            previous: the head this commit replaces, as the caller read it: the
-                approval inbox entries of the calls that start or stop waiting for a
-                person between the two are written or deleted in the same transaction
-                (:func:`.inbox.changes`).
+            inbox_changes: the approval inbox entries to write and delete in the same
+                transaction, as the turn layer decided them (the calls that start or
+                stop waiting for a person: :func:`turnledger.turnstate.inbox_changes`).
 
         Returns:
             The bytes written: the items' attribute names and values, and offloaded objects.
@@ -538,7 +537,9 @@ class ConversationStore(ABC):
             self._discard(written)
             raise
         head_item = codec.encode_head(key, head)
-        puts, deletes = inbox.changes(key, previous, head)
+        changes = inbox_changes or inbox.InboxChanges()
+        puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
+        deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
         if len(events) + len(puts) + len(deletes) > MAX_EVENTS_PER_COMMIT:
             # One transaction holds 100 items; the inbox entries count with the events.
             self._discard(written)

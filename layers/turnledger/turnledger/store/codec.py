@@ -28,7 +28,6 @@ from ..models import (
     EventKind,
     Head,
 )
-from ..turnstate import EXPIRING
 from . import keys
 
 Item = dict[str, Any]
@@ -50,9 +49,9 @@ A_TENANT = "tn"
 #: On a head being cleared only: the token of the clear that fenced it (the purge
 #: protocol in :mod:`.base`). No turn ever writes it; conditional head writes compare it.
 A_FENCE = "fx"
-#: Wait index partition (sparse: only heads with a call whose wait expires, a decision's
-#: window or a deferred call's deadline): ``"<hour of the earliest such expiry>#<shard>"``,
-#: for the sweep's expiry pass.
+#: Wait index partition (sparse: only heads whose :attr:`Head.wait_deadline` is set, the
+#: earliest deadline of a wait, as the turn layer computed it):
+#: ``"<hour of that deadline>#<shard>"``, for the sweep's expiry pass.
 A_WAIT_BUCKET = "wb"
 
 
@@ -111,9 +110,10 @@ def encode_head(key: ConversationKey, head: Head) -> Item:
     if head.expires_at is not None:
         item[A_EXPIRES] = head.expires_at
         item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.filed_bucket, pk)
-    due = [p.expires_at for p in head.pending if p.expires_at is not None and p.state in EXPIRING]
-    if due and head.status is not ConversationStatus.CLEARED:
-        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(int(min(due).timestamp())), pk)
+    # The turn layer says when the earliest wait closes; the store only files it.
+    if head.wait_deadline is not None and head.status is not ConversationStatus.CLEARED:
+        due = int(head.wait_deadline.timestamp())
+        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(due), pk)
     return item
 
 
