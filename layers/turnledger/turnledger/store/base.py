@@ -93,7 +93,7 @@ from ..exceptions import (
     TurnledgerError,
 )
 from ..models import ConversationKey, ConversationStatus, Event, Head
-from . import codec, inbox, keys
+from . import codec, inbox, keys, records
 from .blobs import BlobStore
 from .codec import BlobRef, Item, StoredEvent
 from .inbox import EntryKey
@@ -257,6 +257,18 @@ def _stored_responses(item: Item) -> list[tuple[str, str]]:
         return [(str(run["provider"]), str(run["response_id"]))]
     except (ValueError, KeyError, TypeError):
         return []
+
+
+def _record_key(record_key: str) -> str:
+    """``record_key`` if it names an idempotency record (never a head, an event or
+    another kind of item).
+
+    Raises:
+        InternalError: it does not.
+    """
+    if not record_key.startswith(keys.RECORD_PREFIX):
+        raise InternalError(f"not an idempotency record key: {record_key!r}")
+    return record_key
 
 
 def _gaps(first: int, last: int) -> CorruptedState:
@@ -879,6 +891,21 @@ class ConversationStore(ABC):
         """
 
     @abstractmethod
+    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
+        """Put the idempotency record ``item`` if :func:`.records.may_replace` holds for
+        the item stored under its key at ``now``, atomically (a condition, not a read then
+        a write).
+
+        Returns:
+            ``None`` when ``item`` was written; else the stored item that refused it.
+        """
+
+    @abstractmethod
+    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
+        """Set ``attributes`` on the item at ``(pk, sk)``, unconditionally, creating it
+        (with just its keys and ``attributes``) when absent; its other attributes stay."""
+
+    @abstractmethod
     def _advance_cursor(self, item: Item) -> bool:
         """Put the sweep cursor ``item`` (:func:`.indexes.cursor_item`) if it moves forward.
 
@@ -935,6 +962,55 @@ class ConversationStore(ABC):
         A backend that stores side items overrides this.
         """
         raise NotImplementedError(f"{type(self).__name__} stores no side items")
+
+    # --- idempotency records (api/idempotency.py: Powertools' persistence layer) ---------
+    #
+    # Items ``I#<hash>`` of a conversation's partition (:mod:`.records`), so a purge removes
+    # them with the conversation.
+
+    def get_record(self, key: ConversationKey, record_key: str) -> records.Record | None:
+        """The idempotency record ``record_key`` of ``key``, read consistently, or ``None``
+        (whether or not it has expired: the caller judges that)."""
+        item = self._get_item(keys.partition_key(key), _record_key(record_key))
+        return None if item is None else records.decode_record(item)
+
+    def put_record(
+        self, key: ConversationKey, record: records.Record, *, now: float
+    ) -> records.Record | None:
+        """Put ``record`` unless a live record holds its key at ``now`` (epoch seconds).
+
+        The put condition is Powertools' (:func:`.records.may_replace`): no record, an
+        expired one, or one in progress whose in-progress expiry has passed. Atomic: of
+        two puts racing for one key, exactly one is written.
+
+        Returns:
+            ``None`` when ``record`` was written; else the live record that refused it.
+
+        Raises:
+            PayloadTooLarge: the record is over the backend's item size limit.
+        """
+        item = records.record_item(keys.partition_key(key), record)
+        _record_key(record.key)
+        codec.check_item_sizes([item])
+        stored = self._put_if_replaceable(item, now)
+        return None if stored is None else records.decode_record(stored)
+
+    def update_record(self, key: ConversationKey, record: records.Record) -> None:
+        """Set ``record``'s status, expiry, answer and validation hash (when it has one),
+        unconditionally, creating the record if it is absent; its in-progress expiry stays
+        as stored.
+
+        Raises:
+            PayloadTooLarge: the record would be over the backend's item size limit.
+        """
+        pk = keys.partition_key(key)
+        attributes = records.update_attributes(record)
+        codec.check_item_sizes([records.record_item(pk, record)])
+        self._set_attributes(pk, _record_key(record.key), attributes)
+
+    def delete_record(self, key: ConversationKey, record_key: str) -> None:
+        """Delete the idempotency record ``record_key`` of ``key`` (absent is fine)."""
+        self._delete_items(keys.partition_key(key), [_record_key(record_key)])
 
     # --- indexes and the sweep cursor ---------------------------------------------------
 
