@@ -95,7 +95,7 @@ from ..exceptions import (
 from ..models import ConversationKey, ConversationStatus, Event, Head
 from . import codec, inbox, keys, records
 from .blobs import BlobStore
-from .codec import BlobRef, Item, StoredEvent
+from .codec import BlobRef, Item, SideItem, StoredEvent
 from .inbox import EntryKey
 from .indexes import (
     CURSOR_PK,
@@ -269,6 +269,17 @@ def _record_key(record_key: str) -> str:
     if not record_key.startswith(keys.RECORD_PREFIX):
         raise InternalError(f"not an idempotency record key: {record_key!r}")
     return record_key
+
+
+def _side_key(sort_key: str) -> str:
+    """``sort_key`` if it is a side item's (never a head, an event, a record, an entry).
+
+    Raises:
+        InternalError: it is not.
+    """
+    if not sort_key.startswith(keys.SIDE_PREFIX):
+        raise InternalError(f"not a side item key: {sort_key!r}")
+    return sort_key
 
 
 def _gaps(first: int, last: int) -> CorruptedState:
@@ -915,53 +926,64 @@ class ConversationStore(ABC):
 
     # --- side items (drafts: turnledger/drafts.py) ----------------------------------------
     #
-    # Items of a conversation's partition outside the event range and the head (sort keys
-    # after ``"HEAD"``), never read by :meth:`load`: a purge deletes them with the rest.
+    # Items of a conversation's partition beside the transcript (sort keys under
+    # ``keys.SIDE_PREFIX``, after ``"HEAD"``), never read by :meth:`load`: a purge deletes
+    # them with the rest. The caller hands data (:class:`.codec.SideItem`); the store owns
+    # the item's keys, its TTL attribute and its life attribute.
 
-    def put_side_items(self, items: list[Item]) -> None:
-        """Put ``items`` (each a whole item with ``pk`` and ``sk``), unconditionally.
+    def put_side_item(self, key: ConversationKey, side: SideItem) -> None:
+        """Put ``side`` in ``key``'s partition, unconditionally (replacing what was there).
 
         Raises:
-            PayloadTooLarge: an item is over the backend's item size limit.
+            PayloadTooLarge: the item is over the backend's item size limit.
+            InternalError: not a side item's sort key, or a reserved attribute.
         """
-        codec.check_item_sizes(items)
-        self._put_items(items)
+        item = codec.encode_side_item(key, side)
+        codec.check_item_sizes([item])
+        self._put_items([item])
 
-    def get_side_item(self, pk: str, sk: str) -> Item | None:
-        """The item at ``(pk, sk)``, read consistently, or ``None``."""
-        return self._get_item(pk, sk)
+    def get_side_item(self, key: ConversationKey, sort_key: str) -> SideItem | None:
+        """The side item at ``sort_key`` of ``key``, read consistently, or ``None``."""
+        item = self._get_item(keys.partition_key(key), _side_key(sort_key))
+        return None if item is None else codec.decode_side_item(item)
 
     def query_side_items(
-        self, pk: str, *, lower: str, upper: str, limit: int = 1000, consistent: bool = True
-    ) -> list[Item]:
-        """The items of ``pk`` with ``lower <= sk <= upper``, in key order (every page)."""
-        found: list[Item] = []
+        self,
+        key: ConversationKey,
+        *,
+        lower: str,
+        upper: str,
+        limit: int = 1000,
+        consistent: bool = True,
+    ) -> list[SideItem]:
+        """The side items of ``key`` with ``lower <= sort key <= upper``, in key order (every
+        page). ``consistent=False`` may miss the newest writes (half the price on DynamoDB).
+        """
+        pk = keys.partition_key(key)
+        found: list[SideItem] = []
         cursor: Any = None
         while True:
             page = self._query(
                 pk,
-                lower=lower,
-                upper=upper,
+                lower=_side_key(lower),
+                upper=_side_key(upper),
                 descending=False,
                 limit=limit,
                 cursor=cursor,
                 consistent=consistent,
             )
-            found.extend(page.items)
+            found.extend(codec.decode_side_item(item) for item in page.items)
             if page.cursor is None:
                 return found
             cursor = page.cursor
 
-    def delete_side_items(self, pk: str, sort_keys: list[str]) -> None:
-        """Delete the items of ``pk`` at ``sort_keys`` (absent ones are fine)."""
-        self._delete_items(pk, sort_keys)
+    def delete_side_items(self, key: ConversationKey, sort_keys: list[str]) -> None:
+        """Delete the side items of ``key`` at ``sort_keys`` (absent ones are fine)."""
+        self._delete_items(keys.partition_key(key), [_side_key(sk) for sk in sort_keys])
 
+    @abstractmethod
     def _put_items(self, items: list[Item]) -> None:
-        """Put each of ``items`` unconditionally (not atomically as a group).
-
-        A backend that stores side items overrides this.
-        """
-        raise NotImplementedError(f"{type(self).__name__} stores no side items")
+        """Put each of ``items`` unconditionally (not atomically as a group)."""
 
     # --- idempotency records (api/idempotency.py: Powertools' persistence layer) ---------
     #
