@@ -71,6 +71,10 @@ class Runtime:
             else self.tenants.for_tenant(tenant).conversations
         )
 
+    def dynamodb_for(self, tenant: str) -> DynamoDBClient:
+        """The DynamoDB client of ``tenant``'s requests (its own partitions)."""
+        return self.dynamodb if self.tenants is None else self.tenants.for_tenant(tenant).dynamodb
+
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:
         """Build clients, store, provider, tools and the service for ``settings``."""

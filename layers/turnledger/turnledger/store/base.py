@@ -271,6 +271,12 @@ def _record_key(record_key: str) -> str:
     return record_key
 
 
+def _checked_record(record: records.Record) -> records.Record:
+    """``record`` if its key names an idempotency record (see :func:`_record_key`)."""
+    _record_key(record.key)
+    return record
+
+
 def _side_key(sort_key: str) -> str:
     """``sort_key`` if it is a side item's (never a head, an event, a record, an entry).
 
@@ -1011,8 +1017,7 @@ class ConversationStore(ABC):
         Raises:
             PayloadTooLarge: the record is over the backend's item size limit.
         """
-        item = records.record_item(keys.partition_key(key), record)
-        _record_key(record.key)
+        item = records.record_item(keys.partition_key(key), _checked_record(record))
         codec.check_item_sizes([item])
         stored = self._put_if_replaceable(item, now)
         return None if stored is None else records.decode_record(stored)
@@ -1026,9 +1031,8 @@ class ConversationStore(ABC):
             PayloadTooLarge: the record would be over the backend's item size limit.
         """
         pk = keys.partition_key(key)
-        attributes = records.update_attributes(record)
-        codec.check_item_sizes([records.record_item(pk, record)])
-        self._set_attributes(pk, _record_key(record.key), attributes)
+        codec.check_item_sizes([records.record_item(pk, _checked_record(record))])
+        self._set_attributes(pk, record.key, records.update_attributes(record))
 
     def delete_record(self, key: ConversationKey, record_key: str) -> None:
         """Delete the idempotency record ``record_key`` of ``key`` (absent is fine)."""
