@@ -43,6 +43,8 @@ _deserializer = TypeDeserializer()
 #: BatchWriteItem takes at most 25 requests a call.
 _BATCH = 25
 _BATCH_ATTEMPTS = 8
+#: Puts of an idempotency record that found a live one deleted before it could be read.
+_RECORD_ATTEMPTS = 3
 
 #: The attributes that say which head a conditional write expects.
 _HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FENCE}
@@ -492,7 +494,7 @@ class DynamoDBConversationStore(ConversationStore):
             "#ipx": records.A_IN_PROGRESS_EXPIRY,
         }
         values = {":now": int(now), ":now_ms": int(now * 1000), ":in_progress": records.IN_PROGRESS}
-        for _ in range(_BATCH_ATTEMPTS):
+        for _ in range(_RECORD_ATTEMPTS):
             try:
                 with _guarded():
                     response = self.client.put_item(
