@@ -14,6 +14,7 @@ from turnledger.store.base import ContextBudget, Page, PurgeReport, Snapshot
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_PK, Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.inbox import InboxChanges
 
 from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
 
@@ -102,11 +103,15 @@ class MeteredStore(DynamoDBConversationStore):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
-        previous: Head | None = None,
+        inbox_changes: InboxChanges | None = None,
     ) -> int:
         with self._timed():
             return super().commit(
-                key, expected_version=expected_version, head=head, events=events, previous=previous
+                key,
+                expected_version=expected_version,
+                head=head,
+                events=events,
+                inbox_changes=inbox_changes,
             )
 
     def clear(self, key: ConversationKey, now: datetime) -> PurgeReport:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from turnledger import turnstate
 from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
 from turnledger.store import inbox, keys
 from turnledger.store.base import ConversationStore
@@ -51,13 +52,16 @@ def ask(
         ["q"],
         pending=calls,
         status=ConversationStatus.AWAITING_APPROVAL if calls else ConversationStatus.COMPLETE,
+        # What the turn layer hands the store: the earliest wait's deadline and the
+        # inbox entries to write and delete (the store knows no turn rules).
+        wait_deadline=turnstate.wait_deadline(calls),
     )
     store.commit(
         key,
         expected_version=turn.expected_version,
         head=turn.head,
         events=turn.events,
-        previous=previous,
+        inbox_changes=turnstate.inbox_changes(key, previous, turn.head),
     )
     return turn.head
 
@@ -165,11 +169,10 @@ def test_foreign_cursors_are_refused(cursor: str) -> None:
 
 def test_cursors_round_trip_within_the_tenant() -> None:
     """A cursor names a position of the caller's own tenant only."""
-    item = inbox.entry_item(
-        make_key("acme", "conv-1"),
-        build_turn(make_key("acme", "conv-1"), None, []).head,
-        waiting("call_1"),
-    )
+    key = make_key("acme", "conv-1")
+    head = build_turn(key, None, [], pending=[waiting("call_1")]).head
+    (entry,) = turnstate.inbox_changes(key, None, head).puts
+    item = inbox.entry_item(key, head.gen, entry)
     position = inbox.entry_key(item)
     assert inbox.decode_cursor("acme", inbox.encode_cursor(position)) == position
     assert inbox.decode_cursor("globex", inbox.encode_cursor(position)).pk.startswith("T#globex#")
@@ -230,3 +233,56 @@ def test_a_page_reads_a_bounded_number_of_index_queries(store: ConversationStore
     first = store.inbox_page("acme", now=LATER, limit=2)
     assert first.entries == [] and first.next is not None
     assert listed(store, "acme") == [("conv-1", "new_0"), ("conv-1", "new_1")]
+
+
+def test_the_store_files_the_wait_deadline_it_is_given(store: ConversationStore) -> None:
+    """The store applies no turn rule to ``by-wait``: a head is filed under the hour of the
+    ``wait_deadline`` the turn layer computed, whatever its pending calls say (none here),
+    and leaves the index when a later head carries none."""
+    key = make_key("acme", "given")
+    turn = build_turn(key, None, ["q"], wait_deadline=DEADLINE)
+    store.commit(key, expected_version=None, head=turn.head, events=turn.events)
+    bucket = keys.bucket_of(int(DEADLINE.timestamp()))
+
+    def listed_in(hour: int) -> set[ConversationKey]:
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)}
+
+    assert listed_in(bucket) == {key}
+    later = build_turn(key, turn.head, ["again"])
+    store.commit(key, expected_version=later.expected_version, head=later.head, events=later.events)
+    assert listed_in(bucket) == set()
+
+
+def test_the_store_writes_the_inbox_entries_it_is_given(store: ConversationStore) -> None:
+    """The store decides nothing about who waits: it writes exactly the entries a commit
+    hands it (here with no pending call at all) and deletes the call ids it names."""
+    key = make_key("acme", "given")
+    entry = inbox.InboxEntry(
+        kind="input",
+        conversation_id=key.conversation_id,
+        call_id="call_x",
+        tool="ask_human",
+        arguments={"question": "ok?"},
+        requested_by=None,
+        requested_at=START,
+        expires_at=None,
+        reason="because",
+    )
+    turn = build_turn(key, None, ["q"])
+    store.commit(
+        key,
+        expected_version=None,
+        head=turn.head,
+        events=turn.events,
+        inbox_changes=inbox.InboxChanges(puts=[entry]),
+    )
+    assert store.inbox_page("acme", now=LATER, limit=5).entries == [entry]
+    later = build_turn(key, turn.head, ["again"])
+    store.commit(
+        key,
+        expected_version=later.expected_version,
+        head=later.head,
+        events=later.events,
+        inbox_changes=inbox.InboxChanges(deletes=["call_x"]),
+    )
+    assert store.inbox_page("acme", now=LATER, limit=5).entries == []

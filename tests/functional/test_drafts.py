@@ -15,7 +15,6 @@ from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
 from turnledger.schemas import TurnRequest
-from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 
 from tests.support.factories import FakeClock
@@ -153,9 +152,7 @@ def test_clear_removes_drafts(store: ConversationStore, clock: FakeClock) -> Non
     w.finish(answer.model_dump(mode="json"))
     drafts.request_cancel(store, key, 1, now=clock.now(), ttl_seconds=60)
     service.clear(ANN, "c1")
-    left = store.query_side_items(
-        keys.partition_key(key), lower=drafts.DRAFT_PREFIX, upper=drafts.DRAFT_PREFIX + "~"
-    )
+    left = store.query_side_items(key, lower=drafts.DRAFT_PREFIX, upper=drafts.DRAFT_PREFIX + "~")
     assert left == []
     assert drafts.read_state(store, key, 1) is None
 
@@ -167,11 +164,9 @@ def test_draft_items_carry_the_conversation_expiry(
     w.begin()
     w.add("x")
     w.finish({})
-    items = store.query_side_items(
-        keys.partition_key(w.key), lower=drafts.turn_prefix(1), upper=drafts.state_key(1)
-    )
+    items = store.query_side_items(w.key, lower=drafts.turn_prefix(1), upper=drafts.state_key(1))
     assert len(items) == 2
-    assert all(item["expires_at"] == w.expires_at for item in items)
+    assert all(item.expires_at == w.expires_at for item in items)
 
 
 def _streamed_turn(store: ConversationStore, clock: FakeClock, conversation_id: str) -> None:
@@ -195,9 +190,7 @@ def _streamed_turn(store: ConversationStore, clock: FakeClock, conversation_id: 
 def _draft_items(store: ConversationStore, conversation_id: str) -> list[object]:
     key = ConversationKey(tenant="tenant-a", conversation_id=conversation_id)
     return list(
-        store.query_side_items(
-            keys.partition_key(key), lower=drafts.DRAFT_PREFIX, upper=drafts.DRAFT_PREFIX + "~"
-        )
+        store.query_side_items(key, lower=drafts.DRAFT_PREFIX, upper=drafts.DRAFT_PREFIX + "~")
     )
 
 

@@ -12,13 +12,14 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from unittest import mock
 
 import pytest
 from turnledger.config import Settings
 from turnledger.exceptions import InvalidRequest
-from turnledger.models import ConversationKey, ConversationStatus, Head
+from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
 from turnledger.runtime import Runtime, set_runtime
@@ -850,3 +851,48 @@ def test_clear_route_removes_s3_artifacts(
 
     assert response["statusCode"] == 204
     assert_gone(store, key)
+
+
+def test_refiling_a_head_stored_without_its_wait_deadline_files_its_wait(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """A head stored before heads carried their wait deadline (no ``wait_deadline``, so no
+    by-wait entry) that the sweep re-files gets the deadline its pending calls call for:
+    the expiry pass then finds its decision window."""
+    key = key_of(1)
+    window = START + timedelta(hours=3)
+    call = PendingCall.model_validate(
+        {
+            "id": "call_1",
+            "name": "send_email",
+            "arguments": {},
+            "requires": "approval",
+            "state": "awaiting_approval",
+            "idempotency_key": "k1",
+            "arguments_sha256": "0" * 64,
+            "expires_at": window,
+            "requested_at": START,
+        }
+    )
+    commit_turn(
+        store,
+        key,
+        None,
+        ["q"],
+        status=ConversationStatus.AWAITING_APPROVAL,
+        pending=[call],
+        ttl_seconds=5 * HOUR,
+        expires_at=EPOCH + 5 * HOUR,
+        expiry_bucket=EPOCH // HOUR - 1,  # filed under an hour that is due: re-filed
+    )
+    bucket = keys.bucket_of(int(window.timestamp()))
+
+    def waiting() -> set[ConversationKey]:
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(bucket, shard)}
+
+    assert waiting() == set()
+    sweeper(store, clock).expired()
+    head = store.get_head(key)
+    assert head is not None and head.filed_bucket == keys.bucket_of(EPOCH + 5 * HOUR)
+    assert head.wait_deadline == window
+    assert waiting() == {key}

@@ -145,7 +145,7 @@ class LocalConfig:
     provision_storage: bool = True
     #: Keep conversations in this folder (SQLite and payload files), surviving restarts;
     #: ``None``: in the DynamoDB table and bucket (embedded: gone when the runner stops).
-    #: Idempotency records stay in the DynamoDB idempotency table either way.
+    #: Idempotency records live with the conversations either way (the store's records).
     data_dir: Path | None = None
     #: Execution environments (worker processes) per function; more requests queue.
     max_workers: int = 8

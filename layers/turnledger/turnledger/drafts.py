@@ -39,12 +39,13 @@ from typing import Any
 from .exceptions import ProviderError
 from .models import ConversationKey
 from .providers.base import ModelReply, ModelRequest, Provider
-from .store import codec, keys
+from .store import keys
 from .store.base import ConversationStore
-from .store.codec import Item
+from .store.codec import SideItem
 from .turnstate import DraftMove, DraftStatus, draft_move
 
-DRAFT_PREFIX = "S#"
+#: Draft items are the store's side items (:meth:`ConversationStore.put_side_item`).
+DRAFT_PREFIX = keys.SIDE_PREFIX
 _WIDTH = 12
 _STATE = "~"
 _CANCEL = "~cancel"
@@ -141,13 +142,10 @@ class DraftRead:
     state: DraftState | None
 
 
-def _expiry(expires_at: int | None) -> dict[str, Any]:
-    return {codec.A_EXPIRES: expires_at} if expires_at is not None else {}
-
-
-def _decode_state(turn: int, item: Item) -> DraftState:
+def _decode_state(turn: int, side: SideItem) -> DraftState:
     import json
 
+    item = side.attributes
     raw = item.get(A_RESULT)
     status = str(item.get(A_STATUS, "in_progress"))
     return DraftState(
@@ -158,13 +156,13 @@ def _decode_state(turn: int, item: Item) -> DraftState:
         started_at=str(item.get(A_STARTED, "")),
         result=json.loads(raw) if isinstance(raw, str) and raw else None,
         kind=str(item.get(A_KIND, "turn")),
-        gen=str(item[codec.A_GEN]) if item.get(codec.A_GEN) else None,
+        gen=side.gen,
     )
 
 
 def read_state(store: ConversationStore, key: ConversationKey, turn: int) -> DraftState | None:
     """``turn``'s draft state, or ``None`` when the turn has no draft."""
-    item = store.get_side_item(keys.partition_key(key), state_key(turn))
+    item = store.get_side_item(key, state_key(turn))
     return None if item is None else _decode_state(turn, item)
 
 
@@ -181,7 +179,7 @@ def read(
     ``consistent=False`` reads at half the price and may miss the newest writes.
     """
     items = store.query_side_items(
-        keys.partition_key(key),
+        key,
         lower=chunk_key(turn, after + 1),
         upper=state_key(turn),
         consistent=consistent,
@@ -189,12 +187,11 @@ def read(
     chunks: list[Chunk] = []
     state: DraftState | None = None
     for item in items:
-        sort_key = str(item[codec.A_SK])
-        suffix = sort_key.removeprefix(turn_prefix(turn))
+        suffix = item.sort_key.removeprefix(turn_prefix(turn))
         if suffix == _STATE:
             state = _decode_state(turn, item)
         elif suffix.isdigit():
-            chunks.append(Chunk(seq=int(suffix), text=str(item.get(A_TEXT, ""))))
+            chunks.append(Chunk(seq=int(suffix), text=str(item.attributes.get(A_TEXT, ""))))
     if state is not None and state.done:
         # Past a finished draft's count, a chunk can only be a leftover of an abandoned run.
         chunks = [c for c in chunks if c.seq < state.next_seq]
@@ -222,17 +219,17 @@ def request_cancel(
     if state is None or state.done:
         return False
     expires = int(now.timestamp()) + ttl_seconds if ttl_seconds else None
-    store.put_side_items(
-        [
+    store.put_side_item(
+        key,
+        SideItem(
+            cancel_key(turn),
             {
-                codec.A_PK: keys.partition_key(key),
-                codec.A_SK: cancel_key(turn),
                 A_UPDATED: now.isoformat(),
                 A_CANCELLED_BY: by,
                 **({A_CANCEL_REASON: reason} if reason else {}),
-                **_expiry(expires),
-            }
-        ]
+            },
+            expires_at=expires,
+        ),
     )
     return True
 
@@ -293,7 +290,7 @@ class DraftWriter:
         previous = read_state(self.store, self.key, self.turn)
         self.next_seq = previous.next_seq if previous is not None else 1
         self.status = previous.status if previous is not None else None
-        self.store.delete_side_items(self.pk, [cancel_key(self.turn)])
+        self.store.delete_side_items(self.key, [cancel_key(self.turn)])
         self.started_at = self.now().isoformat()
         self._last_flush = self.monotonic()
         self._put_state(DraftMove.BEGIN, None, None)
@@ -322,23 +319,20 @@ class DraftWriter:
             text = "".join(self._buffer)
             self._buffer.clear()
             self._buffered = 0
-            self.store.put_side_items(
-                [
-                    {
-                        codec.A_PK: self.pk,
-                        codec.A_SK: chunk_key(self.turn, self.next_seq),
-                        A_TEXT: text,
-                        **_expiry(self.expires_at),
-                    }
-                ]
+            self.store.put_side_item(
+                self.key,
+                SideItem(
+                    chunk_key(self.turn, self.next_seq), {A_TEXT: text}, expires_at=self.expires_at
+                ),
             )
             self.next_seq += 1
             # Readers learn of new chunks from the chunk items themselves; the state's
             # count is rewritten only at the end (one write per chunk, not two).
         self._last_flush = self.monotonic()
         if check_cancel:
-            flag = self.store.get_side_item(self.pk, cancel_key(self.turn))
-            if flag is not None:
+            cancel = self.store.get_side_item(self.key, cancel_key(self.turn))
+            if cancel is not None:
+                flag = cancel.attributes
                 raise TurnCancelled(
                     "the turn was cancelled while its answer was being written",
                     details={
@@ -362,23 +356,21 @@ class DraftWriter:
         status = self.status = draft_move(self.status, how)
         import json
 
-        item: Item = {
-            codec.A_PK: self.pk,
-            codec.A_SK: state_key(self.turn),
+        item: dict[str, Any] = {
             A_STATUS: status,
             A_NEXT: self.next_seq,
             A_STARTED: self.started_at,
             A_UPDATED: self.now().isoformat(),
             A_KIND: self.kind,
-            **_expiry(self.expires_at),
         }
-        if self.gen:
-            item[codec.A_GEN] = self.gen
         if reason:
             item[A_REASON] = reason
         if result is not None:
             item[A_RESULT] = json.dumps(result, separators=(",", ":"))
-        self.store.put_side_items([item])
+        self.store.put_side_item(
+            self.key,
+            SideItem(state_key(self.turn), item, expires_at=self.expires_at, gen=self.gen or None),
+        )
 
 
 #: The writer of the turn this context runs, if it streams (see :func:`streaming_into`).

@@ -592,6 +592,11 @@ class Head(_Strict):
     lease: Lease | None = None
     #: Set (with ``running_tools`` only) when a cancel asks the running request to stop.
     cancel: CancelRequest | None = None
+    #: The earliest deadline of a wait that expires (a decision's window, a deferred
+    #: call's deadline), computed from ``pending`` by the turn layer
+    #: (:func:`turnledger.turnstate.wait_deadline`): the store files the head under its
+    #: hour on the ``by-wait`` index. ``None``: no such wait.
+    wait_deadline: datetime | None = None
 
     def live_lease(self, now: datetime) -> Lease | None:
         """The lease of a run that may still be going on at ``now``."""

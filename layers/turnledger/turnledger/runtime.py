@@ -58,7 +58,7 @@ class Runtime:
     #: no tenant role is configured. Tenants' requests use :meth:`conversations_for`.
     conversations: Conversations
     store: ConversationStore
-    #: DynamoDB (its idempotency records; with the SQLite store they live in that store).
+    #: The DynamoDB client the store was built on (with ``STORE=dynamodb``).
     dynamodb: DynamoDBClient
     #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
     tenants: TenantAccess[TenantScope] | None = None
@@ -72,7 +72,7 @@ class Runtime:
         )
 
     def dynamodb_for(self, tenant: str) -> DynamoDBClient:
-        """The DynamoDB client for ``tenant``'s idempotency records (its own partitions)."""
+        """The DynamoDB client of ``tenant``'s requests (its own partitions)."""
         return self.dynamodb if self.tenants is None else self.tenants.for_tenant(tenant).dynamodb
 
     @classmethod

@@ -34,7 +34,7 @@ from .models import (
 from .observability import metrics
 from .store import keys
 from .store.base import ConversationStore, new_generation
-from .turnstate import TurnLife, is_tombstone
+from .turnstate import TurnLife, inbox_changes, is_tombstone, wait_deadline
 
 Clock = Callable[[], datetime]
 #: Told of each commit that landed: the key, the pending calls before it, the head it
@@ -224,13 +224,14 @@ class Session:
             provider_cursor=self.provider_cursor,
             lease=self.life.lease(),
             cancel=self.life.cancel(),
+            wait_deadline=wait_deadline(self.pending),
         )
         written = self.store.commit(
             self.key,
             expected_version=previous.version if previous else None,
             head=head,
             events=self.staged,
-            previous=previous,
+            inbox_changes=inbox_changes(self.key, previous, head),
         )
         metrics.add_metric("BytesWritten", MetricUnit.Bytes, written)
         committed = self.staged

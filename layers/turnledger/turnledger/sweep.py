@@ -96,6 +96,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import turnstate
 from .exceptions import ConversationBusy, InvalidConversationId, InvalidRequest, StateError
 from .models import ConversationKey, ConversationStatus, validate_conversation_id
 from .observability import logger, metrics, traced
@@ -329,7 +330,10 @@ class Sweeper:
             if head.expires_at is not None and head.filed_bucket < keys.bucket_of(head.expires_at):
                 # In use since it was filed: move it to the bucket it is now due in, or
                 # the cursor would pass it by.
-                self.store.refile(key, head)
+                # With its wait deadline as the turn rules compute it: a head stored
+                # before heads carried one keeps its place on the by-wait index.
+                deadline = turnstate.wait_deadline(head.pending)
+                self.store.refile(key, head.model_copy(update={"wait_deadline": deadline}))
             return PurgeReport()
         # None: a turn (or another sweep) changed the head since it was read.
         return self.store.purge_if_unchanged(key, head, now) or PurgeReport()

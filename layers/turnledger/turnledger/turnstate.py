@@ -41,6 +41,7 @@ from .models import (
     ApprovalResolved,
     CallState,
     CancelRequest,
+    ConversationKey,
     ConversationStatus,
     Head,
     Lease,
@@ -50,6 +51,7 @@ from .models import (
     TurnInterrupted,
     Usage,
 )
+from .store.inbox import InboxChanges, InboxEntry
 
 if TYPE_CHECKING:
     from .schemas import PendingToolCallView
@@ -222,12 +224,6 @@ def lapsed(pending: PendingCall, now: datetime) -> bool:
     )
 
 
-def wait_deadline(pending: Iterable[PendingCall]) -> datetime | None:
-    """The earliest deadline of the waits that have one (what the ``by-wait`` index files)."""
-    due = [p.expires_at for p in pending if p.state in EXPIRING and p.expires_at is not None]
-    return min(due) if due else None
-
-
 def waits_for_person(pending: PendingCall) -> Literal["approval", "input"] | None:
     """Whether a person acts on this call: a decision (``approval``), its output
     (``input``, a human-input tool), or neither. The inbox lists the first two."""
@@ -241,6 +237,50 @@ def waits_for_person(pending: PendingCall) -> Literal["approval", "input"] | Non
 def waiting(pending: Iterable[PendingCall]) -> list[PendingCall]:
     """The calls that wait for someone: a decision, an output, the client, a callback."""
     return [p for p in pending if p.state in WAIT_OF_STATE]
+
+
+def wait_deadline(pending: Iterable[PendingCall]) -> datetime | None:
+    """The earliest deadline among ``pending``'s waits that have one (a decision's window,
+    a deferred call's deadline): the head carries it (:attr:`Head.wait_deadline`) and
+    the store files the head under its hour for the sweep's expiry pass."""
+    due = [p.expires_at for p in pending if p.expires_at is not None and p.state in EXPIRING]
+    return min(due) if due else None
+
+
+def inbox_changes(key: ConversationKey, before: Head | None, after: Head) -> InboxChanges:
+    """The inbox entries a commit replacing ``before`` by ``after`` writes, and those it
+    deletes (the store writes them in the commit's transaction).
+
+    A call waiting in both keeps its entry (nothing is rewritten); one that waits only
+    after gets one; one that waited only before (decided, expired, settled, cancelled)
+    loses it. A commit of a new life (``before`` of another ``gen``) starts from nothing:
+    the old life's entries went with its purge.
+    """
+    old = (
+        {p.id for p in before.pending if waits_for_person(p)}
+        if before is not None and before.gen == after.gen
+        else set()
+    )
+    puts = []
+    for call in after.pending:
+        kind = waits_for_person(call)
+        if kind is None or call.id in old:
+            continue
+        puts.append(
+            InboxEntry(
+                kind=kind,
+                conversation_id=key.conversation_id,
+                call_id=call.id,
+                tool=call.name,
+                arguments=call.arguments,
+                requested_by=call.requested_by,
+                requested_at=call.requested_at or after.updated_at,
+                expires_at=call.expires_at,
+                reason=call.reason if call.state == "outcome_unknown" else None,
+            )
+        )
+    waiting = {p.id for p in after.pending if waits_for_person(p)}
+    return InboxChanges(puts=puts, deletes=sorted(old - waiting))
 
 
 def view(pending: PendingCall) -> PendingToolCallView:

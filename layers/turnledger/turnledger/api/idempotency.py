@@ -1,10 +1,12 @@
 """Request idempotency: an ``Idempotency-Key`` header makes a POST safe to retry.
 
-Built on Powertools idempotency. The records live in the conversation's own
-partition of the conversations table (``pk`` = the conversation's partition
-key, ``sk = "I#<hash>"``, expiry in the table's TTL attribute), so clearing or
-erasing a conversation removes them with it: after ``DELETE``, the same key
-runs anew instead of answering the old reply. ``"I#"`` sorts after
+Built on Powertools idempotency, with one persistence layer for every store
+backend (:mod:`.idempotency_records`) over the store's record primitives. The
+records live in the conversation's own partition (``pk`` = the conversation's
+partition key, ``sk = "I#<hash>"``, expiry in the table's TTL attribute: the
+layout of Powertools' own DynamoDB layer, :mod:`turnledger.store.records`), so
+clearing or erasing a conversation removes them with it: after ``DELETE``, the
+same key runs anew instead of answering the old reply. ``"I#"`` sorts after
 ``"HEAD"``, outside every range the store reads.
 
 The record's key hashes the tenant, the conversation, the route and the header
@@ -14,10 +16,6 @@ a request that failed can be retried under the same key and runs again.
 
 The Powertools module is imported only when a request carries the header
 (it costs cold-start time every other request would pay for nothing).
-
-With the SQLite store (``turnledger local --data-dir``) the same records live in
-the SQLite database (:mod:`.idempotency_sqlite`), so they survive a restart and a
-clear or an erasure removes them there too.
 """
 
 from __future__ import annotations
@@ -25,14 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from ..exceptions import ConversationBusy, IdempotencyKeyReused, TurnledgerError
 from ..models import ConversationKey
 from ..runtime import get_runtime
-from ..store import codec, keys
-from ..store.dynamodb import transient_error
+from ..store import keys
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
@@ -47,27 +43,12 @@ _KEY_PREFIX = keys.RECORD_PREFIX.removesuffix("#")
 
 
 def _persistence(conversation: ConversationKey) -> BasePersistenceLayer:
-    from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer
+    from .idempotency_records import StoreRecordPersistence
 
-    runtime = get_runtime()
-    if runtime.settings.store == "sqlite":
-        # The local runner's data folder: the records go to the SQLite store, into the
-        # same partition-scoped items, so they outlive a restart and a clear erases them.
-        from ..store.sqlite import SQLiteConversationStore
-        from .idempotency_sqlite import SQLiteRecordPersistence
-
-        store = runtime.conversations_for(conversation.tenant).store
-        if isinstance(store, SQLiteConversationStore):
-            return SQLiteRecordPersistence(store, keys.partition_key(conversation))
-    return DynamoDBPersistenceLayer(
-        table_name=runtime.settings.table_name,
-        # The tenant's own credentials: its records are in its conversations' partitions.
-        boto3_client=runtime.dynamodb_for(conversation.tenant),
-        key_attr=codec.A_PK,
-        sort_key_attr=codec.A_SK,
-        static_pk_value=keys.partition_key(conversation),
-        # The table's TTL attribute: DynamoDB removes a record after its 24 hours.
-        expiry_attr=codec.A_EXPIRES,
+    # The request's own store (the tenant's credentials, whatever the backend): the
+    # records go to the conversation's partition through the store's record primitives.
+    return StoreRecordPersistence(
+        get_runtime().conversations_for(conversation.tenant).store, conversation
     )
 
 
@@ -97,7 +78,7 @@ def idempotent[T: BaseModel](
         IdempotencyKeyReused: ``key`` was used with another body.
         ConversationBusy: the first request with ``key`` is still running, or the
             record's write met a running transaction.
-        ServiceUnavailable: DynamoDB throttled or failed the record's call.
+        ServiceUnavailable: the store throttled or failed the record's call.
     """
     if key is None:
         return run()
@@ -133,13 +114,10 @@ def idempotent[T: BaseModel](
     except IdempotencyAlreadyInProgressError as exc:
         raise ConversationBusy("a request with this Idempotency-Key is still in progress") from exc
     except IdempotencyPersistenceLayerError as exc:
-        # The record's own DynamoDB call was throttled, failed or met a transaction:
-        # answered like the store's own calls (503, or 409 busy).
+        # The record's store call was refused (throttled, failing, a transaction or a
+        # lock in the way): answered as the store answers any call (503, or 409 busy).
         cause = exc.__cause__
         if isinstance(cause, TurnledgerError):
-            raise cause from exc  # the SQLite store's own answer (a lock held too long)
-        error = transient_error(cause) if isinstance(cause, ClientError) else None
-        if error is None:
-            raise
-        raise error from exc
+            raise cause from exc
+        raise
     return parse(answer)

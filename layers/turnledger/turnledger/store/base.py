@@ -93,9 +93,9 @@ from ..exceptions import (
     TurnledgerError,
 )
 from ..models import ConversationKey, ConversationStatus, Event, Head
-from . import codec, inbox, keys
+from . import codec, inbox, keys, records
 from .blobs import BlobStore
-from .codec import BlobRef, Item, StoredEvent
+from .codec import BlobRef, Item, SideItem, StoredEvent
 from .inbox import EntryKey
 from .indexes import (
     CURSOR_PK,
@@ -257,6 +257,35 @@ def _stored_responses(item: Item) -> list[tuple[str, str]]:
         return [(str(run["provider"]), str(run["response_id"]))]
     except (ValueError, KeyError, TypeError):
         return []
+
+
+def _record_key(record_key: str) -> str:
+    """``record_key`` if it names an idempotency record (never a head, an event or
+    another kind of item).
+
+    Raises:
+        InternalError: it does not.
+    """
+    if not record_key.startswith(keys.RECORD_PREFIX):
+        raise InternalError(f"not an idempotency record key: {record_key!r}")
+    return record_key
+
+
+def _checked_record(record: records.Record) -> records.Record:
+    """``record`` if its key names an idempotency record (see :func:`_record_key`)."""
+    _record_key(record.key)
+    return record
+
+
+def _side_key(sort_key: str) -> str:
+    """``sort_key`` if it is a side item's (never a head, an event, a record, an entry).
+
+    Raises:
+        InternalError: it is not.
+    """
+    if not sort_key.startswith(keys.SIDE_PREFIX):
+        raise InternalError(f"not a side item key: {sort_key!r}")
+    return sort_key
 
 
 def _gaps(first: int, last: int) -> CorruptedState:
@@ -493,7 +522,7 @@ class ConversationStore(ABC):
         expected_version: int | None,
         head: Head,
         events: Sequence[Event],
-        previous: Head | None = None,
+        inbox_changes: inbox.InboxChanges | None = None,
     ) -> int:
         """Append ``events`` and replace the head, atomically.
 
@@ -502,10 +531,9 @@ class ConversationStore(ABC):
             head: the new head; its ``version`` must be ``expected_version + 1``
                 and its ``seq`` must cover ``events``.
             events: new events with consecutive public sequences after the old head.
-            previous: the head this commit replaces, as the caller read it: the
-                approval inbox entries of the calls that start or stop waiting for a
-                person between the two are written or deleted in the same transaction
-                (:func:`.inbox.changes`).
+            inbox_changes: the approval inbox entries to write and delete in the same
+                transaction, as the turn layer decided them (the calls that start or
+                stop waiting for a person: :func:`turnledger.turnstate.inbox_changes`).
 
         Returns:
             The bytes written: the items' attribute names and values, and offloaded objects.
@@ -538,7 +566,9 @@ class ConversationStore(ABC):
             self._discard(written)
             raise
         head_item = codec.encode_head(key, head)
-        puts, deletes = inbox.changes(key, previous, head)
+        changes = inbox_changes or inbox.InboxChanges()
+        puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
+        deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
         if len(events) + len(puts) + len(deletes) > MAX_EVENTS_PER_COMMIT:
             # One transaction holds 100 items; the inbox entries count with the events.
             self._discard(written)
@@ -878,6 +908,21 @@ class ConversationStore(ABC):
         """
 
     @abstractmethod
+    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
+        """Put the idempotency record ``item`` if :func:`.records.may_replace` holds for
+        the item stored under its key at ``now``, atomically (a condition, not a read then
+        a write).
+
+        Returns:
+            ``None`` when ``item`` was written; else the stored item that refused it.
+        """
+
+    @abstractmethod
+    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
+        """Set ``attributes`` on the item at ``(pk, sk)``, unconditionally, creating it
+        (with just its keys and ``attributes``) when absent; its other attributes stay."""
+
+    @abstractmethod
     def _advance_cursor(self, item: Item) -> bool:
         """Put the sweep cursor ``item`` (:func:`.indexes.cursor_item`) if it moves forward.
 
@@ -887,53 +932,111 @@ class ConversationStore(ABC):
 
     # --- side items (drafts: turnledger/drafts.py) ----------------------------------------
     #
-    # Items of a conversation's partition outside the event range and the head (sort keys
-    # after ``"HEAD"``), never read by :meth:`load`: a purge deletes them with the rest.
+    # Items of a conversation's partition beside the transcript (sort keys under
+    # ``keys.SIDE_PREFIX``, after ``"HEAD"``), never read by :meth:`load`: a purge deletes
+    # them with the rest. The caller hands data (:class:`.codec.SideItem`); the store owns
+    # the item's keys, its TTL attribute and its life attribute.
 
-    def put_side_items(self, items: list[Item]) -> None:
-        """Put ``items`` (each a whole item with ``pk`` and ``sk``), unconditionally.
+    def put_side_item(self, key: ConversationKey, side: SideItem) -> None:
+        """Put ``side`` in ``key``'s partition, unconditionally (replacing what was there).
 
         Raises:
-            PayloadTooLarge: an item is over the backend's item size limit.
+            PayloadTooLarge: the item is over the backend's item size limit.
+            InternalError: not a side item's sort key, or a reserved attribute.
         """
-        codec.check_item_sizes(items)
-        self._put_items(items)
+        item = codec.encode_side_item(key, side)
+        codec.check_item_sizes([item])
+        self._put_items([item])
 
-    def get_side_item(self, pk: str, sk: str) -> Item | None:
-        """The item at ``(pk, sk)``, read consistently, or ``None``."""
-        return self._get_item(pk, sk)
+    def get_side_item(self, key: ConversationKey, sort_key: str) -> SideItem | None:
+        """The side item at ``sort_key`` of ``key``, read consistently, or ``None``."""
+        item = self._get_item(keys.partition_key(key), _side_key(sort_key))
+        return None if item is None else codec.decode_side_item(item)
 
     def query_side_items(
-        self, pk: str, *, lower: str, upper: str, limit: int = 1000, consistent: bool = True
-    ) -> list[Item]:
-        """The items of ``pk`` with ``lower <= sk <= upper``, in key order (every page)."""
-        found: list[Item] = []
+        self,
+        key: ConversationKey,
+        *,
+        lower: str,
+        upper: str,
+        limit: int = 1000,
+        consistent: bool = True,
+    ) -> list[SideItem]:
+        """The side items of ``key`` with ``lower <= sort key <= upper``, in key order (every
+        page). ``consistent=False`` may miss the newest writes (half the price on DynamoDB).
+        """
+        pk = keys.partition_key(key)
+        found: list[SideItem] = []
         cursor: Any = None
         while True:
             page = self._query(
                 pk,
-                lower=lower,
-                upper=upper,
+                lower=_side_key(lower),
+                upper=_side_key(upper),
                 descending=False,
                 limit=limit,
                 cursor=cursor,
                 consistent=consistent,
             )
-            found.extend(page.items)
+            found.extend(codec.decode_side_item(item) for item in page.items)
             if page.cursor is None:
                 return found
             cursor = page.cursor
 
-    def delete_side_items(self, pk: str, sort_keys: list[str]) -> None:
-        """Delete the items of ``pk`` at ``sort_keys`` (absent ones are fine)."""
-        self._delete_items(pk, sort_keys)
+    def delete_side_items(self, key: ConversationKey, sort_keys: list[str]) -> None:
+        """Delete the side items of ``key`` at ``sort_keys`` (absent ones are fine)."""
+        self._delete_items(keys.partition_key(key), [_side_key(sk) for sk in sort_keys])
 
+    @abstractmethod
     def _put_items(self, items: list[Item]) -> None:
-        """Put each of ``items`` unconditionally (not atomically as a group).
+        """Put each of ``items`` unconditionally (not atomically as a group)."""
 
-        A backend that stores side items overrides this.
+    # --- idempotency records (api/idempotency.py: Powertools' persistence layer) ---------
+    #
+    # Items ``I#<hash>`` of a conversation's partition (:mod:`.records`), so a purge removes
+    # them with the conversation.
+
+    def get_record(self, key: ConversationKey, record_key: str) -> records.Record | None:
+        """The idempotency record ``record_key`` of ``key``, read consistently, or ``None``
+        (whether or not it has expired: the caller judges that)."""
+        item = self._get_item(keys.partition_key(key), _record_key(record_key))
+        return None if item is None else records.decode_record(item)
+
+    def put_record(
+        self, key: ConversationKey, record: records.Record, *, now: float
+    ) -> records.Record | None:
+        """Put ``record`` unless a live record holds its key at ``now`` (epoch seconds).
+
+        The put condition is Powertools' (:func:`.records.may_replace`): no record, an
+        expired one, or one in progress whose in-progress expiry has passed. Atomic: of
+        two puts racing for one key, exactly one is written.
+
+        Returns:
+            ``None`` when ``record`` was written; else the live record that refused it.
+
+        Raises:
+            PayloadTooLarge: the record is over the backend's item size limit.
         """
-        raise NotImplementedError(f"{type(self).__name__} stores no side items")
+        item = records.record_item(keys.partition_key(key), _checked_record(record))
+        codec.check_item_sizes([item])
+        stored = self._put_if_replaceable(item, now)
+        return None if stored is None else records.decode_record(stored)
+
+    def update_record(self, key: ConversationKey, record: records.Record) -> None:
+        """Set ``record``'s status, expiry, answer and validation hash (when it has one),
+        unconditionally, creating the record if it is absent; its in-progress expiry stays
+        as stored.
+
+        Raises:
+            PayloadTooLarge: the record would be over the backend's item size limit.
+        """
+        pk = keys.partition_key(key)
+        codec.check_item_sizes([records.record_item(pk, _checked_record(record))])
+        self._set_attributes(pk, record.key, records.update_attributes(record))
+
+    def delete_record(self, key: ConversationKey, record_key: str) -> None:
+        """Delete the idempotency record ``record_key`` of ``key`` (absent is fine)."""
+        self._delete_items(keys.partition_key(key), [_record_key(record_key)])
 
     # --- indexes and the sweep cursor ---------------------------------------------------
 

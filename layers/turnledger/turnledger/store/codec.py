@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..exceptions import CorruptedState, PayloadTooLarge, UnsupportedStateVersion
+from ..exceptions import (
+    CorruptedState,
+    InternalError,
+    PayloadTooLarge,
+    UnsupportedStateVersion,
+)
 from ..models import (
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
@@ -28,7 +34,6 @@ from ..models import (
     EventKind,
     Head,
 )
-from ..turnstate import EXPIRING
 from . import keys
 
 Item = dict[str, Any]
@@ -50,10 +55,78 @@ A_TENANT = "tn"
 #: On a head being cleared only: the token of the clear that fenced it (the purge
 #: protocol in :mod:`.base`). No turn ever writes it; conditional head writes compare it.
 A_FENCE = "fx"
-#: Wait index partition (sparse: only heads with a call whose wait expires, a decision's
-#: window or a deferred call's deadline): ``"<hour of the earliest such expiry>#<shard>"``,
-#: for the sweep's expiry pass.
+#: Wait index partition (sparse: only heads whose :attr:`Head.wait_deadline` is set, the
+#: earliest deadline of a wait, as the turn layer computed it):
+#: ``"<hour of that deadline>#<shard>"``, for the sweep's expiry pass.
 A_WAIT_BUCKET = "wb"
+
+
+#: Attributes the store writes on its own items (keys, bodies, lives, TTL, index keys; the
+#: inbox's ``ib`` and ``is``): a side item's attributes may not use them, or an index
+#: would list it and reads would take it for the store's own.
+RESERVED_ATTRIBUTES = frozenset(
+    {
+        A_PK,
+        A_SK,
+        A_SCHEMA,
+        A_BODY,
+        A_GEN,
+        A_VERSION,
+        A_EXPIRES,
+        A_EXPIRY_BUCKET,
+        A_TENANT,
+        A_FENCE,
+        A_WAIT_BUCKET,
+        "ib",
+        "is",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SideItem:
+    """An item beside a conversation's transcript (a draft's chunk, state or cancel flag):
+    the caller's attributes under a sort key of :data:`.keys.SIDE_PREFIX`, with the
+    store's TTL and, optionally, the life that wrote it."""
+
+    sort_key: str
+    #: The caller's own attributes (strings and numbers; none of :data:`RESERVED_ATTRIBUTES`).
+    attributes: dict[str, Any]
+    #: Epoch seconds when the table's TTL may remove it (``None``: never).
+    expires_at: int | None = None
+    #: The life (``gen``) of the conversation that wrote it (``None``: none).
+    gen: str | None = None
+
+
+def encode_side_item(key: ConversationKey, side: SideItem) -> Item:
+    """The table item of ``side`` in ``key``'s partition.
+
+    Raises:
+        InternalError: the sort key is not a side item's, or an attribute is reserved.
+    """
+    if not side.sort_key.startswith(keys.SIDE_PREFIX):
+        raise InternalError(f"not a side item key: {side.sort_key!r}")
+    clash = RESERVED_ATTRIBUTES & side.attributes.keys()
+    if clash:
+        raise InternalError(f"side item attributes the store reserves: {sorted(clash)}")
+    item: Item = {A_PK: keys.partition_key(key), A_SK: side.sort_key, **side.attributes}
+    if side.expires_at is not None:
+        item[A_EXPIRES] = side.expires_at
+    if side.gen is not None:
+        item[A_GEN] = side.gen
+    return item
+
+
+def decode_side_item(item: Item) -> SideItem:
+    """The side item ``item`` holds."""
+    expires = item.get(A_EXPIRES)
+    gen = item.get(A_GEN)
+    return SideItem(
+        sort_key=str(item[A_SK]),
+        attributes={k: v for k, v in item.items() if k not in RESERVED_ATTRIBUTES},
+        expires_at=int(expires) if isinstance(expires, int | float) else None,
+        gen=str(gen) if gen else None,
+    )
 
 
 class BlobRef(BaseModel):
@@ -111,9 +184,10 @@ def encode_head(key: ConversationKey, head: Head) -> Item:
     if head.expires_at is not None:
         item[A_EXPIRES] = head.expires_at
         item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.filed_bucket, pk)
-    due = [p.expires_at for p in head.pending if p.expires_at is not None and p.state in EXPIRING]
-    if due and head.status is not ConversationStatus.CLEARED:
-        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(int(min(due).timestamp())), pk)
+    # The turn layer says when the earliest wait closes; the store only files it.
+    if head.wait_deadline is not None and head.status is not ConversationStatus.CLEARED:
+        due = int(head.wait_deadline.timestamp())
+        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(due), pk)
     return item
 
 

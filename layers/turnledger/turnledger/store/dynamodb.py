@@ -24,7 +24,7 @@ from ..exceptions import (
     ServiceUnavailable,
     TurnledgerError,
 )
-from . import codec, keys
+from . import codec, keys, records
 from .base import ConversationStore, Page
 from .blobs import BlobStore
 from .codec import Item
@@ -43,6 +43,8 @@ _deserializer = TypeDeserializer()
 #: BatchWriteItem takes at most 25 requests a call.
 _BATCH = 25
 _BATCH_ATTEMPTS = 8
+#: Puts of an idempotency record that found a live one deleted before it could be read.
+_RECORD_ATTEMPTS = 3
 
 #: The attributes that say which head a conditional write expects.
 _HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FENCE}
@@ -477,6 +479,63 @@ class DynamoDBConversationStore(ConversationStore):
             return False
         self.meter.write(_units(response.get("ConsumedCapacity")))
         return True
+
+    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
+        # Powertools' own condition and attribute names (.records), so the records stay
+        # those its DynamoDBPersistenceLayer writes and reads.
+        condition = (
+            "attribute_not_exists(#pk) OR #x < :now"
+            " OR (#s = :in_progress AND attribute_exists(#ipx) AND #ipx < :now_ms)"
+        )
+        names = {
+            "#pk": codec.A_PK,
+            "#x": codec.A_EXPIRES,
+            "#s": records.A_STATUS,
+            "#ipx": records.A_IN_PROGRESS_EXPIRY,
+        }
+        values = {":now": int(now), ":now_ms": int(now * 1000), ":in_progress": records.IN_PROGRESS}
+        for _ in range(_RECORD_ATTEMPTS):
+            try:
+                with _guarded():
+                    response = self.client.put_item(
+                        TableName=self.table_name,
+                        Item=_to_wire(item),
+                        ConditionExpression=condition,
+                        ExpressionAttributeNames=names,
+                        ExpressionAttributeValues=_to_wire(values),
+                        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                        ReturnConsumedCapacity="TOTAL",
+                    )
+            except self.client.exceptions.ConditionalCheckFailedException as exc:
+                old: Any = exc.response.get("Item")
+                stored = (
+                    _from_wire(old)
+                    if isinstance(old, dict) and old
+                    else self._get_item(item[codec.A_PK], item[codec.A_SK])
+                )
+                if stored is not None:
+                    return stored
+                continue  # deleted since the condition failed: try again
+            self.meter.write(_units(response.get("ConsumedCapacity")))
+            return None
+        raise ConversationBusy(
+            "the idempotency record kept changing; retry",
+            details={"retry_after_seconds": RETRY_AFTER_SECONDS},
+        )
+
+    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
+        names = {f"#a{n}": name for n, name in enumerate(attributes)}
+        values = {f":a{n}": value for n, value in enumerate(attributes.values())}
+        with _guarded():
+            response = self.client.update_item(
+                TableName=self.table_name,
+                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                UpdateExpression="SET " + ", ".join(f"#a{n} = :a{n}" for n in range(len(names))),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=_to_wire(values),
+                ReturnConsumedCapacity="TOTAL",
+            )
+        self.meter.write(_units(response.get("ConsumedCapacity")))
 
     def _advance_cursor(self, item: Item) -> bool:
         try:

@@ -12,10 +12,12 @@ partition::
     d   = the entry (JSON): kind, call, tool, arguments, who asked, when, until when
 
 Entries are written in the *same* transaction that records the request and
-deleted in the one that decides (or expires) it: :func:`changes` compares the
-pending calls of the head a commit replaces with those of the head it writes.
-So the index never holds an entry for a decided call that the table does not
-(the global index itself lags the table by its usual fraction of a second).
+deleted in the one that decides (or expires) it: the turn layer says which
+(:func:`turnledger.turnstate.inbox_changes` compares the pending calls of the
+head a commit replaces with those of the head it writes) and hands the commit an
+:class:`InboxChanges`; this module only encodes, decodes and lists entries. So
+the index never holds an entry for a decided call that the table does not (the
+global index itself lags the table by its usual fraction of a second).
 
 ``"W#"`` sorts after ``"HEAD"``, so no read of the head and events meets an
 entry, and a clear, an erasure or a sweep (which delete every item of the
@@ -37,8 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .. import turnstate
-from ..models import ConversationKey, Head, PendingCall
+from ..models import ConversationKey
 from . import codec, keys
 from .codec import Item
 
@@ -107,53 +108,44 @@ def _call_part(call_id: str) -> str:
     return entry_sort_key(call_id)
 
 
-def waits_for_person(call: PendingCall) -> bool:
-    """Whether ``call`` belongs in the inbox (:func:`turnledger.turnstate.waits_for_person`)."""
-    return turnstate.waits_for_person(call) is not None
-
-
-def entry_item(key: ConversationKey, head: Head, call: PendingCall) -> Item:
-    """The entry item of ``call``, pending on ``head`` (the head the same commit writes)."""
-    requested_at = call.requested_at or head.updated_at
+def entry_item(key: ConversationKey, gen: str, entry: InboxEntry) -> Item:
+    """The entry item of ``entry``, in the life ``gen`` of ``key`` (the life of the head
+    the same commit writes)."""
     body = {
-        "kind": turnstate.waits_for_person(call) or "approval",
+        "kind": entry.kind,
         "conversation_id": key.conversation_id,
-        "call_id": call.id,
-        "tool": call.name,
-        "arguments": call.arguments,
-        "requested_by": call.requested_by,
-        "requested_at": requested_at.isoformat(),
-        "expires_at": call.expires_at.isoformat() if call.expires_at else None,
-        "reason": call.reason if call.state == "outcome_unknown" else None,
+        "call_id": entry.call_id,
+        "tool": entry.tool,
+        "arguments": entry.arguments,
+        "requested_by": entry.requested_by,
+        "requested_at": entry.requested_at.isoformat(),
+        "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
+        "reason": entry.reason,
     }
     return {
         codec.A_PK: keys.partition_key(key),
-        codec.A_SK: entry_sort_key(call.id),
+        codec.A_SK: entry_sort_key(entry.call_id),
         codec.A_SCHEMA: ENTRY_SCHEMA_VERSION,
-        codec.A_GEN: head.gen,
+        codec.A_GEN: gen,
         A_INBOX: inbox_partition(key.tenant),
-        A_INBOX_SORT: f"{_instant(requested_at)}#{key.conversation_id}#{_call_part(call.id)}",
+        A_INBOX_SORT: (
+            f"{_instant(entry.requested_at)}#{key.conversation_id}#{_call_part(entry.call_id)}"
+        ),
         codec.A_BODY: json.dumps(body, ensure_ascii=False, separators=(",", ":")),
     }
 
 
-def changes(key: ConversationKey, before: Head | None, after: Head) -> tuple[list[Item], list[str]]:
-    """The entries a commit replacing ``before`` by ``after`` writes, and those it deletes.
+@dataclass(frozen=True)
+class InboxChanges:
+    """The inbox entries one commit writes and deletes, as the turn layer decided them."""
 
-    A call waiting in both keeps its entry (nothing is rewritten); one that waits
-    only after gets one; one that waited only before (decided, expired, settled,
-    cancelled) loses it. A commit of a new life (``before`` of another ``gen``)
-    starts from nothing: the old life's entries went with its purge.
-    """
-    old = (
-        {p.id for p in before.pending if waits_for_person(p)}
-        if before is not None and before.gen == after.gen
-        else set()
-    )
-    new = {p.id: p for p in after.pending if waits_for_person(p)}
-    puts = [entry_item(key, after, call) for call_id, call in new.items() if call_id not in old]
-    deletes = [entry_sort_key(call_id) for call_id in sorted(old - new.keys())]
-    return puts, deletes
+    #: Entries of calls that start waiting for a person with this commit.
+    puts: Sequence[InboxEntry] = ()
+    #: Call ids whose entries go (decided, expired, settled, cancelled).
+    deletes: Sequence[str] = ()
+
+    def __len__(self) -> int:
+        return len(self.puts) + len(self.deletes)
 
 
 def decode_entry(item: Item) -> InboxEntry | None:

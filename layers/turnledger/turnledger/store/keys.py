@@ -5,7 +5,9 @@ Table layout (one partition per conversation)::
     pk = "T#<tenant>#C#<conversation_id>"
     sk = "HEAD"                      the head: status, version, TTL, pending calls
     sk = "E#<storage sequence:012>"  one item per canonical event, append-only
-    sk = "I#<hash>"                  a request's idempotency record (api/idempotency.py)
+    sk = "I#<hash>"                  a request's idempotency record (.records)
+    sk = "S#..."                     a side item: a long turn's draft (turnledger/drafts.py)
+    sk = "W#<hash>"                  an approval inbox entry (.inbox)
 
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
 the head followed by the newest events: a turn reads its state in one round
@@ -36,6 +38,9 @@ EVENT_PREFIX = "E#"
 #: Powertools idempotency records of the conversation's keyed requests; after ``"HEAD"``,
 #: so no read of the head and events ever meets one, and a purge deletes them.
 RECORD_PREFIX = "I#"
+#: Side items (long turns' drafts: turnledger/drafts.py); after ``"HEAD"``, so no read of
+#: the head and events ever meets one, and a purge deletes them.
+SIDE_PREFIX = "S#"
 _SEQ_WIDTH = 12
 
 #: The expiry index groups heads by the hour their TTL falls in, split into

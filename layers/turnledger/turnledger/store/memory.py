@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import ConversationBusy
-from . import codec, keys
+from . import codec, keys, records
 from .base import ConversationStore, Page
 from .blobs import BlobStore, MemoryBlobStore
 from .codec import Item
@@ -187,6 +187,22 @@ class MemoryConversationStore(ConversationStore):
             if not partition:
                 self.items.pop(pk, None)
             return True
+
+    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
+        pk, sk = item[codec.A_PK], item[codec.A_SK]
+        with self._lock:
+            stored = self.items.get(pk, {}).get(sk)
+            if stored is not None and not records.may_replace(stored, now):
+                return dict(stored)
+            self.meter.write(0)
+            self.items.setdefault(pk, {})[sk] = dict(item)
+            return None
+
+    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
+        with self._lock:
+            self.meter.write(0)
+            stored = self.items.setdefault(pk, {}).setdefault(sk, {codec.A_PK: pk, codec.A_SK: sk})
+            stored.update(attributes)
 
     def _advance_cursor(self, item: Item) -> bool:
         pk, sk = item[codec.A_PK], item[codec.A_SK]

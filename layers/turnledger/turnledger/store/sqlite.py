@@ -24,13 +24,13 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import ConversationBusy, InternalError
-from . import codec, keys
+from . import codec, keys, records
 from .base import ConversationStore, Page
 from .blobs import BlobStore, FileBlobStore
 from .codec import Item
@@ -402,35 +402,23 @@ class SQLiteConversationStore(ConversationStore):
         except _Locked as exc:
             raise InternalError(f"the SQLite database stayed locked: {exc}") from exc
 
-    # --- idempotency records (the local runner's Idempotency-Key: api/idempotency.py) --------
-    #
-    # Items ``(pk, sk)`` of a conversation's partition, like the records Powertools keeps in
-    # the DynamoDB table, so a clear or an erasure (which deletes every item of the
-    # partition that is not the next life's) removes them with the conversation.
-
-    def get_record(self, pk: str, sk: str) -> Item | None:
-        """The item ``(pk, sk)``, or ``None``."""
-        return self._get_item(pk, sk)
-
-    def put_record_if(
-        self, item: Item, allowed: Callable[[Item | None], bool]
-    ) -> tuple[bool, Item | None]:
-        """Write ``item`` if ``allowed(the item stored under its key, or None)``, atomically.
-
-        Returns whether it was written, and the item stored under its key before.
-        """
-        codec.check_item_sizes([item])
+    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
+        # Read and write under the database's write lock: atomic across the runner's
+        # processes, as DynamoDB's conditional put is.
         with self._writing() as db:
             stored = self._stored(db, item[codec.A_PK], item[codec.A_SK])
-            if not allowed(stored):
-                return False, stored
+            if stored is not None and not records.may_replace(stored, now):
+                return stored
             self._put(db, [item])
         self.meter.write(0)
-        return True, stored
+        return None
 
-    def delete_record(self, pk: str, sk: str) -> None:
-        """Delete the item ``(pk, sk)`` (nothing when absent)."""
-        self._delete_items(pk, [sk])
+    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
+        with self._writing() as db:
+            stored = self._stored(db, pk, sk) or {codec.A_PK: pk, codec.A_SK: sk}
+            stored.update(attributes)
+            self._put(db, [stored])
+        self.meter.write(0)
 
 
 class _Locked(Exception):
