@@ -48,7 +48,7 @@ from turnledger.config import Settings
 from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import ApprovalRequest, TurnRequest
+from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.store import codec, inbox
 from turnledger.store.base import Page
 from turnledger.store.blobs import BlobStore, S3BlobStore

@@ -33,7 +33,7 @@ from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store.blobs import S3BlobStore
 
 from bench.conversation import USER_CHARS, BenchClock, text_of

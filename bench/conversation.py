@@ -17,7 +17,7 @@ from turnledger.models import ConversationKey, Usage
 from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
 

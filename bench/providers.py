@@ -40,7 +40,7 @@ from turnledger.config import ModelSpec, Settings
 from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, text_of

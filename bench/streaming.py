@@ -36,7 +36,7 @@ from turnledger.config import Settings
 from turnledger.observability import metrics
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store.blobs import S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
 

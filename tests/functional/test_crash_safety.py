@@ -38,7 +38,7 @@ from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
-from turnledger.schemas import ApprovalRequest, TurnRequest
+from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRunner
 

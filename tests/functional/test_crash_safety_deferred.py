@@ -28,7 +28,7 @@ from turnledger.models import Event
 from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message
 from turnledger.providers.history import check_strict_history
-from turnledger.schemas import CallbackRequest, TurnRequest
+from turnledger.api.schemas import CallbackRequest, TurnRequest
 from turnledger.store.base import ConversationStore
 from turnledger.tools.registry import ToolRegistry
 

@@ -14,7 +14,7 @@ from turnledger.models import ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 

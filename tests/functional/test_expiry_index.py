@@ -15,7 +15,7 @@ from turnledger.config import Settings
 from turnledger.models import ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store import codec, keys
 from turnledger.store.base import ConversationStore
 from turnledger.sweep import Sweeper

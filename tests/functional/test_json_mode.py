@@ -22,7 +22,7 @@ from turnledger.models import JsonObjectFormat, JsonSchemaFormat
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.factory import PROVIDERS
-from turnledger.schemas import TurnRequest, TurnResponse
+from turnledger.api.schemas import TurnRequest, TurnResponse
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner

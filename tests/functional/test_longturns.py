@@ -17,7 +17,7 @@ from turnledger.longturns import AsyncTurnsUnavailable, TurnNotFound, prefers_as
 from turnledger.models import ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 
 from tests.support.factories import FakeClock

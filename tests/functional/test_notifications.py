@@ -32,7 +32,7 @@ from turnledger.models import (
 from turnledger.notifications import SIGNATURE_HEADER, Publisher, notifications_of
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import ApprovalRequest, CallOutput, Rejection, TurnRequest
+from turnledger.api.schemas import ApprovalRequest, CallOutput, Rejection, TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 

@@ -25,7 +25,7 @@ import pytest
 from turnledger.exceptions import ProviderError
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.factory import PROVIDERS
-from turnledger.schemas import (
+from turnledger.api.schemas import (
     ApprovalRequest,
     FunctionCallOutput,
     Rejection,

@@ -26,7 +26,7 @@ from turnledger.providers.base import Message, ModelReply, ModelRequest
 from turnledger.providers.demo_stateful import RESPONSE_ID, DemoStatefulProvider
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
 from turnledger.redaction import RedactionRule, Redactor
-from turnledger.schemas import EventView, TurnRequest, TurnResponse
+from turnledger.api.schemas import EventView, TurnRequest, TurnResponse
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.sweep import Sweeper

@@ -260,7 +260,7 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
     from turnledger.drafts import DraftWriter, streaming_into
     from turnledger.models import ConversationKey
     from turnledger.pipeline import Caller, Conversations
-    from turnledger.schemas import TurnRequest
+    from turnledger.api.schemas import TurnRequest
     from turnledger.store.memory import MemoryConversationStore
 
     from tests.support.factories import FakeClock

@@ -22,7 +22,7 @@ from turnledger.models import ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.call_ids import BEDROCK_CALL_ID
 from turnledger.providers.factory import PROVIDERS
-from turnledger.schemas import FunctionCallOutput, InputMessage, TurnRequest, TurnResponse
+from turnledger.api.schemas import FunctionCallOutput, InputMessage, TurnRequest, TurnResponse
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 

@@ -20,7 +20,7 @@ import pytest
 from turnledger.config import Settings
 from turnledger.exceptions import ApprovalPending, ConversationBusy
 from turnledger.pipeline import Caller, Conversations
-from turnledger.schemas import ApprovalRequest, Rejection, TurnRequest
+from turnledger.api.schemas import ApprovalRequest, Rejection, TurnRequest
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRegistry, ToolRunner
 

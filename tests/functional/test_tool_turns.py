@@ -34,7 +34,7 @@ from turnledger.models import ConversationKey, Event, ToolCall
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.history import check_strict_history
-from turnledger.schemas import (
+from turnledger.api.schemas import (
     ApprovalRequest,
     FunctionCallOutput,
     InputMessage,

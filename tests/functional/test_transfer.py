@@ -24,7 +24,7 @@ from turnledger.models import ConversationKey, ConversationStatus, Event
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import Message
 from turnledger.providers.history import build_strict_history, check_strict_history
-from turnledger.schemas import ApprovalRequest, TurnRequest
+from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 from turnledger.sweep import Sweeper

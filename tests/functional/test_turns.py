@@ -24,7 +24,7 @@ from turnledger.exceptions import (
 from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.pipeline import Caller, Conversations
 from turnledger.providers.base import ModelRequest, Provider
-from turnledger.schemas import TurnRequest
+from turnledger.api.schemas import TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 

@@ -39,7 +39,7 @@ from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
 from turnledger.redaction import Redactor
-from turnledger.schemas import TurnRequest, TurnResponse
+from turnledger.api.schemas import TurnRequest, TurnResponse
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
@@ -317,7 +317,7 @@ def test_a_summary_never_splits_a_tool_call_from_its_result_nor_covers_a_pending
 
 
 def _approve(call_id: str) -> Any:
-    from turnledger.schemas import ApprovalRequest
+    from turnledger.api.schemas import ApprovalRequest
 
     return ApprovalRequest(approve=[call_id])
 

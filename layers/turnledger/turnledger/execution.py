@@ -38,7 +38,7 @@ from .models import (
     Usage,
 )
 from .providers.base import Provider
-from .schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
+from .api.schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
 from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
 from .tools.executors import ToolInvocation, ToolRunner, idempotency_key

@@ -46,7 +46,7 @@ from .execution import AWAITING_DECISION
 from .models import ConversationKey, ConversationStatus, Head, validate_conversation_id
 from .observability import logger
 from .pipeline import Caller, Conversations
-from .schemas import ApprovalRequest, InputMessage, TurnRequest
+from .api.schemas import ApprovalRequest, InputMessage, TurnRequest
 
 #: The worker's event marks itself, so a stray event is refused, not run.
 WORKER_EVENT = "turnledger.async_turn"

@@ -97,7 +97,7 @@ from .providers.base import (
     ToolSpec,
 )
 from .redaction import Redactor
-from .schemas import (
+from .api.schemas import (
     ApprovalRequest,
     CallbackRequest,
     CallbackResponse,

@@ -1,7 +1,7 @@
 """Expiry and erasure: nothing of an expired, TTL-removed or erased conversation remains.
 
 Three entry points share one :class:`Sweeper`; each answers a
-:class:`~.schemas.PurgeReportView` (what it removed and the read units it spent).
+:class:`~.api.schemas.PurgeReportView` (what it removed and the read units it spent).
 
 **The scheduled sweep** (EventBridge, hourly by default) finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
@@ -100,7 +100,7 @@ from .exceptions import ConversationBusy, InvalidConversationId, InvalidRequest,
 from .models import ConversationKey, ConversationStatus, validate_conversation_id
 from .observability import logger, metrics, traced
 from .runtime import Runtime, get_runtime
-from .schemas import PurgeReportView
+from .api.schemas import PurgeReportView
 from .session import Clock
 from .store import codec, keys
 from .store.base import CapacityMeter, ConversationStore, PurgeReport

@@ -31,7 +31,7 @@ from .models import (
 )
 
 if TYPE_CHECKING:
-    from .schemas import PendingToolCallView
+    from .api.schemas import PendingToolCallView
     from .session import Session
 
 #: Where a call may go from each state (``None``: a call being recorded). ``settled``:
@@ -171,7 +171,7 @@ def require_settled(session: Session, *, answered: Iterable[str] = ()) -> None:
 
 def view(pending: PendingCall) -> PendingToolCallView:
     """The API's view of a pending call."""
-    from .schemas import PendingToolCallView
+    from .api.schemas import PendingToolCallView
 
     wait = WAIT_OF_STATE.get(pending.state, "approval")
     return PendingToolCallView(

@@ -42,7 +42,7 @@ from ..models import ConversationKey
 from ..observability import logger, metrics, timed, traced
 from ..pipeline import Caller
 from ..runtime import get_runtime
-from ..schemas import (
+from .schemas import (
     ApprovalRequest,
     ConversationView,
     ErrorBody,

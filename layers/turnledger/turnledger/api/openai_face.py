@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from ..exceptions import InvalidRequest, TurnledgerError
 from ..models import Event, validate_conversation_id
 from ..runtime import get_runtime
-from ..schemas import (
+from .schemas import (
     ApprovalRequest,
     FunctionCallOutput,
     InputMessage,

@@ -19,7 +19,7 @@ from ..longturns import (
 )
 from ..models import ConversationKey
 from ..runtime import get_runtime
-from ..schemas import ApprovalRequest, TurnRequest, TurnResponse
+from .schemas import ApprovalRequest, TurnRequest, TurnResponse
 from .idempotency import idempotent
 
 __all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]

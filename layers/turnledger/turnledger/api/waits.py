@@ -14,7 +14,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path
 
 from ..callbacks import MAX_TOKEN_CHARS, signing_key, verify
 from ..runtime import get_runtime
-from ..schemas import CallbackRequest, CallbackResponse, CancelRequestBody, CancelResponse
+from .schemas import CallbackRequest, CallbackResponse, CancelRequestBody, CancelResponse
 from .app import ConversationId, _responses, app, caller
 
 CallbackToken = Annotated[
