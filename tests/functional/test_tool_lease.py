@@ -17,14 +17,17 @@ from dataclasses import replace
 
 import httpx
 import pytest
+from turnledger.api.errors import error_body
+from turnledger.api.schemas import ApprovalRequest, Rejection, TurnRequest
 from turnledger.config import Settings
 from turnledger.exceptions import ApprovalPending, ConversationBusy
-from turnledger.pipeline import Caller, Conversations
-from turnledger.api.schemas import ApprovalRequest, Rejection, TurnRequest
+from turnledger.pipeline import Conversations
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRegistry, ToolRunner
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 from tests.support.providers import Recording
 
@@ -90,8 +93,11 @@ def crash_while_running(
     store: ConversationStore, clock: FakeClock, sink: HttpSink, client: httpx.Client, text: str
 ) -> None:
     with pytest.raises(Died):
-        service(store, clock, sink, DyingRunner(client, None)).turn(
-            ANN, "c1", TurnRequest(input=text)
+        edge.turn(
+            service(store, clock, sink, DyingRunner(client, None)),
+            ANN,
+            "c1",
+            TurnRequest(input=text),
         )
 
 
@@ -101,26 +107,28 @@ def test_a_live_lease_refuses_everyone_else_and_an_expired_one_is_interrupted(
     with httpx.Client() as client:
         crash_while_running(store, clock, sink, client, '/tool lookup {"q": "x"}')
         svc = service(store, clock, sink, ToolRunner(client, None))
-        assert svc.get(ANN, "c1").status == "running_tools"
+        assert edge.get(svc, ANN, "c1").status == "running_tools"
         with pytest.raises(ConversationBusy) as busy:
-            svc.turn(ANN, "c1", TurnRequest(input="hello"))
+            edge.turn(svc, ANN, "c1", TurnRequest(input="hello"))
         wait = busy.value.retry_after
         assert wait is not None and wait >= 1
         with pytest.raises(ConversationBusy):
-            svc.approve(ANN, "c1", ApprovalRequest(approve=["call_1"]))
-        assert svc.events(ANN, "c1", after=0, limit=100).events[-1].kind == "tool_call_requested"
+            edge.approve(svc, ANN, "c1", ApprovalRequest(approve=["call_1"]))
+        assert (
+            edge.events(svc, ANN, "c1", after=0, limit=100).events[-1].kind == "tool_call_requested"
+        )
 
         clock.advance(wait)
-        assert svc.get(ANN, "c1").status == "interrupted"
+        assert edge.get(svc, ANN, "c1").status == "interrupted"
         # The next request resumes the run: the idempotent tool again, under its key.
-        reply = svc.turn(ANN, "c1", TurnRequest(input="hello"))
+        reply = edge.turn(svc, ANN, "c1", TurnRequest(input="hello"))
         assert reply.status == "complete"
         lookups = sink.requests_for("/lookup")
         assert len(lookups) == 2 and len({r.idempotency_key for r in lookups}) == 1
         assert len(sink.side_effects("/lookup")) == 1
-        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "c1", after=0, limit=100).events]
         assert kinds.count("tool_result") == 1
-        assert svc.get(ANN, "c1").status == "complete"
+        assert edge.get(svc, ANN, "c1").status == "complete"
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
@@ -132,31 +140,31 @@ def test_a_tool_that_ignores_keys_is_never_rerun_by_itself_after_a_crash(
         assert len(sink.requests_for("/charge")) == 1
         svc = service(store, clock, sink, ToolRunner(client, None))
         with pytest.raises(ConversationBusy) as busy:
-            svc.get(ANN, "c1") and svc.turn(ANN, "c1", TurnRequest(input="done?"))
+            edge.get(svc, ANN, "c1") and edge.turn(svc, ANN, "c1", TurnRequest(input="done?"))
         clock.advance(busy.value.retry_after or 0)
 
         with pytest.raises(ApprovalPending) as asked:
-            svc.turn(ANN, "c1", TurnRequest(input="done?"))
-        [pending] = asked.value.details["pending_tool_calls"]
+            edge.turn(svc, ANN, "c1", TurnRequest(input="done?"))
+        [pending] = error_body(asked.value)["error"]["details"]["pending_tool_calls"]
         assert pending["id"] == "call_1" and pending["requires"] == "approval"
         assert "may have run" in pending["reason"]
         assert len(sink.requests_for("/charge")) == 1, "never run again by itself"
-        head = svc.get(ANN, "c1")
+        head = edge.get(svc, ANN, "c1")
         assert head.status == "awaiting_approval"
         assert [p.reason is not None for p in head.pending_tool_calls] == [True]
 
         if decision == "approve":
-            reply = svc.approve(ANN, "c1", ApprovalRequest(approve=["call_1"]))
+            reply = edge.approve(svc, ANN, "c1", ApprovalRequest(approve=["call_1"]))
             assert len(sink.requests_for("/charge")) == 2
             assert reply.output_text == 'Tool results: charge_card: {"charged":10}'
         else:
-            reply = svc.approve(
-                ANN, "c1", ApprovalRequest(reject=[Rejection(id="call_1", reason="charged")])
+            reply = edge.approve(
+                svc, ANN, "c1", ApprovalRequest(reject=[Rejection(id="call_1", reason="charged")])
             )
             assert len(sink.requests_for("/charge")) == 1
             assert reply.output_text is not None and "was not run" in reply.output_text
         assert reply.status == "complete"
-        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "c1", after=0, limit=100).events]
         assert kinds.count("approval_requested") == 1
         assert kinds.count("approval_resolved") == 1
         assert kinds.count("tool_result") == 1
@@ -186,11 +194,11 @@ def test_a_model_failure_after_tools_ran_releases_the_lease(
             clock=clock.now,
         )
         with pytest.raises(ProviderError):
-            failing.turn(ANN, "c1", TurnRequest(input='/tool lookup {"q": "x"}'))
+            edge.turn(failing, ANN, "c1", TurnRequest(input='/tool lookup {"q": "x"}'))
         svc = service(store, clock, sink, ToolRunner(client, None))
-        assert svc.get(ANN, "c1").status == "interrupted"
-        reply = svc.turn(ANN, "c1", TurnRequest(input="and now?"))
+        assert edge.get(svc, ANN, "c1").status == "interrupted"
+        reply = edge.turn(svc, ANN, "c1", TurnRequest(input="and now?"))
         assert reply.status == "complete"
         assert len(sink.requests_for("/lookup")) == 1
-        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "c1", after=0, limit=100).events]
         assert kinds.count("tool_result") == 1 and kinds.count("turn_failed") == 1

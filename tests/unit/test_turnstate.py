@@ -120,8 +120,8 @@ def test_require_settled_names_what_blocks_a_new_turn() -> None:
         require_settled(Holder(call("awaiting_input"), call("awaiting_approval", "c2")))  # type: ignore[arg-type]
     with pytest.raises(InputPending) as waiting:
         require_settled(Holder(call("deferred", task_id="t")))  # type: ignore[arg-type]
-    [listed] = waiting.value.details["pending_tool_calls"]
-    assert (listed["requires"], listed["task_id"]) == ("async", "t")
+    [listed] = waiting.value.pending
+    assert (listed.state, listed.task_id) == ("deferred", "t")
     require_settled(Holder(call("awaiting_input")), answered=["c1"])  # type: ignore[arg-type]
 
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from . import callbacks
+from .commands import ClientOutput
 from .config import Settings
 from .exceptions import InternalError, UnknownToolCall
 from .models import (
@@ -38,7 +39,7 @@ from .models import (
     Usage,
 )
 from .providers.base import Provider
-from .api.schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
+from .results import OutputCall, OutputText
 from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
 from .tools.executors import ToolInvocation, ToolRunner, idempotency_key
@@ -60,7 +61,7 @@ class TurnWork:
     owner: str = field(default_factory=lambda: secrets.token_hex(8))
     response_format: JsonObjectFormat | JsonSchemaFormat | None = None
     extra_approval: set[str] = field(default_factory=set)
-    output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
+    output: list[OutputText | OutputCall] = field(default_factory=list)
     output_text: str | None = None
     output_json: Any = None
     messages_sent: int = 0
@@ -138,7 +139,7 @@ class ToolCalls:
         now = self.clock()
         for call in calls:
             work.output.append(
-                OutputFunctionCall(call_id=call.id, name=call.name, arguments=call.arguments)
+                OutputCall(call_id=call.id, name=call.name, arguments=call.arguments)
             )
             tool = offered.get(call.name)
             error = f"unknown tool {call.name!r}" if tool is None else tool.validate_call(call)
@@ -377,7 +378,7 @@ class ToolCalls:
         session.pending = [p for p in session.pending if p.state != "rejected"]
 
     def apply_client_outputs(
-        self, work: TurnWork, outputs: list[FunctionCallOutput], *, closing: bool
+        self, work: TurnWork, outputs: list[ClientOutput], *, closing: bool
     ) -> None:
         """Record client tool results; a new message closes the calls left unanswered."""
         session = work.session

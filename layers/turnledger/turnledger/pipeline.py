@@ -26,7 +26,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from . import drafts
 from .approval_edits import check_edits
 from .callbacks import CallbackClaims, life_of
+from .commands import CallbackOutcome, Decisions, TurnCommand
 from .config import Settings
 from .context import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -84,7 +84,6 @@ from .models import (
     TurnOptions,
     Usage,
     UserMessage,
-    validate_conversation_id,
 )
 from .observability import logger, timed
 from .providers.base import (
@@ -97,21 +96,14 @@ from .providers.base import (
     ToolSpec,
 )
 from .redaction import Redactor
-from .api.schemas import (
-    ApprovalRequest,
-    CallbackRequest,
-    CallbackResponse,
-    CancelResponse,
-    ContextInfo,
-    ConversationView,
-    EventsPage,
-    EventView,
-    FunctionCallOutput,
-    InputMessage,
-    OutputMessage,
-    PendingToolCallView,
-    TurnRequest,
-    TurnResponse,
+from .results import (
+    CallbackResult,
+    CancelResult,
+    ContextReport,
+    ConversationState,
+    EventPage,
+    OutputText,
+    TurnResult,
 )
 from .session import Clock, CommitHook, Session, utc_now
 from .store.base import ContextBudget, ConversationStore, PurgeReport
@@ -126,7 +118,6 @@ from .turnstate import (
     require_settled,
     status_for,
     status_of,
-    view,
 )
 from .turnstate import awaiting as open_waits
 
@@ -140,14 +131,6 @@ _PUBLIC_STATUS = {
     ConversationStatus.AWAITING_ASYNC_TOOLS: "awaiting_async_tools",
     ConversationStatus.INTERRUPTED: "interrupted",
 }
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The verified identity of a request."""
-
-    tenant: str
-    actor: str
 
 
 class Conversations:
@@ -239,8 +222,8 @@ class Conversations:
 
     # --- routes ---------------------------------------------------------------------------
 
-    def turn(self, caller: Caller, conversation_id: str, request: TurnRequest) -> TurnResponse:
-        """Run one turn (``POST .../turns``).
+    def turn(self, key: ConversationKey, actor: str, command: TurnCommand) -> TurnResult:
+        """Run one turn (``POST .../turns``) of ``key`` for ``actor``.
 
         Raises:
             ApprovalPending: calls of this conversation await approval.
@@ -249,16 +232,11 @@ class Conversations:
             ConversationBusy: another request on this conversation committed first.
             ProviderError, ProviderTimeout: the model failed; nothing of the turn was stored.
         """
-        key = self._key(caller, conversation_id)
-        self.provider_for(request.provider)
-        self.tools.select(request.tools)
-        for name in request.require_approval:
+        self.provider_for(command.provider)
+        self.tools.select(command.tools)
+        for name in command.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
-        if isinstance(request.input, str):
-            messages, outputs = [request.input], []
-        else:
-            messages = [i.content for i in request.input if isinstance(i, InputMessage)]
-            outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
+        messages, outputs = command.messages, command.outputs
         session = self._open(key)
         self._check_lease(session)
         self._honour_cancel(session)
@@ -287,11 +265,7 @@ class Conversations:
         if awaiting and messages:
             raise ApprovalPending(
                 "tool calls of this conversation await approval; decide them first",
-                details={
-                    "pending_tool_calls": [
-                        self._pending_view(p).model_dump(mode="json") for p in awaiting
-                    ]
-                },
+                pending=awaiting,
             )
         # Outputs of human-input (and deferred) calls settle them by id; the rest are
         # client results. A new message while such a call still waits is refused.
@@ -301,7 +275,7 @@ class Conversations:
         given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
         if messages:
             require_settled(session, answered=given)
-        self.calls.provide_outputs(session, given, actor=caller.actor, via="turn")
+        self.calls.provide_outputs(session, given, actor=actor, via="turn")
         outputs = [o for o in outputs if o.call_id not in given]
         # Client results belong to the turn of their calls (a context window never
         # splits a call from its result); only new messages start a new turn. Outputs
@@ -310,25 +284,24 @@ class Conversations:
         if messages:
             session.begin_turn()
             session.options = TurnOptions(
-                provider=request.provider,
-                response_format=request.response_format,
-                model=request.model,
-                tools=request.tools,
-                require_approval=request.require_approval,
+                provider=command.provider,
+                response_format=command.response_format,
+                model=command.model,
+                tools=command.tools,
+                require_approval=command.require_approval,
             )
             work = self._work(session)
         for content in messages:
-            session.add(UserMessage(content=content, metadata=request.metadata), actor=caller.actor)
+            session.add(UserMessage(content=content, metadata=command.metadata), actor=actor)
         if not messages and open_waits(session.pending):
             session.commit(status_of(session))
             return self._response(work)
         self._advance(work)
         return self._response(work)
 
-    def approve(
-        self, caller: Caller, conversation_id: str, request: ApprovalRequest
-    ) -> TurnResponse:
-        """Decide pending calls (``POST .../approvals``); continue the turn when none is left.
+    def approve(self, key: ConversationKey, actor: str, decisions: Decisions) -> TurnResult:
+        """Decide pending calls of ``key`` as ``actor`` (``POST .../approvals``); continue
+        the turn when none is left.
 
         Raises:
             ConversationNotFound: no live conversation.
@@ -336,26 +309,22 @@ class Conversations:
             UnknownToolCall: a decision names a call that is not pending approval.
             ConversationBusy: another request on this conversation committed first.
         """
-        key = self._key(caller, conversation_id)
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
         if head is None or not head.is_visible(self.clock()):
-            raise ConversationNotFound(f"conversation {conversation_id!r} not found")
+            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
         self._check_lease(session)
         self._honour_cancel(session)
         work = self._work(session)
         deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
-        rejections = request.rejections()
-        approvals = request.approvals()
+        rejections = decisions.rejections
+        approvals = decisions.approvals
         named = [*approvals, *rejections]
-        if request.outputs:
+        if decisions.outputs:
             self.calls.provide_outputs(
-                session,
-                {o.id: o.output for o in request.outputs},
-                actor=caller.actor,
-                via="approvals",
+                session, dict(decisions.outputs), actor=actor, via="approvals"
             )
             if not named:
                 # Outputs only: the turn goes on once nothing else is awaited.
@@ -405,12 +374,12 @@ class Conversations:
                     call_id=call_id,
                     decision="approved" if approved else "rejected",
                     reason=None if approved else rejections.get(call_id),
-                    approver=caller.actor,
+                    approver=actor,
                     arguments_sha256=pending.arguments_sha256,
                     approved_arguments=edited[0] if edited else None,
                     approved_arguments_sha256=edited[1] if edited else None,
                 ),
-                actor=caller.actor,
+                actor=actor,
             )
             replace_pending(
                 session,
@@ -424,7 +393,7 @@ class Conversations:
                         "state": "ready" if approved else "rejected",
                         "reason": None
                         if approved
-                        else f"rejected by {caller.actor}"
+                        else f"rejected by {actor}"
                         + (f": {rejections[call_id]}" if rejections.get(call_id) else ""),
                     }
                 ),
@@ -464,20 +433,19 @@ class Conversations:
         session.commit(status_of(session))
         return expired
 
-    def get(self, caller: Caller, conversation_id: str) -> ConversationView:
+    def get(self, key: ConversationKey) -> ConversationState:
         """The head (``GET /v1/conversations/{id}``).
 
         Raises:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
-        key = self._key(caller, conversation_id)
         head = self._visible_head(key)
         now = self.clock()
         # A read writes nothing: what is due shows as expired at once, and the next
         # request (or the sweep's pass, :meth:`expire_waits`) records it.
         waiting = [p for p in head.pending if not lapsed(p, now)]
-        return ConversationView(
-            conversation_id=conversation_id,
+        return ConversationState(
+            conversation_id=key.conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
             # reports it complete (the request that ran them is over).
             status=self._head_status(head),
@@ -489,13 +457,13 @@ class Conversations:
             if head.expires_at is not None
             else None,
             ttl_seconds=head.ttl_seconds,
-            pending_tool_calls=self._waiting(waiting),
+            waiting=self._waiting(waiting),
             usage=head.usage,
             cost_usd=round(head.cost_usd, 6),
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
             awaiting=open_waits(waiting),
-            expired_tool_calls=self._waiting([p for p in head.pending if lapsed(p, now)]),
+            expired=self._waiting([p for p in head.pending if lapsed(p, now)]),
         )
 
     def _head_status(self, head: Head) -> str:
@@ -505,35 +473,32 @@ class Conversations:
             return "running_tools" if head.live_lease(self.clock()) else "interrupted"
         return _PUBLIC_STATUS[head.status]
 
-    def events(self, caller: Caller, conversation_id: str, *, after: int, limit: int) -> EventsPage:
+    def events(self, key: ConversationKey, *, after: int, limit: int) -> EventPage:
         """A page of the transcript (``GET .../events``).
 
         Raises:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
-        key = self._key(caller, conversation_id)
         head = self._visible_head(key)
         events = self.store.read_events(key, head, after=after, limit=limit)
         last = events[-1].sequence if events else after
-        return EventsPage(
-            conversation_id=conversation_id,
-            events=[EventView.model_validate(e.model_dump()) for e in events],
+        return EventPage(
+            conversation_id=key.conversation_id,
+            events=events,
             next_after=last if last < head.event_count else None,
         )
 
-    def clear(self, caller: Caller, conversation_id: str) -> PurgeReport:
+    def clear(self, key: ConversationKey) -> PurgeReport:
         """Delete the conversation, its events and its objects (``DELETE``); absent is fine.
 
         Provider-side state the conversation knew of is deleted too, best effort.
         """
-        report = self.store.clear(self._key(caller, conversation_id), self.clock())
+        report = self.store.clear(key, self.clock())
         self.forget_provider_state(report.provider_responses)
         return report
 
-    def cancel(
-        self, caller: Caller, conversation_id: str, reason: str | None = None
-    ) -> CancelResponse:
-        """Stop the current turn (``POST .../cancel``).
+    def cancel(self, key: ConversationKey, actor: str, reason: str | None = None) -> CancelResult:
+        """Stop the current turn of ``key`` for ``actor`` (``POST .../cancel``).
 
         A waiting turn is stopped here: its pending calls are recorded as cancelled
         with a ``turn_interrupted`` event, and the conversation is ready. A running
@@ -545,19 +510,16 @@ class Conversations:
             ConversationBusy: other requests kept committing first (three times); nothing
                 was stored.
         """
-        key = self._key(caller, conversation_id)
         for _ in range(2):
             # Lost to a concurrent commit (a callback, a decision): read again and stop
             # what is left, so a cancel is not refused because something else moved.
             try:
-                return self._cancel_once(caller, key, reason)
+                return self._cancel_once(actor, key, reason)
             except ConversationBusy:
                 continue
-        return self._cancel_once(caller, key, reason)
+        return self._cancel_once(actor, key, reason)
 
-    def _cancel_once(
-        self, caller: Caller, key: ConversationKey, reason: str | None
-    ) -> CancelResponse:
+    def _cancel_once(self, actor: str, key: ConversationKey, reason: str | None) -> CancelResult:
         """One attempt of :meth:`cancel` on the head as read now."""
         conversation_id = key.conversation_id
         snapshot = self.store.load(key, self.budget)
@@ -565,8 +527,8 @@ class Conversations:
         now = self.clock()
         if head is None or not head.is_visible(now):
             # A conversation's first turn, running long, has a draft and no head yet.
-            if head is None and self._cancel_streaming(caller, key, 0, reason, now):
-                return CancelResponse(
+            if head is None and self._cancel_streaming(actor, key, 0, reason, now):
+                return CancelResult(
                     conversation_id=conversation_id,
                     turn=1,
                     status="in_progress",
@@ -577,11 +539,9 @@ class Conversations:
         lease = head.live_lease(now)
         if lease is not None:
             session.lease = lease
-            session.cancel = CancelRequest(
-                requested_by=caller.actor, requested_at=now, reason=reason
-            )
+            session.cancel = CancelRequest(requested_by=actor, requested_at=now, reason=reason)
             session.commit(ConversationStatus.RUNNING_TOOLS)
-            return CancelResponse(
+            return CancelResult(
                 conversation_id=conversation_id,
                 turn=session.turn,
                 status="running_tools",
@@ -589,16 +549,16 @@ class Conversations:
             )
         cancelled: list[str] = []
         if session.pending or head.status is ConversationStatus.RUNNING_TOOLS:
-            cancelled = cancel_turn(session, by=caller.actor, reason=reason)
+            cancelled = cancel_turn(session, by=actor, reason=reason)
             session.commit(ConversationStatus.COMPLETE)
-        elif self._cancel_streaming(caller, key, head.turn, reason, now):
-            return CancelResponse(
+        elif self._cancel_streaming(actor, key, head.turn, reason, now):
+            return CancelResult(
                 conversation_id=conversation_id,
                 turn=head.turn + 1,
                 status="in_progress",
                 cancel_requested=True,
             )
-        return CancelResponse(
+        return CancelResult(
             conversation_id=conversation_id,
             turn=session.turn,
             status=self._head_status(session.head) if session.head else "complete",
@@ -607,7 +567,7 @@ class Conversations:
 
     def _cancel_streaming(
         self,
-        caller: Caller,
+        actor: str,
         key: ConversationKey,
         head_turn: int,
         reason: str | None,
@@ -624,11 +584,11 @@ class Conversations:
             running.turn,
             now=now,
             ttl_seconds=self.settings.ttl_for(key.tenant),
-            by=caller.actor,
+            by=actor,
             reason=reason,
         )
 
-    def settle_callback(self, claims: CallbackClaims, request: CallbackRequest) -> CallbackResponse:
+    def settle_callback(self, claims: CallbackClaims, outcome: CallbackOutcome) -> CallbackResult:
         """Settle the deferred call a verified callback token names (``POST /v1/callbacks``).
 
         Single use: the settle is a conditional commit on the call still being
@@ -640,7 +600,7 @@ class Conversations:
             ConversationBusy: a request runs the conversation's tools right now.
         """
         key = ConversationKey(tenant=claims.tenant, conversation_id=claims.conversation_id)
-        output = _callback_output(request.output)
+        output = _callback_output(outcome.output)
         for _ in range(3):
             snapshot = self.store.load(key, self.budget)
             head = snapshot.head
@@ -666,12 +626,12 @@ class Conversations:
             self.calls.settle_deferred(
                 session,
                 pending,
-                request.status,
+                outcome.status,
                 output,
                 via="callback",
                 actor=f"tool:{pending.name}",
             )
-            continued = request.continue_ and not open_waits(session.pending)
+            continued = outcome.continue_turn and not open_waits(session.pending)
             try:
                 if continued:
                     self._advance(work)
@@ -681,10 +641,10 @@ class Conversations:
                 if session.head is not head:
                     raise  # the settle itself was committed; only a later step lost
                 continue  # nothing stored: read again (the call may be settled now)
-            return CallbackResponse(
+            return CallbackResult(
                 conversation_id=claims.conversation_id,
                 call_id=claims.call_id,
-                settled=request.status,
+                settled=outcome.status,
                 status=self._head_status(session.head) if session.head else "complete",
                 awaiting=open_waits(session.pending),
                 continued=continued,
@@ -738,7 +698,7 @@ class Conversations:
             )
             self._keep_cursor(work, reply, answer.sequence)
             if reply.text:
-                work.output.append(OutputMessage(content=reply.text))
+                work.output.append(OutputText(content=reply.text))
                 work.output_text = reply.text
                 work.output_json = value
             if not calls:
@@ -1128,11 +1088,6 @@ class Conversations:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _key(self, caller: Caller, conversation_id: str) -> ConversationKey:
-        return ConversationKey(
-            tenant=caller.tenant, conversation_id=validate_conversation_id(conversation_id)
-        )
-
     def _open(self, key: ConversationKey) -> Session:
         """Load a session for a turn: expired conversations are purged and start fresh."""
         snapshot = self.store.load(key, self.budget)
@@ -1185,31 +1140,27 @@ class Conversations:
         except UnknownProvider:
             return self.provider
 
-    @classmethod
-    def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
-        """The calls that wait for someone (a decision, an output, the client, a job's
-        callback), as the API shows them."""
-        return [view(p) for p in pending if p.state in WAIT_OF_STATE]
-
     @staticmethod
-    def _pending_view(pending: PendingCall) -> PendingToolCallView:
-        return view(pending)
+    def _waiting(pending: list[PendingCall]) -> list[PendingCall]:
+        """The calls that wait for someone (a decision, an output, the client, a job's
+        callback)."""
+        return [p for p in pending if p.state in WAIT_OF_STATE]
 
-    def _response(self, work: TurnWork) -> TurnResponse:
+    def _response(self, work: TurnWork) -> TurnResult:
         session = work.session
         status = status_of(session)
-        return TurnResponse(
+        return TurnResult(
             conversation_id=session.key.conversation_id,
             turn=session.turn,
             status=_PUBLIC_STATUS[status],
             status_reason=work.status_reason,
             output_text=work.output_text,
             output_json=work.output_json,
-            output=work.output,
-            pending_tool_calls=self._waiting(session.pending),
+            output=list(work.output),
+            waiting=self._waiting(session.pending),
             awaiting=open_waits(session.pending),
             usage=work.usage,
-            context=ContextInfo(
+            context=ContextReport(
                 messages_sent=work.messages_sent,
                 provider_state=work.provider_state,
                 tokens_estimated=work.tokens_estimated,

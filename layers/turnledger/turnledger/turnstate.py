@@ -31,7 +31,6 @@ from .models import (
 )
 
 if TYPE_CHECKING:
-    from .api.schemas import PendingToolCallView
     from .session import Session
 
 #: Where a call may go from each state (``None``: a call being recorded). ``settled``:
@@ -154,7 +153,7 @@ def require_settled(session: Session, *, answered: Iterable[str] = ()) -> None:
     if decisions:
         raise ApprovalPending(
             "tool calls of this conversation await approval; decide them first",
-            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in decisions]},
+            pending=decisions,
         )
     inputs = [
         p
@@ -165,24 +164,8 @@ def require_settled(session: Session, *, answered: Iterable[str] = ()) -> None:
         raise InputPending(
             "tool calls of this conversation wait for their output; send it first "
             "(outputs on the approvals route, or function_call_output items)",
-            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in inputs]},
+            pending=inputs,
         )
-
-
-def view(pending: PendingCall) -> PendingToolCallView:
-    """The API's view of a pending call."""
-    from .api.schemas import PendingToolCallView
-
-    wait = WAIT_OF_STATE.get(pending.state, "approval")
-    return PendingToolCallView(
-        id=pending.id,
-        name=pending.name,
-        arguments=pending.arguments,
-        requires=wait,
-        expires_at=pending.expires_at,
-        reason=pending.reason if pending.state == "outcome_unknown" else None,
-        task_id=pending.task_id,
-    )
 
 
 def cancel_requested(head: Head | None) -> bool:
