@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from moto.server import ThreadedMotoServer
+from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.approvals import DEFAULT_LIMIT, list_inbox
 from turnledger.config import Settings
 from turnledger.observability import metrics
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import ApprovalRequest, TurnRequest
 from turnledger.store import codec, inbox
 from turnledger.store.base import Page
 from turnledger.store.blobs import BlobStore, S3BlobStore
@@ -63,8 +63,10 @@ from bench.conversation import BenchClock
 from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
 from bench.results import command_line, machine_line, publish
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
 from tests.support.aws import TABLE_RESOURCE, aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+from tests.support.edge import Caller
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -314,21 +316,21 @@ def _sample(service: Conversations, store: InboxMeteredStore, number: int) -> Sa
     assert isinstance(clock, BenchClock)
 
     store.measure()
-    reply = service.turn(caller, f"text-{number}", TurnRequest(input=f"echo: {arguments}"))
+    reply = edge.turn(service, caller, f"text-{number}", TurnRequest(input=f"echo: {arguments}"))
     text = store.finish()
     assert reply.status == "complete" and reply.output_text == arguments, reply.status
     clock.advance(1)
 
     store.measure()
     conversation = f"ask-{number}"
-    reply = service.turn(caller, conversation, TurnRequest(input=f"/tool {TOOL} {arguments}"))
+    reply = edge.turn(service, caller, conversation, TurnRequest(input=f"/tool {TOOL} {arguments}"))
     ask = store.finish()
     assert reply.status == "awaiting_approval", reply.status
     [call] = reply.pending_tool_calls
     clock.advance(1)
 
     store.measure()
-    done = service.approve(caller, conversation, ApprovalRequest(approve=[call.id]))
+    done = edge.approve(service, caller, conversation, ApprovalRequest(approve=[call.id]))
     decide = store.finish()
     assert done.status == "complete", done.status
     assert done.output_text and '"sent":true' in done.output_text, done.output_text
@@ -345,8 +347,8 @@ def _fill(service: Conversations, pending: int) -> None:
         for tenant in TENANTS:
             caller = Caller(tenant=tenant, actor="ann")
             arguments = json.dumps({**ARGUMENTS, "to": f"user{n}@{tenant}.example"})
-            reply = service.turn(
-                caller, f"inbox-{n}", TurnRequest(input=f"/tool {TOOL} {arguments}")
+            reply = edge.turn(
+                service, caller, f"inbox-{n}", TurnRequest(input=f"/tool {TOOL} {arguments}")
             )
             assert reply.status == "awaiting_approval", reply.status
             clock.advance(1)
@@ -356,13 +358,13 @@ def _fill(service: Conversations, pending: int) -> None:
 
 def _listing(service: Conversations, store: InboxMeteredStore, tenant: str) -> Listing:
     store.measure()
-    page = list_inbox(service, Caller(tenant=tenant, actor="ann"), limit=DEFAULT_LIMIT)
+    page = list_inbox(service, tenant, limit=DEFAULT_LIMIT)
     work = store.finish()
     own = inbox.inbox_partition(tenant)
     return Listing(
         tenant=tenant,
         work=work,
-        shown=len(page.items),
+        shown=len(page.entries),
         others=len(work.inbox_partitions - {own}),
     )
 
@@ -400,8 +402,8 @@ def run(samples: int, pending: int) -> tuple[list[Sample], list[Listing]]:
                 results.append(_sample(service, store, number))
                 print(f"  sample {number}/{samples}", flush=True)
             # Every decided call left the inbox with its decision's commit.
-            left = list_inbox(service, Caller(tenant=TENANTS[0], actor="ann"))
-            assert left.items == [], [(i.conversation_id, i.id) for i in left.items]
+            left = list_inbox(service, TENANTS[0])
+            assert left.entries == [], [(e.conversation_id, e.call_id) for e in left.entries]
             _fill(service, pending)
             print(f"  {pending} calls waiting in each of {len(TENANTS)} inboxes", flush=True)
             listings = [

@@ -27,21 +27,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from moto.server import ThreadedMotoServer
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import Settings
 from turnledger.models import ConversationKey, EventKind
 from turnledger.observability import metrics
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
 from turnledger.store.blobs import S3BlobStore
 
 from bench.conversation import USER_CHARS, BenchClock, text_of
 from bench.metered import MeteredStore
 from bench.pricing import index_specs
 from bench.results import command_line, machine_line, publish
+from tests.support import edge
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+from tests.support.edge import Caller
 
 SECTION = "Working context"
 TENANT = "bench"
@@ -109,8 +111,8 @@ def run(turns: int, budget: int) -> tuple[list[Sample], int, float, int]:
                 text = text_of(f"user:{number}", USER_CHARS)
                 before = provider.summaries
                 work = store.begin()
-                reply = service.turn(
-                    Caller(tenant=TENANT, actor="bench"), "long", TurnRequest(input=text)
+                reply = edge.turn(
+                    service, Caller(tenant=TENANT, actor="bench"), "long", TurnRequest(input=text)
                 )
                 samples.append(
                     Sample(

@@ -11,18 +11,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import Settings
 from turnledger.exceptions import ConversationBusy
 from turnledger.models import ConversationKey, Usage
 from turnledger.observability import metrics
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
-from turnledger.schemas import TurnRequest
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
 
 from bench.metered import Commit, MeteredStore
 from bench.pricing import IndexSpec, item_size
+from tests.support import edge
+from tests.support.edge import Caller
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -156,7 +158,8 @@ class Conversation:
             before = self.store.meter.snapshot()
             work = self.store.begin()
             try:
-                response = self.service.turn(
+                response = edge.turn(
+                    self.service,
                     Caller(tenant=TENANT, actor="bench-user"),
                     self.conversation_id,
                     TurnRequest(input=text),

@@ -36,11 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import ModelSpec, Settings
 from turnledger.observability import metrics
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
-from turnledger.schemas import TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, text_of
@@ -52,6 +52,8 @@ from tests.functional.fake_openai import (
     Scripted,
     response_reply,
 )
+from tests.support import edge
+from tests.support.edge import Caller
 
 SECTION = "Provider state"
 MODEL = "gpt-bench"
@@ -124,8 +126,8 @@ def run(mode: str, turns: int) -> list[Sample]:
                 fake.lose_responses()
             seen = len(fake.requests)
             started = time.perf_counter()
-            reply = service.turn(
-                CALLER, "bench", TurnRequest(input=text_of(f"user:{number}", USER_CHARS))
+            reply = edge.turn(
+                service, CALLER, "bench", TurnRequest(input=text_of(f"user:{number}", USER_CHARS))
             )
             seconds = time.perf_counter() - started
             # A Lambda invocation flushes its metrics; here they would pile up until

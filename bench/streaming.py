@@ -9,7 +9,7 @@ Each sample runs the same turn twice on fresh conversations:
 * **streamed**: as ``Prefer: respond-async`` runs it: ``longturns.accept`` (the
   draft marked in progress) and the turn worker (``longturns.run_worker`` on a
   thread, standing in for the asynchronous Lambda invocation), while one client
-  long-polls ``GET .../turns/{n}/stream`` (``longturns.stream_page``, ``wait=20``)
+  long-polls ``GET .../turns/{n}/stream`` (``api.streaming.stream_page``, ``wait=20``)
   from the start to the end: the writer's and the reader's capacity (separate store
   clients, so each is counted apart) and the time to the first chunk.
 
@@ -32,18 +32,20 @@ from typing import Any
 
 from moto.server import ThreadedMotoServer
 from turnledger import longturns
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import Settings
 from turnledger.observability import metrics
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
 from turnledger.store.blobs import S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
 from bench.results import command_line, machine_line, publish
+from tests.support import edge
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+from tests.support.edge import Caller
 
 SECTION = "Long and streamed turns"
 TENANT = "bench"
@@ -90,7 +92,7 @@ def _sample(writer: Conversations, reader: Conversations, number: int, answer: s
     request = TurnRequest(input=f"echo: {answer}")
     before = writer.store.meter.snapshot()
     started = time.perf_counter()
-    reply = writer.turn(CALLER, f"sync-{number}", request)
+    reply = edge.turn(writer, CALLER, f"sync-{number}", request)
     sync_seconds = time.perf_counter() - started
     sync = writer.store.meter.since(before)
     assert reply.output_text == answer
@@ -103,22 +105,20 @@ def _sample(writer: Conversations, reader: Conversations, number: int, answer: s
     def invoke(payload: dict[str, Any]) -> None:
         def run() -> None:
             try:
-                longturns.run_worker(writer, payload)
+                edge.run_worker(writer, payload)
             finally:
                 worker_done.set()
 
         threading.Thread(target=run, daemon=True).start()
 
     started = time.perf_counter()
-    accepted = longturns.accept(writer, CALLER, conversation, "turn", request, invoke)
+    turn = edge.accept(writer, CALLER, conversation, request, invoke)
     first_chunk: float | None = None
     chunks: list[str] = []
     requests = 0
     after = 0
     while True:
-        page = longturns.stream_page(
-            reader, CALLER, conversation, accepted.turn, after=after, wait=20
-        )
+        page = edge.stream_page(reader, CALLER, conversation, turn, after=after, wait=20)
         requests += 1
         if page.chunks and first_chunk is None:
             first_chunk = time.perf_counter() - started

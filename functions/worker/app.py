@@ -6,6 +6,6 @@ the first event (see :mod:`turnledger.entry`).
 
 from turnledger.entry import deferred
 
-lambda_handler = deferred("turnledger.longturns", "worker_handler")
+lambda_handler = deferred("turnledger.api.worker", "worker_handler")
 
 __all__ = ["lambda_handler"]

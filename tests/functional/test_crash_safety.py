@@ -30,6 +30,7 @@ from unittest import mock
 
 import httpx
 import pytest
+from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.config import Settings
 from turnledger.context import build_messages
 from turnledger.exceptions import ApprovalPending, ConversationBusy, NotAwaitingApproval
@@ -38,12 +39,12 @@ from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
-from turnledger.schemas import ApprovalRequest, TurnRequest
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRunner
 
 from tests.functional.http_sink import HttpSink
 from tests.functional.test_tool_turns import ANN, lines, registry, script_tools, tool_line
+from tests.support import edge
 from tests.support.factories import FakeClock
 
 T = TypeVar("T")
@@ -205,10 +206,10 @@ def live(world: World, policy: Policy) -> tuple[str, Injector]:
     try:
         with world.commits_counted(injector):
             process = world.process(injector)
-            reply = process.turn(ANN, CONVERSATION, TURN)
+            reply = edge.turn(process, ANN, CONVERSATION, TURN)
             assert reply.status == "awaiting_approval"
             stage = "approve"
-            assert process.approve(ANN, CONVERSATION, APPROVAL).status == "complete"
+            assert edge.approve(process, ANN, CONVERSATION, APPROVAL).status == "complete"
             stage = "done"
     except SimulatedCrash:
         pass
@@ -223,18 +224,20 @@ def resume(world: World, stage: str, policy: Policy = never) -> tuple[str, Injec
             process = world.process(injector)
             if stage == "turn":
                 try:
-                    reply = world.after_retry_after(lambda: process.turn(ANN, CONVERSATION, TURN))
+                    reply = world.after_retry_after(
+                        lambda: edge.turn(process, ANN, CONVERSATION, TURN)
+                    )
                     assert reply.status == "awaiting_approval"
                 except ApprovalPending as pending:
                     # The first attempt got as far as the pause: the retry is told so.
-                    listed = [p["id"] for p in pending.details["pending_tool_calls"]]
+                    listed = [p.id for p in pending.pending]
                     assert listed == ["call_1", "call_2"]
                 stage = "approve"
             if stage == "approve":
                 # NotAwaitingApproval: the first attempt committed everything before it died.
                 with suppress(NotAwaitingApproval):
                     reply = world.after_retry_after(
-                        lambda: process.approve(ANN, CONVERSATION, APPROVAL)
+                        lambda: edge.approve(process, ANN, CONVERSATION, APPROVAL)
                     )
                     assert reply.status == "complete"
                 stage = "done"
@@ -246,9 +249,9 @@ def resume(world: World, stage: str, policy: Policy = never) -> tuple[str, Injec
 def assert_completed_exactly_once(world: World) -> None:
     """The end state every crash must lead to."""
     svc = world.process(Injector(never))
-    view = svc.get(ANN, CONVERSATION)
+    view = edge.get(svc, ANN, CONVERSATION)
     assert (view.status, view.pending_tool_calls) == ("complete", [])
-    page = svc.events(ANN, CONVERSATION, after=0, limit=1000)
+    page = edge.events(svc, ANN, CONVERSATION, after=0, limit=1000)
     events = [Event.model_validate(e.model_dump()) for e in page.events]
     kinds = Counter(e.kind.value for e in events)
     assert kinds == {
@@ -348,12 +351,12 @@ def died_after_its_tool(world: World, request: TurnRequest, key: str | None) -> 
     """The request's process dies right after the tool ran, before its result is stored."""
     injector = Injector(lambda _index, name, phase: name == "tools" and phase == "after")
     with suppress(SimulatedCrash), world.commits_counted(injector):
-        world.process(injector).turn(ANN, CONVERSATION, request, idempotency_key=key)
+        edge.turn(world.process(injector), ANN, CONVERSATION, request, idempotency_key=key)
     assert injector.crashed is not None
 
 
 def user_messages(world: World) -> list[str]:
-    page = world.process(Injector(never)).events(ANN, CONVERSATION, after=0, limit=1000)
+    page = edge.events(world.process(Injector(never)), ANN, CONVERSATION, after=0, limit=1000)
     return [e.payload["content"] for e in page.events if e.kind == "user_message"]
 
 
@@ -364,7 +367,7 @@ def test_a_retried_request_answers_the_turn_it_began_and_never_begins_another(
     died_after_its_tool(world, AUTO_TURN, key)
     process = world.process(Injector(never))
     reply = world.after_retry_after(
-        lambda: process.turn(ANN, CONVERSATION, AUTO_TURN, idempotency_key=key)
+        lambda: edge.turn(process, ANN, CONVERSATION, AUTO_TURN, idempotency_key=key)
     )
     assert (reply.status, reply.turn) == ("complete", 1)
     assert reply.output_text == 'Tool results: get_weather: {"temp":21}'
@@ -389,7 +392,7 @@ def test_another_request_finishes_the_interrupted_turn_then_begins_its_own(
     died_after_its_tool(world, AUTO_TURN, "key-1")
     process = world.process(Injector(never))
     reply = world.after_retry_after(
-        lambda: process.turn(ANN, CONVERSATION, retry, idempotency_key=key)
+        lambda: edge.turn(process, ANN, CONVERSATION, retry, idempotency_key=key)
     )
     assert (reply.status, reply.turn) == ("complete", 2)
     assert user_messages(world) == [AUTO_TURN.input, retry.input]

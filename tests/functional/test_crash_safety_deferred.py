@@ -21,6 +21,7 @@ from dataclasses import replace
 import httpx
 import pytest
 from turnledger import callbacks
+from turnledger.api.schemas import CallbackRequest, TurnRequest
 from turnledger.config import Settings
 from turnledger.context import build_messages
 from turnledger.exceptions import CallbackInvalid, InputPending
@@ -28,7 +29,6 @@ from turnledger.models import Event
 from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message
 from turnledger.providers.history import check_strict_history
-from turnledger.schemas import CallbackRequest, TurnRequest
 from turnledger.store.base import ConversationStore
 from turnledger.tools.registry import ToolRegistry
 
@@ -44,6 +44,7 @@ from tests.functional.test_crash_safety import (
     never,
 )
 from tests.functional.test_tool_turns import ANN, tool_line
+from tests.support import edge
 from tests.support.factories import FakeClock
 
 CONVERSATION = "crash-deferred"
@@ -116,7 +117,9 @@ def drive(world: World, stage: str, policy: Policy) -> tuple[str, Injector]:
             if stage == "turn":
                 # InputPending: the first attempt got as far as the deferral.
                 with suppress(InputPending):
-                    reply = world.after_retry_after(lambda: process.turn(ANN, CONVERSATION, TURN))
+                    reply = world.after_retry_after(
+                        lambda: edge.turn(process, ANN, CONVERSATION, TURN)
+                    )
                     assert reply.status == "awaiting_async_tools"
                 stage = "callback"
             if stage == "callback":
@@ -124,7 +127,7 @@ def drive(world: World, stage: str, policy: Policy) -> tuple[str, Injector]:
                 with suppress(CallbackInvalid):
                     claims = newest_claims(world)
                     settled = world.after_retry_after(
-                        lambda: process.settle_callback(claims, SETTLE)
+                        lambda: edge.settle_callback(process, claims, SETTLE)
                     )
                     assert settled.continued and settled.status == "complete"
                 stage = "done"
@@ -135,9 +138,9 @@ def drive(world: World, stage: str, policy: Policy) -> tuple[str, Injector]:
 
 def assert_settled_exactly_once(world: World) -> None:
     svc = world.process(Injector(never))
-    view = svc.get(ANN, CONVERSATION)
+    view = edge.get(svc, ANN, CONVERSATION)
     assert (view.status, view.pending_tool_calls, view.awaiting) == ("complete", [], [])
-    page = svc.events(ANN, CONVERSATION, after=0, limit=1000)
+    page = edge.events(svc, ANN, CONVERSATION, after=0, limit=1000)
     events = [Event.model_validate(e.model_dump()) for e in page.events]
     assert Counter(e.kind.value for e in events) == {
         "user_message": 1,

@@ -7,16 +7,18 @@ from dataclasses import replace
 
 import pytest
 from turnledger import drafts
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import Settings
 from turnledger.drafts import DraftWriter, TurnCancelled, streaming_into
 from turnledger.exceptions import ProviderError
 from turnledger.models import ConversationKey
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
 from turnledger.store.base import ConversationStore
 
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 
 ANN = Caller(tenant="tenant-a", actor="ann")
@@ -102,15 +104,15 @@ def test_a_streamed_turn_commits_the_whole_answer_and_no_draft_in_events(
     w = writer(store, clock, flush_chars=1)
     w.begin()
     with streaming_into(w):
-        answer = service.turn(ANN, "c1", TurnRequest(input="echo: one two three"))
+        answer = edge.turn(service, ANN, "c1", TurnRequest(input="echo: one two three"))
     w.finish(answer.model_dump(mode="json"))
     read = drafts.read(store, key, 1)
     assert [c.text for c in read.chunks] == ["one", " two", " three"]
-    events = service.events(ANN, "c1", after=0, limit=100).events
+    events = edge.events(service, ANN, "c1", after=0, limit=100).events
     assert [e.kind for e in events] == ["user_message", "assistant_message"]
     assert events[1].payload["content"] == "one two three"
     # The next turn's context has the committed answer only: the draft is invisible.
-    assert service.turn(ANN, "c1", TurnRequest(input="hello")).output_text == (
+    assert edge.turn(service, ANN, "c1", TurnRequest(input="hello")).output_text == (
         "Noted (2 user messages so far)."
     )
 
@@ -132,13 +134,13 @@ def test_a_failure_mid_stream_leaves_the_draft_and_turn_failed_only(
     w = writer(store, clock, flush_chars=1)
     w.begin()
     with streaming_into(w), pytest.raises(ProviderError) as caught:
-        service.turn(ANN, "c1", TurnRequest(input="echo: never whole"))
+        edge.turn(service, ANN, "c1", TurnRequest(input="echo: never whole"))
     w.interrupt(caught.value.code, caught.value.to_body())
     read = drafts.read(store, key, 1)
     assert "".join(c.text for c in read.chunks) == "half an"
     assert read.state is not None and read.state.status == "interrupted"
     assert read.state.reason == "provider_error"
-    kinds = [e.kind for e in service.events(ANN, "c1", after=0, limit=100).events]
+    kinds = [e.kind for e in edge.events(service, ANN, "c1", after=0, limit=100).events]
     assert kinds == ["turn_failed"]  # nothing of the answer, not even the input
 
 
@@ -148,10 +150,10 @@ def test_clear_removes_drafts(store: ConversationStore, clock: FakeClock) -> Non
     w = writer(store, clock, flush_chars=1)
     w.begin()
     with streaming_into(w):
-        answer = service.turn(ANN, "c1", TurnRequest(input="echo: to be cleared"))
+        answer = edge.turn(service, ANN, "c1", TurnRequest(input="echo: to be cleared"))
     w.finish(answer.model_dump(mode="json"))
     drafts.request_cancel(store, key, 1, now=clock.now(), ttl_seconds=60)
-    service.clear(ANN, "c1")
+    edge.clear(service, ANN, "c1")
     left = store.query_side_items(key, lower=drafts.DRAFT_PREFIX, upper=drafts.DRAFT_PREFIX + "~")
     assert left == []
     assert drafts.read_state(store, key, 1) is None
@@ -182,7 +184,7 @@ def _streamed_turn(store: ConversationStore, clock: FakeClock, conversation_id: 
     )
     w.begin()
     with streaming_into(w):
-        answer = service.turn(ANN, conversation_id, TurnRequest(input="echo: a b c"))
+        answer = edge.turn(service, ANN, conversation_id, TurnRequest(input="echo: a b c"))
     w.finish(answer.model_dump(mode="json"))
     assert len(drafts.read(store, key, 1).chunks) == 3
 

@@ -11,15 +11,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import Settings
 from turnledger.models import ConversationKey
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
 from turnledger.store import codec, keys
 from turnledger.store.base import ConversationStore
 from turnledger.sweep import Sweeper
 
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock, make_key, raw_item
 
 HOUR = keys.EXPIRY_BUCKET_SECONDS
@@ -54,12 +56,12 @@ def test_turns_hours_apart_keep_the_heads_bucket(
 ) -> None:
     """While its bucket is ahead of the sweep, a turn does not move the head's index entry."""
     svc = service(store, clock)
-    svc.turn(ANN, "conv-1", TurnRequest(input="My name is Ann."))
+    edge.turn(svc, ANN, "conv-1", TurnRequest(input="My name is Ann."))
     first = filed(store)
     assert first == due(clock)
     for _ in range(4):
         clock.advance(HOUR + 1)
-        svc.turn(ANN, "conv-1", TurnRequest(input="Still here."))
+        edge.turn(svc, ANN, "conv-1", TurnRequest(input="Still here."))
         assert filed(store) == first
     assert due(clock) != first
 
@@ -69,10 +71,10 @@ def test_a_turn_after_the_bucket_came_due_refiles_the_head(
 ) -> None:
     """A head whose bucket has passed is filed under its new expiry by the next turn."""
     svc = service(store, clock)
-    svc.turn(ANN, "conv-1", TurnRequest(input="Hi."))
+    edge.turn(svc, ANN, "conv-1", TurnRequest(input="Hi."))
     for _ in range(7):  # keep it alive past its first bucket
         clock.advance(HOUR)
-        svc.turn(ANN, "conv-1", TurnRequest(input="Still here."))
+        edge.turn(svc, ANN, "conv-1", TurnRequest(input="Still here."))
     assert filed(store) == due(clock)
 
 
@@ -81,10 +83,10 @@ def test_the_sweep_refiles_a_head_in_use_and_purges_it_once_it_expires(
 ) -> None:
     """The sweep passing a live head's bucket re-files it; after the real expiry it is gone."""
     svc = service(store, clock)
-    svc.turn(ANN, "conv-1", TurnRequest(input="My name is Ann."))
+    edge.turn(svc, ANN, "conv-1", TurnRequest(input="My name is Ann."))
     first = int(filed(store))
     clock.advance(3 * HOUR)
-    svc.turn(ANN, "conv-1", TurnRequest(input="Still here."))  # expiry moves 3 h on
+    edge.turn(svc, ANN, "conv-1", TurnRequest(input="Still here."))  # expiry moves 3 h on
     assert int(filed(store)) == first
 
     clock.advance(TTL - 3 * HOUR + 60)  # the first bucket is due, the conversation is not
@@ -92,7 +94,7 @@ def test_the_sweep_refiles_a_head_in_use_and_purges_it_once_it_expires(
     report = sweeper.expired()
     assert report.conversations_removed == 0
     assert int(filed(store)) > first
-    assert svc.get(ANN, "conv-1").turns == 2
+    assert edge.get(svc, ANN, "conv-1").turns == 2
 
     clock.advance(3 * HOUR + 60)  # now it has expired
     report = Sweeper(store, clock=clock.now).expired()

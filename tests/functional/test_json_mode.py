@@ -16,19 +16,21 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import TypeAdapter
+from turnledger.api.schemas import TurnRequest, TurnResponse
 from turnledger.config import Settings
 from turnledger.exceptions import ProviderError
 from turnledger.models import JsonObjectFormat, JsonSchemaFormat
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.factory import PROVIDERS
-from turnledger.schemas import TurnRequest, TurnResponse
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.provider_rigs import STATEFUL, Rig
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 from tests.support.providers import Recording
 
@@ -55,11 +57,11 @@ def service(store: ConversationStore, clock: FakeClock, provider: Any, **setting
 
 
 def say(svc: Conversations, text: str, **fields: Any) -> TurnResponse:
-    return svc.turn(ANN, "conv-1", TurnRequest(input=text, **fields))
+    return edge.turn(svc, ANN, "conv-1", TurnRequest(input=text, **fields))
 
 
 def answers(svc: Conversations) -> list[dict[str, Any]]:
-    page = svc.events(ANN, "conv-1", after=0, limit=1000)
+    page = edge.events(svc, ANN, "conv-1", after=0, limit=1000)
     return [e.payload for e in page.events if e.kind == "assistant_message"]
 
 
@@ -124,10 +126,10 @@ def test_a_non_json_answer_in_json_mode_is_a_provider_error_recorded_as_turn_fai
         say(broken, "Answer in JSON.", response_format=json_mode(JSON_OBJECT))
     assert (failed.value.status, failed.value.code) == (502, "provider_error")
     assert failed.value.details["reason"] == "invalid_json"
-    page = svc.events(ANN, "conv-1", after=0, limit=100).events
+    page = edge.events(svc, ANN, "conv-1", after=0, limit=100).events
     assert [e.kind for e in page] == ["user_message", "assistant_message", "turn_failed"]
     assert page[-1].payload["code"] == "provider_error"
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.turns, view.failed_turns) == (1, 1)
     # The conversation goes on; the lost input never reached the log.
     assert say(svc, "What is my name?").output_text == "Your name is Ann."

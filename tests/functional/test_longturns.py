@@ -11,15 +11,18 @@ from typing import Any
 
 import pytest
 from turnledger import drafts, longturns
+from turnledger.api.schemas import TurnRequest
+from turnledger.api.streaming import StreamPage, prefers_async, sse_text
 from turnledger.config import Settings
 from turnledger.exceptions import ServiceUnavailable
-from turnledger.longturns import AsyncTurnsUnavailable, TurnNotFound, prefers_async
+from turnledger.longturns import AsyncTurnsUnavailable, TurnNotFound
 from turnledger.models import ConversationKey
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 
 ANN = Caller(tenant="tenant-a", actor="ann")
@@ -58,7 +61,7 @@ def test_prefer_header_is_parsed_as_rfc_7240_says() -> None:
 def test_without_a_worker_async_is_refused_and_nothing_is_stored(clock: FakeClock) -> None:
     conversations = service(clock, turn_worker_function=None)
     with pytest.raises(AsyncTurnsUnavailable) as caught:
-        longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="hi"), Invocations())
+        edge.accept(conversations, ANN, "c1", TurnRequest(input="hi"), Invocations())
     assert caught.value.status == 501
     assert drafts.read_state(conversations.store, KEY, 1) is None
 
@@ -70,7 +73,7 @@ def test_a_worker_that_cannot_be_started_leaves_the_draft_interrupted(clock: Fak
         raise RuntimeError("Lambda said no")
 
     with pytest.raises(ServiceUnavailable):
-        longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="hi"), refuse)
+        edge.accept(conversations, ANN, "c1", TurnRequest(input="hi"), refuse)
     state = drafts.read_state(conversations.store, KEY, 1)
     assert state is not None and state.status == "interrupted"
     assert state.reason == "worker_unavailable"
@@ -80,16 +83,14 @@ def test_a_worker_that_cannot_be_started_leaves_the_draft_interrupted(clock: Fak
 def test_the_worker_runs_the_turn_once_and_a_retried_event_does_nothing(clock: FakeClock) -> None:
     conversations = service(clock)
     invoked = Invocations()
-    accepted = longturns.accept(
-        conversations, ANN, "c1", "turn", TurnRequest(input="echo: x y"), invoked
-    )
+    accepted = edge.accept(conversations, ANN, "c1", TurnRequest(input="echo: x y"), invoked)
     [payload] = invoked.payloads
-    assert longturns.run_worker(conversations, payload)["status"] == "done"
-    again = longturns.run_worker(conversations, payload)
-    assert again == {"turn": accepted.turn, "status": "done", "skipped": True}
-    kinds = [e.kind for e in conversations.events(ANN, "c1", after=0, limit=50).events]
+    assert edge.run_worker(conversations, payload)["status"] == "done"
+    again = edge.run_worker(conversations, payload)
+    assert again == {"turn": accepted, "status": "done", "skipped": True}
+    kinds = [e.kind for e in edge.events(conversations, ANN, "c1", after=0, limit=50).events]
     assert kinds == ["user_message", "assistant_message"]
-    status, body = longturns.turn_view(conversations, ANN, "c1", 1)
+    status, body = edge.turn_view(conversations, ANN, "c1", 1)
     assert status == 200 and body["output_text"] == "x y"
 
 
@@ -98,45 +99,43 @@ def test_a_turn_taken_before_the_worker_ran_is_superseded_not_run_twice(
 ) -> None:
     conversations = service(clock)
     invoked = Invocations()
-    longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="echo: late"), invoked)
-    conversations.turn(ANN, "c1", TurnRequest(input="echo: first"))  # takes turn 1
-    result = longturns.run_worker(conversations, invoked.payloads[0])
+    edge.accept(conversations, ANN, "c1", TurnRequest(input="echo: late"), invoked)
+    edge.turn(conversations, ANN, "c1", TurnRequest(input="echo: first"))  # takes turn 1
+    result = edge.run_worker(conversations, invoked.payloads[0])
     assert result == {"turn": 1, "status": "interrupted", "reason": "turn_superseded"}
-    events = conversations.events(ANN, "c1", after=0, limit=50).events
+    events = edge.events(conversations, ANN, "c1", after=0, limit=50).events
     assert [e.payload.get("content") for e in events] == ["echo: first", "first"]
-    status, body = longturns.turn_view(conversations, ANN, "c1", 1)
+    status, body = edge.turn_view(conversations, ANN, "c1", 1)
     assert status == 409 and body["error"]["code"] == "turn_superseded"
 
 
 def test_a_run_that_went_stale_reads_as_worker_lost(clock: FakeClock) -> None:
     conversations = service(clock)
-    longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="hi"), Invocations())
-    page = longturns.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
+    edge.accept(conversations, ANN, "c1", TurnRequest(input="hi"), Invocations())
+    page = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
     assert page.status == "in_progress" and not page.done
     clock.advance(longturns.STALE_AFTER_SECONDS + 1)
-    page = longturns.stream_page(conversations, ANN, "c1", 1, after=0, wait=5)
+    page = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=5)
     assert page.done and page.status == "interrupted" and page.reason == "worker_lost"
-    status, body = longturns.turn_view(conversations, ANN, "c1", 1)
+    status, body = edge.turn_view(conversations, ANN, "c1", 1)
     assert status == 500 and body["error"]["details"]["draft_status"] == "interrupted"
     # The conversation is not blocked by it: a new long turn is accepted.
-    again = longturns.accept(
-        conversations, ANN, "c1", "turn", TurnRequest(input="hi"), Invocations()
-    )
-    assert again.turn == 1
+    again = edge.accept(conversations, ANN, "c1", TurnRequest(input="hi"), Invocations())
+    assert again == 1
 
 
 def test_reads_of_turns_without_a_draft(clock: FakeClock) -> None:
     conversations = service(clock)
-    conversations.turn(ANN, "c1", TurnRequest(input="hi"))
+    edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
     with pytest.raises(TurnNotFound):
-        longturns.turn_view(conversations, ANN, "c1", 1)
+        edge.turn_view(conversations, ANN, "c1", 1)
     with pytest.raises(TurnNotFound):
-        longturns.stream_page(conversations, ANN, "c1", 2, after=0, wait=0)
+        edge.stream_page(conversations, ANN, "c1", 2, after=0, wait=0)
 
 
 def test_a_stray_event_is_refused(clock: FakeClock) -> None:
     with pytest.raises(ValueError):
-        longturns.run_worker(service(clock), {"kind": "something else"})
+        edge.run_worker(service(clock), {"kind": "something else"})
 
 
 def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeClock) -> None:
@@ -147,11 +146,11 @@ def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeCloc
 
     conversations = service(clock, draft_flush_chars=1)
     invoked = Invocations()
-    longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="echo: a b"), invoked)
-    longturns.run_worker(conversations, invoked.payloads[0])
-    page = longturns.stream_page(conversations, ANN, "c1", 1, after=0, wait=0, gather=True)
+    edge.accept(conversations, ANN, "c1", TurnRequest(input="echo: a b"), invoked)
+    edge.run_worker(conversations, invoked.payloads[0])
+    page = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0, gather=True)
     response = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, text=longturns.sse_text(page)
+        200, headers={"content-type": "text/event-stream"}, text=sse_text(page)
     )
     events = list(EventSource(response).iter_sse())
     assert [(e.event, e.id) for e in events] == [("chunk", "1"), ("chunk", "2"), ("done", "2")]
@@ -159,12 +158,8 @@ def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeCloc
     assert [e.json()["text"] for e in events[:2]] == ["a", " b"]
     assert events[2].json()["result"]["output_text"] == "a b"
     # Nothing new within the wait: only a comment (the client reconnects), no empty event.
-    empty = longturns.StreamPage(
-        conversation_id="c1", turn=1, next_after=2, done=False, status="in_progress"
-    )
-    quiet = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, text=longturns.sse_text(empty)
-    )
+    empty = StreamPage(conversation_id="c1", turn=1, next_after=2, done=False, status="in_progress")
+    quiet = httpx.Response(200, headers={"content-type": "text/event-stream"}, text=sse_text(empty))
     assert [e.data for e in EventSource(quiet).iter_sse() if e.data] == []
 
 
@@ -175,7 +170,7 @@ def test_a_request_too_large_for_the_workers_event_is_refused_first(clock: FakeC
     invoked = Invocations()
     big = TurnRequest(input="x" * (longturns.MAX_EVENT_BYTES + 1))
     with pytest.raises(PayloadTooLarge) as caught:
-        longturns.accept(conversations, ANN, "c1", "turn", big, invoked)
+        edge.accept(conversations, ANN, "c1", big, invoked)
     assert caught.value.details["limit"] == longturns.MAX_EVENT_BYTES
     assert invoked.payloads == [] and drafts.read_state(conversations.store, KEY, 1) is None
 
@@ -184,16 +179,16 @@ def test_what_a_turn_would_refuse_is_refused_before_202(clock: FakeClock) -> Non
     from turnledger.exceptions import BudgetExceeded, ConversationBusy, UnknownTool
 
     conversations = service(clock, conversation_token_budget=5)
-    conversations.turn(ANN, "c1", TurnRequest(input="echo: spend the whole budget now"))
+    edge.turn(conversations, ANN, "c1", TurnRequest(input="echo: spend the whole budget now"))
     with pytest.raises(BudgetExceeded):
-        longturns.accept(conversations, ANN, "c1", "turn", TurnRequest(input="hi"), Invocations())
+        edge.accept(conversations, ANN, "c1", TurnRequest(input="hi"), Invocations())
     with pytest.raises(UnknownTool):
-        longturns.accept(
-            conversations, ANN, "c2", "turn", TurnRequest(input="hi", tools=["nope"]), Invocations()
+        edge.accept(
+            conversations, ANN, "c2", TurnRequest(input="hi", tools=["nope"]), Invocations()
         )
     # A long turn of the conversation is running: a second one is busy, nothing started.
     invoked = Invocations()
-    longturns.accept(conversations, ANN, "c3", "turn", TurnRequest(input="one"), invoked)
+    edge.accept(conversations, ANN, "c3", TurnRequest(input="one"), invoked)
     with pytest.raises(ConversationBusy):
-        longturns.accept(conversations, ANN, "c3", "turn", TurnRequest(input="two"), invoked)
+        edge.accept(conversations, ANN, "c3", TurnRequest(input="two"), invoked)
     assert len(invoked.payloads) == 1

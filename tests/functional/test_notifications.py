@@ -20,6 +20,7 @@ import boto3
 import httpx
 import pytest
 from moto import mock_aws
+from turnledger.api.schemas import ApprovalRequest, CallOutput, Rejection, TurnRequest
 from turnledger.config import Settings
 from turnledger.models import (
     ConversationKey,
@@ -30,13 +31,14 @@ from turnledger.models import (
     TurnInterrupted,
 )
 from turnledger.notifications import SIGNATURE_HEADER, Publisher, notifications_of
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.demo import DemoProvider
-from turnledger.schemas import ApprovalRequest, CallOutput, Rejection, TurnRequest
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 
 ANN = Caller(tenant="acme", actor="ann")
@@ -97,7 +99,9 @@ def service(sink: HttpSink, clock: FakeClock, publisher: Publisher) -> Conversat
 
 
 def ask(svc: Conversations, conversation: str, tool: str, **arguments: Any) -> str:
-    reply = svc.turn(ANN, conversation, TurnRequest(input=f"/tool {tool} {json.dumps(arguments)}"))
+    reply = edge.turn(
+        svc, ANN, conversation, TurnRequest(input=f"/tool {tool} {json.dumps(arguments)}")
+    )
     assert reply.status == "awaiting_approval"
     return reply.pending_tool_calls[0].id
 
@@ -160,7 +164,7 @@ def test_requests_decisions_and_expiries_reach_the_bus(
     }
     assert detail["expires_at"]
     assert "arguments" not in detail  # never, unless configured
-    svc.approve(RITA, "c1", ApprovalRequest(reject=[Rejection(id=first, reason="no")]))
+    edge.approve(svc, RITA, "c1", ApprovalRequest(reject=[Rejection(id=first, reason="no")]))
     [decided] = received(sqs, queue)
     assert decided["detail-type"] == "approval.decided"
     assert (decided["detail"]["decision"], decided["detail"]["approver"]) == ("rejected", "rita")
@@ -195,7 +199,7 @@ def test_webhooks_are_signed_and_failures_never_fail_the_request(
     )
     svc = service(sink, clock, publisher)
     call = ask(svc, "c1", "send_email", to="bob@example.com")
-    reply = svc.approve(RITA, "c1", ApprovalRequest(approve=[call]))
+    reply = edge.approve(svc, RITA, "c1", ApprovalRequest(approve=[call]))
     assert reply.status == "complete"
     hooks = sink.requests_for("/hook")
     assert [h.json()["detail-type"] for h in hooks] == ["approval.requested", "approval.decided"]
@@ -212,7 +216,7 @@ def test_webhooks_are_signed_and_failures_never_fail_the_request(
     # A tool without a webhook sends none; a webhook that answers 500 fails nothing.
     sink.respond("/hook", Reply(status=500, body={}))
     other = ask(svc, "c2", "send_email", to="x@example.com")
-    assert svc.approve(RITA, "c2", ApprovalRequest(approve=[other])).status == "complete"
+    assert edge.approve(svc, RITA, "c2", ApprovalRequest(approve=[other])).status == "complete"
     ask(svc, "c3", "pay", amount=1)
     assert len(sink.requests_for("/hook")) == 4
 
@@ -220,7 +224,7 @@ def test_webhooks_are_signed_and_failures_never_fail_the_request(
 def ask_person(svc: Conversations, conversation: str, question: str) -> str:
     """A turn whose model asks the human-input tool; returns the call id."""
     line = f"/tool ask_operator {json.dumps({'question': question})}"
-    reply = svc.turn(ANN, conversation, TurnRequest(input=line))
+    reply = edge.turn(svc, ANN, conversation, TurnRequest(input=line))
     assert reply.status == "awaiting_hitl"
     return reply.pending_tool_calls[0].id
 
@@ -250,7 +254,9 @@ def test_input_requests_answers_and_cancels_reach_the_bus(
         "expires_at": None,
     }
     # Answered on the approvals route: who and how, never the answer itself.
-    reply = svc.approve(RITA, "c1", ApprovalRequest(outputs=[CallOutput(id=call, output="42k")]))
+    reply = edge.approve(
+        svc, RITA, "c1", ApprovalRequest(outputs=[CallOutput(id=call, output="42k")])
+    )
     assert reply.status == "complete"
     [provided] = received(sqs, queue)
     assert provided["detail-type"] == "input.provided"
@@ -271,7 +277,7 @@ def test_input_requests_answers_and_cancels_reach_the_bus(
     answer = TurnRequest.model_validate(
         {"input": [{"type": "function_call_output", "call_id": call, "output": "Ada"}]}
     )
-    assert svc.turn(ANN, "c2", answer).status == "complete"
+    assert edge.turn(svc, ANN, "c2", answer).status == "complete"
     [provided] = received(sqs, queue)
     assert provided["detail-type"] == "input.provided"
     assert (provided["detail"]["provided_by"], provided["detail"]["via"]) == ("ann", "turn")
@@ -280,7 +286,7 @@ def test_input_requests_answers_and_cancels_reach_the_bus(
     # A cancel ends the wait: told with who and why.
     call = ask_person(svc, "c3", "really?")
     received(sqs, queue)
-    cancelled = svc.cancel(RITA, "c3", reason="customer left")
+    cancelled = edge.cancel(svc, RITA, "c3", reason="customer left")
     assert cancelled.cancelled_call_ids == [call]
     [told] = received(sqs, queue)
     assert told["detail-type"] == "input.cancelled"
@@ -339,7 +345,7 @@ def test_input_webhooks_are_signed(sink: HttpSink, clock: FakeClock) -> None:
     publisher = Publisher(post=httpx.post, secret=lambda: SECRET, clock=lambda: 1_700_000_000.0)
     svc = service(sink, clock, publisher)
     call = ask_person(svc, "c1", "budget?")
-    svc.approve(RITA, "c1", ApprovalRequest(outputs=[CallOutput(id=call, output="42k")]))
+    edge.approve(svc, RITA, "c1", ApprovalRequest(outputs=[CallOutput(id=call, output="42k")]))
     hooks = sink.requests_for("/hook")
     assert [(h.json()["detail-type"], h.json()["detail"]["kind"]) for h in hooks] == [
         ("input.requested", "input"),

@@ -22,16 +22,16 @@ from unittest import mock
 
 import httpx
 import pytest
-from turnledger.exceptions import ProviderError
-from turnledger.pipeline import Caller, Conversations
-from turnledger.providers.factory import PROVIDERS
-from turnledger.schemas import (
+from turnledger.api.schemas import (
     ApprovalRequest,
     FunctionCallOutput,
     Rejection,
     TurnRequest,
     TurnResponse,
 )
+from turnledger.exceptions import ProviderError
+from turnledger.pipeline import Conversations
+from turnledger.providers.factory import PROVIDERS
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
@@ -40,6 +40,8 @@ from tests.functional.fake_openai import error_reply
 from tests.functional.http_sink import HttpSink
 from tests.functional.provider_rigs import Rig
 from tests.functional.test_tool_turns import lines, script_tools, tool_definitions, tool_line
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 
 ANN = Caller(tenant="tenant-a", actor="ann")
@@ -88,7 +90,7 @@ class Scenario:
 
     def states(self, svc: Conversations, conversation: str = "conv-1") -> list[str]:
         """``provider_state`` of every model call of the conversation, in order."""
-        page = svc.events(ANN, conversation, after=0, limit=1000)
+        page = edge.events(svc, ANN, conversation, after=0, limit=1000)
         return [
             e.payload["run"]["provider_state"] for e in page.events if e.kind == "assistant_message"
         ]
@@ -107,7 +109,7 @@ def scenario(rig: Rig, sink: HttpSink, http: httpx.Client, clock: FakeClock) -> 
 def turn(
     svc: Conversations, text: Any, conversation: str = "conv-1", **fields: Any
 ) -> TurnResponse:
-    return svc.turn(ANN, conversation, TurnRequest(input=text, **fields))
+    return edge.turn(svc, ANN, conversation, TurnRequest(input=text, **fields))
 
 
 def decide(
@@ -117,7 +119,9 @@ def decide(
     reject: list[str | Rejection] | None = None,
     who: Caller = ANN,
 ) -> TurnResponse:
-    return svc.approve(who, "conv-1", ApprovalRequest(approve=approve or [], reject=reject or []))
+    return edge.approve(
+        svc, who, "conv-1", ApprovalRequest(approve=approve or [], reject=reject or [])
+    )
 
 
 def test_turn_four_remembers_turns_one_to_three(scenario: Scenario) -> None:
@@ -133,7 +137,7 @@ def test_turn_four_remembers_turns_one_to_three(scenario: Scenario) -> None:
         "Noted (4 user messages so far).",
     ]
     assert scenario.states(svc) == scenario.expected_states(4)
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.turns, view.events) == (4, 8)
 
 
@@ -233,7 +237,7 @@ def test_a_provider_failure_is_recorded_and_the_next_turn_recovers(scenario: Sce
         pytest.raises(ProviderError),
     ):
         turn(svc, "This is lost.")
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.turns, view.failed_turns) == (1, 1)
     reply = turn(svc, "What is my name?")
     assert (reply.output_text, reply.turn) == ("Your name is Ann.", 2)

@@ -18,15 +18,15 @@ from typing import Any
 
 import httpx
 import pytest
+from turnledger.api.schemas import EventView, TurnRequest, TurnResponse
 from turnledger.config import Settings
 from turnledger.exceptions import ProviderError
 from turnledger.models import ConversationKey, Head, ProviderCursor
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest
 from turnledger.providers.demo_stateful import RESPONSE_ID, DemoStatefulProvider
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
 from turnledger.redaction import RedactionRule, Redactor
-from turnledger.schemas import EventView, TurnRequest, TurnResponse
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.sweep import Sweeper
@@ -34,6 +34,8 @@ from turnledger.tools import ToolRegistry, ToolRunner
 
 from tests.functional.fake_openai import RESPONSES_PATH, FakeOpenAI, error_reply
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 from tests.support.provider_schemas import validate_responses_request
 from tests.support.wire_demo import responses_demo
@@ -76,7 +78,7 @@ def service(
 
 
 def say(svc: Conversations, text: str, conversation: str = "conv-1", **fields: Any) -> TurnResponse:
-    return svc.turn(ANN, conversation, TurnRequest(input=text, **fields))
+    return edge.turn(svc, ANN, conversation, TurnRequest(input=text, **fields))
 
 
 def head_of(store: ConversationStore, conversation: str = "conv-1") -> Head:
@@ -92,7 +94,7 @@ def cursor_of(store: ConversationStore, conversation: str = "conv-1") -> Provide
 
 
 def events(svc: Conversations, conversation: str = "conv-1") -> list[EventView]:
-    page = svc.events(ANN, conversation, after=0, limit=1000)
+    page = edge.events(svc, ANN, conversation, after=0, limit=1000)
     assert page.next_after is None
     return page.events
 
@@ -502,7 +504,7 @@ def test_openai_responses_with_store_off_never_continues(
     assert head_of(store).provider_cursor is None
     assert all(body["store"] is False for body in posted(fake))
     assert fake.stored == {}
-    assert svc.clear(ANN, "conv-1").provider_responses == []
+    assert edge.clear(svc, ANN, "conv-1").provider_responses == []
     assert [r for r in fake.requests if r.method == "DELETE"] == []
 
 
@@ -518,13 +520,13 @@ def test_clear_deletes_the_stored_response_and_never_fails_on_the_provider(
     svc = service(store, clock, responses_provider(fake), model="gpt-test")
     say(svc, "My name is Ann.", "a")
     say(svc, "My name is Bea.", "b")
-    report = svc.clear(ANN, "a")
+    report = edge.clear(svc, ANN, "a")
     assert report.provider_responses == [("openai-responses", "resp_fake_1")]
     assert deletes(fake) == ["resp_fake_1"]
     assert "resp_fake_1" not in fake.stored
 
     fake.script_deletes(*[error_reply(500, "delete is down")] * 3)
-    report = svc.clear(ANN, "b")  # never raises, the conversation is gone all the same
+    report = edge.clear(svc, ANN, "b")  # never raises, the conversation is gone all the same
     assert report.conversations == 1
     assert deletes(fake) == ["resp_fake_1", "resp_fake_2", "resp_fake_2", "resp_fake_2"]
     assert say(svc, "What is my name?", "b").output_text == "I don't know your name yet."
@@ -539,7 +541,7 @@ def test_erasure_and_the_sweep_report_the_provider_state_they_deleted(
     for index in range(3):
         say(svc, f"My name is N{index}.", f"conv-{index}")
     other = Caller(tenant="tenant-b", actor="bob")
-    svc.turn(other, "kept", TurnRequest(input="Hello."))
+    edge.turn(svc, other, "kept", TurnRequest(input="Hello."))
     kept = fake.stored.keys() - {"resp_fake_1", "resp_fake_2", "resp_fake_3"}
 
     sweeper = Sweeper(store, clock=clock.now, forget=svc.forget_provider_state)

@@ -29,6 +29,8 @@ from tests.functional.fake_openai import (
     tool_call,
     tool_calls_reply,
 )
+from tests.support import edge
+from tests.support.edge import Caller
 
 HELLO = ModelRequest(model="gpt-test", messages=[Message(role="user", content="hello")])
 
@@ -256,11 +258,11 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
     from dataclasses import replace
 
     from turnledger import drafts
+    from turnledger.api.schemas import TurnRequest
     from turnledger.config import Settings
     from turnledger.drafts import DraftWriter, streaming_into
     from turnledger.models import ConversationKey
-    from turnledger.pipeline import Caller, Conversations
-    from turnledger.schemas import TurnRequest
+    from turnledger.pipeline import Conversations
     from turnledger.store.memory import MemoryConversationStore
 
     from tests.support.factories import FakeClock
@@ -282,7 +284,7 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
         )
         writer.begin()
         with streaming_into(writer):
-            return service.turn(caller, "c1", TurnRequest(input=text))
+            return edge.turn(service, caller, "c1", TurnRequest(input=text))
 
     fake.script(text_reply("Hello there, Ann."))
     answer = run(1, "My name is Ann.")
@@ -292,7 +294,7 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
     with pytest.raises(ProviderError):
         run(2, "What is my name?")
     assert [c.text for c in drafts.read(store, key, 2).chunks] == ["I", " think"]
-    kinds = [e.kind for e in service.events(caller, "c1", after=0, limit=50).events]
+    kinds = [e.kind for e in edge.events(service, caller, "c1", after=0, limit=50).events]
     assert kinds == ["user_message", "assistant_message", "turn_failed"]
     # The next model call sees the committed answer only, never the half one.
     fake.script(text_reply("Ann."))

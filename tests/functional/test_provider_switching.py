@@ -17,17 +17,19 @@ from typing import Any
 
 import httpx
 import pytest
+from turnledger.api.schemas import FunctionCallOutput, InputMessage, TurnRequest, TurnResponse
 from turnledger.exceptions import UnknownProvider
 from turnledger.models import ConversationKey
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.call_ids import BEDROCK_CALL_ID
 from turnledger.providers.factory import PROVIDERS
-from turnledger.schemas import FunctionCallOutput, InputMessage, TurnRequest, TurnResponse
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.provider_rigs import MODELS, STATEFUL, Rig
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 
 ANN = Caller(tenant="tenant-a", actor="ann")
@@ -77,11 +79,11 @@ def registry(sink: HttpSink) -> ToolRegistry:
 
 
 def say(svc: Conversations, text: Any, **fields: Any) -> TurnResponse:
-    return svc.turn(ANN, "conv-1", TurnRequest(input=text, **fields))
+    return edge.turn(svc, ANN, "conv-1", TurnRequest(input=text, **fields))
 
 
 def runs(svc: Conversations) -> list[dict[str, Any]]:
-    page = svc.events(ANN, "conv-1", after=0, limit=1000)
+    page = edge.events(svc, ANN, "conv-1", after=0, limit=1000)
     return [e.payload["run"] for e in page.events if e.kind == "assistant_message"]
 
 
@@ -184,7 +186,7 @@ def test_one_transcript_continued_on_chat_then_responses_then_bedrock_and_back(
 
         # The cursor was made by a provider that is not the deployment's default: clearing
         # still deletes its stored response, through that provider.
-        report = svc.clear(ANN, "conv-1")
+        report = edge.clear(svc, ANN, "conv-1")
         # Every response of the chain goes: the cursor's and those the run records name.
         assert sorted(report.provider_responses) == [
             ("openai-responses", "resp_fake_1"),
@@ -236,7 +238,7 @@ def test_two_user_messages_in_one_input_are_one_normal_turn(
             1,
             "Your name is Ann.",
         )
-        kinds = [e.kind for e in svc.events(ANN, "conv-1", after=0, limit=10).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "conv-1", after=0, limit=10).events]
         assert kinds == ["user_message", "user_message", "assistant_message"]
         merged = "My name is Ann.\n\nWhat is my name?"
         if provider == "openai-chat":

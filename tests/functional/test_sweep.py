@@ -19,8 +19,9 @@ from unittest import mock
 import pytest
 from turnledger.config import Settings
 from turnledger.exceptions import InvalidRequest
+from turnledger.handlers import sweep_handler as lambda_handler
 from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.demo import DemoProvider
 from turnledger.runtime import Runtime, set_runtime
 from turnledger.store import codec, keys
@@ -31,11 +32,11 @@ from turnledger.sweep import (
     TIME_MARGIN_MS,
     Deadline,
     Sweeper,
-    erase_tenant,
-    lambda_handler,
 )
 from turnledger_local.gateway import LambdaContext
 
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import (
     START,
     FakeClock,
@@ -674,7 +675,7 @@ def test_clear_removes_s3_artifacts_at_once(store: ConversationStore, clock: Fak
     service = Conversations(
         store=store, provider=DemoProvider(), settings=Settings(), clock=clock.now
     )
-    service.clear(Caller(tenant=key.tenant, actor="ada"), key.conversation_id)
+    edge.clear(service, Caller(tenant=key.tenant, actor="ada"), key.conversation_id)
     assert_gone(store, key)
 
 
@@ -832,7 +833,7 @@ def test_erase_tenant_route_answers_the_report(
     for key in mine:
         assert_gone(store, key)
     assert_intact(store, theirs, kept)
-    again = erase_tenant(runtime, "acme", api_context)
+    again = runtime.sweeper(api_context).erase("acme")
     assert (again.conversations_removed, again.complete) == (0, True)
 
 

@@ -17,15 +17,18 @@ from dataclasses import replace
 
 import httpx
 import pytest
+from turnledger.api.errors import error_body
+from turnledger.api.schemas import ApprovalRequest, Rejection, TurnRequest
 from turnledger.config import Settings
 from turnledger.exceptions import ApprovalPending, ConversationBusy
 from turnledger.models import ConversationKey
-from turnledger.pipeline import Caller, Conversations
-from turnledger.schemas import ApprovalRequest, Rejection, TurnRequest
+from turnledger.pipeline import Conversations
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRegistry, ToolRunner
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 from tests.support.providers import Recording
 
@@ -91,8 +94,11 @@ def crash_while_running(
     store: ConversationStore, clock: FakeClock, sink: HttpSink, client: httpx.Client, text: str
 ) -> None:
     with pytest.raises(Died):
-        service(store, clock, sink, DyingRunner(client, None)).turn(
-            ANN, "c1", TurnRequest(input=text)
+        edge.turn(
+            service(store, clock, sink, DyingRunner(client, None)),
+            ANN,
+            "c1",
+            TurnRequest(input=text),
         )
 
 
@@ -102,26 +108,28 @@ def test_a_live_lease_refuses_everyone_else_and_an_expired_one_is_interrupted(
     with httpx.Client() as client:
         crash_while_running(store, clock, sink, client, '/tool lookup {"q": "x"}')
         svc = service(store, clock, sink, ToolRunner(client, None))
-        assert svc.get(ANN, "c1").status == "running_tools"
+        assert edge.get(svc, ANN, "c1").status == "running_tools"
         with pytest.raises(ConversationBusy) as busy:
-            svc.turn(ANN, "c1", TurnRequest(input="hello"))
+            edge.turn(svc, ANN, "c1", TurnRequest(input="hello"))
         wait = busy.value.retry_after
         assert wait is not None and wait >= 1
         with pytest.raises(ConversationBusy):
-            svc.approve(ANN, "c1", ApprovalRequest(approve=["call_1"]))
-        assert svc.events(ANN, "c1", after=0, limit=100).events[-1].kind == "tool_call_requested"
+            edge.approve(svc, ANN, "c1", ApprovalRequest(approve=["call_1"]))
+        assert (
+            edge.events(svc, ANN, "c1", after=0, limit=100).events[-1].kind == "tool_call_requested"
+        )
 
         clock.advance(wait)
-        assert svc.get(ANN, "c1").status == "interrupted"
+        assert edge.get(svc, ANN, "c1").status == "interrupted"
         # The next request resumes the run: the idempotent tool again, under its key.
-        reply = svc.turn(ANN, "c1", TurnRequest(input="hello"))
+        reply = edge.turn(svc, ANN, "c1", TurnRequest(input="hello"))
         assert reply.status == "complete"
         lookups = sink.requests_for("/lookup")
         assert len(lookups) == 2 and len({r.idempotency_key for r in lookups}) == 1
         assert len(sink.side_effects("/lookup")) == 1
-        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "c1", after=0, limit=100).events]
         assert kinds.count("tool_result") == 1
-        assert svc.get(ANN, "c1").status == "complete"
+        assert edge.get(svc, ANN, "c1").status == "complete"
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
@@ -133,31 +141,31 @@ def test_a_tool_that_ignores_keys_is_never_rerun_by_itself_after_a_crash(
         assert len(sink.requests_for("/charge")) == 1
         svc = service(store, clock, sink, ToolRunner(client, None))
         with pytest.raises(ConversationBusy) as busy:
-            svc.get(ANN, "c1") and svc.turn(ANN, "c1", TurnRequest(input="done?"))
+            edge.get(svc, ANN, "c1") and edge.turn(svc, ANN, "c1", TurnRequest(input="done?"))
         clock.advance(busy.value.retry_after or 0)
 
         with pytest.raises(ApprovalPending) as asked:
-            svc.turn(ANN, "c1", TurnRequest(input="done?"))
-        [pending] = asked.value.details["pending_tool_calls"]
+            edge.turn(svc, ANN, "c1", TurnRequest(input="done?"))
+        [pending] = error_body(asked.value)["error"]["details"]["pending_tool_calls"]
         assert pending["id"] == "call_1" and pending["requires"] == "approval"
         assert "may have run" in pending["reason"]
         assert len(sink.requests_for("/charge")) == 1, "never run again by itself"
-        head = svc.get(ANN, "c1")
+        head = edge.get(svc, ANN, "c1")
         assert head.status == "awaiting_approval"
         assert [p.reason is not None for p in head.pending_tool_calls] == [True]
 
         if decision == "approve":
-            reply = svc.approve(ANN, "c1", ApprovalRequest(approve=["call_1"]))
+            reply = edge.approve(svc, ANN, "c1", ApprovalRequest(approve=["call_1"]))
             assert len(sink.requests_for("/charge")) == 2
             assert reply.output_text == 'Tool results: charge_card: {"charged":10}'
         else:
-            reply = svc.approve(
-                ANN, "c1", ApprovalRequest(reject=[Rejection(id="call_1", reason="charged")])
+            reply = edge.approve(
+                svc, ANN, "c1", ApprovalRequest(reject=[Rejection(id="call_1", reason="charged")])
             )
             assert len(sink.requests_for("/charge")) == 1
             assert reply.output_text is not None and "was not run" in reply.output_text
         assert reply.status == "complete"
-        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "c1", after=0, limit=100).events]
         assert kinds.count("approval_requested") == 1
         assert kinds.count("approval_resolved") == 1
         assert kinds.count("tool_result") == 1
@@ -187,13 +195,13 @@ def test_a_model_failure_after_tools_ran_releases_the_lease(
             clock=clock.now,
         )
         with pytest.raises(ProviderError):
-            failing.turn(ANN, "c1", TurnRequest(input='/tool lookup {"q": "x"}'))
+            edge.turn(failing, ANN, "c1", TurnRequest(input='/tool lookup {"q": "x"}'))
         svc = service(store, clock, sink, ToolRunner(client, None))
-        assert svc.get(ANN, "c1").status == "interrupted"
-        reply = svc.turn(ANN, "c1", TurnRequest(input="and now?"))
+        assert edge.get(svc, ANN, "c1").status == "interrupted"
+        reply = edge.turn(svc, ANN, "c1", TurnRequest(input="and now?"))
         assert reply.status == "complete"
         assert len(sink.requests_for("/lookup")) == 1
-        kinds = [e.kind for e in svc.events(ANN, "c1", after=0, limit=100).events]
+        kinds = [e.kind for e in edge.events(svc, ANN, "c1", after=0, limit=100).events]
         assert kinds.count("tool_result") == 1 and kinds.count("turn_failed") == 1
 
 
@@ -310,9 +318,9 @@ def test_a_request_during_the_last_round_of_many_calls_is_busy_and_each_tool_run
         other = lease_service(store, clock, sink, ToolRunner(client, None, max_workers=LIMIT))
 
         def meanwhile() -> None:
-            assert other.get(ANN, "c1").status == "running_tools", why
+            assert edge.get(other, ANN, "c1").status == "running_tools", why
             try:
-                other.turn(ANN, "c1", TurnRequest(input="hello?"))
+                edge.turn(other, ANN, "c1", TurnRequest(input="hello?"))
             except ConversationBusy as busy:
                 seen.append(busy)
             else:
@@ -325,8 +333,8 @@ def test_a_request_during_the_last_round_of_many_calls_is_busy_and_each_tool_run
             during=meanwhile,
             during_call=f"call_{CALLS}",
         )
-        reply = lease_service(store, clock, sink, runner).turn(
-            ANN, "c1", TurnRequest(input=many_calls())
+        reply = edge.turn(
+            lease_service(store, clock, sink, runner), ANN, "c1", TurnRequest(input=many_calls())
         )
     assert len(seen) == 1 and isinstance(seen[0], ConversationBusy), (why, seen)
     assert (seen[0].retry_after or 0) >= 1
@@ -334,7 +342,7 @@ def test_a_request_during_the_last_round_of_many_calls_is_busy_and_each_tool_run
     assert runs_per_call(sink) == {n: 1 for n in range(1, CALLS + 1)}, why
     assert reply.status == "complete"
     assert reply.output_text is not None and reply.output_text.count("slow: ") == CALLS
-    events = other.events(ANN, "c1", after=0, limit=100).events
+    events = edge.events(other, ANN, "c1", after=0, limit=100).events
     assert [e.kind for e in events].count("tool_result") == CALLS
     assert "hello?" not in json.dumps([e.model_dump(mode="json") for e in events])
 
@@ -350,24 +358,27 @@ def test_a_holder_that_lost_its_lease_stops_before_its_next_round(
 
         def stall_and_lose_the_lease() -> None:
             clock.advance(3600)
-            assert other.get(ANN, "c1").status == "interrupted"
-            taken.append(other.turn(ANN, "c1", TurnRequest(input="still there?")).status)
+            assert edge.get(other, ANN, "c1").status == "interrupted"
+            taken.append(edge.turn(other, ANN, "c1", TurnRequest(input="still there?")).status)
 
         runner = Rounds(
             client, clock, round_seconds=1, during=stall_and_lose_the_lease, during_call=None
         )
         with pytest.raises(ConversationBusy):
-            lease_service(store, clock, sink, runner).turn(
-                ANN, "c1", TurnRequest(input=many_calls())
+            edge.turn(
+                lease_service(store, clock, sink, runner),
+                ANN,
+                "c1",
+                TurnRequest(input=many_calls()),
             )
     assert taken == ["complete"]
     assert runner.rounds == 1, "no round after the lease was lost"
     # The first round ran twice (the unavoidable cost of a lapsed lease, under the same
     # keys); every later call ran once, by the request that took the run over.
     assert runs_per_call(sink) == {1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
-    kinds = [e.kind for e in other.events(ANN, "c1", after=0, limit=100).events]
+    kinds = [e.kind for e in edge.events(other, ANN, "c1", after=0, limit=100).events]
     assert kinds.count("tool_result") == CALLS
-    assert other.get(ANN, "c1").status == "complete"
+    assert edge.get(other, ANN, "c1").status == "complete"
 
 
 def test_a_cancel_during_a_round_is_taken_in_by_the_renewal_and_stops_the_turn(
@@ -380,18 +391,18 @@ def test_a_cancel_during_a_round_is_taken_in_by_the_renewal_and_stops_the_turn(
         answers: list[str] = []
 
         def cancel() -> None:
-            answers.append(other.cancel(ANN, "c1", reason="enough").status)
+            answers.append(edge.cancel(other, ANN, "c1", reason="enough").status)
 
         runner = Rounds(client, clock, round_seconds=TIMEOUT, during=cancel, during_call="call_3")
-        reply = lease_service(store, clock, sink, runner).turn(
-            ANN, "c1", TurnRequest(input=many_calls())
+        reply = edge.turn(
+            lease_service(store, clock, sink, runner), ANN, "c1", TurnRequest(input=many_calls())
         )
     assert answers == ["running_tools"]
     assert reply.status == "complete" and reply.status_reason == "cancelled"
     assert runs_per_call(sink) == {n: 1 for n in range(1, CALLS + 1)}
-    kinds = [e.kind for e in other.events(ANN, "c1", after=0, limit=100).events]
+    kinds = [e.kind for e in edge.events(other, ANN, "c1", after=0, limit=100).events]
     assert kinds.count("tool_result") == CALLS and kinds.count("turn_interrupted") == 1
-    head = other.get(ANN, "c1")
+    head = edge.get(other, ANN, "c1")
     assert head.status == "complete"
 
 
@@ -413,8 +424,11 @@ def test_the_lease_never_outlives_the_function_by_more_than_its_margin(
 
         runner = Rounds(client, clock, round_seconds=0, during=look, during_call=None)
         with request_deadline(20.0):
-            reply = lease_service(store, clock, sink, runner).turn(
-                ANN, "c1", TurnRequest(input=many_calls())
+            reply = edge.turn(
+                lease_service(store, clock, sink, runner),
+                ANN,
+                "c1",
+                TurnRequest(input=many_calls()),
             )
     assert reply.status == "complete"
     [lease] = leases
@@ -428,24 +442,27 @@ def test_a_cancel_taken_in_while_a_request_resumes_a_crashed_run_stops_that_turn
     renewal took in: the old turn stops, then the request's own turn goes on."""
     with httpx.Client() as client:
         with pytest.raises(Died):
-            lease_service(store, clock, sink, DyingRunner(client, None, max_workers=LIMIT)).turn(
-                ANN, "c1", TurnRequest(input=many_calls())
+            edge.turn(
+                lease_service(store, clock, sink, DyingRunner(client, None, max_workers=LIMIT)),
+                ANN,
+                "c1",
+                TurnRequest(input=many_calls()),
             )
         other = lease_service(store, clock, sink, ToolRunner(client, None, max_workers=LIMIT))
         clock.advance(3600)
-        assert other.get(ANN, "c1").status == "interrupted"
+        assert edge.get(other, ANN, "c1").status == "interrupted"
         answers: list[str] = []
 
         def cancel() -> None:
-            answers.append(other.cancel(ANN, "c1", reason="enough").status)
+            answers.append(edge.cancel(other, ANN, "c1", reason="enough").status)
 
         runner = Rounds(client, clock, round_seconds=TIMEOUT, during=cancel, during_call="call_3")
-        reply = lease_service(store, clock, sink, runner).turn(
-            ANN, "c1", TurnRequest(input="hello")
+        reply = edge.turn(
+            lease_service(store, clock, sink, runner), ANN, "c1", TurnRequest(input="hello")
         )
     assert answers == ["running_tools"]
     assert reply.status == "complete" and reply.output_text == "Noted (2 user messages so far)."
-    events = other.events(ANN, "c1", after=0, limit=100).events
+    events = edge.events(other, ANN, "c1", after=0, limit=100).events
     kinds = [e.kind for e in events]
     assert kinds.count("tool_result") == CALLS and kinds.count("turn_interrupted") == 1
     assert kinds.index("turn_interrupted") < kinds.index("user_message", 1)

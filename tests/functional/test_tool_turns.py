@@ -19,6 +19,14 @@ from unittest import mock
 
 import httpx
 import pytest
+from turnledger.api.schemas import (
+    ApprovalRequest,
+    FunctionCallOutput,
+    InputMessage,
+    Rejection,
+    TurnRequest,
+    TurnResponse,
+)
 from turnledger.config import Settings
 from turnledger.context import build_messages
 from turnledger.exceptions import (
@@ -31,23 +39,17 @@ from turnledger.exceptions import (
     UnknownToolCall,
 )
 from turnledger.models import ConversationKey, Event, ToolCall
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.history import check_strict_history
-from turnledger.schemas import (
-    ApprovalRequest,
-    FunctionCallOutput,
-    InputMessage,
-    Rejection,
-    TurnRequest,
-    TurnResponse,
-)
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 from turnledger.sweep import Sweeper
 from turnledger.tools import ToolRegistry, ToolRunner, arguments_sha256
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock, corrupt_body
 from tests.support.providers import Recording
 
@@ -193,7 +195,7 @@ def harness(
 def turn(
     svc: Conversations, text: str, conversation: str = "conv-1", **fields: Any
 ) -> TurnResponse:
-    return svc.turn(ANN, conversation, TurnRequest(input=text, **fields))
+    return edge.turn(svc, ANN, conversation, TurnRequest(input=text, **fields))
 
 
 def decide(
@@ -205,11 +207,11 @@ def decide(
     reject: list[str | Rejection] | None = None,
 ) -> TurnResponse:
     request = ApprovalRequest(approve=approve or [], reject=reject or [])
-    return svc.approve(who, conversation, request)
+    return edge.approve(svc, who, conversation, request)
 
 
 def transcript(svc: Conversations, conversation: str = "conv-1") -> list[Event]:
-    page = svc.events(ANN, conversation, after=0, limit=1000)
+    page = edge.events(svc, ANN, conversation, after=0, limit=1000)
     assert page.next_after is None
     return [Event.model_validate(view.model_dump()) for view in page.events]
 
@@ -248,7 +250,7 @@ def test_approve_all_runs_each_call_once_and_the_model_gets_every_result(
     assert all(p.expires_at == deadline for p in first.pending_tool_calls)
     assert [o.type for o in first.output] == ["function_call", "function_call"]
     assert harness.sink.requests_for("/email") == []
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert view.status == "awaiting_approval"
     assert [(p.id, p.expires_at) for p in view.pending_tool_calls] == [
         ("call_1", deadline),
@@ -281,7 +283,7 @@ def test_approve_all_runs_each_call_once_and_the_model_gets_every_result(
         assert event.occurred_at == clock.now()
         assert event.payload["arguments_sha256"] == arguments_sha256(call["arguments"])
     assert [p["call_id"] for p in of_kind(events, "tool_result")] == ["call_1", "call_2"]
-    assert svc.get(ANN, "conv-1").status == "complete"
+    assert edge.get(svc, ANN, "conv-1").status == "complete"
     assert_history_is_strict(svc)
 
 
@@ -321,7 +323,7 @@ def test_partial_decisions_wait_for_the_last_one(harness: Harness) -> None:
 
     with pytest.raises(ApprovalPending) as refused:
         turn(svc, "Hello?")
-    assert [p["id"] for p in refused.value.details["pending_tool_calls"]] == ["call_2"]
+    assert [p.id for p in refused.value.pending] == ["call_2"]
     assert harness.sink.requests == []  # a refused turn runs nothing, not even approved calls
 
     done = decide(svc, reject=["call_2"])
@@ -446,7 +448,7 @@ def test_an_approval_continues_the_turn_with_its_model_and_tools(harness: Harnes
     [continued] = later.requests
     assert continued.model == "custom-model"
     assert [t.name for t in continued.tools] == ["send_email", "get_weather"]
-    assert harness.service().get(ANN, "conv-1").status == "complete"
+    assert edge.get(harness.service(), ANN, "conv-1").status == "complete"
 
 
 def test_call_level_require_approval_never_waives_the_registrys(harness: Harness) -> None:
@@ -467,7 +469,7 @@ def test_unknown_tools_in_a_turn_are_rejected_before_anything_is_stored(harness:
     with pytest.raises(UnknownTool):
         turn(svc, "hi", require_approval=["teleport"])
     with pytest.raises(ConversationNotFound):
-        svc.get(ANN, "conv-1")
+        edge.get(svc, ANN, "conv-1")
 
 
 def test_a_turn_offers_only_the_tools_it_names(harness: Harness) -> None:
@@ -485,12 +487,12 @@ def test_unknown_call_ids_are_refused_and_nothing_is_recorded(harness: Harness) 
     """Deciding a call that is not pending is 422 unknown_tool_call; no decision is stored."""
     svc = harness.service()
     turn(svc, lines(tool_line("send_email", to="a@x"), tool_line("send_email", to="b@x")))
-    before = svc.get(ANN, "conv-1")
+    before = edge.get(svc, ANN, "conv-1")
     with pytest.raises(UnknownToolCall) as unknown:
         decide(svc, approve=["call_1", "call_9"])
     assert unknown.value.details["unknown"] == ["call_9"]
     assert unknown.value.details["pending"] == ["call_1", "call_2"]
-    assert svc.get(ANN, "conv-1") == before
+    assert edge.get(svc, ANN, "conv-1") == before
     assert harness.sink.requests == []
 
 
@@ -515,7 +517,7 @@ def test_another_tenant_cannot_approve(harness: Harness) -> None:
     svc = harness.service()
     turn(svc, tool_line("send_email", to="a@x"))
     with pytest.raises(ConversationNotFound):
-        svc.approve(Caller("tenant-b", "eve"), "conv-1", ApprovalRequest(approve=["call_1"]))
+        edge.approve(svc, Caller("tenant-b", "eve"), "conv-1", ApprovalRequest(approve=["call_1"]))
     assert harness.sink.requests == []
 
 
@@ -525,7 +527,7 @@ def test_approval_after_a_process_restart_days_later(harness: Harness, clock: Fa
     turn(harness.service(**settings), tool_line("send_email", to="a@x"))
     clock.advance(3 * 24 * 3600)
     restarted = harness.service(**settings)
-    assert [p.id for p in restarted.get(ANN, "conv-1").pending_tool_calls] == ["call_1"]
+    assert [p.id for p in edge.get(restarted, ANN, "conv-1").pending_tool_calls] == ["call_1"]
     done = decide(restarted, who=BEN, approve=["call_1"])
     assert done.status == "complete"
     assert len(harness.sink.requests_for("/email")) == 1
@@ -565,7 +567,7 @@ def test_two_approvers_racing_one_wins_the_tool_runs_once(harness: Harness) -> N
     svc = harness.service()
     [resolved] = of_kind(transcript(svc), "approval_resolved")
     assert resolved["approver"] == won[0]
-    assert svc.get(ANN, "conv-1").status == "complete"
+    assert edge.get(svc, ANN, "conv-1").status == "complete"
 
 
 def test_approval_is_bound_to_the_exact_arguments(harness: Harness) -> None:
@@ -630,7 +632,7 @@ def test_a_decision_after_expiry_is_refused_and_the_expiry_recorded(
     with pytest.raises(NotAwaitingApproval) as late:
         decide(svc, approve=["call_1"])
     assert late.value.details["expired"] == ["call_1"]
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.status, view.pending_tool_calls) == ("complete", [])
     [result] = of_kind(transcript(svc), "tool_result")
     assert result["output"] == "tool call send_email was not run: approval expired"
@@ -677,19 +679,21 @@ def test_client_tools_wait_for_the_callers_output(harness: Harness) -> None:
     assert [(p.id, p.requires, p.expires_at) for p in first.pending_tool_calls] == [
         ("call_1", "client", None)
     ]
-    assert svc.get(ANN, "conv-1").status == "awaiting_client_tools"
+    assert edge.get(svc, ANN, "conv-1").status == "awaiting_client_tools"
     with pytest.raises(NotAwaitingApproval):
         decide(svc, approve=["call_1"])
 
     with pytest.raises(UnknownToolCall):
-        svc.turn(
+        edge.turn(
+            svc,
             ANN,
             "conv-1",
             TurnRequest(
                 input=[FunctionCallOutput(type="function_call_output", call_id="x", output="?")]
             ),
         )
-    done = svc.turn(
+    done = edge.turn(
+        svc,
         ANN,
         "conv-1",
         TurnRequest(
@@ -710,11 +714,11 @@ def test_some_client_outputs_keep_waiting_for_the_rest(harness: Harness) -> None
     svc = harness.service()
     turn(svc, lines(tool_line("lookup_user", user_id="u1"), tool_line("lookup_user", user_id="u2")))
     output = FunctionCallOutput(type="function_call_output", call_id="call_2", output="Bo")
-    waiting = svc.turn(ANN, "conv-1", TurnRequest(input=[output]))
+    waiting = edge.turn(svc, ANN, "conv-1", TurnRequest(input=[output]))
     assert waiting.status == "awaiting_client_tools"
     assert [p.id for p in waiting.pending_tool_calls] == ["call_1"]
     output = FunctionCallOutput(type="function_call_output", call_id="call_1", output="Al")
-    done = svc.turn(ANN, "conv-1", TurnRequest(input=[output]))
+    done = edge.turn(svc, ANN, "conv-1", TurnRequest(input=[output]))
     assert done.output_text == "Tool results: lookup_user: Al; lookup_user: Bo"
     assert_history_is_strict(svc)
 
@@ -730,7 +734,7 @@ def test_a_new_message_while_client_tools_wait_clears_them(harness: Harness) -> 
     assert reply.output_text == "Your name is Ada."
     [result] = of_kind(transcript(svc), "tool_result")
     assert result["is_error"] and "unresolved" in result["output"]
-    assert svc.get(ANN, "conv-1").pending_tool_calls == []
+    assert edge.get(svc, ANN, "conv-1").pending_tool_calls == []
     assert_history_is_strict(svc)
 
 
@@ -738,7 +742,8 @@ def test_outputs_and_a_message_in_one_input(harness: Harness) -> None:
     """An input may carry the output and a new message together: both are recorded, in order."""
     svc = harness.service()
     turn(svc, tool_line("lookup_user", user_id="u1"))
-    reply = svc.turn(
+    reply = edge.turn(
+        svc,
         ANN,
         "conv-1",
         TurnRequest(
@@ -830,7 +835,7 @@ def test_the_step_limit_ends_the_turn_with_a_reason(harness: Harness) -> None:
     assert len(provider.requests) == 3
     assert len(harness.sink.requests_for("/weather")) == 3
     assert [o.type for o in reply.output] == ["function_call"] * 3
-    assert svc.get(ANN, "conv-1").status == "complete"
+    assert edge.get(svc, ANN, "conv-1").status == "complete"
     # Every result is recorded; the conversation goes on.
     assert len(of_kind(transcript(svc), "tool_result")) == 3
     provider.replies = [ModelReply(text="Fine.")]
@@ -885,7 +890,7 @@ def test_expiry_is_shown_at_once_then_recorded_by_expire_waits(
     listed = harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=10).entries
     assert [(e.call_id, e.requested_by) for e in listed] == [(call.id, "ann")]
     clock.advance(601)
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert view.pending_tool_calls == []
     assert [c.id for c in view.expired_tool_calls] == [call.id]
     assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=10).entries == []
@@ -899,7 +904,7 @@ def test_expiry_is_shown_at_once_then_recorded_by_expire_waits(
     ]
     assert events[-3].payload["call_id"] == call.id
     assert events[-1].payload["output"] == "tool call send_email was not run: approval expired"
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.status, view.pending_tool_calls, view.expired_tool_calls) == ("complete", [], [])
     # The entry is gone from the index itself, not only hidden by its expiry.
     before = first.pending_tool_calls[0].expires_at - timedelta(seconds=1)
@@ -924,7 +929,7 @@ def test_the_sweep_records_expired_approvals_nobody_touches(
         "approval_resolved",
         "tool_result",
     ]
-    assert svc.get(ANN, "fresh").pending_tool_calls != []
+    assert edge.get(svc, ANN, "fresh").pending_tool_calls != []
     assert [
         e.conversation_id
         for e in harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries

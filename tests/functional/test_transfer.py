@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.config import Settings
 from turnledger.context import build_messages
 from turnledger.exceptions import (
@@ -21,10 +22,9 @@ from turnledger.exceptions import (
     TurnledgerError,
 )
 from turnledger.models import ConversationKey, ConversationStatus, Event
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import Message
 from turnledger.providers.history import build_strict_history, check_strict_history
-from turnledger.schemas import ApprovalRequest, TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 from turnledger.sweep import Sweeper
@@ -32,6 +32,8 @@ from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.transfer import export_text, import_text
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 from tests.support.providers import Recording
 
@@ -72,7 +74,7 @@ def service(store: ConversationStore, clock: FakeClock, sink: HttpSink) -> Itera
 
 
 def say(svc: Conversations, text: str, conversation: str, who: Caller = ANN) -> str:
-    reply = svc.turn(who, conversation, TurnRequest(input=text))
+    reply = edge.turn(svc, who, conversation, TurnRequest(input=text))
     assert reply.output_text is not None
     return reply.output_text
 
@@ -88,7 +90,7 @@ def load(svc: Conversations, conversation: str, text: str, who: Caller = ANN) ->
 
 
 def transcript(svc: Conversations, conversation: str, who: Caller = ANN) -> list[Event]:
-    page = svc.events(who, conversation, after=0, limit=1000)
+    page = edge.events(svc, who, conversation, after=0, limit=1000)
     return [Event.model_validate(view.model_dump()) for view in page.events]
 
 
@@ -123,18 +125,22 @@ def test_a_round_trip_under_another_tenant_answers_the_same(service: Conversatio
     copy = ConversationKey(tenant=BOB.tenant, conversation_id="copy")
     assert list(service.store.blobs.list_keys(keys.blob_prefix(copy)))  # offloaded again
     assert say(service, "What is my name?", "copy", BOB) == "Your name is Ada."
-    view = service.get(BOB, "copy")
+    view = edge.get(service, BOB, "copy")
     assert (view.turns, view.events, view.status) == (3, 6, "complete")
     with pytest.raises(ConversationNotFound):
-        service.get(BOB, "orig")  # the tenant is the importer's, never the file's
+        edge.get(service, BOB, "orig")  # the tenant is the importer's, never the file's
 
 
 def test_a_conversation_with_approvals_round_trips(service: Conversations, sink: HttpSink) -> None:
     """Approved and rejected calls, their results and decisions, travel with the export."""
-    paused = service.turn(ANN, "tools", TurnRequest(input='/tool send_email {"to": "a@x.io"}'))
-    service.approve(ANN, "tools", ApprovalRequest(approve=[paused.pending_tool_calls[0].id]))
-    paused = service.turn(ANN, "tools", TurnRequest(input='/tool send_email {"to": "b@x.io"}'))
-    service.approve(ANN, "tools", ApprovalRequest(reject=[paused.pending_tool_calls[0].id]))
+    paused = edge.turn(
+        service, ANN, "tools", TurnRequest(input='/tool send_email {"to": "a@x.io"}')
+    )
+    edge.approve(service, ANN, "tools", ApprovalRequest(approve=[paused.pending_tool_calls[0].id]))
+    paused = edge.turn(
+        service, ANN, "tools", TurnRequest(input='/tool send_email {"to": "b@x.io"}')
+    )
+    edge.approve(service, ANN, "tools", ApprovalRequest(reject=[paused.pending_tool_calls[0].id]))
     load(service, "tools-copy", export(service, "tools"))
     kinds = [e.kind.value for e in transcript(service, "tools-copy")]
     assert kinds.count("approval_resolved") == 2 and "tool_result" in kinds
@@ -149,14 +155,14 @@ def test_an_import_onto_a_taken_id_is_refused(service: Conversations) -> None:
     text = export(service, "one")
     with pytest.raises(ConversationExists):
         load(service, "one", text)
-    service.clear(ANN, "one")
+    edge.clear(service, ANN, "one")
     load(service, "one", text)
-    assert service.get(ANN, "one").turns == 1
+    assert edge.get(service, ANN, "one").turns == 1
 
 
 def test_a_conversation_with_pending_calls_is_not_imported(service: Conversations) -> None:
     """A paused turn exports (a backup), but is refused on import: decide it first."""
-    service.turn(ANN, "paused", TurnRequest(input='/tool send_email {"to": "a@x.io"}'))
+    edge.turn(service, ANN, "paused", TurnRequest(input='/tool send_email {"to": "a@x.io"}'))
     with pytest.raises(RequestValidationFailed, match="pending"):
         load(service, "paused-copy", export(service, "paused"))
 
@@ -252,14 +258,14 @@ def test_an_import_that_fails_midway_leaves_nothing_visible(
         load(service, "dst", text)
     monkeypatch.undo()
     with pytest.raises(ConversationNotFound):
-        service.get(ANN, "dst")
+        edge.get(service, ANN, "dst")
     assert leaves_nothing(store, key)
 
     # A crash after the staging writes: the flip and the clean-up never happen. What is
     # left is a hidden tombstone, finished like any purge that died: by DELETE, by the
     # on-demand sweep, or (on DynamoDB) by its TTL and the stream's reclaim.
     for finish in (
-        lambda: service.clear(ANN, "dst"),
+        lambda: edge.clear(service, ANN, "dst"),
         lambda: Sweeper(store, clock=clock.now).conversations([key]),
         lambda: Sweeper(store, clock=clock.now).reclaim([key]),
     ):
@@ -271,8 +277,8 @@ def test_an_import_that_fails_midway_leaves_nothing_visible(
         staged = store.get_head(key)
         assert staged is not None and staged.status is ConversationStatus.CLEARED
         with pytest.raises(ConversationNotFound):
-            service.get(ANN, "dst")
+            edge.get(service, ANN, "dst")
         finish()
         assert leaves_nothing(store, key)
     load(service, "dst", text)  # the id is free
-    assert service.get(ANN, "dst").events == 120
+    assert edge.get(service, ANN, "dst").events == 120

@@ -7,10 +7,12 @@ Local.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import replace
 
 import pytest
+from turnledger.api.schemas import TurnRequest
 from turnledger.config import Settings
 from turnledger.exceptions import (
     ConversationBusy,
@@ -21,13 +23,19 @@ from turnledger.exceptions import (
     ProviderTimeout,
     UnsupportedStateVersion,
 )
-from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
-from turnledger.pipeline import Caller, Conversations
+from turnledger.models import (
+    CONVERSATION_ID_PATTERN,
+    SUPPORTED_SCHEMA_VERSIONS,
+    ConversationKey,
+    validate_conversation_id,
+)
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelRequest, Provider
-from turnledger.schemas import TurnRequest
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock, corrupt
 from tests.support.providers import Recording
 
@@ -50,7 +58,7 @@ def service(
 
 
 def say(svc: Conversations, text: str, conversation: str = "conv-1", who: Caller = ANN) -> str:
-    reply = svc.turn(who, conversation, TurnRequest(input=text))
+    reply = edge.turn(svc, who, conversation, TurnRequest(input=text))
     assert reply.output_text is not None
     return reply.output_text
 
@@ -74,7 +82,7 @@ def test_turn_three_remembers_turns_one_and_two(store: ConversationStore, clock:
         ("assistant", "Your name is Ann."),
         ("user", "And again: what is my name?"),
     ]
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.turns, view.events, view.status) == (4, 8, "complete")
 
 
@@ -90,7 +98,7 @@ def test_interleaved_conversations_share_nothing(
         say(svc, "Nice weather.", conversation)
     for conversation, name in names.items():
         assert say(svc, "What is my name?", conversation) == f"Your name is {name}."
-        assert svc.get(ANN, conversation).events == 6
+        assert edge.get(svc, ANN, conversation).events == 6
 
 
 def test_concurrent_conversations_share_nothing(store: ConversationStore, clock: FakeClock) -> None:
@@ -116,7 +124,7 @@ def test_concurrent_conversations_share_nothing(store: ConversationStore, clock:
         thread.join()
     assert errors == []
     for index in range(8):
-        assert svc.get(ANN, f"parallel-{index}").turns == 3
+        assert edge.get(svc, ANN, f"parallel-{index}").turns == 3
 
 
 def test_same_id_under_two_tenants_is_two_conversations(
@@ -126,11 +134,11 @@ def test_same_id_under_two_tenants_is_two_conversations(
     svc = service(store, clock)
     say(svc, "My name is Ann.", "shared-id", ANN)
     with pytest.raises(ConversationNotFound):
-        svc.get(BOB, "shared-id")
+        edge.get(svc, BOB, "shared-id")
     assert say(svc, "What is my name?", "shared-id", BOB) == "I don't know your name yet."
     assert say(svc, "What is my name?", "shared-id", ANN) == "Your name is Ann."
-    svc.clear(BOB, "shared-id")
-    assert svc.get(ANN, "shared-id").turns == 2
+    edge.clear(svc, BOB, "shared-id")
+    assert edge.get(svc, ANN, "shared-id").turns == 2
 
 
 def test_idle_conversation_expires_at_once_and_restarts_fresh(
@@ -140,19 +148,19 @@ def test_idle_conversation_expires_at_once_and_restarts_fresh(
     svc = service(store, clock, ttl_seconds=60)
     say(svc, "My name is Ann.")
     clock.advance(59)
-    assert svc.get(ANN, "conv-1").turns == 1
+    assert edge.get(svc, ANN, "conv-1").turns == 1
     say(svc, "Still here.")  # refreshes the TTL
     clock.advance(59)
     assert say(svc, "What is my name?") == "Your name is Ann."
     clock.advance(60)
     with pytest.raises(ConversationNotFound):
-        svc.get(ANN, "conv-1")
+        edge.get(svc, ANN, "conv-1")
     with pytest.raises(ConversationNotFound):
-        svc.events(ANN, "conv-1", after=0, limit=10)
+        edge.events(svc, ANN, "conv-1", after=0, limit=10)
     assert say(svc, "What is my name?") == "I don't know your name yet."
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert (view.turns, view.events) == (1, 2)
-    page = svc.events(ANN, "conv-1", after=0, limit=10)
+    page = edge.events(svc, ANN, "conv-1", after=0, limit=10)
     assert [e.sequence for e in page.events] == [1, 2]
     assert page.events[0].payload["content"] == "What is my name?"
 
@@ -162,7 +170,7 @@ def test_ttl_zero_never_expires(store: ConversationStore, clock: FakeClock) -> N
     svc = service(store, clock, ttl_seconds=0)
     say(svc, "My name is Ann.")
     clock.advance(10 * 365 * 24 * 3600)
-    view = svc.get(ANN, "conv-1")
+    view = edge.get(svc, ANN, "conv-1")
     assert view.expires_at is None and view.ttl_seconds == 0
     assert say(svc, "What is my name?") == "Your name is Ann."
 
@@ -174,8 +182,8 @@ def test_tenant_ttl_overrides_the_default(store: ConversationStore, clock: FakeC
     say(svc, "Hi.", "c", BOB)
     clock.advance(3600)
     with pytest.raises(ConversationNotFound):
-        svc.get(ANN, "c")
-    assert svc.get(BOB, "c").turns == 1
+        edge.get(svc, ANN, "c")
+    assert edge.get(svc, BOB, "c").turns == 1
 
 
 def test_clear_deletes_one_conversation_and_spares_its_siblings(
@@ -185,12 +193,12 @@ def test_clear_deletes_one_conversation_and_spares_its_siblings(
     svc = service(store, clock)
     say(svc, "My name is Ann.", "a")
     say(svc, "My name is Bea.", "b")
-    report = svc.clear(ANN, "a")
+    report = edge.clear(svc, ANN, "a")
     assert (report.conversations, report.events) == (1, 2)
     with pytest.raises(ConversationNotFound):
-        svc.get(ANN, "a")
+        edge.get(svc, ANN, "a")
     assert say(svc, "What is my name?", "b") == "Your name is Bea."
-    assert svc.clear(ANN, "never-existed").conversations == 0
+    assert edge.clear(svc, ANN, "never-existed").conversations == 0
     assert say(svc, "What is my name?", "a") == "I don't know your name yet."
 
 
@@ -214,7 +222,7 @@ def test_damaged_state_fails_loudly_and_delete_recovers(
     if expected is UnsupportedStateVersion:
         assert raised.value.details["found"] == 99
         assert raised.value.details["supported"] == SUPPORTED_SCHEMA_VERSIONS
-    svc.clear(ANN, "conv-1")
+    edge.clear(svc, ANN, "conv-1")
     assert say(svc, "What is my name?") == "I don't know your name yet."
 
 
@@ -241,10 +249,10 @@ def test_racing_turns_one_commits_the_other_is_busy(
         thread.join()
     busy = [t for t, o in outcomes.items() if isinstance(o, ConversationBusy)]
     assert len(busy) == 1
-    page = svc.events(ANN, "conv-1", after=0, limit=100)
+    page = edge.events(svc, ANN, "conv-1", after=0, limit=100)
     contents = [e.payload.get("content") for e in page.events]
     assert busy[0] not in contents
-    assert len(page.events) == 4 and svc.get(ANN, "conv-1").turns == 2
+    assert len(page.events) == 4 and edge.get(svc, ANN, "conv-1").turns == 2
 
 
 @pytest.mark.parametrize("failure", [ProviderError, ProviderTimeout])
@@ -259,12 +267,12 @@ def test_provider_failure_is_recorded_as_turn_failed_and_nothing_else(
 
     svc = service(store, clock)
     say(svc, "My name is Ann.")
-    before = svc.get(ANN, "conv-1")
+    before = edge.get(svc, ANN, "conv-1")
     with pytest.raises(failure):
         say(service(store, clock, Recording(before=fail)), "This is lost.")
-    after = svc.get(ANN, "conv-1")
+    after = edge.get(svc, ANN, "conv-1")
     assert (after.turns, after.events, after.failed_turns) == (before.turns, 3, 1)
-    failed = svc.events(ANN, "conv-1", after=2, limit=10).events
+    failed = edge.events(svc, ANN, "conv-1", after=2, limit=10).events
     assert [e.kind for e in failed] == ["turn_failed"]
     assert failed[0].turn == 2
     assert failed[0].payload == {
@@ -277,10 +285,10 @@ def test_provider_failure_is_recorded_as_turn_failed_and_nothing_else(
     assert say(service(store, clock, recording), "What is my name?") == "Your name is Ann."
     sent = [m.content for m in recording.requests[-1].messages]
     assert sent == ["My name is Ann.", "Noted (1 user messages so far).", "What is my name?"]
-    assert svc.get(ANN, "conv-1").turns == 2
+    assert edge.get(svc, ANN, "conv-1").turns == 2
     with pytest.raises(failure):
         say(service(store, clock, Recording(before=fail)), "Also lost.", "new-conv")
-    fresh = svc.get(ANN, "new-conv")
+    fresh = edge.get(svc, ANN, "new-conv")
     assert (fresh.turns, fresh.events, fresh.failed_turns) == (0, 1, 1)
 
 
@@ -293,7 +301,7 @@ def test_turn_racing_a_clear_never_resurrects_half_a_history(
     cleared = threading.Event()
 
     def clear_first(_request: ModelRequest) -> None:
-        svc.clear(ANN, "conv-1")
+        edge.clear(svc, ANN, "conv-1")
         cleared.set()
 
     racer = service(store, clock, Recording(before=clear_first))
@@ -301,9 +309,9 @@ def test_turn_racing_a_clear_never_resurrects_half_a_history(
         say(racer, "I began before the clear.")
     assert cleared.is_set()
     with pytest.raises(ConversationNotFound):
-        svc.get(ANN, "conv-1")
+        edge.get(svc, ANN, "conv-1")
     assert say(svc, "What is my name?") == "I don't know your name yet."
-    assert [e.sequence for e in svc.events(ANN, "conv-1", after=0, limit=10).events] == [1, 2]
+    assert [e.sequence for e in edge.events(svc, ANN, "conv-1", after=0, limit=10).events] == [1, 2]
 
 
 def test_large_message_round_trips_whole_through_s3(
@@ -314,18 +322,20 @@ def test_large_message_round_trips_whole_through_s3(
     big = "My name is Ann. " + "x" * 600_000
     say(svc, big)
     assert say(svc, "What is my name?") == "Your name is Ann."
-    [first] = svc.events(ANN, "conv-1", after=0, limit=1).events
+    [first] = edge.events(svc, ANN, "conv-1", after=0, limit=1).events
     assert first.payload["content"] == big
 
 
-def test_invalid_conversation_id_is_rejected_before_any_io(
+def test_invalid_conversation_id_is_rejected_by_the_one_rule(
     store: ConversationStore, clock: FakeClock
 ) -> None:
-    """Ids break the rule: 400 before anything is read or written."""
+    """Ids break the rule (the edge checks it before any I/O, tests/http); a 128-character
+    id that keeps it is a conversation like any other."""
     svc = service(store, clock)
     for bad in ["", "-leading-dash", "has space", "x" * 129, "slash/inside", "hash#inside"]:
         with pytest.raises(InvalidConversationId):
-            svc.turn(ANN, bad, TurnRequest(input="hi"))
+            validate_conversation_id(bad)
+        assert not re.fullmatch(CONVERSATION_ID_PATTERN, bad)
     assert say(svc, "hi", "A." + "b" * 126) == "Noted (1 user messages so far)."
 
 
@@ -337,7 +347,7 @@ def test_events_route_pages_in_sequence_order(store: ConversationStore, clock: F
     seen: list[int] = []
     after: int | None = 0
     while after is not None:
-        page = svc.events(ANN, "conv-1", after=after, limit=3)
+        page = edge.events(svc, ANN, "conv-1", after=after, limit=3)
         seen.extend(e.sequence for e in page.events)
         after = page.next_after
     assert seen == list(range(1, 11))

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from turnledger.api.schemas import TurnRequest, TurnResponse
 from turnledger.config import Settings
 from turnledger.context import (
     SUMMARY_PREFIX,
@@ -34,16 +35,17 @@ from turnledger.models import (
     Event,
     EventKind,
 )
-from turnledger.pipeline import Caller, Conversations
+from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
 from turnledger.redaction import Redactor
-from turnledger.schemas import TurnRequest, TurnResponse
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.support import edge
+from tests.support.edge import Caller
 from tests.support.factories import FakeClock
 from tests.support.providers import Recording
 
@@ -73,14 +75,14 @@ def service(
 
 
 def turn(svc: Conversations, text: str, conversation: str = "conv-1") -> TurnResponse:
-    return svc.turn(ANN, conversation, TurnRequest(input=text))
+    return edge.turn(svc, ANN, conversation, TurnRequest(input=text))
 
 
 def transcript(svc: Conversations, conversation: str = "conv-1") -> list[Event]:
     events: list[Event] = []
     after = 0
     while True:
-        page = svc.events(ANN, conversation, after=after, limit=1000)
+        page = edge.events(svc, ANN, conversation, after=after, limit=1000)
         events.extend(Event.model_validate(view.model_dump()) for view in page.events)
         if page.next_after is None:
             return events
@@ -287,7 +289,7 @@ def test_a_summary_never_splits_a_tool_call_from_its_result_nor_covers_a_pending
                 turn(svc, ten_words(index))
         paused = turn(svc, '/tool send_email {"to": "bob@example.com"}')
         assert paused.status == "awaiting_approval"
-        approved = svc.approve(ANN, "conv-1", _approve("call_1"))
+        approved = edge.approve(svc, ANN, "conv-1", _approve("call_1"))
         assert approved.status == "complete"
         events = transcript(svc)
         for summary in summaries(events):
@@ -317,7 +319,7 @@ def test_a_summary_never_splits_a_tool_call_from_its_result_nor_covers_a_pending
 
 
 def _approve(call_id: str) -> Any:
-    from turnledger.schemas import ApprovalRequest
+    from turnledger.api.schemas import ApprovalRequest
 
     return ApprovalRequest(approve=[call_id])
 
@@ -377,13 +379,13 @@ def test_the_turn_that_crosses_the_conversation_budget_is_delivered_the_next_is_
     with pytest.raises(BudgetExceeded) as refused:
         turn(svc, "one more")
     assert refused.value.details == {"limit": 60, "used": used}
-    head = svc.get(ANN, "conv-1")
+    head = edge.get(svc, ANN, "conv-1")
     assert head.usage.input_tokens + head.usage.output_tokens == used
     # Per-tenant override: another tenant's budget is its own.
     other = service(
         store, clock, conversation_token_budget=60, tenant_conversation_token_budget={"tenant-b": 0}
     )
-    other.turn(Caller(tenant="tenant-b", actor="bob"), "conv-1", TurnRequest(input="hi"))
+    edge.turn(other, Caller(tenant="tenant-b", actor="bob"), "conv-1", TurnRequest(input="hi"))
 
 
 def test_a_turn_budget_ends_a_tool_loop_cleanly(
@@ -431,7 +433,7 @@ def test_usage_and_estimated_cost_roll_up_on_the_head(
     first = turn(svc, "My name is Ann.")
     second = turn(svc, "What is my name?")
     usage = first.usage + second.usage
-    head = svc.get(ANN, "conv-1")
+    head = edge.get(svc, ANN, "conv-1")
     assert head.usage == usage
     assert head.cost_usd == pytest.approx(
         (usage.input_tokens * 2.0 + usage.output_tokens * 8.0) / 1e6

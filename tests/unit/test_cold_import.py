@@ -37,7 +37,7 @@ HEAVY = (
     "turnledger.tools",
     "turnledger.store",
     "turnledger.models",
-    "turnledger.schemas",
+    "turnledger.api.schemas",
 )
 
 _PROBE = """

@@ -224,8 +224,8 @@ def test_require_settled_names_what_blocks_a_new_turn() -> None:
         require_settled([call("awaiting_input"), call("awaiting_approval", "c2")])
     with pytest.raises(InputPending) as waiting:
         require_settled([call("deferred", task_id="t")])
-    [listed] = waiting.value.details["pending_tool_calls"]
-    assert (listed["requires"], listed["task_id"]) == ("async", "t")
+    [listed] = waiting.value.pending
+    assert (listed.state, listed.task_id) == ("deferred", "t")
     require_settled([call("awaiting_input")], answered=["c1"])
 
 

@@ -33,7 +33,11 @@ hierarchy to responses and never matches on message text::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .models import PendingCall
 
 
 class TurnledgerError(Exception):
@@ -97,7 +101,22 @@ class ConversationBusy(TurnledgerError):
         return int(value) if isinstance(value, int | float) else None
 
 
-class ApprovalPending(TurnledgerError):
+class _CallsPending(TurnledgerError):
+    """Calls of the conversation wait for someone: ``pending`` names them (the HTTP
+    edge shows them as ``details.pending_tool_calls``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pending: Sequence[PendingCall] = (),
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, details=details)
+        self.pending: list[PendingCall] = list(pending)
+
+
+class ApprovalPending(_CallsPending):
     """A turn was sent while tool calls await approval."""
 
     status = 409
@@ -247,7 +266,7 @@ class InvalidHistory(InternalError):
     """The history about to be sent to a strict provider breaks its message rules."""
 
 
-class InputPending(TurnledgerError):
+class InputPending(_CallsPending):
     """A plain turn was sent while human-input or deferred tool calls wait for their output."""
 
     status = 409

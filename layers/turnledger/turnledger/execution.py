@@ -18,6 +18,7 @@ from math import ceil
 from typing import Any, Literal
 
 from . import callbacks, deadline
+from .commands import ClientOutput
 from .config import Settings
 from .exceptions import ConversationBusy, InternalError, UnknownToolCall
 from .models import (
@@ -39,7 +40,7 @@ from .models import (
 from .observability import logger
 from .providers.base import Provider
 from .providers.retry import Backoff
-from .schemas import FunctionCallOutput, OutputFunctionCall, OutputMessage
+from .results import OutputCall, OutputText
 from .session import Clock, Session
 from .tools.approval import arguments_sha256, requirement
 from .tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
@@ -69,7 +70,7 @@ class TurnWork:
     owner: str = field(default_factory=lambda: secrets.token_hex(8))
     response_format: JsonObjectFormat | JsonSchemaFormat | None = None
     extra_approval: set[str] = field(default_factory=set)
-    output: list[OutputMessage | OutputFunctionCall] = field(default_factory=list)
+    output: list[OutputText | OutputCall] = field(default_factory=list)
     output_text: str | None = None
     output_json: Any = None
     messages_sent: int = 0
@@ -142,7 +143,7 @@ class ToolCalls:
         now = self.clock()
         for call in calls:
             work.output.append(
-                OutputFunctionCall(call_id=call.id, name=call.name, arguments=call.arguments)
+                OutputCall(call_id=call.id, name=call.name, arguments=call.arguments)
             )
             tool = offered.get(call.name)
             error = f"unknown tool {call.name!r}" if tool is None else tool.validate_call(call)
@@ -428,7 +429,7 @@ class ToolCalls:
         session.life.settle(p.id for p in rejected)
 
     def apply_client_outputs(
-        self, work: TurnWork, outputs: list[FunctionCallOutput], *, closing: bool
+        self, work: TurnWork, outputs: list[ClientOutput], *, closing: bool
     ) -> None:
         """Record client tool results; a new message closes the calls left unanswered."""
         session = work.session

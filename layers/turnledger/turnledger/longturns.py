@@ -15,8 +15,10 @@ gives retries (2) and an on-failure destination without a queue to run,
 poll or pay for; a turn is one message with no ordering needs beyond the
 conversation's own optimistic lock.
 
-Readers (:func:`turn_view`, :func:`stream_page`) read the draft items only:
-any process can follow any turn, from any chunk.
+Readers (:func:`read_turn`, :func:`follow`) read the draft items only: any
+process can follow any turn, from any chunk. The HTTP bodies of all this (the
+``202``, progress, stream pages and their SSE framing) are the edge's
+(:mod:`turnledger.api.streaming`).
 """
 
 from __future__ import annotations
@@ -24,13 +26,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from . import drafts
+from .commands import Decisions, TurnCommand
 from .drafts import DraftState, DraftWriter
 from .exceptions import (
     ConversationBusy,
@@ -40,10 +41,10 @@ from .exceptions import (
     ServiceUnavailable,
     TurnledgerError,
 )
-from .models import ConversationKey, Head, validate_conversation_id
+from .models import ConversationKey, Head
 from .observability import logger
-from .pipeline import Caller, Conversations
-from .schemas import ApprovalRequest, InputMessage, TurnRequest
+from .pipeline import Conversations
+from .results import TurnResult
 from .turnstate import DraftMove, awaits_decision, draft_move, is_tombstone, refuse_new_turn
 
 #: The worker's event marks itself, so a stray event is refused, not run.
@@ -83,67 +84,14 @@ class TurnSuperseded(TurnledgerError):
     code = "turn_superseded"
 
 
-class AsyncTurnAccepted(BaseModel):
-    """The ``202`` answer of an accepted long turn."""
+@dataclass(frozen=True)
+class DraftRead:
+    """What a reader of a turn's draft got: chunks after a point, and the draft's state."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    conversation_id: str
-    turn: int
-    status: Literal["in_progress"] = "in_progress"
-    stream_url: str
-
-
-class TurnProgress(BaseModel):
-    """``GET .../turns/{n}`` while the turn runs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    conversation_id: str
-    turn: int
-    status: Literal["in_progress"] = "in_progress"
-    draft_text: str
-
-
-class ChunkView(BaseModel):
-    """One chunk of a draft."""
-
-    seq: int
-    text: str
-
-
-class StreamPage(BaseModel):
-    """``GET .../turns/{n}/stream``: chunks after ``after``; ``result`` once ``done``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    conversation_id: str
-    turn: int
-    chunks: list[ChunkView] = Field(default_factory=list)
-    #: Pass as ``after`` to read on (the last chunk's seq, or ``after`` if none came).
+    chunks: list[drafts.Chunk]
+    #: Read on after this (the last chunk's seq, or where the read started if none came).
     next_after: int
-    done: bool
-    #: ``in_progress``, ``done``, or ``interrupted`` (failed or cancelled: see ``reason``).
-    status: str
-    reason: str | None = None
-    #: Once done: the turn's response (a synchronous turn's shape), or its error body.
-    result: dict[str, Any] | None = None
-
-
-def prefers_async(prefer: str | None) -> bool:
-    """Whether a ``Prefer`` header (RFC 7240) asks for ``respond-async``."""
-    if not prefer:
-        return False
-    for preference in prefer.split(","):
-        token = preference.split(";", 1)[0].strip().lower()
-        if token == "respond-async":
-            return True
-    return False
-
-
-def turn_url(conversation_id: str, turn: int) -> str:
-    """Where a turn's progress or final response is read (the ``Location`` of a ``202``)."""
-    return f"/v1/conversations/{conversation_id}/turns/{turn}"
+    state: DraftState
 
 
 # --- accepting ----------------------------------------------------------------------------
@@ -202,15 +150,17 @@ def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) 
 
 def accept(
     service: Conversations,
-    caller: Caller,
-    conversation_id: str,
-    kind: RouteKind,
-    request: TurnRequest | ApprovalRequest,
+    key: ConversationKey,
+    actor: str,
+    command: TurnCommand | Decisions,
     invoke: Callable[[dict[str, Any]], None],
-) -> AsyncTurnAccepted:
+) -> int:
     """Accept a long turn: check it, mark its draft in progress, start the worker.
 
     ``invoke(payload)`` starts the worker asynchronously (:func:`invoke_worker`).
+
+    Returns:
+        The number of the turn the worker runs (or continues).
 
     Raises:
         AsyncTurnsUnavailable: no worker function is configured.
@@ -223,23 +173,21 @@ def accept(
         raise AsyncTurnsUnavailable(
             "this deployment runs no turn worker; send the request without Prefer: respond-async",
         )
-    key = ConversationKey(
-        tenant=caller.tenant, conversation_id=validate_conversation_id(conversation_id)
-    )
+    conversation_id = key.conversation_id
     head = _visible(service, key)
-    if isinstance(request, TurnRequest):
-        service.provider_for(request.provider)
-        service.tools.select(request.tools)
-        for name in request.require_approval:
+    kind: RouteKind
+    if isinstance(command, TurnCommand):
+        kind = "turn"
+        service.provider_for(command.provider)
+        service.tools.select(command.tools)
+        for name in command.require_approval:
             service.tools.get(name)
         _check_startable(service, head, key)
-        new_turn = isinstance(request.input, str) or any(
-            isinstance(i, InputMessage) for i in request.input
-        )
-        turn = (head.turn if head is not None else 0) + (1 if new_turn else 0)
+        turn = (head.turn if head is not None else 0) + (1 if command.starts_turn else 0)
         if turn == 0:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
     else:
+        kind = "approval"
         if head is None:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         if not awaits_decision(head):
@@ -248,11 +196,11 @@ def accept(
     payload = {
         "kind": WORKER_EVENT,
         "route": kind,
-        "tenant": caller.tenant,
-        "actor": caller.actor,
+        "tenant": key.tenant,
+        "actor": actor,
         "conversation_id": conversation_id,
         "turn": turn,
-        "body": request.model_dump(mode="json"),
+        "command": command.model_dump(mode="json"),
     }
     size = len(json.dumps(payload).encode())
     if size > MAX_EVENT_BYTES:
@@ -280,11 +228,7 @@ def accept(
         )
         writer.interrupt("worker_unavailable", error.to_body())
         raise error from exc
-    return AsyncTurnAccepted(
-        conversation_id=conversation_id,
-        turn=turn,
-        stream_url=turn_url(conversation_id, turn) + "/stream",
-    )
+    return turn
 
 
 def invoke_worker(
@@ -311,23 +255,36 @@ def invoke_worker(
 # --- the worker ---------------------------------------------------------------------------
 
 
-def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
+def _error_body(error: TurnledgerError) -> dict[str, Any]:
+    return error.to_body()
+
+
+def run_worker(
+    service: Conversations,
+    event: dict[str, Any],
+    *,
+    answer: Callable[[TurnResult], dict[str, Any]],
+    error_body: Callable[[TurnledgerError], dict[str, Any]] = _error_body,
+) -> dict[str, Any]:
     """Run one accepted long turn (the turn worker's event); returns a summary for the logs.
 
     Never raises for the turn's own failures: they are recorded in the draft (and the
     transcript, as a synchronous turn records them). A retried invocation of a run that
-    already ended does nothing.
+    already ended does nothing. The draft keeps ``answer(result)`` once the turn is
+    done, or ``error_body(error)`` (with the error's ``status``) when it failed: the
+    bodies the synchronous request would have answered.
 
     Raises:
         ValueError: the event is not a turn worker event.
     """
     if event.get("kind") != WORKER_EVENT:
         raise ValueError("not a turn worker event")
-    caller = Caller(tenant=str(event["tenant"]), actor=str(event["actor"]))
-    conversation_id = str(event["conversation_id"])
+    actor = str(event["actor"])
     turn = int(event["turn"])
     kind: RouteKind = "approval" if event.get("route") == "approval" else "turn"
-    key = ConversationKey(tenant=caller.tenant, conversation_id=conversation_id)
+    key = ConversationKey(
+        tenant=str(event["tenant"]), conversation_id=str(event["conversation_id"])
+    )
     state = drafts.read_state(service.store, key, turn)
     if state is not None and state.done:
         return {"turn": turn, "status": state.status, "skipped": True}
@@ -335,12 +292,9 @@ def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
     writer.begin()
     try:
         if kind == "turn":
-            request = TurnRequest.model_validate(event["body"])
+            command = TurnCommand.model_validate(event["command"])
             head = _visible(service, key)
-            new_turn = isinstance(request.input, str) or any(
-                isinstance(i, InputMessage) for i in request.input
-            )
-            expected = turn - 1 if new_turn else turn
+            expected = turn - 1 if command.starts_turn else turn
             current = head.turn if head is not None else 0
             if current != expected:
                 # Another turn landed after this one was accepted, or a retried invocation
@@ -351,13 +305,13 @@ def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
                     details={"turn": turn, "turns": current},
                 )
             with drafts.streaming_into(writer):
-                response = service.turn(caller, conversation_id, request)
+                result = service.turn(key, actor, command)
         else:
-            decisions = ApprovalRequest.model_validate(event["body"])
+            decisions = Decisions.model_validate(event["command"])
             with drafts.streaming_into(writer):
-                response = service.approve(caller, conversation_id, decisions)
+                result = service.approve(key, actor, decisions)
     except TurnledgerError as exc:
-        body = exc.to_body()
+        body = error_body(exc)
         body["error"]["status"] = exc.status
         writer.interrupt(exc.code, body)
         logger.info("long turn interrupted", extra={"code": exc.code, "turn": turn})
@@ -365,14 +319,14 @@ def run_worker(service: Conversations, event: dict[str, Any]) -> dict[str, Any]:
     except Exception:
         logger.exception("long turn failed")
         error = TurnledgerError("internal error; the turn left no partial state")
-        body = error.to_body()
+        body = error_body(error)
         body["error"]["status"] = error.status
         writer.interrupt(error.code, body)
         return {"turn": turn, "status": writer.status, "reason": error.code}
     head = service.store.get_head(key)
     if head is not None:
         writer.gen = head.gen  # a first turn created the conversation's life just now
-    writer.finish(response.model_dump(mode="json"))
+    writer.finish(answer(result))
     return {"turn": turn, "status": writer.status}
 
 
@@ -394,18 +348,13 @@ def _effective(state: DraftState, now: datetime) -> DraftState:
     return replace(state, status=status, reason="worker_lost", result=body)
 
 
-def _readable(
-    service: Conversations, caller: Caller, conversation_id: str, turn: int
-) -> tuple[ConversationKey, DraftState]:
-    """The key and draft state of a turn the caller may read.
+def _readable(service: Conversations, key: ConversationKey, turn: int) -> DraftState:
+    """The draft state of a turn of ``key``.
 
     Raises:
         ConversationNotFound: no such conversation (and no draft of a first turn).
         TurnNotFound: the turn has no draft (it ran synchronously, or does not exist).
     """
-    key = ConversationKey(
-        tenant=caller.tenant, conversation_id=validate_conversation_id(conversation_id)
-    )
     head = _visible(service, key)
     state = drafts.read_state(service.store, key, turn)
     if state is not None and head is not None and state.gen and state.gen != head.gen:
@@ -416,53 +365,38 @@ def _readable(
         state = _effective(state, service.clock())
     if state is None:
         if head is None:
-            raise ConversationNotFound(f"conversation {conversation_id!r} not found")
+            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         raise TurnNotFound(
             f"turn {turn} of this conversation has no draft to read (only turns sent "
             "with Prefer: respond-async have one)",
             details={"turn": turn, "turns": head.turn},
         )
-    return key, state
+    return state
 
 
-def turn_view(
-    service: Conversations, caller: Caller, conversation_id: str, turn: int
-) -> tuple[int, dict[str, Any]]:
-    """``GET .../turns/{n}``: ``(status code, body)``.
+def read_turn(service: Conversations, key: ConversationKey, turn: int) -> tuple[DraftState, str]:
+    """A long turn's draft state (``interrupted`` once its run went stale) and the text
+    written so far (empty once the turn is done: its result holds the answer).
 
-    In progress: ``200`` :class:`TurnProgress`. Done: ``200`` and the turn's response.
-    Interrupted: the error the synchronous turn would have answered, its ``details``
-    adding ``turn``, ``draft_status`` and the ``draft_text`` written so far.
+    Raises:
+        ConversationNotFound, TurnNotFound: see :func:`_readable`.
     """
-    key, state = _readable(service, caller, conversation_id, turn)
+    state = _readable(service, key, turn)
     if state.status == "done" and state.result is not None:
-        return 200, state.result
-    text = "".join(c.text for c in drafts.read(service.store, key, turn).chunks)
-    if state.status == "interrupted":
-        body = json.loads(json.dumps(state.result or {})) or {
-            "error": {"code": state.reason or "internal_error", "message": "", "details": {}}
-        }
-        error = body["error"]
-        status = int(error.pop("status", 500))
-        error.setdefault("details", {}).update(
-            {"turn": turn, "draft_status": "interrupted", "draft_text": text}
-        )
-        return status, body
-    progress = TurnProgress(conversation_id=conversation_id, turn=turn, draft_text=text)
-    return 200, progress.model_dump(mode="json")
+        return state, ""
+    return state, "".join(c.text for c in drafts.read(service.store, key, turn).chunks)
 
 
-def stream_page(
+def follow(
     service: Conversations,
-    caller: Caller,
-    conversation_id: str,
+    key: ConversationKey,
     turn: int,
     *,
     after: int,
     wait: float,
     gather: bool = False,
-) -> StreamPage:
-    """``GET .../turns/{n}/stream``: the chunks after ``after``, waiting up to ``wait`` s.
+) -> DraftRead:
+    """A long turn's chunks after ``after``, waiting up to ``wait`` s for some.
 
     Returns as soon as there is something (``gather=False``: long poll) or, with
     ``gather``, once the draft is over or the wait is spent (one SSE response).
@@ -472,7 +406,7 @@ def stream_page(
     Raises:
         ConversationNotFound, TurnNotFound: see :func:`_readable`.
     """
-    key, state = _readable(service, caller, conversation_id, turn)
+    state = _readable(service, key, turn)
     deadline = time.monotonic() + max(min(wait, MAX_WAIT_SECONDS), 0)
     chunks: list[drafts.Chunk] = []
     cursor = after
@@ -490,52 +424,4 @@ def stream_page(
             break
         consistent = False
         time.sleep(POLL_SECONDS)
-    return StreamPage(
-        conversation_id=conversation_id,
-        turn=turn,
-        chunks=[ChunkView(seq=c.seq, text=c.text) for c in chunks],
-        next_after=cursor,
-        done=current.done,
-        status=current.status,
-        reason=current.reason,
-        result=current.result if current.done else None,
-    )
-
-
-def sse_text(page: StreamPage, *, retry_ms: int = 1000) -> str:
-    """A :class:`StreamPage` as server-sent events.
-
-    Each chunk is an event ``chunk`` whose ``id`` is its seq (a reconnecting
-    ``EventSource`` sends it back as ``Last-Event-ID``); the end is an event ``done``
-    carrying the status, reason and result. ``retry`` tells the client when to reconnect.
-    """
-    events: list[list[str]] = []
-    for chunk in page.chunks:
-        data = json.dumps({"seq": chunk.seq, "text": chunk.text})
-        events.append([f"id: {chunk.seq}", "event: chunk", f"data: {data}"])
-    if page.done:
-        data = json.dumps({"status": page.status, "reason": page.reason, "result": page.result})
-        events.append([f"id: {page.next_after}", "event: done", f"data: {data}"])
-    if not events:
-        # Nothing new within the wait: a comment, so the client just reconnects.
-        events.append([": no new chunks yet"])
-    # ``retry`` rides on the first event: a block of its own reaches some clients as
-    # an empty message.
-    events[0].insert(0, f"retry: {retry_ms}")
-    return "".join("\n".join(lines) + "\n\n" for lines in events)
-
-
-def worker_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """The turn worker function's Lambda entry point (see :func:`run_worker`).
-
-    The turn's deadline is the invocation's remaining time, so a provider call never
-    outlives the function (the worker's timeout is minutes, not API Gateway's 30 s).
-    """
-    from .deadline import request_deadline
-    from .runtime import get_runtime
-
-    logger.append_keys(tenant=event.get("tenant"), conversation_id=event.get("conversation_id"))
-    remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
-    service = get_runtime().conversations_for(str(event.get("tenant", "")))
-    with request_deadline(remaining_ms() / 1000 if callable(remaining_ms) else None):
-        return run_worker(service, event)
+    return DraftRead(chunks=chunks, next_after=cursor, state=current)

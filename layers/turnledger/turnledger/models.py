@@ -32,7 +32,11 @@ SUPPORTED_SCHEMA_VERSIONS = [1, 2]
 #: The expiry index files heads by the hour their TTL falls in (see store/keys.py).
 EXPIRY_BUCKET_SECONDS = 3600
 
-_CONVERSATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+#: The conversation id rule, the one copy: 1-128 of ``A-Z a-z 0-9 . _ : -``, starting with
+#: a letter or digit. The HTTP edge checks path ids with it (and documents it); other entry
+#: points call :func:`validate_conversation_id`.
+CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 
 
 def validate_conversation_id(value: str) -> str:
@@ -56,7 +60,11 @@ class _Strict(BaseModel):
 
 
 class ConversationKey(_Strict):
-    """Where a conversation lives: a tenant from verified identity and the caller's id."""
+    """Where a conversation lives: a tenant from verified identity and the caller's id.
+
+    Built once per request by the entry point that checked the id (the HTTP edge, the
+    sweep's event, a callback's verified token); the service takes it as given.
+    """
 
     tenant: str = Field(min_length=1)
     conversation_id: str

@@ -26,7 +26,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from . import drafts
 from .approval_edits import check_edits
 from .callbacks import CallbackClaims, life_of
+from .commands import CallbackOutcome, Decisions, TurnCommand
 from .config import Settings
 from .context import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -71,7 +71,6 @@ from .models import (
     ConversationKey,
     Event,
     Head,
-    PendingCall,
     ProviderCursor,
     RunRecord,
     SummaryRef,
@@ -81,7 +80,6 @@ from .models import (
     TurnOptions,
     Usage,
     UserMessage,
-    validate_conversation_id,
 )
 from .observability import logger, timed
 from .providers.base import (
@@ -94,21 +92,14 @@ from .providers.base import (
     ToolSpec,
 )
 from .redaction import Redactor
-from .schemas import (
-    ApprovalRequest,
-    CallbackRequest,
-    CallbackResponse,
-    CancelResponse,
-    ContextInfo,
-    ConversationView,
-    EventsPage,
-    EventView,
-    FunctionCallOutput,
-    InputMessage,
-    OutputMessage,
-    PendingToolCallView,
-    TurnRequest,
-    TurnResponse,
+from .results import (
+    CallbackResult,
+    CancelResult,
+    ContextReport,
+    ConversationState,
+    EventPage,
+    OutputText,
+    TurnResult,
 )
 from .session import Clock, CommitHook, Session, utc_now
 from .store.base import ContextBudget, ConversationStore, PurgeReport
@@ -123,18 +114,9 @@ from .turnstate import (
     is_tombstone,
     lapsed,
     public_status,
-    view,
     waiting,
 )
 from .turnstate import awaiting as open_waits
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The verified identity of a request."""
-
-    tenant: str
-    actor: str
 
 
 class Conversations:
@@ -226,15 +208,8 @@ class Conversations:
 
     # --- routes ---------------------------------------------------------------------------
 
-    def turn(
-        self,
-        caller: Caller,
-        conversation_id: str,
-        request: TurnRequest,
-        *,
-        idempotency_key: str | None = None,
-    ) -> TurnResponse:
-        """Run one turn (``POST .../turns``).
+    def turn(self, key: ConversationKey, actor: str, command: TurnCommand) -> TurnResult:
+        """Run one turn (``POST .../turns``) of ``key`` for ``actor``.
 
         A request that finds the turn it began interrupted (its run died holding the
         tool lease, e.g. a Lambda timeout) is recognised by :meth:`_request_sha256`:
@@ -247,16 +222,11 @@ class Conversations:
             ConversationBusy: another request on this conversation committed first.
             ProviderError, ProviderTimeout: the model failed; nothing of the turn was stored.
         """
-        key = self._key(caller, conversation_id)
-        self.provider_for(request.provider)
-        self.tools.select(request.tools)
-        for name in request.require_approval:
+        self.provider_for(command.provider)
+        self.tools.select(command.tools)
+        for name in command.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
-        if isinstance(request.input, str):
-            messages, outputs = [request.input], []
-        else:
-            messages = [i.content for i in request.input if isinstance(i, InputMessage)]
-            outputs = [i for i in request.input if isinstance(i, FunctionCallOutput)]
+        messages, outputs = command.messages, command.outputs
         session = self._open(key)
         admission = session.life.admit(
             self.clock(), budget=self.settings.conversation_budget_for(key.tenant)
@@ -264,7 +234,7 @@ class Conversations:
         work = self._work(session)
         self.calls.expire_due(session)
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
-        identity = self._request_sha256(request, idempotency_key)
+        identity = self._request_sha256(command)
         retried = (
             admission.resuming and bool(messages) and session.options.request_sha256 == identity
         )
@@ -292,11 +262,7 @@ class Conversations:
         if awaiting and messages:
             raise ApprovalPending(
                 "tool calls of this conversation await approval; decide them first",
-                details={
-                    "pending_tool_calls": [
-                        self._pending_view(p).model_dump(mode="json") for p in awaiting
-                    ]
-                },
+                pending=awaiting,
             )
         # Outputs of human-input (and deferred) calls settle them by id; the rest are
         # client results. A new message while such a call still waits is refused.
@@ -306,7 +272,7 @@ class Conversations:
         given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
         if messages:
             session.life.require_settled(answered=given)
-        self.calls.provide_outputs(session, given, actor=caller.actor, via="turn")
+        self.calls.provide_outputs(session, given, actor=actor, via="turn")
         outputs = [o for o in outputs if o.call_id not in given]
         # Client results belong to the turn of their calls (a context window never
         # splits a call from its result); only new messages start a new turn. Outputs
@@ -315,16 +281,16 @@ class Conversations:
         if messages:
             session.begin_turn()
             session.options = TurnOptions(
-                provider=request.provider,
-                response_format=request.response_format,
-                model=request.model,
-                tools=request.tools,
-                require_approval=request.require_approval,
+                provider=command.provider,
+                response_format=command.response_format,
+                model=command.model,
+                tools=command.tools,
+                require_approval=command.require_approval,
                 request_sha256=identity,
             )
             work = self._work(session)
         for content in messages:
-            session.add(UserMessage(content=content, metadata=request.metadata), actor=caller.actor)
+            session.add(UserMessage(content=content, metadata=command.metadata), actor=actor)
         if not messages and session.life.awaiting():
             session.commit()
             return self._response(work)
@@ -332,22 +298,22 @@ class Conversations:
         return self._response(work)
 
     @staticmethod
-    def _request_sha256(request: TurnRequest, idempotency_key: str | None) -> str:
-        """The identity of a turn request: its ``Idempotency-Key`` and canonical body.
+    def _request_sha256(command: TurnCommand) -> str:
+        """The identity of a turn request: its command, ``Idempotency-Key`` included.
 
         Kept on the head with the turn's options by the request that begins a turn,
         so its retry (the same key, or the same body replayed without one) knows the
         turn as its own.
         """
         canonical = json.dumps(
-            {"idempotency_key": idempotency_key, "body": request.model_dump(mode="json")},
+            command.model_dump(mode="json"),
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,
         )
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
-    def _answer_retried(self, work: TurnWork) -> TurnResponse:
+    def _answer_retried(self, work: TurnWork) -> TurnResult:
         """Answer the turn this request began before its run died: the calls it left were
         just resumed (under their own keys); the model answers their results unless they
         now wait for someone. Its input is never appended again."""
@@ -355,10 +321,9 @@ class Conversations:
             self._advance(work)
         return self._response(work)
 
-    def approve(
-        self, caller: Caller, conversation_id: str, request: ApprovalRequest
-    ) -> TurnResponse:
-        """Decide pending calls (``POST .../approvals``); continue the turn when none is left.
+    def approve(self, key: ConversationKey, actor: str, decisions: Decisions) -> TurnResult:
+        """Decide pending calls of ``key`` as ``actor`` (``POST .../approvals``); continue
+        the turn when none is left.
 
         Raises:
             ConversationNotFound: no live conversation.
@@ -366,25 +331,21 @@ class Conversations:
             UnknownToolCall: a decision names a call that is not pending approval.
             ConversationBusy: another request on this conversation committed first.
         """
-        key = self._key(caller, conversation_id)
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
         if head is None or not head.is_visible(self.clock()):
-            raise ConversationNotFound(f"conversation {conversation_id!r} not found")
+            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
         session.life.admit(self.clock())
         work = self._work(session)
         deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
-        rejections = request.rejections()
-        approvals = request.approvals()
+        rejections = decisions.rejections
+        approvals = decisions.approvals
         named = [*approvals, *rejections]
-        if request.outputs:
+        if decisions.outputs:
             self.calls.provide_outputs(
-                session,
-                {o.id: o.output for o in request.outputs},
-                actor=caller.actor,
-                via="approvals",
+                session, dict(decisions.outputs), actor=actor, via="approvals"
             )
             if not named:
                 # Outputs only: the turn goes on once nothing else is awaited.
@@ -436,12 +397,12 @@ class Conversations:
                     call_id=call_id,
                     decision="approved" if approved else "rejected",
                     reason=None if approved else rejections.get(call_id),
-                    approver=caller.actor,
+                    approver=actor,
                     arguments_sha256=pending.arguments_sha256,
                     approved_arguments=edited[0] if edited else None,
                     approved_arguments_sha256=edited[1] if edited else None,
                 ),
-                actor=caller.actor,
+                actor=actor,
             )
             if edited:
                 session.life.change(
@@ -454,7 +415,7 @@ class Conversations:
                 session.life.change(
                     pending,
                     CallMove.REJECT,
-                    reason=f"rejected by {caller.actor}" + (f": {why}" if why else ""),
+                    reason=f"rejected by {actor}" + (f": {why}" if why else ""),
                 )
         if any(p.state in AWAITING_DECISION for p in session.pending):
             session.commit()
@@ -491,20 +452,19 @@ class Conversations:
         session.commit()
         return expired
 
-    def get(self, caller: Caller, conversation_id: str) -> ConversationView:
+    def get(self, key: ConversationKey) -> ConversationState:
         """The head (``GET /v1/conversations/{id}``).
 
         Raises:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
-        key = self._key(caller, conversation_id)
         head = self._visible_head(key)
         now = self.clock()
         # A read writes nothing: what is due shows as expired at once, and the next
         # request (or the sweep's pass, :meth:`expire_waits`) records it.
         open_calls = [p for p in head.pending if not lapsed(p, now)]
-        return ConversationView(
-            conversation_id=conversation_id,
+        return ConversationState(
+            conversation_id=key.conversation_id,
             # The head shows a turn whose tools are running as such; a turn's answer
             # reports it complete (the request that ran them is over).
             status=public_status(head, now),
@@ -516,44 +476,41 @@ class Conversations:
             if head.expires_at is not None
             else None,
             ttl_seconds=head.ttl_seconds,
-            pending_tool_calls=self._waiting(open_calls),
+            waiting=waiting(open_calls),
             usage=head.usage,
             cost_usd=round(head.cost_usd, 6),
             failed_turns=head.failed_turns,
             summary_through=head.summary.through if head.summary else None,
             awaiting=open_waits(open_calls),
-            expired_tool_calls=self._waiting([p for p in head.pending if lapsed(p, now)]),
+            expired=waiting([p for p in head.pending if lapsed(p, now)]),
         )
 
-    def events(self, caller: Caller, conversation_id: str, *, after: int, limit: int) -> EventsPage:
+    def events(self, key: ConversationKey, *, after: int, limit: int) -> EventPage:
         """A page of the transcript (``GET .../events``).
 
         Raises:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
-        key = self._key(caller, conversation_id)
         head = self._visible_head(key)
         events = self.store.read_events(key, head, after=after, limit=limit)
         last = events[-1].sequence if events else after
-        return EventsPage(
-            conversation_id=conversation_id,
-            events=[EventView.model_validate(e.model_dump()) for e in events],
+        return EventPage(
+            conversation_id=key.conversation_id,
+            events=events,
             next_after=last if last < head.event_count else None,
         )
 
-    def clear(self, caller: Caller, conversation_id: str) -> PurgeReport:
+    def clear(self, key: ConversationKey) -> PurgeReport:
         """Delete the conversation, its events and its objects (``DELETE``); absent is fine.
 
         Provider-side state the conversation knew of is deleted too, best effort.
         """
-        report = self.store.clear(self._key(caller, conversation_id), self.clock())
+        report = self.store.clear(key, self.clock())
         self.forget_provider_state(report.provider_responses)
         return report
 
-    def cancel(
-        self, caller: Caller, conversation_id: str, reason: str | None = None
-    ) -> CancelResponse:
-        """Stop the current turn (``POST .../cancel``).
+    def cancel(self, key: ConversationKey, actor: str, reason: str | None = None) -> CancelResult:
+        """Stop the current turn of ``key`` for ``actor`` (``POST .../cancel``).
 
         A waiting turn is stopped here: its pending calls are recorded as cancelled
         with a ``turn_interrupted`` event, and the conversation is ready. A running
@@ -565,19 +522,16 @@ class Conversations:
             ConversationBusy: other requests kept committing first (three times); nothing
                 was stored.
         """
-        key = self._key(caller, conversation_id)
         for _ in range(2):
             # Lost to a concurrent commit (a callback, a decision): read again and stop
             # what is left, so a cancel is not refused because something else moved.
             try:
-                return self._cancel_once(caller, key, reason)
+                return self._cancel_once(actor, key, reason)
             except ConversationBusy:
                 continue
-        return self._cancel_once(caller, key, reason)
+        return self._cancel_once(actor, key, reason)
 
-    def _cancel_once(
-        self, caller: Caller, key: ConversationKey, reason: str | None
-    ) -> CancelResponse:
+    def _cancel_once(self, actor: str, key: ConversationKey, reason: str | None) -> CancelResult:
         """One attempt of :meth:`cancel` on the head as read now."""
         conversation_id = key.conversation_id
         snapshot = self.store.load(key, self.budget)
@@ -585,9 +539,9 @@ class Conversations:
         now = self.clock()
         if head is None or not head.is_visible(now):
             # A conversation's first turn, running long, has a draft and no head yet.
-            draft = self._cancel_streaming(caller, key, 0, reason, now) if head is None else None
+            draft = self._cancel_streaming(actor, key, 0, reason, now) if head is None else None
             if draft is not None:
-                return CancelResponse(
+                return CancelResult(
                     conversation_id=conversation_id,
                     turn=draft.turn,
                     status=draft.status,
@@ -598,10 +552,10 @@ class Conversations:
         lease = head.live_lease(now)
         if lease is not None:
             session.life.request_cancel(
-                lease, CancelRequest(requested_by=caller.actor, requested_at=now, reason=reason)
+                lease, CancelRequest(requested_by=actor, requested_at=now, reason=reason)
             )
             head = session.commit()
-            return CancelResponse(
+            return CancelResult(
                 conversation_id=conversation_id,
                 turn=session.turn,
                 status=public_status(head, now),
@@ -609,16 +563,16 @@ class Conversations:
             )
         cancelled: list[str] = []
         if session.pending or is_running(head):
-            cancelled = session.life.cancel_turn(by=caller.actor, reason=reason)
+            cancelled = session.life.cancel_turn(by=actor, reason=reason)
             session.commit()
-        elif (draft := self._cancel_streaming(caller, key, head.turn, reason, now)) is not None:
-            return CancelResponse(
+        elif (draft := self._cancel_streaming(actor, key, head.turn, reason, now)) is not None:
+            return CancelResult(
                 conversation_id=conversation_id,
                 turn=draft.turn,
                 status=draft.status,
                 cancel_requested=True,
             )
-        return CancelResponse(
+        return CancelResult(
             conversation_id=conversation_id,
             turn=session.turn,
             status=public_status(session.head, now) if session.head else "complete",
@@ -627,7 +581,7 @@ class Conversations:
 
     def _cancel_streaming(
         self,
-        caller: Caller,
+        actor: str,
         key: ConversationKey,
         head_turn: int,
         reason: str | None,
@@ -644,12 +598,12 @@ class Conversations:
             running.turn,
             now=now,
             ttl_seconds=self.settings.ttl_for(key.tenant),
-            by=caller.actor,
+            by=actor,
             reason=reason,
         )
         return running if asked else None
 
-    def settle_callback(self, claims: CallbackClaims, request: CallbackRequest) -> CallbackResponse:
+    def settle_callback(self, claims: CallbackClaims, outcome: CallbackOutcome) -> CallbackResult:
         """Settle the deferred call a verified callback token names (``POST /v1/callbacks``).
 
         Single use: the settle is a conditional commit on the call still being
@@ -661,7 +615,7 @@ class Conversations:
             ConversationBusy: a request runs the conversation's tools right now.
         """
         key = ConversationKey(tenant=claims.tenant, conversation_id=claims.conversation_id)
-        output = _callback_output(request.output)
+        output = _callback_output(outcome.output)
         for _ in range(3):
             snapshot = self.store.load(key, self.budget)
             head = snapshot.head
@@ -687,12 +641,12 @@ class Conversations:
             self.calls.settle_deferred(
                 session,
                 pending,
-                request.status,
+                outcome.status,
                 output,
                 via="callback",
                 actor=f"tool:{pending.name}",
             )
-            continued = request.continue_ and not session.life.awaiting()
+            continued = outcome.continue_turn and not session.life.awaiting()
             try:
                 if continued:
                     self._advance(work)
@@ -702,10 +656,10 @@ class Conversations:
                 if session.head is not head:
                     raise  # the settle itself was committed; only a later step lost
                 continue  # nothing stored: read again (the call may be settled now)
-            return CallbackResponse(
+            return CallbackResult(
                 conversation_id=claims.conversation_id,
                 call_id=claims.call_id,
-                settled=request.status,
+                settled=outcome.status,
                 status=public_status(session.head, self.clock()) if session.head else "complete",
                 awaiting=session.life.awaiting(),
                 continued=continued,
@@ -759,7 +713,7 @@ class Conversations:
             )
             self._keep_cursor(work, reply, answer.sequence)
             if reply.text:
-                work.output.append(OutputMessage(content=reply.text))
+                work.output.append(OutputText(content=reply.text))
                 work.output_text = reply.text
                 work.output_json = value
             if not calls:
@@ -1091,11 +1045,6 @@ class Conversations:
 
     # --- helpers --------------------------------------------------------------------------
 
-    def _key(self, caller: Caller, conversation_id: str) -> ConversationKey:
-        return ConversationKey(
-            tenant=caller.tenant, conversation_id=validate_conversation_id(conversation_id)
-        )
-
     def _open(self, key: ConversationKey) -> Session:
         """Load a session for a turn: expired conversations are purged and start fresh."""
         snapshot = self.store.load(key, self.budget)
@@ -1144,30 +1093,20 @@ class Conversations:
         except UnknownProvider:
             return self.provider
 
-    @classmethod
-    def _waiting(cls, pending: list[PendingCall]) -> list[PendingToolCallView]:
-        """The calls that wait for someone (a decision, an output, the client, a job's
-        callback), as the API shows them."""
-        return [view(p) for p in waiting(pending)]
-
-    @staticmethod
-    def _pending_view(pending: PendingCall) -> PendingToolCallView:
-        return view(pending)
-
-    def _response(self, work: TurnWork) -> TurnResponse:
+    def _response(self, work: TurnWork) -> TurnResult:
         session = work.session
-        return TurnResponse(
+        return TurnResult(
             conversation_id=session.key.conversation_id,
             turn=session.turn,
             status=session.life.answer_status(),
             status_reason=work.status_reason,
             output_text=work.output_text,
             output_json=work.output_json,
-            output=work.output,
-            pending_tool_calls=self._waiting(session.pending),
-            awaiting=open_waits(session.pending),
+            output=list(work.output),
+            waiting=waiting(session.pending),
+            awaiting=session.life.awaiting(),
             usage=work.usage,
-            context=ContextInfo(
+            context=ContextReport(
                 messages_sent=work.messages_sent,
                 provider_state=work.provider_state,
                 tokens_estimated=work.tokens_estimated,

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
+    from .sweep import RemainingTime, Sweeper
+    from .transfer import Transfer
+
 #: Bounded, fast-failing AWS calls: a handler should answer, not hang. Not for invoking
 #: ``lambda`` tools: their client never retries (see ``tools.executors.invoke_config``).
 _AWS_CONFIG = Config(
@@ -74,6 +77,33 @@ class Runtime:
     def dynamodb_for(self, tenant: str) -> DynamoDBClient:
         """The DynamoDB client of ``tenant``'s requests (its own partitions)."""
         return self.dynamodb if self.tenants is None else self.tenants.for_tenant(tenant).dynamodb
+
+    def sweeper(self, context: RemainingTime | None) -> Sweeper:
+        """The sweep, reclaim and tenant erasure over the process's store, within
+        ``context``'s time (``None``: no limit)."""
+        # Imported here: the API's cold start loads the sweep only for an erasure.
+        from .sweep import Deadline, Sweeper
+
+        return Sweeper(
+            self.store,
+            clock=self.conversations.clock,
+            deadline=Deadline.of(context),
+            forget=self.conversations.forget_provider_state,
+            expire_waits=self.conversations.expire_waits,
+        )
+
+    def transfer_for(self, tenant: str) -> Transfer:
+        """Export and import for one request of ``tenant`` (its store, its TTL)."""
+        # Imported here, as the sweep: only the export and import routes need it.
+        from .transfer import Transfer
+
+        service = self.conversations_for(tenant)
+        return Transfer(
+            store=service.store,
+            clock=service.clock,
+            ttl_for=self.settings.ttl_for,
+            max_bytes=self.settings.max_input_bytes,
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:

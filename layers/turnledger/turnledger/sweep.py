@@ -1,7 +1,9 @@
 """Expiry and erasure: nothing of an expired, TTL-removed or erased conversation remains.
 
-Three entry points share one :class:`Sweeper`; each answers a
-:class:`~.schemas.PurgeReportView` (what it removed and the read units it spent).
+Three entry points share one :class:`Sweeper` (the composition root builds it,
+:meth:`~.runtime.Runtime.sweeper`; the sweep function's entry point is
+:mod:`.handlers`); each answers a :class:`~.results.SweepReport` (what it removed
+and the read units it spent).
 
 **The scheduled sweep** (EventBridge, hourly by default) finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
@@ -92,16 +94,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import turnstate
-from .exceptions import ConversationBusy, InvalidConversationId, InvalidRequest, StateError
+from .exceptions import ConversationBusy, InvalidConversationId, StateError
 from .models import ConversationKey, ConversationStatus, validate_conversation_id
-from .observability import logger, metrics, traced
-from .runtime import Runtime, get_runtime
-from .schemas import PurgeReportView
+from .observability import logger
+from .results import SweepReport
 from .session import Clock
 from .store import codec, keys
 from .store.base import CapacityMeter, ConversationStore, PurgeReport
@@ -174,12 +173,12 @@ class _Run:
     def __post_init__(self) -> None:
         self.start = self.sweeper.store.meter.snapshot()
 
-    def view(self) -> PurgeReportView:
+    def report(self) -> SweepReport:
         """The report: counts removed, read units spent since the run began."""
         spent = self.sweeper.store.meter.since(self.start)
         forget = self.sweeper.forget
         deleted = forget(self.removed.provider_responses) if forget is not None else 0
-        return PurgeReportView(
+        return SweepReport(
             conversations_removed=self.removed.conversations,
             events_removed=self.removed.events,
             objects_removed=self.removed.objects,
@@ -229,7 +228,7 @@ class Sweeper:
 
     # --- the scheduled sweep ------------------------------------------------------------
 
-    def expired(self) -> PurgeReportView:
+    def expired(self) -> SweepReport:
         """Record the approvals whose window closed (``by-wait``), then purge every expired
         conversation the expiry index lists from the cursor on."""
         run = _Run(self)
@@ -248,7 +247,7 @@ class Sweeper:
                 self.store.advance_sweep_cursor(bucket + 1)
             if not handled and self.deadline.reached():
                 break
-        return run.view()
+        return run.report()
 
     def _sweep_bucket(self, bucket: int, now: datetime, run: _Run) -> bool:
         """Sweep one bucket's shards; True when every candidate in it was handled."""
@@ -289,12 +288,12 @@ class Sweeper:
 
     # --- on demand ----------------------------------------------------------------------
 
-    def conversations(self, wanted: Iterable[ConversationKey]) -> PurgeReportView:
+    def conversations(self, wanted: Iterable[ConversationKey]) -> SweepReport:
         """Sweep only ``wanted``: expired ones are purged, tombstones finished, others kept."""
         run = _Run(self)
         now = self.clock()
         self._each(iter(wanted), run, lambda k: self._sweep_one(k, now, True))
-        return run.view()
+        return run.report()
 
     def _sweep_one(
         self, key: ConversationKey, now: datetime, finish_tombstones: bool
@@ -340,7 +339,7 @@ class Sweeper:
 
     # --- TTL deletions ------------------------------------------------------------------
 
-    def reclaim(self, removed: Iterable[ConversationKey]) -> PurgeReportView:
+    def reclaim(self, removed: Iterable[ConversationKey]) -> SweepReport:
         """Delete what TTL left behind of ``removed`` conversations (see the module doc).
 
         Counts a conversation when its head is gone and this call deleted some of it.
@@ -348,7 +347,7 @@ class Sweeper:
         run = _Run(self)
         now = self.clock()
         self._each(iter(removed), run, lambda k: self._reclaim_one(k, now))
-        return run.view()
+        return run.report()
 
     def _reclaim_one(self, key: ConversationKey, now: datetime) -> PurgeReport:
         for _ in range(RECLAIM_ATTEMPTS):
@@ -404,12 +403,12 @@ class Sweeper:
 
     # --- tenant erasure -----------------------------------------------------------------
 
-    def erase(self, tenant: str) -> PurgeReportView:
+    def erase(self, tenant: str) -> SweepReport:
         """Clear every conversation of ``tenant``, in index order, until the deadline."""
         run = _Run(self)
         now = self.clock()
         self._each(self.store.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
-        return run.view()
+        return run.report()
 
     # --- shared -------------------------------------------------------------------------
 
@@ -439,33 +438,6 @@ class Sweeper:
                 run.complete = False
                 handled = False
         return handled
-
-
-# --- entry points -------------------------------------------------------------------------
-
-
-def _sweeper(runtime: Runtime, context: RemainingTime | None) -> Sweeper:
-    return Sweeper(
-        runtime.store,
-        clock=runtime.conversations.clock,
-        deadline=Deadline.of(context),
-        forget=runtime.conversations.forget_provider_state,
-        expire_waits=runtime.conversations.expire_waits,
-    )
-
-
-def sweep(runtime: Runtime, context: RemainingTime | None) -> PurgeReportView:
-    """The scheduled sweep over ``runtime``'s store, within ``context``'s time."""
-    return _sweeper(runtime, context).expired()
-
-
-def erase_tenant(runtime: Runtime, tenant: str, context: RemainingTime | None) -> PurgeReportView:
-    """Tenant-wide erasure (``DELETE /v1/conversations``), within ``context``'s time.
-
-    Returns:
-        The report; ``complete: false`` means the time ran out: call again to continue.
-    """
-    return _sweeper(runtime, context).erase(tenant)
 
 
 class SweepRequest(BaseModel):
@@ -528,47 +500,3 @@ class StreamBatch(BaseModel):
 
 class SweepIncomplete(Exception):
     """A stream batch was not fully reclaimed; raising makes Lambda retry it (idempotent)."""
-
-
-def _handle(event: dict[str, Any], context: RemainingTime | None) -> PurgeReportView:
-    runtime = get_runtime()
-    sweeper = _sweeper(runtime, context)
-    try:
-        if "Records" in event:
-            report = sweeper.reclaim(StreamBatch.model_validate(event).removed_conversations())
-            if not report.complete:
-                raise SweepIncomplete(f"stream batch not fully reclaimed: {report}")
-            return report
-        if "conversation_ids" in event:
-            return sweeper.conversations(SweepRequest.model_validate(event).conversation_keys())
-    except ValidationError as exc:
-        raise InvalidRequest(
-            "the sweep event does not fit its schema", details={"reason": str(exc)}
-        ) from exc
-    if event and event.get("detail-type") != "Scheduled Event":
-        raise InvalidRequest("not a sweep event: expected a schedule, stream records or ids")
-    return sweeper.expired()
-
-
-@logger.inject_lambda_context(clear_state=True)
-@metrics.log_metrics
-@traced
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    """The sweep function: a schedule, stream records of TTL deletions, or a list of ids.
-
-    Returns:
-        The report as JSON (``conversations_removed``, ``events_removed``,
-        ``objects_removed``, ``read_units``, ``complete``).
-
-    Raises:
-        InvalidRequest: the event is none of the three shapes.
-        SweepIncomplete: stream records were not all reclaimed (Lambda retries the batch).
-    """
-    report = _handle(event, context)
-    metrics.add_metric("ConversationsSwept", MetricUnit.Count, report.conversations_removed)
-    metrics.add_metric("EventsSwept", MetricUnit.Count, report.events_removed)
-    metrics.add_metric("ObjectsSwept", MetricUnit.Count, report.objects_removed)
-    metrics.add_metric("SweepReadUnits", MetricUnit.Count, report.read_units)
-    metrics.add_metric("ApprovalsExpired", MetricUnit.Count, report.waits_expired)
-    logger.info("sweep done", extra=report.model_dump())
-    return report.model_dump(mode="json")

@@ -22,7 +22,8 @@ responses) is not carried over: the next turn sends the history afresh.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -274,3 +275,31 @@ def import_text(
         cost_usd=exported.cost_usd,
     )
     return store.import_conversation(key, head, events, now)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Export and import over one store, as the composition root wires them
+    (:meth:`turnledger.runtime.Runtime.transfer_for`)."""
+
+    store: ConversationStore
+    clock: Callable[[], datetime]
+    #: The TTL an imported conversation of a tenant gets.
+    ttl_for: Callable[[str], int]
+    #: The largest export an import accepts.
+    max_bytes: int
+
+    def export_text(self, key: ConversationKey) -> str:
+        """The whole export of ``key`` (see :func:`export_text`)."""
+        return export_text(self.store, key, self.clock())
+
+    def import_text(self, key: ConversationKey, text: str) -> Head:
+        """Create ``key`` from an export, all or nothing (see :func:`import_text`)."""
+        return import_text(
+            self.store,
+            key,
+            text,
+            now=self.clock(),
+            ttl_seconds=self.ttl_for(key.tenant),
+            max_bytes=self.max_bytes,
+        )

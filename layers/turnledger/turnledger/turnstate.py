@@ -54,7 +54,6 @@ from .models import (
 from .store.inbox import InboxChanges, InboxEntry
 
 if TYPE_CHECKING:
-    from .schemas import PendingToolCallView
     from .session import Session
 
 # --- tool calls -----------------------------------------------------------------------------
@@ -281,22 +280,6 @@ def inbox_changes(key: ConversationKey, before: Head | None, after: Head) -> Inb
         )
     waiting = {p.id for p in after.pending if waits_for_person(p)}
     return InboxChanges(puts=puts, deletes=sorted(old - waiting))
-
-
-def view(pending: PendingCall) -> PendingToolCallView:
-    """The API's view of a pending call."""
-    from .schemas import PendingToolCallView
-
-    wait = WAIT_OF_STATE.get(pending.state, "approval")
-    return PendingToolCallView(
-        id=pending.id,
-        name=pending.name,
-        arguments=pending.arguments,
-        requires=wait,
-        expires_at=pending.expires_at,
-        reason=pending.reason if pending.state == "outcome_unknown" else None,
-        task_id=pending.task_id,
-    )
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -763,12 +746,12 @@ def require_settled(pending: Iterable[PendingCall], *, answered: Iterable[str] =
     if decisions:
         raise ApprovalPending(
             "tool calls of this conversation await approval; decide them first",
-            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in decisions]},
+            pending=decisions,
         )
     inputs = [p for p in calls if p.state in ("awaiting_input", "deferred") and p.id not in given]
     if inputs:
         raise InputPending(
             "tool calls of this conversation wait for their output; send it first "
             "(outputs on the approvals route, or function_call_output items)",
-            details={"pending_tool_calls": [view(p).model_dump(mode="json") for p in inputs]},
+            pending=inputs,
         )

@@ -1,9 +1,12 @@
 """The HTTP API (Powertools event handler) and the Lambda entry point of its functions.
 
-Importing this package is cheap: :data:`lambda_handler` loads the resolver
-(:mod:`.app`, which registers the ``/openai/v1`` routes of :mod:`.openai_face`)
-on the first request (see :mod:`turnledger.entry`), and ``app`` (the resolver)
-is loaded on first access.
+Importing this package is cheap: :data:`lambda_handler` loads :mod:`.app` (the
+resolver of :mod:`.resolver` with every route module registered on it) on the
+first request (see :mod:`turnledger.entry`), and ``app`` (the resolver) is loaded
+on first access.
+
+This package is the HTTP edge: request and response bodies, views, SSE framing and
+error shapes live here, and nothing outside it imports it (tests/unit/test_layering.py).
 """
 
 from __future__ import annotations

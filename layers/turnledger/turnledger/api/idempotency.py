@@ -89,7 +89,7 @@ def idempotent[T: BaseModel](
         IdempotencyValidationError,
     )
 
-    from .app import app
+    from .resolver import app
 
     config = _config()
     if app.lambda_context is not None:

@@ -32,40 +32,29 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from pydantic import BaseModel, ConfigDict
 
-from ..exceptions import InvalidRequest, TurnledgerError
-from ..models import Event, validate_conversation_id
+from ..exceptions import InvalidRequest
+from ..models import CONVERSATION_ID_PATTERN, Event, validate_conversation_id
+from ..results import TurnResult
 from ..runtime import get_runtime
-from ..schemas import (
+from .errors import openai_error_body
+from .resolver import app, caller, conversation
+from .schemas import (
+    ApprovalEdit,
     ApprovalRequest,
     FunctionCallOutput,
     InputMessage,
     Rejection,
     TurnRequest,
-    TurnResponse,
 )
-from .app import CONVERSATION_ID_PATTERN, app, caller
+from .views import decisions, pending_view, turn_command
+
+__all__ = ["PREFIX", "items_of", "openai_error_body", "parse_response_id", "response_id"]
 
 PREFIX = "/openai/v1"
 #: Shown as the ``server_label`` of approval requests: the ledger's own tool registry.
 SERVER_LABEL = "turnledger"
 
 OpenAIConversationId = Annotated[str, Path(pattern=CONVERSATION_ID_PATTERN)]
-
-
-def openai_error_body(exc: TurnledgerError) -> dict[str, Any]:
-    """``exc`` in OpenAI's error shape; ``param`` names the field when the error says which."""
-    details = exc.details or {}
-    errors = details.get("errors")
-    param = None
-    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
-        loc = [str(part) for part in errors[0].get("loc", []) if part != "body"]
-        param = ".".join(loc) or None
-    kind = "server_error" if exc.status >= 500 else "invalid_request_error"
-    if exc.status == 401:
-        kind = "authentication_error"
-    elif exc.status == 404:
-        kind = "not_found_error"
-    return {"error": {"message": str(exc), "type": kind, "param": param, "code": exc.code}}
 
 
 class _Open(BaseModel):
@@ -140,8 +129,8 @@ def create_conversation(request: Annotated[ConversationCreate, Body()]) -> Respo
 @app.get(f"{PREFIX}/conversations/<conversation_id>", include_in_schema=False)
 def retrieve_conversation(conversation_id: OpenAIConversationId) -> Response[str]:
     """The conversation, once its first response stored it."""
-    who = caller(conversation_id)
-    view = get_runtime().conversations_for(who.tenant).get(who, conversation_id)
+    _, key = conversation(conversation_id)
+    view = get_runtime().conversations_for(key.tenant).get(key)
     body = {
         "id": conversation_id,
         "object": "conversation",
@@ -154,8 +143,8 @@ def retrieve_conversation(conversation_id: OpenAIConversationId) -> Response[str
 @app.delete(f"{PREFIX}/conversations/<conversation_id>", include_in_schema=False)
 def delete_conversation(conversation_id: OpenAIConversationId) -> Response[str]:
     """Clear the conversation (as ``DELETE /v1/conversations/{id}``)."""
-    who = caller(conversation_id)
-    get_runtime().conversations_for(who.tenant).clear(who, conversation_id)
+    _, key = conversation(conversation_id)
+    get_runtime().conversations_for(key.tenant).clear(key)
     return _json(200, {"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
@@ -167,13 +156,13 @@ def list_items(
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
 ) -> Response[str]:
     """The transcript as items, ``order``ed, ``limit`` per page after the item ``after``."""
-    who = caller(conversation_id)
-    service = get_runtime().conversations_for(who.tenant)
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
     events: list[Event] = []
     cursor = 0
     while True:
-        page = service.events(who, conversation_id, after=cursor, limit=1000)
-        events.extend(Event.model_validate(view.model_dump()) for view in page.events)
+        page = service.events(key, after=cursor, limit=1000)
+        events.extend(page.events)
         if page.next_after is None:
             break
         cursor = page.next_after
@@ -264,8 +253,9 @@ def _output_message(item_id: str, text: str) -> dict[str, Any]:
     }
 
 
-def _conversation_of(request: ResponseCreate) -> str:
-    """The conversation ``request`` continues, or a new one's id."""
+def _conversation_of(request: ResponseCreate) -> tuple[str, int | None]:
+    """The conversation ``request`` continues, or a new one's id; and the turn that
+    ``previous_response_id`` names (``None``: none named)."""
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest("send conversation or previous_response_id, not both")
     if request.conversation is not None:
@@ -273,26 +263,25 @@ def _conversation_of(request: ResponseCreate) -> str:
         value = named.get("id") if isinstance(named, dict) else named
         if not isinstance(value, str):
             raise InvalidRequest("conversation must be an id or {'id': ...}")
-        return validate_conversation_id(value)
+        return validate_conversation_id(value), None
     if request.previous_response_id is not None:
-        conversation_id, turn = parse_response_id(request.previous_response_id)
-        who = caller(conversation_id)
-        view = get_runtime().conversations_for(who.tenant).get(who, conversation_id)
-        if view.turns != turn:
-            raise InvalidRequest(
-                "previous_response_id must be the conversation's latest response "
-                f"(turn {view.turns}); the ledger does not branch"
-            )
-        return conversation_id
-    return f"conv_{secrets.token_hex(12)}"
+        return parse_response_id(request.previous_response_id)
+    return f"conv_{secrets.token_hex(12)}", None
 
 
 @app.post(f"{PREFIX}/responses", include_in_schema=False)
 def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]:
     """One turn (or a decision on pending calls) of a conversation, as an OpenAI response."""
-    conversation_id = _conversation_of(request)
-    who = caller(conversation_id)
-    service = get_runtime().conversations_for(who.tenant)
+    conversation_id, previous_turn = _conversation_of(request)
+    who, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    if previous_turn is not None:
+        turns = service.get(key).turns
+        if turns != previous_turn:
+            raise InvalidRequest(
+                "previous_response_id must be the conversation's latest response "
+                f"(turn {turns}); the ledger does not branch"
+            )
     items: list[dict[str, Any]] = (
         [{"type": "message", "role": "user", "content": request.input}]
         if isinstance(request.input, str)
@@ -303,7 +292,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     if approvals and others:
         raise InvalidRequest("send mcp_approval_response items on their own")
     if approvals:
-        approve: list[str] = []
+        approve: list[str | ApprovalEdit] = []
         reject: list[str | Rejection] = []
         for item in approvals:
             call_id = item.get("approval_request_id")
@@ -313,11 +302,10 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
                 approve.append(call_id)
             else:
                 reject.append(Rejection(id=call_id, reason=item.get("reason")))
-        reply = service.approve(
-            who, conversation_id, ApprovalRequest(approve=approve, reject=reject)
-        )
+        decided = decisions(ApprovalRequest(approve=approve, reject=reject))
+        reply = service.approve(key, who.actor, decided)
     else:
-        reply = service.turn(who, conversation_id, _turn_request(request, others))
+        reply = service.turn(key, who.actor, turn_command(_turn_request(request, others)))
     return _json(200, _response_body(request, reply))
 
 
@@ -366,11 +354,11 @@ def _text(item: dict[str, Any]) -> str:
     raise InvalidRequest("a message's content must be text or a list of input_text parts")
 
 
-def _response_body(request: ResponseCreate, reply: TurnResponse) -> dict[str, Any]:
+def _response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if reply.output_text:
         output.append(_output_message(f"msg_{reply.turn}", reply.output_text))
-    for call in reply.pending_tool_calls:
+    for call in map(pending_view, reply.waiting):
         arguments = json.dumps(call.arguments)
         if call.requires == "approval":
             output.append(

@@ -1,28 +1,78 @@
-"""``Prefer: respond-async`` on the turn routes: accept the turn and start the turn worker.
+"""Long turns at the edge: ``Prefer: respond-async``, the ``202``, and a turn's reads as
+HTTP bodies and server-sent events.
 
-The logic is :mod:`turnledger.longturns`; this module only binds it to the current
-request (identity, ``Idempotency-Key``) and answers ``202`` with ``Location``.
+The logic is :mod:`turnledger.longturns`; this module binds it to the current
+request (identity, ``Idempotency-Key``), answers ``202`` with ``Location``, and
+shapes what the reads return.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any, Literal
+
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..longturns import (
-    AsyncTurnAccepted,
-    RouteKind,
-    accept,
-    invoke_worker,
-    prefers_async,
-    turn_url,
-)
+from .. import longturns
+from ..commands import Decisions, TurnCommand
 from ..models import ConversationKey
+from ..pipeline import Conversations
 from ..runtime import get_runtime
-from ..schemas import ApprovalRequest, TurnRequest, TurnResponse
 from .idempotency import idempotent
+from .resolver import Caller, app
+from .schemas import ApprovalRequest, TurnRequest, TurnResponse
 
 __all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]
+
+
+class AsyncTurnAccepted(BaseModel):
+    """The ``202`` answer of an accepted long turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str
+    turn: int
+    status: Literal["in_progress"] = "in_progress"
+    stream_url: str
+
+
+class TurnProgress(BaseModel):
+    """``GET .../turns/{n}`` while the turn runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str
+    turn: int
+    status: Literal["in_progress"] = "in_progress"
+    draft_text: str
+
+
+class ChunkView(BaseModel):
+    """One chunk of a draft."""
+
+    seq: int
+    text: str
+
+
+class StreamPage(BaseModel):
+    """``GET .../turns/{n}/stream``: chunks after ``after``; ``result`` once ``done``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str
+    turn: int
+    chunks: list[ChunkView] = Field(default_factory=list)
+    #: Pass as ``after`` to read on (the last chunk's seq, or ``after`` if none came).
+    next_after: int
+    done: bool
+    #: ``in_progress``, ``done``, or ``interrupted`` (failed or cancelled: see ``reason``).
+    status: str
+    reason: str | None = None
+    #: Once done: the turn's response (a synchronous turn's shape), or its error body.
+    result: dict[str, Any] | None = None
+
 
 #: The ``202`` answer of the turn routes, for the OpenAPI document.
 ASYNC_ANSWER: dict[int, OpenAPIResponse] = {
@@ -33,34 +83,59 @@ ASYNC_ANSWER: dict[int, OpenAPIResponse] = {
 }
 
 
+def prefers_async(prefer: str | None) -> bool:
+    """Whether a ``Prefer`` header (RFC 7240) asks for ``respond-async``."""
+    if not prefer:
+        return False
+    for preference in prefer.split(","):
+        token = preference.split(";", 1)[0].strip().lower()
+        if token == "respond-async":
+            return True
+    return False
+
+
+def turn_url(conversation_id: str, turn: int) -> str:
+    """Where a turn's progress or final response is read (the ``Location`` of a ``202``)."""
+    return f"/v1/conversations/{conversation_id}/turns/{turn}"
+
+
 def accept_async(
-    conversation_id: str, kind: RouteKind, request: TurnRequest | ApprovalRequest
+    who: Caller,
+    key: ConversationKey,
+    request: TurnRequest | ApprovalRequest,
+    command: TurnCommand | Decisions,
 ) -> Response[TurnResponse | AsyncTurnAccepted]:
     """Accept the current request as a long turn: ``202``, ``Location`` of the turn.
 
     Under an ``Idempotency-Key`` a retry answers the same ``202`` and starts nothing.
     """
-    from .app import app, caller
-
     runtime = get_runtime()
-    who = caller(conversation_id)
-    service = runtime.conversations_for(who.tenant)
+    service = runtime.conversations_for(key.tenant)
     function = runtime.settings.turn_worker_function or ""
     endpoint = runtime.settings.turn_worker_endpoint
+    kind = "turn" if isinstance(command, TurnCommand) else "approval"
+
+    def accept() -> AsyncTurnAccepted:
+        turn = longturns.accept(
+            service,
+            key,
+            who.actor,
+            command,
+            invoke=lambda payload: longturns.invoke_worker(function, payload, endpoint),
+        )
+        return AsyncTurnAccepted(
+            conversation_id=key.conversation_id,
+            turn=turn,
+            stream_url=turn_url(key.conversation_id, turn) + "/stream",
+        )
+
     accepted = idempotent(
         key=app.current_event.headers.get("idempotency-key") or None,
-        conversation=ConversationKey(tenant=who.tenant, conversation_id=conversation_id),
+        conversation=key,
         # Not the synchronous route's records: the same key answers in its own shape.
         route=f"{kind}s-async",
         body=request.model_dump(mode="json"),
-        run=lambda: accept(
-            service,
-            who,
-            conversation_id,
-            kind,
-            request,
-            invoke=lambda payload: invoke_worker(function, payload, endpoint),
-        ),
+        run=accept,
         parse=AsyncTurnAccepted.model_validate,
     )
     return Response[TurnResponse | AsyncTurnAccepted](
@@ -68,7 +143,81 @@ def accept_async(
         content_type=content_types.APPLICATION_JSON,
         body=accepted,
         headers={
-            "Location": turn_url(conversation_id, accepted.turn),
+            "Location": turn_url(key.conversation_id, accepted.turn),
             "Preference-Applied": "respond-async",
         },
     )
+
+
+def turn_view(
+    service: Conversations, key: ConversationKey, turn: int
+) -> tuple[int, dict[str, Any]]:
+    """``GET .../turns/{n}``: ``(status code, body)``.
+
+    In progress: ``200`` :class:`TurnProgress`. Done: ``200`` and the turn's response.
+    Interrupted: the error the synchronous turn would have answered, its ``details``
+    adding ``turn``, ``draft_status`` and the ``draft_text`` written so far.
+    """
+    state, text = longturns.read_turn(service, key, turn)
+    if state.status == "done" and state.result is not None:
+        return 200, state.result
+    if state.status == "interrupted":
+        body = json.loads(json.dumps(state.result or {})) or {
+            "error": {"code": state.reason or "internal_error", "message": "", "details": {}}
+        }
+        error = body["error"]
+        status = int(error.pop("status", 500))
+        error.setdefault("details", {}).update(
+            {"turn": turn, "draft_status": "interrupted", "draft_text": text}
+        )
+        return status, body
+    progress = TurnProgress(conversation_id=key.conversation_id, turn=turn, draft_text=text)
+    return 200, progress.model_dump(mode="json")
+
+
+def stream_page(
+    service: Conversations,
+    key: ConversationKey,
+    turn: int,
+    *,
+    after: int,
+    wait: float,
+    gather: bool = False,
+) -> StreamPage:
+    """``GET .../turns/{n}/stream``: the chunks after ``after``, waiting up to ``wait`` s
+    (see :func:`turnledger.longturns.follow`)."""
+    read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
+    state = read.state
+    return StreamPage(
+        conversation_id=key.conversation_id,
+        turn=turn,
+        chunks=[ChunkView(seq=c.seq, text=c.text) for c in read.chunks],
+        next_after=read.next_after,
+        done=state.done,
+        status=state.status,
+        reason=state.reason,
+        result=state.result if state.done else None,
+    )
+
+
+def sse_text(page: StreamPage, *, retry_ms: int = 1000) -> str:
+    """A :class:`StreamPage` as server-sent events.
+
+    Each chunk is an event ``chunk`` whose ``id`` is its seq (a reconnecting
+    ``EventSource`` sends it back as ``Last-Event-ID``); the end is an event ``done``
+    carrying the status, reason and result. ``retry`` tells the client when to reconnect.
+    """
+    events: list[list[str]] = []
+    for chunk in page.chunks:
+        data = json.dumps({"seq": chunk.seq, "text": chunk.text})
+        events.append([f"id: {chunk.seq}", "event: chunk", f"data: {data}"])
+    if page.done:
+        data = json.dumps({"status": page.status, "reason": page.reason, "result": page.result})
+        events.append([f"id: {page.next_after}", "event: done", f"data: {data}"])
+    if not events:
+        # Nothing new within the wait: a comment, so the client just reconnects.
+        events.append([": no new chunks yet"])
+    # ``retry`` rides on the first event: a block of its own reaches some clients as
+    # an empty message.
+    events[0].insert(0, f"retry: {retry_ms}")
+    return "".join("\n".join(lines) + "\n\n" for lines in events)

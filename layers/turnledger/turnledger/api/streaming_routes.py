@@ -1,6 +1,6 @@
 """The reads of long turns: ``GET .../turns/{n}`` and ``GET .../turns/{n}/stream``.
 
-Registered on the API's resolver when :mod:`.app` loads (as :mod:`.openai_face` is).
+Registered on the API's resolver when :mod:`.app` loads (as every route module is).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 
 from ..exceptions import RequestValidationFailed
-from ..longturns import MAX_WAIT_SECONDS, StreamPage, TurnProgress, sse_text, stream_page, turn_view
+from ..longturns import MAX_WAIT_SECONDS
 from ..runtime import get_runtime
-from .app import ConversationId, _responses, app, caller
+from .resolver import ConversationId, app, conversation, responses
+from .streaming import StreamPage, TurnProgress, sse_text, stream_page, turn_view
 
 EVENT_STREAM = "text/event-stream"
 TurnNumber = Annotated[int, Path(ge=1, description="The turn's number (1, 2, ...)")]
@@ -22,7 +23,7 @@ TurnNumber = Annotated[int, Path(ge=1, description="The turn's number (1, 2, ...
 
 @app.get(
     "/v1/conversations/<conversation_id>/turns/<turn>",
-    responses=_responses(TurnProgress, 400, 401, 404, 409, 422, 502, 503, 504),
+    responses=responses(TurnProgress, 400, 401, 404, 409, 422, 502, 503, 504),
 )
 def get_turn(conversation_id: ConversationId, turn: TurnNumber) -> Response[str]:
     """A long turn's progress (``in_progress`` and the draft so far) or its final response.
@@ -30,9 +31,9 @@ def get_turn(conversation_id: ConversationId, turn: TurnNumber) -> Response[str]
     A turn that failed or was cancelled answers the error its synchronous request would
     have, with ``details.draft_text`` (what was written before it stopped).
     """
-    who = caller(conversation_id)
-    service = get_runtime().conversations_for(who.tenant)
-    status, body = turn_view(service, who, conversation_id, turn)
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    status, body = turn_view(service, key, turn)
     return Response(
         status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body)
     )
@@ -41,7 +42,7 @@ def get_turn(conversation_id: ConversationId, turn: TurnNumber) -> Response[str]
 @app.get(
     "/v1/conversations/<conversation_id>/turns/<turn>/stream",
     responses={
-        **_responses(StreamPage, 400, 401, 404, 409, 422, 503),
+        **responses(StreamPage, 400, 401, 404, 409, 422, 503),
     },
 )
 def get_turn_stream(
@@ -58,8 +59,8 @@ def get_turn_stream(
     With ``Accept: text/event-stream``: server-sent events (``id`` = the chunk's seq,
     resumed from ``Last-Event-ID``), up to the end of the turn or ``wait`` seconds.
     """
-    who = caller(conversation_id)
-    service = get_runtime().conversations_for(who.tenant)
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
     headers = app.current_event.headers
     sse = EVENT_STREAM in (headers.get("accept") or "")
     last_event_id = headers.get("last-event-id")
@@ -70,7 +71,7 @@ def get_turn_stream(
                 details={"errors": [{"loc": ["header", "last-event-id"], "msg": "not a seq"}]},
             )
         after = max(after, int(last_event_id))
-    page = stream_page(service, who, conversation_id, turn, after=after, wait=wait, gather=sse)
+    page = stream_page(service, key, turn, after=after, wait=wait, gather=sse)
     if sse:
         return Response(
             status_code=200,

@@ -14,8 +14,9 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path
 
 from ..callbacks import MAX_TOKEN_CHARS, signing_key, verify
 from ..runtime import get_runtime
-from ..schemas import CallbackRequest, CallbackResponse, CancelRequestBody, CancelResponse
-from .app import ConversationId, _responses, app, caller
+from .resolver import ConversationId, app, conversation, responses
+from .schemas import CallbackRequest, CallbackResponse, CancelRequestBody, CancelResponse
+from .views import callback_outcome, callback_response, cancel_response
 
 CallbackToken = Annotated[
     str, Path(max_length=MAX_TOKEN_CHARS, description="The signed token of the callback_url")
@@ -24,23 +25,20 @@ CallbackToken = Annotated[
 
 @app.post(
     "/v1/conversations/<conversation_id>/cancel",
-    responses=_responses(CancelResponse, 400, 401, 404, 409, 413, 422, 503),
+    responses=responses(CancelResponse, 400, 401, 404, 409, 413, 422, 503),
 )
 def post_cancel(
     conversation_id: ConversationId, request: Annotated[CancelRequestBody, Body()]
 ) -> CancelResponse:
     """Stop a running or waiting turn at the next step boundary; results recorded stay."""
-    who = caller(conversation_id)
-    return (
-        get_runtime()
-        .conversations_for(who.tenant)
-        .cancel(who, conversation_id, reason=request.reason)
-    )
+    who, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    return cancel_response(service.cancel(key, who.actor, reason=request.reason))
 
 
 @app.post(
     "/v1/callbacks/<token>",
-    responses=_responses(CallbackResponse, 400, 409, 410, 413, 422, 502, 503, 504),
+    responses=responses(CallbackResponse, 400, 409, 410, 413, 422, 502, 503, 504),
 )
 def post_callback(
     token: CallbackToken, request: Annotated[CallbackRequest, Body()]
@@ -48,4 +46,5 @@ def post_callback(
     """Settle a deferred tool call: the token is the only credential (single use)."""
     runtime = get_runtime()
     claims = verify(signing_key(), token, now=runtime.conversations.clock())
-    return runtime.conversations_for(claims.tenant).settle_callback(claims, request)
+    service = runtime.conversations_for(claims.tenant)
+    return callback_response(service.settle_callback(claims, callback_outcome(request)))

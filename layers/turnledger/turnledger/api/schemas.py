@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .models import JsonObjectFormat, JsonSchemaFormat, Usage
+from ..models import JsonObjectFormat, JsonSchemaFormat, Usage
 
 
 class _Body(BaseModel):
@@ -358,3 +358,33 @@ class CancelResponse(BaseModel):
     cancelled_call_ids: list[str] = Field(default_factory=list)
     #: True when a running request was asked to stop (it records the cancel itself).
     cancel_requested: bool = False
+
+
+class InboxItemView(BaseModel):
+    """One call waiting for a person."""
+
+    kind: Literal["approval", "input"] = Field(
+        description="approval: approve or reject it; input: supply its output"
+    )
+    conversation_id: str
+    id: str = Field(description="The call id, as POST .../approvals names it.")
+    tool: str
+    arguments: dict[str, Any]
+    requested_by: str | None = Field(
+        description="The actor of the turn whose model asked for the call (null: not recorded)."
+    )
+    requested_at: datetime
+    expires_at: datetime | None = Field(description="After this the call counts as rejected.")
+    reason: str | None = Field(
+        default=None,
+        description="Why it waits when it is not a plain request (its tool may have run).",
+    )
+
+
+class InboxPageView(BaseModel):
+    """A page of the tenant's approval inbox."""
+
+    items: list[InboxItemView]
+    next_cursor: str | None = Field(
+        description="Pass as cursor= for the next page; null when there is none."
+    )

@@ -1,0 +1,222 @@
+"""The API's resolver, its error handlers, and what every route module needs of the
+current request.
+
+Route modules (:mod:`.routes`, :mod:`.openai_face`, :mod:`.waits`,
+:mod:`.streaming_routes`) import this module and register on :data:`app`;
+:mod:`.app` imports them all, so no route module imports another.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Path
+from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from pydantic import BaseModel
+
+from ..exceptions import (
+    ConversationBusy,
+    InvalidConversationId,
+    InvalidRequest,
+    RequestValidationFailed,
+    ServiceUnavailable,
+    TurnledgerError,
+    Unauthorized,
+)
+from ..models import CONVERSATION_ID_PATTERN, ConversationKey
+from ..observability import logger
+from ..runtime import get_runtime
+from .errors import body_for
+from .schemas import ErrorBody
+
+#: A usable tenant claim: 1-128 of ``A-Z a-z 0-9 . _ : @ + = , -``. Anything else (a
+#: 2,000-character claim, control characters) is ``401 unauthorized`` before any storage call.
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9._:@+=,-]{1,128}")
+#: A conversation id in a path: checked (the only check of a request) by the resolver's
+#: validation against the rule of :mod:`turnledger.models`, which the OpenAPI document shows.
+ConversationId = Annotated[
+    str, Path(pattern=CONVERSATION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
+]
+
+app = APIGatewayHttpResolver(enable_validation=True)
+
+#: The error codes each status can carry, for the OpenAPI document.
+_ERROR_CODES = {
+    400: "invalid_request, invalid_conversation_id, invalid_cursor",
+    401: "unauthorized",
+    404: "conversation_not_found",
+    409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
+    "unsupported_state_version, conversation_exists, input_pending",
+    410: "callback_invalid",
+    413: "payload_too_large",
+    422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
+    "idempotency_key_reused",
+    502: "provider_error",
+    503: "service_unavailable",
+    504: "provider_timeout",
+}
+
+
+def responses(
+    ok: type[BaseModel] | None, *errors: int, status: int = 200
+) -> dict[int, OpenAPIResponse]:
+    """The documented answers of a route: its success, and its errors in the error shape."""
+    answers: dict[int, OpenAPIResponse] = {
+        # An empty content map: no body (Powertools would otherwise document the return type).
+        status: {"description": "Success, no body", "content": {}}
+        if ok is None
+        else {"description": "Success", "content": {"application/json": {"model": ok}}}
+    }
+    for code in errors:
+        answers[code] = {
+            "description": f"Error ({_ERROR_CODES[code]})",
+            "content": {"application/json": {"model": ErrorBody}},
+        }
+    return answers
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The verified identity of a request: its tenant and who acts."""
+
+    tenant: str
+    actor: str
+
+    def key(self, conversation_id: str) -> ConversationKey:
+        """The key of the caller's conversation ``conversation_id`` (an id already checked)."""
+        return ConversationKey(tenant=self.tenant, conversation_id=conversation_id)
+
+
+def caller(conversation_id: str | None = None) -> Caller:
+    """The verified identity of the current request (JWT authorizer claims).
+
+    Also puts the tenant (and ``conversation_id``, when given) on every log line
+    of this invocation.
+
+    Raises:
+        Unauthorized: no claims, or no usable tenant claim (see :data:`TENANT_PATTERN`).
+    """
+    settings = get_runtime().settings
+    context = app.current_event.raw_event.get("requestContext") or {}
+    claims = ((context.get("authorizer") or {}).get("jwt") or {}).get("claims") or {}
+    tenant = claims.get(settings.tenant_claim)
+    if not isinstance(tenant, str) or not tenant:
+        raise Unauthorized(f"no verified identity with a {settings.tenant_claim!r} claim")
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise Unauthorized(
+            f"the {settings.tenant_claim!r} claim must be 1-128 characters of "
+            "A-Z a-z 0-9 . _ : @ + = , -"
+        )
+    actor = claims.get("sub")
+    logger.append_keys(tenant=tenant)
+    if conversation_id is not None:
+        logger.append_keys(conversation_id=conversation_id)
+    return Caller(tenant=tenant, actor=str(actor) if actor else "anonymous")
+
+
+def conversation(conversation_id: str) -> tuple[Caller, ConversationKey]:
+    """The caller and the key of the conversation the current request names: the one
+    key of the request, passed down to the service."""
+    who = caller(conversation_id)
+    return who, who.key(conversation_id)
+
+
+def raw_body(event: dict[str, Any]) -> bytes:
+    """The request body's bytes as the client sent them.
+
+    Raises:
+        InvalidRequest: the event claims base64 and the body is not.
+    """
+    body = event.get("body") or ""
+    if event.get("isBase64Encoded"):
+        try:
+            return base64.b64decode(body, validate=True)
+        except binascii.Error as exc:
+            raise InvalidRequest("the body is not valid base64") from exc
+    # A str body came from valid UTF-8; surrogates (never in valid UTF-8) pass through
+    # so that the JSON check names them.
+    return body.encode("utf-8", "surrogatepass")
+
+
+# --- errors: every failure answers the error shape (:mod:`.errors`) ----------------------
+
+
+def _error(exc: TurnledgerError) -> Response[str]:
+    retry_after = (
+        exc.retry_after if isinstance(exc, ConversationBusy | ServiceUnavailable) else None
+    )
+    return Response(
+        status_code=exc.status,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps(body_for(exc, _current_path())),
+        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
+    )
+
+
+def _current_path() -> str:
+    """The current request's raw path (empty before routing)."""
+    try:
+        return str(app.current_event.raw_event.get("rawPath", ""))
+    except (AttributeError, RuntimeError):
+        return ""  # no current event (an error before routing)
+
+
+@app.exception_handler(TurnledgerError)
+def _domain_error(exc: TurnledgerError) -> Response[str]:
+    if exc.status >= 500:
+        logger.exception("request failed", extra={"code": exc.code})
+    return _error(exc)
+
+
+@app.exception_handler(RequestValidationError)
+def _validation_error(exc: RequestValidationError) -> Response[str]:
+    errors = list(exc.errors())
+    if any(tuple(e.get("loc", ()))[:2] == ("path", "conversation_id") for e in errors):
+        return _error(
+            InvalidConversationId(
+                "conversation_id must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+                "and start with a letter or digit"
+            )
+        )
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        if error.get("type") == "json_invalid" or (
+            loc in {("body",), ()}
+            and error.get("type") in {"model_attributes_type", "missing", "dict_type", "model_type"}
+        ):
+            return _error(InvalidRequest("the body must be a JSON object"))
+    details = [
+        {
+            "loc": [str(part) for part in e.get("loc", ())],
+            "msg": e.get("msg"),
+            "type": e.get("type"),
+        }
+        for e in errors
+    ]
+    return _error(
+        RequestValidationFailed("the request fails the schema", details={"errors": details})
+    )
+
+
+@app.exception_handler(Exception)
+def _unexpected(exc: Exception) -> Response[str]:
+    logger.exception("unexpected failure")
+    return _error(TurnledgerError("internal error; the request left no partial state"))
+
+
+@app.not_found
+def _not_found(exc: Exception) -> Response[str]:
+    return Response(
+        status_code=404,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps(
+            {"error": {"code": "not_found", "message": "no such route", "details": {}}}
+        ),
+    )

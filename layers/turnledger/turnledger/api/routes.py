@@ -1,0 +1,248 @@
+"""The ``/v1`` routes of conversations, the approval inbox and the OpenAPI document.
+
+Each route parses (Powertools validates path, query and body against the
+pydantic models of :mod:`.schemas`, which also make the OpenAPI document), maps
+the body to a domain command (:mod:`.views`), calls the service with the
+request's one :class:`~turnledger.models.ConversationKey`, and answers the
+result's view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler import Response, content_types
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from .. import __version__
+from ..approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
+from ..exceptions import InvalidRequest
+from ..models import CONVERSATION_ID_PATTERN, ConversationKey
+from ..observability import timed
+from ..results import TurnResult
+from ..runtime import get_runtime
+from .idempotency import idempotent
+from .resolver import ConversationId, app, caller, conversation, raw_body, responses
+from .schemas import (
+    ApprovalRequest,
+    ConversationView,
+    EventsPage,
+    InboxPageView,
+    PurgeReportView,
+    TurnRequest,
+    TurnResponse,
+)
+from .streaming import ASYNC_ANSWER, AsyncTurnAccepted, accept_async, prefers_async
+from .views import (
+    conversation_view,
+    decisions,
+    events_page,
+    inbox_page,
+    purge_report,
+    turn_command,
+    turn_response,
+)
+
+#: The media type of an export (``turnledger.transfer.NDJSON``; not imported here, so the
+#: handler's cold start does not load the transfer module).
+NDJSON = "application/x-ndjson"
+
+
+def _answer_turn(
+    key: ConversationKey,
+    route: str,
+    request: TurnRequest | ApprovalRequest,
+    run: Callable[[], TurnResult],
+) -> Response[TurnResponse | AsyncTurnAccepted]:
+    """Run a request that answers a turn: timed, and idempotent under its key."""
+    with timed("TurnLatency"):
+        answer = idempotent(
+            key=app.current_event.headers.get("idempotency-key") or None,
+            conversation=key,
+            route=route,
+            body=request.model_dump(mode="json"),
+            run=lambda: turn_response(run()),
+            parse=TurnResponse.model_validate,
+        )
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
+
+
+@app.post(
+    "/v1/conversations/<conversation_id>/turns",
+    responses=responses(TurnResponse, 400, 401, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
+)
+def post_turn(
+    conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
+) -> Response[TurnResponse | AsyncTurnAccepted]:
+    """Run one turn: append the input, call the model, run or pause tools, persist, answer.
+
+    With ``Prefer: respond-async``: ``202`` at once, the turn runs in the turn worker.
+    """
+    who, key = conversation(conversation_id)
+    command = turn_command(request, app.current_event.headers.get("idempotency-key") or None)
+    if prefers_async(app.current_event.headers.get("prefer")):
+        return accept_async(who, key, request, command)
+    service = get_runtime().conversations_for(key.tenant)
+    return _answer_turn(key, "turns", request, lambda: service.turn(key, who.actor, command))
+
+
+@app.post(
+    "/v1/conversations/<conversation_id>/approvals",
+    responses=responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
+)
+def post_approvals(
+    conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
+) -> Response[TurnResponse | AsyncTurnAccepted]:
+    """Decide pending tool calls; continue the turn when none is left undecided.
+
+    With ``Prefer: respond-async``: ``202`` at once, the turn goes on in the turn worker.
+    """
+    who, key = conversation(conversation_id)
+    decided = decisions(request)
+    if prefers_async(app.current_event.headers.get("prefer")):
+        return accept_async(who, key, request, decided)
+    service = get_runtime().conversations_for(key.tenant)
+    return _answer_turn(key, "approvals", request, lambda: service.approve(key, who.actor, decided))
+
+
+@app.get(
+    "/v1/conversations/<conversation_id>",
+    responses=responses(ConversationView, 400, 401, 404, 409, 422, 503),
+)
+def get_conversation(conversation_id: ConversationId) -> ConversationView:
+    """The conversation's head: status, timestamps, expiry, counts, pending calls."""
+    _, key = conversation(conversation_id)
+    return conversation_view(get_runtime().conversations_for(key.tenant).get(key))
+
+
+@app.get(
+    "/v1/conversations/<conversation_id>/events",
+    responses=responses(EventsPage, 400, 401, 404, 409, 422, 503),
+)
+def get_events(
+    conversation_id: ConversationId,
+    after: Annotated[int, Query(ge=0, description="Return events with sequence > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many events.")] = 100,
+) -> EventsPage:
+    """The transcript: canonical events in sequence order, paginated."""
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    return events_page(service.events(key, after=after, limit=limit))
+
+
+@app.delete(
+    "/v1/conversations/<conversation_id>",
+    responses=responses(None, 400, 401, 409, 422, 503, status=204),
+)
+def delete_conversation(conversation_id: ConversationId) -> Response[str]:
+    """Clear: delete the conversation, its events and its stored artifacts.
+
+    Answers 204, also when the conversation is absent.
+    """
+    _, key = conversation(conversation_id)
+    get_runtime().conversations_for(key.tenant).clear(key)
+    return Response(status_code=204, body="")
+
+
+@app.get(
+    "/v1/conversations/<conversation_id>/export",
+    responses={
+        200: {"description": "The conversation as NDJSON", "content": {NDJSON: {}}},
+        **{k: v for k, v in responses(None, 400, 401, 404, 409, 422).items() if k != 200},
+    },
+)
+def export_conversation(conversation_id: ConversationId) -> Response[str]:
+    """The whole conversation as NDJSON: its head line, then every event, payloads inline."""
+    _, key = conversation(conversation_id)
+    transfer = get_runtime().transfer_for(key.tenant)
+    return Response(status_code=200, content_type=NDJSON, body=transfer.export_text(key))
+
+
+@app.post(
+    "/v1/conversations/<conversation_id>/import",
+    responses=responses(ConversationView, 400, 401, 409, 413, 422, status=201),
+)
+def import_conversation(conversation_id: ConversationId) -> Response[str]:
+    """Create the conversation from an export (NDJSON), checked whole and written all or nothing.
+
+    ``409 conversation_exists`` when the id is taken.
+    """
+    _, key = conversation(conversation_id)
+    runtime = get_runtime()
+    raw = raw_body(app.current_event.raw_event)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("the export is not UTF-8") from exc
+    runtime.transfer_for(key.tenant).import_text(key, text)
+    view = conversation_view(runtime.conversations_for(key.tenant).get(key))
+    return Response(
+        status_code=201,
+        content_type=content_types.APPLICATION_JSON,
+        body=view.model_dump_json(),
+    )
+
+
+@app.delete("/v1/conversations", responses=responses(PurgeReportView, 401, 422, 503))
+def erase_tenant() -> PurgeReportView:
+    """Tenant-wide erasure: every conversation of the caller's tenant, in time-bounded pages.
+
+    ``complete: false`` means the time budget ran out: call again to continue.
+    """
+    context: LambdaContext | None = app.lambda_context
+    return purge_report(get_runtime().sweeper(context).erase(caller().tenant))
+
+
+@app.get("/v1/approvals", responses=responses(InboxPageView, 400, 401, 409, 422, 503))
+def get_approvals(
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many calls.")] = (
+        DEFAULT_LIMIT
+    ),
+    cursor: Annotated[
+        str | None, Query(max_length=2048, description="next_cursor of the previous page.")
+    ] = None,
+    tool: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    conversation_id: Annotated[
+        str | None, Query(pattern=CONVERSATION_ID_PATTERN, description="Only this conversation.")
+    ] = None,
+) -> InboxPageView:
+    """The tenant's approval inbox: every call waiting for a person, oldest first."""
+    tenant = caller().tenant
+    listing = list_inbox(
+        get_runtime().conversations_for(tenant),
+        tenant,
+        limit=limit,
+        cursor=cursor,
+        tool=tool,
+        conversation_id=conversation_id,
+    )
+    return inbox_page(listing)
+
+
+@app.get("/approvals", include_in_schema=False)
+def approvals_page() -> Response[str]:
+    """The approval inbox as a web page (static; it calls the JSON routes with the
+    token the user pastes, so it needs none itself)."""
+    from ..approvals_page import page
+
+    html, headers = page()
+    return Response(
+        status_code=200, content_type="text/html; charset=utf-8", body=html, headers=headers
+    )
+
+
+@app.get("/v1/openapi.json", include_in_schema=False)
+def openapi() -> Response[str]:
+    """The OpenAPI 3 document of this API."""
+    return Response(
+        status_code=200,
+        content_type=content_types.APPLICATION_JSON,
+        body=app.get_openapi_json_schema(
+            title="turnledger",
+            version=__version__,
+            description="Durable, multi-turn conversation state for LLM applications. "
+            "Errors are {error: {code, message, details}}; see the README's error table.",
+        ),
+    )

@@ -1,0 +1,222 @@
+"""Request bodies to domain commands, and domain results to response bodies.
+
+The only place the HTTP shapes of :mod:`.schemas` meet the service's commands
+(:mod:`turnledger.commands`) and results (:mod:`turnledger.results`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..approvals import InboxListing
+from ..commands import CallbackOutcome, ClientOutput, Decisions, TurnCommand
+from ..models import PendingCall
+from ..results import (
+    CallbackResult,
+    CancelResult,
+    ConversationState,
+    EventPage,
+    OutputText,
+    SweepReport,
+    TurnResult,
+)
+from ..turnstate import WAIT_OF_STATE
+from .schemas import (
+    ApprovalRequest,
+    CallbackRequest,
+    CallbackResponse,
+    CancelResponse,
+    ContextInfo,
+    ConversationView,
+    EventsPage,
+    EventView,
+    FunctionCallOutput,
+    InboxItemView,
+    InboxPageView,
+    InputMessage,
+    OutputFunctionCall,
+    OutputMessage,
+    PendingToolCallView,
+    PurgeReportView,
+    TurnRequest,
+    TurnResponse,
+)
+
+# --- requests -> commands -----------------------------------------------------------------
+
+
+def turn_command(request: TurnRequest, idempotency_key: str | None = None) -> TurnCommand:
+    """The command of ``POST .../turns``: its messages and its outputs, apart, and the
+    request's ``Idempotency-Key``."""
+    if isinstance(request.input, str):
+        messages, outputs = [request.input], []
+    else:
+        messages = [i.content for i in request.input if isinstance(i, InputMessage)]
+        outputs = [
+            ClientOutput(call_id=i.call_id, output=i.output)
+            for i in request.input
+            if isinstance(i, FunctionCallOutput)
+        ]
+    return TurnCommand(
+        messages=messages,
+        outputs=outputs,
+        model=request.model,
+        provider=request.provider,
+        response_format=request.response_format,
+        tools=request.tools,
+        require_approval=request.require_approval,
+        metadata=request.metadata,
+        idempotency_key=idempotency_key,
+    )
+
+
+def decisions(request: ApprovalRequest) -> Decisions:
+    """The decisions of ``POST .../approvals``."""
+    return Decisions(
+        approvals=request.approvals(),
+        rejections=request.rejections(),
+        outputs={o.id: o.output for o in request.outputs},
+    )
+
+
+def callback_outcome(request: CallbackRequest) -> CallbackOutcome:
+    """The outcome a ``POST /v1/callbacks/{token}`` reports."""
+    return CallbackOutcome(
+        status=request.status, output=request.output, continue_turn=request.continue_
+    )
+
+
+# --- results -> responses -----------------------------------------------------------------
+
+
+def pending_view(pending: PendingCall) -> PendingToolCallView:
+    """The API's view of a pending call."""
+    return PendingToolCallView(
+        id=pending.id,
+        name=pending.name,
+        arguments=pending.arguments,
+        requires=WAIT_OF_STATE.get(pending.state, "approval"),
+        expires_at=pending.expires_at,
+        reason=pending.reason if pending.state == "outcome_unknown" else None,
+        task_id=pending.task_id,
+    )
+
+
+def turn_response(result: TurnResult) -> TurnResponse:
+    """The answer of a turn (and of a decision that continued it)."""
+    return TurnResponse(
+        conversation_id=result.conversation_id,
+        turn=result.turn,
+        status=result.status,
+        status_reason=result.status_reason,
+        output_text=result.output_text,
+        output_json=result.output_json,
+        output=[
+            OutputMessage(content=item.content)
+            if isinstance(item, OutputText)
+            else OutputFunctionCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
+            for item in result.output
+        ],
+        pending_tool_calls=[pending_view(p) for p in result.waiting],
+        awaiting=result.awaiting,
+        usage=result.usage,
+        context=ContextInfo(
+            messages_sent=result.context.messages_sent,
+            provider_state=result.context.provider_state,
+            tokens_estimated=result.context.tokens_estimated,
+            budget_tokens=result.context.budget_tokens,
+            summary_through=result.context.summary_through,
+        ),
+    )
+
+
+def turn_body(result: TurnResult) -> dict[str, Any]:
+    """:func:`turn_response` as JSON (what a long turn's draft keeps)."""
+    return turn_response(result).model_dump(mode="json")
+
+
+def conversation_view(state: ConversationState) -> ConversationView:
+    """The answer of ``GET /v1/conversations/{id}``."""
+    return ConversationView(
+        conversation_id=state.conversation_id,
+        status=state.status,
+        turns=state.turns,
+        events=state.events,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+        expires_at=state.expires_at,
+        ttl_seconds=state.ttl_seconds,
+        pending_tool_calls=[pending_view(p) for p in state.waiting],
+        usage=state.usage,
+        cost_usd=state.cost_usd,
+        failed_turns=state.failed_turns,
+        summary_through=state.summary_through,
+        awaiting=state.awaiting,
+        expired_tool_calls=[pending_view(p) for p in state.expired],
+    )
+
+
+def events_page(page: EventPage) -> EventsPage:
+    """The answer of ``GET .../events``."""
+    return EventsPage(
+        conversation_id=page.conversation_id,
+        events=[EventView.model_validate(e.model_dump()) for e in page.events],
+        next_after=page.next_after,
+    )
+
+
+def cancel_response(result: CancelResult) -> CancelResponse:
+    """The answer of ``POST .../cancel``."""
+    return CancelResponse(
+        conversation_id=result.conversation_id,
+        turn=result.turn,
+        status=result.status,
+        cancelled_call_ids=result.cancelled_call_ids,
+        cancel_requested=result.cancel_requested,
+    )
+
+
+def callback_response(result: CallbackResult) -> CallbackResponse:
+    """The answer of ``POST /v1/callbacks/{token}``."""
+    return CallbackResponse(
+        conversation_id=result.conversation_id,
+        call_id=result.call_id,
+        settled=result.settled,
+        status=result.status,
+        awaiting=result.awaiting,
+        continued=result.continued,
+    )
+
+
+def purge_report(report: SweepReport) -> PurgeReportView:
+    """The answer of tenant-wide erasure (the sweep's report)."""
+    return PurgeReportView(
+        conversations_removed=report.conversations_removed,
+        events_removed=report.events_removed,
+        objects_removed=report.objects_removed,
+        provider_state_deleted=report.provider_state_deleted,
+        read_units=report.read_units,
+        complete=report.complete,
+        waits_expired=report.waits_expired,
+    )
+
+
+def inbox_page(listing: InboxListing) -> InboxPageView:
+    """The answer of ``GET /v1/approvals``."""
+    return InboxPageView(
+        items=[
+            InboxItemView(
+                kind=e.kind,
+                conversation_id=e.conversation_id,
+                id=e.call_id,
+                tool=e.tool,
+                arguments=e.arguments,
+                requested_by=e.requested_by,
+                requested_at=e.requested_at,
+                expires_at=e.expires_at,
+                reason=e.reason,
+            )
+            for e in listing.entries
+        ],
+        next_cursor=listing.next_cursor,
+    )
