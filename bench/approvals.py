@@ -1,7 +1,7 @@
 """The approval inbox, measured: what a call waiting for a person costs in capacity.
 
 On DynamoDB Local (the table built from ``template.yaml``, S3 on moto's server),
-:class:`~turnledger.pipeline.Conversations` runs the demo model with a registry
+:class:`~turnledger.turn.pipeline.Conversations` runs the demo model with a registry
 whose ``send_email`` tool needs approval and runs over ``http`` against a local
 sink (:class:`tests.functional.http_sink.HttpSink`). Each sample measures, on
 fresh conversations of one tenant:
@@ -17,7 +17,7 @@ fresh conversations of one tenant:
 
 Then 3 tenants each get ``--pending`` calls waiting (one conversation each) and
 each tenant's first inbox page of 50 (``GET /v1/approvals``,
-:func:`turnledger.approvals.list_inbox`) is read: its capacity, and how many
+:func:`turnledger.turn.approvals.list_inbox`) is read: its capacity, and how many
 index items it read and whose they were.
 
 Capacity is given two ways, as in ``bench/turns.py``: as DynamoDB Local reported
@@ -44,10 +44,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from moto.server import ThreadedMotoServer
 from turnledger.api.schemas import ApprovalRequest, TurnRequest
-from turnledger.approvals import DEFAULT_LIMIT, list_inbox
-from turnledger.config import Settings
-from turnledger.observability import metrics
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.observability import metrics
 from turnledger.providers.demo import DemoProvider
 from turnledger.store import codec, inbox
 from turnledger.store.base import Page
@@ -57,6 +55,8 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.inbox import EntryKey
 from turnledger.store.indexes import WAIT_INDEX
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.approvals import DEFAULT_LIMIT, list_inbox
+from turnledger.turn.pipeline import Conversations
 from turnledger_local.template import load_template, table_definition
 
 from bench.conversation import BenchClock

@@ -1,7 +1,7 @@
 """The working context over a long conversation: read cost, tokens sent, compaction.
 
 Drives one conversation of ``--turns`` turns (a 300-character user message
-each, the demo model answering) through :class:`~turnledger.pipeline.Conversations`
+each, the demo model answering) through :class:`~turnledger.turn.pipeline.Conversations`
 over the DynamoDB store on DynamoDB Local, with ``ContextMaxTokens`` set to
 ``--budget``. For every turn it records the priced read and write units
 (:mod:`bench.pricing`, from item sizes; DynamoDB Local misreports transaction
@@ -28,13 +28,13 @@ from dataclasses import dataclass, replace
 
 from moto.server import ThreadedMotoServer
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import Settings
-from turnledger.models import ConversationKey, EventKind
-from turnledger.observability import metrics
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.models import ConversationKey, EventKind
+from turnledger.core.observability import metrics
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.blobs import S3BlobStore
+from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import USER_CHARS, BenchClock, text_of
 from bench.metered import MeteredStore

@@ -12,14 +12,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import Settings
-from turnledger.exceptions import ConversationBusy
-from turnledger.models import ConversationKey, Usage
-from turnledger.observability import metrics
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ConversationBusy
+from turnledger.core.models import ConversationKey, Usage
+from turnledger.core.observability import metrics
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
+from turnledger.turn.pipeline import Conversations
 
 from bench.metered import Commit, MeteredStore
 from bench.pricing import IndexSpec, item_size

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from turnledger.models import ConversationKey, Event, Head
+from turnledger.core.models import ConversationKey, Event, Head
 from turnledger.store.base import ContextBudget, Page, PurgeReport, Snapshot
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_PK, Item

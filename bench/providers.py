@@ -1,7 +1,7 @@
 """Provider state: what a turn sends when the provider's stored state is used, and when not.
 
 Drives one conversation of ``--turns`` turns (a 300-character user message
-each, a 700-character answer) through :class:`~turnledger.pipeline.Conversations`
+each, a 700-character answer) through :class:`~turnledger.turn.pipeline.Conversations`
 with the ``openai-responses`` provider, over real HTTP to the fake Responses
 API of the tests (``tests/functional/fake_openai.py``, which keeps stored
 responses and their ``previous_response_id`` chains as OpenAI does), on the
@@ -37,11 +37,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import ModelSpec, Settings
-from turnledger.observability import metrics
-from turnledger.pipeline import Conversations
+from turnledger.core.config import ModelSpec, Settings
+from turnledger.core.observability import metrics
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
 from turnledger.store.memory import MemoryConversationStore
+from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, text_of
 from bench.results import command_line, machine_line, publish

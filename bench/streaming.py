@@ -31,14 +31,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from moto.server import ThreadedMotoServer
-from turnledger import longturns
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import Settings
-from turnledger.observability import metrics
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.observability import metrics
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.blobs import S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.turn import longturns
+from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
 from bench.results import command_line, machine_line, publish

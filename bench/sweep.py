@@ -35,20 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from turnledger.models import (
-    ConversationKey,
-    ConversationStatus,
-    Event,
-    EventKind,
-    Head,
-)
+from turnledger.core.models import ConversationKey, ConversationStatus, Event, EventKind, Head
+from turnledger.ops.sweep import SWEEP_LOOKBACK_BUCKETS, Sweeper
 from turnledger.store import codec, keys
 from turnledger.store.base import new_generation
 from turnledger.store.blobs import MemoryBlobStore
 from turnledger.store.codec import Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.indexes import CURSOR_PK, CURSOR_SK
-from turnledger.sweep import SWEEP_LOOKBACK_BUCKETS, Sweeper
 from turnledger_local.template import load_template, table_definition
 
 from bench.pricing import to_wire

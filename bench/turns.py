@@ -1,7 +1,7 @@
 """Storage cost of the turn pipeline: capacity units, round trips and time per turn.
 
 Drives one conversation to ``--turns`` turns (a 300-character user message and
-a 700-character reply each) through :class:`~turnledger.pipeline.Conversations`
+a 700-character reply each) through :class:`~turnledger.turn.pipeline.Conversations`
 over the DynamoDB store, against DynamoDB Local (the table built from
 ``template.yaml``) with S3 on moto's server; then a few turns an hour apart,
 and 20 conversations at once on threads. The section ``## Turn storage cost``
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from moto.server import ThreadedMotoServer
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.store.blobs import BlobStore, S3BlobStore
 from turnledger.store.codec import Item
 from turnledger_local.template import PROJECT_ROOT, load_template, table_definition

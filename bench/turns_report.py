@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.store.base import FIRST_PAGE
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, TurnSample

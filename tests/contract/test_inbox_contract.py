@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from turnledger import turnstate
-from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
+from turnledger.core.models import ConversationKey, ConversationStatus, Head, PendingCall
 from turnledger.store import inbox, keys
 from turnledger.store.base import ConversationStore
+from turnledger.turn import lifecycle
 
 from tests.support.factories import START, build_turn, make_key
 
@@ -54,14 +54,14 @@ def ask(
         status=ConversationStatus.AWAITING_APPROVAL if calls else ConversationStatus.COMPLETE,
         # What the turn layer hands the store: the earliest wait's deadline and the
         # inbox entries to write and delete (the store knows no turn rules).
-        wait_deadline=turnstate.wait_deadline(calls),
+        wait_deadline=lifecycle.wait_deadline(calls),
     )
     store.commit(
         key,
         expected_version=turn.expected_version,
         head=turn.head,
         events=turn.events,
-        inbox_changes=turnstate.inbox_changes(key, previous, turn.head),
+        inbox_changes=lifecycle.inbox_changes(key, previous, turn.head),
     )
     return turn.head
 
@@ -171,7 +171,7 @@ def test_cursors_round_trip_within_the_tenant() -> None:
     """A cursor names a position of the caller's own tenant only."""
     key = make_key("acme", "conv-1")
     head = build_turn(key, None, [], pending=[waiting("call_1")]).head
-    (entry,) = turnstate.inbox_changes(key, None, head).puts
+    (entry,) = lifecycle.inbox_changes(key, None, head).puts
     item = inbox.entry_item(key, head.gen, entry)
     position = inbox.entry_key(item)
     assert inbox.decode_cursor("acme", inbox.encode_cursor(position)) == position

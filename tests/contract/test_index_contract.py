@@ -9,7 +9,7 @@ test's docstring states the invariant it protects.
 
 from __future__ import annotations
 
-from turnledger.models import ConversationKey, ConversationStatus
+from turnledger.core.models import ConversationKey, ConversationStatus
 from turnledger.store import codec, keys
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.store.indexes import CURSOR_PK, CURSOR_SK, EventStamp

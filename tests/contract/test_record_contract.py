@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from turnledger.exceptions import InternalError
+from turnledger.core.exceptions import InternalError
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.store.records import IN_PROGRESS, Record
 

@@ -1,7 +1,7 @@
 """The side items' store contract (long turns' drafts live there), on every backend.
 
 ``put_side_item``, ``get_side_item``, ``query_side_items`` and ``delete_side_items``
-are every read and write of :mod:`turnledger.drafts`: the caller hands data (a sort
+are every read and write of :mod:`turnledger.turn.drafts`: the caller hands data (a sort
 key under ``S#``, its attributes, a TTL, a life) and the store owns the item. Runs
 over the ``store`` fixture's backends (memory, moto, DynamoDB Local, SQLite); each
 test's docstring states the invariant it protects.
@@ -10,7 +10,7 @@ test's docstring states the invariant it protects.
 from __future__ import annotations
 
 import pytest
-from turnledger.exceptions import InternalError, PayloadTooLarge
+from turnledger.core.exceptions import InternalError, PayloadTooLarge
 from turnledger.store import keys
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.store.codec import MAX_ITEM_BYTES, SideItem

@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
 import pytest
-from turnledger.exceptions import (
+from turnledger.core.exceptions import (
     ConversationBusy,
     CorruptedState,
     InternalError,
     PayloadTooLarge,
     UnsupportedStateVersion,
 )
-from turnledger.models import (
+from turnledger.core.models import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     ConversationKey,

@@ -1,7 +1,7 @@
 """Every provider behind one harness: the demo models in process, the others over real HTTP.
 
 A :class:`Rig` is one deployment's view of the providers: its
-:class:`~turnledger.config.Settings` name a default provider and allow every
+:class:`~turnledger.core.config.Settings` name a default provider and allow every
 other one, the OpenAI-style providers point at a :class:`FakeOpenAI` and
 Bedrock at a :class:`FakeBedrock`, and both fakes answer with the demo model
 speaking their wire format (:mod:`tests.support.wire_demo`). Providers are
@@ -21,13 +21,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from turnledger.config import Settings
-from turnledger.pipeline import Conversations
+from turnledger.context.redaction import Redactor
+from turnledger.core.config import Settings
 from turnledger.providers.base import Provider
 from turnledger.providers.factory import PROVIDERS, build_provider
-from turnledger.redaction import Redactor
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.fake_bedrock import FakeBedrock, model_id
 from tests.functional.fake_openai import (

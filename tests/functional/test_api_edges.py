@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 from moto import mock_aws
 from turnledger.api import app, lambda_handler
-from turnledger.observability import logger
+from turnledger.core.observability import logger
 from turnledger.runtime import get_runtime, set_runtime
 from turnledger_local.gateway import LambdaContext
 

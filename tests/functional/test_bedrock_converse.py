@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from turnledger.config import Settings
-from turnledger.exceptions import ProviderError, ProviderTimeout
-from turnledger.models import ToolCall, Usage
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ProviderError, ProviderTimeout
+from turnledger.core.models import ToolCall, Usage
 from turnledger.providers.base import Message, ModelRequest, ResponseFormat, ToolSpec
 from turnledger.providers.bedrock_converse import BedrockConverseProvider
 from turnledger.providers.factory import build_provider

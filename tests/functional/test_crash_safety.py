@@ -31,16 +31,16 @@ from unittest import mock
 import httpx
 import pytest
 from turnledger.api.schemas import ApprovalRequest, TurnRequest
-from turnledger.config import Settings
-from turnledger.context import build_messages
-from turnledger.exceptions import ApprovalPending, ConversationBusy, NotAwaitingApproval
-from turnledger.models import Event
-from turnledger.pipeline import Conversations
+from turnledger.context.assembly import build_messages
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ApprovalPending, ConversationBusy, NotAwaitingApproval
+from turnledger.core.models import Event
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink
 from tests.functional.test_tool_turns import ANN, lines, registry, script_tools, tool_line

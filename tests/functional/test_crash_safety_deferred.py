@@ -20,17 +20,17 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from turnledger import callbacks
 from turnledger.api.schemas import CallbackRequest, TurnRequest
-from turnledger.config import Settings
-from turnledger.context import build_messages
-from turnledger.exceptions import CallbackInvalid, InputPending
-from turnledger.models import Event
-from turnledger.pipeline import Conversations
+from turnledger.context.assembly import build_messages
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import CallbackInvalid, InputPending
+from turnledger.core.models import Event
 from turnledger.providers.base import Message
 from turnledger.providers.history import check_strict_history
 from turnledger.store.base import ConversationStore
 from turnledger.tools.registry import ToolRegistry
+from turnledger.turn import callbacks
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.test_crash_safety import (

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from moto import mock_aws
 from turnledger.api import lambda_handler
-from turnledger.deadline import cap, remaining, request_deadline
-from turnledger.exceptions import ProviderTimeout
+from turnledger.core.deadline import cap, remaining, request_deadline
+from turnledger.core.exceptions import ProviderTimeout
 from turnledger.providers.openai_chat import OpenAIChatProvider
 from turnledger.runtime import set_runtime
 from turnledger.tools.executors import HttpExecutor

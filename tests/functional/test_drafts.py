@@ -6,16 +6,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from turnledger import drafts
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import Settings
-from turnledger.drafts import DraftWriter, TurnCancelled, streaming_into
-from turnledger.exceptions import ProviderError
-from turnledger.models import ConversationKey
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ProviderError
+from turnledger.core.models import ConversationKey
 from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.base import ConversationStore
+from turnledger.turn import drafts
+from turnledger.turn.drafts import DraftWriter, TurnCancelled, streaming_into
+from turnledger.turn.pipeline import Conversations
 
 from tests.support import edge
 from tests.support.edge import Caller
@@ -199,7 +199,7 @@ def _draft_items(store: ConversationStore, conversation_id: str) -> list[object]
 def test_the_sweep_and_tenant_erasure_remove_drafts(
     store: ConversationStore, clock: FakeClock
 ) -> None:
-    from turnledger.sweep import Sweeper
+    from turnledger.ops.sweep import Sweeper
 
     _streamed_turn(store, clock, "expiring")
     clock.advance(3600 + 1)  # past the conversation's TTL (and the drafts')

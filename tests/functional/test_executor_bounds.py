@@ -18,8 +18,8 @@ import boto3
 import httpx
 import pytest
 from botocore.config import Config
-from turnledger import deadline
-from turnledger.models import ToolCall
+from turnledger.core import deadline
+from turnledger.core.models import ToolCall
 from turnledger.tools import ToolDefinition, ToolInvocation, ToolOutcome, ToolRunner
 from turnledger.tools.executors import (
     LAMBDA_TIMEOUT_MARGIN_SECONDS,

@@ -14,7 +14,7 @@ import pytest
 from botocore.config import Config
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
-from turnledger.models import ToolCall
+from turnledger.core.models import ToolCall
 from turnledger.tools import (
     ToolDefinition,
     ToolInvocation,

@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import pytest
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import Settings
-from turnledger.models import ConversationKey
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.models import ConversationKey
+from turnledger.ops.sweep import Sweeper
 from turnledger.providers.demo import DemoProvider
 from turnledger.store import codec, keys
 from turnledger.store.base import ConversationStore
-from turnledger.sweep import Sweeper
+from turnledger.turn.pipeline import Conversations
 
 from tests.support import edge
 from tests.support.edge import Caller

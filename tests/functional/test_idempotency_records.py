@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 )
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 from turnledger.api.idempotency_records import StoreRecordPersistence
-from turnledger.models import ConversationKey
+from turnledger.core.models import ConversationKey
 from turnledger.store import codec, keys
 from turnledger.store.base import ConversationStore
 from turnledger.store.dynamodb import DynamoDBConversationStore

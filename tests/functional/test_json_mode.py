@@ -17,15 +17,15 @@ import httpx
 import pytest
 from pydantic import TypeAdapter
 from turnledger.api.schemas import TurnRequest, TurnResponse
-from turnledger.config import Settings
-from turnledger.exceptions import ProviderError
-from turnledger.models import JsonObjectFormat, JsonSchemaFormat
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ProviderError
+from turnledger.core.models import JsonObjectFormat, JsonSchemaFormat
 from turnledger.providers.base import ModelReply, ModelRequest
 from turnledger.providers.factory import PROVIDERS
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.provider_rigs import STATEFUL, Rig

@@ -10,16 +10,16 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from turnledger import drafts, longturns
 from turnledger.api.schemas import TurnRequest
 from turnledger.api.streaming import StreamPage, prefers_async, sse_text
-from turnledger.config import Settings
-from turnledger.exceptions import ServiceUnavailable
-from turnledger.longturns import AsyncTurnsUnavailable, TurnNotFound
-from turnledger.models import ConversationKey
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ServiceUnavailable
+from turnledger.core.models import ConversationKey
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.memory import MemoryConversationStore
+from turnledger.turn import drafts, longturns
+from turnledger.turn.longturns import AsyncTurnsUnavailable, TurnNotFound
+from turnledger.turn.pipeline import Conversations
 
 from tests.support import edge
 from tests.support.edge import Caller
@@ -164,7 +164,7 @@ def test_the_routes_own_sse_answer_parses_with_a_real_sse_client(clock: FakeCloc
 
 
 def test_a_request_too_large_for_the_workers_event_is_refused_first(clock: FakeClock) -> None:
-    from turnledger.exceptions import PayloadTooLarge
+    from turnledger.core.exceptions import PayloadTooLarge
 
     conversations = service(clock)
     invoked = Invocations()
@@ -176,7 +176,7 @@ def test_a_request_too_large_for_the_workers_event_is_refused_first(clock: FakeC
 
 
 def test_what_a_turn_would_refuse_is_refused_before_202(clock: FakeClock) -> None:
-    from turnledger.exceptions import BudgetExceeded, ConversationBusy, UnknownTool
+    from turnledger.core.exceptions import BudgetExceeded, ConversationBusy, UnknownTool
 
     conversations = service(clock, conversation_token_budget=5)
     edge.turn(conversations, ANN, "c1", TurnRequest(input="echo: spend the whole budget now"))

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from moto import mock_aws
 from turnledger.api.schemas import ApprovalRequest, CallOutput, Rejection, TurnRequest
-from turnledger.config import Settings
-from turnledger.models import (
+from turnledger.core.config import Settings
+from turnledger.core.models import (
     ConversationKey,
     Event,
     EventKind,
@@ -30,11 +30,11 @@ from turnledger.models import (
     PendingCall,
     TurnInterrupted,
 )
-from turnledger.notifications import SIGNATURE_HEADER, Publisher, notifications_of
-from turnledger.pipeline import Conversations
+from turnledger.ops.notifications import SIGNATURE_HEADER, Publisher, notifications_of
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 from moto import mock_aws
-from turnledger.config import Settings
-from turnledger.exceptions import InvalidHistory, ProviderError, ProviderTimeout
-from turnledger.models import ToolCall, Usage
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import InvalidHistory, ProviderError, ProviderTimeout
+from turnledger.core.models import ToolCall, Usage
 from turnledger.providers.base import Message, ModelRequest, ToolSpec
 from turnledger.providers.factory import build_provider
 from turnledger.providers.openai_chat import OpenAIChatProvider

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from turnledger.models import ToolCall
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Message, ModelRequest, ResponseFormat
 from turnledger.providers.openai_chat import JSON_OBJECT_INSTRUCTION, OpenAIChatProvider
 

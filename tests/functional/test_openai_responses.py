@@ -8,8 +8,8 @@ from typing import Any
 
 import openai
 import pytest
-from turnledger.exceptions import ProviderError, ProviderTimeout
-from turnledger.models import ToolCall, Usage
+from turnledger.core.exceptions import ProviderError, ProviderTimeout
+from turnledger.core.models import ToolCall, Usage
 from turnledger.providers.base import (
     Continuation,
     Message,

@@ -29,11 +29,11 @@ from turnledger.api.schemas import (
     TurnRequest,
     TurnResponse,
 )
-from turnledger.exceptions import ProviderError
-from turnledger.pipeline import Conversations
+from turnledger.core.exceptions import ProviderError
 from turnledger.providers.factory import PROVIDERS
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.fake_bedrock import bedrock_error
 from tests.functional.fake_openai import error_reply

@@ -19,18 +19,18 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.api.schemas import EventView, TurnRequest, TurnResponse
-from turnledger.config import Settings
-from turnledger.exceptions import ProviderError
-from turnledger.models import ConversationKey, Head, ProviderCursor
-from turnledger.pipeline import Conversations
+from turnledger.context.redaction import RedactionRule, Redactor
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ProviderError
+from turnledger.core.models import ConversationKey, Head, ProviderCursor
+from turnledger.ops.sweep import Sweeper
 from turnledger.providers.base import Message, ModelReply, ModelRequest
 from turnledger.providers.demo_stateful import RESPONSE_ID, DemoStatefulProvider
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
-from turnledger.redaction import RedactionRule, Redactor
 from turnledger.store.base import ConversationStore
 from turnledger.store.memory import MemoryConversationStore
-from turnledger.sweep import Sweeper
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.fake_openai import RESPONSES_PATH, FakeOpenAI, error_reply
 from tests.functional.http_sink import HttpSink, Reply

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from turnledger.exceptions import ProviderError
-from turnledger.models import ToolCall
+from turnledger.core.exceptions import ProviderError
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Continuation, Message, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.openai_chat import OpenAIChatProvider
@@ -257,13 +257,13 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
 ) -> None:
     from dataclasses import replace
 
-    from turnledger import drafts
     from turnledger.api.schemas import TurnRequest
-    from turnledger.config import Settings
-    from turnledger.drafts import DraftWriter, streaming_into
-    from turnledger.models import ConversationKey
-    from turnledger.pipeline import Conversations
+    from turnledger.core.config import Settings
+    from turnledger.core.models import ConversationKey
     from turnledger.store.memory import MemoryConversationStore
+    from turnledger.turn import drafts
+    from turnledger.turn.drafts import DraftWriter, streaming_into
+    from turnledger.turn.pipeline import Conversations
 
     from tests.support.factories import FakeClock
 

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.api.schemas import FunctionCallOutput, InputMessage, TurnRequest, TurnResponse
-from turnledger.exceptions import UnknownProvider
-from turnledger.models import ConversationKey
-from turnledger.pipeline import Conversations
+from turnledger.core.exceptions import UnknownProvider
+from turnledger.core.models import ConversationKey
 from turnledger.providers.call_ids import BEDROCK_CALL_ID
 from turnledger.providers.factory import PROVIDERS
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.provider_rigs import MODELS, STATEFUL, Rig

@@ -11,8 +11,8 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from turnledger.exceptions import CorruptedState, InternalError
-from turnledger.models import ConversationStatus
+from turnledger.core.exceptions import CorruptedState, InternalError
+from turnledger.core.models import ConversationStatus
 from turnledger.store import keys
 from turnledger.store.base import ContextBudget
 from turnledger.store.blobs import FileBlobStore

@@ -17,22 +17,17 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from turnledger.config import Settings
-from turnledger.exceptions import InvalidRequest
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import InvalidRequest
+from turnledger.core.models import ConversationKey, ConversationStatus, Head, PendingCall
 from turnledger.handlers import sweep_handler as lambda_handler
-from turnledger.models import ConversationKey, ConversationStatus, Head, PendingCall
-from turnledger.pipeline import Conversations
+from turnledger.ops.sweep import SWEEP_LOOKBACK_BUCKETS, TIME_MARGIN_MS, Deadline, Sweeper
 from turnledger.providers.demo import DemoProvider
 from turnledger.runtime import Runtime, set_runtime
 from turnledger.store import codec, keys
 from turnledger.store.base import ContextBudget, ConversationStore, new_generation
 from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.sweep import (
-    SWEEP_LOOKBACK_BUCKETS,
-    TIME_MARGIN_MS,
-    Deadline,
-    Sweeper,
-)
+from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
 
 from tests.support import edge

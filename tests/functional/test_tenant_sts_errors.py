@@ -21,10 +21,10 @@ from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
 from moto import mock_aws
 from turnledger.api import lambda_handler
-from turnledger.config import Settings
-from turnledger.exceptions import ServiceUnavailable
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ServiceUnavailable
 from turnledger.runtime import Runtime, set_runtime
-from turnledger.tenancy import STS_REFUSED_RETRY_AFTER_SECONDS, TenantAccess
+from turnledger.store.tenancy import STS_REFUSED_RETRY_AFTER_SECONDS, TenantAccess
 from turnledger_local.gateway import LambdaContext
 from turnledger_local.template import PROJECT_ROOT
 

@@ -19,12 +19,12 @@ import httpx
 import pytest
 from turnledger.api.errors import error_body
 from turnledger.api.schemas import ApprovalRequest, Rejection, TurnRequest
-from turnledger.config import Settings
-from turnledger.exceptions import ApprovalPending, ConversationBusy
-from turnledger.models import ConversationKey
-from turnledger.pipeline import Conversations
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import ApprovalPending, ConversationBusy
+from turnledger.core.models import ConversationKey
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolInvocation, ToolOutcome, ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
@@ -176,7 +176,7 @@ def test_a_model_failure_after_tools_ran_releases_the_lease(
 ) -> None:
     """Results of tools that acted are kept with the ``turn_failed``; nothing runs any
     more, so the next request resumes at once instead of waiting out the lease."""
-    from turnledger.exceptions import ProviderError
+    from turnledger.core.exceptions import ProviderError
     from turnledger.providers.base import ModelReply, ModelRequest
 
     class FailsAfterTools(Recording):
@@ -411,8 +411,8 @@ def test_the_lease_never_outlives_the_function_by_more_than_its_margin(
 ) -> None:
     """Within a request with 20 s left, the lease ends at most 20 s + the margin away,
     although the calls and the model may take longer: the function cannot."""
-    from turnledger.deadline import request_deadline
-    from turnledger.execution import LEASE_MARGIN_SECONDS
+    from turnledger.core.deadline import request_deadline
+    from turnledger.turn.execution import LEASE_MARGIN_SECONDS
 
     leases: list[float] = []
     with httpx.Client() as client:

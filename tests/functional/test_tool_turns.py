@@ -27,9 +27,9 @@ from turnledger.api.schemas import (
     TurnRequest,
     TurnResponse,
 )
-from turnledger.config import Settings
-from turnledger.context import build_messages
-from turnledger.exceptions import (
+from turnledger.context.assembly import build_messages
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import (
     ApprovalPending,
     ConversationBusy,
     ConversationNotFound,
@@ -38,14 +38,14 @@ from turnledger.exceptions import (
     UnknownTool,
     UnknownToolCall,
 )
-from turnledger.models import ConversationKey, Event, ToolCall
-from turnledger.pipeline import Conversations
+from turnledger.core.models import ConversationKey, Event, ToolCall
+from turnledger.ops.sweep import Sweeper
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.history import check_strict_history
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
-from turnledger.sweep import Sweeper
 from turnledger.tools import ToolRegistry, ToolRunner, arguments_sha256
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge

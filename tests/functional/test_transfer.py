@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.api.schemas import ApprovalRequest, TurnRequest
-from turnledger.config import Settings
-from turnledger.context import build_messages
-from turnledger.exceptions import (
+from turnledger.context.assembly import build_messages
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import (
     ConversationExists,
     ConversationNotFound,
     InvalidRequest,
@@ -21,15 +21,15 @@ from turnledger.exceptions import (
     RequestValidationFailed,
     TurnledgerError,
 )
-from turnledger.models import ConversationKey, ConversationStatus, Event
-from turnledger.pipeline import Conversations
+from turnledger.core.models import ConversationKey, ConversationStatus, Event
+from turnledger.ops.sweep import Sweeper
+from turnledger.ops.transfer import export_text, import_text
 from turnledger.providers.base import Message
 from turnledger.providers.history import build_strict_history, check_strict_history
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
-from turnledger.sweep import Sweeper
 from turnledger.tools import ToolRegistry, ToolRunner
-from turnledger.transfer import export_text, import_text
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge

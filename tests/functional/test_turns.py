@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pytest
 from turnledger.api.schemas import TurnRequest
-from turnledger.config import Settings
-from turnledger.exceptions import (
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import (
     ConversationBusy,
     ConversationNotFound,
     CorruptedState,
@@ -23,16 +23,16 @@ from turnledger.exceptions import (
     ProviderTimeout,
     UnsupportedStateVersion,
 )
-from turnledger.models import (
+from turnledger.core.models import (
     CONVERSATION_ID_PATTERN,
     SUPPORTED_SCHEMA_VERSIONS,
     ConversationKey,
     validate_conversation_id,
 )
-from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelRequest, Provider
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
+from turnledger.turn.pipeline import Conversations
 
 from tests.support import edge
 from tests.support.edge import Caller

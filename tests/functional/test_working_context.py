@@ -18,8 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.api.schemas import TurnRequest, TurnResponse
-from turnledger.config import Settings
-from turnledger.context import (
+from turnledger.context.assembly import (
     SUMMARY_PREFIX,
     Estimator,
     assemble,
@@ -27,21 +26,22 @@ from turnledger.context import (
     messages_sha256,
     rebuild,
 )
-from turnledger.exceptions import BudgetExceeded, ProviderError
-from turnledger.models import (
+from turnledger.context.redaction import Redactor
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import BudgetExceeded, ProviderError
+from turnledger.core.models import (
     AssistantMessage,
     ContextCompacted,
     ConversationKey,
     Event,
     EventKind,
 )
-from turnledger.pipeline import Conversations
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
-from turnledger.redaction import Redactor
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
@@ -441,7 +441,7 @@ def test_usage_and_estimated_cost_roll_up_on_the_head(
 
 
 def _spec(*, input_price: float, output_price: float) -> Any:
-    from turnledger.config import ModelSpec
+    from turnledger.core.config import ModelSpec
 
     return ModelSpec(
         context_window=8192,

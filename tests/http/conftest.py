@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.runtime import Runtime
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger_local.clock import ClockFile

@@ -13,8 +13,8 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import httpx
-from turnledger.config import Settings
-from turnledger.models import ConversationKey
+from turnledger.core.config import Settings
+from turnledger.core.models import ConversationKey
 from turnledger.runtime import Runtime
 from turnledger.store import keys
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore

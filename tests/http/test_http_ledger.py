@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from turnledger.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
+from turnledger.core.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.store import keys
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import connect_sse
-from turnledger import drafts
-from turnledger.models import ConversationKey
+from turnledger.core.models import ConversationKey
+from turnledger.turn import drafts
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner
 

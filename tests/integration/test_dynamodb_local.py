@@ -15,8 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from turnledger.exceptions import ConversationBusy, PayloadTooLarge
-from turnledger.models import Head
+from turnledger.core.exceptions import ConversationBusy, PayloadTooLarge
+from turnledger.core.models import Head
 from turnledger.store.base import ContextBudget
 from turnledger.store.dynamodb import DynamoDBConversationStore
 

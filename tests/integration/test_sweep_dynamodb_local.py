@@ -14,10 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from turnledger.ops.sweep import Sweeper
 from turnledger.store import keys
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.indexes import CURSOR_PK, CURSOR_SK
-from turnledger.sweep import Sweeper
 
 from tests.functional.test_sweep import HOUR, TTL, assert_gone, assert_intact, key_of, seed
 from tests.support.factories import (

@@ -1,7 +1,7 @@
 """Drive the service as the HTTP edge does: a request body in, its response body out.
 
 Each helper maps the body to the domain command (:mod:`turnledger.api.views`), calls
-:class:`~turnledger.pipeline.Conversations` with the caller's key and actor, and maps
+:class:`~turnledger.turn.pipeline.Conversations` with the caller's key and actor, and maps
 the domain result back to the response body the API answers, so tests written
 against the contract's shapes go through the same mapping the routes use.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from turnledger import longturns
 from turnledger.api import views
 from turnledger.api.resolver import Caller
 from turnledger.api.schemas import (
@@ -26,9 +25,10 @@ from turnledger.api.schemas import (
 from turnledger.api.streaming import StreamPage
 from turnledger.api.streaming import stream_page as _stream_page
 from turnledger.api.streaming import turn_view as _turn_view
-from turnledger.callbacks import CallbackClaims
-from turnledger.pipeline import Conversations
 from turnledger.store.base import PurgeReport
+from turnledger.turn import longturns
+from turnledger.turn.callbacks import CallbackClaims
+from turnledger.turn.pipeline import Conversations
 
 __all__ = ["Caller"]
 

@@ -19,13 +19,7 @@ from typing import Any
 from unittest import mock
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-from turnledger.models import (
-    ConversationKey,
-    ConversationStatus,
-    Event,
-    EventKind,
-    Head,
-)
+from turnledger.core.models import ConversationKey, ConversationStatus, Event, EventKind, Head
 from turnledger.store import codec, keys
 from turnledger.store.base import ConversationStore, new_generation
 from turnledger.store.codec import BlobRef, Item

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from multiprocessing.synchronize import Barrier
 
-from turnledger.exceptions import ConversationBusy
-from turnledger.models import Head
+from turnledger.core.exceptions import ConversationBusy
+from turnledger.core.models import Head
 from turnledger.store.sqlite import SQLiteConversationStore
 
 from tests.support.factories import build_turn, make_key

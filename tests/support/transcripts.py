@@ -7,7 +7,7 @@ every request against that provider's own schema.
 
 from __future__ import annotations
 
-from turnledger.models import ToolCall
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Message, ToolSpec
 
 SYSTEM_PROMPT = "You are a concise assistant."

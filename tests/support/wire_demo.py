@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from turnledger.models import ToolCall
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Message, ModelReply, ModelRequest, ResponseFormat
 from turnledger.providers.demo import DemoProvider
 

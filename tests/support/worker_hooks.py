@@ -115,7 +115,7 @@ FAIL_MID_STREAM = "FAIL-MID-STREAM"
 def demo_fails_mid_stream() -> None:
     """The demo model streams the first three words of an answer to an input holding
     :data:`FAIL_MID_STREAM`, then fails as a dropped provider connection would."""
-    from turnledger.exceptions import ProviderError
+    from turnledger.core.exceptions import ProviderError
     from turnledger.providers.base import ModelReply, ModelRequest, TextSink
     from turnledger.providers.demo import DemoProvider, stream_words
 
@@ -139,7 +139,7 @@ def tools_outlast_deadline() -> None:
     """``http`` tool calls are not cut to the request's remaining time: a tool slower than
     the function's timeout keeps the invocation running until the runner stops it (as
     Lambda stops a function whose tool, storage or memory outran what its code foresaw)."""
-    from turnledger.deadline import request_deadline
+    from turnledger.core.deadline import request_deadline
     from turnledger.tools.executors import HttpExecutor, ToolInvocation, ToolOutcome
 
     original = HttpExecutor.execute

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
-from turnledger.deadline import request_deadline
-from turnledger.exceptions import ProviderError, ProviderTimeout
+from turnledger.core.deadline import request_deadline
+from turnledger.core.exceptions import ProviderError, ProviderTimeout
 from turnledger.providers.base import Message, ModelRequest
 from turnledger.providers.bedrock_converse import MAX_TIMED_CLIENTS, BedrockConverseProvider
 
@@ -98,7 +98,7 @@ def test_no_time_left_answers_a_provider_timeout_without_calling() -> None:
 
 
 class _Clock:
-    """Stands in for the ``time`` module of :mod:`turnledger.deadline`."""
+    """Stands in for the ``time`` module of :mod:`turnledger.core.deadline`."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -126,7 +126,7 @@ class _SlowThrottledClient:
 
 
 def test_no_retry_once_the_time_is_spent(monkeypatch: pytest.MonkeyPatch) -> None:
-    import turnledger.deadline as deadline_module
+    import turnledger.core.deadline as deadline_module
 
     clock = _Clock()
     monkeypatch.setattr(deadline_module, "time", clock)
@@ -142,7 +142,7 @@ def test_no_retry_once_the_time_is_spent(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_retries_go_on_while_time_is_left(monkeypatch: pytest.MonkeyPatch) -> None:
-    import turnledger.deadline as deadline_module
+    import turnledger.core.deadline as deadline_module
 
     clock = _Clock()
     monkeypatch.setattr(deadline_module, "time", clock)

@@ -8,7 +8,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from turnledger.exceptions import ProviderError, ProviderTimeout
+from turnledger.core.exceptions import ProviderError, ProviderTimeout
 from turnledger.providers.base import Continuation, Message, ModelRequest
 from turnledger.providers.bedrock_converse import BedrockConverseProvider
 

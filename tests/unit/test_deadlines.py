@@ -18,16 +18,16 @@ import inspect
 from typing import Any
 
 import pytest
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.providers.openai_http import OpenAIStyleProvider
 from turnledger_local.template import functions, load_template
 
 #: Seconds kept for loading and committing the conversation, and a cold start.
 MARGIN_SECONDS = 3
 #: The longest wait between two provider attempts (a server's ``Retry-After`` is capped too).
-MAX_BACKOFF_SECONDS: float = inspect.signature(OpenAIStyleProvider.__init__).parameters[
-    "max_backoff_seconds"
-].default
+MAX_BACKOFF_SECONDS: float = (
+    inspect.signature(OpenAIStyleProvider.__init__).parameters["max_backoff_seconds"].default
+)
 
 
 def _resolve(value: Any, parameters: dict[str, Any]) -> str:
@@ -42,9 +42,7 @@ def _environment(template: dict[str, Any], function: str) -> dict[str, str]:
     parameters = template.get("Parameters", {})
     variables = {
         **template["Globals"]["Function"].get("Environment", {}).get("Variables", {}),
-        **template["Resources"][function]["Properties"]
-        .get("Environment", {})
-        .get("Variables", {}),
+        **template["Resources"][function]["Properties"].get("Environment", {}).get("Variables", {}),
     }
     # Resources' names and other intrinsics are not timeouts: left out.
     return {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from turnledger.config import Settings
-from turnledger.models import ToolCall
+from turnledger.core.config import Settings
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Message, ModelReply, ModelRequest
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.factory import build_provider

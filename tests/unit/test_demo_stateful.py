@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from turnledger.models import ToolCall
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Continuation, Message, ModelRequest
 from turnledger.providers.demo_stateful import (
     RESPONSE_ID,

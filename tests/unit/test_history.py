@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from turnledger.exceptions import InvalidHistory
-from turnledger.models import ToolCall
+from turnledger.core.exceptions import InvalidHistory
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import Message
 from turnledger.providers.history import check_strict_history
 

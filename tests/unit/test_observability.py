@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from turnledger import observability
+from turnledger.core import observability
 
 
 class FakeTracer:

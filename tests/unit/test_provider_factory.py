@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.providers.bedrock_converse import BedrockConverseProvider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.demo_stateful import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.runtime import Runtime
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore

@@ -14,12 +14,12 @@ import tomllib
 from typing import Any
 
 import pytest
-from turnledger.config import Settings
+from turnledger.core.config import Settings
 from turnledger.store import codec, keys
 from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
 from turnledger.store.inbox import A_INBOX, A_INBOX_SORT, INBOX_INDEX, inbox_partition
 from turnledger.store.indexes import CURSOR_PK, WAIT_INDEX
-from turnledger.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
+from turnledger.store.tenancy import TENANT_DYNAMODB_ACTIONS, TENANT_S3_OBJECT_ACTIONS, TENANT_TAG
 from turnledger_local.template import (
     PROJECT_ROOT,
     functions,
@@ -56,7 +56,7 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/conversations/{id}/turns/{turn}/stream", "ReadFunction"),
 }
 
-#: What the functions read from their environment (see ``turnledger.config``).
+#: What the functions read from their environment (see ``turnledger.core.config``).
 FUNCTION_ENVIRONMENT = {
     "TABLE_NAME",
     "BUCKET_NAME",
@@ -132,7 +132,7 @@ def test_routes_go_through_the_one_http_api(template: dict[str, Any]) -> None:
 def test_only_the_openapi_document_the_approval_page_and_callbacks_are_open(
     template: dict[str, Any],
 ) -> None:
-    # A callback's signed token is its credential (turnledger.callbacks); the approval page
+    # A callback's signed token is its credential (turnledger.turn.callbacks); the approval page
     # is static: it calls the JSON routes with the token its user pastes.
     open_routes = {route.route_key for route in routes(template) if not route.authorized}
     assert open_routes == {"GET /v1/openapi.json", "POST /v1/callbacks/{token}", "GET /approvals"}
@@ -513,9 +513,7 @@ def test_api_functions_reach_data_only_through_the_tenant_role(
     template: dict[str, Any],
 ) -> None:
     assume = props(template, "TenantAccessAssumePolicy")
-    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(
-        f"{f}Role" for f in TENANT_FUNCTIONS
-    )
+    assert sorted(r["Ref"] for r in assume["Roles"]) == sorted(f"{f}Role" for f in TENANT_FUNCTIONS)
     [statement] = assume["PolicyDocument"]["Statement"]
     assert sorted(actions(statement)) == ["sts:AssumeRole", "sts:TagSession"]
     assert statement["Resource"] == {"Fn::GetAtt": "TenantAccessRole.Arn"}

@@ -1,4 +1,4 @@
-"""Per-tenant credentials (turnledger.tenancy) on moto's STS, and the policies they carry.
+"""Per-tenant credentials (turnledger.store.tenancy) on moto's STS, and the policies they carry.
 
 moto does not enforce IAM: these tests check what the code asks of STS (role,
 session name, tag, session policy), the cache (one AssumeRole per tenant, renewal
@@ -20,12 +20,12 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from turnledger.config import Settings
-from turnledger.models import ConversationKey
+from turnledger.core.config import Settings
+from turnledger.core.models import ConversationKey
 from turnledger.runtime import Runtime, TenantScope
 from turnledger.store import keys
 from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.tenancy import (
+from turnledger.store.tenancy import (
     REFRESH_MARGIN_SECONDS,
     TENANT_DYNAMODB_ACTIONS,
     TENANT_TAG,

@@ -11,9 +11,9 @@ import boto3
 import fastjsonschema
 import pytest
 from moto import mock_aws
-from turnledger.config import Settings
-from turnledger.exceptions import UnknownTool
-from turnledger.models import ToolCall
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import UnknownTool
+from turnledger.core.models import ToolCall
 from turnledger.providers.base import ToolSpec
 from turnledger.tools import InvalidToolRegistry, ToolDefinition, ToolRegistry
 from turnledger.tools.approval import When

@@ -1,10 +1,10 @@
-"""Only the turn's owner (:mod:`turnledger.turnstate`) writes a status or moves a call.
+"""Only the turn's owner (:mod:`turnledger.turn.lifecycle`) writes a status or moves a call.
 
 Read from the source with :mod:`ast`, so a new module that sets a conversation's
 status, a call's state or a draft's status itself fails here, with where it does.
 Reading one is fine (a store tells a tombstone from a head); writing is not:
 
-* naming a :class:`~turnledger.models.ConversationStatus` member other than
+* naming a :class:`~turnledger.core.models.ConversationStatus` member other than
   ``CLEARED`` (the storage's own tombstone, written by clear and the sweep);
 * a call-state or status literal given as ``state=``/``status=``, or under a
   ``"state"``/``"status"`` key, or assigned to ``.state``/``.status``/``.phase``;
@@ -17,12 +17,12 @@ import ast
 from pathlib import Path
 from typing import get_args
 
-from turnledger.models import CallState, ConversationStatus
-from turnledger.turnstate import DraftStatus
+from turnledger.core.models import CallState, ConversationStatus
+from turnledger.turn.lifecycle import DraftStatus
 
 PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "turnledger" / "turnledger"
-#: Where statuses are defined (models) and owned (turnstate).
-OWNERS = {"turnstate.py", "models.py"}
+#: Where statuses are defined (models) and owned (the lifecycle).
+OWNERS = {"lifecycle.py", "models.py"}
 #: Values that are statuses of a conversation, a call or a draft.
 STATUS_VALUES = (
     {s.value for s in ConversationStatus} | set(get_args(CallState)) | set(get_args(DraftStatus))
@@ -83,7 +83,7 @@ def test_only_the_turns_owner_writes_a_status() -> None:
     modules = [p for p in sorted(PACKAGE.rglob("*.py")) if p.name not in OWNERS]
     assert len(modules) > 40  # the whole package is read, not an empty glob
     found = [line for path in modules for line in _violations(path)]
-    assert found == [], "statuses written outside turnstate:\n" + "\n".join(found)
+    assert found == [], "statuses written outside the lifecycle:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_status_written_elsewhere(tmp_path: Path) -> None:

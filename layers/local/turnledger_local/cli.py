@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from botocore.exceptions import BotoCoreError, ClientError
-from turnledger.redaction import Redactor
+from turnledger.context.redaction import Redactor
 
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH

@@ -46,7 +46,7 @@ from typing import Any, Self
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import boto3
-from turnledger.strict_json import BodyError, parse_object
+from turnledger.api.strict_json import BodyError, parse_object
 
 from .embedded import EmbeddedStorage, StorageNames, provision
 from .gateway import (
@@ -95,7 +95,7 @@ _LAMBDA_INVOKE = re.compile(r"/2015-03-31/functions/(?P<name>[^/]+)/invocations"
 #: A local stand-in tool endpoint (see ``_echo``).
 ECHO_PATH = "/_local/echo"
 #: Where the functions send approval notifications locally (POST), and where the last
-#: :data:`NOTIFICATIONS_KEPT` of them are read (GET); see turnledger/notifications.py.
+#: :data:`NOTIFICATIONS_KEPT` of them are read (GET); see turnledger/ops/notifications.py.
 NOTIFICATIONS_PATH = "/_local/notifications"
 NOTIFICATIONS_KEPT = 100
 SWEEP_PATH = "/_local/sweep"

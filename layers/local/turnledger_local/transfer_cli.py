@@ -1,7 +1,7 @@
 """``turnledger export`` and ``turnledger import``: one conversation to or from NDJSON, straight
 against a table and bucket (or a ``--data-dir``), for migrations and backups.
 
-The format and its checks are :mod:`turnledger.transfer`'s, the same as
+The format and its checks are :mod:`turnledger.ops.transfer`'s, the same as
 ``GET .../export`` and ``POST .../import``::
 
     turnledger export --table T --bucket B --tenant acme user-123 > user-123.ndjson
@@ -16,10 +16,10 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from turnledger.config import Settings
-from turnledger.exceptions import TurnledgerError
-from turnledger.models import ConversationKey, validate_conversation_id
-from turnledger.session import utc_now
+from turnledger.core.config import Settings
+from turnledger.core.exceptions import TurnledgerError
+from turnledger.core.models import ConversationKey, validate_conversation_id
+from turnledger.turn.session import utc_now
 
 
 def add_commands(commands: Any) -> None:
@@ -59,8 +59,8 @@ def add_commands(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``export`` or ``import``; returns the exit status (errors go to stderr)."""
+    from turnledger.ops.transfer import export_text, import_text
     from turnledger.runtime import Runtime
-    from turnledger.transfer import export_text, import_text
 
     if args.region:
         os.environ["AWS_DEFAULT_REGION"] = args.region

@@ -383,7 +383,7 @@ def _prepare_runtime(clock_file: str | None) -> None:
     """
     if "turnledger.runtime" not in sys.modules:
         return  # handlers that are not turnledger's (the runner's own tests)
-    from turnledger.config import Settings
+    from turnledger.core.config import Settings
     from turnledger.runtime import Runtime, set_runtime
 
     if clock_file is not None:

@@ -1,7 +1,7 @@
 """The sweep function's Lambda entry point: an event in, the composition root's sweeper,
 its report out.
 
-The sweep itself (:mod:`.sweep`) is a service that :meth:`.runtime.Runtime.sweeper`
+The sweep itself (:mod:`.ops.sweep`) is a service that :meth:`.runtime.Runtime.sweeper`
 wires; only this module reads the process's runtime for it.
 """
 
@@ -14,11 +14,11 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import ValidationError
 
-from .exceptions import InvalidRequest
-from .observability import logger, metrics, traced
-from .results import SweepReport
+from .core.exceptions import InvalidRequest
+from .core.observability import logger, metrics, traced
+from .ops.sweep import RemainingTime, StreamBatch, SweepIncomplete, SweepRequest
 from .runtime import get_runtime
-from .sweep import RemainingTime, StreamBatch, SweepIncomplete, SweepRequest
+from .turn.results import SweepReport
 
 
 def sweep(event: dict[str, Any], context: RemainingTime | None) -> SweepReport:

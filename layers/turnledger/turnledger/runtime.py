@@ -15,26 +15,26 @@ from typing import TYPE_CHECKING
 import boto3
 from botocore.config import Config
 
-from .config import Settings
-from .notifications import environment, publisher_from_env
-from .pipeline import Conversations
+from .context.redaction import Redactor, load_redactor
+from .core.config import Settings
+from .ops.notifications import environment, publisher_from_env
 from .providers.factory import PROVIDERS, build_provider
-from .redaction import Redactor, load_redactor
-from .session import Clock, utc_now
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
-from .tenancy import TenantAccess, TenantCredentials
+from .store.tenancy import TenantAccess, TenantCredentials
 from .tools.executors import ToolRunner, tool_http_client
 from .tools.registry import ToolRegistry
+from .turn.pipeline import Conversations
+from .turn.session import Clock, utc_now
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
-    from .sweep import RemainingTime, Sweeper
-    from .transfer import Transfer
+    from .ops.sweep import RemainingTime, Sweeper
+    from .ops.transfer import Transfer
 
 #: Bounded, fast-failing AWS calls: a handler should answer, not hang. Not for invoking
 #: ``lambda`` tools: their client never retries (see ``tools.executors.invoke_config``).
@@ -45,7 +45,7 @@ _AWS_CONFIG = Config(
 
 @dataclass
 class TenantScope:
-    """What one tenant's requests use, on that tenant's credentials (see :mod:`.tenancy`)."""
+    """What one tenant's requests use, on that tenant's credentials (see :mod:`.store.tenancy`)."""
 
     dynamodb: DynamoDBClient
     store: ConversationStore
@@ -82,7 +82,7 @@ class Runtime:
         """The sweep, reclaim and tenant erasure over the process's store, within
         ``context``'s time (``None``: no limit)."""
         # Imported here: the API's cold start loads the sweep only for an erasure.
-        from .sweep import Deadline, Sweeper
+        from .ops.sweep import Deadline, Sweeper
 
         return Sweeper(
             self.store,
@@ -95,7 +95,7 @@ class Runtime:
     def transfer_for(self, tenant: str) -> Transfer:
         """Export and import for one request of ``tenant`` (its store, its TTL)."""
         # Imported here, as the sweep: only the export and import routes need it.
-        from .transfer import Transfer
+        from .ops.transfer import Transfer
 
         service = self.conversations_for(tenant)
         return Transfer(

@@ -18,15 +18,15 @@ from aws_lambda_powertools.event_handler import content_types
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from ..deadline import request_deadline
-from ..exceptions import InvalidRequest, PayloadTooLarge, TurnledgerError
-from ..models import CONVERSATION_ID_PATTERN
-from ..observability import logger, metrics, traced
+from ..core.deadline import request_deadline
+from ..core.exceptions import InvalidRequest, PayloadTooLarge, TurnledgerError
+from ..core.models import CONVERSATION_ID_PATTERN
+from ..core.observability import logger, metrics, traced
 from ..runtime import get_runtime
-from ..strict_json import BodyError, parse_object
 from . import openai_face, routes, streaming_routes, waits
 from .errors import body_for
 from .resolver import app, raw_body
+from .strict_json import BodyError, parse_object
 
 __all__ = ["app", "lambda_handler"]
 
@@ -72,7 +72,7 @@ def _answer(error: TurnledgerError, event: dict[str, Any]) -> dict[str, Any]:
 
 def _check_body(event: dict[str, Any], limit: int) -> None:
     """Refuse a body over ``limit`` bytes, or one that is no JSON object within the limits of
-    :mod:`turnledger.strict_json` (any bytes get a 4xx, never a crash deeper in).
+    :mod:`turnledger.api.strict_json` (any bytes get a 4xx, never a crash deeper in).
 
     Raises:
         PayloadTooLarge: over ``limit``.
@@ -87,7 +87,7 @@ def _check_body(event: dict[str, Any], limit: int) -> None:
     if method.upper() not in {"POST", "PUT", "PATCH"}:
         return
     if str(event.get("routeKey") or "").endswith(_NDJSON_ROUTES):
-        return  # checked line by line by the route (turnledger.transfer)
+        return  # checked line by line by the route (turnledger.ops.transfer)
     try:
         parse_object(raw)
     except BodyError as exc:

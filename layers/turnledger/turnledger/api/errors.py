@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..exceptions import ApprovalPending, InputPending, TurnledgerError
+from ..core.exceptions import ApprovalPending, InputPending, TurnledgerError
 from .views import pending_view
 
 #: Where the OpenAI-compatible face's routes live (errors there use OpenAI's shape).

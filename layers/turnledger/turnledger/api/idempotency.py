@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from ..exceptions import ConversationBusy, IdempotencyKeyReused, TurnledgerError
-from ..models import ConversationKey
+from ..core.exceptions import ConversationBusy, IdempotencyKeyReused, TurnledgerError
+from ..core.models import ConversationKey
 from ..runtime import get_runtime
 from ..store import keys
 

@@ -23,7 +23,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
 from aws_lambda_powertools.utilities.idempotency.persistence.base import BasePersistenceLayer
 from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import DataRecord
 
-from ..models import ConversationKey
+from ..core.models import ConversationKey
 from ..store.base import ConversationStore
 from ..store.records import Record
 

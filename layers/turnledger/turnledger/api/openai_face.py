@@ -32,10 +32,10 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from pydantic import BaseModel, ConfigDict
 
-from ..exceptions import InvalidRequest
-from ..models import CONVERSATION_ID_PATTERN, Event, validate_conversation_id
-from ..results import TurnResult
+from ..core.exceptions import InvalidRequest
+from ..core.models import CONVERSATION_ID_PATTERN, Event, validate_conversation_id
 from ..runtime import get_runtime
+from ..turn.results import TurnResult
 from .errors import openai_error_body
 from .resolver import app, caller, conversation
 from .schemas import (

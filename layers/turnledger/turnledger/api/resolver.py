@@ -21,7 +21,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Path
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel
 
-from ..exceptions import (
+from ..core.exceptions import (
     ConversationBusy,
     InvalidConversationId,
     InvalidRequest,
@@ -30,8 +30,8 @@ from ..exceptions import (
     TurnledgerError,
     Unauthorized,
 )
-from ..models import CONVERSATION_ID_PATTERN, ConversationKey
-from ..observability import logger
+from ..core.models import CONVERSATION_ID_PATTERN, ConversationKey
+from ..core.observability import logger
 from ..runtime import get_runtime
 from .errors import body_for
 from .schemas import ErrorBody
@@ -40,7 +40,7 @@ from .schemas import ErrorBody
 #: 2,000-character claim, control characters) is ``401 unauthorized`` before any storage call.
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9._:@+=,-]{1,128}")
 #: A conversation id in a path: checked (the only check of a request) by the resolver's
-#: validation against the rule of :mod:`turnledger.models`, which the OpenAPI document shows.
+#: validation against the rule of :mod:`turnledger.core.models`, which the OpenAPI document shows.
 ConversationId = Annotated[
     str, Path(pattern=CONVERSATION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
 ]

@@ -3,7 +3,7 @@
 Each route parses (Powertools validates path, query and body against the
 pydantic models of :mod:`.schemas`, which also make the OpenAPI document), maps
 the body to a domain command (:mod:`.views`), calls the service with the
-request's one :class:`~turnledger.models.ConversationKey`, and answers the
+request's one :class:`~turnledger.core.models.ConversationKey`, and answers the
 result's view.
 """
 
@@ -17,12 +17,12 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import __version__
-from ..approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
-from ..exceptions import InvalidRequest
-from ..models import CONVERSATION_ID_PATTERN, ConversationKey
-from ..observability import timed
-from ..results import TurnResult
+from ..core.exceptions import InvalidRequest
+from ..core.models import CONVERSATION_ID_PATTERN, ConversationKey
+from ..core.observability import timed
 from ..runtime import get_runtime
+from ..turn.approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
+from ..turn.results import TurnResult
 from .idempotency import idempotent
 from .resolver import ConversationId, app, caller, conversation, raw_body, responses
 from .schemas import (
@@ -45,7 +45,7 @@ from .views import (
     turn_response,
 )
 
-#: The media type of an export (``turnledger.transfer.NDJSON``; not imported here, so the
+#: The media type of an export (``turnledger.ops.transfer.NDJSON``; not imported here, so the
 #: handler's cold start does not load the transfer module).
 NDJSON = "application/x-ndjson"
 
@@ -225,7 +225,7 @@ def get_approvals(
 def approvals_page() -> Response[str]:
     """The approval inbox as a web page (static; it calls the JSON routes with the
     token the user pastes, so it needs none itself)."""
-    from ..approvals_page import page
+    from .approvals_page import page
 
     html, headers = page()
     return Response(

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..models import JsonObjectFormat, JsonSchemaFormat, Usage
+from ..core.models import JsonObjectFormat, JsonSchemaFormat, Usage
 
 
 class _Body(BaseModel):

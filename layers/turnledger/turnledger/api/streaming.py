@@ -1,7 +1,7 @@
 """Long turns at the edge: ``Prefer: respond-async``, the ``202``, and a turn's reads as
 HTTP bodies and server-sent events.
 
-The logic is :mod:`turnledger.longturns`; this module binds it to the current
+The logic is :mod:`turnledger.turn.longturns`; this module binds it to the current
 request (identity, ``Idempotency-Key``), answers ``202`` with ``Location``, and
 shapes what the reads return.
 """
@@ -15,11 +15,11 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import longturns
-from ..commands import Decisions, TurnCommand
-from ..models import ConversationKey
-from ..pipeline import Conversations
+from ..core.models import ConversationKey
 from ..runtime import get_runtime
+from ..turn import longturns
+from ..turn.commands import Decisions, TurnCommand
+from ..turn.pipeline import Conversations
 from .idempotency import idempotent
 from .resolver import Caller, app
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
@@ -185,7 +185,7 @@ def stream_page(
     gather: bool = False,
 ) -> StreamPage:
     """``GET .../turns/{n}/stream``: the chunks after ``after``, waiting up to ``wait`` s
-    (see :func:`turnledger.longturns.follow`)."""
+    (see :func:`turnledger.turn.longturns.follow`)."""
     read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
     state = read.state
     return StreamPage(

@@ -11,9 +11,9 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 
-from ..exceptions import RequestValidationFailed
-from ..longturns import MAX_WAIT_SECONDS
+from ..core.exceptions import RequestValidationFailed
 from ..runtime import get_runtime
+from ..turn.longturns import MAX_WAIT_SECONDS
 from .resolver import ConversationId, app, conversation, responses
 from .streaming import StreamPage, TurnProgress, sse_text, stream_page, turn_view
 

@@ -1,17 +1,18 @@
 """Request bodies to domain commands, and domain results to response bodies.
 
 The only place the HTTP shapes of :mod:`.schemas` meet the service's commands
-(:mod:`turnledger.commands`) and results (:mod:`turnledger.results`).
+(:mod:`turnledger.turn.commands`) and results (:mod:`turnledger.turn.results`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..approvals import InboxListing
-from ..commands import CallbackOutcome, ClientOutput, Decisions, TurnCommand
-from ..models import PendingCall
-from ..results import (
+from ..core.models import PendingCall
+from ..turn.approvals import InboxListing
+from ..turn.commands import CallbackOutcome, ClientOutput, Decisions, TurnCommand
+from ..turn.lifecycle import WAIT_OF_STATE
+from ..turn.results import (
     CallbackResult,
     CancelResult,
     ConversationState,
@@ -20,7 +21,6 @@ from ..results import (
     SweepReport,
     TurnResult,
 )
-from ..turnstate import WAIT_OF_STATE
 from .schemas import (
     ApprovalRequest,
     CallbackRequest,

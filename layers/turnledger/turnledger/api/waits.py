@@ -2,7 +2,7 @@
 
 ``POST /v1/callbacks/{token}`` has no authorizer (the template opens it with
 ``Auth: NONE``): the signed token is the credential, and the tenant comes from
-it once verified (:mod:`turnledger.callbacks`), never from anything else in
+it once verified (:mod:`turnledger.turn.callbacks`), never from anything else in
 the request.
 """
 
@@ -12,8 +12,8 @@ from typing import Annotated
 
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path
 
-from ..callbacks import MAX_TOKEN_CHARS, signing_key, verify
 from ..runtime import get_runtime
+from ..turn.callbacks import MAX_TOKEN_CHARS, signing_key, verify
 from .resolver import ConversationId, app, conversation, responses
 from .schemas import CallbackRequest, CallbackResponse, CancelRequestBody, CancelResponse
 from .views import callback_outcome, callback_response, cancel_response

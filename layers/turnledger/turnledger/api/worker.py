@@ -2,7 +2,7 @@
 ``Prefer: respond-async`` and keeps, in its draft, the HTTP answer the synchronous
 request would have given (what ``GET .../turns/{n}`` then returns).
 
-The run itself is :func:`turnledger.longturns.run_worker`; this module gives it the
+The run itself is :func:`turnledger.turn.longturns.run_worker`; this module gives it the
 answer's shapes (:mod:`.views`, :mod:`.errors`).
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..deadline import request_deadline
-from ..longturns import run_worker
-from ..observability import logger
+from ..core.deadline import request_deadline
+from ..core.observability import logger
 from ..runtime import get_runtime
+from ..turn.longturns import run_worker
 from .errors import error_body
 from .views import turn_body
 

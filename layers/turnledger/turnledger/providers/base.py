@@ -1,7 +1,7 @@
 """What every model provider takes and returns.
 
 The working context is a list of :class:`Message` in the provider-neutral
-shape below, rebuilt from the canonical events by :mod:`turnledger.context`
+shape below, rebuilt from the canonical events by :mod:`turnledger.context.assembly`
 on every turn. A provider maps it to its own wire format, and maps its
 failures to :class:`ProviderError` / :class:`ProviderTimeout`.
 
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..models import ToolCall, Usage
+from ..core.models import ToolCall, Usage
 
 
 class Message(BaseModel):

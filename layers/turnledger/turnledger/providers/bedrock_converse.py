@@ -71,9 +71,9 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .. import deadline
-from ..exceptions import ProviderError, ProviderTimeout
-from ..models import ToolCall, Usage
+from ..core import deadline
+from ..core.exceptions import ProviderError, ProviderTimeout
+from ..core.models import ToolCall, Usage
 from .base import (
     Message,
     ModelReply,

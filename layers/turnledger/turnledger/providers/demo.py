@@ -20,7 +20,8 @@ from the HTTP contract, applied in this order:
 In JSON mode (``response_format`` set) a text answer ``T`` comes as the JSON
 object ``{"answer": T}``.
 
-As a summarizer (``purpose="summary"``, the request :func:`turnledger.context.summary_request`
+As a summarizer (``purpose="summary"``, the request
+:func:`turnledger.context.assembly.summary_request`
 builds) it answers ``Summary of earlier conversation: `` and items joined by
 `` | ``: the previous summary's items, then each newly summarized user message
 cut to 60 characters; past 12 items it keeps every item holding ``my name
@@ -38,8 +39,8 @@ import re
 import time
 from typing import Any
 
-from ..exceptions import ProviderError
-from ..models import ToolCall, Usage
+from ..core.exceptions import ProviderError
+from ..core.models import ToolCall, Usage
 from .base import Message, ModelReply, ModelRequest, Provider, TextSink
 
 _TOOL_LINE = re.compile(r"/tool\s+(?P<name>\S+)(?:\s+(?P<arguments>.*))?", re.DOTALL)
@@ -135,7 +136,7 @@ def _latest_name(texts: list[str]) -> str | None:
     return None
 
 
-#: How every summary starts (the same text as ``turnledger.context.SUMMARY_PREFIX``).
+#: How every summary starts (the same text as ``turnledger.context.assembly.SUMMARY_PREFIX``).
 SUMMARY_PREFIX = "Summary of earlier conversation:"
 #: Items a demo summary keeps, and how long a summarized user message may be.
 SUMMARY_ITEMS = 12

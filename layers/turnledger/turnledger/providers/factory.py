@@ -1,4 +1,4 @@
-"""Build a :class:`Provider` from :class:`~turnledger.config.Settings`.
+"""Build a :class:`Provider` from :class:`~turnledger.core.config.Settings`.
 
 The runtime builds the deployment's provider once per process (and the
 pipeline may build others by name, for a turn that switches provider).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, cast
 
-from ..config import Settings
+from ..core.config import Settings
 from .base import ApiKeyProvider, Provider
 
 if TYPE_CHECKING:

@@ -19,13 +19,13 @@ into the history a strict provider accepts, losing nothing:
 What cannot be built without inventing a conversation that did not happen (a
 tool result no call asked for, a call without its result) is a bug on our
 side: :func:`check_strict_history` reports it as
-:class:`~turnledger.exceptions.InvalidHistory` after building, and nothing is
+:class:`~turnledger.core.exceptions.InvalidHistory` after building, and nothing is
 sent.
 """
 
 from __future__ import annotations
 
-from ..exceptions import InvalidHistory
+from ..core.exceptions import InvalidHistory
 from .base import Message
 
 #: What joins merged messages: a blank line, so the model still reads separate inputs.

@@ -22,8 +22,8 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..exceptions import ProviderError
-from ..models import ToolCall, Usage
+from ..core.exceptions import ProviderError
+from ..core.models import ToolCall, Usage
 from .base import (
     ApiKeyProvider,
     Message,

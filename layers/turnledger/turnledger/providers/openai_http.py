@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from .. import deadline
-from ..exceptions import ProviderError, ProviderTimeout
+from ..core import deadline
+from ..core.exceptions import ProviderError, ProviderTimeout
 from .base import ApiKeyProvider, Provider
 from .retry import Backoff
 

@@ -40,9 +40,9 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..exceptions import ProviderError
-from ..models import ToolCall, Usage
-from ..observability import logger
+from ..core.exceptions import ProviderError
+from ..core.models import ToolCall, Usage
+from ..core.observability import logger
 from .base import (
     Message,
     ModelReply,

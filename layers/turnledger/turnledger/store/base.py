@@ -84,7 +84,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..exceptions import (
+from ..core.exceptions import (
     ConversationBusy,
     ConversationExists,
     CorruptedState,
@@ -92,7 +92,7 @@ from ..exceptions import (
     StateError,
     TurnledgerError,
 )
-from ..models import ConversationKey, ConversationStatus, Event, Head
+from ..core.models import ConversationKey, ConversationStatus, Event, Head
 from . import codec, inbox, keys, records
 from .blobs import BlobStore
 from .codec import BlobRef, Item, SideItem, StoredEvent
@@ -181,7 +181,7 @@ class Snapshot:
 @dataclass(frozen=True)
 class ContextBudget:
     """A safety cap on the history one turn reads: whole turns, newest first, within
-    both limits. The token budget of :mod:`turnledger.context` decides what is sent;
+    both limits. The token budget of :mod:`turnledger.context.assembly` decides what is sent;
     this only bounds a read when compaction could not keep the log short.
 
     The current (newest) turn is always read whole, whatever its size.
@@ -533,7 +533,7 @@ class ConversationStore(ABC):
             events: new events with consecutive public sequences after the old head.
             inbox_changes: the approval inbox entries to write and delete in the same
                 transaction, as the turn layer decided them (the calls that start or
-                stop waiting for a person: :func:`turnledger.turnstate.inbox_changes`).
+                stop waiting for a person: :func:`turnledger.turn.lifecycle.inbox_changes`).
 
         Returns:
             The bytes written: the items' attribute names and values, and offloaded objects.
@@ -930,7 +930,7 @@ class ConversationStore(ABC):
         schema version ``v`` and a ``bucket`` below ``item``'s; returns whether it was.
         """
 
-    # --- side items (drafts: turnledger/drafts.py) ----------------------------------------
+    # --- side items (drafts: turnledger/turn/drafts.py) ----------------------------------------
     #
     # Items of a conversation's partition beside the transcript (sort keys under
     # ``keys.SIDE_PREFIX``, after ``"HEAD"``), never read by :meth:`load`: a purge deletes

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
-from ..exceptions import CorruptedState, InternalError
+from ..core.exceptions import CorruptedState, InternalError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -17,13 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..exceptions import (
+from ..core.exceptions import (
     CorruptedState,
     InternalError,
     PayloadTooLarge,
     UnsupportedStateVersion,
 )
-from ..models import (
+from ..core.models import (
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from ..exceptions import (
+from ..core.exceptions import (
     ConversationBusy,
     InternalError,
     PayloadTooLarge,

@@ -13,7 +13,7 @@ partition::
 
 Entries are written in the *same* transaction that records the request and
 deleted in the one that decides (or expires) it: the turn layer says which
-(:func:`turnledger.turnstate.inbox_changes` compares the pending calls of the
+(:func:`turnledger.turn.lifecycle.inbox_changes` compares the pending calls of the
 head a commit replaces with those of the head it writes) and hands the commit an
 :class:`InboxChanges`; this module only encodes, decodes and lists entries. So
 the index never holds an entry for a decided call that the table does not (the
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ..models import ConversationKey
+from ..core.models import ConversationKey
 from . import codec, keys
 from .codec import Item
 

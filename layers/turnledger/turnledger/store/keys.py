@@ -6,7 +6,7 @@ Table layout (one partition per conversation)::
     sk = "HEAD"                      the head: status, version, TTL, pending calls
     sk = "E#<storage sequence:012>"  one item per canonical event, append-only
     sk = "I#<hash>"                  a request's idempotency record (.records)
-    sk = "S#..."                     a side item: a long turn's draft (turnledger/drafts.py)
+    sk = "S#..."                     a side item: a long turn's draft (turnledger/turn/drafts.py)
     sk = "W#<hash>"                  an approval inbox entry (.inbox)
 
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
@@ -30,15 +30,15 @@ from __future__ import annotations
 import hashlib
 from urllib.parse import quote, unquote
 
-from ..models import EXPIRY_BUCKET_SECONDS as EXPIRY_BUCKET_SECONDS
-from ..models import ConversationKey
+from ..core.models import EXPIRY_BUCKET_SECONDS as EXPIRY_BUCKET_SECONDS
+from ..core.models import ConversationKey
 
 HEAD_SK = "HEAD"
 EVENT_PREFIX = "E#"
 #: Powertools idempotency records of the conversation's keyed requests; after ``"HEAD"``,
 #: so no read of the head and events ever meets one, and a purge deletes them.
 RECORD_PREFIX = "I#"
-#: Side items (long turns' drafts: turnledger/drafts.py); after ``"HEAD"``, so no read of
+#: Side items (long turns' drafts: turnledger/turn/drafts.py); after ``"HEAD"``, so no read of
 #: the head and events ever meets one, and a purge deletes them.
 SIDE_PREFIX = "S#"
 _SEQ_WIDTH = 12

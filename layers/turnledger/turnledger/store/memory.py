@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..exceptions import ConversationBusy
+from ..core.exceptions import ConversationBusy
 from . import codec, keys, records
 from .base import ConversationStore, Page
 from .blobs import BlobStore, MemoryBlobStore

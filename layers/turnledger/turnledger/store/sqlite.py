@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import ConversationBusy, InternalError
+from ..core.exceptions import ConversationBusy, InternalError
 from . import codec, keys, records
 from .base import ConversationStore, Page
 from .blobs import BlobStore, FileBlobStore

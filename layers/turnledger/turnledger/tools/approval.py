@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, StrictBool, Tag
 
-from ..models import Requirement
+from ..core.models import Requirement
 
 if TYPE_CHECKING:
     from .registry import ToolDefinition

@@ -9,7 +9,7 @@ recorded (tenant, conversation, life, call id, sequence), so a call that runs
 again after a crash sends the same key and the tool can deduplicate it.
 
 Every call is bounded in wall-clock time by the tool's ``timeout_seconds`` and by
-the request's remaining time (:mod:`turnledger.deadline`), whichever is sooner:
+the request's remaining time (:mod:`turnledger.core.deadline`), whichever is sooner:
 
 * ``http``: one deadline for the whole call (connect, send, every read), enforced
   by :func:`tool_http_client`'s transport on every socket operation and checked
@@ -45,9 +45,9 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from .. import deadline
-from ..models import ToolCall
-from ..observability import logger
+from ..core import deadline
+from ..core.models import ToolCall
+from ..core.observability import logger
 from .registry import HttpExecutorConfig, LambdaExecutorConfig, ToolDefinition
 
 if TYPE_CHECKING:

@@ -34,9 +34,9 @@ from pydantic import (
     model_validator,
 )
 
-from ..config import Settings
-from ..exceptions import InternalError, UnknownTool
-from ..models import ToolCall
+from ..core.config import Settings
+from ..core.exceptions import InternalError, UnknownTool
+from ..core.models import ToolCall
 from ..providers.base import ToolSpec
 from .approval import ApprovalRule
 
@@ -173,7 +173,7 @@ class ToolDefinition(_Config):
     #: running when its request died is never run again by itself; it becomes
     #: ``outcome_unknown`` and a person decides.
     idempotent: bool = True
-    #: A webhook told (signed, see :mod:`turnledger.notifications`) when a call of this
+    #: A webhook told (signed, see :mod:`turnledger.ops.notifications`) when a call of this
     #: tool waits for approval, is decided or expires.
     notify: str | None = Field(default=None, pattern=r"^https?://\S+$")
 

@@ -47,8 +47,8 @@ from typing import Any, Protocol
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .exceptions import ServiceUnavailable
-from .store import keys
+from ..core.exceptions import ServiceUnavailable
+from . import keys
 
 
 class STSClient(Protocol):
@@ -294,7 +294,7 @@ def sts_failure(exc: ClientError) -> ServiceUnavailable:
             details={"reason": "tenant_credentials_unavailable", "sts_code": code},
         )
     # Imported here: observability loads Powertools, which this module does not need.
-    from .observability import logger
+    from ..core.observability import logger
 
     logger.error(
         "STS refused the tenant role: check TENANT_ROLE_ARN and its trust policy",

@@ -29,15 +29,15 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from .context import build_messages, latest_summary
-from .exceptions import (
+from ..context.assembly import build_messages, latest_summary
+from ..core.exceptions import (
     ConversationNotFound,
     InvalidHistory,
     InvalidRequest,
     PayloadTooLarge,
     RequestValidationFailed,
 )
-from .models import (
+from ..core.models import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     ConversationKey,
@@ -48,10 +48,10 @@ from .models import (
     Usage,
     _Strict,
 )
-from .providers.base import Message
-from .providers.history import build_strict_history, check_strict_history
-from .store.base import ConversationStore
-from .turnstate import is_running, status_for
+from ..providers.base import Message
+from ..providers.history import build_strict_history, check_strict_history
+from ..store.base import ConversationStore
+from ..turn.lifecycle import is_running, status_for
 
 #: The version of the export format's lines this build writes and reads.
 EXPORT_SCHEMA_VERSION = 1

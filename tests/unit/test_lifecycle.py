@@ -1,5 +1,5 @@
-"""The one state machine of tool calls and statuses (turnledger.turnstate), and the signed
-callback tokens of deferred calls (turnledger.callbacks)."""
+"""The one state machine of tool calls and statuses (turnledger.turn.lifecycle), and the signed
+callback tokens of deferred calls (turnledger.turn.callbacks)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, get_args
 
 import pytest
-from turnledger import callbacks
-from turnledger.exceptions import ApprovalPending, CallbackInvalid, InputPending
-from turnledger.models import CallState, ConversationStatus, PendingCall
-from turnledger.turnstate import (
+from turnledger.core.exceptions import ApprovalPending, CallbackInvalid, InputPending
+from turnledger.core.models import CallState, ConversationStatus, PendingCall
+from turnledger.turn import callbacks
+from turnledger.turn.lifecycle import (
     CALL_MOVES,
     CALL_TRANSITIONS,
     DRAFT_MOVES,
@@ -217,7 +217,7 @@ def test_the_inbox_lists_what_a_person_acts_on() -> None:
 
 
 def test_require_settled_names_what_blocks_a_new_turn() -> None:
-    from turnledger.turnstate import require_settled
+    from turnledger.turn.lifecycle import require_settled
 
     require_settled([call("awaiting_client")])
     with pytest.raises(ApprovalPending):

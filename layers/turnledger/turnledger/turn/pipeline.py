@@ -11,7 +11,7 @@
   result runs again under the same key; a recorded result never runs again.
 * **Approvals are exact.** A decision records who, when and the hash of the
   exact arguments; execution re-checks the hash.
-* **The context is built to a budget** (:mod:`turnledger.context`), compacted
+* **The context is built to a budget** (:mod:`turnledger.context.assembly`), compacted
   into a ``context_compacted`` event in the turn's own commit when older turns
   no longer fit, and every model call is explained by the run record on its
   ``assistant_message``.
@@ -30,12 +30,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from . import drafts
-from .approval_edits import check_edits
-from .callbacks import CallbackClaims, life_of
-from .commands import CallbackOutcome, Decisions, TurnCommand
-from .config import Settings
-from .context import (
+from ..context.assembly import (
     MESSAGE_OVERHEAD_TOKENS,
     SUMMARY_PROMPT_VERSION,
     Assembly,
@@ -46,8 +41,9 @@ from .context import (
     text_sha256,
     turns_to_compact,
 )
-from .drafts import TurnCancelled, model_reply
-from .exceptions import (
+from ..context.redaction import Redactor
+from ..core.config import Settings
+from ..core.exceptions import (
     ApprovalPending,
     CallbackInvalid,
     ConversationBusy,
@@ -58,12 +54,7 @@ from .exceptions import (
     UnknownProvider,
     UnknownToolCall,
 )
-from .execution import (
-    ToolCalls,
-    TurnWork,
-    decided_in_turn,
-)
-from .models import (
+from ..core.models import (
     ApprovalResolved,
     AssistantMessage,
     CancelRequest,
@@ -81,8 +72,8 @@ from .models import (
     Usage,
     UserMessage,
 )
-from .observability import logger, timed
-from .providers.base import (
+from ..core.observability import logger, timed
+from ..providers.base import (
     Continuation,
     Message,
     ModelReply,
@@ -91,21 +82,16 @@ from .providers.base import (
     ResponseFormat,
     ToolSpec,
 )
-from .redaction import Redactor
-from .results import (
-    CallbackResult,
-    CancelResult,
-    ContextReport,
-    ConversationState,
-    EventPage,
-    OutputText,
-    TurnResult,
-)
-from .session import Clock, CommitHook, Session, utc_now
-from .store.base import ContextBudget, ConversationStore, PurgeReport
-from .tools.executors import ToolRunner
-from .tools.registry import ToolRegistry
-from .turnstate import (
+from ..store.base import ContextBudget, ConversationStore, PurgeReport
+from ..tools.executors import ToolRunner
+from ..tools.registry import ToolRegistry
+from . import drafts
+from .approval_edits import check_edits
+from .callbacks import CallbackClaims, life_of
+from .commands import CallbackOutcome, Decisions, TurnCommand
+from .drafts import TurnCancelled, model_reply
+from .execution import ToolCalls, TurnWork, decided_in_turn
+from .lifecycle import (
     AWAITING_DECISION,
     CallMove,
     cancel_requested,
@@ -116,7 +102,17 @@ from .turnstate import (
     public_status,
     waiting,
 )
-from .turnstate import awaiting as open_waits
+from .lifecycle import awaiting as open_waits
+from .results import (
+    CallbackResult,
+    CancelResult,
+    ContextReport,
+    ConversationState,
+    EventPage,
+    OutputText,
+    TurnResult,
+)
+from .session import Clock, CommitHook, Session, utc_now
 
 
 class Conversations:
@@ -155,7 +151,7 @@ class Conversations:
         self.budget = ContextBudget(
             max_events=settings.context_max_events, max_chars=settings.context_max_chars
         )
-        #: Told of every commit that landed (notifications, :mod:`.notifications`).
+        #: Told of every commit that landed (notifications, :mod:`turnledger.ops.notifications`).
         self.on_commit: CommitHook | None = None
 
     @cached_property

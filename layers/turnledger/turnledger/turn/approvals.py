@@ -3,7 +3,7 @@
 Every call of the caller's tenant that waits for a person (an approval, an
 ``outcome_unknown`` decision, a human-input call), across all its
 conversations, oldest request first, read from the ``by-inbox`` index (never a
-scan: :mod:`.store.inbox`). Deciding stays where it was:
+scan: :mod:`turnledger.store.inbox`). Deciding stays where it was:
 ``POST /v1/conversations/{id}/approvals``.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .exceptions import InvalidCursor
+from ..core.exceptions import InvalidCursor
+from ..store import inbox
+from ..store.inbox import InboxEntry
 from .pipeline import Conversations
-from .store import inbox
-from .store.inbox import InboxEntry
 
 #: Entries a page holds unless the caller asks otherwise, and at most.
 DEFAULT_LIMIT = 50

@@ -1,6 +1,6 @@
 """The turn's owner: every status a conversation, a call or a draft can take, and every move.
 
-One object, :class:`TurnLife` (one per :class:`~turnledger.session.Session`,
+One object, :class:`TurnLife` (one per :class:`~turnledger.turn.session.Session`,
 as ``session.life``), owns a turn's life. Three tables say what may happen:
 
 * :data:`CALL_MOVES`: a tool call's moves (request, ask a person, decide, edit,
@@ -12,7 +12,7 @@ as ``session.life``), owns a turn's life. Three tables say what may happen:
 
 An illegal move raises :class:`IllegalTransition`. Nobody passes a status:
 :meth:`TurnLife.status` derives the head's status from the run's phase and the
-pending calls, and :meth:`Session.commit <turnledger.session.Session.commit>`
+pending calls, and :meth:`Session.commit <turnledger.turn.session.Session.commit>`
 writes what it says. When several waits coexist the status shows the one a
 person must act on first (:data:`WAIT_PRIORITY`); ``awaiting`` lists them all.
 
@@ -30,14 +30,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from .exceptions import (
+from ..core.exceptions import (
     ApprovalPending,
     BudgetExceeded,
     ConversationBusy,
     InputPending,
     InternalError,
 )
-from .models import (
+from ..core.models import (
     ApprovalResolved,
     CallState,
     CancelRequest,
@@ -51,7 +51,7 @@ from .models import (
     TurnInterrupted,
     Usage,
 )
-from .store.inbox import InboxChanges, InboxEntry
+from ..store.inbox import InboxChanges, InboxEntry
 
 if TYPE_CHECKING:
     from .session import Session

@@ -7,7 +7,7 @@ draft ``in_progress`` and invokes the turn worker function asynchronously
 (Lambda ``InvocationType=Event``), then answers ``202``. The worker runs the
 turn exactly as a synchronous request would (:class:`Conversations`, same
 commit protocol), with its model calls streaming into the draft
-(:mod:`turnledger.drafts`), and stores the final response (or the error) in
+(:mod:`turnledger.turn.drafts`), and stores the final response (or the error) in
 the draft's state.
 
 Why an asynchronous invocation and not a queue: Lambda's own event queue
@@ -30,10 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from . import drafts
-from .commands import Decisions, TurnCommand
-from .drafts import DraftState, DraftWriter
-from .exceptions import (
+from ..core.exceptions import (
     ConversationBusy,
     ConversationNotFound,
     NotAwaitingApproval,
@@ -41,11 +38,14 @@ from .exceptions import (
     ServiceUnavailable,
     TurnledgerError,
 )
-from .models import ConversationKey, Head
-from .observability import logger
+from ..core.models import ConversationKey, Head
+from ..core.observability import logger
+from . import drafts
+from .commands import Decisions, TurnCommand
+from .drafts import DraftState, DraftWriter
+from .lifecycle import DraftMove, awaits_decision, draft_move, is_tombstone, refuse_new_turn
 from .pipeline import Conversations
 from .results import TurnResult
-from .turnstate import DraftMove, awaits_decision, draft_move, is_tombstone, refuse_new_turn
 
 #: The worker's event marks itself, so a stray event is refused, not run.
 WORKER_EVENT = "turnledger.async_turn"

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 
-from .exceptions import CallbackInvalid
+from ..core.exceptions import CallbackInvalid
 
 #: How long a key read from Secrets Manager is cached (seconds).
 SECRET_MAX_AGE_SECONDS = 300

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .exceptions import RequestValidationFailed
-from .models import PendingCall
-from .tools.approval import arguments_sha256
-from .tools.registry import ToolRegistry
+from ..core.exceptions import RequestValidationFailed
+from ..core.models import PendingCall
+from ..tools.approval import arguments_sha256
+from ..tools.registry import ToolRegistry
 
 
 def check_edits(

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from .models import (
+from ..core.models import (
     KIND_OF_PAYLOAD,
     CancelRequest,
     ConversationKey,
@@ -31,10 +31,10 @@ from .models import (
     TurnOptions,
     Usage,
 )
-from .observability import metrics
-from .store import keys
-from .store.base import ConversationStore, new_generation
-from .turnstate import TurnLife, inbox_changes, is_tombstone, wait_deadline
+from ..core.observability import metrics
+from ..store import keys
+from ..store.base import ConversationStore, new_generation
+from .lifecycle import TurnLife, inbox_changes, is_tombstone, wait_deadline
 
 Clock = Callable[[], datetime]
 #: Told of each commit that landed: the key, the pending calls before it, the head it

@@ -1,27 +1,28 @@
 """Expiry and erasure: nothing of an expired, TTL-removed or erased conversation remains.
 
 Three entry points share one :class:`Sweeper` (the composition root builds it,
-:meth:`~.runtime.Runtime.sweeper`; the sweep function's entry point is
-:mod:`.handlers`); each answers a :class:`~.results.SweepReport` (what it removed
+:meth:`~turnledger.runtime.Runtime.sweeper`; the sweep function's entry point is
+:mod:`turnledger.handlers`); each answers a :class:`~turnledger.turn.results.SweepReport` (what it
+removed
 and the read units it spent).
 
 **The scheduled sweep** (EventBridge, hourly by default) finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
-carries ``xb = "<bucket>#<shard>"`` (:func:`.store.keys.expiry_bucket`), the hour
-it is filed under, so one hour's expiries are :data:`~.store.keys.EXPIRY_SHARDS`
+carries ``xb = "<bucket>#<shard>"`` (:func:`turnledger.store.keys.expiry_bucket`), the hour
+it is filed under, so one hour's expiries are :data:`~turnledger.store.keys.EXPIRY_SHARDS`
 small queries. A turn keeps a head's bucket while it is ahead of the sweep, so
 a live head may sit in a bucket before its expiry: the sweep passing it re-files
-it under the hour it is now due (:meth:`~.store.base.ConversationStore.refile`). The
+it under the hour it is now due (:meth:`~turnledger.store.base.ConversationStore.refile`). The
 sweep walks buckets from its cursor up to the current one (inclusive) and, for
 each candidate, reads the head consistently (the index lags) and purges it only
 if it is expired at the sweep's ``now``, conditionally on the version it read
-(:meth:`~.store.base.ConversationStore.purge_if_unchanged`): a conversation that
+(:meth:`~turnledger.store.base.ConversationStore.purge_if_unchanged`): a conversation that
 got a turn after it was selected survives whole, and of two sweeps racing on
 one conversation exactly one counts it. The cost grows with the number of
 buckets walked and of heads in them, not with the table.
 
 * Cursor: the first bucket not yet fully swept
-  (:meth:`~.store.base.ConversationStore.read_sweep_cursor`). It
+  (:meth:`~turnledger.store.base.ConversationStore.read_sweep_cursor`). It
   moves past a bucket only once every candidate in it was handled and the
   bucket ended :data:`INDEX_SETTLE_SECONDS` ago (so the index has caught up
   with heads written just before it ended), and only forward: concurrent
@@ -78,7 +79,7 @@ name the dead life for the next attempt.
 **Tenant erasure** (``DELETE /v1/conversations``) pages through the
 ``by-tenant`` index and clears each conversation (head, events, every other
 item of its partition, objects; a clear wins against turns committing
-meanwhile, see the fence in :mod:`.store.base`) until the time budget runs
+meanwhile, see the fence in :mod:`turnledger.store.base`) until the time budget runs
 out, answering ``complete: false`` then; the caller calls again. What was
 erased is gone from the index, so the next call resumes naturally (a lagging
 index only makes it re-read a few absent heads). A turn that starts a
@@ -96,16 +97,16 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import turnstate
-from .exceptions import ConversationBusy, InvalidConversationId, StateError
-from .models import ConversationKey, ConversationStatus, validate_conversation_id
-from .observability import logger
-from .results import SweepReport
-from .session import Clock
-from .store import codec, keys
-from .store.base import CapacityMeter, ConversationStore, PurgeReport
-from .store.codec import Item
-from .store.indexes import EventStamp
+from ..core.exceptions import ConversationBusy, InvalidConversationId, StateError
+from ..core.models import ConversationKey, ConversationStatus, validate_conversation_id
+from ..core.observability import logger
+from ..store import codec, keys
+from ..store.base import CapacityMeter, ConversationStore, PurgeReport
+from ..store.codec import Item
+from ..store.indexes import EventStamp
+from ..turn import lifecycle
+from ..turn.results import SweepReport
+from ..turn.session import Clock
 
 #: Where the first run (no cursor yet) starts: one week of expiry buckets back.
 SWEEP_LOOKBACK_BUCKETS = 7 * 24 * 3600 // keys.EXPIRY_BUCKET_SECONDS
@@ -331,7 +332,7 @@ class Sweeper:
                 # the cursor would pass it by.
                 # With its wait deadline as the turn rules compute it: a head stored
                 # before heads carried one keeps its place on the by-wait index.
-                deadline = turnstate.wait_deadline(head.pending)
+                deadline = lifecycle.wait_deadline(head.pending)
                 self.store.refile(key, head.model_copy(update={"wait_deadline": deadline}))
             return PurgeReport()
         # None: a turn (or another sweep) changed the head since it was read.

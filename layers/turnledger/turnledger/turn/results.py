@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from .models import Event, PendingCall, Usage
-from .turnstate import Wait
+from ..core.models import Event, PendingCall, Usage
+from .lifecycle import Wait
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Three kinds of state live here:
 * the **transcript**: :class:`Event`, an append-only log in sequence order;
 * the **execution state**: :class:`Head` with its :class:`PendingCall` list
   (tool calls waiting for approval, for the client, or for their result);
-* the **working context** is not stored: :mod:`turnledger.context` rebuilds it
+* the **working context** is not stored: :mod:`turnledger.context.assembly` rebuilds it
   from the events on every turn.
 
 Every model here validates strictly, so a stored item that does not fit is
@@ -145,7 +145,7 @@ class RunRecord(_Strict):
 
     ``context_from`` is the first public sequence the call's context held whole
     (after the summary, if any), and ``context_sha256`` the hash of the messages
-    sent, so :func:`turnledger.context.rebuild` can prove a rebuild from the log
+    sent, so :func:`turnledger.context.assembly.rebuild` can prove a rebuild from the log
     gives the same context.
     """
 
@@ -401,7 +401,7 @@ class Event(_Strict):
         return model.model_validate(self.payload)  # type: ignore[return-value]
 
 
-#: Where a pending call stands (moves: :data:`turnledger.turnstate.CALL_TRANSITIONS`).
+#: Where a pending call stands (moves: :data:`turnledger.turn.lifecycle.CALL_TRANSITIONS`).
 CallState = Literal[
     "awaiting_approval",
     "awaiting_client",
@@ -425,7 +425,7 @@ class PendingCall(_Strict):
     it runs again (approve) or is recorded as failed (reject). ``awaiting_input``: a
     human-input tool waits for a person's output; ``deferred``: the tool runs it
     elsewhere (``task_id``) until its callback or ``expires_at``. The allowed moves
-    between states are :data:`turnledger.turnstate.CALL_TRANSITIONS`.
+    between states are :data:`turnledger.turn.lifecycle.CALL_TRANSITIONS`.
     """
 
     id: str
@@ -602,7 +602,7 @@ class Head(_Strict):
     cancel: CancelRequest | None = None
     #: The earliest deadline of a wait that expires (a decision's window, a deferred
     #: call's deadline), computed from ``pending`` by the turn layer
-    #: (:func:`turnledger.turnstate.wait_deadline`): the store files the head under its
+    #: (:func:`turnledger.turn.lifecycle.wait_deadline`): the store files the head under its
     #: hour on the ``by-wait`` index. ``None``: no such wait.
     wait_deadline: datetime | None = None
 

@@ -42,8 +42,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from . import turnstate
-from .models import (
+from ..core.models import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalResolved,
@@ -55,7 +54,8 @@ from .models import (
     ToolInputProvided,
     TurnInterrupted,
 )
-from .observability import logger, metrics
+from ..core.observability import logger, metrics
+from ..turn import lifecycle
 
 SOURCE = "turnledger"
 REQUESTED = "approval.requested"
@@ -92,7 +92,7 @@ def notifications_of(
     """What one commit (``events``, replacing pending calls ``before`` by ``head``'s) tells."""
     calls = {p.id: p for p in [*before, *head.pending]}
     # What each call waited for before this commit: a cancel is told only of person waits.
-    waited = {p.id: turnstate.waits_for_person(p) for p in before}
+    waited = {p.id: lifecycle.waits_for_person(p) for p in before}
     expired = {b.call_id for e in events if isinstance(b := e.body(), ApprovalExpired)}
     # A cancel rejects the approvals it ends: told once, as cancelled, not also as decided.
     cancelled = {

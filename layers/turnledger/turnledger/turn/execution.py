@@ -1,8 +1,8 @@
 """The execution state of a turn: tool calls requested, decided, run and settled.
 
-:class:`ToolCalls` holds the steps the turn loop (:mod:`turnledger.pipeline`)
+:class:`ToolCalls` holds the steps the turn loop (:mod:`turnledger.turn.pipeline`)
 takes on a turn's calls. Every step stages canonical events on the
-:class:`~turnledger.session.Session` and keeps its pending calls in step with
+:class:`~turnledger.turn.session.Session` and keeps its pending calls in step with
 them; the loop decides when to commit, with one rule here: what is about to run
 is committed before it runs (:meth:`ToolCalls.run_ready`), so a request that
 dies midway is resumed from the log under the same idempotency keys.
@@ -17,11 +17,10 @@ from datetime import datetime, timedelta
 from math import ceil
 from typing import Any, Literal
 
-from . import callbacks, deadline
-from .commands import ClientOutput
-from .config import Settings
-from .exceptions import ConversationBusy, InternalError, UnknownToolCall
-from .models import (
+from ..core import deadline
+from ..core.config import Settings
+from ..core.exceptions import ConversationBusy, InternalError, UnknownToolCall
+from ..core.models import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalResolved,
@@ -37,15 +36,17 @@ from .models import (
     ToolResult,
     Usage,
 )
-from .observability import logger
-from .providers.base import Provider
-from .providers.retry import Backoff
+from ..core.observability import logger
+from ..providers.base import Provider
+from ..providers.retry import Backoff
+from ..tools.approval import arguments_sha256, requirement
+from ..tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
+from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
+from . import callbacks
+from .commands import ClientOutput
+from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
 from .results import OutputCall, OutputText
 from .session import Clock, Session
-from .tools.approval import arguments_sha256, requirement
-from .tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
-from .tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
-from .turnstate import AWAITING_DECISION, CallMove, call_target, lapsed
 
 __all__ = ["ToolCalls", "TurnWork"]
 
@@ -390,7 +391,7 @@ class ToolCalls:
         call's timeout at most; then comes the step's model work: a context summary and
         the model call, each with every attempt and the longest backoff between them.
         Within a request with a deadline this is cut to the time the function has left
-        (:func:`turnledger.deadline.life_left`): a run never outlives its function, so a
+        (:func:`turnledger.core.deadline.life_left`): a run never outlives its function, so a
         longer lease would only keep a crashed run from being resumed. The margin
         (:data:`LEASE_MARGIN_SECONDS`) is added last either way.
         """

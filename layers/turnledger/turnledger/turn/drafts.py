@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .exceptions import ProviderError
-from .models import ConversationKey
-from .providers.base import ModelReply, ModelRequest, Provider
-from .store import keys
-from .store.base import ConversationStore
-from .store.codec import SideItem
-from .turnstate import DraftMove, DraftStatus, draft_move
+from ..core.exceptions import ProviderError
+from ..core.models import ConversationKey
+from ..providers.base import ModelReply, ModelRequest, Provider
+from ..store import keys
+from ..store.base import ConversationStore
+from ..store.codec import SideItem
+from .lifecycle import DraftMove, DraftStatus, draft_move
 
 #: Draft items are the store's side items (:meth:`ConversationStore.put_side_item`).
 DRAFT_PREFIX = keys.SIDE_PREFIX
@@ -271,7 +271,7 @@ class DraftWriter:
     monotonic: Callable[[], float] = time.monotonic
     next_seq: int = 1
     started_at: str = ""
-    #: Where the draft is (:data:`turnledger.turnstate.DRAFT_MOVES`); ``None``: not begun.
+    #: Where the draft is (:data:`turnledger.turn.lifecycle.DRAFT_MOVES`); ``None``: not begun.
     status: DraftStatus | None = None
     _buffer: list[str] = field(default_factory=list)
     _buffered: int = 0

@@ -8,7 +8,7 @@ A rule set is JSON::
 
 Rules run in order over every text of the working context (messages, tool
 call arguments, tool outputs) and over the inputs of a summary, while the
-context is assembled (:mod:`turnledger.context`). The transcript keeps the
+context is assembled (:mod:`turnledger.context.assembly`). The transcript keeps the
 original; the rule set's ``version`` is recorded on each answer's run record,
 so an answer can be explained later. A rule set that does not parse, or a
 pattern that does not compile, fails loudly when it is loaded.
@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .config import Settings
+from ..core.config import Settings
 
 #: Seconds a rule set read from SSM is cached (a changed set is picked up within this).
 RULES_MAX_AGE_SECONDS = 300

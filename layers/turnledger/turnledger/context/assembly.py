@@ -23,12 +23,12 @@ turns, not after every answer. A summary covers whole turns only, so it
 never splits a tool call from its result, and never the current turn, where
 pending calls live. A new summary folds in the previous one.
 
-**Redaction** (:mod:`turnledger.redaction`) is applied while messages are
+**Redaction** (:mod:`turnledger.context.redaction`) is applied while messages are
 built, to everything a model would see, summaries' inputs included.
 
 **Rebuild.** :func:`assemble` depends only on the events, the budget, the
 estimator and the rule set, and every answer records those on its run record
-(:class:`~turnledger.models.RunRecord`), so the context of any past call can
+(:class:`~turnledger.core.models.RunRecord`), so the context of any past call can
 be rebuilt from the log and compared by hash (:func:`rebuild`).
 """
 
@@ -39,8 +39,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .exceptions import CorruptedState
-from .models import (
+from ..core.exceptions import CorruptedState
+from ..core.models import (
     AssistantMessage,
     ContextCompacted,
     Event,
@@ -49,7 +49,7 @@ from .models import (
     ToolResult,
     UserMessage,
 )
-from .providers.base import Message, ModelRequest
+from ..providers.base import Message, ModelRequest
 from .redaction import Redactor
 
 #: Every summary in a context is one system message starting with this.

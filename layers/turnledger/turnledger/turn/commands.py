@@ -1,9 +1,9 @@
 """What the service is asked to do: the domain commands of a conversation's routes.
 
 The HTTP edge (:mod:`turnledger.api`) validates request bodies and maps them to
-these; the service (:class:`~turnledger.pipeline.Conversations`) takes nothing
+these; the service (:class:`~turnledger.turn.pipeline.Conversations`) takes nothing
 else. They are pydantic models because a long turn's command travels in the turn
-worker's event (:mod:`turnledger.longturns`) and is read back there.
+worker's event (:mod:`turnledger.turn.longturns`) and is read back there.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .models import JsonObjectFormat, JsonSchemaFormat
+from ..core.models import JsonObjectFormat, JsonSchemaFormat
 
 
 class _Command(BaseModel):
