@@ -59,27 +59,33 @@ def read_units(total_bytes: int, *, consistent: bool = True) -> float:
 
 @dataclass(frozen=True)
 class IndexSpec:
-    """A global secondary index: its key attributes (``KEYS_ONLY`` projection)."""
+    """A global secondary index: its key attributes and the other attributes it projects
+    (``KEYS_ONLY``: none; ``INCLUDE``: the listed ones)."""
 
     name: str
     key_attributes: tuple[str, ...]
+    included: tuple[str, ...] = ()
 
     def entry(self, item: Item | None) -> tuple[Any, ...] | None:
-        """The index entry ``item`` has (its key values), ``None`` when it is not indexed."""
+        """The index entry ``item`` has (its key and projected values), ``None`` when it is
+        not indexed."""
         if item is None or any(a not in item for a in self.key_attributes):
             return None
-        return tuple(item[a] for a in self.key_attributes)
+        return tuple(item.get(a) for a in (*self.key_attributes, *self.included))
 
     def write_units(self, old: Item | None, new: Item) -> int:
         """Index writes of replacing ``old`` by ``new``: entries are small (1 WCU each).
 
-        An unchanged entry costs nothing (only keys are projected); a new or
-        removed one costs one write; a moved one (key changed) two.
+        An unchanged entry costs nothing; a new or removed one, or one whose projected
+        attributes changed in place, one write; a moved one (key changed) two.
         """
         before, after = self.entry(old), self.entry(new)
         if before == after:
             return 0
-        return 2 if before is not None and after is not None else 1
+        if before is None or after is None:
+            return 1
+        keys = len(self.key_attributes)
+        return 1 if before[:keys] == after[:keys] else 2
 
 
 def index_specs() -> list[IndexSpec]:
@@ -87,12 +93,14 @@ def index_specs() -> list[IndexSpec]:
     definition = table_definition(load_template(), TABLE_RESOURCE, "any")
     specs = []
     for index in definition.get("GlobalSecondaryIndexes", []):
-        if index["Projection"]["ProjectionType"] != "KEYS_ONLY":
-            raise ValueError(f"index {index['IndexName']}: only KEYS_ONLY is priced here")
+        projection = index["Projection"]
+        if projection["ProjectionType"] not in ("KEYS_ONLY", "INCLUDE"):
+            raise ValueError(f"index {index['IndexName']}: only KEYS_ONLY and INCLUDE are priced")
         specs.append(
             IndexSpec(
                 name=index["IndexName"],
                 key_attributes=tuple(k["AttributeName"] for k in index["KeySchema"]),
+                included=tuple(projection.get("NonKeyAttributes", ())),
             )
         )
     return specs
