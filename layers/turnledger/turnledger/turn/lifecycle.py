@@ -155,19 +155,6 @@ class IllegalTransition(InternalError):
     """A call, a run or a draft was asked to make a move its table does not allow (a bug)."""
 
 
-def check_move(current: CallPlace, target: CallPlace) -> None:
-    """Refuse a call's move from ``current`` to ``target`` that no move allows.
-
-    Raises:
-        IllegalTransition: no :data:`CALL_MOVES` entry goes from ``current`` to ``target``.
-    """
-    if target not in CALL_TRANSITIONS.get(current, frozenset()):
-        raise IllegalTransition(
-            f"a tool call cannot move from {current or 'new'} to {target}",
-            details={"from": current, "to": target},
-        )
-
-
 def call_target(current: CallPlace, how: CallMove) -> CallPlace:
     """Where ``how`` takes a call that is at ``current``.
 
@@ -313,6 +300,7 @@ class RunMove(StrEnum):
 RUN_MOVES: dict[RunMove, tuple[frozenset[RunPhase], RunPhase]] = {
     RunMove.TAKE_LEASE: (frozenset({RunPhase.IDLE, RunPhase.INTERRUPTED}), RunPhase.RUNNING),
     RunMove.RENEW_LEASE: (frozenset({RunPhase.RUNNING}), RunPhase.RUNNING),
+    # Releasing when nothing ran is allowed: a step ends the same way whether it ran tools.
     RunMove.RELEASE_LEASE: (frozenset({RunPhase.RUNNING, RunPhase.IDLE}), RunPhase.IDLE),
     RunMove.INTERRUPT: (frozenset({RunPhase.RUNNING, RunPhase.IDLE}), RunPhase.INTERRUPTED),
     RunMove.REQUEST_CANCEL: (frozenset({RunPhase.IDLE}), RunPhase.CANCEL_REQUESTED),
@@ -669,10 +657,9 @@ class TurnLife:
         self.session.lease = lease
         self.session.cancel = request
 
-    def rolled_back(self, head: Head | None) -> None:
-        """The session went back to ``head``: so does the run (idle; mid-run heads are
-        resumed by whoever opens them next)."""
-        del head
+    def rolled_back(self) -> None:
+        """The session went back to its last commit: nothing of this request's run is left
+        (a head committed mid-run is resumed by whoever opens it next)."""
         self.phase = RunPhase.IDLE
 
     def cancel_turn(self, *, by: str, reason: str | None = None) -> list[str]:

@@ -162,7 +162,7 @@ class Session:
         self.provider_cursor = head.provider_cursor if head else None
         self.lease = None
         self.cancel = None
-        self.life.rolled_back(head)
+        self.life.rolled_back()
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
         """Stage one event of the current turn (or of ``turn``)."""
