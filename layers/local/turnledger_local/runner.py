@@ -117,7 +117,7 @@ _FAKE_CREDENTIALS = {
 class LocalConfig:
     """How to run locally. Every field has the default ``turnledger local`` uses.
 
-    ``None`` for a setting leaves the functions' own default (see ``config.py``).
+    ``None`` for a setting leaves the functions' own default (see ``turnledger/core/config.py``).
     """
 
     host: str = "127.0.0.1"
