@@ -38,6 +38,10 @@
 | ``CALLBACK_KEY`` | (none) | the signing key itself, hex (local runner: generated) |
 | ``PUBLIC_BASE_URL`` | (none) | this API's public URL, the base of ``callback_url`` |
 
+``CALLBACK_SECRET_ARN``, ``CALLBACK_KEY`` and ``PUBLIC_BASE_URL`` are not settings: they
+are read where they are used (:mod:`turnledger.turn.callbacks`), as are the notifications'
+variables (:mod:`turnledger.ops.notifications`).
+
 Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, ``demo-stateful``):
 
 | variable | default | meaning |
