@@ -5,10 +5,10 @@ context windowing, the commit protocol, the purge protocol, the index and
 sweep-cursor operations the sweep and tenant erasure use, the approval inbox's
 pages, all-or-nothing imports, and two kinds of items beside the transcript that
 the layers above give meaning to: side items (drafts) and idempotency records. It
-knows no turn rules: the head, its status and the inbox changes come from the caller. A backend implements
-only the small private primitives under "backend primitives", each documented
-with what it must do and raise (the pattern of Powertools' idempotency
-persistence layers). ``tests/contract`` runs one suite over every backend
+knows no turn rules: the head, its status and the inbox changes come from the caller.
+A backend implements only the small private primitives under "backend primitives",
+each documented with what it must do and raise (the pattern of Powertools'
+idempotency persistence layers). ``tests/contract`` runs one suite over every backend
 (memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
