@@ -1,4 +1,5 @@
-"""``turnledger`` command line: ``turnledger local`` serves the API on this machine.
+"""``turnledger`` command line: ``turnledger local`` serves the API on this machine;
+``turnledger export`` and ``import`` are :mod:`.transfer_cli`'s.
 
 Flags, defaults and behaviour are those of the "Local runner" section of the
 HTTP contract; ``turnledger local --help`` lists them.

@@ -21,8 +21,11 @@ does, and the client gets API Gateway's answer to it (:class:`FunctionTimedOut`)
 Local-only routes: ``POST /_local/sweep`` invokes the scheduled function on
 demand (it needs a local token like every API route), ``POST
 /_local/provider/forget`` drops the ``demo-stateful`` provider's state (a token
-too), and ``POST /_local/echo``
-is a stand-in tool endpoint that answers what it was sent.
+too), ``POST /_local/echo`` is a stand-in tool endpoint that answers what it was sent,
+and ``/_local/notifications`` takes the functions' notifications (``POST``) and lists
+the last ones (``GET``). Lambda's Invoke API
+(``POST /2015-03-31/functions/<name>/invocations``, loopback only) starts the turn
+worker for long turns, as Lambda does deployed.
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ _FAKE_CREDENTIALS = {
 class LocalConfig:
     """How to run locally. Every field has the default ``turnledger local`` uses.
 
-    ``None`` for a setting leaves the functions' own default (see ``config.py``).
+    ``None`` for a setting leaves the functions' own default (see ``turnledger/core/config.py``).
     """
 
     host: str = "127.0.0.1"

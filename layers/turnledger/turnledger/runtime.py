@@ -1,7 +1,11 @@
-"""Build every dependency of the handlers once per process, from the settings.
+"""The composition root: every dependency of the handlers, built once per process from
+the settings.
 
-The handlers call :func:`get_runtime`; tests and the local runner may install
-their own with :func:`set_runtime` (an injected clock, a fake provider...).
+:class:`Runtime` wires the store, providers, tools, redaction and notifications into
+the service (:class:`~turnledger.turn.pipeline.Conversations`, one per tenant when
+``TENANT_ROLE_ARN`` scopes credentials), and builds the sweeper and the export/import
+service on demand. The handlers call :func:`get_runtime`; tests and the local runner may
+install their own with :func:`set_runtime` (an injected clock, a fake provider...).
 """
 
 from __future__ import annotations

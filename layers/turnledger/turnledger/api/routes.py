@@ -1,10 +1,12 @@
-"""The ``/v1`` routes of conversations, the approval inbox and the OpenAPI document.
+"""The ``/v1`` routes of conversations (turns, approvals, reads, clear, export and
+import, tenant erasure), the approval inbox (and its page, ``GET /approvals``) and the
+OpenAPI document.
 
 Each route parses (Powertools validates path, query and body against the
 pydantic models of :mod:`.schemas`, which also make the OpenAPI document), maps
-the body to a domain command (:mod:`.views`), calls the service with the
-request's one :class:`~turnledger.core.models.ConversationKey`, and answers the
-result's view.
+the body to a domain command (:mod:`.views`), calls the service (or the composition
+root's sweeper and transfer) with the request's one
+:class:`~turnledger.core.models.ConversationKey`, and answers the result's view.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@
 | ``CALLBACK_KEY`` | (none) | the signing key itself, hex (local runner: generated) |
 | ``PUBLIC_BASE_URL`` | (none) | this API's public URL, the base of ``callback_url`` |
 
+``CALLBACK_SECRET_ARN``, ``CALLBACK_KEY`` and ``PUBLIC_BASE_URL`` are not settings: they
+are read where they are used (:mod:`turnledger.turn.callbacks`), as are the notifications'
+variables (:mod:`turnledger.ops.notifications`).
+
 Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, ``demo-stateful``):
 
 | variable | default | meaning |
@@ -224,12 +228,12 @@ class Settings:
     #: ``dynamodb`` (table and bucket) or ``sqlite`` (a database file and objects in ``data_dir``).
     store: str = "dynamodb"
     data_dir: str | None = None
-    # --- tenant isolation (tenancy.py) ---
+    # --- tenant isolation (store/tenancy.py) ---
     #: Role assumed per tenant, with the tenant's session policy and tag, for every
     #: table and bucket access of that tenant's requests (``None``: the process's own
     #: credentials, as the local runner and tests use).
     tenant_role_arn: str | None = None
-    # --- long and streamed turns (drafts.py, longturns.py) ---
+    # --- long and streamed turns (turn/drafts.py, turn/longturns.py) ---
     #: The demo models wait this long before each streamed word (a slow model).
     demo_token_delay_ms: int = 0
     #: A draft chunk is stored at most this often, or once this many characters wait.

@@ -9,15 +9,20 @@ hierarchy to responses and never matches on message text::
     TurnledgerError
     ├── InvalidRequest               400 invalid_request
     ├── InvalidConversationId        400 invalid_conversation_id
+    ├── InvalidCursor                400 invalid_cursor
     ├── Unauthorized                 401 unauthorized
     ├── ConversationNotFound         404 conversation_not_found
     ├── ConversationBusy             409 conversation_busy
-    ├── ApprovalPending              409 approval_pending
+    ├── (calls pending)
+    │   ├── ApprovalPending          409 approval_pending
+    │   └── InputPending             409 input_pending
     ├── NotAwaitingApproval          409 not_awaiting_approval
     ├── BudgetExceeded               409 budget_exceeded
+    ├── ConversationExists           409 conversation_exists
     ├── StateError
     │   ├── CorruptedState           409 corrupted_state
     │   └── UnsupportedStateVersion  409 unsupported_state_version
+    ├── CallbackInvalid              410 callback_invalid
     ├── PayloadTooLarge              413 payload_too_large
     ├── RequestValidationFailed      422 validation_error
     ├── UnknownToolCall              422 unknown_tool_call
@@ -25,10 +30,13 @@ hierarchy to responses and never matches on message text::
     ├── UnknownProvider              422 unknown_provider
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
-    ├── ProviderTimeout              504 provider_timeout
+    │   └── ProviderTimeout          504 provider_timeout
     ├── ServiceUnavailable           503 service_unavailable
     └── InternalError                500 internal_error
         └── InvalidHistory           500 internal_error (strict-provider check)
+
+Long turns add their own (:mod:`turnledger.turn.longturns`: ``turn_not_found``,
+``turn_superseded``, ``async_unavailable``).
 """
 
 from __future__ import annotations

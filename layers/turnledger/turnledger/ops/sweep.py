@@ -1,12 +1,15 @@
 """Expiry and erasure: nothing of an expired, TTL-removed or erased conversation remains.
 
-Three entry points share one :class:`Sweeper` (the composition root builds it,
-:meth:`~turnledger.runtime.Runtime.sweeper`; the sweep function's entry point is
-:mod:`turnledger.handlers`); each answers a :class:`~turnledger.turn.results.SweepReport` (what it
-removed
-and the read units it spent).
+The sweep function's three events (a schedule, a list of ids, TTL deletions; its entry
+point is :mod:`turnledger.handlers`) and tenant erasure share one :class:`Sweeper`, which
+the composition root builds (:meth:`~turnledger.runtime.Runtime.sweeper`); each answers a
+:class:`~turnledger.turn.results.SweepReport` (what it removed and the read units it spent).
 
-**The scheduled sweep** (EventBridge, hourly by default) finds expired heads
+**The scheduled sweep** (EventBridge, hourly by default) first records the
+approvals whose window closed in conversations nobody touches: the heads the
+``by-wait`` index files under the hours up to now get their expiry committed by
+the service (``Conversations.expire_waits``, which the composition root hands the
+sweeper), so they leave the approval inbox. It then finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
 carries ``xb = "<bucket>#<shard>"`` (:func:`turnledger.store.keys.expiry_bucket`), the hour
 it is filed under, so one hour's expiries are :data:`~turnledger.store.keys.EXPIRY_SHARDS`

@@ -3,11 +3,13 @@
 The working context is a list of :class:`Message` in the provider-neutral
 shape below, rebuilt from the canonical events by :mod:`turnledger.context.assembly`
 on every turn. A provider maps it to its own wire format, and maps its
-failures to :class:`ProviderError` / :class:`ProviderTimeout`.
+failures to :class:`~turnledger.core.exceptions.ProviderError` /
+:class:`~turnledger.core.exceptions.ProviderTimeout`.
 
 Provider-side state (the Responses API's ``previous_response_id``) is a cache
-over the log: the pipeline decides whether a stored response may be used (see
-:mod:`turnledger.cursor`) and says so with :attr:`ModelRequest.continuation`.
+over the log: the service decides whether a stored response may be used (the
+head's provider cursor, checked by :mod:`turnledger.turn.pipeline`) and says so
+with :attr:`ModelRequest.continuation`.
 A stateful provider then sends only the messages after
 ``continuation.new_from``; when the provider answers that the state is gone it
 sends the whole context again in the same call and reports ``fallback``.

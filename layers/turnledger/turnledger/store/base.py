@@ -1,11 +1,14 @@
 """The storage contract and all the logic every backend shares.
 
 :class:`ConversationStore` owns encoding, validation, payload offloading,
-context windowing, the commit protocol, the purge protocol and the index and
-sweep-cursor operations the sweep and tenant erasure use. A backend implements
-only the small private primitives under "backend primitives", each documented
-with what it must do and raise (the pattern of Powertools' idempotency
-persistence layers). ``tests/contract`` runs one suite over every backend
+context windowing, the commit protocol, the purge protocol, the index and
+sweep-cursor operations the sweep and tenant erasure use, the approval inbox's
+pages, all-or-nothing imports, and two kinds of items beside the transcript that
+the layers above give meaning to: side items (drafts) and idempotency records. It
+knows no turn rules: the head, its status and the inbox changes come from the caller.
+A backend implements only the small private primitives under "backend primitives",
+each documented with what it must do and raise (the pattern of Powertools'
+idempotency persistence layers). ``tests/contract`` runs one suite over every backend
 (memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
@@ -991,7 +994,7 @@ class ConversationStore(ABC):
     def _put_items(self, items: list[Item]) -> None:
         """Put each of ``items`` unconditionally (not atomically as a group)."""
 
-    # --- idempotency records (api/idempotency.py: Powertools' persistence layer) ---------
+    # --- idempotency records (api/idempotency_records.py: Powertools' persistence layer) --
     #
     # Items ``I#<hash>`` of a conversation's partition (:mod:`.records`), so a purge removes
     # them with the conversation.

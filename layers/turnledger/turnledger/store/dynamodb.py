@@ -1,7 +1,7 @@
 """The DynamoDB backend: one table, conditional writes, consumed capacity metered.
 
 Every call asks for ``ReturnConsumedCapacity=TOTAL`` and records it on the
-store's :class:`CapacityMeter` (metrics and ``bench/`` read it). Botocore
+store's :class:`~turnledger.store.base.CapacityMeter` (metrics and ``bench/`` read it). Botocore
 errors are translated into domain errors here and nowhere else.
 """
 

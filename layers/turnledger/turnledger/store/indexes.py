@@ -1,22 +1,25 @@
 """The vocabulary of the store's index and sweep operations, shared by every backend.
 
 The operations themselves are public methods of
-:class:`~.base.ConversationStore` (``expiring_in``, ``of_tenant``,
+:class:`~.base.ConversationStore` (``expiring_in``, ``waiting_in``, ``of_tenant``,
 ``event_stamps``, ``delete_event``, ``read_sweep_cursor``,
 ``advance_sweep_cursor``), built on small backend primitives and run by the
 store contract suite on every backend. This module holds what they share and
 what is not a store's own: index names, the event stamp, and the sweep
 cursor's item.
 
-Two sparse, keys-only indexes over head items, each cheap in proportion to
+Three sparse, keys-only indexes over head items, each cheap in proportion to
 what it returns, never to the table:
 
 * ``by-expiry`` (attribute ``xb``): the heads filed under one expiry bucket
   partition ``"<expires_at // 3600>#<shard>"`` (:func:`.keys.expiry_bucket`);
+* ``by-wait`` (attribute ``wb``, sharded alike): the heads whose earliest wait
+  (a decision's window, a deferred call's deadline) closes in that hour;
 * ``by-tenant`` (attribute ``tn``): every head of one tenant.
 
-On DynamoDB both are global secondary indexes, so they are eventually
-consistent: callers re-read the head consistently before acting on an entry.
+(The approval inbox's ``by-inbox`` index is over entry items: :mod:`.inbox`.) On
+DynamoDB all are global secondary indexes, so they are eventually consistent:
+callers re-read the head consistently before acting on an entry.
 
 The sweep cursor is one item at ``pk="#SWEEP"``, ``sk="CURSOR"`` in the same
 table, holding the first expiry bucket not yet fully swept. It has no ``tn``

@@ -52,7 +52,7 @@ def tenant_partition_prefix(tenant: str) -> str:
     """What every partition key of ``tenant``'s conversations starts with.
 
     It ends with the separator: no other tenant's keys start with it (tenant-scoped
-    credentials grant exactly this prefix, see :mod:`..tenancy`).
+    credentials grant exactly this prefix, see :mod:`.tenancy`).
     """
     return f"T#{quote(tenant, safe='')}#C#"
 

@@ -2,8 +2,9 @@
 
 A peer of the memory and DynamoDB backends (the store contract suite runs on
 all of them): one table ``items`` keyed ``(pk, sk)`` holding each item as a
-JSON object, with its index attributes (``xb``, ``tn``) copied into columns
-of two partial indexes named after the DynamoDB ones. Text keys compare
+JSON object, with its index attributes (``xb``, ``tn``, ``wb``, and an inbox
+entry's ``ib`` and ``is``) copied into columns of partial indexes named after the
+DynamoDB ones. Text keys compare
 byte-wise in UTF-8, as DynamoDB's do, so queries and cursors order alike.
 
 Safe for several threads and several processes on one machine: every write

@@ -12,7 +12,7 @@ partitions ``T#<tenant>#C#*`` and objects ``t/<tenant>/*``), so a bug that
 builds another tenant's key is refused by DynamoDB and S3 themselves.
 
 Why a session policy and not only ``${aws:PrincipalTag/tenant}`` in the role:
-keys hold the tenant percent-encoded (:mod:`.store.keys`: ``a:b`` is
+keys hold the tenant percent-encoded (:mod:`.keys`: ``a:b`` is
 ``T#a%3Ab#C#...``), and a session tag value cannot contain ``%`` or ``,``. A
 tag-based pattern could only name tenants made of ``A-Z a-z 0-9 . _ -``; the
 session policy names every tenant's exact prefix. The tag still rides on the

@@ -2,8 +2,9 @@
 
 :class:`ToolCalls` holds the steps the turn loop (:mod:`turnledger.turn.pipeline`)
 takes on a turn's calls. Every step stages canonical events on the
-:class:`~turnledger.turn.session.Session` and keeps its pending calls in step with
-them; the loop decides when to commit, with one rule here: what is about to run
+:class:`~turnledger.turn.session.Session` and moves its pending calls through the
+turn's owner (``session.life``, :class:`~turnledger.turn.lifecycle.TurnLife`) in step
+with them; the loop decides when to commit, with one rule here: what is about to run
 is committed before it runs (:meth:`ToolCalls.run_ready`), so a request that
 dies midway is resumed from the log under the same idempotency keys.
 """

@@ -1,6 +1,11 @@
 """The turn pipeline: load, append, call the model, run or pause tools, persist, answer.
 
-:class:`Conversations` is the service behind every route. Its invariants:
+:class:`Conversations` is the service behind every route: it takes the request's
+:class:`~turnledger.core.models.ConversationKey`, its actor and a domain command
+(:mod:`turnledger.turn.commands`), and answers a domain result
+(:mod:`turnledger.turn.results`); HTTP bodies are the edge's (:mod:`turnledger.api`).
+Every status and move is the turn's owner's (:mod:`turnledger.turn.lifecycle`). Its
+invariants:
 
 * **A turn lands whole or not at all.** A plain turn is one commit at the end; a
   provider failure before anything ran leaves no trace.
@@ -116,7 +121,8 @@ from .session import Clock, CommitHook, Session, utc_now
 
 
 class Conversations:
-    """The service: turns, approvals, reads and clear, for one deployment."""
+    """The service: turns, approvals, cancels, callbacks, reads and clear, for one
+    deployment; domain commands in, domain results out."""
 
     def __init__(
         self,

@@ -2,7 +2,11 @@
 
 A :class:`Session` starts from what the store returned (head and context
 events), stages new events in sequence order and commits them with the new
-head in one atomic write. A request may commit more than once (a tool turn
+head in one atomic write. The head's status, lease and cancel are what the turn's
+owner (``session.life``, :class:`~turnledger.turn.lifecycle.TurnLife`) says; the
+commit also hands the store the head's wait deadline and the inbox entries to write
+or delete (:func:`~turnledger.turn.lifecycle.inbox_changes`), then tells the commit
+hook (notifications) what landed. A request may commit more than once (a tool turn
 records its intent before running anything); each commit expects the version
 the previous one wrote, so a concurrent request on the same conversation
 loses with ``conversation_busy`` instead of interleaving.
