@@ -401,7 +401,7 @@ class Event(_Strict):
         return model.model_validate(self.payload)  # type: ignore[return-value]
 
 
-#: Where a pending call stands (moves: :data:`turnledger.turn.lifecycle.CALL_TRANSITIONS`).
+#: Where a pending call stands (moves: :data:`turnledger.turn.lifecycle.CALL_MOVES`).
 CallState = Literal[
     "awaiting_approval",
     "awaiting_client",
@@ -425,7 +425,7 @@ class PendingCall(_Strict):
     it runs again (approve) or is recorded as failed (reject). ``awaiting_input``: a
     human-input tool waits for a person's output; ``deferred``: the tool runs it
     elsewhere (``task_id``) until its callback or ``expires_at``. The allowed moves
-    between states are :data:`turnledger.turn.lifecycle.CALL_TRANSITIONS`.
+    between states are the named moves of :data:`turnledger.turn.lifecycle.CALL_MOVES`.
     """
 
     id: str
