@@ -129,17 +129,17 @@ def test_every_draft_move_follows_the_table(current: Any, how: DraftMove) -> Non
 def test_a_commit_writes_the_status_the_owner_derives() -> None:
     session = _Session(call("awaiting_client", "c1"), call("awaiting_approval", "c2"))
     life = TurnLife(session)  # type: ignore[arg-type]
-    assert life.status() is ConversationStatus.AWAITING_APPROVAL
+    assert life.written() == (ConversationStatus.AWAITING_APPROVAL, None, None)
     # Mid-run the head says running_tools and carries the lease; released, the waits show.
     lease = life.take_lease("me", NOW, 30)
-    assert life.status() is ConversationStatus.RUNNING_TOOLS and life.lease() == lease
+    assert life.written() == (ConversationStatus.RUNNING_TOOLS, lease, None)
     assert life.take_lease("me", NOW + timedelta(seconds=20), 30).expires_at > lease.expires_at
     life.release_lease()
-    assert life.status() is ConversationStatus.AWAITING_APPROVAL and life.lease() is None
+    assert life.written() == (ConversationStatus.AWAITING_APPROVAL, None, None)
     # Interrupted (tools acted, the model failed): running_tools with no lease.
     life.take_lease("me", NOW, 30)
     life.interrupt()
-    assert life.status() is ConversationStatus.RUNNING_TOOLS and life.lease() is None
+    assert life.written() == (ConversationStatus.RUNNING_TOOLS, None, None)
 
 
 def test_a_cancel_settles_every_pending_call_and_ends_the_run() -> None:

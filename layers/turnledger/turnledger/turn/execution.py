@@ -174,7 +174,6 @@ class ToolCalls:
                 actor=f"model:{work.model}",
             )
             if error is not None:
-                session.life.refuse_call()
                 session.add(
                     ToolResult(call_id=call.id, name=call.name, output=error, is_error=True),
                     actor="system",

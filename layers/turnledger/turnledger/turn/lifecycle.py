@@ -24,8 +24,7 @@ are due (:func:`lapsed`), and what status the API shows (:func:`public_status`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
@@ -65,7 +64,8 @@ CallPlace = CallState | Settled | None
 
 
 class CallMove(StrEnum):
-    """Every move a tool call can make."""
+    """Every move a tool call can make. A call refused at once (an unknown tool, invalid
+    arguments) gets its error result when it is recorded and never becomes pending."""
 
     #: Recorded, cleared to run (no approval needed).
     REQUEST = "request"
@@ -75,8 +75,6 @@ class CallMove(StrEnum):
     ASK_INPUT = "ask_input"
     #: Recorded, waiting for the client's output (a client tool).
     AWAIT_CLIENT = "await_client"
-    #: Recorded and answered at once with an error (unknown tool, invalid arguments).
-    REFUSE = "refuse"
     #: A person approved it as asked.
     APPROVE = "approve"
     #: A person approved it with edited arguments.
@@ -106,7 +104,6 @@ CALL_MOVES: dict[CallMove, tuple[frozenset[CallPlace], CallPlace]] = {
     CallMove.ASK_APPROVAL: (frozenset({New}), "awaiting_approval"),
     CallMove.ASK_INPUT: (frozenset({New}), "awaiting_input"),
     CallMove.AWAIT_CLIENT: (frozenset({New}), "awaiting_client"),
-    CallMove.REFUSE: (frozenset({New}), "settled"),
     CallMove.APPROVE: (_DECIDING, "ready"),
     CallMove.EDIT: (_DECIDING, "ready"),
     CallMove.REJECT: (_DECIDING, "rejected"),
@@ -155,19 +152,30 @@ class IllegalTransition(InternalError):
     """A call, a run or a draft was asked to make a move its table does not allow (a bug)."""
 
 
+def _moved[M: StrEnum, S, T](
+    table: Mapping[M, tuple[frozenset[S], T]], current: S, how: M, what: str
+) -> T:
+    """Where ``how`` takes ``what`` (a call, a run, a draft) from ``current``, by ``table``.
+
+    Raises:
+        IllegalTransition: ``how`` cannot be made from ``current``.
+    """
+    sources, target = table[how]
+    if current not in sources:
+        raise IllegalTransition(
+            f"{what} cannot {how.value} from {current or 'new'}",
+            details={"from": current, "move": how.value, "to": target},
+        )
+    return target
+
+
 def call_target(current: CallPlace, how: CallMove) -> CallPlace:
     """Where ``how`` takes a call that is at ``current``.
 
     Raises:
         IllegalTransition: ``how`` cannot be made from ``current``.
     """
-    sources, target = CALL_MOVES[how]
-    if current not in sources:
-        raise IllegalTransition(
-            f"a tool call cannot {how.value} from {current or 'new'}",
-            details={"from": current, "move": how.value, "to": target},
-        )
-    return target
+    return _moved(CALL_MOVES, current, how, "a tool call")
 
 
 def move(pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
@@ -337,13 +345,7 @@ def draft_move(current: DraftStatus | None, how: DraftMove) -> DraftStatus:
     Raises:
         IllegalTransition: ``how`` cannot be made from ``current``.
     """
-    sources, target = DRAFT_MOVES[how]
-    if current not in sources:
-        raise IllegalTransition(
-            f"a draft cannot {how.value} from {current or 'nothing'}",
-            details={"from": current, "move": how.value},
-        )
-    return target
+    return _moved(DRAFT_MOVES, current, how, "a draft")
 
 
 # --- the public status ----------------------------------------------------------------------
@@ -458,14 +460,6 @@ def refuse_new_turn(head: Head | None, now: datetime, *, budget: int) -> None:
 # --- the owner ------------------------------------------------------------------------------
 
 
-@dataclass
-class Admission:
-    """What a request may do, decided before it does anything."""
-
-    #: The head was committed mid-run and no lease is live: this request resumes the run.
-    resuming: bool
-
-
 class TurnLife:
     """The owner of one session's turn: its calls' moves, its run and its status.
 
@@ -487,13 +481,13 @@ class TurnLife:
             return ConversationStatus.RUNNING_TOOLS
         return status_for(self.session.pending)
 
-    def lease(self) -> Lease | None:
-        """The lease the next commit writes (only mid-run)."""
-        return self.session.lease if self.status() is ConversationStatus.RUNNING_TOOLS else None
-
-    def cancel(self) -> CancelRequest | None:
-        """The cancel request the next commit writes (only mid-run)."""
-        return self.session.cancel if self.status() is ConversationStatus.RUNNING_TOOLS else None
+    def written(self) -> tuple[ConversationStatus, Lease | None, CancelRequest | None]:
+        """What the next commit writes: the status, and the lease and cancel request
+        (only mid-run)."""
+        status = self.status()
+        if status is not ConversationStatus.RUNNING_TOOLS:
+            return status, None, None
+        return status, self.session.lease, self.session.cancel
 
     def awaiting(self) -> list[Wait]:
         """What the turn still waits for, by priority."""
@@ -509,7 +503,7 @@ class TurnLife:
 
     # --- may this request start now? ---------------------------------------------------------
 
-    def admit(self, now: datetime, *, budget: int = 0) -> Admission:
+    def admit(self, now: datetime, *, budget: int = 0) -> None:
         """Decide whether a request may act on the conversation now.
 
         Refuses while another request's lease is live, and (``budget`` > 0) once
@@ -526,7 +520,6 @@ class TurnLife:
         refuse_if_running(head, now)
         self.honour_cancel()
         refuse_if_spent(session.usage, budget)
-        return Admission(resuming=is_running(session.head))
 
     def honour_cancel(self) -> bool:
         """Stop the turn a cancel asked to stop, if the session's head carries one (a run
@@ -562,18 +555,6 @@ class TurnLife:
         self.session.cancel = fresh.cancel
         return True
 
-    def require_settled(self, *, answered: Iterable[str] = ()) -> None:
-        """Refuse a new message while calls of the current turn still need a person or a job.
-
-        Client calls never block: a new message closes them (API.md). ``answered``
-        names calls this very request supplies outputs for.
-
-        Raises:
-            ApprovalPending: calls await a decision.
-            InputPending: human-input or deferred calls wait for their output.
-        """
-        require_settled(self.session.pending, answered=answered)
-
     # --- calls ------------------------------------------------------------------------------
 
     def open_call(self, pending: PendingCall, how: CallMove) -> None:
@@ -585,10 +566,6 @@ class TurnLife:
                 details={"move": how.value, "state": pending.state},
             )
         self.session.pending.append(pending)
-
-    def refuse_call(self) -> None:
-        """A call answered at once (unknown tool, invalid arguments): checked, never pending."""
-        call_target(New, CallMove.REFUSE)
 
     def change(self, pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
         """Make ``how`` on the pending call with ``pending``'s id; returns it as it is now."""
@@ -614,13 +591,7 @@ class TurnLife:
     # --- the run ----------------------------------------------------------------------------
 
     def _run(self, how: RunMove) -> None:
-        sources, target = RUN_MOVES[how]
-        if self.phase not in sources:
-            raise IllegalTransition(
-                f"a run cannot {how.value} while {self.phase.value}",
-                details={"from": self.phase.value, "move": how.value},
-            )
-        self.phase = target
+        self.phase = _moved(RUN_MOVES, self.phase, how, "a run")
 
     def take_lease(self, owner: str, now: datetime, seconds: float) -> Lease:
         """This request starts running the turn's tools until ``now + seconds`` at most;
@@ -720,8 +691,10 @@ class TurnLife:
 
 
 def require_settled(pending: Iterable[PendingCall], *, answered: Iterable[str] = ()) -> None:
-    """Refuse a new message while calls still need a person or a job (see
-    :meth:`TurnLife.require_settled`).
+    """Refuse a new message while calls of the current turn still need a person or a job.
+
+    Client calls never block: a new message closes them (API.md). ``answered`` names
+    calls this very request supplies outputs for.
 
     Raises:
         ApprovalPending: calls await a decision.

@@ -88,6 +88,7 @@ from ..providers.base import (
     ToolSpec,
 )
 from ..store.base import ContextBudget, ConversationStore, PurgeReport
+from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry
 from . import drafts
@@ -105,6 +106,7 @@ from .lifecycle import (
     is_tombstone,
     lapsed,
     public_status,
+    require_settled,
     waiting,
 )
 from .lifecycle import awaiting as open_waits
@@ -214,8 +216,8 @@ class Conversations:
         """Run one turn (``POST .../turns``) of ``key`` for ``actor``.
 
         A request that finds the turn it began interrupted (its run died holding the
-        tool lease, e.g. a Lambda timeout) is recognised by :meth:`_request_sha256`:
-        the turn is resumed and answered, never begun a second time.
+        tool lease, e.g. a Lambda timeout) is recognised by the hash of its command kept
+        in the turn's options: the turn is resumed and answered, never begun a second time.
 
         Raises:
             ApprovalPending: calls of this conversation await approval.
@@ -230,17 +232,16 @@ class Conversations:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
         session = self._open(key)
-        admission = session.life.admit(
-            self.clock(), budget=self.settings.conversation_budget_for(key.tenant)
-        )
+        session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
+        resuming = session.life.resuming()
         work = self._work(session)
         self.calls.expire_due(session)
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
-        identity = self._request_sha256(command)
-        retried = (
-            admission.resuming and bool(messages) and session.options.request_sha256 == identity
-        )
-        if admission.resuming or not awaiting:
+        # Who began a turn: its command, Idempotency-Key included, hashed as approvals hash
+        # arguments. Kept with the turn's options, so a retry knows the turn as its own.
+        identity = arguments_sha256(command.model_dump(mode="json"))
+        retried = resuming and bool(messages) and session.options.request_sha256 == identity
+        if resuming or not awaiting:
             # Finish what an earlier request left half done (expired or rejected calls,
             # calls recorded but never run) in *its* turn, before anything of this one is
             # staged: old results must precede the new input, and a failure of this
@@ -273,7 +274,7 @@ class Conversations:
         }
         given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
         if messages:
-            session.life.require_settled(answered=given)
+            require_settled(session.pending, answered=given)
         self.calls.provide_outputs(session, given, actor=actor, via="turn")
         outputs = [o for o in outputs if o.call_id not in given]
         # Client results belong to the turn of their calls (a context window never
@@ -298,22 +299,6 @@ class Conversations:
             return self._response(work)
         self._advance(work)
         return self._response(work)
-
-    @staticmethod
-    def _request_sha256(command: TurnCommand) -> str:
-        """The identity of a turn request: its command, ``Idempotency-Key`` included.
-
-        Kept on the head with the turn's options by the request that begins a turn,
-        so its retry (the same key, or the same body replayed without one) knows the
-        turn as its own.
-        """
-        canonical = json.dumps(
-            command.model_dump(mode="json"),
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
-        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def _answer_retried(self, work: TurnWork) -> TurnResult:
         """Answer the turn this request began before its run died: the calls it left were

@@ -202,7 +202,7 @@ class Session:
             ConversationBusy: another request committed on this conversation first.
         """
         now = self.clock()
-        status = self.life.status()
+        status, lease, cancel = self.life.written()
         previous = self.head or self.predecessor
         base = previous.base if previous else 0
         expires_at = int(now.timestamp()) + self.ttl_seconds if self.ttl_seconds else None
@@ -226,8 +226,8 @@ class Session:
             cost_usd=self.cost_usd,
             token_scale=self.token_scale,
             provider_cursor=self.provider_cursor,
-            lease=self.life.lease(),
-            cancel=self.life.cancel(),
+            lease=lease,
+            cancel=cancel,
             wait_deadline=wait_deadline(self.pending),
         )
         written = self.store.commit(
