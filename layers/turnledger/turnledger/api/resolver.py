@@ -128,6 +128,11 @@ def conversation(conversation_id: str) -> tuple[Caller, ConversationKey]:
     return who, who.key(conversation_id)
 
 
+def idempotency_key() -> str | None:
+    """The current request's ``Idempotency-Key`` header, if it has one."""
+    return app.current_event.headers.get("idempotency-key") or None
+
+
 def raw_body(event: dict[str, Any]) -> bytes:
     """The request body's bytes as the client sent them.
 

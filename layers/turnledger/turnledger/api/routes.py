@@ -26,7 +26,15 @@ from ..runtime import get_runtime
 from ..turn.approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
 from ..turn.results import TurnResult
 from .idempotency import idempotent
-from .resolver import ConversationId, app, caller, conversation, raw_body, responses
+from .resolver import (
+    ConversationId,
+    app,
+    caller,
+    conversation,
+    idempotency_key,
+    raw_body,
+    responses,
+)
 from .schemas import (
     ApprovalRequest,
     ConversationView,
@@ -61,7 +69,7 @@ def _answer_turn(
     """Run a request that answers a turn: timed, and idempotent under its key."""
     with timed("TurnLatency"):
         answer = idempotent(
-            key=app.current_event.headers.get("idempotency-key") or None,
+            key=idempotency_key(),
             conversation=key,
             route=route,
             body=request.model_dump(mode="json"),
@@ -83,7 +91,7 @@ def post_turn(
     With ``Prefer: respond-async``: ``202`` at once, the turn runs in the turn worker.
     """
     who, key = conversation(conversation_id)
-    command = turn_command(request, app.current_event.headers.get("idempotency-key") or None)
+    command = turn_command(request, idempotency_key())
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, command)
     service = get_runtime().conversations_for(key.tenant)

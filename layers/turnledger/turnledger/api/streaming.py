@@ -21,7 +21,7 @@ from ..turn import longturns
 from ..turn.commands import Decisions, TurnCommand
 from ..turn.pipeline import Conversations
 from .idempotency import idempotent
-from .resolver import Caller, app
+from .resolver import Caller, idempotency_key
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
 
 __all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]
@@ -130,7 +130,7 @@ def accept_async(
         )
 
     accepted = idempotent(
-        key=app.current_event.headers.get("idempotency-key") or None,
+        key=idempotency_key(),
         conversation=key,
         # Not the synchronous route's records: the same key answers in its own shape.
         route=f"{kind}s-async",
