@@ -11,7 +11,7 @@ from typing import Any
 from ..core.models import PendingCall
 from ..turn.approvals import InboxListing
 from ..turn.commands import CallbackOutcome, ClientOutput, Decisions, TurnCommand
-from ..turn.lifecycle import WAIT_OF_STATE
+from ..turn.lifecycle import WAIT_OF_STATE, shown_reason
 from ..turn.results import (
     CallbackResult,
     CancelResult,
@@ -97,7 +97,7 @@ def pending_view(pending: PendingCall) -> PendingToolCallView:
         arguments=pending.arguments,
         requires=WAIT_OF_STATE.get(pending.state, "approval"),
         expires_at=pending.expires_at,
-        reason=pending.reason if pending.state == "outcome_unknown" else None,
+        reason=shown_reason(pending),
         task_id=pending.task_id,
     )
 

@@ -228,6 +228,12 @@ def waits_for_person(pending: PendingCall) -> Literal["approval", "input"] | Non
     return None
 
 
+def shown_reason(pending: PendingCall) -> str | None:
+    """The reason a person is shown for deciding ``pending``: only an ``outcome_unknown``
+    call has one (its run may have happened already)."""
+    return pending.reason if pending.state == "outcome_unknown" else None
+
+
 def waiting(pending: Iterable[PendingCall]) -> list[PendingCall]:
     """The calls that wait for someone: a decision, an output, the client, a callback."""
     return [p for p in pending if p.state in WAIT_OF_STATE]
@@ -270,7 +276,7 @@ def inbox_changes(key: ConversationKey, before: Head | None, after: Head) -> Inb
                 requested_by=call.requested_by,
                 requested_at=call.requested_at or after.updated_at,
                 expires_at=call.expires_at,
-                reason=call.reason if call.state == "outcome_unknown" else None,
+                reason=shown_reason(call),
             )
         )
     waiting = {p.id for p in after.pending if waits_for_person(p)}
