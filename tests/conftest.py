@@ -30,6 +30,7 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.store.sqlite import SQLiteConversationStore
 
+from tests.functional.http_sink import HttpSink
 from tests.support.aws import AwsClients, aws_clients, create_bucket, create_conversations_table
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar
 from tests.support.factories import FakeClock
@@ -82,6 +83,14 @@ def load_event() -> Callable[[str], dict[str, Any]]:
         return loaded
 
     return load
+
+
+@pytest.fixture
+def sink() -> Iterator[HttpSink]:
+    """A real HTTP server on loopback standing in for tools (scripted with ``respond``,
+    every request it got in ``requests()``); a module may define its own, scripted."""
+    with HttpSink() as server:
+        yield server
 
 
 # --- local endpoints (one per xdist worker) -----------------------------------------------

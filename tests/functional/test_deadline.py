@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -31,12 +30,6 @@ from tests.functional.test_executors import http_tool, invocation
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 
 HANG = Reply(body={"late": True}, delay=30.0)
-
-
-@pytest.fixture
-def sink() -> Iterator[HttpSink]:
-    with HttpSink() as server:
-        yield server
 
 
 def test_without_a_deadline_timeouts_are_unchanged() -> None:

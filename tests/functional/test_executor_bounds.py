@@ -45,12 +45,6 @@ SLOW_BODY = b'{"sky": "' + b"c" * 30 + b'"}'
 
 
 @pytest.fixture
-def sink() -> Iterator[HttpSink]:
-    with HttpSink() as server:
-        yield server
-
-
-@pytest.fixture
 def http() -> Iterator[httpx.Client]:
     with tool_http_client() as client:
         yield client

@@ -35,12 +35,6 @@ FUNCTION = "weather-fn"
 
 
 @pytest.fixture
-def sink() -> Iterator[HttpSink]:
-    with HttpSink() as server:
-        yield server
-
-
-@pytest.fixture
 def http() -> Iterator[httpx.Client]:
     with tool_http_client() as client:
         yield client

@@ -39,12 +39,6 @@ BODY = {"input": "/tool slow_report {}"}
 
 
 @pytest.fixture
-def sink() -> Iterator[HttpSink]:
-    with HttpSink() as server:
-        yield server
-
-
-@pytest.fixture
 def timing_out(
     runner_config: LocalConfig,
     runner_clock: ClockFile,

@@ -58,12 +58,6 @@ def registry(sink: HttpSink, path: Path, *, slow: float = 0.0) -> Path:
 
 
 @pytest.fixture
-def sink() -> Iterator[HttpSink]:
-    with HttpSink() as server:
-        yield server
-
-
-@pytest.fixture
 def tool_http(
     runner_config: LocalConfig,
     runner_clock: ClockFile,
