@@ -140,11 +140,12 @@ def test_errors_have_openai_s_shape(client: OpenAI, served: LocalRunner) -> None
         OpenAI(base_url=f"{served.url}/openai/v1", api_key="nope", max_retries=0).responses.create(
             model="demo", input="Hi."
         )
-    with pytest.raises(openai.UnprocessableEntityError) as raised:
+    with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(
             model="demo",
             input="Hi.",
-            tools=[{"type": "function", "name": "nope", "parameters": {}}],
+            tools=[{"type": "function", "name": "nope", "parameters": {"type": "array"}}],
         )
     assert set(raised.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
-    assert raised.value.body["code"] == "unknown_tool"  # type: ignore[index]
+    assert raised.value.body["code"] == "invalid_request"  # type: ignore[index]
+    assert raised.value.body["param"] == "tools.0"  # type: ignore[index]

@@ -27,7 +27,7 @@ HEAVY = (
     "httpx",
     "fastjsonschema",
     "turnledger.api.app",
-    "turnledger.api.openai_face",
+    "turnledger.api.openai",
     "turnledger.runtime",
     "turnledger.turn.pipeline",
     "turnledger.turn.execution",
@@ -116,7 +116,7 @@ def test_the_probe_sees_heavy_modules_when_they_are_loaded() -> None:
     found = _probe(_folders()["read"], {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"})
     heavy = _heavy(found["after_import"])
     assert "turnledger.api.app" in heavy
-    assert "turnledger.api.openai_face" in heavy
+    assert "turnledger.api.openai" in heavy
     assert "pydantic" in heavy
 
 
@@ -130,4 +130,4 @@ def test_the_first_request_loads_the_resolver_and_answers(tmp_path: Path) -> Non
     assert json.loads(found["answer"]["body"])["error"]["code"] == "conversation_not_found"
     assert "turnledger.api.app" in found["after_request"]
     # The OpenAI face's routes are registered with the resolver, whatever path came first.
-    assert "turnledger.api.openai_face" in found["after_request"]
+    assert "turnledger.api.openai" in found["after_request"]

@@ -2,7 +2,7 @@
 
 The resolver (:mod:`.resolver`) answers; this module checks a request's body
 before routing, decodes its path as API Gateway does, and imports every route
-module so that each registers its routes (:mod:`.routes`, :mod:`.openai_face`,
+module so that each registers its routes (:mod:`.routes`, :mod:`.openai`,
 :mod:`.waits`, :mod:`.streaming_routes`) on the resolver.
 No route module imports this one.
 """
@@ -23,7 +23,7 @@ from ..core.exceptions import InvalidRequest, PayloadTooLarge, TurnledgerError
 from ..core.models import CONVERSATION_ID_PATTERN
 from ..core.observability import logger, metrics, traced
 from ..runtime import get_runtime
-from . import openai_face, routes, streaming_routes, waits
+from . import openai, routes, streaming_routes, waits
 from .errors import body_for
 from .resolver import app, raw_body
 from .strict_json import BodyError, parse_object
@@ -31,7 +31,7 @@ from .strict_json import BodyError, parse_object
 __all__ = ["app", "lambda_handler"]
 
 #: The modules whose import registers routes and handlers on ``app``.
-REGISTERED = (routes, openai_face, waits, streaming_routes)
+REGISTERED = (routes, openai, waits, streaming_routes)
 #: Routes whose body is not one JSON object (an import is NDJSON).
 _NDJSON_ROUTES = ("/import",)
 

@@ -33,8 +33,9 @@ def openai_error_body(exc: TurnledgerError) -> dict[str, Any]:
     """``exc`` in OpenAI's error shape; ``param`` names the field when the error says which."""
     details = exc.details or {}
     errors = details.get("errors")
-    param = None
-    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+    given = details.get("param")
+    param = given if isinstance(given, str) else None
+    if param is None and isinstance(errors, list) and errors and isinstance(errors[0], dict):
         loc = [str(part) for part in errors[0].get("loc", []) if part != "body"]
         param = ".".join(loc) or None
     kind = "server_error" if exc.status >= 500 else "invalid_request_error"

@@ -1,7 +1,7 @@
 """The API's resolver, its error handlers, and what every route module needs of the
 current request.
 
-Route modules (:mod:`.routes`, :mod:`.openai_face`, :mod:`.waits`,
+Route modules (:mod:`.routes`, :mod:`.openai`, :mod:`.waits`,
 :mod:`.streaming_routes`) import this module and register on :data:`app`;
 :mod:`.app` imports them all, so no route module imports another.
 """
@@ -216,12 +216,36 @@ def _unexpected(exc: Exception) -> Response[str]:
     return _error(TurnledgerError("internal error; the request left no partial state"))
 
 
+class RouteNotFound(TurnledgerError):
+    """No route has the request's path."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(TurnledgerError):
+    """A route has the request's path, not its method."""
+
+    status = 405
+    code = "method_not_allowed"
+
+
+def _methods_of(path: str) -> list[str]:
+    """The methods the resolver's routes take on ``path``."""
+    routes = [*app._static_routes, *app._dynamic_routes]
+    return sorted({route.method for route in routes if route.rule.match(path)})
+
+
 @app.not_found
 def _not_found(exc: Exception) -> Response[str]:
-    return Response(
-        status_code=404,
-        content_type=content_types.APPLICATION_JSON,
-        body=json.dumps(
-            {"error": {"code": "not_found", "message": "no such route", "details": {}}}
-        ),
-    )
+    event = app.current_event
+    path, method = event.path, event.http_method.upper()
+    allowed = _methods_of(path)
+    if allowed:
+        error: TurnledgerError = MethodNotAllowed(
+            f"{method} is not allowed on {path}", details={"allowed": allowed}
+        )
+        answer = _error(error)
+        answer.headers["Allow"] = ", ".join(allowed)
+        return answer
+    return _error(RouteNotFound(f"no route for {method} {path}"))

@@ -173,8 +173,11 @@ class AssistantMessage(_Strict):
 
     In JSON mode the answer is kept as a JSON value (``content_json``), and
     ``content`` is ``None``: it is stringified only when sent back to a model.
+    ``source`` ``client``: an assistant item the client sent as history (the OpenAI
+    face), not an answer of this service's model; it has no run record.
     """
 
+    source: Literal["model", "client"] = "model"
     content: str | None = None
     content_json: Any = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -521,6 +524,18 @@ class ProviderCursor(_Strict):
     sequence: int = Field(ge=1)
 
 
+class ClientTool(_Strict):
+    """A function tool the request declares and the registry lacks: the client runs it.
+
+    Offered to the model for the turn; its calls wait for the client's output, as calls of
+    the registry's ``client`` tools do.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
 class TurnOptions(_Strict):
     """What the request that began the current turn asked for.
 
@@ -536,6 +551,8 @@ class TurnOptions(_Strict):
     model: str | None = None
     tools: list[str] | None = None
     require_approval: list[str] = Field(default_factory=list)
+    #: Tools the request declared that the registry lacks (the client runs them).
+    client_tools: list[ClientTool] = Field(default_factory=list)
     #: Who began the turn: a sha256 of its ``Idempotency-Key`` (if any) and body, so a
     #: retry of that request resumes the turn instead of beginning another.
     request_sha256: str | None = None

@@ -36,7 +36,7 @@ from pydantic import (
 
 from ..core.config import Settings
 from ..core.exceptions import InternalError, UnknownTool
-from ..core.models import ToolCall
+from ..core.models import ClientTool, ToolCall
 from ..providers.base import ToolSpec
 from .approval import ApprovalRule
 
@@ -221,6 +221,21 @@ class ToolDefinition(_Config):
                 f"the arguments were not a JSON object: {call.raw_arguments[:200]!r}"
             )
         return self.validate_arguments(call.arguments)
+
+
+def client_tool(declared: ClientTool) -> ToolDefinition:
+    """A tool a request declared (and the registry lacks) as a ``client`` tool: offered to
+    the model, never run here.
+
+    Raises:
+        ValueError: its ``parameters`` are no JSON Schema of an object.
+    """
+    return ToolDefinition(
+        name=declared.name,
+        description=declared.description,
+        parameters=declared.parameters,
+        executor=ClientExecutorConfig(type="client"),
+    )
 
 
 class _RegistryDocument(_Config):

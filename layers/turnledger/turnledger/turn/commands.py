@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..core.models import JsonObjectFormat, JsonSchemaFormat
+from ..core.models import ClientTool, JsonObjectFormat, JsonSchemaFormat
 
 
 class _Command(BaseModel):
@@ -39,6 +39,8 @@ class TurnCommand(_Command):
     )
     tools: list[str] | None = None
     require_approval: list[str] = Field(default_factory=list)
+    #: Function tools the request declares that the registry lacks: the client runs them.
+    client_tools: list[ClientTool] = Field(default_factory=list)
     metadata: dict[str, str] = Field(default_factory=dict)
     #: The request's ``Idempotency-Key``: with the rest, who began a turn, so a retry of
     #: that request resumes the turn instead of beginning another.

@@ -53,6 +53,7 @@ from ..core.exceptions import (
     CallbackInvalid,
     ConversationBusy,
     ConversationNotFound,
+    InvalidRequest,
     NotAwaitingApproval,
     ProviderError,
     TurnledgerError,
@@ -71,6 +72,7 @@ from ..core.models import (
     RunRecord,
     SummaryRef,
     ToolCall,
+    ToolResult,
     TurnFailed,
     TurnInterrupted,
     TurnOptions,
@@ -90,7 +92,7 @@ from ..providers.base import (
 from ..store.base import ContextBudget, ConversationStore, PurgeReport
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
-from ..tools.registry import ToolRegistry
+from ..tools.registry import ToolRegistry, client_tool
 from . import drafts
 from .approval_edits import check_edits
 from .callbacks import CallbackClaims, life_of
@@ -281,14 +283,22 @@ class Conversations:
         # splits a call from its result); only new messages start a new turn. Outputs
         # alone continue the waiting turn, as a final approval does.
         self.calls.apply_client_outputs(work, outputs, closing=bool(messages))
-        if messages:
-            session.begin_turn()
+        # No message, no output and nothing pending: the client recorded the input itself
+        # (the OpenAI face's history), and asks the model to answer the transcript as it
+        # stands, in its latest turn, with this request's options.
+        answer_now = (
+            not messages and not command.outputs and not session.pending and session.turn > 0
+        )
+        if messages or answer_now:
+            if messages:
+                session.begin_turn()
             session.options = TurnOptions(
                 provider=command.provider,
                 response_format=command.response_format,
                 model=command.model,
                 tools=command.tools,
                 require_approval=command.require_approval,
+                client_tools=command.client_tools,
                 request_sha256=identity,
             )
             work = self._work(session)
@@ -299,6 +309,43 @@ class Conversations:
             return self._response(work)
         self._advance(work)
         return self._response(work)
+
+    def append(
+        self,
+        key: ConversationKey,
+        actor: str,
+        items: list[UserMessage | AssistantMessage | ToolResult],
+    ) -> int:
+        """Record transcript items the client gives (the OpenAI face's history and its
+        ``POST .../items``) without calling a model, in one commit; a conversation not
+        stored yet is created by it, even with no item. A user message that follows
+        another kind of item (or opens the conversation) begins a turn. Assistant items
+        must say ``source="client"``: nothing here is this service's model output.
+
+        Returns:
+            The conversation's turn number after the items.
+
+        Raises:
+            InvalidRequest: calls of the conversation still wait (decide or answer them).
+            ConversationBusy: another request on this conversation committed first.
+        """
+        if any(isinstance(i, AssistantMessage) and i.source != "client" for i in items):
+            raise InvalidRequest("appended assistant items are the client's")
+        session = self._open(key)
+        session.life.admit(self.clock())
+        require_settled(session.pending)
+        if session.pending:
+            raise InvalidRequest(
+                "calls of this conversation wait for their output; answer them first"
+            )
+        follows_user = False
+        for item in items:
+            if isinstance(item, UserMessage) and not follows_user:
+                session.begin_turn()
+            follows_user = isinstance(item, UserMessage)
+            session.add(item, actor=actor)
+        session.commit()
+        return session.turn
 
     def _answer_retried(self, work: TurnWork) -> TurnResult:
         """Answer the turn this request began before its run died: the calls it left were
@@ -1065,7 +1112,7 @@ class Conversations:
         options = session.options
         return TurnWork(
             session=session,
-            tools=self.tools.select(options.tools),
+            tools=[*self.tools.select(options.tools), *map(client_tool, options.client_tools)],
             model=options.model or self.settings.model,
             provider=self._provider_of(options.provider),
             response_format=options.response_format,

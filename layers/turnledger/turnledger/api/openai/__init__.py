@@ -1,0 +1,24 @@
+"""The OpenAI-compatible face: the part of OpenAI's Responses and Conversations API that the
+official ``openai`` SDK and the OpenAI Agents SDK use, mapped onto the same ledger and
+tenancy.
+
+``OpenAI(base_url="<api>/openai/v1", api_key=<token>)``: the API key is the bearer token
+(locally ``local:<tenant>:<user>``), so the tenant is the caller's as on ``/v1``.
+
+* :mod:`.responses`: ``POST /openai/v1/responses`` (turns, decisions, history, client
+  tools, ``store``), streamed by :mod:`.streaming`;
+* :mod:`.conversations`: the Conversations API and its items;
+* :mod:`.items`: item ids, the items events show as, input items, canonical transcripts;
+* :mod:`.schemas`: request bodies and shared helpers.
+
+Errors under this prefix use OpenAI's shape (``{"error": {"message", "type", "param",
+"code"}}``, :func:`turnledger.api.errors.openai_error_body`); ``code`` is the ledger's
+error code. Importing this package registers its routes on the API's resolver.
+"""
+
+from __future__ import annotations
+
+from . import conversations, responses
+from .schemas import PREFIX
+
+__all__ = ["PREFIX", "conversations", "responses"]

@@ -1,0 +1,344 @@
+"""``POST /openai/v1/responses``: one turn (or one decision on pending calls) of a ledger
+conversation, as an OpenAI ``response``.
+
+Which conversation: the one ``conversation`` names; the one ``previous_response_id``
+belongs to (it must be that conversation's latest response: the ledger has no branches);
+or, with neither, the one whose transcript the input's leading items repeat (found by the
+item ids this face gave, compared in canonical form, :mod:`.items`), else a new one whose
+history is the given items, recorded with the client as their source. A response id is
+``resp_<turn>_<conversation id>``.
+
+``tools``: function tools the registry has keep its executors and approval rules; the others
+are the client's for this request (:class:`~turnledger.core.models.ClientTool`).
+``stream: true`` answers the same response as Responses streaming events
+(:mod:`.streaming`). ``store: false`` answers and keeps nothing (the conversation it ran in
+is cleared at once).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body
+
+from ...core.exceptions import ConversationNotFound, InvalidRequest
+from ...core.models import ClientTool, ConversationKey, Event, validate_conversation_id
+from ...runtime import get_runtime
+from ...tools.registry import client_tool
+from ...turn.commands import ClientOutput, TurnCommand
+from ...turn.pipeline import Conversations
+from ...turn.results import TurnResult
+from ..resolver import Caller, app, caller
+from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
+from ..views import decisions, pending_view
+from .items import (
+    InputItem,
+    conversation_of_item,
+    history_of,
+    item_id,
+    output_message,
+    parse_input,
+    prefix_end,
+    transcript,
+)
+from .schemas import PREFIX, ResponseCreate, epoch, json_response
+from .streaming import event_stream
+
+__all__ = ["SERVER_LABEL", "parse_response_id", "response_id"]
+
+#: Shown as the ``server_label`` of approval requests: the ledger's own tool registry.
+SERVER_LABEL = "turnledger"
+#: Kept of ``instructions`` (and system/developer messages) on the turn's metadata.
+INSTRUCTIONS_CHARS = 1000
+
+
+def response_id(conversation_id: str, turn: int) -> str:
+    """The response id of ``turn`` of ``conversation_id``."""
+    return f"resp_{turn}_{conversation_id}"
+
+
+def parse_response_id(value: str) -> tuple[str, int]:
+    """``(conversation id, turn)`` of a :func:`response_id`.
+
+    Raises:
+        InvalidRequest: not a response id of this service.
+    """
+    prefix, _, rest = value.partition("_")
+    turn, _, conversation_id = rest.partition("_")
+    if prefix != "resp" or not turn.isdigit() or not conversation_id:
+        raise InvalidRequest(f"previous_response_id {value!r} is not a response of this service")
+    return validate_conversation_id(conversation_id), int(turn)
+
+
+def new_conversation_id() -> str:
+    """A new conversation id of this face (``conv_<24 hex>``)."""
+    return f"conv_{secrets.token_hex(12)}"
+
+
+def all_events(service: Conversations, key: ConversationKey, *, after: int = 0) -> list[Event]:
+    """Every event of ``key`` after the public sequence ``after``, oldest first.
+
+    Raises:
+        ConversationNotFound: no live conversation.
+    """
+    events: list[Event] = []
+    cursor = after
+    while True:
+        page = service.events(key, after=cursor, limit=1000)
+        events.extend(page.events)
+        if page.next_after is None:
+            return events
+        cursor = page.next_after
+
+
+def _continued(
+    service: Conversations, who: Caller, items: list[InputItem]
+) -> tuple[ConversationKey, list[InputItem]] | None:
+    """The caller's conversation whose transcript (up to its latest response) the leading
+    ``items`` repeat, and the items after it; ``None``: no such conversation."""
+    named = [conversation_of_item(item.id) for item in reversed(items)]
+    for conversation_id in dict.fromkeys(c for c in named if c is not None):
+        key = who.key(conversation_id)
+        try:
+            stored = transcript(all_events(service, key))
+        except ConversationNotFound:
+            continue
+        if stored is None:
+            continue
+        end = prefix_end(items, stored)
+        if end is not None:
+            return key, items[end:]
+    return None
+
+
+def _tools(
+    service: Conversations, declared: list[dict[str, Any]] | None
+) -> tuple[list[str] | None, list[ClientTool]]:
+    """The registry tools a request offers (``None``: all of them) and its client tools."""
+    if declared is None:
+        return None, []
+    registry = service.tools
+    registered = set(registry.names)
+    names: list[str] = []
+    clients: list[ClientTool] = []
+    for index, tool in enumerate(declared):
+        kind = tool.get("type", "function")
+        if kind == "mcp" and tool.get("server_label") == SERVER_LABEL:
+            names.extend(registry.names)
+            continue
+        if kind != "function":
+            raise InvalidRequest(
+                f"tools of type {kind!r} are not supported (function tools only)",
+                details={"param": f"tools.{index}"},
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("a function tool needs a name", details={"param": "tools"})
+        if name in registered:
+            names.append(name)
+            continue
+        try:
+            declared_tool = ClientTool(
+                name=name,
+                description=str(tool.get("description") or ""),
+                parameters=tool.get("parameters") or {"type": "object"},
+            )
+            client_tool(declared_tool)  # its parameters must be a JSON Schema of an object
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"function tool {name!r} is not usable: {exc}",
+                details={"param": f"tools.{index}"},
+            ) from None
+        clients.append(declared_tool)
+    return names, clients
+
+
+def _command(
+    service: Conversations,
+    request: ResponseCreate,
+    messages: list[str],
+    outputs: list[ClientOutput],
+    instructions: list[str],
+) -> TurnCommand:
+    tools, clients = _tools(service, request.tools)
+    metadata = dict(request.metadata or {})
+    said = "\n".join([*filter(None, [request.instructions]), *instructions])
+    if said:
+        # Kept on the turn; the deployment's system prompt is what the model is sent.
+        metadata["instructions"] = said[:INSTRUCTIONS_CHARS]
+    return TurnCommand(
+        messages=messages,
+        outputs=outputs,
+        model=request.model,
+        tools=tools,
+        client_tools=clients,
+        metadata=metadata,
+    )
+
+
+def _decide(
+    service: Conversations, who: Caller, key: ConversationKey, approvals: list[InputItem]
+) -> TurnResult:
+    approve: list[str | ApprovalEdit] = []
+    reject: list[str | Rejection] = []
+    for item in approvals:
+        if item.approve:
+            approve.append(item.call_id)
+        else:
+            reject.append(Rejection(id=item.call_id, reason=item.reason))
+    return service.approve(
+        key, who.actor, decisions(ApprovalRequest(approve=approve, reject=reject))
+    )
+
+
+def _run(
+    service: Conversations,
+    who: Caller,
+    key: ConversationKey,
+    request: ResponseCreate,
+    items: list[InputItem],
+) -> TurnResult:
+    """Answer ``items`` on ``key``: decisions alone; else the leading outputs of waiting
+    calls, then the client's history, then the trailing user messages as the turn."""
+    instructions = [i.text for i in items if i.kind == "instructions"]
+    items = [i for i in items if i.kind != "instructions"]
+    approvals = [i for i in items if i.kind == "approval"]
+    if approvals:
+        if len(approvals) != len(items):
+            raise InvalidRequest("send mcp_approval_response items on their own")
+        return _decide(service, who, key, approvals)
+    first = 0
+    while first < len(items) and items[first].kind == "function_call_output":
+        first += 1
+    outputs = [ClientOutput(call_id=i.call_id, output=i.text) for i in items[:first]]
+    last = len(items)
+    while last > first and items[last - 1].kind == "user":
+        last -= 1
+    history, messages = items[first:last], [i.text for i in items[last:]]
+    if outputs and history:
+        raise InvalidRequest(
+            "outputs of waiting calls must come after the history that asked for them"
+        )
+    command = _command(service, request, messages, outputs, instructions)
+    if history:
+        service.append(key, who.actor, history_of(history))
+    return service.turn(key, who.actor, command)
+
+
+@app.post(f"{PREFIX}/responses", include_in_schema=False)
+def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]:
+    """One turn (or a decision on pending calls) of a conversation, as an OpenAI response
+    (or, with ``stream: true``, as its streaming events)."""
+    who = caller()
+    service = get_runtime().conversations_for(who.tenant)
+    items = parse_input(request.input)
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise InvalidRequest("send conversation or previous_response_id, not both")
+    continued = None
+    if not request.store:
+        if request.conversation is not None or request.previous_response_id is not None:
+            raise InvalidRequest(
+                "store: false answers on its own: send the history as input, without "
+                "conversation or previous_response_id",
+                details={"param": "store"},
+            )
+        key = who.key(new_conversation_id())
+    elif request.conversation is not None:
+        named = request.conversation
+        value = named.get("id") if isinstance(named, dict) else named
+        if not isinstance(value, str):
+            raise InvalidRequest("conversation must be an id or {'id': ...}")
+        key = who.key(validate_conversation_id(value))
+    elif request.previous_response_id is not None:
+        conversation_id, turn = parse_response_id(request.previous_response_id)
+        key = who.key(conversation_id)
+        turns = service.get(key).turns
+        if turns != turn:
+            raise InvalidRequest(
+                "previous_response_id must be the conversation's latest response "
+                f"(turn {turns}); the ledger does not branch",
+                details={"param": "previous_response_id"},
+            )
+    else:
+        continued = _continued(service, who, items)
+        key = continued[0] if continued is not None else who.key(new_conversation_id())
+    if continued is not None:
+        items = continued[1]
+    elif not items:
+        raise InvalidRequest("input holds no item", details={"param": "input"})
+    try:
+        reply = _run(service, who, key, request, items)
+    finally:
+        if not request.store:
+            service.clear(key)  # answered, nothing kept
+    body = response_body(request, reply)
+    if request.stream:
+        return event_stream(body)
+    return json_response(200, body)
+
+
+def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
+    """The ``response`` object of ``reply``."""
+    conversation_id, turn = reply.conversation_id, reply.turn
+    output: list[dict[str, Any]] = []
+    if reply.output_text:
+        output.append(
+            output_message(item_id("msg", f"r{turn}", conversation_id), reply.output_text)
+        )
+    for index, call in enumerate(map(pending_view, reply.waiting)):
+        arguments = json.dumps(call.arguments)
+        if call.requires == "approval":
+            output.append(
+                {
+                    "type": "mcp_approval_request",
+                    "id": call.id,
+                    "name": call.name,
+                    "arguments": arguments,
+                    "server_label": SERVER_LABEL,
+                }
+            )
+        elif call.requires in ("client", "input"):
+            # A human-input call is answered the same way (function_call_output); a
+            # deferred one waits for its job's callback, not for this client.
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": item_id("fc", f"r{turn}.{index}", conversation_id),
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": arguments,
+                    "status": "completed",
+                }
+            )
+    usage = reply.usage
+    now = get_runtime().conversations.clock()
+    return {
+        "id": response_id(conversation_id, turn),
+        "object": "response",
+        "created_at": epoch(now),
+        "status": "completed",
+        "model": request.model or get_runtime().settings.model,
+        "output": output,
+        "conversation": {"id": conversation_id} if request.store else None,
+        "previous_response_id": request.previous_response_id,
+        "instructions": request.instructions,
+        "tools": request.tools or [],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "metadata": request.metadata or {},
+        "store": request.store,
+        "temperature": None,
+        "top_p": None,
+        "error": None,
+        "incomplete_details": None,
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }

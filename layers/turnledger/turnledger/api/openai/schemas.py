@@ -1,0 +1,74 @@
+"""The OpenAI face's request bodies and the small helpers every route of it shares.
+
+OpenAI's bodies carry many fields this face does not use; they are accepted and ignored
+(``extra="allow"``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response, content_types
+from aws_lambda_powertools.event_handler.openapi.params import Path
+from pydantic import BaseModel, ConfigDict
+
+from ...core.models import CONVERSATION_ID_PATTERN
+
+__all__ = [
+    "PREFIX",
+    "ConversationCreate",
+    "ItemsCreate",
+    "OpenAIConversationId",
+    "ResponseCreate",
+    "epoch",
+    "json_response",
+]
+
+PREFIX = "/openai/v1"
+
+OpenAIConversationId = Annotated[str, Path(pattern=CONVERSATION_ID_PATTERN)]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ConversationCreate(_Open):
+    """``POST /openai/v1/conversations``."""
+
+    metadata: dict[str, str] | None = None
+    items: list[dict[str, Any]] | None = None
+
+
+class ItemsCreate(_Open):
+    """``POST /openai/v1/conversations/{id}/items``."""
+
+    items: list[dict[str, Any]]
+
+
+class ResponseCreate(_Open):
+    """``POST /openai/v1/responses``."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    conversation: str | dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    metadata: dict[str, str] | None = None
+    stream: bool = False
+    store: bool = True
+
+
+def json_response(status: int, body: dict[str, Any]) -> Response[str]:
+    """``body`` as a JSON response with ``status``."""
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body)
+    )
+
+
+def epoch(moment: datetime) -> int:
+    """``moment`` in whole epoch seconds, as OpenAI's ``created_at``."""
+    return int(moment.timestamp())
