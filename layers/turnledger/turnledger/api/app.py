@@ -25,7 +25,7 @@ from ..core.observability import logger, metrics, traced
 from ..runtime import get_runtime
 from . import openai, routes, streaming_routes, waits
 from .errors import body_for
-from .resolver import app, raw_body
+from .resolver import app, methods_of, raw_body
 from .strict_json import BodyError, parse_object
 
 __all__ = ["app", "lambda_handler"]
@@ -86,6 +86,8 @@ def _check_body(event: dict[str, Any], limit: int) -> None:
     method = str(((event.get("requestContext") or {}).get("http") or {}).get("method", ""))
     if method.upper() not in {"POST", "PUT", "PATCH"}:
         return
+    if method.upper() not in methods_of(str(event.get("rawPath") or "")):
+        return  # no route takes it: routing answers 404/405 before any body is read
     if str(event.get("routeKey") or "").endswith(_NDJSON_ROUTES):
         return  # checked line by line by the route (turnledger.ops.transfer)
     try:

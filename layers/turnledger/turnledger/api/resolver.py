@@ -230,8 +230,8 @@ class MethodNotAllowed(TurnledgerError):
     code = "method_not_allowed"
 
 
-def _methods_of(path: str) -> list[str]:
-    """The methods the resolver's routes take on ``path``."""
+def methods_of(path: str) -> list[str]:
+    """The methods the resolver's routes take on ``path`` (none: no route has it)."""
     routes = [*app._static_routes, *app._dynamic_routes]
     return sorted({route.method for route in routes if route.rule.match(path)})
 
@@ -240,7 +240,7 @@ def _methods_of(path: str) -> list[str]:
 def _not_found(exc: Exception) -> Response[str]:
     event = app.current_event
     path, method = event.path, event.http_method.upper()
-    allowed = _methods_of(path)
+    allowed = methods_of(path)
     if allowed:
         error: TurnledgerError = MethodNotAllowed(
             f"{method} is not allowed on {path}", details={"allowed": allowed}
