@@ -74,6 +74,8 @@ def runner_config(runner_config: LocalConfig, tmp_path: Path) -> LocalConfig:
         tools_file=PROJECT_ROOT / "events/local-tools.json",
         template_path=with_pending_routes(tmp_path),
         project_root=PROJECT_ROOT,
+        # Every piece the demo model streams is a draft chunk of its own.
+        env={**runner_config.env, "DRAFT_FLUSH_MS": "0"},
     )
 
 
@@ -261,8 +263,10 @@ def test_a_conversations_session_over_two_runs(served: LocalRunner) -> None:
     assert cleared == []
 
 
-def test_run_streamed_yields_text_deltas(served: LocalRunner) -> None:
-    async def scenario() -> tuple[list[str], Any]:
+def test_run_streamed_yields_text_deltas(served: LocalRunner, http: httpx.Client) -> None:
+    """The deltas are the turn's draft chunks, as the native stream route reads them."""
+
+    async def scenario() -> tuple[list[str], Any, str]:
         agent = Agent(name="a", model=_model(served))
         streamed = Runner.run_streamed(agent, "echo: streamed word by word")
         deltas = [
@@ -271,11 +275,15 @@ def test_run_streamed_yields_text_deltas(served: LocalRunner) -> None:
             if event.type == "raw_response_event"
             and event.data.type == "response.output_text.delta"
         ]
-        return deltas, streamed.final_output
+        return deltas, streamed.final_output, streamed.raw_responses[-1].response_id or ""
 
-    deltas, final = asyncio.run(scenario())
+    deltas, final, response_id = asyncio.run(scenario())
     assert final == "streamed word by word"
-    assert len(deltas) > 1 and "".join(deltas) == final
+    assert deltas == ["streamed", " word", " by", " word"]
+    native = http.get(
+        f"/v1/conversations/{conversation_of(response_id)}/turns/1/stream", headers=ANN
+    )
+    assert [chunk["text"] for chunk in native.json()["chunks"]] == deltas
 
 
 def test_raw_stream_events_in_order(client: OpenAI) -> None:

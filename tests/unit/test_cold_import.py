@@ -84,6 +84,8 @@ def _probe(
         "AWS_LAMBDA_FUNCTION_NAME": "test",
         "POWERTOOLS_TRACE_DISABLED": "true",
         "POWERTOOLS_METRICS_DISABLED": "true",
+        # The code under test (a worktree's), not whatever the interpreter has installed.
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
     args = [sys.executable, "-c", _PROBE, str(folder)]
     if event is not None:

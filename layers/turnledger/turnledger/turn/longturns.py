@@ -330,6 +330,57 @@ def run_worker(
     return {"turn": turn, "status": writer.status}
 
 
+def run_drafted(
+    service: Conversations,
+    key: ConversationKey,
+    actor: str,
+    command: TurnCommand | Decisions,
+    *,
+    answer: Callable[[TurnResult], dict[str, Any]],
+) -> tuple[TurnResult, list[str]]:
+    """Run a turn (or decisions) in this request, its model calls streaming into the turn's
+    draft exactly as the worker's do, so any reader follows it (``GET .../turns/{n}/stream``);
+    the draft keeps ``answer(result)`` once the turn is committed, or the error.
+
+    Returns:
+        The result, and the draft's chunks' texts, read back after the commit.
+
+    Raises:
+        ConversationBusy: a turn of this conversation is running.
+        TurnledgerError: whatever the turn or the decisions raise (recorded in the draft).
+    """
+    head = _visible(service, key)
+    current = head.turn if head is not None else 0
+    kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
+    starts = isinstance(command, TurnCommand) and command.starts_turn
+    turn = max(current + (1 if starts else 0), 1)
+    if _running(drafts.read_state(service.store, key, turn), service.clock()):
+        raise ConversationBusy(
+            "a turn of this conversation is running; follow it or wait for it",
+            details={"turn": turn, "retry_after_seconds": 1},
+        )
+    writer = _writer(service, key, turn, kind)
+    writer.begin()
+    first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs
+    try:
+        with drafts.streaming_into(writer):
+            if isinstance(command, TurnCommand):
+                result = service.turn(key, actor, command)
+            else:
+                result = service.approve(key, actor, command)
+    except TurnledgerError as exc:
+        body = exc.to_body()
+        body["error"]["status"] = exc.status
+        writer.interrupt(exc.code, body)
+        raise
+    written = service.store.get_head(key)
+    if written is not None:
+        writer.gen = written.gen  # a first turn created the conversation's life just now
+    writer.finish(answer(result))
+    chunks = drafts.read(service.store, key, turn, after=first - 1).chunks
+    return result, [chunk.text for chunk in chunks]
+
+
 # --- reading ------------------------------------------------------------------------------
 
 

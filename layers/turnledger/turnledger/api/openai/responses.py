@@ -28,12 +28,13 @@ from ...core.exceptions import ConversationNotFound, InvalidRequest
 from ...core.models import ClientTool, ConversationKey, Event, validate_conversation_id
 from ...runtime import get_runtime
 from ...tools.registry import client_tool
-from ...turn.commands import ClientOutput, TurnCommand
+from ...turn import longturns
+from ...turn.commands import ClientOutput, Decisions, TurnCommand
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
 from ..resolver import Caller, app, caller
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
-from ..views import decisions, pending_view
+from ..views import decisions, pending_view, turn_response
 from .items import (
     InputItem,
     conversation_of_item,
@@ -179,9 +180,7 @@ def _command(
     )
 
 
-def _decide(
-    service: Conversations, who: Caller, key: ConversationKey, approvals: list[InputItem]
-) -> TurnResult:
+def _decisions(approvals: list[InputItem]) -> Decisions:
     approve: list[str | ApprovalEdit] = []
     reject: list[str | Rejection] = []
     for item in approvals:
@@ -189,9 +188,28 @@ def _decide(
             approve.append(item.call_id)
         else:
             reject.append(Rejection(id=item.call_id, reason=item.reason))
-    return service.approve(
-        key, who.actor, decisions(ApprovalRequest(approve=approve, reject=reject))
-    )
+    return decisions(ApprovalRequest(approve=approve, reject=reject))
+
+
+def _execute(
+    service: Conversations,
+    who: Caller,
+    key: ConversationKey,
+    command: TurnCommand | Decisions,
+    stream: bool,
+) -> tuple[TurnResult, list[str] | None]:
+    """Run ``command``; streamed, through the turn's draft (its chunks are the deltas)."""
+    if stream:
+        return longturns.run_drafted(
+            service,
+            key,
+            who.actor,
+            command,
+            answer=lambda result: turn_response(result).model_dump(mode="json"),
+        )
+    if isinstance(command, TurnCommand):
+        return service.turn(key, who.actor, command), None
+    return service.approve(key, who.actor, command), None
 
 
 def _run(
@@ -200,7 +218,7 @@ def _run(
     key: ConversationKey,
     request: ResponseCreate,
     items: list[InputItem],
-) -> TurnResult:
+) -> tuple[TurnResult, list[str] | None]:
     """Answer ``items`` on ``key``: decisions alone; else the leading outputs of waiting
     calls, then the client's history, then the trailing user messages as the turn."""
     instructions = [i.text for i in items if i.kind == "instructions"]
@@ -209,7 +227,7 @@ def _run(
     if approvals:
         if len(approvals) != len(items):
             raise InvalidRequest("send mcp_approval_response items on their own")
-        return _decide(service, who, key, approvals)
+        return _execute(service, who, key, _decisions(approvals), request.stream)
     first = 0
     while first < len(items) and items[first].kind == "function_call_output":
         first += 1
@@ -225,7 +243,7 @@ def _run(
     command = _command(service, request, messages, outputs, instructions)
     if history:
         service.append(key, who.actor, history_of(history))
-    return service.turn(key, who.actor, command)
+    return _execute(service, who, key, command, request.stream)
 
 
 @app.post(f"{PREFIX}/responses", include_in_schema=False)
@@ -270,13 +288,13 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     elif not items:
         raise InvalidRequest("input holds no item", details={"param": "input"})
     try:
-        reply = _run(service, who, key, request, items)
+        reply, pieces = _run(service, who, key, request, items)
     finally:
         if not request.store:
             service.clear(key)  # answered, nothing kept
     body = response_body(request, reply)
     if request.stream:
-        return event_stream(body)
+        return event_stream(body, pieces)
     return json_response(200, body)
 
 

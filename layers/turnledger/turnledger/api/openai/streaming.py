@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,18 +23,12 @@ from aws_lambda_powertools.event_handler import Response
 __all__ = ["EVENT_STREAM", "event_stream", "events_of", "sse_text"]
 
 EVENT_STREAM = "text/event-stream"
-#: A word with the whitespace before it: the pieces a text is sent in.
-_PIECE = re.compile(r"\s*\S+|\s+$")
-
-
-def _pieces(text: str) -> list[str]:
-    pieces = _PIECE.findall(text)
-    return pieces if "".join(pieces) == text else [text]
 
 
 def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """The streaming events of the ``response`` ``body``; ``pieces`` are the deltas of its
-    (first) message's text (default: its words)."""
+    (first) message's text: the turn's draft chunks. Text they do not add up to (none, or
+    another message's) is one delta."""
     events: list[dict[str, Any]] = []
 
     def emit(kind: str, **fields: Any) -> None:
@@ -57,7 +50,7 @@ def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list
                 text = part.get("text", "")
                 where = {"item_id": item["id"], "output_index": index, "content_index": part_index}
                 emit("response.content_part.added", **where, part={**part, "text": ""})
-                deltas = given if given is not None and "".join(given) == text else _pieces(text)
+                deltas = given if given is not None and "".join(given) == text else [text]
                 given = None
                 for delta in deltas:
                     emit("response.output_text.delta", **where, delta=delta, logprobs=[])
