@@ -320,7 +320,8 @@ class Conversations:
         ``POST .../items``) without calling a model, in one commit; a conversation not
         stored yet is created by it, even with no item. A user message that follows
         another kind of item (or opens the conversation) begins a turn. Assistant items
-        must say ``source="client"``: nothing here is this service's model output.
+        must say ``source="client"``: nothing here is this service's model output. User
+        messages are ``actor``'s; the rest is recorded as the client's (actor ``client``).
 
         Returns:
             The conversation's turn number after the items.
@@ -343,7 +344,8 @@ class Conversations:
             if isinstance(item, UserMessage) and not follows_user:
                 session.begin_turn()
             follows_user = isinstance(item, UserMessage)
-            session.add(item, actor=actor)
+            # The client's own assistant items and outputs, as a function_call_output is.
+            session.add(item, actor=actor if isinstance(item, UserMessage) else "client")
         session.commit()
         return session.turn
 
