@@ -23,6 +23,9 @@ from aws_lambda_powertools.event_handler import Response
 __all__ = ["EVENT_STREAM", "event_stream", "events_of", "sse_text"]
 
 EVENT_STREAM = "text/event-stream"
+#: OpenAI's status of a response or an item whose events are still coming: a word of
+#: OpenAI's shapes, not a status of the ledger's (those are the lifecycle's).
+STREAMING = "in_progress"
 
 
 def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list[dict[str, Any]]:
@@ -34,7 +37,7 @@ def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list
     def emit(kind: str, **fields: Any) -> None:
         events.append({"type": kind, "sequence_number": len(events), **fields})
 
-    started = {**copy.deepcopy(body), "status": "in_progress", "output": [], "usage": None}
+    started = {**copy.deepcopy(body), "status": STREAMING, "output": [], "usage": None}
     emit("response.created", response=started)
     emit("response.in_progress", response=started)
     given = list(pieces) if pieces is not None else None
@@ -44,7 +47,7 @@ def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list
             emit(
                 "response.output_item.added",
                 output_index=index,
-                item={**item, "status": "in_progress", "content": []},
+                item={**item, "status": STREAMING, "content": []},
             )
             for part_index, part in enumerate(item["content"]):
                 text = part.get("text", "")
@@ -60,7 +63,7 @@ def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list
             emit(
                 "response.output_item.added",
                 output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
+                item={**item, "arguments": "", "status": STREAMING},
             )
             where = {"item_id": item["id"], "output_index": index}
             emit("response.function_call_arguments.delta", **where, delta=item["arguments"])
