@@ -524,6 +524,10 @@ class ProviderCursor(_Strict):
     sequence: int = Field(ge=1)
 
 
+#: Tool names as OpenAI (and most providers) accept them: 1-64 of ``A-Z a-z 0-9 _ -``.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
 class ClientTool(_Strict):
     """A function tool the request declares and the registry lacks: the client runs it.
 
@@ -531,7 +535,7 @@ class ClientTool(_Strict):
     the registry's ``client`` tools do.
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 

@@ -36,15 +36,13 @@ from pydantic import (
 
 from ..core.config import Settings
 from ..core.exceptions import InternalError, UnknownTool
-from ..core.models import ClientTool, ToolCall
+from ..core.models import TOOL_NAME_PATTERN, ClientTool, ToolCall
 from ..providers.base import ToolSpec
 from .approval import ApprovalRule
 
 if TYPE_CHECKING:
     from mypy_boto3_ssm import SSMClient
 
-#: Tool names as OpenAI (and most providers) accept them.
-TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 #: How long a registry read from SSM is cached by Powertools (seconds).
 PARAMETER_MAX_AGE_SECONDS = 300
