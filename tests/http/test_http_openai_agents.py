@@ -9,12 +9,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from agents import (
     Agent,
     OpenAIConversationsSession,
@@ -25,7 +23,7 @@ from agents import (
 )
 from openai import AsyncOpenAI, OpenAI
 from turnledger_local.runner import LocalConfig, LocalRunner
-from turnledger_local.template import PROJECT_ROOT, TEMPLATE_PATH, load_template
+from turnledger_local.template import PROJECT_ROOT
 
 from tests.http.conftest import ANN
 
@@ -37,42 +35,13 @@ def _no_tracing() -> None:
     set_tracing_disabled(True)  # the SDK would export traces to OpenAI
 
 
-#: Routes of the OpenAI face that template.yaml does not route yet (its owner adds them):
-#: ``(event name, function, method, path)``. The catch-all sends every other path under
-#: ``/openai/v1`` to a function, so the resolver answers 404/405 in OpenAI's shape.
-PENDING_ROUTES = [
-    ("OpenAIAddItems", "TurnFunction", "POST", "/openai/v1/conversations/{id}/items"),
-    ("OpenAIGetItem", "ReadFunction", "GET", "/openai/v1/conversations/{id}/items/{item}"),
-    ("OpenAIDeleteItem", "ClearFunction", "DELETE", "/openai/v1/conversations/{id}/items/{item}"),
-    *(
-        (f"OpenAIOther{method.title()}", "ReadFunction", method, "/openai/v1/{proxy+}")
-        for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
-    ),
-]
-
-
-def with_pending_routes(tmp: Path) -> Path:
-    """template.yaml plus :data:`PENDING_ROUTES`, written under ``tmp``."""
-    template = load_template(TEMPLATE_PATH)
-    for name, function, method, path in PENDING_ROUTES:
-        events = template["Resources"][function]["Properties"]["Events"]
-        events[name] = {
-            "Type": "HttpApi",
-            "Properties": {"ApiId": {"Ref": "HttpApi"}, "Method": method, "Path": path},
-        }
-    written = tmp / "template.yaml"
-    written.write_text(yaml.safe_dump(template), encoding="utf-8")
-    return written
-
-
 @pytest.fixture
-def runner_config(runner_config: LocalConfig, tmp_path: Path) -> LocalConfig:
+def runner_config(runner_config: LocalConfig) -> LocalConfig:
     """The sample registry: ``send_email`` needs approval, ``lookup_user`` is a client tool;
     ``lookup_order`` and ``refund`` below are the request's own."""
     return dataclasses.replace(
         runner_config,
         tools_file=PROJECT_ROOT / "events/local-tools.json",
-        template_path=with_pending_routes(tmp_path),
         project_root=PROJECT_ROOT,
         # Every piece the demo model streams is a draft chunk of its own.
         env={**runner_config.env, "DRAFT_FLUSH_MS": "0"},

@@ -45,6 +45,13 @@ CONTRACT_ROUTES = {
     ("GET", "/openai/v1/conversations/{id}", "ReadFunction"),
     ("GET", "/openai/v1/conversations/{id}/items", "ReadFunction"),
     ("DELETE", "/openai/v1/conversations/{id}", "ClearFunction"),
+    ("POST", "/openai/v1/conversations/{id}/items", "TurnFunction"),
+    ("GET", "/openai/v1/conversations/{id}/items/{item}", "ReadFunction"),
+    ("DELETE", "/openai/v1/conversations/{id}/items/{item}", "ClearFunction"),
+    *(
+        (m, "/openai/v1/{proxy+}", "ReadFunction")
+        for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+    ),
     ("GET", "/v1/openapi.json", "ReadFunction"),
     ("DELETE", "/v1/conversations/{id}", "ClearFunction"),
     ("DELETE", "/v1/conversations", "ClearFunction"),
@@ -717,6 +724,14 @@ API_EVENTS = [
     "openai-get-conversation.json",
     "openai-list-items.json",
     "openai-delete-conversation.json",
+    "openai-add-items.json",
+    "openai-get-item.json",
+    "openai-delete-item.json",
+    "openai-other-get.json",
+    "openai-other-post.json",
+    "openai-other-put.json",
+    "openai-other-patch.json",
+    "openai-other-delete.json",
     "clear.json",
     "erase-tenant.json",
     "openapi.json",
@@ -744,6 +759,7 @@ def test_sample_event_matches_its_route(template: dict[str, Any], name: str) -> 
     assert event["requestContext"]["http"]["method"] == route.method
     assert event["requestContext"]["http"]["path"] == event["rawPath"]
     pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(route.path))
+    pattern = re.sub(r"\\\{(\w+)\\\+\\\}", r"(?P<\1>.+)", pattern)
     match = re.fullmatch(pattern, event["rawPath"])
     assert match is not None
     assert event.get("pathParameters", {}) == match.groupdict()
