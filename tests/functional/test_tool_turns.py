@@ -49,6 +49,7 @@ from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
+from tests.support.concurrency import all_at_once
 from tests.support.edge import Caller
 from tests.support.factories import FakeClock, corrupt_body
 from tests.support.providers import Recording
@@ -546,20 +547,17 @@ def test_two_approvers_racing_one_wins_the_tool_runs_once(harness: Harness) -> N
         both_loaded.wait(timeout=10)
         return snapshot
 
-    outcomes: dict[str, object] = {}
+    approvers = [ANN, BEN]
 
-    def approve(who: Caller) -> None:
+    def approve(index: int) -> object:
         try:
-            outcomes[who.actor] = decide(harness.service(), who=who, approve=["call_1"])
+            return decide(harness.service(), who=approvers[index], approve=["call_1"])
         except ConversationBusy as exc:
-            outcomes[who.actor] = exc
+            return exc
 
     with mock.patch.object(harness.store, "load", side_effect=load_then_wait):
-        threads = [threading.Thread(target=approve, args=(who,)) for who in (ANN, BEN)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        answers = all_at_once(len(approvers), approve)
+    outcomes = {who.actor: outcome for who, outcome in zip(approvers, answers, strict=True)}
     busy = [who for who, outcome in outcomes.items() if isinstance(outcome, ConversationBusy)]
     won = [who for who, outcome in outcomes.items() if isinstance(outcome, TurnResponse)]
     assert len(busy) == 1 and len(won) == 1

@@ -759,8 +759,16 @@ def _json_object(body: bytes) -> dict[str, Any]:
         raise GatewayError(400, "invalid_request", str(exc), details=exc.details) from exc
 
 
+#: Connections the kernel holds before they are accepted (``listen``'s backlog; the
+#: standard library's default is 5, and a burst of clients beyond it is reset). Linux caps
+#: it at ``net.core.somaxconn`` (4096 by default). Accepted requests wait for an execution
+#: environment in their function's queue (``FunctionPool``), which has no bound.
+LISTEN_BACKLOG = 1024
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
     runner: LocalRunner
 
 
