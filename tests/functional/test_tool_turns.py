@@ -936,3 +936,27 @@ def test_the_sweep_records_expired_approvals_nobody_touches(
     clock.advance(300)
     assert sweeper.expired().waits_expired == 1
     assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries == []
+
+
+def test_a_targeted_sweep_records_expired_approvals_as_the_full_sweep_does(
+    harness: Harness, clock: FakeClock
+) -> None:
+    """``POST /_local/sweep {"conversation_ids": [...]}`` (``Sweeper.conversations``) does the
+    full sweep's work for the conversations it names, the expiry pass included; the others
+    are left to their own sweep."""
+    svc = harness.service(approval_ttl_seconds=600)
+    for conversation in ("named", "unnamed"):
+        turn(svc, lines(tool_line("send_email", to="a@x")), conversation=conversation)
+    clock.advance(601)
+    sweeper = Sweeper(harness.store, clock=clock.now, expire_waits=svc.expire_waits)
+    named = ConversationKey(tenant=ANN.tenant, conversation_id="named")
+    report = sweeper.conversations([named])
+    assert report.waits_expired == 1 and report.complete
+    assert [e.kind.value for e in transcript(svc, "named")][-3:] == [
+        "approval_expired",
+        "approval_resolved",
+        "tool_result",
+    ]
+    assert "approval_expired" not in [e.kind.value for e in transcript(svc, "unnamed")]
+    assert sweeper.conversations([named]).waits_expired == 0  # recorded once
+    assert sweeper.expired().waits_expired == 1  # the one the targeted sweep did not name
