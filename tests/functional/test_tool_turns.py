@@ -49,6 +49,7 @@ from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
+from tests.support.concurrency import all_at_once
 from tests.support.edge import Caller
 from tests.support.factories import FakeClock, corrupt_body
 from tests.support.providers import Recording
@@ -546,20 +547,17 @@ def test_two_approvers_racing_one_wins_the_tool_runs_once(harness: Harness) -> N
         both_loaded.wait(timeout=10)
         return snapshot
 
-    outcomes: dict[str, object] = {}
+    approvers = [ANN, BEN]
 
-    def approve(who: Caller) -> None:
+    def approve(index: int) -> object:
         try:
-            outcomes[who.actor] = decide(harness.service(), who=who, approve=["call_1"])
+            return decide(harness.service(), who=approvers[index], approve=["call_1"])
         except ConversationBusy as exc:
-            outcomes[who.actor] = exc
+            return exc
 
     with mock.patch.object(harness.store, "load", side_effect=load_then_wait):
-        threads = [threading.Thread(target=approve, args=(who,)) for who in (ANN, BEN)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        answers = all_at_once(len(approvers), approve)
+    outcomes = {who.actor: outcome for who, outcome in zip(approvers, answers, strict=True)}
     busy = [who for who, outcome in outcomes.items() if isinstance(outcome, ConversationBusy)]
     won = [who for who, outcome in outcomes.items() if isinstance(outcome, TurnResponse)]
     assert len(busy) == 1 and len(won) == 1
@@ -938,3 +936,27 @@ def test_the_sweep_records_expired_approvals_nobody_touches(
     clock.advance(300)
     assert sweeper.expired().waits_expired == 1
     assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries == []
+
+
+def test_a_targeted_sweep_records_expired_approvals_as_the_full_sweep_does(
+    harness: Harness, clock: FakeClock
+) -> None:
+    """``POST /_local/sweep {"conversation_ids": [...]}`` (``Sweeper.conversations``) does the
+    full sweep's work for the conversations it names, the expiry pass included; the others
+    are left to their own sweep."""
+    svc = harness.service(approval_ttl_seconds=600)
+    for conversation in ("named", "unnamed"):
+        turn(svc, lines(tool_line("send_email", to="a@x")), conversation=conversation)
+    clock.advance(601)
+    sweeper = Sweeper(harness.store, clock=clock.now, expire_waits=svc.expire_waits)
+    named = ConversationKey(tenant=ANN.tenant, conversation_id="named")
+    report = sweeper.conversations([named])
+    assert report.waits_expired == 1 and report.complete
+    assert [e.kind.value for e in transcript(svc, "named")][-3:] == [
+        "approval_expired",
+        "approval_resolved",
+        "tool_result",
+    ]
+    assert "approval_expired" not in [e.kind.value for e in transcript(svc, "unnamed")]
+    assert sweeper.conversations([named]).waits_expired == 0  # recorded once
+    assert sweeper.expired().waits_expired == 1  # the one the targeted sweep did not name

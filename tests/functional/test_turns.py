@@ -35,6 +35,7 @@ from turnledger.store.base import ConversationStore
 from turnledger.turn.pipeline import Conversations
 
 from tests.support import edge
+from tests.support.concurrency import all_at_once
 from tests.support.edge import Caller
 from tests.support.factories import FakeClock, corrupt
 from tests.support.providers import Recording
@@ -104,25 +105,14 @@ def test_interleaved_conversations_share_nothing(
 def test_concurrent_conversations_share_nothing(store: ConversationStore, clock: FakeClock) -> None:
     """Truly concurrent turns on different conversations all commit, each with its own history."""
     svc = service(store, clock)
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
-    def talk(index: int) -> None:
-        try:
-            start.wait()
-            conversation = f"parallel-{index}"
-            say(svc, f"My name is P{index}.", conversation)
-            say(svc, "Hello.", conversation)
-            assert say(svc, "What is my name?", conversation) == f"Your name is P{index}."
-        except BaseException as exc:
-            errors.append(exc)
+    def talk(index: int) -> str:
+        conversation = f"parallel-{index}"
+        say(svc, f"My name is P{index}.", conversation)
+        say(svc, "Hello.", conversation)
+        return say(svc, "What is my name?", conversation)
 
-    threads = [threading.Thread(target=talk, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert all_at_once(8, talk) == [f"Your name is P{index}." for index in range(8)]
     for index in range(8):
         assert edge.get(svc, ANN, f"parallel-{index}").turns == 3
 
@@ -234,19 +224,15 @@ def test_racing_turns_one_commits_the_other_is_busy(
     provider = Recording(before=lambda _request: both_loaded.wait(timeout=10))
     svc = service(store, clock, provider)
     say(service(store, clock), "My name is Ann.")
-    outcomes: dict[str, object] = {}
+    racers = ["first racer", "second racer"]
 
-    def turn(text: str) -> None:
+    def turn(index: int) -> object:
         try:
-            outcomes[text] = say(svc, text)
+            return say(svc, racers[index])
         except ConversationBusy as exc:
-            outcomes[text] = exc
+            return exc
 
-    threads = [threading.Thread(target=turn, args=(t,)) for t in ("first racer", "second racer")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = dict(zip(racers, all_at_once(len(racers), turn), strict=True))
     busy = [t for t, o in outcomes.items() if isinstance(o, ConversationBusy)]
     assert len(busy) == 1
     page = edge.events(svc, ANN, "conv-1", after=0, limit=100)

@@ -9,7 +9,7 @@ is shown as text and never runs. A human-input call is answered from the page
 (an "Answer" box and "Send answer", no approve/reject/edit), and the JSON API
 must show ``tool_input_provided`` recorded and the turn continued. The page's
 screenshot, a queue holding both kinds with the input call open, is what
-``docs/approvals.png`` shows (the README): ``TURNLEDGER_SCREENSHOT=docs/approvals.png``
+``docs/approvals.png`` shows (docs/GUIDE.md): ``TURNLEDGER_SCREENSHOT=docs/approvals.png``
 refreshes it; otherwise the test writes its screenshot to a temporary folder, so a
 test run never changes the repository.
 """

@@ -286,7 +286,7 @@ def sample_tools(runner_config: LocalConfig) -> Iterator[httpx.Client]:
 
 
 def test_sample_tools_work_on_any_port(sample_tools: httpx.Client) -> None:
-    """The README's approval session answers the echo, not "unreachable"."""
+    """The approval session of docs/GUIDE.md answers the echo, not "unreachable"."""
     paused = sample_tools.post(
         "/v1/conversations/c1/turns",
         json={"input": '/tool send_email {"to": "bob@example.com"}'},

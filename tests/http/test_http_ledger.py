@@ -8,7 +8,6 @@ involve tools (those are in test_http_tools.py).
 from __future__ import annotations
 
 import dataclasses
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.functional.fake_openai import FakeOpenAI, delayed, error_reply, text_reply
 from tests.http.conftest import ANN, BOB, start, store_of
+from tests.support.concurrency import all_at_once
 from tests.support.factories import corrupt
 
 Turn = Callable[..., httpx.Response]
@@ -330,22 +330,13 @@ def test_racing_turns_over_http_one_wins(ddb_http: httpx.Client) -> None:
     """Many turns at once on one conversation: each is 200 or 409 conversation_busy, and
     the transcript holds exactly the winners, whole."""
     ddb_http.post("/v1/conversations/race/turns", json={"input": "start"}, headers=ANN)
-    results: list[httpx.Response] = []
-    go = threading.Barrier(6)
 
-    def fire(index: int) -> None:
-        go.wait()
-        results.append(
-            ddb_http.post(
-                "/v1/conversations/race/turns", json={"input": f"racer {index}"}, headers=ANN
-            )
+    def fire(index: int) -> httpx.Response:
+        return ddb_http.post(
+            "/v1/conversations/race/turns", json={"input": f"racer {index}"}, headers=ANN
         )
 
-    threads = [threading.Thread(target=fire, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = all_at_once(6, fire)
     winners = [r for r in results if r.status_code == 200]
     losers = [r for r in results if r.status_code != 200]
     assert winners
@@ -358,22 +349,17 @@ def test_racing_turns_over_http_one_wins(ddb_http: httpx.Client) -> None:
 
 def test_concurrent_conversations_over_http(ddb_http: httpx.Client) -> None:
     """Ten conversations in flight at once: all commit; none sees another's history."""
-    go = threading.Barrier(10)
-    answers: dict[int, str] = {}
 
-    def talk(index: int) -> None:
+    def talk(index: int) -> str:
         path = f"/v1/conversations/talk-{index}/turns"
-        go.wait()
-        ddb_http.post(path, json={"input": f"My name is N{index}."}, headers=ANN)
+        first = ddb_http.post(path, json={"input": f"My name is N{index}."}, headers=ANN)
+        assert first.status_code == 200, first.text
         reply = ddb_http.post(path, json={"input": "What is my name?"}, headers=ANN)
-        answers[index] = reply.json()["output_text"]
+        assert reply.status_code == 200, reply.text
+        answer: str = reply.json()["output_text"]
+        return answer
 
-    threads = [threading.Thread(target=talk, args=(i,)) for i in range(10)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert answers == {i: f"Your name is N{i}." for i in range(10)}
+    assert all_at_once(10, talk) == [f"Your name is N{i}." for i in range(10)]
 
 
 def test_openapi_document_describes_every_route(http: httpx.Client) -> None:

@@ -24,6 +24,7 @@ from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.http.conftest import ANN, start
+from tests.support.concurrency import all_at_once
 
 pytestmark = [pytest.mark.http, pytest.mark.integration]
 
@@ -81,23 +82,13 @@ def test_twenty_racing_approvals_run_the_tool_once(tool_http: httpx.Client, sink
         headers=ANN,
     )
     assert paused.json()["status"] == "awaiting_approval"
-    go = threading.Barrier(20)
-    answers: list[httpx.Response] = []
-    lock = threading.Lock()
 
-    def approve() -> None:
-        go.wait()
-        answer = tool_http.post(
+    def approve(_: int) -> httpx.Response:
+        return tool_http.post(
             "/v1/conversations/race/approvals", json={"approve": ["call_1"]}, headers=ANN
         )
-        with lock:
-            answers.append(answer)
 
-    threads = [threading.Thread(target=approve) for _ in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = all_at_once(20, approve)  # every request answered, no thread raised
     codes = sorted(a.status_code for a in answers)
     assert codes.count(200) == 1, codes
     assert set(codes) <= {200, 409}

@@ -10,7 +10,6 @@ uses its own conversation ids, and counts only its own tool requests.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -26,6 +25,7 @@ from tests.functional.fake_openai import FakeOpenAI, text_reply, tool_call, tool
 from tests.functional.http_sink import HttpSink, RecordedRequest
 from tests.functional.test_tool_turns import lines, script_tools, tool_definitions, tool_line
 from tests.support.aws import unique_name
+from tests.support.concurrency import all_at_once
 from tests.support.worker_hooks import ARMED, BARRIER_DIR
 
 pytestmark = pytest.mark.integration
@@ -324,20 +324,16 @@ def test_two_approvers_racing_over_http(
         with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
             post_turn(http, conversation, input=tool_line("send_email", to="a@x"))
         (tmp_path / ARMED).touch()
-        answers: dict[str, httpx.Response] = {}
+        approvers = [("ann", ANN), ("ben", BEN)]
 
-        def approve(name: str, headers: dict[str, str]) -> None:
-            with httpx.Client(base_url=runner.url, headers=headers, timeout=30) as http:
-                answers[name] = post_approvals(http, conversation, approve=["call_1"])
+        def approve(index: int) -> httpx.Response:
+            with httpx.Client(base_url=runner.url, headers=approvers[index][1], timeout=30) as http:
+                return post_approvals(http, conversation, approve=["call_1"])
 
-        threads = [
-            threading.Thread(target=approve, args=("ann", ANN)),
-            threading.Thread(target=approve, args=("ben", BEN)),
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        answers = {
+            approvers[index][0]: answer
+            for index, answer in enumerate(all_at_once(len(approvers), approve))
+        }
         (tmp_path / ARMED).unlink()
         assert runner.pool_sizes()["ApproveFunction"] == 2
         statuses = sorted(response.status_code for response in answers.values())

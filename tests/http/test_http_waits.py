@@ -25,6 +25,7 @@ from turnledger_local.runner import LocalConfig, LocalRunner
 from tests.functional.http_sink import HttpSink, RecordedRequest, Reply
 from tests.functional.test_tool_turns import lines, tool_line
 from tests.support.aws import unique_name
+from tests.support.concurrency import all_at_once
 from tests.support.factories import START
 from tests.support.worker_hooks import DIE_IN_TOOLS, FAULTS_DIR
 
@@ -526,23 +527,14 @@ def race(
     client: httpx.Client, anonymous: httpx.Client, conversation: str, url: str
 ) -> dict[str, httpx.Response]:
     """A cancel and a callback sent at the same instant (from two threads); their answers."""
-    results: dict[str, httpx.Response] = {}
-    start = threading.Barrier(2)
 
-    def cancel() -> None:
-        start.wait()
-        results["cancel"] = client.post(f"/v1/conversations/{conversation}/cancel", json={})
+    def send(index: int) -> httpx.Response:
+        if index == 0:
+            return client.post(f"/v1/conversations/{conversation}/cancel", json={})
+        return anonymous.post(url, json={"status": "succeeded", "output": "done"})
 
-    def callback() -> None:
-        start.wait()
-        results["callback"] = anonymous.post(url, json={"status": "succeeded", "output": "done"})
-
-    threads = [threading.Thread(target=cancel), threading.Thread(target=callback)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
+    cancelled, called_back = all_at_once(2, send)
+    return {"cancel": cancelled, "callback": called_back}
 
 
 def test_a_callback_racing_a_cancel_exactly_one_wins(

@@ -16,12 +16,14 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 from turnledger.context.redaction import Redactor
 
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH
+from .transfer_cli import fail
 
 _EPILOG = """\
 authentication: send 'Authorization: Bearer local:<tenant>' or
@@ -73,9 +75,17 @@ def _port(raw: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line, ``<prog>: usage_error: ...``
+    (exit status 2), like every other error of the command; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.exit(fail(self.prog.removeprefix("turnledger").strip(), "usage_error", message, 2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``turnledger`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="turnledger", description="Durable multi-turn conversation state for LLM apps."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -256,15 +266,13 @@ def _banner(url: str, runner: LocalRunner) -> str:
 
 def _serve(config: LocalConfig) -> int:
     if config.tools_file is not None and not config.tools_file.is_file():
-        print(f"turnledger local: no such tools file: {config.tools_file}", file=sys.stderr)
-        return 2
+        return fail("local", "invalid_setting", f"no such tools file: {config.tools_file}", 2)
     redaction = config.env.get("REDACTION_FILE")
     if redaction is not None:
         try:
             Redactor.parse(Path(redaction).read_bytes(), redaction)
         except (OSError, ValueError) as exc:
-            print(f"turnledger local: {exc}", file=sys.stderr)
-            return 2
+            return fail("local", "invalid_setting", str(exc), 2)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -276,14 +284,11 @@ def _serve(config: LocalConfig) -> int:
         try:
             url = runner.start()
         except OSError as exc:
-            print(
-                f"turnledger local: cannot serve on {config.host}:{config.port}: {exc}",
-                file=sys.stderr,
+            return fail(
+                "local", "cannot_serve", f"cannot serve on {config.host}:{config.port}: {exc}"
             )
-            return 1
         except (BotoCoreError, ClientError) as exc:
-            print(f"turnledger local: cannot prepare storage: {exc}", file=sys.stderr)
-            return 1
+            return fail("local", "aws_error", f"cannot prepare storage: {exc}")
         print(_banner(url, runner), flush=True)
         stop.wait()
         print("turnledger local: stopping", flush=True)

@@ -86,7 +86,9 @@ class HttpResponse:
     ) -> HttpResponse:
         """A JSON response of ``payload``."""
         merged = {"content-type": "application/json", **(headers or {})}
-        return cls(status, tuple(merged.items()), json.dumps(payload).encode())
+        # Compact, as the functions write their answers.
+        body = json.dumps(payload, separators=(",", ":"))
+        return cls(status, tuple(merged.items()), body.encode())
 
 
 @dataclass(frozen=True)

@@ -759,9 +759,32 @@ def _json_object(body: bytes) -> dict[str, Any]:
         raise GatewayError(400, "invalid_request", str(exc), details=exc.details) from exc
 
 
+#: Connections the kernel holds before they are accepted (``listen``'s backlog; the
+#: standard library's default is 5, and a burst of clients beyond it is reset). Linux caps
+#: it at ``net.core.somaxconn`` (4096 by default). Accepted requests wait for an execution
+#: environment in their function's queue (``FunctionPool``), which has no bound.
+LISTEN_BACKLOG = 1024
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
     runner: LocalRunner
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (before its answer was written, or mid-request) is one
+        log line; anything else keeps the standard library's traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            host, port = client_address[:2]
+            logger.warning(
+                "%s:%s hung up before its answer was written (%s)",
+                host,
+                port,
+                type(error).__name__,
+            )
+            return
+        super().handle_error(request, client_address)
 
 
 class _RequestHandler(BaseHTTPRequestHandler):
@@ -776,6 +799,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if name.startswith("do_"):
             return self._dispatch
         raise AttributeError(name)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a request line or headers it cannot parse,
+        such as a raw space in a path) in the API's JSON error shape, not its HTML page."""
+        self.close_connection = True
+        error = GatewayError(code, *_MALFORMED.get(code, _MALFORMED[400]))
+        self._write(error.to_response())
 
     def _dispatch(self) -> None:
         try:
@@ -892,6 +922,19 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.info("%s %s", self.address_string(), format % args)
+
+
+#: The code and message of each refusal ``http.server`` makes before a request is routed.
+_MALFORMED = {
+    400: (
+        "invalid_request",
+        "the request line or a header is malformed (a path must not hold a raw space: "
+        "send it as %20)",
+    ),
+    414: ("request_line_too_long", "the request line is too long"),
+    431: ("headers_too_large", "the request's headers are too many or too long"),
+    505: ("http_version_not_supported", "the HTTP version is not supported (HTTP/1.0 or 1.1)"),
+}
 
 
 def _too_large() -> GatewayError:

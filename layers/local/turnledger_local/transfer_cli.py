@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 from turnledger.core.config import Settings
 from turnledger.core.exceptions import TurnledgerError
 from turnledger.core.models import ConversationKey, validate_conversation_id
@@ -58,9 +59,39 @@ def add_commands(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``export`` or ``import``; returns the exit status (errors go to stderr)."""
+    """Run ``export`` or ``import``; returns the exit status.
+
+    Every failure is one line on stderr, ``turnledger <command>: <code>: <message>``, and
+    exit status 1: the store's errors with their API code, an unusable setting
+    (``invalid_setting``), AWS that cannot be reached or is not configured
+    (``aws_error``), a file that cannot be read or written (``file_error``).
+    """
+    try:
+        return _run(args)
+    except TurnledgerError as exc:
+        return fail(args.command, exc.code, str(exc))
+    except ValueError as exc:
+        return fail(args.command, "invalid_setting", str(exc))
+    except NoRegionError as exc:
+        hint = "give --region or AWS_REGION, or --data-dir DIR for a local folder"
+        return fail(args.command, "aws_error", f"{exc} ({hint})")
+    except (BotoCoreError, ClientError) as exc:
+        return fail(args.command, "aws_error", str(exc))
+    except OSError as exc:
+        return fail(args.command, "file_error", str(exc))
+
+
+def fail(command: str, code: str, message: str, status: int = 1) -> int:
+    """Print one error line, ``turnledger <command>: <code>: <message>`` (``turnledger:
+    ...`` for no command); returns ``status``, the exit status to end with."""
+    line = " ".join(message.split())  # one line, whatever the message holds
+    print(f"{' '.join(filter(None, ['turnledger', command]))}: {code}: {line}", file=sys.stderr)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     from turnledger.ops.transfer import export_text, import_text
-    from turnledger.runtime import Runtime
+    from turnledger.runtime import store_from_settings
 
     if args.region:
         os.environ["AWS_DEFAULT_REGION"] = args.region
@@ -74,33 +105,29 @@ def run(args: argparse.Namespace) -> int:
         store="sqlite" if args.data_dir else base.store,
         data_dir=args.data_dir or base.data_dir,
     )
-    try:
-        key = ConversationKey(
-            tenant=args.tenant, conversation_id=validate_conversation_id(args.conversation_id)
-        )
-        store = Runtime.from_settings(settings).store
-        if args.command == "export":
-            text = export_text(store, key, utc_now())
-            if args.file:
-                with open(args.file, "w", encoding="utf-8") as out:
-                    out.write(text)
-            else:
-                sys.stdout.write(text)
-            return 0
+    key = ConversationKey(
+        tenant=args.tenant, conversation_id=validate_conversation_id(args.conversation_id)
+    )
+    store = store_from_settings(settings)
+    if args.command == "export":
+        text = export_text(store, key, utc_now())
         if args.file:
-            with open(args.file, encoding="utf-8") as source:
-                text = source.read()
+            with open(args.file, "w", encoding="utf-8") as out:
+                out.write(text)
         else:
-            text = sys.stdin.read()
-        ttl = settings.ttl_for(key.tenant) if args.ttl_seconds is None else args.ttl_seconds
-        head = import_text(
-            store, key, text, now=utc_now(), ttl_seconds=ttl, max_bytes=settings.max_input_bytes
-        )
-        print(
-            f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",
-            file=sys.stderr,
-        )
+            sys.stdout.write(text)
         return 0
-    except TurnledgerError as exc:
-        print(f"turnledger {args.command}: {exc.code}: {exc}", file=sys.stderr)
-        return 1
+    if args.file:
+        with open(args.file, encoding="utf-8") as source:
+            text = source.read()
+    else:
+        text = sys.stdin.read()
+    ttl = settings.ttl_for(key.tenant) if args.ttl_seconds is None else args.ttl_seconds
+    head = import_text(
+        store, key, text, now=utc_now(), ttl_seconds=ttl, max_bytes=settings.max_input_bytes
+    )
+    print(
+        f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",
+        file=sys.stderr,
+    )
+    return 0

@@ -191,18 +191,39 @@ def _tenant_scope(
     return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
 
 
+def store_from_settings(settings: Settings) -> ConversationStore:
+    """The conversation store alone, for the command line's export and import.
+
+    With ``STORE=sqlite`` it builds no AWS client, so it needs no AWS configuration.
+
+    Raises:
+        botocore.exceptions.BotoCoreError: DynamoDB's client cannot be built (no region).
+    """
+    if settings.store == "sqlite":
+        return _sqlite_store(settings)
+    session = boto3.session.Session()
+    dynamodb: DynamoDBClient = session.client(
+        "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
+    )
+    return _build_store(settings, session, dynamodb)
+
+
+def _sqlite_store(settings: Settings) -> ConversationStore:
+    # Imported here: Lambda never runs it, and its cold start should not pay for it.
+    from .store.sqlite import SQLiteConversationStore
+
+    assert settings.data_dir is not None  # Settings refuses sqlite without a folder
+    return SQLiteConversationStore.in_folder(
+        settings.data_dir, offload_threshold=settings.offload_threshold_bytes
+    )
+
+
 def _build_store(
     settings: Settings, session: boto3.session.Session, dynamodb: DynamoDBClient
 ) -> ConversationStore:
     """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files."""
     if settings.store == "sqlite":
-        # Imported here: Lambda never runs it, and its cold start should not pay for it.
-        from .store.sqlite import SQLiteConversationStore
-
-        assert settings.data_dir is not None  # Settings refuses sqlite without a folder
-        return SQLiteConversationStore.in_folder(
-            settings.data_dir, offload_threshold=settings.offload_threshold_bytes
-        )
+        return _sqlite_store(settings)
     s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
     return DynamoDBConversationStore(
         dynamodb,

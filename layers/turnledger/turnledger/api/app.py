@@ -9,7 +9,6 @@ No route module imports this one.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +24,7 @@ from ..core.observability import logger, metrics, traced
 from ..runtime import get_runtime
 from . import openai, routes, streaming_routes, waits
 from .errors import body_for
-from .resolver import app, methods_of, raw_body
+from .resolver import app, json_text, methods_of, raw_body
 from .strict_json import BodyError, parse_object
 
 __all__ = ["app", "lambda_handler"]
@@ -66,7 +65,7 @@ def _answer(error: TurnledgerError, event: dict[str, Any]) -> dict[str, Any]:
     return {
         "statusCode": error.status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
-        "body": json.dumps(body_for(error, str(event.get("rawPath", "")))),
+        "body": json_text(body_for(error, str(event.get("rawPath", "")))),
     }
 
 

@@ -19,6 +19,7 @@ from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Path
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.shared.json_encoder import Encoder
 from pydantic import BaseModel
 
 from ..core.exceptions import (
@@ -45,7 +46,14 @@ ConversationId = Annotated[
     str, Path(pattern=CONVERSATION_ID_PATTERN, description="1-128 of A-Z a-z 0-9 . _ : -")
 ]
 
-app = APIGatewayHttpResolver(enable_validation=True)
+
+def json_text(body: Any) -> str:
+    """A response body as JSON, written as Powertools writes a route's result (compact),
+    so that errors and hand-built responses are spaced like every other answer."""
+    return json.dumps(body, separators=(",", ":"), cls=Encoder)
+
+
+app = APIGatewayHttpResolver(enable_validation=True, serializer=json_text)
 
 #: The error codes each status can carry, for the OpenAPI document.
 _ERROR_CODES = {
@@ -160,7 +168,7 @@ def _error(exc: TurnledgerError) -> Response[str]:
     return Response(
         status_code=exc.status,
         content_type=content_types.APPLICATION_JSON,
-        body=json.dumps(body_for(exc, _current_path())),
+        body=json_text(body_for(exc, _current_path())),
         headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
 

@@ -6,10 +6,20 @@ and the OpenAPI document is generated from them.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from ..core.models import JsonObjectFormat, JsonSchemaFormat, Usage
 
@@ -37,13 +47,23 @@ class FunctionCallOutput(_Body):
 InputItem = Annotated[InputMessage | FunctionCallOutput, Field(discriminator="type")]
 
 
+#: Validates ``input`` when it is a list (see :meth:`TurnRequest._input`).
+_INPUT_ITEMS: TypeAdapter[list[InputMessage | FunctionCallOutput]] = TypeAdapter(list[InputItem])
+#: Text with something in it: what ``input`` must match when it is a string.
+_SOME_TEXT = r"\S"
+
+
 class TurnRequest(_Body):
     """Body of ``POST /v1/conversations/{id}/turns``."""
 
-    # min_length on the list, not a validator: the OpenAPI document must say it too.
-    input: str | Annotated[list[InputItem], Field(min_length=1)] = Field(
-        description="One user message, or a list of at least one input item (messages and "
-        "function_call_output results of client-side tools)."
+    # The limits on the types, not only in the validator: the OpenAPI document must say them.
+    input: (
+        Annotated[str, Field(min_length=1, pattern=_SOME_TEXT)]
+        | Annotated[list[InputItem], Field(min_length=1)]
+    ) = Field(
+        description="One user message (some text: not empty, not only white space), or a list "
+        "of at least one input item (messages and function_call_output results of client-side "
+        "tools)."
     )
     model: str | None = Field(default=None, description="The deployment's default otherwise.")
     provider: str | None = Field(
@@ -65,6 +85,21 @@ class TurnRequest(_Body):
         description="Extra tool names that need approval for this call; never waives one.",
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Stored on the turn.")
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # In place of the union's own validation, whose errors name pydantic's types
+        # ("list[tagged-union[...]]") instead of saying what input may be.
+        if isinstance(value, str):
+            if not re.search(_SOME_TEXT, value):
+                raise PydanticCustomError("empty_input", "input must hold some text")
+            return value
+        if isinstance(value, list):
+            if not value:
+                raise PydanticCustomError("empty_input", "input must hold at least one item")
+            return _INPUT_ITEMS.validate_python(value)
+        raise PydanticCustomError("input_type", "input must be a string or a list of input items")
 
 
 class Rejection(_Body):

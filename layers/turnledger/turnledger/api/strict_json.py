@@ -97,6 +97,15 @@ def parse(body: bytes | str) -> Any:
         raise BodyError(f"the body nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH) from exc
     except BodyError:
         raise
+    except json.JSONDecodeError as exc:
+        # Where it broke, in the editor's terms (line and column from 1) and as an offset.
+        reason = exc.msg[:1].lower() + exc.msg[1:]
+        raise BodyError(
+            f"the body is not JSON: {reason} at line {exc.lineno}, column {exc.colno}",
+            line=exc.lineno,
+            column=exc.colno,
+            position=exc.pos,
+        ) from exc
     except ValueError as exc:
         raise BodyError("the body is not JSON") from exc
     _check(document)

@@ -45,8 +45,9 @@ buckets walked and of heads in them, not with the table.
   a clear that died (``clear`` adopts the fence and finishes).
 
 **On demand** (``{"conversation_ids": [...], "tenant": "..."}``, and
-``POST /_local/sweep`` with a body) sweeps only these conversations: expired
-ones are purged, live ones untouched, tombstones finished.
+``POST /_local/sweep`` with a body) does the same for only these conversations:
+their expired waits recorded, expired ones purged, live ones otherwise untouched,
+tombstones finished.
 
 **TTL deletions** (``{"Records": [...]}`` from the table's stream). DynamoDB's
 native TTL stays on as the backstop, and it deletes heads on its own. The
@@ -271,7 +272,6 @@ class Sweeper:
         recorded (and leaves the approval inbox), though nobody touches it."""
         if self.expire_waits is None:
             return
-        expire = self.expire_waits
         current = int(now.timestamp()) // keys.EXPIRY_BUCKET_SECONDS
         for bucket in range(current - WAIT_LOOKBACK_BUCKETS, current + 1):
             for shard in range(keys.EXPIRY_SHARDS):
@@ -279,24 +279,37 @@ class Sweeper:
                     run.complete = False
                     return
                 for key in self.store.waiting_in(bucket, shard):
-                    try:
-                        run.waits_expired += len(expire(key))
-                    except ConversationBusy:
-                        continue  # a request got there first: it records the expiry itself
-                    except Exception:
-                        # One conversation must not stop the pass; the next run retries it.
-                        logger.exception(
-                            "could not record expired approvals",
-                            extra={"tenant": key.tenant, "conversation_id": key.conversation_id},
-                        )
+                    self._expire_waits_of(key, run)
+
+    def _expire_waits_of(self, key: ConversationKey, run: _Run) -> None:
+        """The expiry pass's work on one conversation (nothing when none is due)."""
+        if self.expire_waits is None:
+            return
+        try:
+            run.waits_expired += len(self.expire_waits(key))
+        except ConversationBusy:
+            return  # a request got there first: it records the expiry itself
+        except Exception:
+            # One conversation must not stop the pass; the next run retries it.
+            logger.exception(
+                "could not record expired approvals",
+                extra={"tenant": key.tenant, "conversation_id": key.conversation_id},
+            )
 
     # --- on demand ----------------------------------------------------------------------
 
     def conversations(self, wanted: Iterable[ConversationKey]) -> SweepReport:
-        """Sweep only ``wanted``: expired ones are purged, tombstones finished, others kept."""
+        """Sweep only ``wanted``, doing for each what the scheduled sweep does: record
+        the waits whose window closed, then purge it if expired (tombstones are
+        finished, live conversations kept)."""
         run = _Run(self)
         now = self.clock()
-        self._each(iter(wanted), run, lambda k: self._sweep_one(k, now, True))
+
+        def sweep(key: ConversationKey) -> PurgeReport:
+            self._expire_waits_of(key, run)
+            return self._sweep_one(key, now, True)
+
+        self._each(iter(wanted), run, sweep)
         return run.report()
 
     def _sweep_one(

@@ -6,7 +6,6 @@ OpenAI's bodies carry many fields this face does not use; they are accepted and 
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -15,6 +14,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Path
 from pydantic import BaseModel, ConfigDict
 
 from ...core.models import CONVERSATION_ID_PATTERN
+from ..resolver import json_text
 
 __all__ = [
     "PREFIX",
@@ -65,7 +65,7 @@ class ResponseCreate(_Open):
 def json_response(status: int, body: dict[str, Any]) -> Response[str]:
     """``body`` as a JSON response with ``status``."""
     return Response(
-        status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body)
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=json_text(body)
     )
 
 
