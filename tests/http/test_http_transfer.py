@@ -103,3 +103,35 @@ def test_the_cli_exports_and_imports_against_a_table(
     assert talk(http, "cli-restored", "What is my name?", ANN) == "Your name is Ada."
     taken = cli("import", "cli-restored", stdin=exported.stdout)
     assert taken.returncode == 1 and "conversation_exists" in taken.stderr
+
+
+#: Characters ``str.splitlines`` splits on that JSON leaves raw: line and paragraph separators
+#: and NEXT LINE (U+0085), in ordinary text (pasted from a word processor, a PDF, EBCDIC).
+SEPARATORS = "Ada\u2028Lovelace\u2029wrote\u0085this."
+
+
+def test_line_and_paragraph_separators_round_trip_through_the_api_and_the_cli(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """U+2028, U+2029 and U+0085 in a message: export -> import is exact through the API and
+    through ``turnledger export`` / ``import`` (lines are split on ``\\n`` only)."""
+    talk(http, "sep-src", SEPARATORS, ANN)
+    exported = http.get("/v1/conversations/sep-src/export", headers=ANN)
+    assert SEPARATORS in exported.text  # written raw, as JSON allows
+    imported = http.post("/v1/conversations/sep-api/import", content=exported.content, headers=ANN)
+    assert imported.status_code == 201, imported.text
+    env = {**os.environ, **served.environment}
+
+    def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "turnledger_local.cli", *args, "--tenant", "acme"]
+        return subprocess.run(command, input=stdin, capture_output=True, env=env, timeout=60)
+
+    out = cli("export", "sep-src")
+    assert out.returncode == 0, out.stderr
+    assert SEPARATORS.encode() in out.stdout
+    restored = cli("import", "sep-cli", "--ttl-seconds", "0", stdin=out.stdout)
+    assert restored.returncode == 0, restored.stderr
+    for copy in ("sep-api", "sep-cli"):
+        events = http.get(f"/v1/conversations/{copy}/events", headers=ANN).json()["events"]
+        inputs = [e["payload"]["content"] for e in events if e["kind"] == "user_message"]
+        assert inputs == [SEPARATORS], copy

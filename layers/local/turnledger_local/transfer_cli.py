@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from turnledger.core.config import Settings
-from turnledger.core.exceptions import TurnledgerError
+from turnledger.core.exceptions import InvalidRequest, TurnledgerError
 from turnledger.core.models import ConversationKey, validate_conversation_id
 from turnledger.turn.session import utc_now
 
@@ -80,18 +80,25 @@ def run(args: argparse.Namespace) -> int:
         )
         store = Runtime.from_settings(settings).store
         if args.command == "export":
-            text = export_text(store, key, utc_now())
+            data = export_text(store, key, utc_now()).encode("utf-8")
             if args.file:
-                with open(args.file, "w", encoding="utf-8") as out:
-                    out.write(text)
+                with open(args.file, "wb") as out:
+                    out.write(data)
             else:
-                sys.stdout.write(text)
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
             return 0
+        # Bytes, decoded as UTF-8 here: text-mode streams would use the locale's encoding
+        # and translate newlines, and the export must read back exactly.
         if args.file:
-            with open(args.file, encoding="utf-8") as source:
-                text = source.read()
+            with open(args.file, "rb") as source:
+                raw = source.read()
         else:
-            text = sys.stdin.read()
+            raw = sys.stdin.buffer.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest("the export is not UTF-8") from exc
         ttl = settings.ttl_for(key.tenant) if args.ttl_seconds is None else args.ttl_seconds
         head = import_text(
             store, key, text, now=utc_now(), ttl_seconds=ttl, max_bytes=settings.max_input_bytes

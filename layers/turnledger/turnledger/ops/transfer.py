@@ -138,6 +138,15 @@ def export_text(store: ConversationStore, key: ConversationKey, now: datetime) -
     return "".join(export_lines(store, key, head))
 
 
+def split_lines(text: str) -> list[str]:
+    """The lines of an export: split on ``\n`` only (a ``\r`` before it goes too).
+
+    Not :meth:`str.splitlines`, which also splits on U+2028, U+2029, U+0085 and other
+    characters JSON strings hold raw: an export of ordinary text would not read back.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
 def _invalid(line: int, reason: str) -> RequestValidationFailed:
     return RequestValidationFailed(
         f"import line {line}: {reason}", details={"line": line, "reason": reason}
@@ -173,7 +182,7 @@ def parse_import(
         raise PayloadTooLarge(
             f"the export is over the limit of {max_bytes} bytes", details={"limit": max_bytes}
         )
-    lines = [(n, raw) for n, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
+    lines = [(n, raw) for n, raw in enumerate(split_lines(text), start=1) if raw.strip()]
     if not lines:
         raise _invalid(1, "the export is empty")
     number, raw = lines[0]
