@@ -48,13 +48,17 @@ def test_export_then_import_under_another_tenant(ddb_http: httpx.Client) -> None
         headers={**BOB, "Content-Type": "application/x-ndjson"},
     )
     assert imported.status_code == 201, imported.text
-    assert imported.json()["turns"] == 2 and imported.json()["events"] == 4
+    assert imported.json()["turns"] == 2 and imported.json()["events"] == 5
     events = [
         http.get(f"/v1/conversations/{c}/events", headers=who).json()["events"]
         for c, who in (("orig", ANN), ("copy", BOB))
     ]
-    assert [(e["kind"], e["payload"]) for e in events[0]] == [
-        (e["kind"], e["payload"]) for e in events[1]
+    opening, *copied = events[1]
+    assert opening["kind"] == "conversation_imported" and opening["actor"] == "bob"
+    assert [e["imported"]["claimed_actor"] for e in copied] == [e["actor"] for e in events[0]]
+    assert {e["actor"] for e in copied} == {"import"}
+    assert [(e["kind"], e["payload"]["content"]) for e in events[0]] == [
+        (e["kind"], e["payload"]["content"]) for e in copied
     ]
     assert talk(http, "copy", "What is my name?", BOB) == "Your name is Ada."
 
@@ -99,7 +103,7 @@ def test_the_cli_exports_and_imports_against_a_table(
     # have expired there, so this conversation never expires.
     imported = cli("import", "cli-restored", "--ttl-seconds", "0", stdin=exported.stdout)
     assert imported.returncode == 0, imported.stderr
-    assert "1 turns, 2 events" in imported.stderr
+    assert "1 turns, 3 events" in imported.stderr
     assert talk(http, "cli-restored", "What is my name?", ANN) == "Your name is Ada."
     taken = cli("import", "cli-restored", stdin=exported.stdout)
     assert taken.returncode == 1 and "conversation_exists" in taken.stderr

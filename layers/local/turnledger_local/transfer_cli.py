@@ -11,6 +11,7 @@ The format and its checks are :mod:`turnledger.ops.transfer`'s, the same as
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
 from dataclasses import replace
@@ -48,6 +49,12 @@ def add_commands(commands: Any) -> None:
             "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
         )
         if name == "import":
+            command.add_argument(
+                "--actor",
+                default=f"cli:{getpass.getuser()}",
+                help="who imports, recorded on the conversation_imported event "
+                "(default: cli:<your user name>)",
+            )
             command.add_argument(
                 "--ttl-seconds",
                 type=int,
@@ -101,7 +108,13 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequest("the export is not UTF-8") from exc
         ttl = settings.ttl_for(key.tenant) if args.ttl_seconds is None else args.ttl_seconds
         head = import_text(
-            store, key, text, now=utc_now(), ttl_seconds=ttl, max_bytes=settings.max_input_bytes
+            store,
+            key,
+            text,
+            actor=args.actor,
+            now=utc_now(),
+            ttl_seconds=ttl,
+            max_bytes=settings.max_input_bytes,
         )
         print(
             f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",

@@ -179,14 +179,14 @@ def import_conversation(conversation_id: ConversationId) -> Response[str]:
 
     ``409 conversation_exists`` when the id is taken.
     """
-    _, key = conversation(conversation_id)
+    who, key = conversation(conversation_id)
     runtime = get_runtime()
     raw = raw_body(app.current_event.raw_event)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRequest("the export is not UTF-8") from exc
-    runtime.transfer_for(key.tenant).import_text(key, text)
+    runtime.transfer_for(key.tenant).import_text(key, text, who.actor)
     view = conversation_view(runtime.conversations_for(key.tenant).get(key))
     return Response(
         status_code=201,

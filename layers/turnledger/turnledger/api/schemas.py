@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..core.models import JsonObjectFormat, JsonSchemaFormat, Usage
+from ..core.models import ImportMark, JsonObjectFormat, JsonSchemaFormat, Usage
 
 
 class _Body(BaseModel):
@@ -265,6 +265,9 @@ class EventView(BaseModel):
     occurred_at: datetime
     payload: dict[str, Any]
     schema_version: int
+    #: Set on an event that came from an import: the actor is then ``import``, and what
+    #: the payload says (an approver, a tool's output) is the source's claim.
+    imported: ImportMark | None = None
 
 
 class EventsPage(BaseModel):

@@ -8,19 +8,23 @@ The format (one JSON object a line, every line schema-versioned):
 * then one line per event, in sequence order, its payload inline (offloaded
   payloads fetched): ``{"type": "event", "schema_version": 1, "event":
   {"event_id", "sequence", "turn", "kind", "actor", "occurred_at",
-  "payload", "schema_version"}}``.
+  "payload", "schema_version"}}`` (and ``"imported"``, the :class:`ImportMark` of an
+  event that came from an earlier import).
 
 An import is checked whole before anything is written (line types and
 versions, sequences ``1..n`` without gaps, kinds and payloads, turn numbers
 that never go back, a history a strict chat API accepts, no pending calls,
 sizes) and is written all or nothing
-(:meth:`~turnledger.store.base.ConversationStore.import_conversation`). The
+(:meth:`~turnledger.store.base.ConversationStore.import_conversation`), opened by a
+``conversation_imported`` event and with every imported event marked as the
+source's claim (:func:`with_provenance`). The
 conversation gets the importing tenant's TTL; provider-side state (stored
 responses) is not carried over: the next turn sends the history afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,9 +44,14 @@ from ..core.exceptions import (
 from ..core.models import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
+    AssistantMessage,
+    ContextCompacted,
+    ConversationImported,
     ConversationKey,
     Event,
+    EventKind,
     Head,
+    ImportMark,
     SummaryRef,
     TurnOptions,
     Usage,
@@ -52,11 +61,14 @@ from ..providers.base import Message
 from ..providers.history import build_strict_history, check_strict_history
 from ..store.base import ConversationStore
 from ..turn.lifecycle import is_running, status_for
+from ..turn.session import new_event_id
 
 #: The version of the export format's lines this build writes and reads.
 EXPORT_SCHEMA_VERSION = 1
 #: The media type of an export.
 NDJSON = "application/x-ndjson"
+#: The actor of every event an import brings in (the source's actor is kept as a claim).
+IMPORT_ACTOR = "import"
 #: Events read per page while exporting.
 _PAGE = 500
 
@@ -119,7 +131,12 @@ def export_lines(store: ConversationStore, key: ConversationKey, head: Head) -> 
     while after < head.event_count:
         events = store.read_events(key, head, after=after, limit=_PAGE)
         for event in events:
-            body = event.model_dump(mode="json", exclude={"conversation_id"})
+            # ``imported`` only where it is set: an export of a conversation made here
+            # reads as it did before imports were marked.
+            body = event.model_dump(
+                mode="json",
+                exclude={"conversation_id"} | ({"imported"} if not event.imported else set()),
+            )
             yield _line({"type": "event", "schema_version": EXPORT_SCHEMA_VERSION, "event": body})
         if not events:
             break
@@ -245,23 +262,123 @@ def parse_import(
     return head, events
 
 
+def renumbered(event: Event, shift: int) -> dict[str, Any]:
+    """``event``'s payload with its references to sequences moved up by ``shift``: a
+    summary's range and a run record's context start, which name events of the log."""
+    body = event.body()
+    if isinstance(body, ContextCompacted):
+        return body.model_copy(
+            update={
+                "from_sequence": body.from_sequence + shift,
+                "to_sequence": body.to_sequence + shift,
+                "previous_through": None
+                if body.previous_through is None
+                else body.previous_through + shift,
+            }
+        ).model_dump(mode="json")
+    if isinstance(body, AssistantMessage) and body.run is not None:
+        run = body.run.model_copy(
+            update={
+                "context_from": body.run.context_from + shift,
+                "summary_through": None
+                if body.run.summary_through is None
+                else body.run.summary_through + shift,
+            }
+        )
+        return body.model_copy(update={"run": run}).model_dump(mode="json")
+    return event.payload
+
+
+def with_provenance(
+    exported: ExportHead,
+    events: list[Event],
+    *,
+    conversation_id: str,
+    actor: str,
+    now: datetime,
+    export_sha256: str,
+) -> list[Event]:
+    """The events an import writes: a ``conversation_imported`` event (sequence 1, turn 0,
+    by ``actor``), then the export's events renumbered from 2, each marked as imported
+    (:class:`~turnledger.core.models.ImportMark`) with the actor ``import``.
+
+    Usage and cost carried over are recomputed from the answers' own records.
+    """
+    answers = [b for e in events if isinstance(b := e.body(), AssistantMessage)]
+    opening = Event(
+        event_id=new_event_id(),
+        conversation_id=conversation_id,
+        sequence=1,
+        turn=0,
+        kind=EventKind.CONVERSATION_IMPORTED,
+        actor=actor,
+        occurred_at=now,
+        payload=ConversationImported(
+            imported_by=actor,
+            source_conversation_id=exported.conversation_id,
+            source_created_at=exported.created_at,
+            source_updated_at=exported.updated_at,
+            export_sha256=export_sha256,
+            events=len(events),
+            usage_carried_over=sum((a.usage for a in answers), Usage()),
+            cost_usd_carried_over=sum(a.run.cost_usd for a in answers if a.run is not None),
+        ).model_dump(mode="json"),
+    )
+    marked = [
+        event.model_copy(
+            update={
+                "sequence": event.sequence + 1,
+                "actor": IMPORT_ACTOR,
+                "payload": renumbered(event, 1),
+                "imported": ImportMark(
+                    imported_by=actor,
+                    imported_at=now,
+                    source_conversation_id=exported.conversation_id,
+                    export_sha256=export_sha256,
+                    source_sequence=event.sequence,
+                    claimed_actor=event.imported.claimed_actor
+                    if event.imported is not None
+                    else event.actor,
+                ),
+            }
+        )
+        for event in events
+    ]
+    return [opening, *marked]
+
+
 def import_text(
     store: ConversationStore,
     key: ConversationKey,
     text: str,
     *,
+    actor: str,
     now: datetime,
     ttl_seconds: int,
     max_bytes: int,
 ) -> Head:
-    """Check ``text`` (an export) and create ``key`` from it, all or nothing.
+    """Check ``text`` (an export) and create ``key`` from it as ``actor``, all or nothing.
+
+    The history written opens with ``conversation_imported``; the export's events follow,
+    marked as imported (:func:`with_provenance`). The head's usage, cost and failed turns
+    are recomputed from the events, not taken from the export's head line.
 
     Raises:
         ConversationExists: the id is taken.
         PayloadTooLarge, InvalidRequest, RequestValidationFailed: see :func:`parse_import`.
         ConversationBusy: the conversation changed during the import (nothing is visible).
     """
-    exported, events = parse_import(text, key.conversation_id, max_bytes=max_bytes)
+    exported, parsed = parse_import(text, key.conversation_id, max_bytes=max_bytes)
+    events = with_provenance(
+        exported,
+        parsed,
+        conversation_id=key.conversation_id,
+        actor=actor,
+        now=now,
+        export_sha256=hashlib.sha256(text.encode()).hexdigest(),
+    )
+    opening = events[0].body()
+    assert isinstance(opening, ConversationImported)
     summary = latest_summary(events)
     expires_at = int(now.timestamp()) + ttl_seconds if ttl_seconds else None
     head = Head(
@@ -275,13 +392,13 @@ def import_text(
         updated_at=now,
         ttl_seconds=ttl_seconds,
         expires_at=expires_at,
-        usage=exported.usage,
+        usage=opening.usage_carried_over,
         options=exported.options,
         summary=SummaryRef(sequence=summary.sequence, through=summary.body.to_sequence)
         if summary is not None
         else None,
-        failed_turns=exported.failed_turns,
-        cost_usd=exported.cost_usd,
+        failed_turns=sum(1 for e in events if e.kind is EventKind.TURN_FAILED),
+        cost_usd=opening.cost_usd_carried_over,
     )
     return store.import_conversation(key, head, events, now)
 
@@ -302,12 +419,13 @@ class Transfer:
         """The whole export of ``key`` (see :func:`export_text`)."""
         return export_text(self.store, key, self.clock())
 
-    def import_text(self, key: ConversationKey, text: str) -> Head:
-        """Create ``key`` from an export, all or nothing (see :func:`import_text`)."""
+    def import_text(self, key: ConversationKey, text: str, actor: str) -> Head:
+        """Create ``key`` from an export as ``actor``, all or nothing (see :func:`import_text`)."""
         return import_text(
             self.store,
             key,
             text,
+            actor=actor,
             now=self.clock(),
             ttl_seconds=self.ttl_for(key.tenant),
             max_bytes=self.max_bytes,
