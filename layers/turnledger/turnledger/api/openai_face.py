@@ -37,7 +37,7 @@ from ..core.models import CONVERSATION_ID_PATTERN, Event, validate_conversation_
 from ..runtime import get_runtime
 from ..turn.results import TurnResult
 from .errors import openai_error_body
-from .resolver import app, caller, conversation
+from .resolver import app, approver, caller, conversation
 from .schemas import (
     ApprovalEdit,
     ApprovalRequest,
@@ -302,7 +302,9 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
                 approve.append(call_id)
             else:
                 reject.append(Rejection(id=call_id, reason=item.get("reason")))
-        decided = decisions(ApprovalRequest(approve=approve, reject=reject))
+        # Deciding here needs what the approvals route needs.
+        who = approver(key.conversation_id)
+        decided = decisions(ApprovalRequest(approve=approve, reject=reject), who.approver_claims)
         reply = service.approve(key, who.actor, decided)
     else:
         reply = service.turn(key, who.actor, turn_command(_turn_request(request, others)))

@@ -29,6 +29,7 @@ from .idempotency import idempotent
 from .resolver import (
     ConversationId,
     app,
+    approver,
     caller,
     conversation,
     idempotency_key,
@@ -100,17 +101,20 @@ def post_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/approvals",
-    responses=responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
+    responses=responses(TurnResponse, 400, 401, 403, 404, 409, 413, 422, 502, 503, 504)
+    | ASYNC_ANSWER,
 )
 def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
 ) -> Response[TurnResponse | AsyncTurnAccepted]:
     """Decide pending tool calls; continue the turn when none is left undecided.
 
+    Only a caller with the approver scope decides (:func:`.resolver.approver`).
     With ``Prefer: respond-async``: ``202`` at once, the turn goes on in the turn worker.
     """
-    who, key = conversation(conversation_id)
-    decided = decisions(request)
+    who = approver(conversation_id)
+    key = who.key(conversation_id)
+    decided = decisions(request, who.approver_claims)
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, decided)
     service = get_runtime().conversations_for(key.tenant)
@@ -205,7 +209,7 @@ def erase_tenant() -> PurgeReportView:
     return purge_report(get_runtime().sweeper(context).erase(caller().tenant))
 
 
-@app.get("/v1/approvals", responses=responses(InboxPageView, 400, 401, 409, 422, 503))
+@app.get("/v1/approvals", responses=responses(InboxPageView, 400, 401, 403, 409, 422, 503))
 def get_approvals(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many calls.")] = (
         DEFAULT_LIMIT
@@ -218,8 +222,9 @@ def get_approvals(
         str | None, Query(pattern=CONVERSATION_ID_PATTERN, description="Only this conversation.")
     ] = None,
 ) -> InboxPageView:
-    """The tenant's approval inbox: every call waiting for a person, oldest first."""
-    tenant = caller().tenant
+    """The tenant's approval inbox: every call waiting for a person, oldest first (for a
+    caller with the approver scope)."""
+    tenant = approver().tenant
     listing = list_inbox(
         get_runtime().conversations_for(tenant),
         tenant,

@@ -19,6 +19,9 @@
 | ``REDACTION_FILE`` | (none: off) | redaction rule set bundled with the function |
 | ``REDACTION_PARAMETER`` | (none: off) | SSM parameter holding the rule set |
 | ``TENANT_CLAIM`` | ``tenant_id`` | JWT claim holding the tenant |
+| ``APPROVER_CLAIM`` | ``scope`` | JWT claim that must hold ``APPROVER_SCOPE`` to decide approvals |
+| ``APPROVER_SCOPE`` | ``turnledger/approve`` | the value required (empty: anyone in the tenant) |
+| ``APPROVAL_FOUR_EYES`` | ``false`` | ``true``: nobody approves a call their own turn asked for |
 | ``PROVIDER`` | ``demo`` | ``demo`` or ``openai-chat`` |
 | ``MODEL`` | ``demo-1`` | default model name |
 | ``SYSTEM_PROMPT`` | (empty) | sent first on every turn |
@@ -184,6 +187,12 @@ class Settings:
     context_max_events: int = 400
     context_max_chars: int = 400_000
     tenant_claim: str = "tenant_id"
+    #: The claim that must hold :attr:`approver_scope` (one of its space-, comma- or
+    #: bracket-separated values) for the approvals routes; an empty scope requires nothing.
+    approver_claim: str = "scope"
+    approver_scope: str = "turnledger/approve"
+    #: Four-eyes for every tool: the approver must differ from the turn's actor.
+    approval_four_eyes: bool = False
     provider: str = "demo"
     model: str = "demo-1"
     system_prompt: str = ""
@@ -304,6 +313,9 @@ class Settings:
             context_max_events=_int(env, "CONTEXT_MAX_EVENTS", cls.context_max_events),
             context_max_chars=_int(env, "CONTEXT_MAX_CHARS", cls.context_max_chars),
             tenant_claim=env.get("TENANT_CLAIM", cls.tenant_claim),
+            approver_claim=env.get("APPROVER_CLAIM") or cls.approver_claim,
+            approver_scope=env.get("APPROVER_SCOPE", cls.approver_scope).strip(),
+            approval_four_eyes=_bool(env, "APPROVAL_FOUR_EYES", cls.approval_four_eyes),
             provider=env.get("PROVIDER", cls.provider),
             model=env.get("MODEL", cls.model),
             system_prompt=env.get("SYSTEM_PROMPT", ""),

@@ -11,6 +11,8 @@ hierarchy to responses and never matches on message text::
     ├── InvalidConversationId        400 invalid_conversation_id
     ├── InvalidCursor                400 invalid_cursor
     ├── Unauthorized                 401 unauthorized
+    ├── ApproverScopeMissing         403 approver_scope_missing
+    ├── ApproverIsRequester          403 approver_is_requester
     ├── ConversationNotFound         404 conversation_not_found
     ├── ConversationBusy             409 conversation_busy
     ├── (calls pending)
@@ -83,6 +85,22 @@ class Unauthorized(TurnledgerError):
 
     status = 401
     code = "unauthorized"
+
+
+class ApproverScopeMissing(TurnledgerError):
+    """The caller's identity lacks the claim value that deciding approvals requires
+    (``APPROVER_CLAIM`` holding ``APPROVER_SCOPE``)."""
+
+    status = 403
+    code = "approver_scope_missing"
+
+
+class ApproverIsRequester(TurnledgerError):
+    """Four-eyes: the approver is the person whose turn asked for the call
+    (``details.calls``); nothing was decided."""
+
+    status = 403
+    code = "approver_is_requester"
 
 
 class ConversationNotFound(TurnledgerError):

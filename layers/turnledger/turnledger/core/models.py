@@ -241,6 +241,9 @@ class ApprovalResolved(_Strict):
     #: (``arguments_sha256`` stays the hash of what was requested).
     approved_arguments: dict[str, Any] | None = None
     approved_arguments_sha256: str | None = None
+    #: The approver's identity claims the decision relied on (``sub`` and the approver
+    #: claim, when one is required); ``None`` for the system's own decisions.
+    approver_claims: dict[str, str] | None = None
 
 
 class ApprovalExpired(_Strict):
