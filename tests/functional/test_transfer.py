@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from turnledger.core.config import Settings
 from turnledger.core.exceptions import (
     ConversationExists,
     ConversationNotFound,
+    ImportTooLarge,
     InvalidRequest,
     PayloadTooLarge,
     RequestValidationFailed,
@@ -23,11 +25,21 @@ from turnledger.core.exceptions import (
 )
 from turnledger.core.models import ConversationKey, ConversationStatus, Event, EventKind, Usage
 from turnledger.ops.sweep import Sweeper
-from turnledger.ops.transfer import IMPORT_ACTOR, export_text, import_text, renumbered
+from turnledger.ops.transfer import (
+    IMPORT_ACTOR,
+    InlineExport,
+    LinkedExport,
+    export_text,
+    import_text,
+    renumbered,
+)
+from turnledger.ops.transfer import export as export_answer
 from turnledger.providers.base import Message
 from turnledger.providers.history import build_strict_history, check_strict_history
 from turnledger.store import keys
 from turnledger.store.base import ConversationStore
+from turnledger.store.blobs import S3BlobStore
+from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn.pipeline import Conversations
 
@@ -374,3 +386,79 @@ def test_an_import_that_fails_midway_leaves_nothing_visible(
         assert leaves_nothing(store, key)
     load(service, "dst", text)  # the id is free
     assert edge.get(service, ANN, "dst").events == 121
+
+
+def test_an_import_over_the_event_cap_is_refused_and_leaves_nothing(
+    service: Conversations,
+) -> None:
+    """IMPORT_MAX_EVENTS: counted before anything is parsed or written, 413 import_too_large."""
+    say(service, "Hello.", "capped")
+    say(service, "Hello again.", "capped")
+    key = ConversationKey(tenant=ANN.tenant, conversation_id="capped-copy")
+    with pytest.raises(ImportTooLarge) as refused:
+        import_text(
+            service.store,
+            key,
+            export(service, "capped"),
+            actor="ann",
+            now=service.clock(),
+            ttl_seconds=0,
+            max_bytes=LIMIT,
+            max_events=3,
+        )
+    assert (refused.value.status, refused.value.code) == (413, "import_too_large")
+    assert refused.value.details == {"limit_events": 3, "events": 4}
+    assert leaves_nothing(service.store, key)
+
+
+def test_an_export_over_the_inline_limit_is_written_whole_and_linked(
+    service: Conversations,
+) -> None:
+    """Over ``inline_max_bytes`` (JSON-escaped): a store that makes URLs (S3) writes the export
+    under the conversation's life and answers its URL; one that does not answers inline.
+    Either way the content is the export, and clearing the conversation removes the object."""
+    say(service, "é" * 50_000, "linked")  # 100 KB of UTF-8, 300 KB escaped
+    key = ConversationKey(tenant=ANN.tenant, conversation_id="linked")
+    whole = export(service, "linked")
+    answer = export_to(service.store, key, service.clock(), inline_max_bytes=200_000)
+    if not service.store.blobs.makes_urls:
+        assert isinstance(answer, InlineExport) and answer.text == whole
+        return
+    assert isinstance(answer, LinkedExport)
+    assert answer.bytes == len(whole.encode())
+    assert answer.expires_at == service.clock() + timedelta(seconds=60)
+    head = service.store.get_head(key)
+    assert head is not None
+    assert service.store.blobs.get(keys.export_key(key, head.gen)) == whole.encode()
+    small = export_to(service.store, key, service.clock(), inline_max_bytes=400_000)
+    assert isinstance(small, InlineExport) and small.text == whole
+    edge.clear(service, ANN, "linked")
+    assert leaves_nothing(service.store, key)
+
+
+def export_to(
+    store: ConversationStore, key: ConversationKey, now: datetime, *, inline_max_bytes: int
+) -> InlineExport | LinkedExport:
+    return export_answer(store, key, now, inline_max_bytes=inline_max_bytes, url_ttl_seconds=60)
+
+
+def test_s3_streams_a_large_object_in_parts_and_aborts_a_failed_one(
+    moto_store: DynamoDBConversationStore,
+) -> None:
+    """``put_stream`` over one part: a multipart upload, one part in memory at a time; a
+    stream that fails midway leaves no object and no open upload."""
+    blobs = moto_store.blobs
+    assert isinstance(blobs, S3BlobStore)
+    chunk = b"0123456789abcdef" * (1024 * 1024 // 16)  # 1 MiB
+    size = blobs.put_stream("t/x/big.ndjson", (chunk for _ in range(20)), "application/x-ndjson")
+    assert size == 20 * len(chunk) and blobs.get("t/x/big.ndjson") == chunk * 20
+
+    def failing() -> Iterator[bytes]:
+        yield from (chunk for _ in range(10))
+        raise RuntimeError("the export failed midway")
+
+    with pytest.raises(RuntimeError):
+        blobs.put_stream("t/x/failed.ndjson", failing(), "application/x-ndjson")
+    assert list(blobs.list_keys("t/x/failed")) == []
+    client = blobs._client
+    assert not client.list_multipart_uploads(Bucket=blobs._bucket).get("Uploads")

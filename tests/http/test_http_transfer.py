@@ -139,3 +139,42 @@ def test_line_and_paragraph_separators_round_trip_through_the_api_and_the_cli(
         events = http.get(f"/v1/conversations/{copy}/events", headers=ANN).json()["events"]
         inputs = [e["payload"]["content"] for e in events if e["kind"] == "user_message"]
         assert inputs == [SEPARATORS], copy
+
+
+def test_an_export_larger_than_lambda_carries_is_fetched_through_its_url(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """Two 3 MB messages make a 6 MB export, more than a Lambda response carries: the route
+    answers 303 with a presigned Location (and the same in its body); the URL, with no other
+    credentials, gives the export byte for byte as the CLI writes it; the CLI imports it."""
+    big = "w" * 3_000_000
+    talk(http, "huge", big, ANN)
+    talk(http, "huge", big, ANN)
+    answer = http.get("/v1/conversations/huge/export", headers=ANN)
+    assert answer.status_code == 303, answer.text[:300]
+    link = answer.json()
+    assert answer.headers["location"] == link["export_url"]
+    assert link["bytes"] > 6_000_000 and link["expires_at"]
+    fetched = httpx.get(link["export_url"], timeout=60, trust_env=False)
+    assert fetched.status_code == 200
+    assert len(fetched.content) == link["bytes"]
+    assert fetched.content.count(big.encode()) == 2
+    env = {**os.environ, **served.environment}
+    command = [sys.executable, "-m", "turnledger_local.cli", "export", "huge", "--tenant", "acme"]
+    written = subprocess.run(command, capture_output=True, env=env, timeout=120)
+    assert written.returncode == 0, written.stderr
+    assert written.stdout == fetched.content
+    restore = [sys.executable, "-m", "turnledger_local.cli", "import", "huge-copy"]
+    restored = subprocess.run(
+        [*restore, "--tenant", "acme", "--ttl-seconds", "0"],
+        input=fetched.content,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert restored.returncode == 0, restored.stderr
+    copy = http.get("/v1/conversations/huge-copy", headers=ANN).json()
+    assert copy["turns"] == 2
+    # Through the API, such a body is over MAX_INPUT_BYTES: 413 before the service.
+    refused = http.post("/v1/conversations/huge-api/import", content=fetched.content, headers=ANN)
+    assert refused.status_code == 413 and error_of(refused)["code"] == "payload_too_large"

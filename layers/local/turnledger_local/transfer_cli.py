@@ -22,6 +22,9 @@ from turnledger.core.exceptions import InvalidRequest, TurnledgerError
 from turnledger.core.models import ConversationKey, validate_conversation_id
 from turnledger.turn.session import utc_now
 
+#: The CLI's default cap on an import: far above the API's, which a Lambda payload bounds.
+CLI_MAX_BYTES = 1024 * 1024 * 1024
+
 
 def add_commands(commands: Any) -> None:
     """Add the ``export`` and ``import`` sub-commands to ``commands`` (argparse subparsers)."""
@@ -49,6 +52,13 @@ def add_commands(commands: Any) -> None:
             "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
         )
         if name == "import":
+            command.add_argument(
+                "--max-bytes",
+                type=int,
+                default=CLI_MAX_BYTES,
+                help="the largest export to import (default: 1 GiB; the CLI is not bound by "
+                "the API's MAX_INPUT_BYTES or IMPORT_MAX_EVENTS)",
+            )
             command.add_argument(
                 "--actor",
                 default=f"cli:{getpass.getuser()}",
@@ -114,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             actor=args.actor,
             now=utc_now(),
             ttl_seconds=ttl,
-            max_bytes=settings.max_input_bytes,
+            max_bytes=args.max_bytes,
         )
         print(
             f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",

@@ -57,7 +57,7 @@ _ERROR_CODES = {
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
     "unsupported_state_version, conversation_exists, input_pending",
     410: "callback_invalid",
-    413: "payload_too_large",
+    413: "payload_too_large, import_too_large",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
     "idempotency_key_reused",
     502: "provider_error",

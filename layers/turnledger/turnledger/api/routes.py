@@ -40,6 +40,7 @@ from .schemas import (
     ApprovalRequest,
     ConversationView,
     EventsPage,
+    ExportLink,
     InboxPageView,
     PurgeReportView,
     TurnRequest,
@@ -164,14 +165,33 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     "/v1/conversations/<conversation_id>/export",
     responses={
         200: {"description": "The conversation as NDJSON", "content": {NDJSON: {}}},
+        303: {
+            "description": "An export larger than a response carries: fetch it from "
+            "Location (a short-lived URL, no credentials)",
+            "content": {"application/json": {"model": ExportLink}},
+        },
         **{k: v for k, v in responses(None, 400, 401, 404, 409, 422).items() if k != 200},
     },
 )
 def export_conversation(conversation_id: ConversationId) -> Response[str]:
-    """The whole conversation as NDJSON: its head line, then every event, payloads inline."""
+    """The whole conversation as NDJSON: its head line, then every event, payloads inline.
+
+    Larger than ``EXPORT_INLINE_MAX_BYTES``: written to the bucket, answered ``303`` with a
+    presigned ``Location`` (and the same in the body).
+    """
+    from ..ops.transfer import InlineExport  # see NDJSON: loaded by this route only
+
     _, key = conversation(conversation_id)
-    transfer = get_runtime().transfer_for(key.tenant)
-    return Response(status_code=200, content_type=NDJSON, body=transfer.export_text(key))
+    answer = get_runtime().transfer_for(key.tenant).export(key)
+    if isinstance(answer, InlineExport):
+        return Response(status_code=200, content_type=NDJSON, body=answer.text)
+    link = ExportLink(export_url=answer.url, expires_at=answer.expires_at, bytes=answer.bytes)
+    return Response(
+        status_code=303,
+        content_type=content_types.APPLICATION_JSON,
+        body=link.model_dump_json(),
+        headers={"Location": answer.url},
+    )
 
 
 @app.post(

@@ -270,6 +270,15 @@ class EventView(BaseModel):
     imported: ImportMark | None = None
 
 
+class ExportLink(BaseModel):
+    """Answer of ``GET .../export`` (``303``, with ``Location``) when the export is larger
+    than a response carries: where to fetch it, until when, and its size."""
+
+    export_url: str
+    expires_at: datetime
+    bytes: int
+
+
 class EventsPage(BaseModel):
     """Answer of ``GET /v1/conversations/{id}/events``."""
 

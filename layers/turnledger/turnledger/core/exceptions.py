@@ -26,6 +26,7 @@ hierarchy to responses and never matches on message text::
     │   └── UnsupportedStateVersion  409 unsupported_state_version
     ├── CallbackInvalid              410 callback_invalid
     ├── PayloadTooLarge              413 payload_too_large
+    │   └── ImportTooLarge           413 import_too_large
     ├── RequestValidationFailed      422 validation_error
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
@@ -199,6 +200,13 @@ class PayloadTooLarge(TurnledgerError):
 
     status = 413
     code = "payload_too_large"
+
+
+class ImportTooLarge(PayloadTooLarge):
+    """An import holds more events than one request may write (``IMPORT_MAX_EVENTS``);
+    ``details.limit_events`` and ``details.events`` say by how much. Nothing was written."""
+
+    code = "import_too_large"
 
 
 class RequestValidationFailed(TurnledgerError):

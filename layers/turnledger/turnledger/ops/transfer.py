@@ -25,10 +25,11 @@ responses) is not carried over: the next turn sends the history afresh.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -36,6 +37,8 @@ from pydantic import Field, ValidationError
 from ..context.assembly import build_messages, latest_summary
 from ..core.exceptions import (
     ConversationNotFound,
+    ImportTooLarge,
+    InternalError,
     InvalidHistory,
     InvalidRequest,
     PayloadTooLarge,
@@ -59,6 +62,7 @@ from ..core.models import (
 )
 from ..providers.base import Message
 from ..providers.history import build_strict_history, check_strict_history
+from ..store import keys
 from ..store.base import ConversationStore
 from ..turn.lifecycle import is_running, status_for
 from ..turn.session import new_event_id
@@ -143,16 +147,81 @@ def export_lines(store: ConversationStore, key: ConversationKey, head: Head) -> 
         after = events[-1].sequence
 
 
+def _visible_head(store: ConversationStore, key: ConversationKey, now: datetime) -> Head:
+    head = store.get_head(key)
+    if head is None or not head.is_visible(now):
+        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+    return head
+
+
 def export_text(store: ConversationStore, key: ConversationKey, now: datetime) -> str:
-    """The whole export of ``key`` as one string.
+    """The whole export of ``key`` as one string (the CLI's; the API answers :func:`export`).
 
     Raises:
         ConversationNotFound: absent, expired, cleared.
     """
-    head = store.get_head(key)
-    if head is None or not head.is_visible(now):
-        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-    return "".join(export_lines(store, key, head))
+    return "".join(export_lines(store, key, _visible_head(store, key, now)))
+
+
+@dataclass(frozen=True)
+class InlineExport:
+    """An export small enough to answer in the response body."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class LinkedExport:
+    """An export written to the blob store, fetched through a short-lived URL."""
+
+    url: str
+    expires_at: datetime
+    #: The export's size in bytes (UTF-8).
+    bytes: int
+
+
+def _escaped_size(line: str) -> int:
+    # What the line weighs inside Lambda's JSON response: escaped, non-ASCII as \uXXXX.
+    return len(json.dumps(line)) - 2
+
+
+def export(
+    store: ConversationStore,
+    key: ConversationKey,
+    now: datetime,
+    *,
+    inline_max_bytes: int,
+    url_ttl_seconds: int,
+) -> InlineExport | LinkedExport:
+    """The export of ``key``: inline while it weighs at most ``inline_max_bytes`` as a
+    JSON-escaped response body; else streamed to the blob store (never whole in memory)
+    under :func:`~turnledger.store.keys.export_key` and answered with a URL valid for
+    ``url_ttl_seconds``. A blob store without URLs (files, memory) answers inline at any size.
+
+    Raises:
+        ConversationNotFound: absent, expired, cleared.
+    """
+    head = _visible_head(store, key, now)
+    lines = export_lines(store, key, head)
+    taken: list[str] = []
+    weight = 0
+    for line in lines:
+        taken.append(line)
+        weight += _escaped_size(line)
+        if weight > inline_max_bytes and store.blobs.makes_urls:
+            break
+    else:
+        return InlineExport(text="".join(taken))
+    object_key = keys.export_key(key, head.gen)
+    size = store.blobs.put_stream(
+        object_key,
+        (line.encode("utf-8") for line in itertools.chain(taken, lines)),
+        NDJSON,
+    )
+    url = store.blobs.download_url(object_key, url_ttl_seconds)
+    if url is None:
+        raise InternalError("the blob store wrote the export but made no URL for it")
+    return LinkedExport(url=url, expires_at=now + timedelta(seconds=url_ttl_seconds), bytes=size)
 
 
 def split_lines(text: str) -> list[str]:
@@ -186,11 +255,12 @@ def _parse_line(number: int, raw: str) -> dict[str, Any]:
 
 
 def parse_import(
-    text: str, conversation_id: str, *, max_bytes: int
+    text: str, conversation_id: str, *, max_bytes: int, max_events: int = 0
 ) -> tuple[ExportHead, list[Event]]:
     """Parse and check an export for import under ``conversation_id``; nothing is written.
 
     Raises:
+        ImportTooLarge: more than ``max_events`` events (``0``: no cap), checked first.
         PayloadTooLarge: the export, or one event's payload, is over ``max_bytes``.
         InvalidRequest: a line is not a JSON object.
         RequestValidationFailed: a rule is broken (``details.line`` and ``details.reason``).
@@ -202,6 +272,12 @@ def parse_import(
     lines = [(n, raw) for n, raw in enumerate(split_lines(text), start=1) if raw.strip()]
     if not lines:
         raise _invalid(1, "the export is empty")
+    if max_events and len(lines) - 1 > max_events:
+        raise ImportTooLarge(
+            f"the export holds {len(lines) - 1} events; an import takes at most {max_events} "
+            "(import larger ones with the turnledger import command)",
+            details={"limit_events": max_events, "events": len(lines) - 1},
+        )
     number, raw = lines[0]
     try:
         head = ExportHead.model_validate(_parse_line(number, raw))
@@ -356,6 +432,7 @@ def import_text(
     now: datetime,
     ttl_seconds: int,
     max_bytes: int,
+    max_events: int = 0,
 ) -> Head:
     """Check ``text`` (an export) and create ``key`` from it as ``actor``, all or nothing.
 
@@ -368,7 +445,9 @@ def import_text(
         PayloadTooLarge, InvalidRequest, RequestValidationFailed: see :func:`parse_import`.
         ConversationBusy: the conversation changed during the import (nothing is visible).
     """
-    exported, parsed = parse_import(text, key.conversation_id, max_bytes=max_bytes)
+    exported, parsed = parse_import(
+        text, key.conversation_id, max_bytes=max_bytes, max_events=max_events
+    )
     events = with_provenance(
         exported,
         parsed,
@@ -414,10 +493,21 @@ class Transfer:
     ttl_for: Callable[[str], int]
     #: The largest export an import accepts.
     max_bytes: int
+    #: The most events an import accepts (``0``: no cap).
+    max_events: int = 0
+    #: Larger exports go to the blob store and are answered with a URL this long valid.
+    export_inline_max_bytes: int = 4 * 1024 * 1024
+    export_url_ttl_seconds: int = 300
 
-    def export_text(self, key: ConversationKey) -> str:
-        """The whole export of ``key`` (see :func:`export_text`)."""
-        return export_text(self.store, key, self.clock())
+    def export(self, key: ConversationKey) -> InlineExport | LinkedExport:
+        """The export of ``key``, inline or through a URL (see :func:`export`)."""
+        return export(
+            self.store,
+            key,
+            self.clock(),
+            inline_max_bytes=self.export_inline_max_bytes,
+            url_ttl_seconds=self.export_url_ttl_seconds,
+        )
 
     def import_text(self, key: ConversationKey, text: str, actor: str) -> Head:
         """Create ``key`` from an export as ``actor``, all or nothing (see :func:`import_text`)."""
@@ -429,4 +519,5 @@ class Transfer:
             now=self.clock(),
             ttl_seconds=self.ttl_for(key.tenant),
             max_bytes=self.max_bytes,
+            max_events=self.max_events,
         )
