@@ -290,6 +290,7 @@ def _unanswered_call(lines: list[dict[str, Any]]) -> None:
 
 
 INVALID: dict[str, tuple[Callable[[list[dict[str, Any]]], None], type[TurnledgerError], str]] = {
+    "turn 0": (_set(1, ("event", "turn"), 0), RequestValidationFailed, "turn 0"),
     "head version": (_set(0, ("schema_version",), 2), RequestValidationFailed, "schema_version"),
     "event line version": (_set(1, ("schema_version",), 9), RequestValidationFailed, "version"),
     "event version": (

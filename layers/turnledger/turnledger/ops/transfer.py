@@ -303,6 +303,8 @@ def parse_import(
             event = Event.model_validate(body)
         except ValidationError as exc:
             raise _invalid(number, f"not a valid event: {exc.errors()[0]['msg']}") from exc
+        if (event.turn == 0) != (event.kind is EventKind.CONVERSATION_IMPORTED):
+            raise _invalid(number, "turn 0 holds a conversation_imported event, and only that")
         expected = len(events) + 1
         if event.sequence != expected:
             raise _invalid(number, f"sequence {event.sequence}, expected {expected}")
