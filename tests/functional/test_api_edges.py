@@ -3,6 +3,7 @@ invocation, and path parameters as API Gateway decodes them."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import io
 import json
@@ -13,8 +14,9 @@ from unittest import mock
 import pytest
 from moto import mock_aws
 from turnledger.api import app, lambda_handler
+from turnledger.core.config import LAMBDA_SYNC_PAYLOAD_BYTES, Settings
 from turnledger.core.observability import logger
-from turnledger.runtime import get_runtime, set_runtime
+from turnledger.runtime import Runtime, get_runtime, set_runtime
 from turnledger_local.gateway import LambdaContext
 
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
@@ -162,3 +164,25 @@ def test_a_decoded_id_that_breaks_the_rule_is_400(
     answer = invoke(head)
     assert answer["statusCode"] == 400
     assert json.loads(answer["body"])["error"]["code"] == "invalid_conversation_id"
+
+
+def test_a_body_lambda_could_not_carry_is_413_before_the_service(
+    invoke: Invoke, load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """Lambda carries 6 MiB of event synchronously: a 6,000,000-byte body is refused with
+    413 before any route or storage runs, and a body at the default limit, base64-encoded
+    in its event (the HTTP API's form for non-text bodies), fits with room for the envelope."""
+    limit = Settings().max_input_bytes
+    big = request(load_event("turn"), request_id="req-big", tenant="acme")
+    big["body"] = json.dumps({"input": "x" * 6_000_000})
+    with mock.patch.object(Runtime, "conversations_for", side_effect=AssertionError("served")):
+        answer = invoke(big)
+    assert answer["statusCode"] == 413, answer["body"][:300]
+    error = json.loads(answer["body"])["error"]
+    assert error["code"] == "payload_too_large" and error["details"] == {"limit": limit}
+
+    fitting = request(load_event("turn"), request_id="req-fit", tenant="acme")
+    fitting["body"] = base64.b64encode(b"x" * limit).decode()
+    fitting["isBase64Encoded"] = True
+    envelope = len(json.dumps(fitting).encode()) - len(fitting["body"])
+    assert len(json.dumps(fitting).encode()) + 64 * 1024 <= LAMBDA_SYNC_PAYLOAD_BYTES, envelope

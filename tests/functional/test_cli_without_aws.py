@@ -60,7 +60,8 @@ def test_export_and_import_with_a_data_dir_need_no_aws(tmp_path: Path, no_aws: d
     args = ("import", "--data-dir", str(data), "--tenant", "acme", "persist-2")
     imported = cli(no_aws, *args, stdin=exported.stdout)
     assert imported.returncode == 0, imported.stderr
-    assert imported.stderr.strip() == "imported persist-2: 1 turns, 2 events"
+    # 3: the conversation_imported event opens the copy
+    assert imported.stderr.strip() == "imported persist-2: 1 turns, 3 events"
     again = cli(no_aws, *args, stdin=exported.stdout)
     assert one_error_line(again, "turnledger import: conversation_exists: ")
 

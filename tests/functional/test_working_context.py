@@ -36,6 +36,7 @@ from turnledger.core.models import (
     Event,
     EventKind,
 )
+from turnledger.ops.transfer import export_text, import_text
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
 from turnledger.providers.history import check_strict_history
@@ -533,6 +534,42 @@ def test_every_answer_carries_a_run_record_and_its_context_rebuilds_from_the_log
         assert rebuilt.sha256 == run.context_sha256
         assert rebuilt.summary_through == run.summary_through
     assert any(e.body().run.summary_through for _, e in calls)  # type: ignore[union-attr]
+
+
+def test_an_imported_log_still_rebuilds_every_context_and_summary(
+    memory_store: ConversationStore, clock: FakeClock
+) -> None:
+    """An import renumbers the events (its opening event takes sequence 1) and the sequences
+    inside them with it: every imported run record still rebuilds from the imported log, and
+    the imported conversation's head points at the moved summary."""
+    svc = service(memory_store, clock, Recording(), context_max_tokens=120)
+    for index in range(1, 25):
+        turn(svc, ten_words(index))
+    source = ConversationKey(tenant=ANN.tenant, conversation_id="conv-1")
+    copy = ConversationKey(tenant=ANN.tenant, conversation_id="conv-copy")
+    text = export_text(memory_store, source, clock.now())
+    import_text(
+        memory_store, copy, text, actor="ann", now=clock.now(), ttl_seconds=0, max_bytes=10**8
+    )
+    events = transcript(svc, "conv-copy")
+    runs = 0
+    for index, event in enumerate(events):
+        body = event.body()
+        if isinstance(body, AssistantMessage) and body.run is not None:
+            rebuilt = rebuild(events[:index], body.run, count=WORDS, per_message=0)
+            assert rebuilt.sha256 == body.run.context_sha256
+            assert rebuilt.summary_through == body.run.summary_through
+            runs += 1
+    assert runs == 24
+    head = memory_store.get_head(copy)
+    original = memory_store.get_head(source)
+    assert head is not None and head.summary is not None
+    assert original is not None and original.summary is not None
+    assert (head.summary.sequence, head.summary.through) == (
+        original.summary.sequence + 1,
+        original.summary.through + 1,
+    )
+    assert turn(svc, ten_words(99), "conv-copy").output_text  # it goes on from there
 
 
 def test_a_failed_turn_is_never_in_what_the_model_sees(

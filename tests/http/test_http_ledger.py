@@ -101,7 +101,9 @@ def test_head_and_paginated_transcript(http: httpx.Client, turn: Turn) -> None:
         "occurred_at",
         "payload",
         "schema_version",
+        "imported",
     }
+    assert event["imported"] is None  # made here, not imported
     assert (event["kind"], event["actor"], event["payload"]["content"]) == (
         "user_message",
         "ann",

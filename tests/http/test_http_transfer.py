@@ -48,13 +48,17 @@ def test_export_then_import_under_another_tenant(ddb_http: httpx.Client) -> None
         headers={**BOB, "Content-Type": "application/x-ndjson"},
     )
     assert imported.status_code == 201, imported.text
-    assert imported.json()["turns"] == 2 and imported.json()["events"] == 4
+    assert imported.json()["turns"] == 2 and imported.json()["events"] == 5
     events = [
         http.get(f"/v1/conversations/{c}/events", headers=who).json()["events"]
         for c, who in (("orig", ANN), ("copy", BOB))
     ]
-    assert [(e["kind"], e["payload"]) for e in events[0]] == [
-        (e["kind"], e["payload"]) for e in events[1]
+    opening, *copied = events[1]
+    assert opening["kind"] == "conversation_imported" and opening["actor"] == "bob"
+    assert [e["imported"]["claimed_actor"] for e in copied] == [e["actor"] for e in events[0]]
+    assert {e["actor"] for e in copied} == {"import"}
+    assert [(e["kind"], e["payload"]["content"]) for e in events[0]] == [
+        (e["kind"], e["payload"]["content"]) for e in copied
     ]
     assert talk(http, "copy", "What is my name?", BOB) == "Your name is Ada."
 
@@ -99,7 +103,78 @@ def test_the_cli_exports_and_imports_against_a_table(
     # have expired there, so this conversation never expires.
     imported = cli("import", "cli-restored", "--ttl-seconds", "0", stdin=exported.stdout)
     assert imported.returncode == 0, imported.stderr
-    assert "1 turns, 2 events" in imported.stderr
+    assert "1 turns, 3 events" in imported.stderr
     assert talk(http, "cli-restored", "What is my name?", ANN) == "Your name is Ada."
     taken = cli("import", "cli-restored", stdin=exported.stdout)
     assert taken.returncode == 1 and "conversation_exists" in taken.stderr
+
+
+#: Characters ``str.splitlines`` splits on that JSON leaves raw: line and paragraph separators
+#: and NEXT LINE (U+0085), in ordinary text (pasted from a word processor, a PDF, EBCDIC).
+SEPARATORS = "Ada\u2028Lovelace\u2029wrote\u0085this."
+
+
+def test_line_and_paragraph_separators_round_trip_through_the_api_and_the_cli(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """U+2028, U+2029 and U+0085 in a message: export -> import is exact through the API and
+    through ``turnledger export`` / ``import`` (lines are split on ``\\n`` only)."""
+    talk(http, "sep-src", SEPARATORS, ANN)
+    exported = http.get("/v1/conversations/sep-src/export", headers=ANN)
+    assert SEPARATORS in exported.text  # written raw, as JSON allows
+    imported = http.post("/v1/conversations/sep-api/import", content=exported.content, headers=ANN)
+    assert imported.status_code == 201, imported.text
+    env = {**os.environ, **served.environment}
+
+    def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "turnledger_local.cli", *args, "--tenant", "acme"]
+        return subprocess.run(command, input=stdin, capture_output=True, env=env, timeout=60)
+
+    out = cli("export", "sep-src")
+    assert out.returncode == 0, out.stderr
+    assert SEPARATORS.encode() in out.stdout
+    restored = cli("import", "sep-cli", "--ttl-seconds", "0", stdin=out.stdout)
+    assert restored.returncode == 0, restored.stderr
+    for copy in ("sep-api", "sep-cli"):
+        events = http.get(f"/v1/conversations/{copy}/events", headers=ANN).json()["events"]
+        inputs = [e["payload"]["content"] for e in events if e["kind"] == "user_message"]
+        assert inputs == [SEPARATORS], copy
+
+
+def test_an_export_larger_than_lambda_carries_is_fetched_through_its_url(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """Two 3 MB messages make a 6 MB export, more than a Lambda response carries: the route
+    answers 303 with a presigned Location (and the same in its body); the URL, with no other
+    credentials, gives the export byte for byte as the CLI writes it; the CLI imports it."""
+    big = "w" * 3_000_000
+    talk(http, "huge", big, ANN)
+    talk(http, "huge", big, ANN)
+    answer = http.get("/v1/conversations/huge/export", headers=ANN)
+    assert answer.status_code == 303, answer.text[:300]
+    link = answer.json()
+    assert answer.headers["location"] == link["export_url"]
+    assert link["bytes"] > 6_000_000 and link["expires_at"]
+    fetched = httpx.get(link["export_url"], timeout=60, trust_env=False)
+    assert fetched.status_code == 200
+    assert len(fetched.content) == link["bytes"]
+    assert fetched.content.count(big.encode()) == 2
+    env = {**os.environ, **served.environment}
+    command = [sys.executable, "-m", "turnledger_local.cli", "export", "huge", "--tenant", "acme"]
+    written = subprocess.run(command, capture_output=True, env=env, timeout=120)
+    assert written.returncode == 0, written.stderr
+    assert written.stdout == fetched.content
+    restore = [sys.executable, "-m", "turnledger_local.cli", "import", "huge-copy"]
+    restored = subprocess.run(
+        [*restore, "--tenant", "acme", "--ttl-seconds", "0"],
+        input=fetched.content,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert restored.returncode == 0, restored.stderr
+    copy = http.get("/v1/conversations/huge-copy", headers=ANN).json()
+    assert copy["turns"] == 2
+    # Through the API, such a body is over MAX_INPUT_BYTES: 413 before the service.
+    refused = http.post("/v1/conversations/huge-api/import", content=fetched.content, headers=ANN)
+    assert refused.status_code == 413 and error_of(refused)["code"] == "payload_too_large"

@@ -316,13 +316,20 @@ def test_known_path_with_another_method_is_405(client: httpx.Client, call_log: P
 
 # --- auth ----------------------------------------------------------------------------------
 
+#: The approver scope the local identity carries by default (``APPROVER_SCOPE``).
+APPROVE = "turnledger/approve"
+
 
 @pytest.mark.parametrize(
     ("authorization", "claims"),
     [
-        ("Bearer local:acme", {"tenant_id": "acme", "sub": "local-user"}),
-        ("Bearer local:acme:ada", {"tenant_id": "acme", "sub": "ada"}),
-        ("bearer local:globex:u:with:colons", {"tenant_id": "globex", "sub": "u:with:colons"}),
+        ("Bearer local:acme", {"tenant_id": "acme", "sub": "local-user", "scope": APPROVE}),
+        ("Bearer local:acme:ada", {"tenant_id": "acme", "sub": "ada", "scope": APPROVE}),
+        (
+            "bearer local:globex:u:with:colons",
+            {"tenant_id": "globex", "sub": "u:with:colons", "scope": APPROVE},
+        ),
+        ("Bearer local:acme:eve;scope=read", {"tenant_id": "acme", "sub": "eve", "scope": "read"}),
     ],
 )
 def test_local_bearer_tokens_become_jwt_claims(
@@ -383,6 +390,7 @@ def test_tenant_claim_name_is_configurable(project: Path, call_log: Path) -> Non
     assert answer["event"]["requestContext"]["authorizer"]["jwt"]["claims"] == {
         "custom:org": "acme",
         "sub": "ada",
+        "scope": APPROVE,
     }
     assert answer["env"]["TENANT_CLAIM"] == "custom:org"
 

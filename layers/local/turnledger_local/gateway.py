@@ -156,18 +156,24 @@ class RouteTable:
         raise GatewayError(404, "not_found", f"no route for {raw_path}")
 
 
-def authenticate(authorization: str | None, tenant_claim: str) -> dict[str, str]:
+def authenticate(
+    authorization: str | None, tenant_claim: str, approver: tuple[str, str] | None = None
+) -> dict[str, str]:
     """The JWT claims a local bearer token stands for.
 
-    ``Bearer local:<tenant>`` and ``Bearer local:<tenant>:<user>`` are the local
-    runner's tokens; the user defaults to :data:`DEFAULT_USER`.
+    ``Bearer local:<tenant>`` and ``Bearer local:<tenant>:<user>`` are the local runner's
+    tokens; the user defaults to :data:`DEFAULT_USER`. The local identity may decide
+    approvals: it carries ``approver`` (the functions' ``APPROVER_CLAIM`` and
+    ``APPROVER_SCOPE``). ``;<claim>=<value>`` after the token (repeatable) sets other
+    claims, or replaces that one: ``Bearer local:acme:eve;scope=read`` may not decide.
 
     Args:
         authorization: the ``Authorization`` header, if any.
         tenant_claim: the claim that carries the tenant (``TENANT_CLAIM``).
+        approver: the claim and value that allow deciding approvals (``None``: none needed).
 
     Returns:
-        ``{tenant_claim: tenant, "sub": user}``.
+        ``{tenant_claim: tenant, "sub": user}``, the approver claim and the extra claims.
 
     Raises:
         GatewayError: ``401 unauthorized`` for a missing or unusable token.
@@ -177,7 +183,8 @@ def authenticate(authorization: str | None, tenant_claim: str) -> dict[str, str]
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer":
         raise GatewayError(401, "unauthorized", "expected a Bearer token")
-    prefix, _, rest = token.strip().partition(":")
+    identity, *extras = token.strip().split(";")
+    prefix, _, rest = identity.partition(":")
     tenant, _, user = rest.partition(":")
     if prefix != "local" or not tenant.strip():
         raise GatewayError(
@@ -185,7 +192,17 @@ def authenticate(authorization: str | None, tenant_claim: str) -> dict[str, str]
             "unauthorized",
             "expected 'Bearer local:<tenant>' or 'Bearer local:<tenant>:<user>'",
         )
-    return {tenant_claim: tenant.strip(), "sub": user.strip() or DEFAULT_USER}
+    claims = {tenant_claim: tenant.strip(), "sub": user.strip() or DEFAULT_USER}
+    if approver is not None:
+        claims[approver[0]] = approver[1]
+    for extra in extras:
+        name, equals, value = extra.partition("=")
+        if not equals or not name.strip() or name.strip() in {tenant_claim, "sub"}:
+            raise GatewayError(
+                401, "unauthorized", "extra claims go as ';<claim>=<value>' (not the tenant or sub)"
+            )
+        claims[name.strip()] = value.strip()
+    return claims
 
 
 def _joined(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:

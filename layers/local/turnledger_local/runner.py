@@ -50,6 +50,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import boto3
 from turnledger.api.strict_json import BodyError, parse_object
+from turnledger.core.config import Settings
 
 from .embedded import EmbeddedStorage, StorageNames, provision
 from .gateway import (
@@ -492,7 +493,9 @@ class LocalRunner:
                 return self._lambda_invoke(unquote(invoked["name"]), request)
             route, path_parameters = self._routes.resolve(request.method, request.raw_path)
             claims = (
-                authenticate(request.header("authorization"), self.config.tenant_claim)
+                authenticate(
+                    request.header("authorization"), self.config.tenant_claim, self._approver()
+                )
                 if route.authorized
                 else None
             )
@@ -500,6 +503,14 @@ class LocalRunner:
             return to_http(self._invoke(route.function, event))
         except GatewayError as exc:
             return exc.to_response()
+
+    def _approver(self) -> tuple[str, str] | None:
+        """The claim and value the functions require to decide approvals (``None``: none),
+        which the local identity carries (:func:`.gateway.authenticate`)."""
+        defaults = Settings()
+        scope = self.environment.get("APPROVER_SCOPE", defaults.approver_scope).strip()
+        claim = self.environment.get("APPROVER_CLAIM") or defaults.approver_claim
+        return (claim, scope) if scope else None
 
     def _invoke(self, function: str, event: dict[str, Any]) -> Any:
         """Run ``event`` in an environment of ``function``, stopped at its timeout.
@@ -546,7 +557,9 @@ class LocalRunner:
         if not route.path.endswith(LIVE_STREAM_SUFFIX):
             return None
         try:
-            claims = authenticate(request.header("authorization"), self.config.tenant_claim)
+            claims = authenticate(
+                request.header("authorization"), self.config.tenant_claim, self._approver()
+            )
         except GatewayError as exc:
             return exc.to_response()
         query = dict(parse_qsl(request.raw_query))
@@ -664,7 +677,9 @@ class LocalRunner:
             )
             error.headers["allow"] = "POST"
             raise error
-        claims = authenticate(request.header("authorization"), self.config.tenant_claim)
+        claims = authenticate(
+            request.header("authorization"), self.config.tenant_claim, self._approver()
+        )
         if request.raw_path == FORGET_PATH:
             return self._forget()
         assert self._sweep is not None

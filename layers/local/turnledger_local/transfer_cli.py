@@ -11,6 +11,7 @@ The format and its checks are :mod:`turnledger.ops.transfer`'s, the same as
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
 from dataclasses import replace
@@ -18,9 +19,12 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 from turnledger.core.config import Settings
-from turnledger.core.exceptions import TurnledgerError
+from turnledger.core.exceptions import InvalidRequest, TurnledgerError
 from turnledger.core.models import ConversationKey, validate_conversation_id
 from turnledger.turn.session import utc_now
+
+#: The CLI's default cap on an import: far above the API's, which a Lambda payload bounds.
+CLI_MAX_BYTES = 1024 * 1024 * 1024
 
 
 def add_commands(commands: Any) -> None:
@@ -49,6 +53,19 @@ def add_commands(commands: Any) -> None:
             "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
         )
         if name == "import":
+            command.add_argument(
+                "--max-bytes",
+                type=int,
+                default=CLI_MAX_BYTES,
+                help="the largest export to import (default: 1 GiB; the CLI is not bound by "
+                "the API's MAX_INPUT_BYTES or IMPORT_MAX_EVENTS)",
+            )
+            command.add_argument(
+                "--actor",
+                default=f"cli:{getpass.getuser()}",
+                help="who imports, recorded on the conversation_imported event "
+                "(default: cli:<your user name>)",
+            )
             command.add_argument(
                 "--ttl-seconds",
                 type=int,
@@ -110,21 +127,34 @@ def _run(args: argparse.Namespace) -> int:
     )
     store = store_from_settings(settings)
     if args.command == "export":
-        text = export_text(store, key, utc_now())
+        data = export_text(store, key, utc_now()).encode("utf-8")
         if args.file:
-            with open(args.file, "w", encoding="utf-8") as out:
-                out.write(text)
+            with open(args.file, "wb") as out:
+                out.write(data)
         else:
-            sys.stdout.write(text)
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
         return 0
+    # Bytes, decoded as UTF-8 here: text-mode streams would use the locale's encoding
+    # and translate newlines, and the export must read back exactly.
     if args.file:
-        with open(args.file, encoding="utf-8") as source:
-            text = source.read()
+        with open(args.file, "rb") as source:
+            raw = source.read()
     else:
-        text = sys.stdin.read()
+        raw = sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest("the export is not UTF-8") from exc
     ttl = settings.ttl_for(key.tenant) if args.ttl_seconds is None else args.ttl_seconds
     head = import_text(
-        store, key, text, now=utc_now(), ttl_seconds=ttl, max_bytes=settings.max_input_bytes
+        store,
+        key,
+        text,
+        actor=args.actor,
+        now=utc_now(),
+        ttl_seconds=ttl,
+        max_bytes=args.max_bytes,
     )
     print(
         f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",

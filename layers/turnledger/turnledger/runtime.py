@@ -107,6 +107,9 @@ class Runtime:
             clock=service.clock,
             ttl_for=self.settings.ttl_for,
             max_bytes=self.settings.max_input_bytes,
+            max_events=self.settings.import_max_events,
+            export_inline_max_bytes=self.settings.export_inline_max_bytes,
+            export_url_ttl_seconds=self.settings.export_url_ttl_seconds,
         )
 
     @classmethod

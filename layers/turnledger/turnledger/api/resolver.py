@@ -12,7 +12,7 @@ import base64
 import binascii
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
@@ -23,6 +23,7 @@ from aws_lambda_powertools.shared.json_encoder import Encoder
 from pydantic import BaseModel
 
 from ..core.exceptions import (
+    ApproverScopeMissing,
     ConversationBusy,
     InvalidConversationId,
     InvalidRequest,
@@ -59,11 +60,12 @@ app = APIGatewayHttpResolver(enable_validation=True, serializer=json_text)
 _ERROR_CODES = {
     400: "invalid_request, invalid_conversation_id, invalid_cursor",
     401: "unauthorized",
+    403: "approver_scope_missing, approver_is_requester",
     404: "conversation_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
     "unsupported_state_version, conversation_exists, input_pending",
     410: "callback_invalid",
-    413: "payload_too_large",
+    413: "payload_too_large, import_too_large",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
     "idempotency_key_reused",
     502: "provider_error",
@@ -92,10 +94,13 @@ def responses(
 
 @dataclass(frozen=True)
 class Caller:
-    """The verified identity of a request: its tenant and who acts."""
+    """The verified identity of a request: its tenant and who acts (and, for the
+    approvals routes, the claims that allowed the caller to decide)."""
 
     tenant: str
     actor: str
+    #: What :func:`approver` checked: ``sub`` and the approver claim (empty elsewhere).
+    approver_claims: dict[str, str] = field(default_factory=dict)
 
     def key(self, conversation_id: str) -> ConversationKey:
         """The key of the caller's conversation ``conversation_id`` (an id already checked)."""
@@ -127,6 +132,45 @@ def caller(conversation_id: str | None = None) -> Caller:
     if conversation_id is not None:
         logger.append_keys(conversation_id=conversation_id)
     return Caller(tenant=tenant, actor=str(actor) if actor else "anonymous")
+
+
+_CLAIM_SEPARATORS = re.compile(r"[\s,\[\]]+")
+
+
+def _claim_values(value: Any) -> set[str]:
+    # HTTP APIs pass every claim as a string: ``scope`` space-separated, a list claim
+    # (``cognito:groups``) as ``[a b]``; a JSON list is taken too.
+    if isinstance(value, list):
+        return {str(v) for v in value}
+    return {part for part in _CLAIM_SEPARATORS.split(str(value or "")) if part}
+
+
+def approver(conversation_id: str | None = None) -> Caller:
+    """The caller, allowed to decide approvals: its identity holds ``APPROVER_SCOPE`` in the
+    ``APPROVER_CLAIM`` claim (for ``scope``, the authorizer's ``scopes`` count too).
+
+    Raises:
+        Unauthorized: see :func:`caller`.
+        ApproverScopeMissing: the claim does not hold the scope (nothing is read or decided).
+    """
+    who = caller(conversation_id)
+    settings = get_runtime().settings
+    claims_used = {"sub": who.actor}
+    if settings.approver_scope:
+        jwt = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
+        jwt = jwt.get("jwt") or {}
+        claims = jwt.get("claims") or {}
+        held = _claim_values(claims.get(settings.approver_claim))
+        if settings.approver_claim == "scope":
+            held |= _claim_values(jwt.get("scopes") or [])
+        if settings.approver_scope not in held:
+            raise ApproverScopeMissing(
+                f"deciding approvals needs {settings.approver_scope!r} in the "
+                f"{settings.approver_claim!r} claim",
+                details={"claim": settings.approver_claim, "required": settings.approver_scope},
+            )
+        claims_used[settings.approver_claim] = settings.approver_scope
+    return replace(who, approver_claims=claims_used)
 
 
 def conversation(conversation_id: str) -> tuple[Caller, ConversationKey]:

@@ -29,6 +29,7 @@ from .idempotency import idempotent
 from .resolver import (
     ConversationId,
     app,
+    approver,
     caller,
     conversation,
     idempotency_key,
@@ -39,6 +40,7 @@ from .schemas import (
     ApprovalRequest,
     ConversationView,
     EventsPage,
+    ExportLink,
     InboxPageView,
     PurgeReportView,
     TurnRequest,
@@ -100,17 +102,20 @@ def post_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/approvals",
-    responses=responses(TurnResponse, 400, 401, 404, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
+    responses=responses(TurnResponse, 400, 401, 403, 404, 409, 413, 422, 502, 503, 504)
+    | ASYNC_ANSWER,
 )
 def post_approvals(
     conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
 ) -> Response[TurnResponse | AsyncTurnAccepted]:
     """Decide pending tool calls; continue the turn when none is left undecided.
 
+    Only a caller with the approver scope decides (:func:`.resolver.approver`).
     With ``Prefer: respond-async``: ``202`` at once, the turn goes on in the turn worker.
     """
-    who, key = conversation(conversation_id)
-    decided = decisions(request)
+    who = approver(conversation_id)
+    key = who.key(conversation_id)
+    decided = decisions(request, who.approver_claims)
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, decided)
     service = get_runtime().conversations_for(key.tenant)
@@ -160,14 +165,33 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     "/v1/conversations/<conversation_id>/export",
     responses={
         200: {"description": "The conversation as NDJSON", "content": {NDJSON: {}}},
+        303: {
+            "description": "An export larger than a response carries: fetch it from "
+            "Location (a short-lived URL, no credentials)",
+            "content": {"application/json": {"model": ExportLink}},
+        },
         **{k: v for k, v in responses(None, 400, 401, 404, 409, 422).items() if k != 200},
     },
 )
 def export_conversation(conversation_id: ConversationId) -> Response[str]:
-    """The whole conversation as NDJSON: its head line, then every event, payloads inline."""
+    """The whole conversation as NDJSON: its head line, then every event, payloads inline.
+
+    Larger than ``EXPORT_INLINE_MAX_BYTES``: written to the bucket, answered ``303`` with a
+    presigned ``Location`` (and the same in the body).
+    """
+    from ..ops.transfer import InlineExport  # see NDJSON: loaded by this route only
+
     _, key = conversation(conversation_id)
-    transfer = get_runtime().transfer_for(key.tenant)
-    return Response(status_code=200, content_type=NDJSON, body=transfer.export_text(key))
+    answer = get_runtime().transfer_for(key.tenant).export(key)
+    if isinstance(answer, InlineExport):
+        return Response(status_code=200, content_type=NDJSON, body=answer.text)
+    link = ExportLink(export_url=answer.url, expires_at=answer.expires_at, bytes=answer.bytes)
+    return Response(
+        status_code=303,
+        content_type=content_types.APPLICATION_JSON,
+        body=link.model_dump_json(),
+        headers={"Location": answer.url},
+    )
 
 
 @app.post(
@@ -179,14 +203,14 @@ def import_conversation(conversation_id: ConversationId) -> Response[str]:
 
     ``409 conversation_exists`` when the id is taken.
     """
-    _, key = conversation(conversation_id)
+    who, key = conversation(conversation_id)
     runtime = get_runtime()
     raw = raw_body(app.current_event.raw_event)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRequest("the export is not UTF-8") from exc
-    runtime.transfer_for(key.tenant).import_text(key, text)
+    runtime.transfer_for(key.tenant).import_text(key, text, who.actor)
     view = conversation_view(runtime.conversations_for(key.tenant).get(key))
     return Response(
         status_code=201,
@@ -205,7 +229,7 @@ def erase_tenant() -> PurgeReportView:
     return purge_report(get_runtime().sweeper(context).erase(caller().tenant))
 
 
-@app.get("/v1/approvals", responses=responses(InboxPageView, 400, 401, 409, 422, 503))
+@app.get("/v1/approvals", responses=responses(InboxPageView, 400, 401, 403, 409, 422, 503))
 def get_approvals(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="At most this many calls.")] = (
         DEFAULT_LIMIT
@@ -218,8 +242,9 @@ def get_approvals(
         str | None, Query(pattern=CONVERSATION_ID_PATTERN, description="Only this conversation.")
     ] = None,
 ) -> InboxPageView:
-    """The tenant's approval inbox: every call waiting for a person, oldest first."""
-    tenant = caller().tenant
+    """The tenant's approval inbox: every call waiting for a person, oldest first (for a
+    caller with the approver scope)."""
+    tenant = approver().tenant
     listing = list_inbox(
         get_runtime().conversations_for(tenant),
         tenant,

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..core.models import JsonObjectFormat, JsonSchemaFormat, Usage
+from ..core.models import ImportMark, JsonObjectFormat, JsonSchemaFormat, Usage
 
 
 class _Body(BaseModel):
@@ -300,6 +300,18 @@ class EventView(BaseModel):
     occurred_at: datetime
     payload: dict[str, Any]
     schema_version: int
+    #: Set on an event that came from an import: the actor is then ``import``, and what
+    #: the payload says (an approver, a tool's output) is the source's claim.
+    imported: ImportMark | None = None
+
+
+class ExportLink(BaseModel):
+    """Answer of ``GET .../export`` (``303``, with ``Location``) when the export is larger
+    than a response carries: where to fetch it, until when, and its size."""
+
+    export_url: str
+    expires_at: datetime
+    bytes: int
 
 
 class EventsPage(BaseModel):

@@ -70,12 +70,13 @@ def turn_command(request: TurnRequest, idempotency_key: str | None = None) -> Tu
     )
 
 
-def decisions(request: ApprovalRequest) -> Decisions:
-    """The decisions of ``POST .../approvals``."""
+def decisions(request: ApprovalRequest, approver_claims: dict[str, str] | None = None) -> Decisions:
+    """The decisions of ``POST .../approvals``, with the claims that allowed them."""
     return Decisions(
         approvals=request.approvals(),
         rejections=request.rejections(),
         outputs={o.id: o.output for o in request.outputs},
+        approver_claims=approver_claims or {},
     )
 
 

@@ -7,7 +7,10 @@
 | ``TTL_SECONDS`` | ``604800`` (7 days) | idle expiry; ``0`` disables |
 | ``TENANT_TTL_SECONDS`` | ``{}`` | JSON object: tenant -> TTL seconds, overriding the default |
 | ``OFFLOAD_THRESHOLD_BYTES`` | ``65536`` | payloads at or over this go to S3 |
-| ``MAX_INPUT_BYTES`` | ``10485760`` | larger request bodies get ``413`` |
+| ``MAX_INPUT_BYTES`` | ``4194304`` (4 MiB) | larger request bodies get ``413`` (see below) |
+| ``IMPORT_MAX_EVENTS`` | ``5000`` | an import with more events gets ``413 import_too_large`` |
+| ``EXPORT_INLINE_MAX_BYTES`` | ``4194304`` | larger exports go to S3, answered with a link |
+| ``EXPORT_URL_TTL_SECONDS`` | ``300`` | how long an export's link works |
 | ``CONTEXT_MAX_EVENTS`` / ``CONTEXT_MAX_CHARS`` | ``400`` / ``400000`` | cap on one turn's read |
 | ``CONTEXT_MAX_TOKENS`` | (per model) | context budget; the model's window less reserve caps it |
 | ``MODELS`` | ``{}`` | JSON: model -> :class:`ModelSpec` fields (window, reserve, prices) |
@@ -19,6 +22,9 @@
 | ``REDACTION_FILE`` | (none: off) | redaction rule set bundled with the function |
 | ``REDACTION_PARAMETER`` | (none: off) | SSM parameter holding the rule set |
 | ``TENANT_CLAIM`` | ``tenant_id`` | JWT claim holding the tenant |
+| ``APPROVER_CLAIM`` | ``scope`` | JWT claim that must hold ``APPROVER_SCOPE`` to decide approvals |
+| ``APPROVER_SCOPE`` | ``turnledger/approve`` | the value required (empty: anyone in the tenant) |
+| ``APPROVAL_FOUR_EYES`` | ``false`` | ``true``: nobody approves a call their own turn asked for |
 | ``PROVIDER`` | ``demo`` | ``demo`` or ``openai-chat`` |
 | ``MODEL`` | ``demo-1`` | default model name |
 | ``SYSTEM_PROMPT`` | (empty) | sent first on every turn |
@@ -37,6 +43,16 @@
 | ``CALLBACK_SECRET_ARN`` | (none) | Secrets Manager secret: the callback token key |
 | ``CALLBACK_KEY`` | (none) | the signing key itself, hex (local runner: generated) |
 | ``PUBLIC_BASE_URL`` | (none) | this API's public URL, the base of ``callback_url`` |
+
+**Limits Lambda can carry.** A synchronous Lambda invocation carries at most
+:data:`LAMBDA_SYNC_PAYLOAD_BYTES` (6 MiB) of event, and of response. An HTTP API event holds
+the body base64-encoded when it is not text (4/3 of its size) plus the envelope (headers,
+at most 10 KiB on an HTTP API, request context and JWT claims, a few KiB more). So
+``MAX_INPUT_BYTES`` defaults to 4 MiB: 4,194,304 x 4/3 = 5,592,406 bytes of base64, and
+about 699,050 bytes are left for the envelope. A body between that and the HTTP API's own
+10 MB could never reach the function: the platform would refuse it with its own error,
+not ``413 payload_too_large``. An export is measured the same way, JSON-escaped as it sits
+in Lambda's response: over ``EXPORT_INLINE_MAX_BYTES`` it goes to S3 instead.
 
 ``CALLBACK_SECRET_ARN``, ``CALLBACK_KEY`` and ``PUBLIC_BASE_URL`` are not settings: they
 are read where they are used (:mod:`turnledger.turn.callbacks`), as are the notifications'
@@ -73,6 +89,12 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+#: What a synchronous Lambda invocation carries, each way (request event, response).
+LAMBDA_SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
+#: The default request body limit: base64-encoded (x 4/3) it leaves ~680 KiB of the
+#: payload limit for the event's envelope (see the module's docstring).
+DEFAULT_MAX_INPUT_BYTES = 4 * 1024 * 1024
 
 #: Where conversations can be kept (``STORE``).
 STORES = ("dynamodb", "sqlite")
@@ -180,10 +202,23 @@ class Settings:
     ttl_seconds: int = 7 * 24 * 3600
     tenant_ttl_seconds: dict[str, int] = field(default_factory=dict)
     offload_threshold_bytes: int = 64 * 1024
-    max_input_bytes: int = 10 * 1024 * 1024
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    #: The most events an import through the API may hold: its commits (99 events each)
+    #: must end well inside the API's 29 seconds (see docs/API.md, Export and import).
+    import_max_events: int = 5000
+    #: An export larger than this once JSON-escaped in Lambda's response is written to the
+    #: bucket and answered with a presigned link (where the blob store can make one).
+    export_inline_max_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    export_url_ttl_seconds: int = 300
     context_max_events: int = 400
     context_max_chars: int = 400_000
     tenant_claim: str = "tenant_id"
+    #: The claim that must hold :attr:`approver_scope` (one of its space-, comma- or
+    #: bracket-separated values) for the approvals routes; an empty scope requires nothing.
+    approver_claim: str = "scope"
+    approver_scope: str = "turnledger/approve"
+    #: Four-eyes for every tool: the approver must differ from the turn's actor.
+    approval_four_eyes: bool = False
     provider: str = "demo"
     model: str = "demo-1"
     system_prompt: str = ""
@@ -301,9 +336,17 @@ class Settings:
                 env, "OFFLOAD_THRESHOLD_BYTES", cls.offload_threshold_bytes
             ),
             max_input_bytes=_int(env, "MAX_INPUT_BYTES", cls.max_input_bytes),
+            import_max_events=_int(env, "IMPORT_MAX_EVENTS", cls.import_max_events),
+            export_inline_max_bytes=_int(
+                env, "EXPORT_INLINE_MAX_BYTES", cls.export_inline_max_bytes
+            ),
+            export_url_ttl_seconds=_int(env, "EXPORT_URL_TTL_SECONDS", cls.export_url_ttl_seconds),
             context_max_events=_int(env, "CONTEXT_MAX_EVENTS", cls.context_max_events),
             context_max_chars=_int(env, "CONTEXT_MAX_CHARS", cls.context_max_chars),
             tenant_claim=env.get("TENANT_CLAIM", cls.tenant_claim),
+            approver_claim=env.get("APPROVER_CLAIM") or cls.approver_claim,
+            approver_scope=env.get("APPROVER_SCOPE", cls.approver_scope).strip(),
+            approval_four_eyes=_bool(env, "APPROVAL_FOUR_EYES", cls.approval_four_eyes),
             provider=env.get("PROVIDER", cls.provider),
             model=env.get("MODEL", cls.model),
             system_prompt=env.get("SYSTEM_PROMPT", ""),

@@ -11,6 +11,8 @@ hierarchy to responses and never matches on message text::
     ├── InvalidConversationId        400 invalid_conversation_id
     ├── InvalidCursor                400 invalid_cursor
     ├── Unauthorized                 401 unauthorized
+    ├── ApproverScopeMissing         403 approver_scope_missing
+    ├── ApproverIsRequester          403 approver_is_requester
     ├── ConversationNotFound         404 conversation_not_found
     ├── ConversationBusy             409 conversation_busy
     ├── (calls pending)
@@ -24,6 +26,7 @@ hierarchy to responses and never matches on message text::
     │   └── UnsupportedStateVersion  409 unsupported_state_version
     ├── CallbackInvalid              410 callback_invalid
     ├── PayloadTooLarge              413 payload_too_large
+    │   └── ImportTooLarge           413 import_too_large
     ├── RequestValidationFailed      422 validation_error
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
@@ -83,6 +86,22 @@ class Unauthorized(TurnledgerError):
 
     status = 401
     code = "unauthorized"
+
+
+class ApproverScopeMissing(TurnledgerError):
+    """The caller's identity lacks the claim value that deciding approvals requires
+    (``APPROVER_CLAIM`` holding ``APPROVER_SCOPE``)."""
+
+    status = 403
+    code = "approver_scope_missing"
+
+
+class ApproverIsRequester(TurnledgerError):
+    """Four-eyes: the approver is the person whose turn asked for the call
+    (``details.calls``); nothing was decided."""
+
+    status = 403
+    code = "approver_is_requester"
 
 
 class ConversationNotFound(TurnledgerError):
@@ -181,6 +200,13 @@ class PayloadTooLarge(TurnledgerError):
 
     status = 413
     code = "payload_too_large"
+
+
+class ImportTooLarge(PayloadTooLarge):
+    """An import holds more events than one request may write (``IMPORT_MAX_EVENTS``);
+    ``details.limit_events`` and ``details.events`` say by how much. Nothing was written."""
+
+    code = "import_too_large"
 
 
 class RequestValidationFailed(TurnledgerError):

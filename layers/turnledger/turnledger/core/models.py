@@ -104,6 +104,7 @@ class EventKind(StrEnum):
     TOOL_CALL_SETTLED = "tool_call_settled"
     TURN_INTERRUPTED = "turn_interrupted"
     APPROVAL_EXPIRED = "approval_expired"
+    CONVERSATION_IMPORTED = "conversation_imported"
 
 
 class Usage(_Strict):
@@ -243,6 +244,9 @@ class ApprovalResolved(_Strict):
     #: (``arguments_sha256`` stays the hash of what was requested).
     approved_arguments: dict[str, Any] | None = None
     approved_arguments_sha256: str | None = None
+    #: The approver's identity claims the decision relied on (``sub`` and the approver
+    #: claim, when one is required); ``None`` for the system's own decisions.
+    approver_claims: dict[str, str] | None = None
 
 
 class ApprovalExpired(_Strict):
@@ -331,6 +335,28 @@ class TurnInterrupted(_Strict):
     reason: str | None = None
 
 
+class ConversationImported(_Strict):
+    """The conversation was created here from an export (``POST .../import``): the first
+    event of an imported history (turn ``0``), written by the importer.
+
+    Every event after it up to ``events + 1`` came from the export and carries an
+    :class:`ImportMark`: its content is the source's claim, not something that happened here.
+    """
+
+    imported_by: str
+    source_conversation_id: str
+    source_created_at: datetime
+    source_updated_at: datetime
+    #: sha256 of the export's bytes as received (UTF-8).
+    export_sha256: str
+    #: How many events the export held (they follow, renumbered from 2).
+    events: int = Field(ge=1)
+    #: Usage and cost of the imported answers, recomputed from their own records (the
+    #: export's head line is not trusted): the head's totals start from these.
+    usage_carried_over: Usage = Field(default_factory=Usage)
+    cost_usd_carried_over: float = Field(default=0.0, ge=0)
+
+
 PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.USER_MESSAGE: UserMessage,
     EventKind.ASSISTANT_MESSAGE: AssistantMessage,
@@ -345,6 +371,7 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.TOOL_CALL_SETTLED: ToolCallSettled,
     EventKind.TURN_INTERRUPTED: TurnInterrupted,
     EventKind.APPROVAL_EXPIRED: ApprovalExpired,
+    EventKind.CONVERSATION_IMPORTED: ConversationImported,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -362,7 +389,24 @@ Payload = (
     | ToolCallSettled
     | TurnInterrupted
     | ApprovalExpired
+    | ConversationImported
 )
+
+
+class ImportMark(_Strict):
+    """On an event that came from an import: who brought it in, when, from which export,
+    and what the source said about it. The event's ``actor`` is then ``import``: the
+    source's actor (and any approver or output in the payload) is a claim, never a
+    decision made here."""
+
+    imported_by: str
+    imported_at: datetime
+    source_conversation_id: str
+    export_sha256: str
+    #: The event's sequence in the export (it is renumbered here).
+    source_sequence: int = Field(ge=1)
+    #: The actor the export named (for an event imported twice, the first source's).
+    claimed_actor: str
 
 
 class Event(_Strict):
@@ -376,12 +420,15 @@ class Event(_Strict):
     event_id: str
     conversation_id: str
     sequence: int = Field(ge=1)
-    turn: int = Field(ge=1)
+    #: ``0`` only for the ``conversation_imported`` event that opens an imported history.
+    turn: int = Field(ge=0)
     kind: EventKind
     actor: str
     occurred_at: datetime
     payload: dict[str, Any]
     schema_version: int = SCHEMA_VERSION
+    #: Set on every event that came from an import (``None``: it happened here).
+    imported: ImportMark | None = None
 
     @model_validator(mode="before")
     @classmethod

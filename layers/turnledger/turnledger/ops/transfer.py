@@ -8,23 +8,28 @@ The format (one JSON object a line, every line schema-versioned):
 * then one line per event, in sequence order, its payload inline (offloaded
   payloads fetched): ``{"type": "event", "schema_version": 1, "event":
   {"event_id", "sequence", "turn", "kind", "actor", "occurred_at",
-  "payload", "schema_version"}}``.
+  "payload", "schema_version"}}`` (and ``"imported"``, the :class:`ImportMark` of an
+  event that came from an earlier import).
 
 An import is checked whole before anything is written (line types and
 versions, sequences ``1..n`` without gaps, kinds and payloads, turn numbers
 that never go back, a history a strict chat API accepts, no pending calls,
 sizes) and is written all or nothing
-(:meth:`~turnledger.store.base.ConversationStore.import_conversation`). The
+(:meth:`~turnledger.store.base.ConversationStore.import_conversation`), opened by a
+``conversation_imported`` event and with every imported event marked as the
+source's claim (:func:`with_provenance`). The
 conversation gets the importing tenant's TTL; provider-side state (stored
 responses) is not carried over: the next turn sends the history afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -32,6 +37,8 @@ from pydantic import Field, ValidationError
 from ..context.assembly import build_messages, latest_summary
 from ..core.exceptions import (
     ConversationNotFound,
+    ImportTooLarge,
+    InternalError,
     InvalidHistory,
     InvalidRequest,
     PayloadTooLarge,
@@ -40,9 +47,14 @@ from ..core.exceptions import (
 from ..core.models import (
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
+    AssistantMessage,
+    ContextCompacted,
+    ConversationImported,
     ConversationKey,
     Event,
+    EventKind,
     Head,
+    ImportMark,
     SummaryRef,
     TurnOptions,
     Usage,
@@ -50,13 +62,17 @@ from ..core.models import (
 )
 from ..providers.base import Message
 from ..providers.history import build_strict_history, check_strict_history
+from ..store import keys
 from ..store.base import ConversationStore
 from ..turn.lifecycle import is_running, status_for
+from ..turn.session import new_event_id
 
 #: The version of the export format's lines this build writes and reads.
 EXPORT_SCHEMA_VERSION = 1
 #: The media type of an export.
 NDJSON = "application/x-ndjson"
+#: The actor of every event an import brings in (the source's actor is kept as a claim).
+IMPORT_ACTOR = "import"
 #: Events read per page while exporting.
 _PAGE = 500
 
@@ -119,23 +135,102 @@ def export_lines(store: ConversationStore, key: ConversationKey, head: Head) -> 
     while after < head.event_count:
         events = store.read_events(key, head, after=after, limit=_PAGE)
         for event in events:
-            body = event.model_dump(mode="json", exclude={"conversation_id"})
+            # ``imported`` only where it is set: an export of a conversation made here
+            # reads as it did before imports were marked.
+            body = event.model_dump(
+                mode="json",
+                exclude={"conversation_id"} | ({"imported"} if not event.imported else set()),
+            )
             yield _line({"type": "event", "schema_version": EXPORT_SCHEMA_VERSION, "event": body})
         if not events:
             break
         after = events[-1].sequence
 
 
+def _visible_head(store: ConversationStore, key: ConversationKey, now: datetime) -> Head:
+    head = store.get_head(key)
+    if head is None or not head.is_visible(now):
+        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+    return head
+
+
 def export_text(store: ConversationStore, key: ConversationKey, now: datetime) -> str:
-    """The whole export of ``key`` as one string.
+    """The whole export of ``key`` as one string (the CLI's; the API answers :func:`export`).
 
     Raises:
         ConversationNotFound: absent, expired, cleared.
     """
-    head = store.get_head(key)
-    if head is None or not head.is_visible(now):
-        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-    return "".join(export_lines(store, key, head))
+    return "".join(export_lines(store, key, _visible_head(store, key, now)))
+
+
+@dataclass(frozen=True)
+class InlineExport:
+    """An export small enough to answer in the response body."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class LinkedExport:
+    """An export written to the blob store, fetched through a short-lived URL."""
+
+    url: str
+    expires_at: datetime
+    #: The export's size in bytes (UTF-8).
+    bytes: int
+
+
+def _escaped_size(line: str) -> int:
+    # What the line weighs inside Lambda's JSON response: escaped, non-ASCII as \uXXXX.
+    return len(json.dumps(line)) - 2
+
+
+def export(
+    store: ConversationStore,
+    key: ConversationKey,
+    now: datetime,
+    *,
+    inline_max_bytes: int,
+    url_ttl_seconds: int,
+) -> InlineExport | LinkedExport:
+    """The export of ``key``: inline while it weighs at most ``inline_max_bytes`` as a
+    JSON-escaped response body; else streamed to the blob store (never whole in memory)
+    under :func:`~turnledger.store.keys.export_key` and answered with a URL valid for
+    ``url_ttl_seconds``. A blob store without URLs (files, memory) answers inline at any size.
+
+    Raises:
+        ConversationNotFound: absent, expired, cleared.
+    """
+    head = _visible_head(store, key, now)
+    lines = export_lines(store, key, head)
+    taken: list[str] = []
+    weight = 0
+    for line in lines:
+        taken.append(line)
+        weight += _escaped_size(line)
+        if weight > inline_max_bytes and store.blobs.makes_urls:
+            break
+    else:
+        return InlineExport(text="".join(taken))
+    object_key = keys.export_key(key, head.gen)
+    size = store.blobs.put_stream(
+        object_key,
+        (line.encode("utf-8") for line in itertools.chain(taken, lines)),
+        NDJSON,
+    )
+    url = store.blobs.download_url(object_key, url_ttl_seconds)
+    if url is None:
+        raise InternalError("the blob store wrote the export but made no URL for it")
+    return LinkedExport(url=url, expires_at=now + timedelta(seconds=url_ttl_seconds), bytes=size)
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of an export: split on ``\n`` only (a ``\r`` before it goes too).
+
+    Not :meth:`str.splitlines`, which also splits on U+2028, U+2029, U+0085 and other
+    characters JSON strings hold raw: an export of ordinary text would not read back.
+    """
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def _invalid(line: int, reason: str) -> RequestValidationFailed:
@@ -160,11 +255,12 @@ def _parse_line(number: int, raw: str) -> dict[str, Any]:
 
 
 def parse_import(
-    text: str, conversation_id: str, *, max_bytes: int
+    text: str, conversation_id: str, *, max_bytes: int, max_events: int = 0
 ) -> tuple[ExportHead, list[Event]]:
     """Parse and check an export for import under ``conversation_id``; nothing is written.
 
     Raises:
+        ImportTooLarge: more than ``max_events`` events (``0``: no cap), checked first.
         PayloadTooLarge: the export, or one event's payload, is over ``max_bytes``.
         InvalidRequest: a line is not a JSON object.
         RequestValidationFailed: a rule is broken (``details.line`` and ``details.reason``).
@@ -173,9 +269,15 @@ def parse_import(
         raise PayloadTooLarge(
             f"the export is over the limit of {max_bytes} bytes", details={"limit": max_bytes}
         )
-    lines = [(n, raw) for n, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
+    lines = [(n, raw) for n, raw in enumerate(split_lines(text), start=1) if raw.strip()]
     if not lines:
         raise _invalid(1, "the export is empty")
+    if max_events and len(lines) - 1 > max_events:
+        raise ImportTooLarge(
+            f"the export holds {len(lines) - 1} events; an import takes at most {max_events} "
+            "(import larger ones with the turnledger import command)",
+            details={"limit_events": max_events, "events": len(lines) - 1},
+        )
     number, raw = lines[0]
     try:
         head = ExportHead.model_validate(_parse_line(number, raw))
@@ -201,6 +303,8 @@ def parse_import(
             event = Event.model_validate(body)
         except ValidationError as exc:
             raise _invalid(number, f"not a valid event: {exc.errors()[0]['msg']}") from exc
+        if (event.turn == 0) != (event.kind is EventKind.CONVERSATION_IMPORTED):
+            raise _invalid(number, "turn 0 holds a conversation_imported event, and only that")
         expected = len(events) + 1
         if event.sequence != expected:
             raise _invalid(number, f"sequence {event.sequence}, expected {expected}")
@@ -236,23 +340,126 @@ def parse_import(
     return head, events
 
 
+def renumbered(event: Event, shift: int) -> dict[str, Any]:
+    """``event``'s payload with its references to sequences moved up by ``shift``: a
+    summary's range and a run record's context start, which name events of the log."""
+    body = event.body()
+    if isinstance(body, ContextCompacted):
+        return body.model_copy(
+            update={
+                "from_sequence": body.from_sequence + shift,
+                "to_sequence": body.to_sequence + shift,
+                "previous_through": None
+                if body.previous_through is None
+                else body.previous_through + shift,
+            }
+        ).model_dump(mode="json")
+    if isinstance(body, AssistantMessage) and body.run is not None:
+        run = body.run.model_copy(
+            update={
+                "context_from": body.run.context_from + shift,
+                "summary_through": None
+                if body.run.summary_through is None
+                else body.run.summary_through + shift,
+            }
+        )
+        return body.model_copy(update={"run": run}).model_dump(mode="json")
+    return event.payload
+
+
+def with_provenance(
+    exported: ExportHead,
+    events: list[Event],
+    *,
+    conversation_id: str,
+    actor: str,
+    now: datetime,
+    export_sha256: str,
+) -> list[Event]:
+    """The events an import writes: a ``conversation_imported`` event (sequence 1, turn 0,
+    by ``actor``), then the export's events renumbered from 2, each marked as imported
+    (:class:`~turnledger.core.models.ImportMark`) with the actor ``import``.
+
+    Usage and cost carried over are recomputed from the answers' own records.
+    """
+    answers = [b for e in events if isinstance(b := e.body(), AssistantMessage)]
+    opening = Event(
+        event_id=new_event_id(),
+        conversation_id=conversation_id,
+        sequence=1,
+        turn=0,
+        kind=EventKind.CONVERSATION_IMPORTED,
+        actor=actor,
+        occurred_at=now,
+        payload=ConversationImported(
+            imported_by=actor,
+            source_conversation_id=exported.conversation_id,
+            source_created_at=exported.created_at,
+            source_updated_at=exported.updated_at,
+            export_sha256=export_sha256,
+            events=len(events),
+            usage_carried_over=sum((a.usage for a in answers), Usage()),
+            cost_usd_carried_over=sum(a.run.cost_usd for a in answers if a.run is not None),
+        ).model_dump(mode="json"),
+    )
+    marked = [
+        event.model_copy(
+            update={
+                "sequence": event.sequence + 1,
+                "actor": IMPORT_ACTOR,
+                "payload": renumbered(event, 1),
+                "imported": ImportMark(
+                    imported_by=actor,
+                    imported_at=now,
+                    source_conversation_id=exported.conversation_id,
+                    export_sha256=export_sha256,
+                    source_sequence=event.sequence,
+                    claimed_actor=event.imported.claimed_actor
+                    if event.imported is not None
+                    else event.actor,
+                ),
+            }
+        )
+        for event in events
+    ]
+    return [opening, *marked]
+
+
 def import_text(
     store: ConversationStore,
     key: ConversationKey,
     text: str,
     *,
+    actor: str,
     now: datetime,
     ttl_seconds: int,
     max_bytes: int,
+    max_events: int = 0,
 ) -> Head:
-    """Check ``text`` (an export) and create ``key`` from it, all or nothing.
+    """Check ``text`` (an export) and create ``key`` from it as ``actor``, all or nothing.
+
+    The history written opens with ``conversation_imported``; the export's events follow,
+    marked as imported (:func:`with_provenance`). The head's usage, cost and failed turns
+    are recomputed from the events, not taken from the export's head line.
 
     Raises:
         ConversationExists: the id is taken.
         PayloadTooLarge, InvalidRequest, RequestValidationFailed: see :func:`parse_import`.
         ConversationBusy: the conversation changed during the import (nothing is visible).
     """
-    exported, events = parse_import(text, key.conversation_id, max_bytes=max_bytes)
+    exported, parsed = parse_import(
+        text, key.conversation_id, max_bytes=max_bytes, max_events=max_events
+    )
+    events = with_provenance(
+        exported,
+        parsed,
+        conversation_id=key.conversation_id,
+        actor=actor,
+        now=now,
+        export_sha256=hashlib.sha256(text.encode()).hexdigest(),
+    )
+    opening = events[0].body()
+    assert isinstance(opening, ConversationImported)
     summary = latest_summary(events)
     expires_at = int(now.timestamp()) + ttl_seconds if ttl_seconds else None
     head = Head(
@@ -266,13 +473,13 @@ def import_text(
         updated_at=now,
         ttl_seconds=ttl_seconds,
         expires_at=expires_at,
-        usage=exported.usage,
+        usage=opening.usage_carried_over,
         options=exported.options,
         summary=SummaryRef(sequence=summary.sequence, through=summary.body.to_sequence)
         if summary is not None
         else None,
-        failed_turns=exported.failed_turns,
-        cost_usd=exported.cost_usd,
+        failed_turns=sum(1 for e in events if e.kind is EventKind.TURN_FAILED),
+        cost_usd=opening.cost_usd_carried_over,
     )
     return store.import_conversation(key, head, events, now)
 
@@ -288,18 +495,31 @@ class Transfer:
     ttl_for: Callable[[str], int]
     #: The largest export an import accepts.
     max_bytes: int
+    #: The most events an import accepts (``0``: no cap).
+    max_events: int = 0
+    #: Larger exports go to the blob store and are answered with a URL this long valid.
+    export_inline_max_bytes: int = 4 * 1024 * 1024
+    export_url_ttl_seconds: int = 300
 
-    def export_text(self, key: ConversationKey) -> str:
-        """The whole export of ``key`` (see :func:`export_text`)."""
-        return export_text(self.store, key, self.clock())
+    def export(self, key: ConversationKey) -> InlineExport | LinkedExport:
+        """The export of ``key``, inline or through a URL (see :func:`export`)."""
+        return export(
+            self.store,
+            key,
+            self.clock(),
+            inline_max_bytes=self.export_inline_max_bytes,
+            url_ttl_seconds=self.export_url_ttl_seconds,
+        )
 
-    def import_text(self, key: ConversationKey, text: str) -> Head:
-        """Create ``key`` from an export, all or nothing (see :func:`import_text`)."""
+    def import_text(self, key: ConversationKey, text: str, actor: str) -> Head:
+        """Create ``key`` from an export as ``actor``, all or nothing (see :func:`import_text`)."""
         return import_text(
             self.store,
             key,
             text,
+            actor=actor,
             now=self.clock(),
             ttl_seconds=self.ttl_for(key.tenant),
             max_bytes=self.max_bytes,
+            max_events=self.max_events,
         )

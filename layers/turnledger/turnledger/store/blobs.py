@@ -1,19 +1,22 @@
 """Large-payload storage: S3 in deployment, files for the local runner, a dict in tests.
 
 A :class:`BlobStore` knows four things: put an object, get it, list keys under
-a prefix, delete keys. Offloading decisions, hashing and naming live in
+a prefix, delete keys; and, for large exports, two more with defaults: put a stream
+(S3: in parts) and a URL that fetches an object without credentials (S3: presigned).
+Offloading decisions, hashing and naming live in
 :class:`turnledger.store.base.ConversationStore`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from ..core.exceptions import CorruptedState, InternalError
@@ -24,6 +27,9 @@ if TYPE_CHECKING:
 
 class BlobStore(ABC):
     """Objects by key."""
+
+    #: Whether :meth:`download_url` makes URLs (S3 does; files and memory do not).
+    makes_urls: bool = False
 
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
@@ -44,6 +50,20 @@ class BlobStore(ABC):
     @abstractmethod
     def delete_keys(self, keys: Iterable[str]) -> int:
         """Delete ``keys`` (absent ones are fine); return how many were requested."""
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> int:
+        """Store the concatenation of ``chunks`` under ``key`` (overwriting); return its size.
+
+        This base joins them in memory; :class:`S3BlobStore` streams them in parts.
+        """
+        data = b"".join(chunks)
+        self.put(key, data)
+        return len(data)
+
+    def download_url(self, key: str, expires_in: int) -> str | None:
+        """A URL that fetches ``key`` without other credentials for ``expires_in`` seconds,
+        or ``None`` where the store has no such URLs (files, memory)."""
+        return None
 
 
 class MemoryBlobStore(BlobStore):
@@ -84,6 +104,7 @@ class S3BlobStore(BlobStore):
     """Objects in one S3 bucket (server-side encrypted by the bucket's default)."""
 
     _DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys a call
+    makes_urls = True
 
     def __init__(self, client: S3Client, bucket: str) -> None:
         self._client = client
@@ -92,6 +113,64 @@ class S3BlobStore(BlobStore):
     def put(self, key: str, data: bytes) -> None:
         self._client.put_object(
             Bucket=self._bucket, Key=key, Body=data, ContentType="application/json"
+        )
+
+    #: Parts of a multipart upload (S3 takes 5 MiB at least, but for the last).
+    PART_BYTES = 8 * 1024 * 1024
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> int:
+        """Store ``chunks`` under ``key``: one ``PutObject`` when they fit one part, else a
+        multipart upload (one part in memory at a time; aborted on failure, so nothing
+        half-written is ever visible under ``key``)."""
+        buffer = bytearray()
+        size = 0
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        try:
+            for chunk in chunks:
+                buffer += chunk
+                size += len(chunk)
+                if len(buffer) >= self.PART_BYTES:
+                    if upload_id is None:
+                        upload_id = self._client.create_multipart_upload(
+                            Bucket=self._bucket, Key=key, ContentType=content_type
+                        )["UploadId"]
+                    parts.append(self._upload_part(key, upload_id, len(parts) + 1, buffer))
+                    buffer = bytearray()
+            if upload_id is None:
+                self._client.put_object(
+                    Bucket=self._bucket, Key=key, Body=bytes(buffer), ContentType=content_type
+                )
+                return size
+            if buffer:
+                parts.append(self._upload_part(key, upload_id, len(parts) + 1, buffer))
+            self._client.complete_multipart_upload(
+                Bucket=self._bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},  # type: ignore[typeddict-item]
+            )
+        except BaseException:
+            if upload_id is not None:
+                with contextlib.suppress(Exception):
+                    self._client.abort_multipart_upload(
+                        Bucket=self._bucket, Key=key, UploadId=upload_id
+                    )
+            raise
+        return size
+
+    def _upload_part(
+        self, key: str, upload_id: str, number: int, data: bytearray
+    ) -> dict[str, Any]:
+        answer = self._client.upload_part(
+            Bucket=self._bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=bytes(data)
+        )
+        return {"ETag": answer["ETag"], "PartNumber": number}
+
+    def download_url(self, key: str, expires_in: int) -> str | None:
+        """A presigned ``GetObject`` URL (SigV4; it also ends when the signing credentials do)."""
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self._bucket, "Key": key}, ExpiresIn=expires_in
         )
 
     def get(self, key: str) -> bytes:

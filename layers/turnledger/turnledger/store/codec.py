@@ -33,6 +33,7 @@ from ..core.models import (
     Event,
     EventKind,
     Head,
+    ImportMark,
 )
 from . import keys
 
@@ -151,6 +152,7 @@ class StoredEvent(BaseModel):
     at: datetime
     payload: dict[str, Any] | None = None
     ref: BlobRef | None = None
+    imported: ImportMark | None = None
 
 
 def _check_version(item: Item, where: str) -> None:
@@ -236,6 +238,7 @@ def encode_event(
         at=event.occurred_at,
         payload=None if ref else (payload if payload is not None else stored_payload(event)),
         ref=ref,
+        imported=event.imported,
     )
     return {
         A_PK: keys.partition_key(key),
@@ -292,6 +295,7 @@ def build_event(
             actor=stored.actor,
             occurred_at=stored.at,
             payload=payload,
+            imported=stored.imported,
         )
     except ValidationError as exc:
         raise _corrupted(f"event {keys.event_sort_key(sequence)}", exc) from exc

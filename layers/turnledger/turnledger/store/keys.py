@@ -105,6 +105,12 @@ def blob_key(
     )
 
 
+def export_key(key: ConversationKey, gen: str) -> str:
+    """The S3 key of the conversation's latest large export, in its life ``gen`` (each export
+    overwrites it; clear, sweep and purge remove it with the life's other objects)."""
+    return f"{blob_prefix(key, gen)}x/export.ndjson"
+
+
 def bucket_of(epoch_seconds: int) -> int:
     """The expiry bucket (hour number) an instant falls in."""
     return epoch_seconds // EXPIRY_BUCKET_SECONDS

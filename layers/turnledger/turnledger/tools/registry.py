@@ -174,6 +174,10 @@ class ToolDefinition(_Config):
     #: A webhook told (signed, see :mod:`turnledger.ops.notifications`) when a call of this
     #: tool waits for approval, is decided or expires.
     notify: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    #: Four-eyes: a call of this tool is approved only by someone other than the actor of
+    #: the turn that asked for it (``403 approver_is_requester``; ``APPROVAL_FOUR_EYES``
+    #: turns it on for every tool).
+    four_eyes: bool = False
 
     _validator: Callable[[Any], Any] = PrivateAttr()
 

@@ -1,4 +1,9 @@
-"""Approving with edited arguments: ``{"approve": [{"id": "call_1", "arguments": {...}}]}``.
+"""Checks on a decision before anything is recorded: who may approve (four-eyes), and
+approving with edited arguments: ``{"approve": [{"id": "call_1", "arguments": {...}}]}``.
+
+**Four-eyes.** A tool with ``four_eyes`` (or every tool, with ``APPROVAL_FOUR_EYES``) is
+approved only by someone other than the actor of the turn that asked for the call
+(:func:`check_four_eyes`). Rejecting stays open to everyone who may decide.
 
 The person deciding may correct what the model asked for (a recipient, an
 amount) and approve that instead. The edited arguments are checked against the
@@ -12,10 +17,10 @@ a run that may have happened would make that key lie.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..core.exceptions import RequestValidationFailed
+from ..core.exceptions import ApproverIsRequester, RequestValidationFailed, UnknownTool
 from ..core.models import PendingCall
 from ..tools.approval import arguments_sha256
 from ..tools.registry import ToolRegistry
@@ -62,3 +67,40 @@ def check_edits(
             "edited arguments were refused; nothing was decided", details={"errors": errors}
         )
     return edits
+
+
+def check_four_eyes(
+    registry: ToolRegistry,
+    awaiting: Mapping[str, PendingCall],
+    approved: Iterable[str],
+    approver: str,
+    *,
+    always: bool,
+    requester: str | None = None,
+) -> None:
+    """Refuse approvals of calls that ``approver`` asked for, where four-eyes applies.
+
+    ``always``: the deployment's ``APPROVAL_FOUR_EYES``; otherwise the tool's ``four_eyes``
+    decides (a tool no longer registered: the deployment's rule alone). A call's requester
+    is its ``requested_by``, else ``requester`` (the turn's actor, when known).
+
+    Raises:
+        ApproverIsRequester: such a call is among ``approved``; nothing is decided.
+    """
+    own: list[str] = []
+    for call_id in approved:
+        pending = awaiting.get(call_id)
+        if pending is None:
+            continue
+        try:
+            required = always or registry.get(pending.name).four_eyes
+        except UnknownTool:
+            required = always
+        if required and (pending.requested_by or requester) == approver:
+            own.append(call_id)
+    if own:
+        raise ApproverIsRequester(
+            "four-eyes: these calls were asked for by your own turn; another person must "
+            "approve them (rejecting is allowed); nothing was decided",
+            details={"calls": own, "requested_by": approver},
+        )

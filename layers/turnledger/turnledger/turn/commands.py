@@ -59,6 +59,8 @@ class Decisions(_Command):
     approvals: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     rejections: dict[str, str | None] = Field(default_factory=dict)
     outputs: dict[str, str] = Field(default_factory=dict)
+    #: The approver's identity claims that allowed the decision (recorded with it).
+    approver_claims: dict[str, str] = Field(default_factory=dict)
 
 
 class CallbackOutcome(_Command):

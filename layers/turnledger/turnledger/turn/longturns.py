@@ -41,6 +41,7 @@ from ..core.exceptions import (
 from ..core.models import ConversationKey, Head
 from ..core.observability import logger
 from . import drafts
+from .approval_edits import check_four_eyes
 from .commands import Decisions, TurnCommand
 from .drafts import DraftState, DraftWriter
 from .lifecycle import DraftMove, awaits_decision, draft_move, is_tombstone, refuse_new_turn
@@ -192,6 +193,14 @@ def accept(
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
         if not awaits_decision(head):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
+        # Refused here, not later in the worker, when the head already says who asked.
+        check_four_eyes(
+            service.tools,
+            {p.id: p for p in head.pending},
+            command.approvals,
+            actor,
+            always=service.settings.approval_four_eyes,
+        )
         turn = head.turn
     payload = {
         "kind": WORKER_EVENT,

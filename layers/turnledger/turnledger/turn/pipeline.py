@@ -94,11 +94,11 @@ from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
 from . import drafts
-from .approval_edits import check_edits
+from .approval_edits import check_edits, check_four_eyes
 from .callbacks import CallbackClaims, life_of
 from .commands import CallbackOutcome, Decisions, TurnCommand
 from .drafts import TurnCancelled, model_reply
-from .execution import ToolCalls, TurnWork, decided_in_turn
+from .execution import ToolCalls, TurnWork, decided_in_turn, turn_actor
 from .lifecycle import (
     AWAITING_DECISION,
     CallMove,
@@ -423,6 +423,14 @@ class Conversations:
                 "these call ids are not pending approval",
                 details={"unknown": unknown, "pending": sorted(undecided), "expired": expired},
             )
+        check_four_eyes(
+            self.calls.tools,
+            undecided,
+            approvals,
+            actor,
+            always=self.settings.approval_four_eyes,
+            requester=turn_actor(session),
+        )
         edits = check_edits(self.calls.tools, undecided, approvals)
         for call_id in named:
             pending = undecided[call_id]
@@ -437,6 +445,7 @@ class Conversations:
                     arguments_sha256=pending.arguments_sha256,
                     approved_arguments=edited[0] if edited else None,
                     approved_arguments_sha256=edited[1] if edited else None,
+                    approver_claims=dict(decisions.approver_claims) or None,
                 ),
                 actor=actor,
             )

@@ -32,7 +32,7 @@ from ...turn import longturns
 from ...turn.commands import ClientOutput, Decisions, TurnCommand
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
-from ..resolver import Caller, app, caller
+from ..resolver import Caller, app, approver, caller
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
 from .items import (
@@ -180,7 +180,10 @@ def _command(
     )
 
 
-def _decisions(approvals: list[InputItem]) -> Decisions:
+def _decisions(approvals: list[InputItem], key: ConversationKey) -> Decisions:
+    """The decisions of ``mcp_approval_response`` items; deciding here needs what the
+    approvals route needs (:func:`~turnledger.api.resolver.approver`)."""
+    who = approver(key.conversation_id)
     approve: list[str | ApprovalEdit] = []
     reject: list[str | Rejection] = []
     for item in approvals:
@@ -188,7 +191,7 @@ def _decisions(approvals: list[InputItem]) -> Decisions:
             approve.append(item.call_id)
         else:
             reject.append(Rejection(id=item.call_id, reason=item.reason))
-    return decisions(ApprovalRequest(approve=approve, reject=reject))
+    return decisions(ApprovalRequest(approve=approve, reject=reject), who.approver_claims)
 
 
 def _execute(
@@ -227,7 +230,7 @@ def _run(
     if approvals:
         if len(approvals) != len(items):
             raise InvalidRequest("send mcp_approval_response items on their own")
-        return _execute(service, who, key, _decisions(approvals), request.stream)
+        return _execute(service, who, key, _decisions(approvals, key), request.stream)
     first = 0
     while first < len(items) and items[first].kind == "function_call_output":
         first += 1
