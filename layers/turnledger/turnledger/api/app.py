@@ -104,7 +104,10 @@ def _check_body(event: dict[str, Any], limit: int) -> None:
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The Lambda entry point of every API function."""
     try:
-        _check_body(event, get_runtime().settings.max_input_bytes)
+        # The open callback route: its token and its own limit first, the body unread.
+        callback_limit = waits.refuse_early(event)
+        limit = get_runtime().settings.max_input_bytes
+        _check_body(event, limit if callback_limit is None else min(limit, callback_limit))
     except TurnledgerError as exc:
         return _answer(exc, event)
     event = _with_decoded_path(event)

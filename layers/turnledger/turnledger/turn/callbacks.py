@@ -17,6 +17,10 @@ The key: ``CALLBACK_KEY`` (hex; the local runner generates one), else the Secret
 Manager secret ``CALLBACK_SECRET_ARN`` (read through Powertools parameters,
 cached). No key: deferred calls get no ``callback_url`` (the application settles
 them with ``outputs`` on the approvals route) and every callback is refused.
+
+A callback's body may hold at most ``CALLBACK_MAX_INPUT_BYTES`` (default
+:data:`DEFAULT_MAX_INPUT_BYTES`); the API checks the token, then that limit, before
+it reads the body (:func:`turnledger.api.waits.refuse_early`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ SECRET_MAX_AGE_SECONDS = 300
 
 #: Tokens longer than this are refused unread (a real one is ~300 characters).
 MAX_TOKEN_CHARS = 2048
+
+#: The default of ``CALLBACK_MAX_INPUT_BYTES``: the largest callback body (bytes).
+DEFAULT_MAX_INPUT_BYTES = 262144
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,20 @@ def verify(key: bytes | None, token: str, *, now: datetime) -> CallbackClaims:
     if not isinstance(claims.deadline, int) or now.timestamp() >= claims.deadline:
         raise refused
     return claims
+
+
+def max_input_bytes() -> int:
+    """The largest callback body accepted (``CALLBACK_MAX_INPUT_BYTES``).
+
+    Raises:
+        ValueError: the variable is not a positive integer.
+    """
+    raw = os.environ.get("CALLBACK_MAX_INPUT_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_INPUT_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"CALLBACK_MAX_INPUT_BYTES must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def signing_key() -> bytes | None:
