@@ -770,6 +770,12 @@ def test_outputs_and_a_message_in_one_input(harness: Harness) -> None:
             "invalid arguments for tool get_weather: arguments is missing required property 'city'",
         ),
         ('/tool get_weather {"city": ', "the arguments were not a JSON object"),
+        # As deep as a request body may not be: refused by the same limit, never a crash.
+        (
+            "/tool get_weather " + '{"a": ' * 900 + "1" + "}" * 900,
+            "invalid arguments for tool get_weather: "
+            "the arguments' JSON nests deeper than 64 levels",
+        ),
         (tool_line("teleport", to="moon"), "unknown tool 'teleport'"),
     ],
 )

@@ -22,11 +22,11 @@ from ..core.deadline import request_deadline
 from ..core.exceptions import InvalidRequest, PayloadTooLarge, TurnledgerError
 from ..core.models import CONVERSATION_ID_PATTERN
 from ..core.observability import logger, metrics, traced
+from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
 from . import openai_face, routes, streaming_routes, waits
 from .errors import body_for
 from .resolver import app, raw_body
-from .strict_json import BodyError, parse_object
 
 __all__ = ["app", "lambda_handler"]
 
@@ -72,7 +72,7 @@ def _answer(error: TurnledgerError, event: dict[str, Any]) -> dict[str, Any]:
 
 def _check_body(event: dict[str, Any], limit: int) -> None:
     """Refuse a body over ``limit`` bytes, or one that is no JSON object within the limits of
-    :mod:`turnledger.api.strict_json` (any bytes get a 4xx, never a crash deeper in).
+    :mod:`turnledger.core.strict_json` (any bytes get a 4xx, never a crash deeper in).
 
     Raises:
         PayloadTooLarge: over ``limit``.
