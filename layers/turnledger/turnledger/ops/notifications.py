@@ -24,8 +24,9 @@ requested or got the answer of, and every such wait a cancel ended is published:
   through Powertools parameters and cached :data:`SECRET_MAX_AGE_SECONDS`, or
   ``NOTIFY_SECRET``), in the header
   ``Turnledger-Signature: t=<timestamp>,kid=<key id>,v1=<hex>``; receivers recompute it
-  and refuse old timestamps. One commit's webhooks are sent at once, all within
-  :data:`WEBHOOK_BUDGET_SECONDS`; logs name a webhook by its host, never its whole URL;
+  and refuse old timestamps. One commit's receivers are sent to at once (each one's
+  notifications in order), all within :data:`WEBHOOK_BUDGET_SECONDS`; logs name a
+  webhook by its host, never its whole URL;
 * locally, to the runner (``NOTIFICATIONS_LOCAL_URL``), which prints them and
   keeps the last 100 at ``GET /_local/notifications``.
 
@@ -278,20 +279,29 @@ class Publisher:
             metrics.add_metric("NotificationsFailed", MetricUnit.Count, failed)
 
     def _deliver_all(self, deliveries: Sequence[tuple[str, Notification, bool]]) -> int:
+        """Each receiver's notifications in order, the receivers at once, within the budget."""
         started = time.monotonic()
-        pool = ThreadPoolExecutor(max_workers=min(_WEBHOOK_THREADS, len(deliveries)))
+        by_receiver: dict[str, list[tuple[Notification, bool]]] = {}
+        for url, note, signed in deliveries:
+            by_receiver.setdefault(url, []).append((note, signed))
+
+        def deliver(url: str, notes: list[tuple[Notification, bool]]) -> int:
+            return sum(
+                self._deliver(url, note, signed=signed, started=started) for note, signed in notes
+            )
+
+        pool = ThreadPoolExecutor(max_workers=min(_WEBHOOK_THREADS, len(by_receiver)))
         try:
-            futures = [
-                pool.submit(self._deliver, url, note, signed=signed, started=started)
-                for url, note, signed in deliveries
-            ]
+            futures = {
+                pool.submit(deliver, url, notes): len(notes) for url, notes in by_receiver.items()
+            }
             done, late = wait(futures, timeout=WEBHOOK_BUDGET_SECONDS)
         finally:
             # Never wait for a late one: its own timeout ends it in the background.
             pool.shutdown(wait=False, cancel_futures=True)
         if late:
             logger.warning("notifications ran out of time", extra={"late": len(late)})
-        return len(late) + sum(future.result() for future in done)
+        return sum(futures[future] for future in late) + sum(f.result() for f in done)
 
     def _webhook(self, tool: str) -> str | None:
         try:
