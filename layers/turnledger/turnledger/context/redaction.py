@@ -23,13 +23,15 @@ nothing unredacted reaches a model).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import regex
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..core.config import Settings
 from ..core.observability import logger
+
+if TYPE_CHECKING:
+    import regex
 
 #: Seconds a rule set read from SSM is cached (a changed set is picked up within this).
 RULES_MAX_AGE_SECONDS = 300
@@ -57,6 +59,9 @@ class RedactionRule(BaseModel):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
+        # Imported here: only a deployment with rules pays for the engine.
+        import regex
+
         try:
             compiled = regex.compile(value)
         except regex.error as exc:
@@ -82,6 +87,8 @@ class Redactor(BaseModel):
 
     @cached_property
     def _compiled(self) -> list[tuple[regex.Pattern[str], RedactionRule]]:
+        import regex
+
         return [(regex.compile(rule.pattern), rule) for rule in self.rules]
 
     def text(self, text: str) -> str:
