@@ -293,11 +293,6 @@ def test_a_token_is_opaque() -> None:
     assert callbacks.sign(KEY, CLAIMS) != token
 
 
-def test_a_deferred_call_waits_an_hour_unless_its_tool_says() -> None:
-    """Issue 22: a callback token lives 1 h by default (24 h before)."""
-    assert callbacks.DEFAULT_LIFE_SECONDS == 3600
-
-
 def test_an_expired_token_is_refused() -> None:
     token = callbacks.sign(KEY, CLAIMS)
     with pytest.raises(CallbackInvalid):
