@@ -21,6 +21,7 @@
 | ``TENANT_CLAIM`` | ``tenant_id`` | JWT claim holding the tenant |
 | ``PROVIDER`` | ``demo`` | ``demo`` or ``openai-chat`` |
 | ``MODEL`` | ``demo-1`` | default model name |
+| ``ALLOWED_MODELS`` | ``MODEL``, ``MODELS`` | other models a turn may name (``*``: any) |
 | ``SYSTEM_PROMPT`` | (empty) | sent first on every turn |
 | ``OPENAI_BASE_URL`` | ``https://api.openai.com/v1`` | any OpenAI-compatible endpoint |
 | ``OPENAI_API_KEY`` | (none) | the key itself (local use) |
@@ -204,6 +205,8 @@ class Settings:
     #: ``None``: the model's window less its answer reserve.
     context_max_tokens: int | None = None
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    #: Models a turn may name besides ``model`` and ``models``' (``"*"``: any at all).
+    allowed_models: tuple[str, ...] = ()
     conversation_token_budget: int = 0
     turn_token_budget: int = 0
     tenant_conversation_token_budget: dict[str, int] = field(default_factory=dict)
@@ -243,6 +246,14 @@ class Settings:
     turn_worker_function: str | None = None
     #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
     turn_worker_endpoint: str | None = None
+
+    @property
+    def models_allowed(self) -> frozenset[str] | None:
+        """The models a turn may name (``None``: any): ``ALLOWED_MODELS``, the default
+        model and the models ``MODELS`` describes."""
+        if "*" in self.allowed_models:
+            return None
+        return frozenset({*self.allowed_models, self.model, *self.models})
 
     @property
     def allowed_providers(self) -> tuple[str, ...]:
@@ -338,6 +349,9 @@ class Settings:
             redaction_parameter=opt("REDACTION_PARAMETER"),
             # --- providers: stored state, Bedrock, the stateful demo model ---
             providers=tuple(p.strip() for p in env.get("PROVIDERS", "").split(",") if p.strip()),
+            allowed_models=tuple(
+                m.strip() for m in env.get("ALLOWED_MODELS", "").split(",") if m.strip()
+            ),
             openai_responses_store=_bool(env, "OPENAI_RESPONSES_STORE", cls.openai_responses_store),
             provider_state_retention_seconds=_int(
                 env, "PROVIDER_STATE_RETENTION_SECONDS", cls.provider_state_retention_seconds
