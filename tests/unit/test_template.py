@@ -592,7 +592,8 @@ def test_table_is_protected_and_streams_keys_only(template: dict[str, Any]) -> N
     properties = table["Properties"]
     assert properties["BillingMode"] == "PAY_PER_REQUEST"
     assert properties["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
-    assert properties["SSESpecification"] == {"SSEEnabled": True}
+    assert properties["SSESpecification"]["SSEEnabled"] is True
+    assert properties["DeletionProtectionEnabled"] is True
     assert properties["StreamSpecification"] == {"StreamViewType": "KEYS_ONLY"}
 
 
@@ -616,7 +617,10 @@ def test_bucket_is_private_encrypted_and_retained(template: dict[str, Any]) -> N
         "Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]
     }
     encryption = properties["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
-    assert encryption["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in {"AES256", "aws:kms"}
+    # SSE-S3, or SSE-KMS under the customer key when KmsKeyArn is set.
+    assert encryption["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == {
+        "Fn::If": ["HasKmsKey", "aws:kms", "AES256"]
+    }
     assert "VersioningConfiguration" not in properties  # a clear leaves no old version
     rules = {rule["Id"]: rule for rule in properties["LifecycleConfiguration"]["Rules"]}
     assert rules["AbortIncompleteUploads"]["AbortIncompleteMultipartUpload"] == {
