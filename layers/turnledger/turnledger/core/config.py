@@ -38,8 +38,9 @@
 | ``CALLBACK_SECRET_ARN`` | (none) | Secrets Manager secret: the callback token key |
 | ``CALLBACK_KEY`` | (none) | the signing key itself, hex (local runner: generated) |
 | ``PUBLIC_BASE_URL`` | (none) | this API's public URL, the base of ``callback_url`` |
+| ``CALLBACK_MAX_INPUT_BYTES`` | ``262144`` | larger callback bodies get ``413`` |
 
-``CALLBACK_SECRET_ARN``, ``CALLBACK_KEY`` and ``PUBLIC_BASE_URL`` are not settings: they
+``CALLBACK_*`` and ``PUBLIC_BASE_URL`` are not settings: they
 are read where they are used (:mod:`turnledger.turn.callbacks`), as are the notifications'
 variables (:mod:`turnledger.ops.notifications`).
 
