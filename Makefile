@@ -15,6 +15,10 @@ DEV_STAMP := $(VENV)/.installed-dev
 DDB_VERSION := 2.9.30
 DDB_DIR := .tools/dynamodb-local
 SAM_VENV := .tools/sam
+# checkov pins its own dependencies: a venv of its own, never the project's. Pinned: a
+# newer checkov adds checks, which should be a change of ours, not a surprise in CI.
+CHECKOV_VENV := .tools/checkov
+CHECKOV_VERSION := 3.3.30
 PORT ?= 3000
 # Where `make run` keeps conversations across restarts; `make run DATA_DIR=` keeps them in memory.
 DATA_DIR ?= .data
@@ -63,9 +67,18 @@ run: $(LOCAL_STAMP)
 test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar chromium
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/pytest -n 2 $(ARGS)
 
-lint: $(DEV_STAMP)
+## Code style, and the template's security scan: every checkov check passes or is skipped in
+## template.yaml with its reason (a skip without one fails tests/unit/test_template_hardening.py).
+## --skip-download: offline, no Prisma Cloud account.
+lint: $(DEV_STAMP) $(CHECKOV_VENV)/bin/checkov
 	$(BIN)/ruff check layers functions tests bench
 	$(BIN)/ruff format --check layers functions
+	$(CHECKOV_VENV)/bin/checkov --quiet --compact --skip-download --framework cloudformation \
+	  --file template.yaml
+
+$(CHECKOV_VENV)/bin/checkov:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install --quiet checkov==$(CHECKOV_VERSION)
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy layers/turnledger/turnledger layers/local/turnledger_local functions

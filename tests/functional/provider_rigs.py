@@ -109,6 +109,8 @@ class Rig:
                 provider=name,
                 providers=tuple(p for p in PROVIDERS if p != name),
                 model=MODELS[name],
+                # A deployment of several providers allows each one's model (ALLOWED_MODELS).
+                allowed_models=tuple(MODELS.values()),
                 openai_base_url=openai.base_url,
                 bedrock_endpoint=bedrock.url,
                 bedrock_region="us-east-1",

@@ -180,3 +180,17 @@ def test_a_crash_at_any_step_of_a_deferred_call_is_resumed(
     stage, _ = drive(world, stage, never)
     assert stage == "done"
     assert_settled_exactly_once(world)
+
+
+def test_a_deferred_calls_callback_lives_an_hour_unless_its_tool_says(world: World) -> None:
+    """Issue 22: the token (and the call's wait) lives 1 h by default, not the 24 h of
+    the approval window; the tool's ``deferred_ttl_seconds`` still sets its own."""
+    svc = world.process(Injector(never))
+    with suppress(InputPending):
+        edge.turn(svc, ANN, CONVERSATION, TURN)
+    claims = newest_claims(world)
+    assert claims.deadline - world.clock.now().timestamp() == callbacks.DEFAULT_LIFE_SECONDS
+    assert callbacks.DEFAULT_LIFE_SECONDS == 3600
+    [pending] = edge.get(svc, ANN, CONVERSATION).pending_tool_calls
+    assert pending.expires_at is not None
+    assert pending.expires_at.timestamp() == claims.deadline

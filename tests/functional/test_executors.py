@@ -15,6 +15,7 @@ from botocore.config import Config
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 from turnledger.core.models import ToolCall
+from turnledger.core.observability import logger
 from turnledger.tools import (
     ToolDefinition,
     ToolInvocation,
@@ -429,8 +430,56 @@ def test_lambda_service_error_is_an_error_outcome() -> None:
 
     assert outcome.is_error
     assert outcome.output == (
-        "tool weather failed: ResourceNotFoundException: Function not found: weather-fn"
+        "tool weather failed: its function could not be invoked (see the service's logs)"
     )
+
+
+ACCESS_DENIED = (
+    "User: arn:aws:sts::123456789012:assumed-role/turnledger-TurnFunctionRole-X/fn is not "
+    "authorized to perform: lambda:InvokeFunction on resource: "
+    "arn:aws:lambda:us-east-1:123456789012:function:weather-fn"
+)
+
+
+def test_lambda_errors_tell_the_model_nothing_of_the_account() -> None:
+    """Issue 22: AWS's message (account id, role and function ARNs) reaches the logs only;
+    so does the report of a function Lambda itself stopped."""
+    client = make_lambda_client()
+    stream = io.StringIO()
+    previous = logger.registered_handler.setStream(stream)  # type: ignore[attr-defined]
+    try:
+        with Stubber(client) as stubber:
+            stubber.add_client_error(
+                "invoke",
+                service_error_code="AccessDeniedException",
+                service_message=ACCESS_DENIED,
+                http_status_code=403,
+            )
+            crash = (
+                b'{"errorType": "Runtime.ExitError", "errorMessage": "RequestId: 1f2e '
+                b'Error: Runtime exited with error: signal: killed"}'
+            )
+            stubber.add_response(
+                "invoke",
+                {"StatusCode": 200, "FunctionError": "Unhandled", "Payload": payload(crash)},
+                EXPECTED_INVOKE,
+            )
+            executor = LambdaExecutor(lambda _config: client)
+            denied = executor.execute(invocation(lambda_tool()))
+            killed = executor.execute(invocation(lambda_tool()))
+    finally:
+        logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
+
+    assert denied.is_error and killed.is_error
+    for outcome in (denied, killed):
+        assert "123456789012" not in outcome.output and "arn:" not in outcome.output
+        assert "RequestId" not in outcome.output
+    assert (
+        killed.output == "tool weather failed: Lambda function error (Unhandled): Runtime.ExitError"
+    )
+    logged = stream.getvalue()
+    assert "AccessDeniedException" in logged and "123456789012" in logged
+    assert "Runtime exited with error" in logged
 
 
 def test_runner_creates_the_lambda_client_once_on_first_use(http: httpx.Client) -> None:

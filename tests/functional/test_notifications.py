@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +31,14 @@ from turnledger.core.models import (
     PendingCall,
     TurnInterrupted,
 )
-from turnledger.ops.notifications import SIGNATURE_HEADER, Publisher, notifications_of
+from turnledger.core.observability import logger
+from turnledger.ops.notifications import (
+    SIGNATURE_HEADER,
+    Publisher,
+    key_id,
+    notifications_of,
+    receiver_key,
+)
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
@@ -207,8 +215,10 @@ def test_webhooks_are_signed_and_failures_never_fail_the_request(
         header = hook.header(SIGNATURE_HEADER.lower()) or ""
         parts = dict(part.split("=", 1) for part in header.split(","))
         assert parts["t"] == "1700000000"
+        key = receiver_key(SECRET, sink.url("/hook"))
+        assert parts["kid"] == key_id(key)
         expected = hmac.new(
-            SECRET.encode(), f"{parts['t']}.".encode() + hook.body, hashlib.sha256
+            key.encode(), f"{parts['t']}.".encode() + hook.body, hashlib.sha256
         ).hexdigest()
         assert hmac.compare_digest(parts["v1"], expected)
         assert hook.json()["detail"]["tool"] == "send_email"
@@ -246,6 +256,7 @@ def test_input_requests_answers_and_cancels_reach_the_bus(
     [requested] = received(sqs, queue)
     assert requested["detail-type"] == "input.requested"
     assert requested["detail"] == {
+        "event_id": requested["detail"]["event_id"],
         "tenant": "acme",
         "conversation_id": "c1",
         "call_id": call,
@@ -356,6 +367,53 @@ def test_input_webhooks_are_signed(sink: HttpSink, clock: FakeClock) -> None:
             part.split("=", 1) for part in (hook.header("turnledger-signature") or "").split(",")
         )
         expected = hmac.new(
-            SECRET.encode(), f"{parts['t']}.".encode() + hook.body, hashlib.sha256
+            receiver_key(SECRET, sink.url("/hook")).encode(),
+            f"{parts['t']}.".encode() + hook.body,
+            hashlib.sha256,
         ).hexdigest()
         assert hmac.compare_digest(parts["v1"], expected)
+
+
+def test_each_receiver_has_its_own_key_and_every_event_an_id(
+    sink: HttpSink, clock: FakeClock
+) -> None:
+    """Issue 22: a key per receiver (another receiver's key does not verify), an event id
+    that is the same when the same notification is sent again, times with ``Z``, and a
+    failing webhook logged by its host only."""
+    publisher = Publisher(post=httpx.post, secret=lambda: SECRET, clock=lambda: 1_700_000_000.0)
+    svc = service(sink, clock, publisher)
+    ask(svc, "wh-1", "send_email", to="bob@example.com")
+    [hook] = sink.requests_for("/hook")
+    parts = dict(p.split("=", 1) for p in (hook.header("turnledger-signature") or "").split(","))
+    for key, verifies in (
+        (receiver_key(SECRET, sink.url("/hook")), True),
+        (receiver_key(SECRET, sink.url("/other-hook")), False),
+        (SECRET, False),  # the deployment's secret itself signs nothing
+    ):
+        mac = hmac.new(key.encode(), f"{parts['t']}.".encode() + hook.body, hashlib.sha256)
+        assert hmac.compare_digest(parts["v1"], mac.hexdigest()) is verifies
+    detail = hook.json()["detail"]
+    assert detail["event_id"].startswith("evt_") and len(detail["event_id"]) == 36
+    assert detail["expires_at"].endswith("Z") and "+00:00" not in hook.body.decode()
+
+    # The same commit told again (a retried publish) carries the same id; another call another.
+    key = ConversationKey(tenant="acme", conversation_id="wh-1")
+    head = svc.store.get_head(key)
+    assert head is not None
+    events = svc.store.read_events(key, head, after=0, limit=100)
+    again = notifications_of(key, [], head, events, include_arguments=False)
+    assert [n.detail["event_id"] for n in again] == [detail["event_id"]]
+    ask(svc, "wh-2", "send_email", to="eve@example.com")
+    assert sink.requests_for("/hook")[-1].json()["detail"]["event_id"] != detail["event_id"]
+
+    # A webhook that cannot be reached: logged by scheme and host, never its path.
+    publisher.webhook_of = lambda _tool: "http://127.0.0.1:9/private/token-abc?sig=xyz"
+    stream = io.StringIO()
+    previous = logger.registered_handler.setStream(stream)  # type: ignore[attr-defined]
+    try:
+        ask(svc, "wh-3", "send_email", to="x@example.com")
+    finally:
+        logger.registered_handler.setStream(previous)  # type: ignore[attr-defined]
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines() if "notification" in text]
+    assert line["url"] == "http://127.0.0.1"
+    assert "token-abc" not in stream.getvalue() and "sig=xyz" not in stream.getvalue()

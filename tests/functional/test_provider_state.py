@@ -230,6 +230,7 @@ def test_any_mismatch_is_fresh_and_the_next_turn_continues_again(
         "redactor": lambda: redaction["rules"],
         "provider_state_retention_seconds": 600,
         "ttl_seconds": 0,
+        "allowed_models": ("demo-2",),
     }
     svc = service(store, clock, provider, **base)
     say(svc, "My name is Ann.")

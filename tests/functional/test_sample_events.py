@@ -134,6 +134,7 @@ def test_each_sample_event_gets_its_documented_answer(
     assert page["statusCode"] == 200
     assert page["headers"]["Content-Type"].startswith("text/html")
     assert "default-src 'none'" in page["headers"]["Content-Security-Policy"]
+    assert page["headers"]["Strict-Transport-Security"] == "max-age=63072000"
     approved = call("approve", load_event("approve"))
     assert approved["statusCode"] == 200
     assert body(approved)["status"] == "complete"

@@ -631,6 +631,24 @@ def test_erasure_removes_every_conversation_of_the_tenant_only(
     assert_intact(store, theirs, kept)
 
 
+def test_erasure_lists_on_its_store_and_clears_through_the_tenants(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """Issue 22: the API's erasure lists on its own role and clears on the tenant's
+    credentials (``clear_with``), so its function holds no table-wide item access."""
+    mine = [key_of(n, "acme") for n in range(1, 4)]
+    for key in mine:
+        seed(store, key, expires_at=None, turns=1)
+    tenants = mock.Mock(wraps=store)
+
+    report = sweeper(store, clock).erase("acme", tenants)
+
+    assert report.complete and report.conversations_removed == 3
+    assert {c.args[0] for c in tenants.clear.call_args_list} == set(mine)
+    for key in mine:
+        assert_gone(store, key)
+
+
 def test_erasure_in_pages_resumes_where_it_stopped(
     store: ConversationStore, clock: FakeClock
 ) -> None:

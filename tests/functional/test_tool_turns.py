@@ -28,13 +28,14 @@ from turnledger.api.schemas import (
     TurnResponse,
 )
 from turnledger.context.assembly import build_messages
-from turnledger.core.config import Settings
+from turnledger.core.config import ModelSpec, Settings
 from turnledger.core.exceptions import (
     ApprovalPending,
     ConversationBusy,
     ConversationNotFound,
     InternalError,
     NotAwaitingApproval,
+    UnknownModel,
     UnknownTool,
     UnknownToolCall,
 )
@@ -432,12 +433,32 @@ def test_call_level_require_approval_adds_and_lasts_the_whole_turn(harness: Harn
     assert len(harness.sink.requests_for("/weather")) == 3
 
 
+def test_a_turn_may_name_only_an_allowed_model(harness: Harness) -> None:
+    """Issue 22: the default model, those MODELS describes and ALLOWED_MODELS; another is
+    422 unknown_model and nothing is stored; ``*`` allows any."""
+    svc = harness.service(
+        allowed_models=("gpt-cheap",), models={"described": ModelSpec(8192, 1024)}
+    )
+    for allowed in ("demo-1", "gpt-cheap", "described"):
+        assert turn(svc, "Hello.", model=allowed).status == "complete"
+    with pytest.raises(UnknownModel) as refused:
+        turn(svc, "Hello.", model="gpt-expensive")
+    assert refused.value.status == 422 and refused.value.code == "unknown_model"
+    assert refused.value.details == {
+        "model": "gpt-expensive",
+        "allowed": ["demo-1", "described", "gpt-cheap"],
+    }
+    assert len(transcript(svc)) == 6  # three turns, nothing of the refused one
+    anything = harness.service(allowed_models=("*",))
+    assert turn(anything, "Hello.", model="gpt-expensive").status == "complete"
+
+
 def test_an_approval_continues_the_turn_with_its_model_and_tools(harness: Harness) -> None:
     """Model, tool subset and call-level approvals of a turn hold when another process
     continues it after an approval."""
     first = Strict()
     turn(
-        harness.service(first),
+        harness.service(first, allowed_models=("custom-model",)),
         tool_line("send_email", to="a@x"),
         model="custom-model",
         tools=["send_email", "get_weather"],
@@ -768,6 +789,12 @@ def test_outputs_and_a_message_in_one_input(harness: Harness) -> None:
             "invalid arguments for tool get_weather: arguments is missing required property 'city'",
         ),
         ('/tool get_weather {"city": ', "the arguments were not a JSON object"),
+        # As deep as a request body may not be: refused by the same limit, never a crash.
+        (
+            "/tool get_weather " + '{"a": ' * 900 + "1" + "}" * 900,
+            "invalid arguments for tool get_weather: "
+            "the arguments' JSON nests deeper than 64 levels",
+        ),
         (tool_line("teleport", to="moon"), "unknown tool 'teleport'"),
     ],
 )

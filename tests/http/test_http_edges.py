@@ -20,8 +20,8 @@ import boto3
 import httpx
 import pytest
 from boto3.dynamodb.conditions import Key
-from turnledger.api.strict_json import MAX_DEPTH
 from turnledger.core.models import ConversationKey
+from turnledger.core.strict_json import MAX_DEPTH
 from turnledger.store import keys
 from turnledger_local.runner import LocalConfig, LocalRunner
 from turnledger_local.template import PROJECT_ROOT

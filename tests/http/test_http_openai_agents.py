@@ -56,7 +56,7 @@ def client(served: LocalRunner) -> Iterator[OpenAI]:
 
 def _model(served: LocalRunner) -> OpenAIResponsesModel:
     client = AsyncOpenAI(base_url=f"{served.url}/openai/v1", api_key=TOKEN, max_retries=0)
-    return OpenAIResponsesModel(model="demo", openai_client=client)
+    return OpenAIResponsesModel(model="demo-1", openai_client=client)
 
 
 def events_of(http: httpx.Client, conversation_id: str) -> list[dict[str, Any]]:
@@ -146,7 +146,7 @@ def test_a_ten_call_stateless_loop_stores_each_item_once(
     conversations = set()
     users, outputs = 1, 0
     for call in range(10):
-        response = client.responses.create(model="demo", input=history, tools=tools)
+        response = client.responses.create(model="demo-1", input=history, tools=tools)
         conversations.add(response.conversation.id)  # type: ignore[union-attr]
         history += [item.model_dump(exclude_none=True) for item in response.output]
         calls = [item for item in response.output if item.type == "function_call"]
@@ -172,7 +172,7 @@ def test_an_unmatched_history_starts_a_new_conversation(client: OpenAI, http: ht
         {"role": "assistant", "content": "Hello Zed."},
         {"role": "user", "content": "What is my name?"},
     ]
-    first = client.responses.create(model="demo", input=history)
+    first = client.responses.create(model="demo-1", input=history)
     assert first.output_text == "Your name is Zed."
     conversation_id = first.conversation.id  # type: ignore[union-attr]
     events = events_of(http, conversation_id)
@@ -184,25 +184,25 @@ def test_an_unmatched_history_starts_a_new_conversation(client: OpenAI, http: ht
     # The same history continued: the conversation it repeats.
     history += [item.model_dump(exclude_none=True) for item in first.output]
     again = client.responses.create(
-        model="demo", input=[*history, {"role": "user", "content": "Hi"}]
+        model="demo-1", input=[*history, {"role": "user", "content": "Hi"}]
     )
     assert again.conversation.id == conversation_id  # type: ignore[union-attr]
     # Not the conversation's transcript (an edited answer): another conversation.
     edited = [*history[:-1], {"role": "assistant", "content": "Your name is Ann."}]
     other = client.responses.create(
-        model="demo", input=[*edited, {"role": "user", "content": "Hi"}]
+        model="demo-1", input=[*edited, {"role": "user", "content": "Hi"}]
     )
     assert other.conversation.id != conversation_id  # type: ignore[union-attr]
     # An older response of it (not its newest): a new conversation too (no branches yet).
     older = client.responses.create(
-        model="demo", input=[*history, {"role": "user", "content": "Yo"}]
+        model="demo-1", input=[*history, {"role": "user", "content": "Yo"}]
     )
     assert older.conversation.id not in {conversation_id, other.conversation.id}  # type: ignore[union-attr]
     assert kinds_of(http, conversation_id).count("user_message") == 3
 
 
 def test_store_false_keeps_nothing(client: OpenAI, http: httpx.Client) -> None:
-    response = client.responses.create(model="demo", input="My name is Nil.", store=False)
+    response = client.responses.create(model="demo-1", input="My name is Nil.", store=False)
     assert response.output_text == "Noted (1 user messages so far)."
     conversation_id = conversation_of(response.id)
     assert http.get(f"/v1/conversations/{conversation_id}", headers=ANN).status_code == 404
@@ -211,7 +211,7 @@ def test_store_false_keeps_nothing(client: OpenAI, http: httpx.Client) -> None:
 def test_a_conversations_session_over_two_runs(served: LocalRunner) -> None:
     async def scenario() -> tuple[Any, list[Any], list[Any]]:
         client = AsyncOpenAI(base_url=f"{served.url}/openai/v1", api_key=TOKEN, max_retries=0)
-        agent = Agent(name="a", model=OpenAIResponsesModel(model="demo", openai_client=client))
+        agent = Agent(name="a", model=OpenAIResponsesModel(model="demo-1", openai_client=client))
         session = OpenAIConversationsSession(openai_client=client)
         assert await session.get_items() == []  # created, empty
         await Runner.run(agent, "My name is Ada.", session=session)
@@ -256,7 +256,7 @@ def test_run_streamed_yields_text_deltas(served: LocalRunner, http: httpx.Client
 
 
 def test_raw_stream_events_in_order(client: OpenAI) -> None:
-    with client.responses.create(model="demo", input="echo: a b", stream=True) as stream:
+    with client.responses.create(model="demo-1", input="echo: a b", stream=True) as stream:
         events = list(stream)
     assert [e.type for e in events] == [
         "response.created",
@@ -275,7 +275,7 @@ def test_raw_stream_events_in_order(client: OpenAI) -> None:
 
     tools: list[Any] = [{"type": "function", "name": "tick", "parameters": {}}]
     with client.responses.create(
-        model="demo", input="/tool tick {}", tools=tools, stream=True
+        model="demo-1", input="/tool tick {}", tools=tools, stream=True
     ) as stream:
         kinds = [e.type for e in stream]
     assert kinds[2:-1] == [
@@ -321,7 +321,7 @@ def test_items_of_a_conversation(client: OpenAI, http: httpx.Client) -> None:
     with pytest.raises(openai.NotFoundError):
         client.conversations.items.retrieve("msg_99_nope", conversation_id=conversation.id)
     answered = client.responses.create(
-        model="demo", input="What is my name?", conversation=conversation.id
+        model="demo-1", input="What is my name?", conversation=conversation.id
     )
     assert answered.output_text == "Your name is Kim."
 

@@ -41,11 +41,11 @@ def test_turns_in_a_conversation_and_its_items(client: OpenAI, http: httpx.Clien
     conversation = client.conversations.create()
     assert conversation.id.startswith("conv_")
     first = client.responses.create(
-        model="demo", input="My name is Ada.", conversation=conversation.id
+        model="demo-1", input="My name is Ada.", conversation=conversation.id
     )
     assert first.output_text == "Noted (1 user messages so far)."
     second = client.responses.create(
-        model="demo", input="What is my name?", conversation=conversation.id
+        model="demo-1", input="What is my name?", conversation=conversation.id
     )
     assert second.output_text == "Your name is Ada."
     assert client.conversations.retrieve(conversation.id).id == conversation.id
@@ -70,16 +70,16 @@ def test_turns_in_a_conversation_and_its_items(client: OpenAI, http: httpx.Clien
 
 
 def test_previous_response_id_chains_turns(client: OpenAI, http: httpx.Client) -> None:
-    first = client.responses.create(model="demo", input="My name is Grace.")
+    first = client.responses.create(model="demo-1", input="My name is Grace.")
     second = client.responses.create(
-        model="demo", input="What is my name?", previous_response_id=first.id
+        model="demo-1", input="What is my name?", previous_response_id=first.id
     )
     assert second.output_text == "Your name is Grace."
     conversation_id = second.conversation.id  # type: ignore[union-attr]
     assert first.conversation.id == conversation_id  # type: ignore[union-attr]
     assert len(events_of(http, conversation_id)) == 4
     with pytest.raises(openai.BadRequestError):  # not the latest response: no branches
-        client.responses.create(model="demo", input="Again?", previous_response_id=first.id)
+        client.responses.create(model="demo-1", input="Again?", previous_response_id=first.id)
 
 
 def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
@@ -87,7 +87,7 @@ def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
     approval is an mcp_approval_request decided with an mcp_approval_response."""
     conversation = client.conversations.create()
     asked = client.responses.create(
-        model="demo",
+        model="demo-1",
         input='/tool lookup_user {"email": "ada@example.com"}',
         conversation=conversation.id,
         tools=[{"type": "function", "name": "lookup_user", "parameters": {}, "strict": False}],
@@ -96,7 +96,7 @@ def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
     assert len(calls) == 1 and calls[0].name == "lookup_user"
     assert json.loads(calls[0].arguments) == {"email": "ada@example.com"}
     answered = client.responses.create(
-        model="demo",
+        model="demo-1",
         input=[
             {"type": "function_call_output", "call_id": calls[0].call_id, "output": '{"id": 7}'}
         ],
@@ -105,14 +105,14 @@ def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
     assert answered.output_text == 'Tool results: lookup_user: {"id": 7}'
 
     paused = client.responses.create(
-        model="demo",
+        model="demo-1",
         input='/tool send_email {"to": "bob@example.com"}',
         previous_response_id=answered.id,
     )
     requests = [item for item in paused.output if item.type == "mcp_approval_request"]
     assert len(requests) == 1 and requests[0].name == "send_email"
     decided = client.responses.create(
-        model="demo",
+        model="demo-1",
         input=[
             {
                 "type": "mcp_approval_response",
@@ -138,11 +138,11 @@ def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
 def test_errors_have_openai_s_shape(client: OpenAI, served: LocalRunner) -> None:
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=f"{served.url}/openai/v1", api_key="nope", max_retries=0).responses.create(
-            model="demo", input="Hi."
+            model="demo-1", input="Hi."
         )
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(
-            model="demo",
+            model="demo-1",
             input="Hi.",
             tools=[{"type": "function", "name": "nope", "parameters": {"type": "array"}}],
         )

@@ -305,15 +305,16 @@ def test_callback_without_continue_reaches_the_model_with_the_next_turn(
     assert nxt["turn"] == 2 and nxt["output_text"] == "Noted (2 user messages so far)."
 
 
+def _flip(token: str, at: int) -> str:
+    return token[:at] + ("A" if token[at] != "A" else "B") + token[at + 1 :]
+
+
 def _tampered(url: str) -> list[str]:
     base, _, token = url.rpartition("/")
-    claims, _, mac = token.partition(".")
-    flipped_mac = mac[:-2] + ("A" if mac[-2] != "A" else "B") + mac[-1]
-    other_claims = claims[:-3] + ("x" if claims[-3] != "x" else "y") + claims[-2:]
     return [
-        f"{base}/{claims}.{flipped_mac}",
-        f"{base}/{other_claims}.{mac}",
-        f"{base}/{claims}",
+        f"{base}/{_flip(token, len(token) - 5)}",  # in the MAC
+        f"{base}/{_flip(token, 60)}",  # in the encrypted claims
+        f"{base}/{token[:-43]}",  # without its MAC
         f"{base}/not-a-token",
     ]
 

@@ -3,6 +3,7 @@ callback tokens of deferred calls (turnledger.turn.callbacks)."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any, get_args
@@ -252,7 +253,9 @@ def test_a_token_verifies_to_its_claims() -> None:
     "mangle",
     [
         lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),
-        lambda t: t.replace(".", ""),
+        lambda t: t[:40] + ("A" if t[40] != "A" else "B") + t[41:],
+        lambda t: t[:-1],
+        lambda t: t + "A",
         lambda t: t + ".x",
         lambda t: "x" * 3000,
         lambda t: "",
@@ -269,12 +272,25 @@ def test_other_claims_or_another_key_are_refused() -> None:
     forged = callbacks.sign(b"another key", CLAIMS)
     with pytest.raises(CallbackInvalid):
         callbacks.verify(KEY, forged, now=NOW)
-    mac = token.partition(".")[2]
+    # Another tenant's token with this token's MAC (the last 32 bytes) spliced on.
     other = callbacks.sign(KEY, callbacks.CallbackClaims(**{**CLAIMS.__dict__, "tenant": "globex"}))
+    raw = base64.urlsafe_b64decode(other + "=" * (-len(other) % 4))
+    mac = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))[-32:]
+    spliced = base64.urlsafe_b64encode(raw[:-32] + mac).decode().rstrip("=")
     with pytest.raises(CallbackInvalid):
-        callbacks.verify(KEY, other.partition(".")[0] + "." + mac, now=NOW)
+        callbacks.verify(KEY, spliced, now=NOW)
     with pytest.raises(CallbackInvalid):
         callbacks.verify(None, token, now=NOW)
+
+
+def test_a_token_is_opaque() -> None:
+    """Issue 22: whoever holds the callback URL cannot read whose call it is."""
+    token = callbacks.sign(KEY, CLAIMS)
+    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    for claim in (CLAIMS.tenant, CLAIMS.conversation_id, CLAIMS.call_id, CLAIMS.idempotency_key):
+        assert claim.encode() not in raw and claim not in token
+    # Each token is another text, even for the same claims (a random IV).
+    assert callbacks.sign(KEY, CLAIMS) != token
 
 
 def test_an_expired_token_is_refused() -> None:

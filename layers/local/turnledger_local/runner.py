@@ -49,8 +49,8 @@ from typing import Any, Self
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import boto3
-from turnledger.api.strict_json import BodyError, parse_object
 from turnledger.core.config import Settings
+from turnledger.core.strict_json import BodyError, parse_object
 
 from .embedded import EmbeddedStorage, StorageNames, provision
 from .gateway import (

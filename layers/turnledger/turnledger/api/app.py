@@ -21,11 +21,11 @@ from ..core.deadline import request_deadline
 from ..core.exceptions import InvalidRequest, PayloadTooLarge, TurnledgerError
 from ..core.models import CONVERSATION_ID_PATTERN
 from ..core.observability import logger, metrics, traced
+from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
 from . import openai, routes, streaming_routes, waits
 from .errors import body_for
 from .resolver import app, json_text, methods_of, raw_body
-from .strict_json import BodyError, parse_object
 
 __all__ = ["app", "lambda_handler"]
 
@@ -71,7 +71,7 @@ def _answer(error: TurnledgerError, event: dict[str, Any]) -> dict[str, Any]:
 
 def _check_body(event: dict[str, Any], limit: int) -> None:
     """Refuse a body over ``limit`` bytes, or one that is no JSON object within the limits of
-    :mod:`turnledger.api.strict_json` (any bytes get a 4xx, never a crash deeper in).
+    :mod:`turnledger.core.strict_json` (any bytes get a 4xx, never a crash deeper in).
 
     Raises:
         PayloadTooLarge: over ``limit``.
@@ -105,7 +105,10 @@ def _check_body(event: dict[str, Any], limit: int) -> None:
 def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The Lambda entry point of every API function."""
     try:
-        _check_body(event, get_runtime().settings.max_input_bytes)
+        # The open callback route: its token and its own limit first, the body unread.
+        callback_limit = waits.refuse_early(event)
+        limit = get_runtime().settings.max_input_bytes
+        _check_body(event, limit if callback_limit is None else min(limit, callback_limit))
     except TurnledgerError as exc:
         return _answer(exc, event)
     event = _with_decoded_path(event)

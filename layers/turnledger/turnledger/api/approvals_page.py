@@ -4,8 +4,10 @@ The page (``static/approvals.html``: plain JavaScript, no build step, nothing
 from a CDN) asks its user for a token and calls the JSON routes with it, so it
 carries no credentials and no tenant of its own. It is served with a strict
 Content-Security-Policy: only its own inline script and style (by hash), calls
-to this origin only, no frames, no plugins, no base or form targets elsewhere.
-Everything it renders is set as text, never parsed as HTML.
+to this origin only, no frames, no plugins, no base or form targets elsewhere;
+and with HSTS (:data:`HSTS`): a browser that saw it once never asks for the page
+(where its user pastes a token) over plain HTTP again. Everything it renders is
+set as text, never parsed as HTML.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from functools import cache
 from pathlib import Path
 
 PAGE_FILE = Path(__file__).resolve().parent / "static" / "approvals.html"
+
+#: ``Strict-Transport-Security``: two years, this host only (the deployment's other
+#: hosts are not this page's to decide). Browsers ignore it over plain HTTP (locally).
+HSTS = "max-age=63072000"
 
 _BLOCK = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
 
@@ -48,5 +54,6 @@ def page() -> tuple[str, dict[str, str]]:
         "X-Content-Type-Options": "nosniff",
         "Referrer-Policy": "no-referrer",
         "Cache-Control": "no-cache",
+        "Strict-Transport-Security": HSTS,
     }
     return html, headers

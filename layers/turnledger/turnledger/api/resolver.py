@@ -66,7 +66,7 @@ _ERROR_CODES = {
     "unsupported_state_version, conversation_exists, input_pending",
     410: "callback_invalid",
     413: "payload_too_large, import_too_large",
-    422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, "
+    422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, unknown_model, "
     "idempotency_key_reused",
     502: "provider_error",
     503: "service_unavailable",

@@ -226,7 +226,10 @@ def erase_tenant() -> PurgeReportView:
     ``complete: false`` means the time budget ran out: call again to continue.
     """
     context: LambdaContext | None = app.lambda_context
-    return purge_report(get_runtime().sweeper(context).erase(caller().tenant))
+    tenant, runtime = caller().tenant, get_runtime()
+    # Listed on the function's own role (the by-tenant index), cleared on the tenant's.
+    cleared = runtime.sweeper(context).erase(tenant, runtime.conversations_for(tenant).store)
+    return purge_report(cleared)
 
 
 @app.get("/v1/approvals", responses=responses(InboxPageView, 400, 401, 403, 409, 422, 503))

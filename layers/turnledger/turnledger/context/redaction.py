@@ -12,20 +12,39 @@ context is assembled (:mod:`turnledger.context.assembly`). The transcript keeps 
 original; the rule set's ``version`` is recorded on each answer's run record,
 so an answer can be explained later. A rule set that does not parse, or a
 pattern that does not compile, fails loudly when it is loaded.
+
+Patterns run on the ``regex`` engine (the syntax of Python's ``re``), which can stop a
+match: a pattern is refused at load when it takes over :data:`PROBE_SECONDS` on one of
+a few short probes (catastrophic backtracking, such as ``(a|aa)+$``), and a rule that
+still runs over :data:`RULE_SECONDS` on a text replaces the whole text (fails closed:
+nothing unredacted reaches a model).
 """
 
 from __future__ import annotations
 
-import re
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..core.config import Settings
+from ..core.observability import logger
+
+if TYPE_CHECKING:
+    import regex
 
 #: Seconds a rule set read from SSM is cached (a changed set is picked up within this).
 RULES_MAX_AGE_SECONDS = 300
+
+#: The longest one rule may run on one text before the text is replaced whole.
+RULE_SECONDS = 0.1
+#: The longest a pattern may run on a probe at load before it is refused.
+PROBE_SECONDS = 0.05
+#: Short texts that make a backtracking pattern explode: runs of one kind of character
+#: with a character at the end that fails the match.
+PROBES = tuple(
+    run * (40 // len(run)) + end for run in ("a", "1", " ", "a ", "a1", "-.") for end in ("!", "\n")
+)
 
 
 class RedactionRule(BaseModel):
@@ -40,10 +59,21 @@ class RedactionRule(BaseModel):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, value: str) -> str:
+        # Imported here: only a deployment with rules pays for the engine.
+        import regex
+
         try:
-            re.compile(value)
-        except re.error as exc:
+            compiled = regex.compile(value)
+        except regex.error as exc:
             raise ValueError(f"pattern does not compile: {exc}") from None
+        for probe in PROBES:
+            try:
+                compiled.sub("", probe, timeout=PROBE_SECONDS)
+            except TimeoutError:
+                raise ValueError(
+                    f"pattern backtracks catastrophically: over {PROBE_SECONDS} s on "
+                    f"{len(probe)} characters"
+                ) from None
         return value
 
 
@@ -56,13 +86,24 @@ class Redactor(BaseModel):
     rules: list[RedactionRule] = Field(default_factory=list)
 
     @cached_property
-    def _compiled(self) -> list[tuple[re.Pattern[str], str]]:
-        return [(re.compile(rule.pattern), rule.replacement) for rule in self.rules]
+    def _compiled(self) -> list[tuple[regex.Pattern[str], RedactionRule]]:
+        import regex
+
+        return [(regex.compile(rule.pattern), rule) for rule in self.rules]
 
     def text(self, text: str) -> str:
-        """``text`` with every rule applied, in order."""
-        for pattern, replacement in self._compiled:
-            text = pattern.sub(replacement, text)
+        """``text`` with every rule applied, in order; a rule that runs over
+        :data:`RULE_SECONDS` on it makes the whole text its replacement."""
+        for pattern, rule in self._compiled:
+            try:
+                text = pattern.sub(rule.replacement, text, timeout=RULE_SECONDS)
+            except TimeoutError:
+                # The text's content stays out of the log: only its size and the rule.
+                logger.warning(
+                    "redaction rule timed out: the whole text is replaced",
+                    extra={"rule": rule.name, "version": self.version, "chars": len(text)},
+                )
+                return rule.replacement
         return text
 
     def value(self, value: Any) -> Any:

@@ -27,6 +27,7 @@
 | ``APPROVAL_FOUR_EYES`` | ``false`` | ``true``: nobody approves a call their own turn asked for |
 | ``PROVIDER`` | ``demo`` | ``demo`` or ``openai-chat`` |
 | ``MODEL`` | ``demo-1`` | default model name |
+| ``ALLOWED_MODELS`` | ``MODEL``, ``MODELS`` | other models a turn may name (``*``: any) |
 | ``SYSTEM_PROMPT`` | (empty) | sent first on every turn |
 | ``OPENAI_BASE_URL`` | ``https://api.openai.com/v1`` | any OpenAI-compatible endpoint |
 | ``OPENAI_API_KEY`` | (none) | the key itself (local use) |
@@ -43,6 +44,7 @@
 | ``CALLBACK_SECRET_ARN`` | (none) | Secrets Manager secret: the callback token key |
 | ``CALLBACK_KEY`` | (none) | the signing key itself, hex (local runner: generated) |
 | ``PUBLIC_BASE_URL`` | (none) | this API's public URL, the base of ``callback_url`` |
+| ``CALLBACK_MAX_INPUT_BYTES`` | ``262144`` | larger callback bodies get ``413`` |
 
 **Limits Lambda can carry.** A synchronous Lambda invocation carries at most
 :data:`LAMBDA_SYNC_PAYLOAD_BYTES` (6 MiB) of event, and of response. An HTTP API event holds
@@ -54,7 +56,7 @@ about 699,050 bytes are left for the envelope. A body between that and the HTTP 
 not ``413 payload_too_large``. An export is measured the same way, JSON-escaped as it sits
 in Lambda's response: over ``EXPORT_INLINE_MAX_BYTES`` it goes to S3 instead.
 
-``CALLBACK_SECRET_ARN``, ``CALLBACK_KEY`` and ``PUBLIC_BASE_URL`` are not settings: they
+``CALLBACK_*`` and ``PUBLIC_BASE_URL`` are not settings: they
 are read where they are used (:mod:`turnledger.turn.callbacks`), as are the notifications'
 variables (:mod:`turnledger.ops.notifications`).
 
@@ -239,6 +241,8 @@ class Settings:
     #: ``None``: the model's window less its answer reserve.
     context_max_tokens: int | None = None
     models: dict[str, ModelSpec] = field(default_factory=dict)
+    #: Models a turn may name besides ``model`` and ``models``' (``"*"``: any at all).
+    allowed_models: tuple[str, ...] = ()
     conversation_token_budget: int = 0
     turn_token_budget: int = 0
     tenant_conversation_token_budget: dict[str, int] = field(default_factory=dict)
@@ -278,6 +282,14 @@ class Settings:
     turn_worker_function: str | None = None
     #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
     turn_worker_endpoint: str | None = None
+
+    @property
+    def models_allowed(self) -> frozenset[str] | None:
+        """The models a turn may name (``None``: any): ``ALLOWED_MODELS``, the default
+        model and the models ``MODELS`` describes."""
+        if "*" in self.allowed_models:
+            return None
+        return frozenset({*self.allowed_models, self.model, *self.models})
 
     @property
     def allowed_providers(self) -> tuple[str, ...]:
@@ -381,6 +393,9 @@ class Settings:
             redaction_parameter=opt("REDACTION_PARAMETER"),
             # --- providers: stored state, Bedrock, the stateful demo model ---
             providers=tuple(p.strip() for p in env.get("PROVIDERS", "").split(",") if p.strip()),
+            allowed_models=tuple(
+                m.strip() for m in env.get("ALLOWED_MODELS", "").split(",") if m.strip()
+            ),
             openai_responses_store=_bool(env, "OPENAI_RESPONSES_STORE", cls.openai_responses_store),
             provider_state_retention_seconds=_int(
                 env, "PROVIDER_STATE_RETENTION_SECONDS", cls.provider_state_retention_seconds

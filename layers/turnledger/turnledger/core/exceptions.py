@@ -31,6 +31,7 @@ hierarchy to responses and never matches on message text::
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
     ├── UnknownProvider              422 unknown_provider
+    ├── UnknownModel                 422 unknown_model
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     │   └── ProviderTimeout          504 provider_timeout
@@ -235,6 +236,13 @@ class UnknownProvider(TurnledgerError):
 
     status = 422
     code = "unknown_provider"
+
+
+class UnknownModel(TurnledgerError):
+    """A turn names a model the deployment does not allow (``details.allowed``)."""
+
+    status = 422
+    code = "unknown_model"
 
 
 class IdempotencyKeyReused(TurnledgerError):

@@ -95,7 +95,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -420,12 +420,24 @@ class Sweeper:
 
     # --- tenant erasure -----------------------------------------------------------------
 
-    def erase(self, tenant: str) -> SweepReport:
-        """Clear every conversation of ``tenant``, in index order, until the deadline."""
+    def erase(self, tenant: str, clear_with: ConversationStore | None = None) -> SweepReport:
+        """Clear every conversation of ``tenant``, in index order, until the deadline.
+
+        The conversations are listed on this store (the ``by-tenant`` index) and cleared
+        through ``clear_with`` (default: this store): the API passes the tenant's own
+        store, so its function needs no item access beyond the tenant's partitions.
+        """
         run = _Run(self)
         now = self.clock()
-        self._each(self.store.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
-        return run.report()
+        target = self.store if clear_with is None else clear_with
+        start = target.meter.snapshot()
+        self._each(self.store.of_tenant(tenant), run, lambda k: target.clear(k, now))
+        report = run.report()
+        if target is self.store:
+            return report
+        # The clears read through the tenant's store: its units count too.
+        spent = target.meter.since(start).read_units
+        return replace(report, read_units=report.read_units + spent)
 
     # --- shared -------------------------------------------------------------------------
 

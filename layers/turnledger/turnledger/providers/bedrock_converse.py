@@ -74,6 +74,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..core import deadline
 from ..core.exceptions import ProviderError, ProviderTimeout
 from ..core.models import ToolCall, Usage
+from ..core.strict_json import BodyError, parse, tool_arguments
 from .base import (
     Message,
     ModelReply,
@@ -352,11 +353,14 @@ def parse_reply(response: Any, call: ConverseCall, model: str) -> ModelReply:
                 json_answer = json.dumps(value, ensure_ascii=False)
                 continue
             call_id = call.ids.canonical(use.toolUseId)
+            # ``input`` is a JSON value (a string is a string, not text to parse).
             if isinstance(use.input, dict):
-                calls.append(ToolCall(id=call_id, name=use.name, arguments=use.input))
+                arguments, raw = tool_arguments(use.input)
             else:
-                raw = json.dumps(use.input, ensure_ascii=False)
-                calls.append(ToolCall(id=call_id, name=use.name, arguments={}, raw_arguments=raw))
+                arguments, raw = {}, json.dumps(use.input, ensure_ascii=False)
+            calls.append(
+                ToolCall(id=call_id, name=use.name, arguments=arguments, raw_arguments=raw)
+            )
     text = "".join(texts) if texts else None
     if json_answer is not None:
         # The JSON is the answer; text the model wrote around the forced call is not.
@@ -661,8 +665,8 @@ def _assemble(events: Any, on_text: TextSink | None) -> dict[str, Any]:
         if "toolUse" in block:
             raw = block["input"] or "{}"
             try:
-                value: Any = json.loads(raw)
-            except ValueError:
+                value: Any = parse(raw, "the arguments' JSON")
+            except BodyError:
                 value = raw  # kept as the call's raw arguments by parse_reply
             content.append({"toolUse": {**block["toolUse"], "input": value}})
         else:

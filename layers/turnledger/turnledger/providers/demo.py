@@ -37,10 +37,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
 
 from ..core.exceptions import ProviderError
 from ..core.models import ToolCall, Usage
+from ..core.strict_json import tool_arguments
 from .base import Message, ModelReply, ModelRequest, Provider, TextSink
 
 _TOOL_LINE = re.compile(r"/tool\s+(?P<name>\S+)(?:\s+(?P<arguments>.*))?", re.DOTALL)
@@ -69,19 +69,6 @@ def stream_words(text: str | None, on_text: TextSink, delay_ms: int) -> None:
 
 def _words(text: str | None) -> int:
     return len(text.split()) if text else 0
-
-
-def _parse_arguments(text: str) -> tuple[dict[str, Any], str | None]:
-    """``(arguments, raw_arguments)``: the raw text is kept only when it is no JSON object."""
-    if not text.strip():
-        return {}, None
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return {}, text
-    if not isinstance(parsed, dict):
-        return {}, text
-    return parsed, None
 
 
 def _tool_results(messages: list[Message]) -> str | None:
@@ -115,7 +102,7 @@ def _tool_calls(text: str) -> tuple[list[ToolCall], int]:
         match = _TOOL_LINE.fullmatch(line.strip())
         if match is None:
             continue
-        arguments, raw = _parse_arguments(match["arguments"] or "")
+        arguments, raw = tool_arguments(match["arguments"] or "")
         calls.append(
             ToolCall(
                 id=f"call_{len(calls) + 1}",

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..core.exceptions import ProviderError
 from ..core.models import ToolCall, Usage
+from ..core.strict_json import tool_arguments
 from .base import (
     ApiKeyProvider,
     Message,
@@ -207,19 +208,9 @@ class _Completion(_Lenient):
 
 
 def _tool_call(wire: _ReplyToolCall) -> ToolCall:
-    raw = wire.function.arguments
-    if isinstance(raw, dict):
-        return ToolCall(id=wire.id, name=wire.function.name, arguments=raw)
-    # Some servers send "" for a call without arguments: that is an empty object.
-    if raw is None or not raw.strip():
-        return ToolCall(id=wire.id, name=wire.function.name, arguments={})
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        return ToolCall(id=wire.id, name=wire.function.name, arguments=parsed)
-    return ToolCall(id=wire.id, name=wire.function.name, arguments={}, raw_arguments=raw)
+    # Some servers send "" (or an object) for the arguments: "" is an empty object.
+    arguments, raw = tool_arguments(wire.function.arguments)
+    return ToolCall(id=wire.id, name=wire.function.name, arguments=arguments, raw_arguments=raw)
 
 
 def parse_reply(payload: bytes, fallback_model: str) -> ModelReply:

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..core.exceptions import ProviderError
 from ..core.models import ToolCall, Usage
 from ..core.observability import logger
+from ..core.strict_json import tool_arguments
 from .base import (
     Message,
     ModelReply,
@@ -205,18 +206,8 @@ def _unusable(reason: str, **details: Any) -> ProviderError:
 def _tool_call(item: _OutputItem) -> ToolCall:
     if not item.call_id or not item.name:
         raise _unusable("invalid_response", item="function_call without call_id or name")
-    raw = item.arguments
-    if isinstance(raw, dict):
-        return ToolCall(id=item.call_id, name=item.name, arguments=raw)
-    if raw is None or not raw.strip():
-        return ToolCall(id=item.call_id, name=item.name, arguments={})
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        return ToolCall(id=item.call_id, name=item.name, arguments=parsed)
-    return ToolCall(id=item.call_id, name=item.name, arguments={}, raw_arguments=raw)
+    arguments, raw = tool_arguments(item.arguments)
+    return ToolCall(id=item.call_id, name=item.name, arguments=arguments, raw_arguments=raw)
 
 
 def parse_reply(payload: bytes, fallback_model: str) -> tuple[str, ModelReply]:

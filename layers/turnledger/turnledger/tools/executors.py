@@ -430,6 +430,13 @@ def _invoke_timeout(configured: float) -> float | None:
     return stepped if stepped > 0 else None
 
 
+#: What the model and the caller read when a ``lambda`` tool's Invoke fails (AWS's own
+#: message, with the account and role, is logged only).
+LAMBDA_INVOKE_FAILED = "its function could not be invoked (see the service's logs)"
+#: Error types of Lambda's own reports, not the tool's code.
+_LAMBDA_ERROR_TYPES = ("Runtime.", "Sandbox.")
+
+
 class LambdaExecutor:
     """Invokes the tool's Lambda function synchronously; its JSON result is the output.
 
@@ -494,15 +501,22 @@ class LambdaExecutor:
         except (ReadTimeoutError, ConnectTimeoutError) as exc:
             _unreachable(name, exc)
             return ToolOutcome(f"tool {name} timed out after {read_timeout:g}s", is_error=True)
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            detail = f"{error.get('Code', 'ClientError')}: {error.get('Message', '')}"
-            return ToolOutcome(f"tool {name} failed: {_short(detail)}", is_error=True)
-        except BotoCoreError as exc:
-            return ToolOutcome(f"tool {name} failed: {_short(str(exc))}", is_error=True)
+        except (ClientError, BotoCoreError) as exc:
+            # AWS's message names the account, the role and the function's ARN: it goes
+            # to the log; the model and the caller get a generic text.
+            error = exc.response.get("Error", {}) if isinstance(exc, ClientError) else {}
+            logger.warning(
+                "a lambda tool could not be invoked",
+                extra={
+                    "tool": name,
+                    "code": error.get("Code", type(exc).__name__),
+                    "detail": error.get("Message", str(exc)),
+                },
+            )
+            return ToolOutcome(f"tool {name} failed: {LAMBDA_INVOKE_FAILED}", is_error=True)
         if "FunctionError" in response:
             return ToolOutcome(
-                f"tool {name} failed: {_function_error(raw, response['FunctionError'])}",
+                f"tool {name} failed: {_function_error(name, raw, response['FunctionError'])}",
                 is_error=True,
             )
         try:
@@ -512,17 +526,30 @@ class LambdaExecutor:
         return ToolOutcome(_as_output(value))
 
 
-def _function_error(raw: bytes, kind: str) -> str:
-    """The function's own error report (``errorType: errorMessage``), shortened."""
+def _function_error(name: str, raw: bytes, kind: str) -> str:
+    """The error report of a function that failed, as the model reads it.
+
+    The tool's own report (``errorType: errorMessage`` of what its code raised) is its
+    answer, shortened. Lambda's reports (``Runtime.*``, ``Sandbox.*``: a crash, a
+    timeout, out of memory) and a body that is no report carry AWS's details (request
+    ids, paths): they are logged, and the model reads only their type.
+    """
     try:
         report = json.loads(raw)
     except ValueError:
         report = None
     if isinstance(report, dict) and ("errorType" in report or "errorMessage" in report):
-        detail = f"{report.get('errorType', 'Error')}: {report.get('errorMessage', '')}"
+        error_type = str(report.get("errorType", "Error"))
+        if not error_type.startswith(_LAMBDA_ERROR_TYPES):
+            detail = f"{error_type}: {report.get('errorMessage', '')}"
+            return _short(f"Lambda function error ({kind}): {detail}")
     else:
-        detail = raw.decode("utf-8", errors="replace")
-    return _short(f"Lambda function error ({kind}): {detail}")
+        error_type = "unreadable report"
+    logger.warning(
+        "a lambda tool's function failed",
+        extra={"tool": name, "kind": kind, "detail": _short(raw.decode("utf-8", "replace"))},
+    )
+    return f"Lambda function error ({kind}): {error_type}"
 
 
 class ToolRunner:

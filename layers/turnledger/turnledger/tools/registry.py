@@ -37,6 +37,7 @@ from pydantic import (
 from ..core.config import Settings
 from ..core.exceptions import InternalError, UnknownTool
 from ..core.models import TOOL_NAME_PATTERN, ClientTool, ToolCall
+from ..core.strict_json import arguments_refusal
 from ..providers.base import ToolSpec
 from .approval import ApprovalRule
 
@@ -220,7 +221,7 @@ class ToolDefinition(_Config):
         if call.raw_arguments is not None:
             return (
                 f"invalid arguments for tool {self.name}: "
-                f"the arguments were not a JSON object: {call.raw_arguments[:200]!r}"
+                f"{arguments_refusal(call.raw_arguments)}: {call.raw_arguments[:200]!r}"
             )
         return self.validate_arguments(call.arguments)
 

@@ -2,41 +2,60 @@
 
 A deferred call's executor request carries ``callback_url`` =
 ``<PUBLIC_BASE_URL>/v1/callbacks/<token>``. The token is its own credential (the
-route has no authorizer), so it says everything the settle needs and is signed:
+route has no authorizer), so it says everything the settle needs, and is opaque:
+a Fernet token (AES-128-CBC, then HMAC-SHA256 over the ciphertext) of the claims
+JSON, its ``=`` padding dropped. Its HMAC is checked (constant time) before anything
+is decrypted; whoever holds the URL (the tool's operator) cannot read the tenant or
+the conversation from it.
 
-``base64url(claims JSON) "." base64url(HMAC-SHA256(key, claims JSON))``
-
-with claims tenant, conversation id, the conversation's life (its head's
+The claims: tenant, conversation id, the conversation's life (its head's
 ``created_at``: a cleared and re-created conversation of the same id is another
 life), call id, the call's idempotency key and the token's deadline (epoch
-seconds). Single use is not the token's business: the settle is a conditional
-commit on the call's ``deferred`` state, so a token used twice finds its call
-settled and is refused.
+seconds; by default :data:`DEFAULT_LIFE_SECONDS` after the call was deferred).
+Single use is not the token's business: the settle is a conditional commit on the
+call's ``deferred`` state, so a token used twice finds its call settled and is refused.
 
 The key: ``CALLBACK_KEY`` (hex; the local runner generates one), else the Secrets
 Manager secret ``CALLBACK_SECRET_ARN`` (read through Powertools parameters,
-cached). No key: deferred calls get no ``callback_url`` (the application settles
-them with ``outputs`` on the approvals route) and every callback is refused.
+cached). Fernet's two keys are derived from it with HKDF-SHA256. No key: deferred
+calls get no ``callback_url`` (the application settles them with ``outputs`` on the
+approvals route) and every callback is refused.
+
+A callback's body may hold at most ``CALLBACK_MAX_INPUT_BYTES`` (default
+:data:`DEFAULT_MAX_INPUT_BYTES`); the API checks the token, then that limit, before
+it reads the body (:func:`turnledger.api.waits.refuse_early`).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
-import hashlib
-import hmac
+import functools
 import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from ..core.exceptions import CallbackInvalid
+
+if TYPE_CHECKING:
+    from cryptography.fernet import Fernet
 
 #: How long a key read from Secrets Manager is cached (seconds).
 SECRET_MAX_AGE_SECONDS = 300
 
-#: Tokens longer than this are refused unread (a real one is ~300 characters).
+#: Tokens longer than this are refused unread (a real one is ~300-700 characters).
 MAX_TOKEN_CHARS = 2048
+
+#: How long a deferred call waits for its callback, and its token lives, unless its tool
+#: sets ``deferred_ttl_seconds`` (seconds; never past the conversation's TTL).
+DEFAULT_LIFE_SECONDS = 3600
+
+#: The default of ``CALLBACK_MAX_INPUT_BYTES``: the largest callback body (bytes).
+DEFAULT_MAX_INPUT_BYTES = 262144
+
+#: HKDF ``info``: the derived key serves callback tokens only.
+_KEY_PURPOSE = b"turnledger callback token v2"
 
 
 @dataclass(frozen=True)
@@ -73,46 +92,64 @@ def life_of(created_at: datetime) -> str:
     return created_at.isoformat()
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+@functools.lru_cache(maxsize=4)
+def _fernet(key: bytes) -> Fernet:
+    """The Fernet of ``key`` (cached: a rotated secret is a new key, the old one ages out)."""
+    # Imported here: only requests that sign or verify a callback pay for it.
+    from cryptography.fernet import Fernet
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KEY_PURPOSE).derive(key)
+    return Fernet(base64.urlsafe_b64encode(derived))
 
 
 def sign(key: bytes, claims: CallbackClaims) -> str:
-    """The token of ``claims`` under ``key``."""
-    body = claims.to_json()
-    mac = hmac.new(key, body, hashlib.sha256).digest()
-    return f"{_b64(body)}.{_b64(mac)}"
+    """The opaque token of ``claims`` under ``key`` (URL-safe, no padding)."""
+    return _fernet(key).encrypt(claims.to_json()).decode("ascii").rstrip("=")
 
 
 def verify(key: bytes | None, token: str, *, now: datetime) -> CallbackClaims:
     """The claims of a genuine, unexpired token.
+
+    The HMAC is checked first, in constant time; only a genuine token is decrypted.
 
     Raises:
         CallbackInvalid: no key, a malformed or forged token, or one past its deadline.
             The message never says which, so a forger learns nothing.
     """
     refused = CallbackInvalid("this callback token is not valid (forged, expired or used)")
-    if key is None or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
+    if key is None or not token or len(token) > MAX_TOKEN_CHARS or not token.isascii():
         raise refused
-    body_text, mac_text = token.split(".")
+    from cryptography.fernet import InvalidToken
+
+    padded = token + "=" * (-len(token) % 4)
     try:
-        body, mac = _unb64(body_text), _unb64(mac_text)
-    except (binascii.Error, ValueError):
-        raise refused from None
-    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
-        raise refused
-    try:
-        parts = json.loads(body)
-        claims = CallbackClaims(*parts)
-    except (ValueError, TypeError):
+        # One spelling per token: base64 that decodes, and re-encodes to the same text
+        # (no ignored characters or padding bits).
+        if base64.urlsafe_b64encode(base64.urlsafe_b64decode(padded)).decode() != padded:
+            raise refused
+        body = _fernet(key).decrypt(padded)
+        claims = CallbackClaims(*json.loads(body))
+    except (InvalidToken, ValueError, TypeError):
         raise refused from None
     if not isinstance(claims.deadline, int) or now.timestamp() >= claims.deadline:
         raise refused
     return claims
+
+
+def max_input_bytes() -> int:
+    """The largest callback body accepted (``CALLBACK_MAX_INPUT_BYTES``).
+
+    Raises:
+        ValueError: the variable is not a positive integer.
+    """
+    raw = os.environ.get("CALLBACK_MAX_INPUT_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_INPUT_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"CALLBACK_MAX_INPUT_BYTES must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def signing_key() -> bytes | None:

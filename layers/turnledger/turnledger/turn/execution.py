@@ -312,13 +312,15 @@ class ToolCalls:
         return self.tools.get(name)
 
     def _deferred_deadline(self, session: Session, pending: PendingCall, now: datetime) -> datetime:
-        """Until when a call, if its tool defers it, may wait for its callback: the tool's
-        ``deferred_ttl_seconds`` (else the approval window), never past the conversation's TTL."""
+        """Until when a call, if its tool defers it, may wait for its callback (and its
+        token lives): the tool's ``deferred_ttl_seconds`` (else
+        :data:`~turnledger.turn.callbacks.DEFAULT_LIFE_SECONDS`), never past the
+        conversation's TTL."""
         executor = self._tool(pending.name).executor
         window = (
             executor.deferred_ttl_seconds
             if isinstance(executor, HttpExecutorConfig) and executor.deferred_ttl_seconds
-            else self.settings.approval_ttl_seconds
+            else callbacks.DEFAULT_LIFE_SECONDS
         )
         if session.ttl_seconds:
             window = min(window, session.ttl_seconds)

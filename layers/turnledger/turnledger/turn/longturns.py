@@ -167,7 +167,8 @@ def accept(
         AsyncTurnsUnavailable: no worker function is configured.
         ConversationBusy: a turn of this conversation is already running.
         ConversationNotFound, NotAwaitingApproval: an approval with nothing to decide.
-        ApprovalPending, BudgetExceeded, UnknownTool, UnknownProvider: as a turn would.
+        ApprovalPending, BudgetExceeded, UnknownTool, UnknownProvider, UnknownModel: as a
+            turn would.
         ServiceUnavailable: the worker could not be started (the draft says so).
     """
     if not service.settings.turn_worker_function:
@@ -180,6 +181,7 @@ def accept(
     if isinstance(command, TurnCommand):
         kind = "turn"
         service.provider_for(command.provider)
+        service.check_model(command.model)
         service.tools.select(command.tools)
         for name in command.require_approval:
             service.tools.get(name)

@@ -57,6 +57,7 @@ from ..core.exceptions import (
     NotAwaitingApproval,
     ProviderError,
     TurnledgerError,
+    UnknownModel,
     UnknownProvider,
     UnknownToolCall,
 )
@@ -186,6 +187,19 @@ class Conversations:
             self._providers[name] = self._build_provider(name)
         return self._providers[name]
 
+    def check_model(self, name: str | None) -> None:
+        """Refuse a model the deployment does not allow a turn to name (``None``: the default).
+
+        Raises:
+            UnknownModel: ``name`` is not in :attr:`Settings.models_allowed`.
+        """
+        allowed = self.settings.models_allowed
+        if name is not None and allowed is not None and name not in allowed:
+            raise UnknownModel(
+                f"model {name!r} is not allowed in this deployment",
+                details={"model": name, "allowed": sorted(allowed)},
+            )
+
     def forget_provider_state(self, responses: list[tuple[str, str]]) -> int:
         """Delete stored provider responses, best effort; returns how many were deleted.
 
@@ -226,9 +240,11 @@ class Conversations:
             UnknownTool: the request names an unregistered tool.
             UnknownToolCall: a ``function_call_output`` names no pending client call.
             ConversationBusy: another request on this conversation committed first.
+            UnknownProvider, UnknownModel: the request names one the deployment does not allow.
             ProviderError, ProviderTimeout: the model failed; nothing of the turn was stored.
         """
         self.provider_for(command.provider)
+        self.check_model(command.model)
         self.tools.select(command.tools)
         for name in command.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored

@@ -1,7 +1,8 @@
-"""Strict parsing of request bodies: any bytes get a clear answer, never a crash.
+"""Strict parsing of JSON from outside (request bodies, a model's tool arguments): any
+bytes get a clear answer, never a crash.
 
-A body must be UTF-8 JSON (RFC 8259 section 8.1) holding an object, within
-these limits:
+A body (and a model's tool arguments, :func:`tool_arguments`) must be UTF-8 JSON
+(RFC 8259 section 8.1) holding an object, within these limits:
 
 - nesting at most :data:`MAX_DEPTH` arrays and objects deep;
 - every number at most :data:`MAX_NUMBER_CHARS` characters long and finite as
@@ -25,6 +26,9 @@ from typing import Any
 MAX_DEPTH = 64
 #: The longest number literal accepted, in characters.
 MAX_NUMBER_CHARS = 64
+
+#: How messages name a model's tool arguments.
+_ARGUMENTS = "the arguments' JSON"
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -55,7 +59,7 @@ def _constant(name: str) -> Any:
     raise BodyError(f"{name} is not JSON")
 
 
-def _check(document: Any) -> None:
+def _check(document: Any, what: str = "the body") -> None:
     """Walk ``document`` without recursion: depth and strings."""
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
@@ -67,7 +71,7 @@ def _check(document: Any) -> None:
         if not isinstance(value, dict | list):
             continue
         if depth > MAX_DEPTH:
-            raise BodyError(f"the body nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH)
+            raise BodyError(f"{what} nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH)
         if isinstance(value, dict):
             for key, item in value.items():
                 stack.append((key, depth))
@@ -76,8 +80,9 @@ def _check(document: Any) -> None:
             stack.extend((item, depth + 1) for item in value)
 
 
-def parse(body: bytes | str) -> Any:
-    """The JSON document in ``body``, checked against the limits above.
+def parse(body: bytes | str, what: str = "the body") -> Any:
+    """The JSON document in ``body``, checked against the limits above (``what`` names it
+    in the messages).
 
     Raises:
         BodyError: not UTF-8, not JSON, or over a limit.
@@ -86,7 +91,7 @@ def parse(body: bytes | str) -> Any:
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise BodyError("the body is not UTF-8 text") from exc
+            raise BodyError(f"{what} is not UTF-8 text") from exc
     else:
         text = body
     try:
@@ -94,7 +99,7 @@ def parse(body: bytes | str) -> Any:
             text, parse_int=_number, parse_float=_number, parse_constant=_constant
         )
     except RecursionError as exc:
-        raise BodyError(f"the body nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH) from exc
+        raise BodyError(f"{what} nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH) from exc
     except BodyError:
         raise
     except json.JSONDecodeError as exc:
@@ -107,8 +112,8 @@ def parse(body: bytes | str) -> Any:
             position=exc.pos,
         ) from exc
     except ValueError as exc:
-        raise BodyError("the body is not JSON") from exc
-    _check(document)
+        raise BodyError(f"{what} is not JSON") from exc
+    _check(document, what)
     return document
 
 
@@ -122,3 +127,42 @@ def parse_object(body: bytes | str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise BodyError("the body must be a JSON object")
     return document
+
+
+def tool_arguments(raw: str | dict[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """A model's tool-call arguments, held to a request body's limits.
+
+    ``raw`` is the provider's argument text, or the object its own parser made.
+    Returns ``(arguments, None)`` for a JSON object within the limits (nothing or blank
+    text is ``{}``), else ``({}, text)``: the call keeps ``text`` as its raw arguments
+    and is answered with the error of :func:`arguments_refusal` instead of running.
+    """
+    if raw is None:
+        return {}, None
+    if isinstance(raw, dict):
+        try:
+            _check(raw, _ARGUMENTS)
+        except BodyError:
+            try:
+                return {}, json.dumps(raw, ensure_ascii=False)
+            except (RecursionError, ValueError):
+                return {}, f"(an object nested deeper than {MAX_DEPTH} levels)"
+        return raw, None
+    if not raw.strip():
+        return {}, None
+    try:
+        parsed = parse(raw, _ARGUMENTS)
+    except BodyError:
+        return {}, raw
+    return (parsed, None) if isinstance(parsed, dict) else ({}, raw)
+
+
+def arguments_refusal(raw: str) -> str:
+    """Why raw tool arguments that :func:`tool_arguments` refused were refused: the limit
+    they are over, else that they are no JSON object."""
+    try:
+        parse(raw, _ARGUMENTS)
+    except BodyError as exc:
+        if "limit" in exc.details:
+            return str(exc)
+    return "the arguments were not a JSON object"
