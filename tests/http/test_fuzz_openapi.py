@@ -22,10 +22,16 @@ from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.http.conftest import ANN
 
-#: 422 codes of requests that fit the schema but not the conversation's state or the
-#: tool registry (API.md's error table): schema-valid data may get them, never
-#: ``validation_error``.
-SEMANTIC_422 = {"unknown_tool_call", "unknown_tool", "unknown_provider", "idempotency_key_reused"}
+#: 422 codes of requests that fit the schema but not the conversation's state, the
+#: tool registry or the deployment's allowed providers and models (API.md's error table):
+#: schema-valid data may get them, never ``validation_error``.
+SEMANTIC_422 = {
+    "unknown_tool_call",
+    "unknown_tool",
+    "unknown_provider",
+    "unknown_model",
+    "idempotency_key_reused",
+}
 
 
 def cross_field_rule(error: dict[str, Any]) -> bool:
