@@ -408,9 +408,11 @@ class Sweeper:
     # --- tenant erasure -----------------------------------------------------------------
 
     def erase(self, tenant: str) -> SweepReport:
-        """Clear every conversation of ``tenant``, in index order, until the deadline."""
+        """Clear every conversation of ``tenant``, in index order, until the deadline, and
+        first the tenant's own side items (:func:`~turnledger.store.keys.tenant_items`)."""
         run = _Run(self)
         now = self.clock()
+        self.store.clear(keys.tenant_items(tenant), now)
         self._each(self.store.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
         return run.report()
 
