@@ -408,12 +408,12 @@ class Sweeper:
     # --- tenant erasure -----------------------------------------------------------------
 
     def erase(self, tenant: str) -> SweepReport:
-        """Clear every conversation of ``tenant``, in index order, until the deadline, and
-        first the tenant's own side items (:func:`~turnledger.store.keys.tenant_items`)."""
+        """Clear every conversation of ``tenant``, in index order, until the deadline; once
+        all are, the tenant's own side items (:func:`~turnledger.store.keys.tenant_items`)."""
         run = _Run(self)
         now = self.clock()
-        self.store.clear(keys.tenant_items(tenant), now)
-        self._each(self.store.of_tenant(tenant), run, lambda k: self.store.clear(k, now))
+        if self._each(self.store.of_tenant(tenant), run, lambda k: self.store.clear(k, now)):
+            self.store.clear(keys.tenant_items(tenant), now)
         return run.report()
 
     # --- shared -------------------------------------------------------------------------
