@@ -1,0 +1,75 @@
+"""The OpenAI face's stateless matching, in process (the API's ``lambda_handler`` on moto):
+what continuing a history reads."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from moto import mock_aws
+from turnledger.api import lambda_handler
+from turnledger.runtime import set_runtime
+from turnledger.turn.pipeline import Conversations
+from turnledger_local.gateway import LambdaContext
+
+from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+
+Respond = Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+
+@pytest.fixture
+def respond(
+    monkeypatch: pytest.MonkeyPatch, load_event: Callable[[str], dict[str, Any]]
+) -> Iterator[Respond]:
+    """``respond(items)``: a stateless ``POST /openai/v1/responses`` of ``items``; its body."""
+    with mock_aws():
+        clients = aws_clients()
+        monkeypatch.setenv("TABLE_NAME", create_conversations_table(clients.dynamodb))
+        monkeypatch.setenv("BUCKET_NAME", create_bucket(clients.s3))
+        set_runtime(None)
+        template = load_event("openai-response")
+
+        def call(items: list[dict[str, Any]]) -> dict[str, Any]:
+            event = copy.deepcopy(template)
+            event["body"] = json.dumps({"model": "demo", "input": items})
+            context = LambdaContext(
+                function_name="TurnFunction", memory_limit_in_mb=512, timeout_seconds=29
+            )
+            result: dict[str, Any] = lambda_handler(event, context)
+            assert result["statusCode"] == 200, result["body"]
+            body: dict[str, Any] = json.loads(result["body"])
+            return body
+
+        yield call
+        set_runtime(None)
+
+
+def test_continuing_a_long_history_reads_only_the_events_it_adds(respond: Respond) -> None:
+    """The match is by the hash of the request's items, never by reading the stored
+    transcript: the sixth call reads the two events it adds (to extend the chain), not
+    the ten before them."""
+    history: list[dict[str, Any]] = []
+    conversations = set()
+    for n in range(5):
+        history.append({"role": "user", "content": f"Message {n}."})
+        body = respond(history)
+        conversations.add(body["conversation"]["id"])
+        history += body["output"]
+    history.append({"role": "user", "content": "Message 5."})
+    read: list[int] = []
+    original = Conversations.events
+
+    def counted(self: Conversations, key: Any, *, after: int, limit: int) -> Any:
+        page = original(self, key, after=after, limit=limit)
+        read.append(len(page.events))
+        return page
+
+    with mock.patch.object(Conversations, "events", counted):
+        body = respond(history)
+    conversations.add(body["conversation"]["id"])
+    assert len(conversations) == 1
+    assert sum(read) == 2  # its user message and the answer
