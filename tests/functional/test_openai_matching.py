@@ -12,11 +12,14 @@ from unittest import mock
 import pytest
 from moto import mock_aws
 from turnledger.api import lambda_handler
-from turnledger.runtime import set_runtime
+from turnledger.core.models import ConversationKey
+from turnledger.runtime import get_runtime, set_runtime
+from turnledger.store import keys
 from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
 
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.factories import START, raw_sort_keys
 
 Respond = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
@@ -73,3 +76,23 @@ def test_continuing_a_long_history_reads_only_the_events_it_adds(respond: Respon
     conversations.add(body["conversation"]["id"])
     assert len(conversations) == 1
     assert sum(read) == 2  # its user message and the answer
+
+
+def test_one_index_item_per_conversation_cleared_with_it(respond: Respond) -> None:
+    """The tenant's index names only the latest response of a conversation, and clearing the
+    conversation deletes it: no hash of a cleared transcript is left behind."""
+    history: list[dict[str, Any]] = []
+    for n in range(3):
+        history.append({"role": "user", "content": f"Message {n}."})
+        body = respond(history)
+        history += body["output"]
+    key = ConversationKey(tenant="acme", conversation_id=body["conversation"]["id"])
+    store = get_runtime().store
+    index = keys.tenant_items("acme")
+    [entry] = raw_sort_keys(store, index)
+    assert store.get_side_item(index, entry).attributes == {  # type: ignore[union-attr]
+        "c": key.conversation_id,
+        "t": 3,
+    }
+    store.clear(key, START)
+    assert raw_sort_keys(store, index) == []

@@ -12,7 +12,9 @@ side items, both expiring with the conversation:
   already covers, so the cost follows what the request added, not the history;
 * when the transcript ends with such an answer, in the tenant's partition
   (:func:`~turnledger.store.keys.tenant_items`), an *index item* under that hash naming the
-  conversation and its turn.
+  conversation and its turn. The chain names it as its companion, so clearing the
+  conversation deletes it, and the previous response's index item is deleted: only the
+  latest response of a conversation can be continued.
 
 :func:`continued` hashes the request's items once, and at each place a response could end
 (after the model's items, an assistant message or a run of function calls, where a
@@ -107,16 +109,23 @@ def _record(service: Conversations, key: ConversationKey) -> None:
         "a": int(read.answered),
         "o": json.dumps(sorted(read.open_calls)),
     }
+    tenant = keys.tenant_items(key.tenant)
+    indexed = f"{INDEX_PREFIX}{chain}" if read.answered else None
+    if indexed is not None:
+        index = {"c": key.conversation_id, "t": events[-1].turn}
+        store.put_side_item(tenant, SideItem(indexed, index, expires_at=head.expires_at))
+    # The chain names its index item: clearing the conversation deletes both.
     store.put_side_item(
         key,
-        SideItem(CHAIN_SK, attributes, expires_at=head.expires_at, gen=head.gen),
+        SideItem(CHAIN_SK, attributes, expires_at=head.expires_at, gen=head.gen, companion=indexed),
     )
-    if read.answered:
-        index = {"c": key.conversation_id, "t": events[-1].turn}
-        store.put_side_item(
-            keys.tenant_items(key.tenant),
-            SideItem(f"{INDEX_PREFIX}{chain}", index, expires_at=head.expires_at),
-        )
+    previous = saved.companion if saved is not None else None
+    if previous is not None and previous != indexed:
+        # Only the latest response can be continued; another conversation with the same
+        # transcript may have taken the key since.
+        stale = store.get_side_item(tenant, previous)
+        if stale is not None and stale.attributes.get("c") == key.conversation_id:
+            store.delete_side_items(tenant, [previous])
 
 
 def _ends(items: list[InputItem]) -> list[tuple[int, str]]:
