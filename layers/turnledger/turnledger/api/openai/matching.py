@@ -18,10 +18,10 @@ side items, both expiring with the conversation:
 
 :func:`continued` hashes the request's items once, and at each place a response could end
 (after the model's items, an assistant message or a run of function calls, where a
-non-model item or the end follows) looks the hash up, longest first, one read each, at
-most :data:`MAX_LOOKUPS`. A hit continues its conversation when the conversation is live and
-its chain is still that hash over all its events: the hit is its latest response and
-nothing was added after it (the ledger does not branch).
+non-model item or the end follows; and before a decision) looks the hash up, longest
+first, one read each, at most :data:`MAX_LOOKUPS`. A hit continues its conversation when
+the conversation is live and its chain is still that hash over all its events: the hit is
+its latest response and nothing was added after it (the ledger does not branch).
 """
 
 from __future__ import annotations
@@ -129,14 +129,20 @@ def _record(service: Conversations, key: ConversationKey) -> None:
 
 
 def _ends(items: list[InputItem]) -> list[tuple[int, str]]:
-    """``(index in items, chain hash)`` after each run of model items, in order."""
+    """``(index in items, chain hash)`` after each run of model items, and before the
+    first decision (a response that asks only for approvals shows no item), in order."""
     canon = [(index, item.canon) for index, item in enumerate(items) if item.canon is not None]
+    decision = next((i for i, item in enumerate(items) if item.kind == "approval"), len(items))
     ends: list[tuple[int, str]] = []
     chain = ""
     for position, (index, item) in enumerate(canon):
         chain = link(chain, item)
-        after = canon[position + 1][1] if position + 1 < len(canon) else None
-        if item[0] in _MODEL_KINDS and (after is None or after[0] not in _MODEL_KINDS):
+        after = canon[position + 1] if position + 1 < len(canon) else None
+        model_run_ends = item[0] in _MODEL_KINDS and (
+            after is None or after[1][0] not in _MODEL_KINDS
+        )
+        before_decision = index < decision and (after is None or after[0] > decision)
+        if model_run_ends or before_decision:
             ends.append((index, chain))
     return ends
 
