@@ -107,3 +107,24 @@ def test_an_item_over_the_size_limit_is_refused(store: ConversationStore) -> Non
     with pytest.raises(PayloadTooLarge):
         store.put_side_item(KEY, side("big", tx="x" * MAX_ITEM_BYTES))
     assert store.get_side_item(KEY, "S#big") is None
+
+
+def test_a_purge_deletes_a_side_item_s_companion(store: ConversationStore) -> None:
+    """Clearing a conversation deletes, with its side items, each one's companion in the
+    tenant's own partition (the OpenAI face's transcript index), and nothing else there."""
+    tenant = keys.tenant_items(KEY.tenant)
+    for name in ["t#1", "t#2"]:
+        store.put_side_item(tenant, side(name))
+    chain = SideItem("S#chain", {"h": "1"}, expires_at=1_900_000_000, gen="g1", companion="S#t#1")
+    store.put_side_item(KEY, chain)
+    assert store.get_side_item(KEY, "S#chain") == chain
+    store.clear(KEY, START)
+    assert store.get_side_item(KEY, "S#chain") is None
+    assert store.get_side_item(tenant, "S#t#1") is None
+    assert store.get_side_item(tenant, "S#t#2") == side("t#2")
+
+
+def test_a_companion_must_be_a_side_item_key(store: ConversationStore) -> None:
+    """A companion names a side item of the tenant's partition, never another kind."""
+    with pytest.raises(InternalError):
+        store.put_side_item(KEY, SideItem("S#a", {"tx": "a"}, companion="HEAD"))

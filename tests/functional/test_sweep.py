@@ -26,6 +26,7 @@ from turnledger.providers.demo import DemoProvider
 from turnledger.runtime import Runtime, set_runtime
 from turnledger.store import codec, keys
 from turnledger.store.base import ContextBudget, ConversationStore, new_generation
+from turnledger.store.codec import SideItem
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
@@ -644,9 +645,28 @@ def test_erasure_lists_on_its_store_and_clears_through_the_tenants(
     report = sweeper(store, clock).erase("acme", tenants)
 
     assert report.complete and report.conversations_removed == 3
-    assert {c.args[0] for c in tenants.clear.call_args_list} == set(mine)
+    # Then the tenant's own side items (the OpenAI face's index), through the same store.
+    cleared = {c.args[0] for c in tenants.clear.call_args_list}
+    assert cleared == {*mine, keys.tenant_items("acme")}
     for key in mine:
         assert_gone(store, key)
+
+
+def test_erasure_removes_the_tenant_s_own_side_items(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """The tenant's partition of its own (the OpenAI face's transcript index) goes too;
+    another tenant's stays."""
+    mine, theirs = keys.tenant_items("acme"), keys.tenant_items("globex")
+    for key in (mine, theirs):
+        store.put_side_item(key, SideItem("S#oai#t#abc", {"c": "conv-1"}, expires_at=EPOCH + TTL))
+    seed(store, key_of(1, "acme"), expires_at=None)
+
+    report = sweeper(store, clock).erase("acme")
+
+    assert report.complete and report.conversations_removed == 1
+    assert raw_sort_keys(store, mine) == []
+    assert raw_sort_keys(store, theirs) == ["S#oai#t#abc"]
 
 
 def test_erasure_in_pages_resumes_where_it_stopped(

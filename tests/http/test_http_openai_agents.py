@@ -25,7 +25,7 @@ from openai import AsyncOpenAI, OpenAI
 from turnledger_local.runner import LocalConfig, LocalRunner
 from turnledger_local.template import PROJECT_ROOT
 
-from tests.http.conftest import ANN
+from tests.http.conftest import ANN, store_of
 
 TOKEN = "local:acme:ann"
 
@@ -230,6 +230,66 @@ def test_a_conversations_session_over_two_runs(served: LocalRunner) -> None:
         ("assistant", "Your name is Ada."),
     ]
     assert cleared == []
+
+
+def test_a_conversations_session_over_three_runs_stores_each_message_once(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """Each run resends the session's items (ids of the session's conversation, whose latest
+    item the SDK added itself): it continues the previous run's conversation, so the tenant
+    holds the session and one conversation of responses, each message once in each."""
+    said = ["My name is Ada.", "What is my name?", "Thanks."]
+
+    async def scenario() -> tuple[str, set[str]]:
+        client = AsyncOpenAI(base_url=f"{served.url}/openai/v1", api_key=TOKEN, max_retries=0)
+        agent = Agent(name="a", model=OpenAIResponsesModel(model="demo-1", openai_client=client))
+        session = OpenAIConversationsSession(openai_client=client)
+        answered: set[str] = set()
+        for text in said:
+            result = await Runner.run(agent, text, session=session)
+            answered |= {conversation_of(r.response_id) for r in result.raw_responses}
+        return session.session_id, answered
+
+    session_id, answered = asyncio.run(scenario())
+    assert len(answered) == 1 and session_id not in answered
+    stored = {key.conversation_id for key in store_of(served).of_tenant("acme")}
+    assert stored == {session_id, *answered}
+    for conversation_id in stored:
+        events = events_of(http, conversation_id)
+        users = [e["payload"]["content"] for e in events if e["kind"] == "user_message"]
+        assert users == said
+        assert [e["kind"] for e in events].count("assistant_message") == 3
+
+
+def test_a_stateless_loop_without_item_ids_stores_each_item_once(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    """A client that strips item ids is matched by content all the same."""
+    tools: list[Any] = [{"type": "function", "name": "tick", "parameters": {}, "strict": False}]
+    history: list[Any] = [{"role": "user", "content": "My name is Ida."}]
+    conversations = set()
+    for call in range(4):
+        response = client.responses.create(model="demo-1", input=history, tools=tools)
+        conversations.add(response.conversation.id)  # type: ignore[union-attr]
+        output = [item.model_dump(exclude_none=True) for item in response.output]
+        history += [{k: v for k, v in item.items() if k != "id"} for item in output]
+        calls = [item for item in response.output if item.type == "function_call"]
+        if calls:
+            history.append(
+                {"type": "function_call_output", "call_id": calls[0].call_id, "output": "ok"}
+            )
+        else:
+            history.append({"role": "user", "content": "/tool tick {}" if call < 2 else "Hi"})
+    assert len(conversations) == 1
+    events = events_of(http, conversations.pop())
+    kinds = [e["kind"] for e in events]
+    assert [e["payload"]["content"] for e in events if e["kind"] == "user_message"] == [
+        "My name is Ida.",
+        "/tool tick {}",
+        "Hi",
+    ]
+    assert kinds.count("assistant_message") == 4
+    assert kinds.count("tool_result") == 1
 
 
 def test_run_streamed_yields_text_deltas(served: LocalRunner, http: httpx.Client) -> None:

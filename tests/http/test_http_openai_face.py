@@ -135,6 +135,21 @@ def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:
     }
 
 
+def test_a_stateless_approval_continues_its_response(client: OpenAI, http: httpx.Client) -> None:
+    """A decision sent after the history that asked for it (no ids, no
+    previous_response_id) decides the call of the conversation that history is."""
+    history: list[Any] = [{"role": "user", "content": '/tool send_email {"to": "bo@x.io"}'}]
+    paused = client.responses.create(model="demo-1", input=history)
+    [request] = [item for item in paused.output if item.type == "mcp_approval_request"]
+    history += [item.model_dump(exclude_none=True) for item in paused.output]
+    decision = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+    decided = client.responses.create(model="demo-1", input=[*history, decision])
+    assert decided.conversation.id == paused.conversation.id  # type: ignore[union-attr]
+    assert decided.output_text is not None and "send_email" in decided.output_text
+    kinds = [e["kind"] for e in events_of(http, paused.conversation.id)]  # type: ignore[union-attr]
+    assert kinds.count("user_message") == 1 and "approval_resolved" in kinds
+
+
 def test_errors_have_openai_s_shape(client: OpenAI, served: LocalRunner) -> None:
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=f"{served.url}/openai/v1", api_key="nope", max_retries=0).responses.create(

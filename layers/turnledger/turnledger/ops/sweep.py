@@ -421,7 +421,8 @@ class Sweeper:
     # --- tenant erasure -----------------------------------------------------------------
 
     def erase(self, tenant: str, clear_with: ConversationStore | None = None) -> SweepReport:
-        """Clear every conversation of ``tenant``, in index order, until the deadline.
+        """Clear every conversation of ``tenant``, in index order, until the deadline; once
+        all are, the tenant's own side items (:func:`~turnledger.store.keys.tenant_items`).
 
         The conversations are listed on this store (the ``by-tenant`` index) and cleared
         through ``clear_with`` (default: this store): the API passes the tenant's own
@@ -431,7 +432,8 @@ class Sweeper:
         now = self.clock()
         target = self.store if clear_with is None else clear_with
         start = target.meter.snapshot()
-        self._each(self.store.of_tenant(tenant), run, lambda k: target.clear(k, now))
+        if self._each(self.store.of_tenant(tenant), run, lambda k: target.clear(k, now)):
+            target.clear(keys.tenant_items(tenant), now)
         report = run.report()
         if target is self.store:
             return report

@@ -755,6 +755,7 @@ class ConversationStore(ABC):
 
         Kept: the head, event items above the tombstone's sequence (only the next
         life writes there), and items of other kinds that carry the next life's ``g``.
+        A deleted side item's companion (in the tenant's own partition) is deleted first.
         The stored provider responses that deleted answers name (their run records)
         are added to ``report``: whole items are read, since a query costs the same
         whatever it projects.
@@ -771,6 +772,7 @@ class ConversationStore(ABC):
                 cursor=cursor,
             )
             doomed: list[str] = []
+            companions: list[str] = []
             for item in page.items:
                 sort_key = str(item[codec.A_SK])
                 if sort_key == keys.HEAD_SK:
@@ -786,6 +788,12 @@ class ConversationStore(ABC):
                         report.provider_responses.extend(_stored_responses(item))
                 elif item.get(codec.A_GEN) != tomb.gen:
                     doomed.append(sort_key)
+                    companion = item.get(codec.A_COMPANION)
+                    if isinstance(companion, str) and companion.startswith(keys.SIDE_PREFIX):
+                        companions.append(companion)
+            if companions:
+                tenant = keys.parse_partition_key(pk).tenant
+                self._delete_items(keys.partition_key(keys.tenant_items(tenant)), companions)
             if doomed:
                 self._delete_items(pk, doomed)
             if page.cursor is None:
@@ -933,12 +941,14 @@ class ConversationStore(ABC):
         schema version ``v`` and a ``bucket`` below ``item``'s; returns whether it was.
         """
 
-    # --- side items (drafts: turnledger/turn/drafts.py) ----------------------------------------
+    # --- side items (drafts: turnledger/turn/drafts.py; api/openai/matching.py) ----------------
     #
     # Items of a conversation's partition beside the transcript (sort keys under
     # ``keys.SIDE_PREFIX``, after ``"HEAD"``), never read by :meth:`load`: a purge deletes
-    # them with the rest. The caller hands data (:class:`.codec.SideItem`); the store owns
-    # the item's keys, its TTL attribute and its life attribute.
+    # them with the rest, and with each its ``companion`` (a side item of the tenant's own
+    # partition, ``keys.tenant_items``: the OpenAI face's transcript index). The caller
+    # hands data (:class:`.codec.SideItem`); the store owns the item's keys, its TTL
+    # attribute, its life attribute and its companion attribute.
 
     def put_side_item(self, key: ConversationKey, side: SideItem) -> None:
         """Put ``side`` in ``key``'s partition, unconditionally (replacing what was there).

@@ -60,6 +60,9 @@ A_FENCE = "fx"
 #: earliest deadline of a wait, as the turn layer computed it):
 #: ``"<hour of that deadline>#<shard>"``, for the sweep's expiry pass.
 A_WAIT_BUCKET = "wb"
+#: A side item's companion: the sort key of a side item in the tenant's own partition
+#: (:func:`.keys.tenant_items`) that a purge of the conversation deletes with it.
+A_COMPANION = "cx"
 
 
 #: Attributes the store writes on its own items (keys, bodies, lives, TTL, index keys; the
@@ -78,6 +81,7 @@ RESERVED_ATTRIBUTES = frozenset(
         A_TENANT,
         A_FENCE,
         A_WAIT_BUCKET,
+        A_COMPANION,
         "ib",
         "is",
     }
@@ -97,6 +101,9 @@ class SideItem:
     expires_at: int | None = None
     #: The life (``gen``) of the conversation that wrote it (``None``: none).
     gen: str | None = None
+    #: The sort key of a side item of the tenant's own partition (:func:`.keys.tenant_items`)
+    #: that a purge of this conversation deletes with this one (``None``: none).
+    companion: str | None = None
 
 
 def encode_side_item(key: ConversationKey, side: SideItem) -> Item:
@@ -105,8 +112,9 @@ def encode_side_item(key: ConversationKey, side: SideItem) -> Item:
     Raises:
         InternalError: the sort key is not a side item's, or an attribute is reserved.
     """
-    if not side.sort_key.startswith(keys.SIDE_PREFIX):
-        raise InternalError(f"not a side item key: {side.sort_key!r}")
+    for sort_key in (side.sort_key, side.companion or keys.SIDE_PREFIX):
+        if not sort_key.startswith(keys.SIDE_PREFIX):
+            raise InternalError(f"not a side item key: {sort_key!r}")
     clash = RESERVED_ATTRIBUTES & side.attributes.keys()
     if clash:
         raise InternalError(f"side item attributes the store reserves: {sorted(clash)}")
@@ -115,6 +123,8 @@ def encode_side_item(key: ConversationKey, side: SideItem) -> Item:
         item[A_EXPIRES] = side.expires_at
     if side.gen is not None:
         item[A_GEN] = side.gen
+    if side.companion is not None:
+        item[A_COMPANION] = side.companion
     return item
 
 
@@ -122,11 +132,13 @@ def decode_side_item(item: Item) -> SideItem:
     """The side item ``item`` holds."""
     expires = item.get(A_EXPIRES)
     gen = item.get(A_GEN)
+    companion = item.get(A_COMPANION)
     return SideItem(
         sort_key=str(item[A_SK]),
         attributes={k: v for k, v in item.items() if k not in RESERVED_ATTRIBUTES},
         expires_at=int(expires) if isinstance(expires, int | float) else None,
         gen=str(gen) if gen else None,
+        companion=str(companion) if companion else None,
     )
 
 

@@ -9,6 +9,9 @@ Table layout (one partition per conversation)::
     sk = "S#..."                     a side item: a long turn's draft (turnledger/turn/drafts.py)
     sk = "W#<hash>"                  an approval inbox entry (.inbox)
 
+    pk = "T#<tenant>#C##tenant"      the tenant's own side items (no head, no events):
+                                     the OpenAI face's transcript index (:func:`tenant_items`)
+
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
 the head followed by the newest events: a turn reads its state in one round
 trip. The tenant is percent-encoded so it can never contain the ``#``
@@ -42,6 +45,9 @@ RECORD_PREFIX = "I#"
 #: the head and events ever meets one, and a purge deletes them.
 SIDE_PREFIX = "S#"
 _SEQ_WIDTH = 12
+#: The "conversation id" of the partition holding a tenant's own side items: no conversation
+#: id can contain ``#``, so no conversation ever has this partition.
+TENANT_ITEMS_ID = "#tenant"
 
 #: The expiry index groups heads by the hour their TTL falls in, split into
 #: shards so one busy hour does not become one hot index partition.
@@ -60,6 +66,12 @@ def tenant_partition_prefix(tenant: str) -> str:
 def partition_key(key: ConversationKey) -> str:
     """The table partition key of a conversation."""
     return f"{tenant_partition_prefix(key.tenant)}{key.conversation_id}"
+
+
+def tenant_items(tenant: str) -> ConversationKey:
+    """Where ``tenant``'s own side items live: a partition under the tenant's prefix that no
+    conversation has (it never holds a head or events; clearing it deletes its items)."""
+    return ConversationKey(tenant=tenant, conversation_id=TENANT_ITEMS_ID)
 
 
 def parse_partition_key(pk: str) -> ConversationKey:

@@ -9,6 +9,7 @@ tenancy.
   tools, ``store``), streamed by :mod:`.streaming`;
 * :mod:`.conversations`: the Conversations API and its items;
 * :mod:`.items`: item ids, the items events show as, input items, canonical transcripts;
+* :mod:`.matching`: which stored conversation a stateless history continues (by content);
 * :mod:`.schemas`: request bodies and shared helpers.
 
 Errors under this prefix use OpenAI's shape (``{"error": {"message", "type", "param",

@@ -22,7 +22,8 @@ from ...runtime import get_runtime
 from ...turn.pipeline import Conversations
 from ..resolver import app, caller, conversation
 from .items import history_of, items_of, parse_input
-from .responses import all_events, new_conversation_id
+from .matching import all_events
+from .responses import new_conversation_id
 from .schemas import (
     PREFIX,
     ConversationCreate,

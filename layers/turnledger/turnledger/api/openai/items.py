@@ -3,9 +3,8 @@ show as, the input items a request sends (read into the ledger's vocabulary), an
 canonical form in which a request's history is compared with a stored transcript.
 
 Every item id this face gives is ``<kind>_<token>_<conversation id>`` (the token holds no
-``_``), so an item a client sends back names the conversation it came from: that is where a
-request without ``conversation``/``previous_response_id`` looks for the transcript its
-history repeats. The ids only say where to look; the items' content decides.
+``_``). Ids a client sends back are accepted and play no part in matching a history with a
+stored transcript: only the items' canonical form does (:mod:`.matching`).
 """
 
 from __future__ import annotations
@@ -15,26 +14,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ...core.exceptions import InvalidConversationId, InvalidRequest
+from ...core.exceptions import InvalidRequest
 from ...core.models import (
     AssistantMessage,
     Event,
     ToolCall,
     ToolResult,
     UserMessage,
-    validate_conversation_id,
 )
 
 __all__ = [
     "Canon",
     "InputItem",
-    "conversation_of_item",
+    "Transcript",
     "history_of",
     "item_id",
     "items_of",
     "output_message",
     "parse_input",
-    "prefix_end",
     "transcript",
 ]
 
@@ -54,19 +51,6 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 def item_id(kind: str, token: str | int, conversation_id: str) -> str:
     """The id of an item of ``conversation_id`` (``token`` holds no ``_``)."""
     return f"{kind}_{token}_{conversation_id}"
-
-
-def conversation_of_item(value: object) -> str | None:
-    """The conversation an item id of this face names, or ``None`` (not one of its ids)."""
-    if not isinstance(value, str):
-        return None
-    parts = value.split("_", 2)
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        return None
-    try:
-        return validate_conversation_id(parts[2])
-    except (InvalidConversationId, ValueError):
-        return None
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> str:
@@ -160,7 +144,7 @@ class InputItem:
     raw_arguments: str | None = None
     approve: bool = False
     reason: str | None = None
-    #: The id the client sent with it (one this face gave names its conversation).
+    #: The id the client sent with it (accepted; matching goes by content).
     id: str | None = None
 
     @property
@@ -281,12 +265,29 @@ def parse_input(value: str | list[dict[str, Any]]) -> list[InputItem]:
     return items
 
 
-def transcript(events: Iterable[Event]) -> list[Canon] | None:
+@dataclass(frozen=True)
+class Transcript:
+    """The canonical items a client was shown of a run of events, and where that leaves
+    the transcript."""
+
+    items: list[Canon]
+    #: The transcript ends with an answer of this service's model (a response ends there).
+    answered: bool
+    #: Calls shown to the client (``function_call`` items) that have no output yet.
+    open_calls: frozenset[str]
+
+
+def transcript(
+    events: Iterable[Event],
+    *,
+    answered: bool = False,
+    open_calls: frozenset[str] = frozenset(),
+) -> Transcript:
     """The canonical items a client was shown of ``events``: user and assistant messages,
     and the calls the client (or a person) answered with their outputs; calls this service
-    ran or asked approval for are not the client's items. ``None`` when the transcript
-    does not end with an answer of this service's model (the client's own items come last,
-    or nothing is there): a history may continue only a response.
+    ran or asked approval for are not the client's items. ``answered`` and ``open_calls``
+    are where the events before these left it (the start of a conversation by default):
+    an output whose call came before ``events`` is shown when its call is open.
     """
     events = list(events)
     requires = {
@@ -294,12 +295,8 @@ def transcript(events: Iterable[Event]) -> list[Canon] | None:
         for e in events
         if e.kind.value == "tool_call_requested"
     }
-
-    def shown(turn: int, call_id: str) -> bool:
-        return requires.get((turn, call_id), "client") in ("client", "input")
-
+    open_now = set(open_calls)
     items: list[Canon] = []
-    answered = False
     for event in events:
         payload, kind = event.payload, event.kind.value
         if kind == "user_message":
@@ -310,30 +307,17 @@ def transcript(events: Iterable[Event]) -> list[Canon] | None:
             if text:
                 items.append(("assistant", text))
             for call in payload.get("tool_calls") or []:
-                if shown(event.turn, call["id"]):
+                # A call with no request event is one the client gave as history.
+                if requires.get((event.turn, call["id"]), "client") in ("client", "input"):
                     arguments = call.get("raw_arguments") or canonical_arguments(call["arguments"])
                     items.append(("function_call", call["id"], call["name"], arguments))
+                    open_now.add(call["id"])
             answered = payload.get("source", "model") == "model"
-        elif kind == "tool_result" and shown(event.turn, payload["call_id"]):
+        elif kind == "tool_result" and payload["call_id"] in open_now:
+            open_now.discard(payload["call_id"])
             items.append(("function_call_output", payload["call_id"], payload["output"]))
             answered = False
-    return items if answered else None
-
-
-def prefix_end(items: list[InputItem], stored: list[Canon]) -> int | None:
-    """The index in ``items`` just after a leading run equal, canonically, to ``stored``
-    (items outside the transcript are passed over), or ``None`` when they differ."""
-    matched = 0
-    for index, item in enumerate(items):
-        if matched == len(stored):
-            return index
-        canon = item.canon
-        if canon is None:
-            continue
-        if canon != stored[matched]:
-            return None
-        matched += 1
-    return len(items) if matched == len(stored) else None
+    return Transcript(items=items, answered=answered, open_calls=frozenset(open_now))
 
 
 def history_of(items: Iterable[InputItem]) -> list[UserMessage | AssistantMessage | ToolResult]:

@@ -3,10 +3,11 @@ conversation, as an OpenAI ``response``.
 
 Which conversation: the one ``conversation`` names; the one ``previous_response_id``
 belongs to (it must be that conversation's latest response: the ledger has no branches);
-or, with neither, the one whose transcript the input's leading items repeat (found by the
-item ids this face gave, compared in canonical form, :mod:`.items`), else a new one whose
-history is the given items, recorded with the client as their source. A response id is
-``resp_<turn>_<conversation id>``.
+or, with neither, the one whose transcript, up to its latest response, the input's leading
+items repeat in canonical form, whatever their ids (:mod:`.matching`), else a new one whose
+history is the given items, recorded with the client as their source. After a stored
+response, the conversation's transcript chain is brought up to date
+(:func:`.matching.record`). A response id is ``resp_<turn>_<conversation id>``.
 
 ``tools``: function tools the registry has keep its executors and approval rules; the others
 are the client's for this request (:class:`~turnledger.core.models.ClientTool`).
@@ -24,8 +25,8 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
-from ...core.exceptions import ConversationNotFound, InvalidRequest
-from ...core.models import ClientTool, ConversationKey, Event, validate_conversation_id
+from ...core.exceptions import InvalidRequest
+from ...core.models import ClientTool, ConversationKey, validate_conversation_id
 from ...runtime import get_runtime
 from ...tools.registry import client_tool
 from ...turn import longturns
@@ -35,16 +36,8 @@ from ...turn.results import TurnResult
 from ..resolver import Caller, app, approver, caller
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
-from .items import (
-    InputItem,
-    conversation_of_item,
-    history_of,
-    item_id,
-    output_message,
-    parse_input,
-    prefix_end,
-    transcript,
-)
+from .items import InputItem, history_of, item_id, output_message, parse_input
+from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch, json_response
 from .streaming import event_stream
 
@@ -77,42 +70,6 @@ def parse_response_id(value: str) -> tuple[str, int]:
 def new_conversation_id() -> str:
     """A new conversation id of this face (``conv_<24 hex>``)."""
     return f"conv_{secrets.token_hex(12)}"
-
-
-def all_events(service: Conversations, key: ConversationKey, *, after: int = 0) -> list[Event]:
-    """Every event of ``key`` after the public sequence ``after``, oldest first.
-
-    Raises:
-        ConversationNotFound: no live conversation.
-    """
-    events: list[Event] = []
-    cursor = after
-    while True:
-        page = service.events(key, after=cursor, limit=1000)
-        events.extend(page.events)
-        if page.next_after is None:
-            return events
-        cursor = page.next_after
-
-
-def _continued(
-    service: Conversations, who: Caller, items: list[InputItem]
-) -> tuple[ConversationKey, list[InputItem]] | None:
-    """The caller's conversation whose transcript (up to its latest response) the leading
-    ``items`` repeat, and the items after it; ``None``: no such conversation."""
-    named = [conversation_of_item(item.id) for item in reversed(items)]
-    for conversation_id in dict.fromkeys(c for c in named if c is not None):
-        key = who.key(conversation_id)
-        try:
-            stored = transcript(all_events(service, key))
-        except ConversationNotFound:
-            continue
-        if stored is None:
-            continue
-        end = prefix_end(items, stored)
-        if end is not None:
-            return key, items[end:]
-    return None
 
 
 def _tools(
@@ -258,7 +215,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     items = parse_input(request.input)
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest("send conversation or previous_response_id, not both")
-    continued = None
+    found = None
     if not request.store:
         if request.conversation is not None or request.previous_response_id is not None:
             raise InvalidRequest(
@@ -284,10 +241,10 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
                 details={"param": "previous_response_id"},
             )
     else:
-        continued = _continued(service, who, items)
-        key = continued[0] if continued is not None else who.key(new_conversation_id())
-    if continued is not None:
-        items = continued[1]
+        found = continued(service, who, items)
+        key = found[0] if found is not None else who.key(new_conversation_id())
+    if found is not None:
+        items = found[1]
     elif not items:
         raise InvalidRequest("input holds no item", details={"param": "input"})
     try:
@@ -295,6 +252,8 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     finally:
         if not request.store:
             service.clear(key)  # answered, nothing kept
+    if request.store:
+        record(service, key)
     body = response_body(request, reply)
     if request.stream:
         return event_stream(body, pieces)
