@@ -12,36 +12,19 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from moto import mock_aws
-from turnledger.api import app, lambda_handler
+from turnledger.api import app
 from turnledger.core.config import LAMBDA_SYNC_PAYLOAD_BYTES, Settings
 from turnledger.core.observability import logger
-from turnledger.runtime import Runtime, get_runtime, set_runtime
-from turnledger_local.gateway import LambdaContext
+from turnledger.runtime import Runtime, get_runtime
 
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
-
-Invoke = Callable[[dict[str, Any]], dict[str, Any]]
+from tests.support.lambda_api import Invoke, api_handler
 
 
 @pytest.fixture
 def invoke(monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
     """``invoke(event)``: the API's ``lambda_handler`` on moto, as Lambda calls it."""
-    with mock_aws():
-        clients = aws_clients()
-        monkeypatch.setenv("TABLE_NAME", create_conversations_table(clients.dynamodb))
-        monkeypatch.setenv("BUCKET_NAME", create_bucket(clients.s3))
-        set_runtime(None)
-
-        def call(event: dict[str, Any]) -> dict[str, Any]:
-            context = LambdaContext(
-                function_name="TurnFunction", memory_limit_in_mb=512, timeout_seconds=29
-            )
-            result: dict[str, Any] = lambda_handler(event, context)
-            return result
-
+    with api_handler(monkeypatch, "TurnFunction") as call:
         yield call
-        set_runtime(None)
 
 
 def request(

@@ -9,15 +9,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from moto import mock_aws
-from turnledger.api import lambda_handler
-from turnledger.runtime import set_runtime
 from turnledger.turn import callbacks
-from turnledger_local.gateway import LambdaContext
 
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.lambda_api import Invoke, api_handler
 
-Invoke = Callable[[dict[str, Any]], dict[str, Any]]
 KEY = bytes(range(32))
 
 
@@ -25,21 +20,8 @@ KEY = bytes(range(32))
 def invoke(monkeypatch: pytest.MonkeyPatch) -> Iterator[Invoke]:
     """``invoke(event)``: the API's ``lambda_handler`` on moto, with a callback key."""
     monkeypatch.setenv("CALLBACK_KEY", KEY.hex())
-    with mock_aws():
-        clients = aws_clients()
-        monkeypatch.setenv("TABLE_NAME", create_conversations_table(clients.dynamodb))
-        monkeypatch.setenv("BUCKET_NAME", create_bucket(clients.s3))
-        set_runtime(None)
-
-        def call(event: dict[str, Any]) -> dict[str, Any]:
-            context = LambdaContext(
-                function_name="ApproveFunction", memory_limit_in_mb=512, timeout_seconds=29
-            )
-            result: dict[str, Any] = lambda_handler(event, context)
-            return result
-
+    with api_handler(monkeypatch, "ApproveFunction") as call:
         yield call
-        set_runtime(None)
 
 
 class UnreadableBody(dict[str, Any]):

@@ -127,6 +127,22 @@ def _running(state: DraftState | None, now: datetime) -> bool:
     return (now - started).total_seconds() < STALE_AFTER_SECONDS
 
 
+def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
+    """The begun draft of ``turn``, run in this request or by the worker.
+
+    Raises:
+        ConversationBusy: a run of that turn is still going.
+    """
+    if _running(drafts.read_state(service.store, key, turn), service.clock()):
+        raise ConversationBusy(
+            "a turn of this conversation is running; follow it or wait for it",
+            details={"turn": turn, "retry_after_seconds": 1},
+        )
+    writer = _writer(service, key, turn, kind)
+    writer.begin()
+    return writer
+
+
 def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
     head = service.store.get_head(key)
     ttl = service.settings.ttl_for(key.tenant)
@@ -222,13 +238,7 @@ def accept(
             "in the turn worker's event); send it synchronously",
             details={"limit": MAX_EVENT_BYTES, "size": size},
         )
-    if _running(drafts.read_state(service.store, key, turn), service.clock()):
-        raise ConversationBusy(
-            "a turn of this conversation is running; follow it or wait for it",
-            details={"turn": turn, "retry_after_seconds": 1},
-        )
-    writer = _writer(service, key, turn, kind)
-    writer.begin()
+    writer = _begin_draft(service, key, turn, kind)
     try:
         invoke(payload)
     except Exception as exc:
@@ -365,13 +375,7 @@ def run_drafted(
     kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
     starts = isinstance(command, TurnCommand) and command.starts_turn
     turn = max(current + (1 if starts else 0), 1)
-    if _running(drafts.read_state(service.store, key, turn), service.clock()):
-        raise ConversationBusy(
-            "a turn of this conversation is running; follow it or wait for it",
-            details={"turn": turn, "retry_after_seconds": 1},
-        )
-    writer = _writer(service, key, turn, kind)
-    writer.begin()
+    writer = _begin_draft(service, key, turn, kind)
     first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs
     try:
         with drafts.streaming_into(writer):
