@@ -465,7 +465,9 @@ def render(results: Results, command: str) -> str:
         "",
         "Median over the calls; storage = inside the store's public calls, handler = the whole "
         "`lambda_handler` call (parsing, matching, the demo model, the response). "
-        "DynamoDB Local on loopback has no network latency.",
+        "DynamoDB Local on loopback has no network latency. The times of single calls in the "
+        "table above vary with the load of the (shared) machine and call 1 includes the first "
+        "connections: compare the medians.",
         "",
         "| | chained median ms | stateless median ms | stateless / chained |",
         "| --- | ---: | ---: | ---: |",
