@@ -527,8 +527,11 @@ def _reading(results: Results, ratios: dict[str, float]) -> list[str]:
         "both loops write them, since any stored response may be continued statelessly).",
         f"- Reads: {_units(rcu_s)} RCU against {_units(rcu_c)} ({rcu_s / rcu_c:.2f}x); at call "
         f"{n} {_units(last_s.rcu)} against {_units(last_c.rcu)}: the difference is the "
-        "stateless call's matching (the index look-up, then the conversation's head and chain "
-        "read to check the hit), each a `GetItem` of at least 1 RCU; "
+        "stateless call's matching, one `GetItem` of at least 1 RCU each: its index look-ups, "
+        "longest candidate first (the first, the whole input ending with the new user "
+        "message, finds nothing; the second, ending with the previous answer, hits), and the "
+        "conversation's chain, read to check the hit (its head read replaces the chained "
+        "call's check of `previous_response_id`); "
         "the growth over the calls, in both loops, is the turn loading its context.",
         f"- Time: the stateless call's median is {ratios['storage']:.2f}x the chained one's "
         f"in storage and {ratios['handler']:.2f}x in the handler, though it sends "
