@@ -10,16 +10,13 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from moto import mock_aws
-from turnledger.api import lambda_handler
 from turnledger.core.models import ConversationKey
-from turnledger.runtime import get_runtime, set_runtime
+from turnledger.runtime import get_runtime
 from turnledger.store import keys
 from turnledger.turn.pipeline import Conversations
-from turnledger_local.gateway import LambdaContext
 
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
 from tests.support.factories import START, raw_sort_keys
+from tests.support.lambda_api import api_handler
 
 Respond = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
@@ -29,26 +26,18 @@ def respond(
     monkeypatch: pytest.MonkeyPatch, load_event: Callable[[str], dict[str, Any]]
 ) -> Iterator[Respond]:
     """``respond(items)``: a stateless ``POST /openai/v1/responses`` of ``items``; its body."""
-    with mock_aws():
-        clients = aws_clients()
-        monkeypatch.setenv("TABLE_NAME", create_conversations_table(clients.dynamodb))
-        monkeypatch.setenv("BUCKET_NAME", create_bucket(clients.s3))
-        set_runtime(None)
-        template = load_event("openai-response")
+    template = load_event("openai-response")
+    with api_handler(monkeypatch, "TurnFunction") as invoke:
 
         def call(items: list[dict[str, Any]]) -> dict[str, Any]:
             event = copy.deepcopy(template)
             event["body"] = json.dumps({"model": "demo-1", "input": items})
-            context = LambdaContext(
-                function_name="TurnFunction", memory_limit_in_mb=512, timeout_seconds=29
-            )
-            result: dict[str, Any] = lambda_handler(event, context)
+            result = invoke(event)
             assert result["statusCode"] == 200, result["body"]
             body: dict[str, Any] = json.loads(result["body"])
             return body
 
         yield call
-        set_runtime(None)
 
 
 def test_continuing_a_long_history_reads_only_the_events_it_adds(respond: Respond) -> None:
@@ -71,11 +60,26 @@ def test_continuing_a_long_history_reads_only_the_events_it_adds(respond: Respon
         read.append(len(page.events))
         return page
 
-    with mock.patch.object(Conversations, "events", counted):
+    looked_up: list[str] = []
+    store = get_runtime().store
+    original_get = store.get_side_item
+
+    def lookup(key: ConversationKey, sort_key: str) -> Any:
+        if key == keys.tenant_items("acme"):
+            looked_up.append(sort_key)
+        return original_get(key, sort_key)
+
+    with (
+        mock.patch.object(Conversations, "events", counted),
+        mock.patch.object(store, "get_side_item", lookup),
+    ):
         body = respond(history)
     conversations.add(body["conversation"]["id"])
     assert len(conversations) == 1
     assert sum(read) == 2  # its user message and the answer
+    # One index item read, the hit (read again when the new response retires it): the
+    # input's own end, a user message, ends no response, so it is never looked up.
+    assert len(set(looked_up)) == 1
 
 
 def test_one_index_item_per_conversation_cleared_with_it(respond: Respond) -> None:

@@ -141,7 +141,10 @@ def _ends(items: list[InputItem]) -> list[tuple[int, str]]:
         model_run_ends = item[0] in _MODEL_KINDS and (
             after is None or after[1][0] not in _MODEL_KINDS
         )
-        before_decision = index < decision and (after is None or after[0] > decision)
+        # Only where a decision follows: a response never ends with the client's own item.
+        before_decision = (
+            decision < len(items) and index < decision and (after is None or after[0] > decision)
+        )
         if model_run_ends or before_decision:
             ends.append((index, chain))
     return ends
