@@ -528,8 +528,8 @@ def _reading(results: Results, ratios: dict[str, float]) -> list[str]:
         f"- Reads: {_units(rcu_s)} RCU against {_units(rcu_c)} ({rcu_s / rcu_c:.2f}x); at call "
         f"{n} {_units(last_s.rcu)} against {_units(last_c.rcu)}: the difference is the "
         "stateless call's matching, one `GetItem` of at least 1 RCU each: its index look-ups, "
-        "longest candidate first (the first, the whole input ending with the new user "
-        "message, finds nothing; the second, ending with the previous answer, hits), and the "
+        "longest candidate first (here one: the input ending with the previous answer, which "
+        "hits; its own end, a user message, ends no response and is not looked up), and the "
         "conversation's chain, read to check the hit (its head read replaces the chained "
         "call's check of `previous_response_id`); "
         "the growth over the calls, in both loops, is the turn loading its context.",
