@@ -54,6 +54,13 @@ def json_text(body: Any) -> str:
     return json.dumps(body, separators=(",", ":"), cls=Encoder)
 
 
+def json_response(status: int, body: Any) -> Response[str]:
+    """``body`` as a compact JSON response with ``status`` (a route whose status varies)."""
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=json_text(body)
+    )
+
+
 app = APIGatewayHttpResolver(enable_validation=True, serializer=json_text)
 
 #: The error codes each status can carry, for the OpenAPI document.

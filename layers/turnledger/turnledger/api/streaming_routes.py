@@ -13,7 +13,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from ..core.exceptions import RequestValidationFailed
 from ..runtime import get_runtime
 from ..turn.longturns import MAX_WAIT_SECONDS
-from .resolver import ConversationId, app, conversation, json_text, responses
+from .resolver import ConversationId, app, conversation, json_response, responses
 from .streaming import StreamPage, TurnProgress, sse_text, stream_page, turn_view
 
 EVENT_STREAM = "text/event-stream"
@@ -33,9 +33,7 @@ def get_turn(conversation_id: ConversationId, turn: TurnNumber) -> Response[str]
     _, key = conversation(conversation_id)
     service = get_runtime().conversations_for(key.tenant)
     status, body = turn_view(service, key, turn)
-    return Response(
-        status_code=status, content_type=content_types.APPLICATION_JSON, body=json_text(body)
-    )
+    return json_response(status, body)
 
 
 @app.get(

@@ -115,6 +115,11 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _names(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of names (blanks dropped; unset: none)."""
+    return tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+
+
 def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name, "").strip().lower()
     if raw == "":
@@ -392,10 +397,8 @@ class Settings:
             redaction_file=opt("REDACTION_FILE"),
             redaction_parameter=opt("REDACTION_PARAMETER"),
             # --- providers: stored state, Bedrock, the stateful demo model ---
-            providers=tuple(p.strip() for p in env.get("PROVIDERS", "").split(",") if p.strip()),
-            allowed_models=tuple(
-                m.strip() for m in env.get("ALLOWED_MODELS", "").split(",") if m.strip()
-            ),
+            providers=_names(env, "PROVIDERS"),
+            allowed_models=_names(env, "ALLOWED_MODELS"),
             openai_responses_store=_bool(env, "OPENAI_RESPONSES_STORE", cls.openai_responses_store),
             provider_state_retention_seconds=_int(
                 env, "PROVIDER_STATE_RETENTION_SECONDS", cls.provider_state_retention_seconds

@@ -20,7 +20,7 @@ from ...core.exceptions import InvalidRequest, TurnledgerError
 from ...core.models import ConversationKey
 from ...runtime import get_runtime
 from ...turn.pipeline import Conversations
-from ..resolver import app, caller, conversation
+from ..resolver import app, caller, conversation, json_response
 from .items import history_of, items_of, parse_input
 from .matching import all_events
 from .responses import new_conversation_id
@@ -30,7 +30,6 @@ from .schemas import (
     ItemsCreate,
     OpenAIConversationId,
     epoch,
-    json_response,
 )
 
 __all__ = ["AppendOnly", "ItemNotFound"]

@@ -33,12 +33,12 @@ from ...turn import longturns
 from ...turn.commands import ClientOutput, Decisions, TurnCommand
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
-from ..resolver import Caller, app, approver, caller
+from ..resolver import Caller, app, approver, caller, json_response
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
 from .items import InputItem, history_of, item_id, output_message, parse_input
 from .matching import continued, record
-from .schemas import PREFIX, ResponseCreate, epoch, json_response
+from .schemas import PREFIX, ResponseCreate, epoch
 from .streaming import event_stream
 
 __all__ = ["SERVER_LABEL", "parse_response_id", "response_id"]

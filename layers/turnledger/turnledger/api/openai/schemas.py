@@ -9,12 +9,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Path
 from pydantic import BaseModel, ConfigDict
 
 from ...core.models import CONVERSATION_ID_PATTERN
-from ..resolver import json_text
 
 __all__ = [
     "PREFIX",
@@ -23,7 +21,6 @@ __all__ = [
     "OpenAIConversationId",
     "ResponseCreate",
     "epoch",
-    "json_response",
 ]
 
 PREFIX = "/openai/v1"
@@ -60,13 +57,6 @@ class ResponseCreate(_Open):
     metadata: dict[str, str] | None = None
     stream: bool = False
     store: bool = True
-
-
-def json_response(status: int, body: dict[str, Any]) -> Response[str]:
-    """``body`` as a JSON response with ``status``."""
-    return Response(
-        status_code=status, content_type=content_types.APPLICATION_JSON, body=json_text(body)
-    )
 
 
 def epoch(moment: datetime) -> int:
