@@ -70,11 +70,12 @@ _ERROR_CODES = {
     403: "approver_scope_missing, approver_is_requester",
     404: "conversation_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
-    "unsupported_state_version, conversation_exists, input_pending",
+    "unsupported_state_version, conversation_exists, input_pending, fork_point_open, "
+    "fork_too_deep",
     410: "callback_invalid",
     413: "payload_too_large, import_too_large",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, unknown_model, "
-    "idempotency_key_reused",
+    "idempotency_key_reused, invalid_fork_point",
     502: "provider_error",
     503: "service_unavailable",
     504: "provider_timeout",

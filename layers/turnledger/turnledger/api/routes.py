@@ -33,6 +33,7 @@ from .resolver import (
     caller,
     conversation,
     idempotency_key,
+    json_response,
     raw_body,
     responses,
 )
@@ -41,6 +42,8 @@ from .schemas import (
     ConversationView,
     EventsPage,
     ExportLink,
+    ForkRequest,
+    ForksPage,
     InboxPageView,
     PurgeReportView,
     TurnRequest,
@@ -51,6 +54,7 @@ from .views import (
     conversation_view,
     decisions,
     events_page,
+    forks_page,
     inbox_page,
     purge_report,
     turn_command,
@@ -130,6 +134,39 @@ def get_conversation(conversation_id: ConversationId) -> ConversationView:
     """The conversation's head: status, timestamps, expiry, counts, pending calls."""
     _, key = conversation(conversation_id)
     return conversation_view(get_runtime().conversations_for(key.tenant).get(key))
+
+
+@app.post(
+    "/v1/conversations/<conversation_id>/fork",
+    responses=responses(ConversationView, 400, 401, 404, 409, 422, 503, status=201),
+)
+def fork_conversation(
+    conversation_id: ConversationId, request: Annotated[ForkRequest, Body()]
+) -> Response[str]:
+    """Fork: a new conversation ``to`` that continues this one from the end of
+    ``after_turn`` (default: the latest turn), copying nothing; ``201`` with its head."""
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    state = service.fork(key, request.to, request.after_turn)
+    return json_response(201, conversation_view(state))
+
+
+@app.get(
+    "/v1/conversations/<conversation_id>/forks",
+    responses=responses(ForksPage, 400, 401, 404, 409, 422, 503),
+)
+def get_forks(
+    conversation_id: ConversationId,
+    after: Annotated[
+        str | None,
+        Query(pattern=CONVERSATION_ID_PATTERN, description="Return forks with id > after."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many forks.")] = 100,
+) -> ForksPage:
+    """The conversation's live forks, by id, paginated."""
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    return forks_page(service.forks(key, after=after, limit=limit))
 
 
 @app.get(

@@ -21,7 +21,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..core.models import ImportMark, JsonObjectFormat, JsonSchemaFormat, Usage
+from ..core.models import (
+    CONVERSATION_ID_PATTERN,
+    ImportMark,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    Usage,
+)
 
 
 class _Body(BaseModel):
@@ -286,6 +292,47 @@ class ConversationView(BaseModel):
     awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
     #: Calls whose approval window closed with no decision (see the class docstring).
     expired_tool_calls: list[PendingToolCallView] = Field(default_factory=list)
+    #: Set on a fork: the conversation it was forked from, the turn and last sequence
+    #: it inherits (``null``: not a fork).
+    parent: ForkParentView | None = None
+    #: Live forks of this conversation (``GET .../forks`` lists them).
+    forks: int = 0
+
+
+class ForkParentView(BaseModel):
+    """Where a fork was made."""
+
+    conversation_id: str
+    turn: int
+    seq: int
+
+
+class ForkRequest(_Body):
+    """Body of ``POST /v1/conversations/{id}/fork``."""
+
+    to: str = Field(pattern=CONVERSATION_ID_PATTERN, description="The new conversation's id.")
+    after_turn: int | None = Field(
+        default=None, ge=0, description="Fork after this turn (default: the latest turn)."
+    )
+
+
+class ForkView(BaseModel):
+    """One live fork, as ``GET .../forks`` lists it."""
+
+    conversation_id: str
+    #: The turn it was forked after, and that turn's last sequence.
+    turn: int
+    seq: int
+    created_at: datetime
+
+
+class ForksPage(BaseModel):
+    """Answer of ``GET /v1/conversations/{id}/forks``: live forks by id."""
+
+    conversation_id: str
+    forks: list[ForkView]
+    #: Pass as ``after`` to get the next page; ``None`` when this page reached the end.
+    next_after: str | None
 
 
 class EventView(BaseModel):
@@ -352,6 +399,10 @@ class PurgeReportView(BaseModel):
     #: Calls whose wait (a decision's window, a deferred call's deadline) closed,
     #: recorded by the sweep's expiry pass.
     waits_expired: int = 0
+    #: Deleted (or expired) conversations kept while forks read their history, and
+    #: removed in this run because no fork reads them any more (their events and objects
+    #: are counted above).
+    fork_lives_reclaimed: int = 0
 
 
 class CallbackRequest(_Body):

@@ -17,6 +17,7 @@ from ..turn.results import (
     CancelResult,
     ConversationState,
     EventPage,
+    ForkPage,
     OutputText,
     SweepReport,
     TurnResult,
@@ -30,6 +31,9 @@ from .schemas import (
     ConversationView,
     EventsPage,
     EventView,
+    ForkParentView,
+    ForksPage,
+    ForkView,
     FunctionCallOutput,
     InboxItemView,
     InboxPageView,
@@ -154,6 +158,28 @@ def conversation_view(state: ConversationState) -> ConversationView:
         summary_through=state.summary_through,
         awaiting=state.awaiting,
         expired_tool_calls=[pending_view(p) for p in state.expired],
+        parent=ForkParentView(
+            conversation_id=state.parent.conversation_id,
+            turn=state.parent.turn,
+            seq=state.parent.seq,
+        )
+        if state.parent is not None
+        else None,
+        forks=state.forks,
+    )
+
+
+def forks_page(page: ForkPage) -> ForksPage:
+    """The answer of ``GET .../forks``."""
+    return ForksPage(
+        conversation_id=page.conversation_id,
+        forks=[
+            ForkView(
+                conversation_id=f.conversation_id, turn=f.turn, seq=f.seq, created_at=f.created_at
+            )
+            for f in page.forks
+        ],
+        next_after=page.next_after,
     )
 
 
@@ -199,6 +225,7 @@ def purge_report(report: SweepReport) -> PurgeReportView:
         read_units=report.read_units,
         complete=report.complete,
         waits_expired=report.waits_expired,
+        fork_lives_reclaimed=report.fork_lives_reclaimed,
     )
 
 

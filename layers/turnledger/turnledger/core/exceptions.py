@@ -196,6 +196,28 @@ class ConversationExists(TurnledgerError):
     code = "conversation_exists"
 
 
+class ForkPointOpen(TurnledgerError):
+    """A fork was asked at a point where the conversation waits (an approval, a person's
+    input, a client or deferred call) or runs tools: ``details.status`` says which."""
+
+    status = 409
+    code = "fork_point_open"
+
+
+class ForkTooDeep(TurnledgerError):
+    """A fork would read more ancestors than a lineage may have (``MAX_FORK_DEPTH``)."""
+
+    status = 409
+    code = "fork_too_deep"
+
+
+class InvalidForkPoint(TurnledgerError):
+    """``after_turn`` names no turn of the conversation."""
+
+    status = 422
+    code = "invalid_fork_point"
+
+
 class PayloadTooLarge(TurnledgerError):
     """The input is over the configured size limit."""
 

@@ -166,6 +166,10 @@ class RunRecord(_Strict):
     token_scale: float = 1.0
     #: The provider's id of the response, when it keeps it (the provider cursor).
     response_id: str | None = None
+    #: With ``response_id``: what the response was made with (system prompt, tools,
+    #: redaction; :attr:`ProviderCursor.context_sha256`), so a fork at this answer can
+    #: continue from it.
+    made_with: str | None = None
     cost_usd: float = 0.0
 
 
@@ -620,6 +624,35 @@ class SummaryRef(_Strict):
     through: int = Field(ge=1)
 
 
+#: Conversations in a fork's lineage at most (:attr:`ForkOrigin.segments`): a fork of a fork
+#: of ... reads at most this many ancestors' partitions, one query each.
+MAX_FORK_DEPTH = 16
+
+
+class ForkSegment(_Strict):
+    """Inherited events of a fork: the public sequences after the previous segment's
+    ``through`` up to ``through``, stored in ``conversation_id``'s partition by its life
+    ``gen`` (storage sequence = ``base`` + public sequence). Public sequences are the same in
+    every conversation of a lineage, so an event keeps its number wherever it is read."""
+
+    conversation_id: str
+    gen: str
+    base: int = Field(ge=0)
+    through: int = Field(ge=1)
+
+
+class ForkOrigin(_Strict):
+    """Where a fork was made: its parent's life, the turn it was forked after and that turn's
+    last public sequence, and where every inherited event is stored."""
+
+    conversation_id: str
+    gen: str
+    turn: int = Field(ge=0)
+    seq: int = Field(ge=0)
+    #: Oldest first, covering public sequences ``1..seq``; at most :data:`MAX_FORK_DEPTH`.
+    segments: list[ForkSegment] = Field(default_factory=list, max_length=MAX_FORK_DEPTH)
+
+
 class Head(_Strict):
     """The conversation's head: one small item, rewritten (conditionally) by every commit.
 
@@ -673,6 +706,9 @@ class Head(_Strict):
     #: (:func:`turnledger.turn.lifecycle.wait_deadline`): the store files the head under its
     #: hour on the ``by-wait`` index. ``None``: no such wait.
     wait_deadline: datetime | None = None
+    #: Set on a fork (``POST .../fork``): its parent and the inherited events' whereabouts.
+    #: The fork's own events start at public sequence ``fork.seq + 1``.
+    fork: ForkOrigin | None = None
 
     def live_lease(self, now: datetime) -> Lease | None:
         """The lease of a run that may still be going on at ``now``."""

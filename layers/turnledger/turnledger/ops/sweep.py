@@ -104,7 +104,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.exceptions import ConversationBusy, InvalidConversationId, StateError
 from ..core.models import ConversationKey, ConversationStatus, validate_conversation_id
 from ..core.observability import logger
-from ..store import codec, keys
+from ..store import codec, forks, keys
 from ..store.base import CapacityMeter, ConversationStore, PurgeReport
 from ..store.codec import Item
 from ..store.indexes import EventStamp
@@ -191,6 +191,7 @@ class _Run:
             read_units=spent.read_units,
             complete=self.complete,
             waits_expired=self.waits_expired,
+            fork_lives_reclaimed=self.removed.reclaimed_lives,
         )
 
 
@@ -387,33 +388,43 @@ class Sweeper:
                 if head.status is ConversationStatus.CLEARED:
                     return self.store.purge_if_unchanged(key, head, now) or PurgeReport()
                 live_gen = head.gen
-            stamps = [s for s in self.store.event_stamps(key) if s.gen is None or s.gen != live_gen]
-            objects = (
-                [
+            # What forks still read stays (store/forks.py), whichever life wrote it.
+            kept = self.store.retention(key)
+            stamps = [
+                s
+                for s in self.store.event_stamps(key)
+                if (s.gen is None or s.gen != live_gen)
+                and not forks.reads(kept, s.gen, keys.sequence_of(s.sort_key))
+            ]
+            if live_gen is not None:
+                listed = keys.blob_prefix(key)
+                dead = [
                     k
-                    for k in self.store.blobs.list_keys(keys.blob_prefix(key))
+                    for k in self.store.blobs.list_keys(listed)
                     if not k.startswith(keys.blob_prefix(key, live_gen))
                 ]
-                if live_gen is not None
-                else []
-            )
+            else:
+                # Only lives whose event items were seen are known dead: a brand-new life
+                # writes its objects before its first commit, under a gen nobody has seen.
+                gens = sorted({s.gen for s in stamps if s.gen is not None} | kept.keys())
+                dead = [
+                    k
+                    for gen in gens
+                    for k in self.store.blobs.list_keys(keys.blob_prefix(key, gen))
+                ]
+            objects = [k for k in dead if not forks.object_read(key, k, kept)]
             if _identity(self.store.head_item(key)) != _identity(before):
                 continue
-            return self._delete_dead(key, stamps, objects, head_gone=before is None)
+            report = self._delete_dead(key, stamps, objects, head_gone=before is None)
+            report += self.store.release_forks(key, live_gen=live_gen, kept=kept)
+            return report
         raise ConversationBusy("the conversation kept changing while its orphans were reclaimed")
 
     def _delete_dead(
         self, key: ConversationKey, stamps: list[EventStamp], objects: list[str], head_gone: bool
     ) -> PurgeReport:
         report = PurgeReport()
-        if head_gone:
-            # Only lives whose event items were seen are known dead: a brand-new life
-            # writes its objects before its first commit, under a gen nobody has seen.
-            for gen in sorted({s.gen for s in stamps if s.gen is not None}):
-                prefix = keys.blob_prefix(key, gen)
-                report.objects += self.store.blobs.delete_keys(self.store.blobs.list_keys(prefix))
-        else:
-            report.objects += self.store.blobs.delete_keys(objects)
+        report.objects += self.store.blobs.delete_keys(objects)
         report.events = sum(1 for s in stamps if self.store.delete_event(key, s))
         report.conversations = 1 if head_gone and report.events else 0
         return report

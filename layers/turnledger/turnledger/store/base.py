@@ -83,7 +83,7 @@ import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -95,8 +95,8 @@ from ..core.exceptions import (
     StateError,
     TurnledgerError,
 )
-from ..core.models import ConversationKey, ConversationStatus, Event, Head
-from . import codec, inbox, keys, records
+from ..core.models import MAX_FORK_DEPTH, ConversationKey, ConversationStatus, Event, Head
+from . import codec, forks, inbox, keys, records
 from .blobs import BlobStore
 from .codec import BlobRef, Item, SideItem, StoredEvent
 from .inbox import EntryKey
@@ -204,11 +204,15 @@ class PurgeReport:
     objects: int = 0
     #: ``(provider, response id)`` of the stored responses the purged head knew of.
     provider_responses: list[tuple[str, str]] = field(default_factory=list)
+    #: Deleted conversations' lives kept for their forks and reclaimed once no fork reads
+    #: them any more (their events and objects are counted above).
+    reclaimed_lives: int = 0
 
     def __iadd__(self, other: PurgeReport) -> PurgeReport:
         self.conversations += other.conversations
         self.events += other.events
         self.objects += other.objects
+        self.reclaimed_lives += other.reclaimed_lives
         self.provider_responses.extend(other.provider_responses)
         return self
 
@@ -298,6 +302,46 @@ def _gaps(first: int, last: int) -> CorruptedState:
     )
 
 
+@dataclass(frozen=True)
+class _Piece:
+    """Public sequences ``first..last`` of a log, stored in ``key``'s partition by its life
+    ``gen`` (storage sequence = ``base`` + public sequence)."""
+
+    key: ConversationKey
+    gen: str
+    base: int
+    first: int
+    last: int
+
+
+#: An event's piece and storage sequence.
+_Placed = tuple[_Piece, int]
+
+
+def _pieces(key: ConversationKey, head: Head) -> list[_Piece]:
+    """Where ``head``'s log is, oldest first: a fork's inherited segments, then its own."""
+    pieces: list[_Piece] = []
+    first = 1
+    if head.fork is not None:
+        for segment in head.fork.segments:
+            if segment.through >= first:
+                where = ConversationKey(tenant=key.tenant, conversation_id=segment.conversation_id)
+                pieces.append(_Piece(where, segment.gen, segment.base, first, segment.through))
+            first = segment.through + 1
+    if head.event_count >= first:
+        pieces.append(_Piece(key, head.gen, head.base, first, head.event_count))
+    return pieces
+
+
+@dataclass(frozen=True)
+class _FirstPage:
+    """The events a load's first query read with the head (newest first), and whether
+    the query had more."""
+
+    items: Sequence[Item]
+    more: bool
+
+
 @dataclass
 class _Window:
     """Whole turns read newest first, within a budget; the newest turn is taken whatever its size.
@@ -307,18 +351,18 @@ class _Window:
     """
 
     budget: ContextBudget
-    #: Taken events (storage sequence, body), newest first, forming whole turns.
-    taken: list[tuple[int, StoredEvent]] = field(default_factory=list)
+    #: Taken events (where, body), newest first, forming whole turns.
+    taken: list[tuple[_Placed, StoredEvent]] = field(default_factory=list)
     chars: int = 0
     #: The turn being read, newest first; whole only once an older event (or the start) is seen.
-    turn: list[tuple[int, StoredEvent]] = field(default_factory=list)
+    turn: list[tuple[_Placed, StoredEvent]] = field(default_factory=list)
     turn_chars: int = 0
 
-    def offer(self, item: Item, sequence: int, stored: StoredEvent) -> bool:
+    def offer(self, item: Item, where: _Placed, stored: StoredEvent) -> bool:
         """Add the next older event; ``False`` once nothing older can be taken."""
         if self.turn and stored.turn != self.turn[-1][1].turn and not self.close():
             return False
-        self.turn.append((sequence, stored))
+        self.turn.append((where, stored))
         self.turn_chars += len(item.get(codec.A_BODY, "")) + (stored.ref.size if stored.ref else 0)
         # An older turn already over budget can never fit: stop reading there.
         return not self.taken or self._fits()
@@ -379,7 +423,8 @@ class ConversationStore(ABC):
         events; when the head says more are needed, one more query reads exactly
         the rest of the range, eventually consistent (a query is priced by what
         it reads, so a large first page would pay for events below the summary,
-        at the consistent price).
+        at the consistent price). A fork's inherited events are read the same way from
+        each ancestor's partition the read reaches: one more query per ancestor.
 
         Raises:
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
@@ -393,55 +438,83 @@ class ConversationStore(ABC):
         head = codec.decode_head(page.items[0])
         if head.status is ConversationStatus.CLEARED:
             return Snapshot(head=head, events=[], from_start=True)
-        floor = head.base + (head.summary.through if head.summary is not None else 0)
+        floor = head.summary.through if head.summary is not None else 0
         window = _Window(budget)
-        expected = head.seq  # the next (older) storage sequence the log must hold
-        items: Sequence[Item] = page.items[1:]
-        more = page.cursor is not None
-        while True:
-            stopped = reached_floor = False
-            for item in items:
-                sequence = _storage_sequence(item)
-                if sequence > head.seq:
-                    continue  # a leftover of an earlier life, above this one's log
-                if sequence <= floor:
-                    reached_floor = True
-                    break
-                if sequence != expected:
-                    raise _gaps(floor + 1, head.seq)
-                expected -= 1
-                _, stored = codec.decode_stored_event(item, head)
-                if not window.offer(item, sequence, stored):
-                    stopped = True
-                    break
-            if stopped or reached_floor or not more or expected <= floor:
+        complete = True
+        for piece in reversed(_pieces(key, head)):
+            low = max(piece.first, floor + 1)
+            if low > piece.last:
                 break
-            items = self._older_events(pk, floor, expected, budget, window)
-            more = bool(items)
-        from_start = False
-        if not stopped:
-            if expected != floor:
-                raise _gaps(floor + 1, head.seq)
-            from_start = window.close() and floor == head.base
-        events = [self._event(key, head, seq, stored) for seq, stored in reversed(window.taken)]
+            own = piece.gen == head.gen and piece.key == key
+            first = _FirstPage(page.items[1:], page.cursor is not None) if own else None
+            if not self._read_back(piece, low, first, budget, window):
+                complete = False
+                break
+        from_start = complete and window.close() and floor == 0
+        events = [
+            self._event(piece, seq, stored) for (piece, seq), stored in reversed(window.taken)
+        ]
         return Snapshot(head=head, events=events, from_start=from_start)
 
+    def _read_back(
+        self,
+        piece: _Piece,
+        low: int,
+        first: _FirstPage | None,
+        budget: ContextBudget,
+        window: _Window,
+    ) -> bool:
+        """Offer ``piece``'s events from its newest down to public sequence ``low`` to
+        ``window``, newest first; ``False`` once the window takes nothing older.
+
+        ``first``: items already read (the load's first page, newest first), used before
+        any query of this piece.
+        """
+        expected = piece.last  # the next (older) public sequence the log must hold
+        items: Sequence[Item] = first.items if first is not None else ()
+        more = first.more if first is not None else True
+        if first is None:
+            items = self._older_events(piece, low, expected, budget, window)
+        while True:
+            reached_low = False
+            for item in items:
+                sequence = _storage_sequence(item)
+                if sequence > piece.base + piece.last:
+                    continue  # a leftover of an earlier life, above this one's log
+                if sequence < piece.base + low:
+                    reached_low = True
+                    break
+                if sequence != piece.base + expected:
+                    raise _gaps(piece.base + low, piece.base + piece.last)
+                expected -= 1
+                _, stored = codec.decode_stored_event(item, piece.gen)
+                if not window.offer(item, (piece, sequence), stored):
+                    return False
+            if reached_low or not more or expected < low:
+                break
+            items = self._older_events(piece, low, expected, budget, window)
+            more = bool(items)
+        if expected != low - 1:
+            raise _gaps(piece.base + low, piece.base + piece.last)
+        return True
+
     def _older_events(
-        self, pk: str, floor: int, newest: int, budget: ContextBudget, window: _Window
+        self, piece: _Piece, low: int, newest: int, budget: ContextBudget, window: _Window
     ) -> list[Item]:
-        """Events ``newest`` down to (not including) ``floor``, as many as ``budget`` may
-        still take, newest first.
+        """``piece``'s events at public sequences ``newest`` down to ``low``, as many as
+        ``budget`` may still take, newest first.
 
         Events are never rewritten once the head that covers them is read, so an
         eventually consistent read (half the price) is safe; only one that missed
         the newest moments' writes (a hole in the range) is read again consistently.
         """
-        wanted = max(min(newest - floor, budget.max_events - len(window.taken) + 2), 1)
-        lower = keys.event_sort_key(max(floor + 1, newest - wanted + 1))
-        upper = keys.event_sort_key(newest)
+        wanted = max(min(newest - low + 1, budget.max_events - len(window.taken) + 2), 1)
+        lower = keys.event_sort_key(piece.base + max(low, newest - wanted + 1))
+        upper = keys.event_sort_key(piece.base + newest)
+        top = piece.base + newest
         for consistent in (False, True):
             page = self._query(
-                pk,
+                keys.partition_key(piece.key),
                 upper=upper,
                 lower=lower,
                 descending=True,
@@ -450,54 +523,56 @@ class ConversationStore(ABC):
                 consistent=consistent,
             )
             found = [_storage_sequence(item) for item in page.items]
-            if found == list(range(newest, newest - len(found), -1)) and found:
+            if found == list(range(top, top - len(found), -1)) and found:
                 break
         return page.items
 
     def read_events(
         self, key: ConversationKey, head: Head, *, after: int, limit: int
     ) -> list[Event]:
-        """Up to ``limit`` events of ``head``'s life with public sequence > ``after``.
+        """Up to ``limit`` events of ``head``'s life with public sequence > ``after``:
+        a fork's inherited events (each as written in its ancestor) before its own.
 
         Pages through the backend as long as needed: never stops at a page boundary.
 
         Raises:
             CorruptedState, UnsupportedStateVersion: an event cannot be read.
         """
-        lower = head.base + after + 1
-        upper = min(head.seq, head.base + after + limit)
-        if upper < lower:
-            return []
-        pk = keys.partition_key(key)
+        lower = after + 1
+        upper = min(head.event_count, after + limit)
         events: list[Event] = []
-        cursor: Any = None
-        while True:
-            page = self._query(
-                pk,
-                lower=keys.event_sort_key(lower),
-                upper=keys.event_sort_key(upper),
-                descending=False,
-                limit=min(upper - lower + 1, 1000),
-                cursor=cursor,
-            )
-            for item in page.items:
-                sequence, stored = codec.decode_stored_event(item, head)
-                events.append(self._event(key, head, sequence, stored))
-            if page.cursor is None:
-                break
-            cursor = page.cursor
-        expected = list(range(lower - head.base, upper - head.base + 1))
+        for piece in _pieces(key, head):
+            first, last = max(lower, piece.first), min(upper, piece.last)
+            if first > last:
+                continue
+            cursor: Any = None
+            while True:
+                page = self._query(
+                    keys.partition_key(piece.key),
+                    lower=keys.event_sort_key(piece.base + first),
+                    upper=keys.event_sort_key(piece.base + last),
+                    descending=False,
+                    limit=min(last - first + 1, 1000),
+                    cursor=cursor,
+                )
+                for item in page.items:
+                    sequence, stored = codec.decode_stored_event(item, piece.gen)
+                    events.append(self._event(piece, sequence, stored))
+                if page.cursor is None:
+                    break
+                cursor = page.cursor
+        expected = list(range(lower, upper + 1))
         if [e.sequence for e in events] != expected:
-            raise _gaps(lower, upper)
+            raise _gaps(head.base + lower, head.base + upper)
         return events
 
-    def _event(self, key: ConversationKey, head: Head, sequence: int, stored: StoredEvent) -> Event:
+    def _event(self, piece: _Piece, sequence: int, stored: StoredEvent) -> Event:
         if stored.ref is not None:
             payload = self._fetch(stored.ref)
         else:
             assert stored.payload is not None  # decode_stored_event checked: one of the two
             payload = stored.payload
-        return codec.build_event(key, head, sequence, stored, payload)
+        return codec.build_event(piece.key.conversation_id, piece.base, sequence, stored, payload)
 
     def _fetch(self, ref: BlobRef) -> dict[str, Any]:
         data = self.blobs.get(ref.key)
@@ -724,9 +799,11 @@ class ConversationStore(ABC):
 
     def _finish_purge(self, key: ConversationKey, tomb: Head, report: PurgeReport) -> PurgeReport:
         pk = keys.partition_key(key)
-        report.events = self._delete_partition(pk, tomb, report)
+        kept = self.retention(key)
+        report += self.release_forks(key, live_gen=tomb.gen, kept=kept)
+        report.events += self._delete_partition(pk, tomb, report, kept)
         report.provider_responses = list(dict.fromkeys(report.provider_responses))
-        report.objects = self._delete_objects(key, keep_gen=tomb.gen)
+        report.objects += self._delete_objects(key, keep_gen=tomb.gen, kept=kept)
         self._delete_head(pk, codec.encode_head(key, tomb))
         return report
 
@@ -750,11 +827,15 @@ class ConversationStore(ABC):
         )
         return _storage_sequence(page.items[0]) if page.items else 0
 
-    def _delete_partition(self, pk: str, tomb: Head, report: PurgeReport) -> int:
+    def _delete_partition(
+        self, pk: str, tomb: Head, report: PurgeReport, kept: dict[str, int]
+    ) -> int:
         """Delete every item of ``pk`` that ``tomb``'s purge removes; returns the events deleted.
 
         Kept: the head, event items above the tombstone's sequence (only the next
-        life writes there), and items of other kinds that carry the next life's ``g``.
+        life writes there), the events forks still read (``kept``: :meth:`retention`),
+        fork references and origins (:meth:`release_forks` owns them), and items of other
+        kinds that carry the next life's ``g``.
         A deleted side item's companion (in the tenant's own partition) is deleted first.
         The stored provider responses that deleted answers name (their run records)
         are added to ``report``: whole items are read, since a query costs the same
@@ -777,12 +858,15 @@ class ConversationStore(ABC):
                 sort_key = str(item[codec.A_SK])
                 if sort_key == keys.HEAD_SK:
                     continue
+                if sort_key.startswith((keys.FORK_REF_PREFIX, keys.ORIGIN_PREFIX)):
+                    continue
                 if sort_key.startswith(keys.EVENT_PREFIX):
                     try:
-                        above = keys.sequence_of(sort_key) > tomb.base
+                        sequence = keys.sequence_of(sort_key)
                     except ValueError:
-                        above = False  # not an event key of any life: garbage
-                    if not above:
+                        sequence = 0  # not an event key of any life: garbage
+                    read = forks.reads(kept, item.get(codec.A_GEN), sequence)
+                    if sequence <= tomb.base and not read:
                         doomed.append(sort_key)
                         events += 1
                         report.provider_responses.extend(_stored_responses(item))
@@ -800,13 +884,250 @@ class ConversationStore(ABC):
                 return events
             cursor = page.cursor
 
-    def _delete_objects(self, key: ConversationKey, *, keep_gen: str | None) -> int:
-        prefix = keys.blob_prefix(key)
+    def _delete_objects(
+        self, key: ConversationKey, *, keep_gen: str | None, kept: dict[str, int]
+    ) -> int:
+        """Delete ``key``'s objects but those of the life ``keep_gen`` and the event payloads
+        forks still read (``kept``)."""
         keep = keys.blob_prefix(key, keep_gen) if keep_gen else None
         doomed: Iterator[str] = (
-            k for k in self.blobs.list_keys(prefix) if keep is None or not k.startswith(keep)
+            k
+            for k in self.blobs.list_keys(keys.blob_prefix(key))
+            if not (keep is not None and k.startswith(keep)) and not forks.object_read(key, k, kept)
         )
         return self.blobs.delete_keys(doomed)
+
+    # --- forks (store/forks.py) ---------------------------------------------------------
+
+    def fork(
+        self,
+        parent: ConversationKey,
+        parent_head: Head,
+        target: ConversationKey,
+        head: Head,
+        *,
+        expected_version: int | None,
+        now: datetime,
+    ) -> None:
+        """Create the fork ``head`` at ``target``: its head, its reference in the parent's
+        partition and its origin in its own, atomically, whatever the parent's length (no
+        event is copied: ``head.fork`` says where the inherited ones are).
+
+        Conditions: ``parent``'s head is still ``parent_head`` (same version and life, no
+        clear's fence), and ``target`` has no head (``expected_version`` ``None``) or the
+        tombstone of that version whose next life is ``head.gen``.
+
+        Raises:
+            ConversationBusy: a condition failed; nothing was written.
+            InternalError: ``head`` is not a fork.
+        """
+        origin = head.fork
+        if origin is None:
+            raise InternalError("a fork's head names its origin")
+        ref = forks.ForkRef(
+            parent_gen=parent_head.gen,
+            fork_id=target.conversation_id,
+            fork_gen=head.gen,
+            live=True,
+            turn=origin.turn,
+            seq=origin.seq,
+            keep_through=parent_head.base + origin.seq,
+            created_at=now,
+        )
+        self._transact_commit(
+            codec.encode_head(target, head),
+            expected_version,
+            [],
+            head.gen,
+            puts=[forks.ref_item(parent, ref), forks.origin_item(target, head.gen, origin)],
+            checks=[codec.encode_head(parent, parent_head)],
+        )
+
+    def stored_at(self, key: ConversationKey, head: Head, sequence: int) -> StoredEvent:
+        """The stored body of the event at public ``sequence`` of ``head``'s log, wherever
+        it is (a fork's ancestor included); its payload may be an offloaded reference.
+        One point read.
+
+        Raises:
+            CorruptedState: there is no such event, or it cannot be read.
+        """
+        return self._stored_at(key, head, sequence)[1]
+
+    def event_at(self, key: ConversationKey, head: Head, sequence: int) -> Event:
+        """The event at public ``sequence`` of ``head``'s log, payload included.
+
+        Raises:
+            CorruptedState: there is no such event, or it cannot be read.
+        """
+        piece, stored = self._stored_at(key, head, sequence)
+        return self._event(piece, piece.base + sequence, stored)
+
+    def _stored_at(
+        self, key: ConversationKey, head: Head, sequence: int
+    ) -> tuple[_Piece, StoredEvent]:
+        piece = next((p for p in _pieces(key, head) if p.first <= sequence <= p.last), None)
+        if piece is None:
+            raise _gaps(head.base + sequence, head.base + sequence)
+        item = self._get_item(
+            keys.partition_key(piece.key), keys.event_sort_key(piece.base + sequence)
+        )
+        if item is None:
+            raise _gaps(piece.base + sequence, piece.base + sequence)
+        return piece, codec.decode_stored_event(item, piece.gen)[1]
+
+    def fork_refs(
+        self, key: ConversationKey, head: Head, *, after: str | None, limit: int
+    ) -> tuple[list[forks.ForkRef], bool]:
+        """Up to ``limit`` live forks of ``head``'s life, by fork id, after the fork id
+        ``after``; and whether more follow."""
+        lower, upper = forks.prefix_bounds(keys.fork_refs_prefix(head.gen, keys.FORK_LIVE))
+        if after is not None:
+            lower = f"{lower}{after}#{forks.prefix_bounds('')[1]}"
+        page = self._query(
+            keys.partition_key(key),
+            lower=lower,
+            upper=upper,
+            descending=False,
+            limit=limit + 1,
+            cursor=None,
+        )
+        refs = [forks.decode_ref(item) for item in page.items]
+        return refs[:limit], len(refs) > limit or page.cursor is not None
+
+    def fork_count(self, key: ConversationKey, head: Head) -> int:
+        """How many live forks ``head``'s life has (keys only, every page)."""
+        lower, upper = forks.prefix_bounds(keys.fork_refs_prefix(head.gen, keys.FORK_LIVE))
+        return sum(1 for _ in self._keys_between(keys.partition_key(key), lower, upper))
+
+    def retention(self, key: ConversationKey) -> dict[str, int]:
+        """What forks still read of ``key``'s lives: for each life with references to forks,
+        the highest storage sequence any of them inherits (consistent read)."""
+        lower, upper = forks.prefix_bounds(keys.FORK_REF_PREFIX)
+        kept: dict[str, int] = {}
+        for item in self._items_between(keys.partition_key(key), lower, upper):
+            ref = forks.decode_ref(item)
+            kept[ref.parent_gen] = max(kept.get(ref.parent_gen, 0), ref.keep_through)
+        return kept
+
+    def release_forks(
+        self, key: ConversationKey, *, live_gen: str | None, kept: dict[str, int]
+    ) -> PurgeReport:
+        """Settle the forks among ``key``'s lives other than ``live_gen``, which are being
+        deleted: one that forks still read (``kept``) is marked deleted in its parent's
+        list; any other releases its reference, and a parent's life that is gone and
+        that no fork reads any more is deleted in turn, up the lineage.
+
+        Returns what the releases deleted in ancestors' partitions.
+        """
+        report = PurgeReport()
+        pk = keys.partition_key(key)
+        lower, upper = forks.prefix_bounds(keys.ORIGIN_PREFIX)
+        for item in list(self._items_between(pk, lower, upper)):
+            gen = str(item.get(codec.A_GEN, ""))
+            if gen == live_gen:
+                continue
+            parent_id, parent_gen = forks.decode_origin(item)
+            parent = ConversationKey(tenant=key.tenant, conversation_id=parent_id)
+            if gen in kept:
+                self._mark_kept(parent, parent_gen, key.conversation_id, gen)
+                continue
+            self._delete_items(pk, [keys.origin_key(gen)])
+            report += self._release(parent, parent_gen, key.conversation_id, gen)
+        return report
+
+    def _mark_kept(
+        self, parent: ConversationKey, parent_gen: str, fork_id: str, fork_gen: str
+    ) -> None:
+        """Move the fork's reference from the parent's list of live forks to the kept ones."""
+        pk = keys.partition_key(parent)
+        live = keys.fork_ref_key(parent_gen, keys.FORK_LIVE, fork_id, fork_gen)
+        item = self._get_item(pk, live)
+        if item is None:
+            return
+        ref = forks.decode_ref(item)
+        self._put_items([forks.ref_item(parent, replace(ref, live=False))])
+        self._delete_items(pk, [live])
+
+    def _release(
+        self, parent: ConversationKey, parent_gen: str, fork_id: str, fork_gen: str
+    ) -> PurgeReport:
+        """Drop the reference of a deleted fork to its parent's life, and delete that life
+        if it is gone (no head of it stands) and no other fork reads it; then the same for
+        its own parent, and so on.
+
+        Safe against the parent's own purge: a purge writes its tombstone before it reads
+        the references, so either it sees none left (and deletes everything), or this
+        release, deleting the last one after that, finds the life's head gone.
+        """
+        report = PurgeReport()
+        for _ in range(MAX_FORK_DEPTH + 1):
+            pk = keys.partition_key(parent)
+            self._delete_items(
+                pk,
+                [
+                    keys.fork_ref_key(parent_gen, state, fork_id, fork_gen)
+                    for state in (keys.FORK_LIVE, keys.FORK_KEPT)
+                ],
+            )
+            head = self._get_item(pk, keys.HEAD_SK)
+            if head is not None and head.get(codec.A_GEN) == parent_gen:
+                return report  # the life stands: its own purge decides
+            lower, upper = forks.prefix_bounds(keys.fork_refs_prefix(parent_gen))
+            if next(self._keys_between(pk, lower, upper), None) is not None:
+                return report  # other forks still read it
+            report.reclaimed_lives += 1
+            report.objects += self.blobs.delete_keys(
+                self.blobs.list_keys(keys.blob_prefix(parent, parent_gen))
+            )
+            report.events += self._delete_life_events(parent, parent_gen)
+            origin = self._get_item(pk, keys.origin_key(parent_gen))
+            if origin is None:
+                return report
+            self._delete_items(pk, [keys.origin_key(parent_gen)])
+            fork_id, fork_gen = parent.conversation_id, parent_gen
+            parent_id, parent_gen = forks.decode_origin(origin)
+            parent = ConversationKey(tenant=parent.tenant, conversation_id=parent_id)
+        return report
+
+    def _delete_life_events(self, key: ConversationKey, gen: str) -> int:
+        """Delete the event items of ``key``'s life ``gen``: a gone life kept for its forks.
+
+        Lives occupy consecutive ranges of storage sequences, so the scan stops at the
+        first event of another life after this one's.
+        """
+        doomed: list[EventStamp] = []
+        pk = keys.partition_key(key)
+        lower, upper = keys.event_sort_key(0), keys.event_sort_key(10**12 - 1)
+        for item in self._keys_between(pk, lower, upper):
+            if item.get(codec.A_GEN) == gen:
+                doomed.append(EventStamp(str(item[codec.A_SK]), gen))
+            elif doomed:
+                break
+        return sum(1 for stamp in doomed if self.delete_event(key, stamp))
+
+    def _keys_between(self, pk: str, lower: str, upper: str) -> Iterator[Item]:
+        """The items of ``pk`` with ``lower <= sk <= upper`` (keys and ``g`` only), every page."""
+        return self._items_between(pk, lower, upper, keys_only=True)
+
+    def _items_between(
+        self, pk: str, lower: str, upper: str, *, keys_only: bool = False
+    ) -> Iterator[Item]:
+        """The items of ``pk`` with ``lower <= sk <= upper``, ascending, every page."""
+        cursor: Any = None
+        while True:
+            page = self._query(
+                pk,
+                lower=lower,
+                upper=upper,
+                descending=False,
+                limit=1000,
+                cursor=cursor,
+                keys_only=keys_only,
+            )
+            yield from page.items
+            if page.cursor is None:
+                return
+            cursor = page.cursor
 
     # --- backend primitives -------------------------------------------------------------
 
@@ -846,14 +1167,18 @@ class ConversationStore(ABC):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
-        """Atomically put ``events`` and ``head``, put ``puts`` and delete the items of the
-        head's partition at the sort keys ``deletes`` (inbox entries; absent ones are fine).
+        """Atomically put ``events`` and ``head``, put ``puts`` (each in its own item's
+        partition) and delete the items of the head's partition at the sort keys
+        ``deletes`` (inbox entries; absent ones are fine).
 
         Conditions: the stored head's ``ver`` equals ``expected_version`` and its
         ``g`` equals ``gen`` (or no head exists when ``expected_version`` is
-        ``None``); no event item of life ``gen`` exists at any of the events' keys.
-        ``puts`` and ``deletes`` carry no condition of their own.
+        ``None``); no event item of life ``gen`` exists at any of the events' keys;
+        the head of each of ``checks``' partitions is still that head item (as in
+        :meth:`_replace_head`: ``ver``, ``g`` and ``fx``). ``puts`` and ``deletes`` carry
+        no condition of their own.
 
         Raises:
             ConversationBusy: a condition failed or a concurrent transaction conflicted.

@@ -261,8 +261,8 @@ def encode_event(
     }
 
 
-def decode_stored_event(item: Item, head: Head) -> tuple[int, StoredEvent]:
-    """The storage sequence and body of an event item of ``head``'s life.
+def decode_stored_event(item: Item, gen: str) -> tuple[int, StoredEvent]:
+    """The storage sequence and body of an event item of the life ``gen``.
 
     Raises:
         UnsupportedStateVersion: the item's schema version is unknown to this build.
@@ -271,7 +271,7 @@ def decode_stored_event(item: Item, head: Head) -> tuple[int, StoredEvent]:
     sk = str(item.get(A_SK, "?"))
     where = f"event {sk}"
     _check_version(item, where)
-    if item.get(A_GEN) != head.gen:
+    if item.get(A_GEN) != gen:
         raise CorruptedState(
             f"{where} belongs to another life of the conversation",
             details={"item": where, "reason": "generation mismatch"},
@@ -290,9 +290,10 @@ def decode_stored_event(item: Item, head: Head) -> tuple[int, StoredEvent]:
 
 
 def build_event(
-    key: ConversationKey, head: Head, sequence: int, stored: StoredEvent, payload: dict[str, Any]
+    conversation_id: str, base: int, sequence: int, stored: StoredEvent, payload: dict[str, Any]
 ) -> Event:
-    """The public event from a decoded body and its (possibly fetched) payload.
+    """The public event from a decoded body and its (possibly fetched) payload, written in
+    ``conversation_id`` at the storage ``sequence`` of a life whose ``base`` is given.
 
     Raises:
         CorruptedState: the payload does not fit the event's kind.
@@ -300,8 +301,8 @@ def build_event(
     try:
         return Event(
             event_id=stored.id,
-            conversation_id=key.conversation_id,
-            sequence=sequence - head.base,
+            conversation_id=conversation_id,
+            sequence=sequence - base,
             turn=stored.turn,
             kind=stored.kind,
             actor=stored.actor,

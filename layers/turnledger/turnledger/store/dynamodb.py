@@ -280,6 +280,7 @@ class DynamoDBConversationStore(ConversationStore):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
         event_condition = {
             "ConditionExpression": "attribute_not_exists(#pk) OR #g <> :g",
@@ -305,6 +306,17 @@ class DynamoDBConversationStore(ConversationStore):
                 }
             }
             for sk in deletes
+        )
+        # Other conversations' heads the write depends on (a fork's parent).
+        transact.extend(
+            {
+                "ConditionCheck": {
+                    "TableName": self.table_name,
+                    "Key": _to_wire({codec.A_PK: c[codec.A_PK], codec.A_SK: keys.HEAD_SK}),
+                    **_expect_head(c),
+                }
+            }
+            for c in checks
         )
         transact.append(
             {

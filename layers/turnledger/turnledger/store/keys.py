@@ -8,6 +8,12 @@ Table layout (one partition per conversation)::
     sk = "I#<hash>"                  a request's idempotency record (.records)
     sk = "S#..."                     a side item: a long turn's draft (turnledger/turn/drafts.py)
     sk = "W#<hash>"                  an approval inbox entry (.inbox)
+    sk = "R#<gen>#<L|K>#<fork id>#<fork gen>"
+                                     a fork of this conversation's life <gen>: L while the
+                                     fork lives, K once it is deleted but its own forks still
+                                     read through it (.base: forks)
+    sk = "P#<gen>"                   the parent of this conversation's life <gen>, when that
+                                     life is a fork
 
     pk = "T#<tenant>#C##tenant"      the tenant's own side items (no head, no events):
                                      the OpenAI face's transcript index (:func:`tenant_items`)
@@ -44,6 +50,14 @@ RECORD_PREFIX = "I#"
 #: Side items (long turns' drafts: turnledger/turn/drafts.py); after ``"HEAD"``, so no read of
 #: the head and events ever meets one, and a purge deletes them.
 SIDE_PREFIX = "S#"
+#: References to a life's forks (in the parent's partition) and a fork's origin (in its own);
+#: after ``"HEAD"``, so no read of the head and events ever meets one.
+FORK_REF_PREFIX = "R#"
+ORIGIN_PREFIX = "P#"
+#: A fork reference's state: the fork lives (listed, counted), or it is deleted and kept
+#: only while forks of its own read through it.
+FORK_LIVE = "L"
+FORK_KEPT = "K"
 _SEQ_WIDTH = 12
 #: The "conversation id" of the partition holding a tenant's own side items: no conversation
 #: id can contain ``#``, so no conversation ever has this partition.
@@ -97,6 +111,23 @@ def sequence_of(sort_key: str) -> int:
     return int(sort_key.removeprefix(EVENT_PREFIX))
 
 
+def fork_refs_prefix(gen: str, state: str | None = None) -> str:
+    """What the sort keys of the references to life ``gen``'s forks start with (of one
+    ``state`` when given: :data:`FORK_LIVE` or :data:`FORK_KEPT`)."""
+    return f"{FORK_REF_PREFIX}{gen}#" if state is None else f"{FORK_REF_PREFIX}{gen}#{state}#"
+
+
+def fork_ref_key(gen: str, state: str, fork_id: str, fork_gen: str) -> str:
+    """The sort key of the reference, in the parent's partition, to the fork ``fork_id`` (its
+    life ``fork_gen``) of the parent's life ``gen``."""
+    return f"{fork_refs_prefix(gen, state)}{fork_id}#{fork_gen}"
+
+
+def origin_key(gen: str) -> str:
+    """The sort key of the item naming the parent of the life ``gen`` (a fork)."""
+    return f"{ORIGIN_PREFIX}{gen}"
+
+
 def tenant_blob_prefix(tenant: str) -> str:
     """What every object key of ``tenant``'s conversations starts with (ends with ``/``)."""
     return f"t/{quote(tenant, safe='')}/"
@@ -108,13 +139,24 @@ def blob_prefix(key: ConversationKey, gen: str | None = None) -> str:
     return base if gen is None else f"{base}g/{gen}/"
 
 
+def event_blob_prefix(key: ConversationKey, gen: str) -> str:
+    """The S3 prefix of the offloaded event payloads of ``key``'s life ``gen``."""
+    return f"{blob_prefix(key, gen)}e/"
+
+
+def blob_sequence(object_key: str) -> int | None:
+    """The storage sequence an event payload's object key names (``None``: not one)."""
+    _, sep, rest = object_key.rpartition("/e/")
+    head = rest.partition("-")[0]
+    return int(head) if sep and head.isdigit() else None
+
+
 def blob_key(
     key: ConversationKey, gen: str, storage_sequence: int, sha256: str, *, attempt: str
 ) -> str:
     """The S3 key of one offloaded event payload, written by the commit call ``attempt``."""
-    return (
-        f"{blob_prefix(key, gen)}e/{storage_sequence:0{_SEQ_WIDTH}d}-{sha256[:16]}-{attempt}.json"
-    )
+    name = f"{storage_sequence:0{_SEQ_WIDTH}d}-{sha256[:16]}-{attempt}.json"
+    return f"{event_blob_prefix(key, gen)}{name}"
 
 
 def export_key(key: ConversationKey, gen: str) -> str:

@@ -83,13 +83,17 @@ class MemoryConversationStore(ConversationStore):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
         codec.check_item_sizes([*events, *puts, head])
         expected = codec.expected_head(expected_version, gen)
         pk = head[codec.A_PK]
         with self._lock:
             partition = self.items.get(pk, {})
-            ok = codec.same_head(partition.get(keys.HEAD_SK), expected)
+            ok = codec.same_head(partition.get(keys.HEAD_SK), expected) and all(
+                codec.same_head(self.items.get(c[codec.A_PK], {}).get(keys.HEAD_SK), c)
+                for c in checks
+            )
             for event in events:
                 existing = partition.get(event[codec.A_SK])
                 if existing is not None and existing.get(codec.A_GEN) == gen:
@@ -102,9 +106,8 @@ class MemoryConversationStore(ConversationStore):
             partition = self.items.setdefault(pk, {})
             for sk in deletes:
                 partition.pop(sk, None)
-            for item in [*events, *puts]:
-                partition[item[codec.A_SK]] = dict(item)
-            partition[head[codec.A_SK]] = dict(head)
+            for item in [*events, *puts, head]:
+                self.items.setdefault(item[codec.A_PK], {})[item[codec.A_SK]] = dict(item)
 
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         with self._lock:

@@ -311,13 +311,17 @@ class SQLiteConversationStore(ConversationStore):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
         codec.check_item_sizes([*events, *puts, head])
         expected = codec.expected_head(expected_version, gen)
         pk = head[codec.A_PK]
         try:
             with self._transaction() as db:
-                ok = codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected)
+                ok = codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected) and all(
+                    codec.same_head(self._stored(db, c[codec.A_PK], keys.HEAD_SK), c)
+                    for c in checks
+                )
                 for event in events:
                     existing = self._stored(db, pk, event[codec.A_SK])
                     if existing is not None and existing.get(codec.A_GEN) == gen:

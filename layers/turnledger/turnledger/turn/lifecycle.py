@@ -382,6 +382,17 @@ def answer_status(pending: Iterable[PendingCall]) -> str:
     return _PUBLIC_STATUS[status_for(pending)]
 
 
+def fork_refusal(head: Head, now: datetime) -> str | None:
+    """Why the end of ``head``'s current turn is no fork point (its public status: it waits
+    for someone, or runs tools), or ``None`` when the turn is settled and it is one."""
+    return None if head.status is ConversationStatus.COMPLETE else public_status(head, now)
+
+
+def fork_status() -> ConversationStatus:
+    """A fork's first head: it begins at a settled turn boundary, so it waits for nothing."""
+    return ConversationStatus.COMPLETE
+
+
 def is_running(head: Head | None) -> bool:
     """Whether ``head`` was committed mid-run (its tools running, or a run that died)."""
     return head is not None and head.status is ConversationStatus.RUNNING_TOOLS

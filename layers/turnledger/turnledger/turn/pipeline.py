@@ -100,6 +100,7 @@ from .callbacks import CallbackClaims, life_of
 from .commands import CallbackOutcome, Decisions, TurnCommand
 from .drafts import TurnCancelled, model_reply
 from .execution import ToolCalls, TurnWork, decided_in_turn, turn_actor
+from .forks import create_fork
 from .lifecycle import (
     AWAITING_DECISION,
     CallMove,
@@ -119,6 +120,9 @@ from .results import (
     ContextReport,
     ConversationState,
     EventPage,
+    ForkEntry,
+    ForkPage,
+    ForkParent,
     OutputText,
     TurnResult,
 )
@@ -544,6 +548,54 @@ class Conversations:
             summary_through=head.summary.through if head.summary else None,
             awaiting=open_waits(open_calls),
             expired=waiting([p for p in head.pending if lapsed(p, now)]),
+            parent=ForkParent(
+                conversation_id=head.fork.conversation_id, turn=head.fork.turn, seq=head.fork.seq
+            )
+            if head.fork is not None
+            else None,
+            forks=self.store.fork_count(key, head),
+        )
+
+    def fork(self, key: ConversationKey, to: str, after_turn: int | None) -> ConversationState:
+        """Fork ``key`` after ``after_turn`` (default: the latest turn) as the new
+        conversation ``to`` (``POST .../fork``): see :mod:`.forks`.
+
+        Raises:
+            ConversationNotFound, ConversationExists, InvalidForkPoint, ForkPointOpen,
+            ForkTooDeep, ConversationBusy: as :func:`.forks.create_fork` says.
+        """
+        target = ConversationKey(tenant=key.tenant, conversation_id=to)
+        create_fork(
+            self.store,
+            key,
+            target,
+            after_turn=after_turn,
+            ttl_seconds=self.settings.ttl_for(key.tenant),
+            clock=self.clock,
+            visible_head=self._visible_head,
+        )
+        return self.get(target)
+
+    def forks(self, key: ConversationKey, *, after: str | None, limit: int) -> ForkPage:
+        """A page of the live forks of ``key``, by fork id (``GET .../forks``).
+
+        Raises:
+            ConversationNotFound: absent, expired, cleared, or another tenant's.
+        """
+        head = self._visible_head(key)
+        refs, more = self.store.fork_refs(key, head, after=after, limit=limit)
+        return ForkPage(
+            conversation_id=key.conversation_id,
+            forks=[
+                ForkEntry(
+                    conversation_id=ref.fork_id,
+                    turn=ref.turn,
+                    seq=ref.seq,
+                    created_at=ref.created_at,
+                )
+                for ref in refs
+            ],
+            next_after=refs[-1].fork_id if more and refs else None,
         )
 
     def events(self, key: ConversationKey, *, after: int, limit: int) -> EventPage:
@@ -906,6 +958,9 @@ class Conversations:
             context_sha256=assembly.sha256,
             token_scale=estimator.scale,
             response_id=reply.response_id,
+            made_with=_cursor_sha256(self.settings, specs, redactor)
+            if reply.response_id is not None
+            else None,
             cost_usd=self.settings.model_spec(model).cost(
                 reply.usage.input_tokens, reply.usage.output_tokens
             ),

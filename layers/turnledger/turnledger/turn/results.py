@@ -89,6 +89,39 @@ class ConversationState:
     awaiting: list[Wait]
     #: Calls whose wait closed with no decision (recorded by the next request or the sweep).
     expired: list[PendingCall] = field(default_factory=list)
+    #: Set on a fork: where it was made.
+    parent: ForkParent | None = None
+    #: Live forks of this conversation.
+    forks: int = 0
+
+
+@dataclass(frozen=True)
+class ForkParent:
+    """Where a fork was made: its parent, and the turn and last sequence it inherits."""
+
+    conversation_id: str
+    turn: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class ForkEntry:
+    """One live fork of a conversation, as ``GET .../forks`` lists it."""
+
+    conversation_id: str
+    turn: int
+    seq: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ForkPage:
+    """A page of a conversation's live forks, by fork id."""
+
+    conversation_id: str
+    forks: list[ForkEntry]
+    #: The fork id to read on after; ``None`` when this page reached the end.
+    next_after: str | None
 
 
 @dataclass(frozen=True)
@@ -141,3 +174,5 @@ class SweepReport:
     complete: bool
     #: Calls whose wait closed, recorded by the sweep's expiry pass.
     waits_expired: int = 0
+    #: Deleted conversations' lives kept while forks read them, deleted once none does.
+    fork_lives_reclaimed: int = 0

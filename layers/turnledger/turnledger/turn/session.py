@@ -229,6 +229,7 @@ class Session:
             lease=lease,
             cancel=cancel,
             wait_deadline=wait_deadline(self.pending),
+            fork=self.head.fork if self.head else None,
         )
         written = self.store.commit(
             self.key,
