@@ -44,6 +44,7 @@ def runner(
         table=f"fork-{suffix}",
         bucket=f"fork-{suffix}",
         clock_file=clock.path,
+        env={"PROVIDERS": "demo,demo-stateful"},
     )
     if request.param == "sqlite":
         config = dataclasses.replace(config, data_dir=tmp_path_factory.mktemp("data"))
@@ -270,3 +271,39 @@ def test_fork_body_errors(http: httpx.Client) -> None:
         assert response.status_code == 422, (body, response.text)
         assert response.json()["error"]["code"] == "validation_error"
     assert http.get(f"/v1/conversations/{parent}").json()["forks"] == 0
+
+
+def test_a_fork_continues_the_providers_stored_response(http: httpx.Client) -> None:
+    """A stateful provider's stored response at the fork point is continued (the latest
+    answer's cursor, or the one an earlier answer's run record names); a fork whose point
+    the provider holds nothing for starts fresh. Approvals work on a fork as anywhere."""
+    parent = new_id("stateful")
+    stateful = {"provider": "demo-stateful"}
+    for text in ("My name is Bo.", "Hello."):
+        http.post(f"/v1/conversations/{parent}/turns", json={"input": text, **stateful})
+    at_latest, at_first = new_id("latest"), new_id("first")
+    assert fork(http, parent, at_latest).status_code == 201
+    assert fork(http, parent, at_first, after_turn=1).status_code == 201
+    for branch in (at_latest, at_first):
+        answer = http.post(
+            f"/v1/conversations/{branch}/turns", json={"input": "What is my name?", **stateful}
+        ).json()
+        assert answer["context"]["provider_state"] == "continued", branch
+        assert answer["context"]["messages_sent"] == 1
+        assert answer["output_text"] == "Your name is Bo."
+
+    plain, plain_fork = new_id("plain"), new_id("plainfork")
+    say(http, plain, "My name is Bo.")
+    assert fork(http, plain, plain_fork).status_code == 201
+    answer = http.post(
+        f"/v1/conversations/{plain_fork}/turns", json={"input": "What is my name?", **stateful}
+    ).json()
+    assert (answer["context"]["provider_state"], answer["output_text"]) == (
+        "fresh",
+        "Your name is Bo.",
+    )
+    paused = say(http, plain_fork, '/tool send_email {"to": "bob@example.com"}')
+    call = paused["pending_tool_calls"][0]["id"]
+    decided = http.post(f"/v1/conversations/{plain_fork}/approvals", json={"approve": [call]})
+    assert decided.status_code == 200 and decided.json()["status"] == "complete"
+    assert http.get(f"/v1/conversations/{plain}").json()["turns"] == 1
