@@ -196,8 +196,11 @@ class InboxMeteredStore(DynamoDBConversationStore):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
-        super()._transact_commit(head, expected_version, events, gen, puts=puts, deletes=deletes)
+        super()._transact_commit(
+            head, expected_version, events, gen, puts=puts, deletes=deletes, checks=checks
+        )
         pk = head[codec.A_PK]
         removed = [self._entries.pop((pk, sk)) for sk in deletes if (pk, sk) in self._entries]
         if len(removed) != len(deletes):

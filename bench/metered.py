@@ -163,9 +163,14 @@ class MeteredStore(DynamoDBConversationStore):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
-        super()._transact_commit(head, expected_version, events, gen, puts=puts, deletes=deletes)
-        table = sum(write_units(item_size(item)) for item in [*events, head])
+        super()._transact_commit(
+            head, expected_version, events, gen, puts=puts, deletes=deletes, checks=checks
+        )
+        # A condition check is priced like a transactional write of the item it checks.
+        written = [*events, *puts, *checks, head]
+        table = sum(write_units(item_size(item)) for item in written) + len(deletes)
         old = self._heads.get(head[A_PK])
         # Indexes are updated after the transaction commits, at the standard rate.
         index = sum(spec.write_units(old, head) for spec in self.indexes)

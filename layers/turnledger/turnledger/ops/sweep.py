@@ -80,6 +80,11 @@ life, never by range (:meth:`Sweeper.reclaim`):
 Objects go before event items, so an interrupted reclaim leaves the items that
 name the dead life for the next attempt.
 
+**Forks** (:mod:`turnledger.store.forks`): every purge and reclaim keeps the events (and
+their objects) that forks of a deleted life still read, and releases the references of the
+forks it deletes; a parent's life that no fork reads any more is then deleted too, up the
+lineage. Reports count such lives in ``fork_lives_reclaimed``.
+
 **Tenant erasure** (``DELETE /v1/conversations``) pages through the
 ``by-tenant`` index and clears each conversation (head, events, every other
 item of its partition, objects; a clear wins against turns committing
