@@ -192,9 +192,12 @@ def render(rows: list[Row], command: str) -> str:
         "its head, one reference in the parent's partition, its origin, and the check of "
         "the parent's head, in one transaction (no event is copied). Forking after an "
         "earlier turn also reads a few events to find that turn's end (a bisection, one "
-        "point read each). A turn on a fork reads what a turn on the unforked conversation "
-        f"of the same length reads plus one query for its parent (median ratio {ratio:.2f}); "
-        "past the history cap (400 events) both read the same number of events.",
+        "point read each). A turn on a fork reads the same events as a turn on the unforked "
+        "conversation of the same length, with at most one more query per ancestor its "
+        f"context reaches (median RCU ratio fork / unforked {ratio:.2f}): here the fork's "
+        "first query holds only its head, and one query of its parent's partition reads the "
+        "rest, eventually consistent; past the history cap (400 events) both read the same "
+        "number of events.",
     ]
     return "\n".join(lines) + "\n"
 
