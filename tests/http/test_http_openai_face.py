@@ -78,8 +78,63 @@ def test_previous_response_id_chains_turns(client: OpenAI, http: httpx.Client) -
     conversation_id = second.conversation.id  # type: ignore[union-attr]
     assert first.conversation.id == conversation_id  # type: ignore[union-attr]
     assert len(events_of(http, conversation_id)) == 4
-    with pytest.raises(openai.BadRequestError):  # not the latest response: no branches
-        client.responses.create(model="demo-1", input="Again?", previous_response_id=first.id)
+
+
+def test_previous_response_id_of_an_earlier_response_forks(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    """As on OpenAI, a chain of previous_response_ids continues from the response it names:
+    from an earlier one, on a fork of its conversation at that response's turn, which the
+    original never sees."""
+    r1 = client.responses.create(model="demo-1", input="My name is Sam.")
+    r2 = client.responses.create(model="demo-1", input="Hello", previous_response_id=r1.id)
+    r3 = client.responses.create(
+        model="demo-1", input="My name is Max.", previous_response_id=r1.id
+    )
+    r4 = client.responses.create(
+        model="demo-1", input="What is my name?", previous_response_id=r3.id
+    )
+    r5 = client.responses.create(
+        model="demo-1", input="What is my name?", previous_response_id=r2.id
+    )
+    assert r4.output_text == "Your name is Max."
+    assert r5.output_text == "Your name is Sam."
+    original = r1.conversation.id  # type: ignore[union-attr]
+    fork = r3.conversation.id  # type: ignore[union-attr]
+    assert r2.conversation.id == r5.conversation.id == original  # type: ignore[union-attr]
+    assert r4.conversation.id == fork != original  # type: ignore[union-attr]
+    assert fork.startswith("conv_")
+    # Turn numbers continue the parent's: the fork's first response is its turn 2.
+    assert (r2.id, r3.id, r4.id) == (f"resp_2_{original}", f"resp_2_{fork}", f"resp_3_{fork}")
+    assert r3.previous_response_id == r1.id
+
+    head = http.get(f"/v1/conversations/{fork}", headers=ANN).json()
+    assert head["parent"] == {"conversation_id": original, "turn": 1, "seq": 2}
+    items = list(client.conversations.items.list(fork, order="asc"))
+    texts = [item.content[0].text for item in items if item.type == "message"]
+    assert texts == [
+        "My name is Sam.",
+        "Noted (1 user messages so far).",
+        "My name is Max.",
+        "Noted (2 user messages so far).",
+        "What is my name?",
+        "Your name is Max.",
+    ]
+    # The inherited events keep the conversation they were written in.
+    assert [e["conversation_id"] for e in events_of(http, fork)] == [original] * 2 + [fork] * 4
+    assert len(events_of(http, original)) == 6  # the original is never touched
+
+    # A fork of the fork, from its inherited first response: its own conversation again.
+    r6 = client.responses.create(
+        model="demo-1", input="What is my name?", previous_response_id=r3.id
+    )
+    assert r6.output_text == "Your name is Max."
+    assert r6.conversation.id not in (original, fork)  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as raised:  # a turn the conversation lacks
+        client.responses.create(
+            model="demo-1", input="Hi", previous_response_id=f"resp_9_{original}"
+        )
+    assert raised.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_client_tools_and_approvals(client: OpenAI, http: httpx.Client) -> None:

@@ -16,12 +16,19 @@ side items, both expiring with the conversation:
   conversation deletes it, and the previous response's index item is deleted: only the
   latest response of a conversation can be continued.
 
+A new fork has no chain of its own (none is copied from its parent), so the first response of a
+fork made by ``previous_response_id`` (:func:`.responses.continued_from`) reads its inherited
+events once to hash them; later ones read what they add, as above.
+
 :func:`continued` hashes the request's items once, and at each place a response could end
 (after the model's items, an assistant message or a run of function calls, where a
 non-model item or the end follows; and before a decision) looks the hash up, longest
 first, one read each, at most :data:`MAX_LOOKUPS`. A hit continues its conversation when
 the conversation is live and its chain is still that hash over all its events: the hit is
-its latest response and nothing was added after it (the ledger does not branch).
+its latest response and nothing was added after it. A history that repeats an earlier
+response is not found (only the latest is indexed) and never forks: it starts a new
+conversation holding the history as the client's, as any unmatched history does; forking
+from an earlier response is what ``previous_response_id`` does.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 conversation, as an OpenAI ``response``.
 
 Which conversation: the one ``conversation`` names; the one ``previous_response_id``
-belongs to (it must be that conversation's latest response: the ledger has no branches);
+belongs to when it is that conversation's latest response, else a new fork of it after that
+response's turn (:func:`continued_from`: a chain continues from any response, as on OpenAI);
 or, with neither, the one whose transcript, up to its latest response, the input's leading
 items repeat in canonical form, whatever their ids (:mod:`.matching`), else a new one whose
 history is the given items, recorded with the client as their source. After a stored
@@ -25,7 +26,7 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
-from ...core.exceptions import InvalidRequest
+from ...core.exceptions import ForkPointOpen, ForkTooDeep, InvalidRequest
 from ...core.models import ClientTool, ConversationKey, validate_conversation_id
 from ...runtime import get_runtime
 from ...tools.registry import client_tool
@@ -41,7 +42,7 @@ from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch
 from .streaming import event_stream
 
-__all__ = ["SERVER_LABEL", "parse_response_id", "response_id"]
+__all__ = ["SERVER_LABEL", "continued_from", "parse_response_id", "response_id"]
 
 #: Shown as the ``server_label`` of approval requests: the ledger's own tool registry.
 SERVER_LABEL = "turnledger"
@@ -70,6 +71,43 @@ def parse_response_id(value: str) -> tuple[str, int]:
 def new_conversation_id() -> str:
     """A new conversation id of this face (``conv_<24 hex>``)."""
     return f"conv_{secrets.token_hex(12)}"
+
+
+def continued_from(
+    service: Conversations, who: Caller, previous_response_id: str
+) -> tuple[ConversationKey, bool]:
+    """The conversation a request naming ``previous_response_id`` runs in, and whether it
+    is a new fork: the response's own conversation when it is that conversation's latest
+    response; else a new conversation of this face (:func:`new_conversation_id`) forked
+    from it after the response's turn (:meth:`~turnledger.turn.pipeline.Conversations.fork`),
+    so a chain of ``previous_response_id`` continues from whichever response it names.
+
+    Raises:
+        InvalidRequest: not a response id of this service, or its conversation has no
+            such turn.
+        ConversationNotFound: its conversation is absent, expired, cleared or another
+            tenant's.
+        ForkPointOpen, ForkTooDeep: that response is no fork point (``param`` names
+            ``previous_response_id``).
+    """
+    conversation_id, turn = parse_response_id(previous_response_id)
+    key = who.key(conversation_id)
+    latest = service.get(key).turns
+    if turn == latest:
+        return key, False
+    if not 1 <= turn < latest:
+        raise InvalidRequest(
+            f"previous_response_id names no response of conversation {conversation_id!r} "
+            f"(its turns are 1 to {latest})",
+            details={"param": "previous_response_id"},
+        )
+    fork = who.key(new_conversation_id())
+    try:
+        service.fork(key, fork.conversation_id, turn)
+    except (ForkPointOpen, ForkTooDeep) as exc:
+        exc.details["param"] = "previous_response_id"
+        raise
+    return fork, True
 
 
 def _tools(
@@ -216,6 +254,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest("send conversation or previous_response_id, not both")
     found = None
+    forked = False
     if not request.store:
         if request.conversation is not None or request.previous_response_id is not None:
             raise InvalidRequest(
@@ -231,15 +270,9 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
             raise InvalidRequest("conversation must be an id or {'id': ...}")
         key = who.key(validate_conversation_id(value))
     elif request.previous_response_id is not None:
-        conversation_id, turn = parse_response_id(request.previous_response_id)
-        key = who.key(conversation_id)
-        turns = service.get(key).turns
-        if turns != turn:
-            raise InvalidRequest(
-                "previous_response_id must be the conversation's latest response "
-                f"(turn {turns}); the ledger does not branch",
-                details={"param": "previous_response_id"},
-            )
+        if not items:
+            raise InvalidRequest("input holds no item", details={"param": "input"})
+        key, forked = continued_from(service, who, request.previous_response_id)
     else:
         found = continued(service, who, items)
         key = found[0] if found is not None else who.key(new_conversation_id())
@@ -249,6 +282,10 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
         raise InvalidRequest("input holds no item", details={"param": "input"})
     try:
         reply, pieces = _run(service, who, key, request, items)
+    except Exception:
+        if forked:
+            service.clear(key)  # no response names the fork: nothing may continue it
+        raise
     finally:
         if not request.store:
             service.clear(key)  # answered, nothing kept
