@@ -1031,8 +1031,10 @@ class ConversationStore(ABC):
             if gen in kept:
                 self._mark_kept(parent, parent_gen, key.conversation_id, gen)
                 continue
-            self._delete_items(pk, [keys.origin_key(gen)])
             report += self._release(parent, parent_gen, key.conversation_id, gen)
+            # Only once released: an origin left by a crash costs one small item, a
+            # reference left would keep the parent's events for ever.
+            self._delete_items(pk, [keys.origin_key(gen)])
         return report
 
     def _mark_kept(
@@ -1060,6 +1062,24 @@ class ConversationStore(ABC):
         release, deleting the last one after that, finds the life's head gone.
         """
         report = PurgeReport()
+        # Origins of reclaimed lives go last, for the reason release_forks gives.
+        origins: list[tuple[str, str]] = []
+        try:
+            self._release_up(parent, parent_gen, fork_id, fork_gen, report, origins)
+        finally:
+            for pk, sort_key in origins:
+                self._delete_items(pk, [sort_key])
+        return report
+
+    def _release_up(
+        self,
+        parent: ConversationKey,
+        parent_gen: str,
+        fork_id: str,
+        fork_gen: str,
+        report: PurgeReport,
+        origins: list[tuple[str, str]],
+    ) -> None:
         for _ in range(MAX_FORK_DEPTH + 1):
             pk = keys.partition_key(parent)
             self._delete_items(
@@ -1071,10 +1091,10 @@ class ConversationStore(ABC):
             )
             head = self._get_item(pk, keys.HEAD_SK)
             if head is not None and head.get(codec.A_GEN) == parent_gen:
-                return report  # the life stands: its own purge decides
+                return  # the life stands: its own purge decides
             lower, upper = forks.prefix_bounds(keys.fork_refs_prefix(parent_gen))
             if next(self._keys_between(pk, lower, upper), None) is not None:
-                return report  # other forks still read it
+                return  # other forks still read it
             report.reclaimed_lives += 1
             report.objects += self.blobs.delete_keys(
                 self.blobs.list_keys(keys.blob_prefix(parent, parent_gen))
@@ -1082,12 +1102,11 @@ class ConversationStore(ABC):
             report.events += self._delete_life_events(parent, parent_gen)
             origin = self._get_item(pk, keys.origin_key(parent_gen))
             if origin is None:
-                return report
-            self._delete_items(pk, [keys.origin_key(parent_gen)])
+                return
+            origins.append((pk, keys.origin_key(parent_gen)))
             fork_id, fork_gen = parent.conversation_id, parent_gen
             parent_id, parent_gen = forks.decode_origin(origin)
             parent = ConversationKey(tenant=parent.tenant, conversation_id=parent_id)
-        return report
 
     def _delete_life_events(self, key: ConversationKey, gen: str) -> int:
         """Delete the event items of ``key``'s life ``gen``: a gone life kept for its forks.
