@@ -779,6 +779,7 @@ def test_handler_runs_the_scheduled_sweep(
         "read_units",
         "complete",
         "waits_expired",
+        "fork_lives_reclaimed",
     }
     assert answer["waits_expired"] == 0
     assert_gone(store, expired)
@@ -862,6 +863,7 @@ def test_erase_tenant_route_answers_the_report(
         "read_units": body["read_units"],
         "complete": True,
         "waits_expired": 0,
+        "fork_lives_reclaimed": 0,
     }
     for key in mine:
         assert_gone(store, key)
