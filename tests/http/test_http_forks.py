@@ -307,3 +307,26 @@ def test_a_fork_continues_the_providers_stored_response(http: httpx.Client) -> N
     decided = http.post(f"/v1/conversations/{plain_fork}/approvals", json={"approve": [call]})
     assert decided.status_code == 200 and decided.json()["status"] == "complete"
     assert http.get(f"/v1/conversations/{plain}").json()["turns"] == 1
+
+
+def test_a_long_turn_streams_on_a_fork(http: httpx.Client) -> None:
+    """``Prefer: respond-async`` on a fork: 202, the turn runs in the turn worker, its stream
+    ends with the answer, which remembers the inherited turns."""
+    parent, branch = new_id("longp"), new_id("longf")
+    say(http, parent, "My name is Sam.")
+    assert fork(http, parent, branch).status_code == 201
+    accepted = http.post(
+        f"/v1/conversations/{branch}/turns",
+        json={"input": "What is my name?"},
+        headers={"Prefer": "respond-async"},
+    )
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["turn"] == 2
+    stream = http.get(f"/v1/conversations/{branch}/turns/2/stream", params={"wait": 10}).json()
+    while not stream["done"]:
+        stream = http.get(
+            f"/v1/conversations/{branch}/turns/2/stream",
+            params={"wait": 10, "after": stream["next_after"] or 0},
+        ).json()
+    assert stream["status"] == "done"
+    assert stream["result"]["output_text"] == "Your name is Sam."
