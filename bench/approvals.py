@@ -34,17 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from moto.server import ThreadedMotoServer
 from turnledger.api.schemas import ApprovalRequest, TurnRequest
-from turnledger.core.config import Settings
 from turnledger.core.observability import metrics
 from turnledger.providers.demo import DemoProvider
 from turnledger.store import codec, inbox
@@ -60,12 +57,12 @@ from turnledger.turn.pipeline import Conversations
 from turnledger_local.template import load_template, table_definition
 
 from bench.conversation import BenchClock
+from bench.engines import local_engines
 from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
 from bench.results import command_line, machine_line, publish
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
-from tests.support.aws import TABLE_RESOURCE, aws_clients, create_bucket, create_conversations_table
-from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
+from tests.support.aws import TABLE_RESOURCE
 from tests.support.edge import Caller
 
 if TYPE_CHECKING:
@@ -374,46 +371,30 @@ def _listing(service: Conversations, store: InboxMeteredStore, tenant: str) -> L
 
 def run(samples: int, pending: int) -> tuple[list[Sample], list[Listing]]:
     """Run the samples and the listings on DynamoDB Local."""
-    jar = find_jar()
-    s3_port = free_port()
-    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    s3_server.start()
-    try:
-        with DynamoDBLocal(jar) as ddb, HttpSink() as sink, httpx.Client() as http:
-            sink.respond("/email", Reply(body={"sent": True}))
-            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
-            bucket = create_bucket(clients.s3)
-            settings = replace(
-                Settings(),
-                table_name=create_conversations_table(clients.dynamodb),
-                bucket_name=bucket,
-            )
-            store = InboxMeteredStore(
-                clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, bucket)
-            )
-            service = Conversations(
-                store=store,
-                provider=DemoProvider(),
-                settings=settings,
-                tools=_registry(sink),
-                runner=ToolRunner(http, None),
-                clock=BenchClock(),
-            )
-            results = []
-            for number in range(1, samples + 1):
-                results.append(_sample(service, store, number))
-                print(f"  sample {number}/{samples}", flush=True)
-            # Every decided call left the inbox with its decision's commit.
-            left = list_inbox(service, TENANTS[0])
-            assert left.entries == [], [(e.conversation_id, e.call_id) for e in left.entries]
-            _fill(service, pending)
-            print(f"  {pending} calls waiting in each of {len(TENANTS)} inboxes", flush=True)
-            listings = [
-                _listing(service, store, tenant) for _ in range(samples) for tenant in TENANTS
-            ]
-    finally:
-        s3_server.stop()
+    with local_engines() as engines, HttpSink() as sink, httpx.Client() as http:
+        clients, settings = engines.clients, engines.settings
+        sink.respond("/email", Reply(body={"sent": True}))
+        store = InboxMeteredStore(
+            clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, settings.bucket_name)
+        )
+        service = Conversations(
+            store=store,
+            provider=DemoProvider(),
+            settings=settings,
+            tools=_registry(sink),
+            runner=ToolRunner(http, None),
+            clock=BenchClock(),
+        )
+        results = []
+        for number in range(1, samples + 1):
+            results.append(_sample(service, store, number))
+            print(f"  sample {number}/{samples}", flush=True)
+        # Every decided call left the inbox with its decision's commit.
+        left = list_inbox(service, TENANTS[0])
+        assert left.entries == [], [(e.conversation_id, e.call_id) for e in left.entries]
+        _fill(service, pending)
+        print(f"  {pending} calls waiting in each of {len(TENANTS)} inboxes", flush=True)
+        listings = [_listing(service, store, tenant) for _ in range(samples) for tenant in TENANTS]
     return results, listings
 
 

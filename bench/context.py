@@ -19,16 +19,13 @@ Run from the repository root: ``.venv/bin/python -m bench.context`` (or ``make b
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from moto.server import ThreadedMotoServer
 from turnledger.api.schemas import TurnRequest
-from turnledger.core.config import Settings
 from turnledger.core.models import ConversationKey, EventKind
 from turnledger.core.observability import metrics
 from turnledger.providers.base import ModelReply, ModelRequest
@@ -37,12 +34,11 @@ from turnledger.store.blobs import S3BlobStore
 from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import USER_CHARS, BenchClock, text_of
+from bench.engines import local_engines
 from bench.metered import MeteredStore
 from bench.pricing import index_specs
 from bench.results import command_line, machine_line, publish
 from tests.support import edge
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
-from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 from tests.support.edge import Caller
 
 SECTION = "Working context"
@@ -56,6 +52,7 @@ class CountingDemo(DemoProvider):
     """The demo model, counting its summarizer calls."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.summaries = 0
 
     def complete(self, request: ModelRequest) -> ModelReply:
@@ -80,69 +77,54 @@ class Sample:
 
 def run(turns: int, budget: int) -> tuple[list[Sample], int, float, int]:
     """Drive the conversation; returns its samples, summarizer calls, seconds, events."""
-    jar = find_jar()
-    s3_port = free_port()
-    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    s3_server.start()
-    try:
-        with DynamoDBLocal(jar) as ddb:
-            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
-            bucket = create_bucket(clients.s3)
-            settings = replace(
-                Settings(),
-                table_name=create_conversations_table(clients.dynamodb),
-                bucket_name=bucket,
-                context_max_tokens=budget,
+    with local_engines(context_max_tokens=budget) as engines:
+        clients, settings = engines.clients, engines.settings
+        store = MeteredStore(
+            clients.dynamodb,
+            settings.table_name,
+            S3BlobStore(clients.s3, settings.bucket_name),
+            index_specs(),
+        )
+        provider = CountingDemo()
+        clock = BenchClock()
+        service = Conversations(store=store, provider=provider, settings=settings, clock=clock)
+        samples = []
+        started = time.perf_counter()
+        for number in range(1, turns + 1):
+            clock.advance(1.0)
+            text = text_of(f"user:{number}", USER_CHARS)
+            before = provider.summaries
+            work = store.begin()
+            reply = edge.turn(
+                service, Caller(tenant=TENANT, actor="bench"), "long", TurnRequest(input=text)
             )
-            store = MeteredStore(
-                clients.dynamodb,
-                settings.table_name,
-                S3BlobStore(clients.s3, bucket),
-                index_specs(),
-            )
-            provider = CountingDemo()
-            clock = BenchClock()
-            service = Conversations(store=store, provider=provider, settings=settings, clock=clock)
-            samples = []
-            started = time.perf_counter()
-            for number in range(1, turns + 1):
-                clock.advance(1.0)
-                text = text_of(f"user:{number}", USER_CHARS)
-                before = provider.summaries
-                work = store.begin()
-                reply = edge.turn(
-                    service, Caller(tenant=TENANT, actor="bench"), "long", TurnRequest(input=text)
+            samples.append(
+                Sample(
+                    turn=number,
+                    rcu=work.priced_rcu,
+                    wcu=work.priced_wcu,
+                    read_calls=len(work.query_limits),
+                    items_read=work.items_read,
+                    tokens=reply.context.tokens_estimated,
+                    messages=reply.context.messages_sent,
+                    compacted=provider.summaries > before,
                 )
-                samples.append(
-                    Sample(
-                        turn=number,
-                        rcu=work.priced_rcu,
-                        wcu=work.priced_wcu,
-                        read_calls=len(work.query_limits),
-                        items_read=work.items_read,
-                        tokens=reply.context.tokens_estimated,
-                        messages=reply.context.messages_sent,
-                        compacted=provider.summaries > before,
-                    )
-                )
-                # A Lambda invocation flushes its metrics; here they would pile up and print.
-                metrics.clear_metrics()
-                if number % 250 == 0:
-                    print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
-            seconds = time.perf_counter() - started
-            head = store.get_head(ConversationKey(tenant=TENANT, conversation_id="long"))
-            assert head is not None
-            events = store.read_events(
-                ConversationKey(tenant=TENANT, conversation_id="long"),
-                head,
-                after=0,
-                limit=head.event_count,
             )
-            kinds = {kind: sum(e.kind is kind for e in events) for kind in EventKind}
-            assert kinds[EventKind.USER_MESSAGE] == turns, "every user message is kept"
-    finally:
-        s3_server.stop()
+            # A Lambda invocation flushes its metrics; here they would pile up and print.
+            metrics.clear_metrics()
+            if number % 250 == 0:
+                print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
+        seconds = time.perf_counter() - started
+        head = store.get_head(ConversationKey(tenant=TENANT, conversation_id="long"))
+        assert head is not None
+        events = store.read_events(
+            ConversationKey(tenant=TENANT, conversation_id="long"),
+            head,
+            after=0,
+            limit=head.event_count,
+        )
+        kinds = {kind: sum(e.kind is kind for e in events) for kind in EventKind}
+        assert kinds[EventKind.USER_MESSAGE] == turns, "every user message is kept"
     return samples, provider.summaries, seconds, head.event_count
 
 

@@ -22,14 +22,11 @@ Run: ``make bench ARGS=forks`` or ``.venv/bin/python -m bench.forks``.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from moto.server import ThreadedMotoServer
 from turnledger.api.schemas import TurnRequest
-from turnledger.core.config import Settings
 from turnledger.core.models import ConversationKey
 from turnledger.core.observability import metrics
 from turnledger.store.blobs import S3BlobStore
@@ -38,12 +35,11 @@ from turnledger.turn.forks import create_fork
 from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, BenchClock, BenchProvider, text_of
+from bench.engines import local_engines
 from bench.metered import MeteredStore, StorageWork
 from bench.pricing import index_specs, item_size, read_units
 from bench.results import command_line, machine_line, publish
 from tests.support import edge
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
-from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 from tests.support.edge import Caller
 
 SECTION = "Forks"
@@ -129,36 +125,22 @@ def _request(seed: str) -> TurnRequest:
 
 def run(lengths: Sequence[int]) -> list[Row]:
     """Measure each length on DynamoDB Local."""
-    jar = find_jar()
-    s3_port = free_port()
-    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    s3_server.start()
-    try:
-        with DynamoDBLocal(jar) as ddb:
-            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
-            bucket = create_bucket(clients.s3)
-            settings = replace(
-                Settings(),
-                table_name=create_conversations_table(clients.dynamodb),
-                bucket_name=bucket,
-            )
-            store = ForkMeteredStore(
-                clients.dynamodb,
-                settings.table_name,
-                S3BlobStore(clients.s3, bucket),
-                index_specs(),
-            )
-            service = Conversations(
-                store=store, provider=BenchProvider(), settings=settings, clock=BenchClock()
-            )
-            rows = []
-            for turns in lengths:
-                rows.append(_length(service, store, turns))
-                print(f"  {turns} turns measured", flush=True)
-            return rows
-    finally:
-        s3_server.stop()
+    with local_engines() as engines:
+        clients, settings = engines.clients, engines.settings
+        store = ForkMeteredStore(
+            clients.dynamodb,
+            settings.table_name,
+            S3BlobStore(clients.s3, settings.bucket_name),
+            index_specs(),
+        )
+        service = Conversations(
+            store=store, provider=BenchProvider(), settings=settings, clock=BenchClock()
+        )
+        rows = []
+        for turns in lengths:
+            rows.append(_length(service, store, turns))
+            print(f"  {turns} turns measured", flush=True)
+        return rows
 
 
 def render(rows: list[Row], command: str) -> str:

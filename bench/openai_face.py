@@ -31,18 +31,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import os
 import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from unittest.mock import patch
 
-from moto.server import ThreadedMotoServer
 from turnledger.api import lambda_handler
 from turnledger.core.config import Settings
 from turnledger.core.models import ConversationKey
@@ -57,12 +55,11 @@ from turnledger_local.gateway import LambdaContext
 from turnledger_local.template import PROJECT_ROOT
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
+from bench.engines import local_engines
 from bench.metered import MeteredStore, StorageWork
 from bench.pricing import index_specs, item_size, read_units, write_units
 from bench.results import command_line, machine_line, publish
 from bench.turns import ddb_local_version
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
-from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -145,8 +142,11 @@ class FaceStore(MeteredStore):
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
+        checks: Sequence[Item] = (),
     ) -> None:
-        super()._transact_commit(head, expected_version, events, gen, puts=puts, deletes=deletes)
+        super()._transact_commit(
+            head, expected_version, events, gen, puts=puts, deletes=deletes, checks=checks
+        )
         self.all_commits.append(head)
 
 
@@ -354,39 +354,25 @@ class Results:
 
 def run(calls: int, session_runs: int) -> Results:
     """Start the engines and run the loops."""
-    jar = find_jar()
-    s3_port = free_port()
-    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    s3_server.start()
-    try:
-        with DynamoDBLocal(jar) as ddb:
-            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
-            bucket = create_bucket(clients.s3)
-            settings = replace(
-                Settings(),
-                table_name=create_conversations_table(clients.dynamodb),
-                bucket_name=bucket,
-            )
-            store = FaceStore(
-                clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, bucket)
-            )
-            service = Conversations(
-                store=store, provider=DemoProvider(), settings=settings, clock=BenchClock()
-            )
-            face = Face(store, settings, service)
-            # The handler flushes its metrics to stdout on every call: they would drown the
-            # progress lines.
-            quiet = patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"})
-            try:
-                with quiet:
-                    chained_loop, stateless_loop = loops(face, calls)
-                    print(f"  chained and stateless: {calls} calls each", flush=True)
-                    session_loop = session(face, session_runs) if session_runs > 0 else None
-            finally:
-                set_runtime(None)
-    finally:
-        s3_server.stop()
+    with local_engines() as engines:
+        clients, settings, jar = engines.clients, engines.settings, engines.jar
+        store = FaceStore(
+            clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, settings.bucket_name)
+        )
+        service = Conversations(
+            store=store, provider=DemoProvider(), settings=settings, clock=BenchClock()
+        )
+        face = Face(store, settings, service)
+        # The handler flushes its metrics to stdout on every call: they would drown the
+        # progress lines.
+        quiet = patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"})
+        try:
+            with quiet:
+                chained_loop, stateless_loop = loops(face, calls)
+                print(f"  chained and stateless: {calls} calls each", flush=True)
+                session_loop = session(face, session_runs) if session_runs > 0 else None
+        finally:
+            set_runtime(None)
     return Results(calls, chained_loop, stateless_loop, session_loop, ddb_local_version(jar))
 
 

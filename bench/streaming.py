@@ -21,16 +21,14 @@ Run: ``make bench ARGS=streaming`` or ``.venv/bin/python -m bench.streaming``.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from moto.server import ThreadedMotoServer
 from turnledger.api.schemas import TurnRequest
 from turnledger.core.config import Settings
 from turnledger.core.observability import metrics
@@ -41,10 +39,9 @@ from turnledger.turn import longturns
 from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
+from bench.engines import local_engines
 from bench.results import command_line, machine_line, publish
 from tests.support import edge
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
-from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 from tests.support.edge import Caller
 
 SECTION = "Long and streamed turns"
@@ -148,35 +145,20 @@ def _sample(writer: Conversations, reader: Conversations, number: int, answer: s
 
 def run(samples: int, delay_ms: int) -> tuple[list[Sample], str]:
     """Run ``samples`` pairs on DynamoDB Local; returns them and the answer."""
-    jar = find_jar()
-    s3_port = free_port()
-    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    s3_server.start()
     answer = text_of("streamed answer", REPLY_CHARS)
-    try:
-        with DynamoDBLocal(jar) as ddb:
-            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
-            bucket = create_bucket(clients.s3)
-            settings = replace(
-                Settings(),
-                table_name=create_conversations_table(clients.dynamodb),
-                bucket_name=bucket,
-                turn_worker_function="bench-worker",
-            )
+    with local_engines(turn_worker_function="bench-worker") as engines:
+        clients, settings = engines.clients, engines.settings
 
-            def store() -> DynamoDBConversationStore:
-                blobs = S3BlobStore(clients.s3, bucket)
-                return DynamoDBConversationStore(clients.dynamodb, settings.table_name, blobs)
+        def store() -> DynamoDBConversationStore:
+            blobs = S3BlobStore(clients.s3, settings.bucket_name)
+            return DynamoDBConversationStore(clients.dynamodb, settings.table_name, blobs)
 
-            writer = _service(store(), settings, delay_ms)
-            reader = _service(store(), settings, delay_ms)
-            results = []
-            for number in range(1, samples + 1):
-                results.append(_sample(writer, reader, number, answer))
-                print(f"  sample {number}/{samples}", flush=True)
-    finally:
-        s3_server.stop()
+        writer = _service(store(), settings, delay_ms)
+        reader = _service(store(), settings, delay_ms)
+        results = []
+        for number in range(1, samples + 1):
+            results.append(_sample(writer, reader, number, answer))
+            print(f"  sample {number}/{samples}", flush=True)
     return results, answer
 
 

@@ -17,7 +17,6 @@ Run from the repository root: ``.venv/bin/python -m bench.turns`` (or ``make ben
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 import threading
@@ -27,13 +26,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from moto.server import ThreadedMotoServer
 from turnledger.core.config import Settings
 from turnledger.store.blobs import BlobStore, S3BlobStore
 from turnledger.store.codec import Item
 from turnledger_local.template import PROJECT_ROOT, load_template, table_definition
 
 from bench.conversation import Conversation, TurnSample
+from bench.engines import local_engines
 from bench.metered import Commit
 from bench.pricing import (
     TRANSACTION_FACTOR,
@@ -56,12 +55,8 @@ from bench.turns_report import (
 )
 from tests.support.aws import (
     TABLE_RESOURCE,
-    aws_clients,
-    create_bucket,
-    create_conversations_table,
     unique_name,
 )
-from tests.support.dynamodb_local import DynamoDBLocal, find_jar, free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -166,54 +161,41 @@ def ddb_local_version(jar: Path) -> str:
 
 def run(turns: int, parallel: int, parallel_turns: int) -> Results:
     """Start the engines, drive the conversations, measure the floor; return everything."""
-    jar = find_jar()
     indexes = index_specs()
-    s3_port = free_port()
-    s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
-    # The S3 server's request log would drown the progress lines.
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    s3_server.start()
-    try:
-        with DynamoDBLocal(jar) as ddb:
-            clients = aws_clients(ddb.endpoint, s3_endpoint=f"http://127.0.0.1:{s3_port}")
-            bucket = create_bucket(clients.s3)
-            # Only the names differ from the defaults: the context budget is the deployed one.
-            settings = Settings(
-                table_name=create_conversations_table(clients.dynamodb), bucket_name=bucket
+    with local_engines() as engines:
+        clients, settings, jar = engines.clients, engines.settings, engines.jar
+        # Only the names differ from the defaults: the context budget is the deployed one.
+        blobs = S3BlobStore(clients.s3, settings.bucket_name)
+        db = clients.dynamodb
+
+        long = Conversation.open("bench-long", db, blobs, settings, indexes)
+        started = time.perf_counter()
+        samples = []
+        for number in range(1, turns + 1):
+            samples.append(long.turn(number))
+            if number % 100 == 0:
+                print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
+        seconds = time.perf_counter() - started
+
+        scratch = scratch_table(db)
+        floor = measure_floor(db, scratch, long.commits[: min(CUMULATIVE_AT, turns)])
+        heads = [
+            HeadCheck(n, item_size(head), put_item_units(db, scratch, head))
+            for n in MARKED_TURNS
+            if n <= turns
+            for head in [long.commits[n - 1].head]
+        ]
+        calibration = calibrate(db, scratch)
+
+        idle = Conversation.open("bench-idle", db, blobs, settings, indexes)
+        idle_samples = [idle.turn(n, gap_seconds=3601) for n in range(1, IDLE_TURNS + 1)]
+
+        parallel_run = None
+        if parallel > 0 and parallel_turns > 0:
+            print(f"  {parallel} conversations x {parallel_turns} turns at once")
+            parallel_run = run_parallel(
+                db, blobs, settings, indexes, conversations=parallel, turns=parallel_turns
             )
-            blobs = S3BlobStore(clients.s3, bucket)
-            db = clients.dynamodb
-
-            long = Conversation.open("bench-long", db, blobs, settings, indexes)
-            started = time.perf_counter()
-            samples = []
-            for number in range(1, turns + 1):
-                samples.append(long.turn(number))
-                if number % 100 == 0:
-                    print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
-            seconds = time.perf_counter() - started
-
-            scratch = scratch_table(db)
-            floor = measure_floor(db, scratch, long.commits[: min(CUMULATIVE_AT, turns)])
-            heads = [
-                HeadCheck(n, item_size(head), put_item_units(db, scratch, head))
-                for n in MARKED_TURNS
-                if n <= turns
-                for head in [long.commits[n - 1].head]
-            ]
-            calibration = calibrate(db, scratch)
-
-            idle = Conversation.open("bench-idle", db, blobs, settings, indexes)
-            idle_samples = [idle.turn(n, gap_seconds=3601) for n in range(1, IDLE_TURNS + 1)]
-
-            parallel_run = None
-            if parallel > 0 and parallel_turns > 0:
-                print(f"  {parallel} conversations x {parallel_turns} turns at once")
-                parallel_run = run_parallel(
-                    db, blobs, settings, indexes, conversations=parallel, turns=parallel_turns
-                )
-    finally:
-        s3_server.stop()
     return Results(
         ddb_version=ddb_local_version(jar),
         settings=settings,
