@@ -108,7 +108,8 @@ def test_a_cleared_parent_keeps_what_its_fork_reads_until_the_fork_goes(
     parent = _parent(store)
     _fork(store, parent)
     store.clear(PARENT, START)
-    assert store.get_head(PARENT) is None
+    head = store.get_head(PARENT)
+    assert head is not None and not head.is_visible(START), "a tombstone, kept above them"
     left = [k for k in raw_sort_keys(store, PARENT) if k.startswith(keys.EVENT_PREFIX)]
     assert left == [keys.event_sort_key(n) for n in range(1, 5)], "only what the fork reads"
     assert _texts(store, FORK)[-1] == "answer 1"
@@ -132,3 +133,38 @@ def test_ttl_removed_heads_keep_and_then_release_what_forks_read(
     report = sweeper.reclaim([FORK])
     assert report.fork_lives_reclaimed == 1
     assert raw_sort_keys(store, PARENT) == [] and raw_sort_keys(store, FORK) == []
+
+
+def test_a_new_life_on_a_deleted_parents_id_starts_above_what_forks_read(
+    store: ConversationStore,
+) -> None:
+    """The tombstone stays while forks read the old life (no expiry: neither TTL nor the
+    sweep removes it), so the next life writes above those events; the last fork's release
+    leaves the new life alone."""
+    parent = _parent(store)
+    _fork(store, parent)
+    store.clear(PARENT, START)
+    tomb = store.get_head(PARENT)
+    assert tomb is not None and tomb.status.value == "cleared" and tomb.expires_at is None
+    assert tomb.base >= parent.seq
+    new = commit_turn(store, PARENT, tomb, ["a new question", "a new answer"]).head
+    assert _texts(store, PARENT) == ["a new question", "a new answer"]
+    assert _texts(store, FORK) == ["question 0", "answer 0", "question 1", "answer 1"]
+    store.clear(FORK, START)
+    assert _texts(store, PARENT) == ["a new question", "a new answer"]
+    assert store.get_head(PARENT) == new
+    kept = [k for k in raw_sort_keys(store, PARENT) if k.startswith(keys.EVENT_PREFIX)]
+    assert kept == [keys.event_sort_key(new.base + n) for n in (1, 2)]
+
+
+def test_a_ttl_removed_parent_gets_a_tombstone_above_what_forks_read(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    parent = _parent(store)
+    _fork(store, parent)
+    delete_raw_item(store, PARENT, keys.HEAD_SK)
+    Sweeper(store, clock=clock.now).reclaim([PARENT])
+    tomb = store.get_head(PARENT)
+    assert tomb is not None and tomb.status.value == "cleared" and tomb.base >= parent.seq
+    store.clear(FORK, START)
+    assert raw_sort_keys(store, PARENT) == []

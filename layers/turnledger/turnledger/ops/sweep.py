@@ -395,6 +395,10 @@ class Sweeper:
                 live_gen = head.gen
             # What forks still read stays (store/forks.py), whichever life wrote it.
             kept = self.store.retention(key)
+            if before is None and kept:
+                # With no head, a new life would start below what forks read: a clear keeps
+                # a tombstone above it and deletes the rest, as a purge does.
+                return self.store.clear(key, now)
             stamps = [
                 s
                 for s in self.store.event_stamps(key)

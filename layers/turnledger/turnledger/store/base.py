@@ -804,7 +804,14 @@ class ConversationStore(ABC):
         report.events += self._delete_partition(pk, tomb, report, kept)
         report.provider_responses = list(dict.fromkeys(report.provider_responses))
         report.objects += self._delete_objects(key, keep_gen=tomb.gen, kept=kept)
-        self._delete_head(pk, codec.encode_head(key, tomb))
+        if kept:
+            # Forks still read events below the tombstone's base: it stays, so a new life
+            # starts above them instead of over them. With no expiry (no TTL removes it, no
+            # sweep finishes it); the release that frees the last of them deletes it.
+            marker = tomb.model_copy(update={"version": tomb.version + 1, "expires_at": None})
+            self._replace_head(codec.encode_head(key, marker), codec.encode_head(key, tomb))
+        else:
+            self._delete_head(pk, codec.encode_head(key, tomb))
         return report
 
     def _has_items(self, pk: str) -> bool:
@@ -1100,6 +1107,7 @@ class ConversationStore(ABC):
                 self.blobs.list_keys(keys.blob_prefix(parent, parent_gen))
             )
             report.events += self._delete_life_events(parent, parent_gen)
+            self._drop_kept_tombstone(pk)
             origin = self._get_item(pk, keys.origin_key(parent_gen))
             if origin is None:
                 return
@@ -1107,6 +1115,19 @@ class ConversationStore(ABC):
             fork_id, fork_gen = parent.conversation_id, parent_gen
             parent_id, parent_gen = forks.decode_origin(origin)
             parent = ConversationKey(tenant=parent.tenant, conversation_id=parent_id)
+
+    def _drop_kept_tombstone(self, pk: str) -> None:
+        """Delete the tombstone a purge kept for forks (:meth:`_finish_purge`) once no fork
+        reads any event of the partition. Only such a tombstone (no expiry): one whose purge
+        is still running must stay until that purge deletes it."""
+        if next(self._keys_between(pk, *forks.prefix_bounds(keys.FORK_REF_PREFIX)), None):
+            return
+        item = self._get_item(pk, keys.HEAD_SK)
+        if item is None or codec.A_FENCE in item or codec.A_EXPIRES in item:
+            return
+        tomb = _tombstone_of(item)
+        if tomb is not None:
+            self._delete_head(pk, item)
 
     def _delete_life_events(self, key: ConversationKey, gen: str) -> int:
         """Delete the event items of ``key``'s life ``gen``: a gone life kept for its forks.
