@@ -46,6 +46,15 @@ from ..context.assembly import (
     text_sha256,
     turns_to_compact,
 )
+from ..context.memory import (
+    Provenance,
+    Recall,
+    extraction_request,
+    parse_facts,
+    plan_writes,
+    rank,
+    recall_block,
+)
 from ..context.redaction import Redactor
 from ..core.config import Settings
 from ..core.exceptions import (
@@ -91,6 +100,7 @@ from ..providers.base import (
     ToolSpec,
 )
 from ..store.base import ContextBudget, ConversationStore, PurgeReport
+from ..store.memories import MemoryBook
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
@@ -316,6 +326,7 @@ class Conversations:
                 require_approval=command.require_approval,
                 client_tools=command.client_tools,
                 request_sha256=identity,
+                memory_user=self._memory_user(actor, command),
             )
             work = self._work(session)
         for content in messages:
@@ -754,6 +765,8 @@ class Conversations:
                 self._commit(work)
                 return
             reply, run = self._call_model(work)
+            if not reply.tool_calls:
+                run = self._extract_memory(work, run)
             session.usage = session.usage + reply.usage
             session.cost_usd += run.cost_usd
             work.usage = work.usage + reply.usage
@@ -779,6 +792,7 @@ class Conversations:
                 work.output_json = value
             if not calls:
                 self._commit(work)
+                self._write_memory(work)
                 return
             self.calls.request(work, calls)
 
@@ -841,6 +855,8 @@ class Conversations:
         estimator = self._estimator(provider, session)
         budget = self.settings.context_budget(work.model)
 
+        recall = self._recall(work, budget, estimator)
+
         def build() -> Assembly:
             return assemble(
                 session.events,
@@ -848,6 +864,7 @@ class Conversations:
                 estimator=estimator,
                 system_prompt=self.settings.system_prompt,
                 redactor=redactor,
+                memory=recall.message if recall is not None else None,
             )
 
         assembly = build()
@@ -909,6 +926,11 @@ class Conversations:
             cost_usd=self.settings.model_spec(model).cost(
                 reply.usage.input_tokens, reply.usage.output_tokens
             ),
+            memory_ids=recall.ids
+            if recall is not None
+            and recall.message is not None
+            and recall.message in assembly.messages
+            else [],
         )
 
     def _continuation(
@@ -1060,6 +1082,108 @@ class Conversations:
             self._providers[name] = self._build_provider(name)
         return self._providers[name]
 
+    # --- long-term memory (context/memory.py, store/memories.py) ---------------------------
+
+    def _memory_user(self, actor: str, command: TurnCommand) -> str | None:
+        """Whose memory a turn uses: the user a trusted caller named, else the actor;
+        ``None`` when memory is off for the deployment or the turn, or nobody is named."""
+        if not self.settings.memory_enabled or not command.memory:
+            return None
+        user = command.memory_user or actor
+        return None if user in ANONYMOUS_ACTORS else user
+
+    def _recall(self, work: TurnWork, budget: int, estimator: Estimator) -> Recall | None:
+        """Read the turn's user's records once per request and pick the block its context
+        carries. A failure to read is logged: the turn goes on without memory."""
+        user = work.session.options.memory_user
+        if user is None:
+            return None
+        if work.recall is not None and work.recall.user == user:
+            return work.recall
+        session = work.session
+        query = " ".join(
+            body.content
+            for event in session.events
+            if event.turn == session.turn and isinstance(body := event.body(), UserMessage)
+        )
+        try:
+            # Eventually consistent: half the price, and a record written a moment ago
+            # by another conversation may wait for the next turn.
+            records = MemoryBook(self.store, session.key.tenant, user).records(consistent=False)
+        except Exception:
+            logger.exception("could not read the user's memory; the turn goes on without it")
+            records = []
+        ranked = rank(records, query)
+        message, ids = recall_block(
+            ranked,
+            budget=budget,
+            share=self.settings.memory_context_share,
+            estimator=estimator,
+        )
+        work.recall = Recall(user=user, records=records, message=message, ids=ids)
+        return work.recall
+
+    def _extract_memory(self, work: TurnWork, run: RunRecord) -> RunRecord:
+        """Ask the summarizer for the facts the user stated in this turn and plan their
+        writes (done after the commit); the call's usage is the head's and the run
+        record's (``memory_usage``). A failure is logged and never fails the turn."""
+        session = work.session
+        user = session.options.memory_user
+        if user is None or work.recall is None:
+            return run
+        said = [
+            (event.sequence, body.content)
+            for event in session.events
+            if event.turn == session.turn and isinstance(body := event.body(), UserMessage)
+        ]
+        if not said:
+            return run
+        redactor = self.redactor
+        texts = [redactor.text(text) if redactor is not None else text for _, text in said]
+        summarizer = self._summarizer(work)
+        model = self.settings.summarizer_model or work.model
+        try:
+            with timed("MemoryExtractionLatency"):
+                reply = summarizer.complete(extraction_request(model, texts, work.recall.records))
+            session.usage = session.usage + reply.usage
+            session.cost_usd += self.settings.model_spec(reply.model or model).cost(
+                reply.usage.input_tokens, reply.usage.output_tokens
+            )
+            run = run.model_copy(update={"memory_usage": reply.usage})
+            facts = parse_facts(reply.text or "")
+            work.memory_plan = plan_writes(
+                work.recall.records,
+                facts,
+                now=self.clock(),
+                source=Provenance(
+                    conversation_id=session.key.conversation_id,
+                    from_sequence=said[0][0],
+                    to_sequence=said[-1][0],
+                ),
+                cap=max(self.settings.memory_max_records, 1),
+            )
+        except Exception as exc:
+            logger.warning(
+                "memory extraction failed; the turn is answered without it",
+                extra={"error": type(exc).__name__, "summarizer": summarizer.name},
+            )
+        return run
+
+    def _write_memory(self, work: TurnWork) -> None:
+        """Write what extraction planned, once the turn is committed (a cancelled turn
+        writes nothing). A failure is logged: the turn's answer stands."""
+        plan, recall = work.memory_plan, work.recall
+        work.memory_plan = None
+        if plan is None or recall is None or work.status_reason == "cancelled":
+            return
+        book = MemoryBook(self.store, work.session.key.tenant, recall.user)
+        try:
+            for index, record in enumerate(plan.puts):
+                book.put(record, first=index == 0 and not recall.records)
+            book.delete(plan.deletes)
+        except Exception:
+            logger.exception("could not write the user's memory; the turn's answer stands")
+
     def _record_failure(self, work: TurnWork, exc: ProviderError) -> None:
         """Commit a ``turn_failed`` event for a failed model call (``turn_interrupted``
         for one a cancel stopped while its answer streamed).
@@ -1176,6 +1300,9 @@ class Conversations:
             ),
         )
 
+
+#: Actors that name nobody in particular (no ``sub`` claim): they have no memory.
+ANONYMOUS_ACTORS = frozenset({"anonymous"})
 
 #: Estimates are scaled to the reported usage and then 5 % over it: conservative.
 _CALIBRATION_MARGIN = 1.05
