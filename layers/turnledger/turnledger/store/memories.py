@@ -7,7 +7,7 @@ credentials cover it like any partition of the tenant), one side item per record
 tenant's own partition (``S#mu#<user>``, :func:`.keys.memory_user_key`), so tenant
 erasure finds every user's partition without a scan.
 
-Record ids sort by creation time (``m<ms since epoch, hex><random>``): a listing in key
+Record ids sort by creation time (``m<ns since epoch, hex><random>``): a listing in key
 order is oldest first, and a page's cursor is the last id it holds. A user keeps at most
 ``MEMORY_MAX_RECORDS`` records: write-back drops the least recently updated beyond it; a
 record added by hand past it is refused (``409 memory_full``, see docs/API.md).
@@ -32,7 +32,7 @@ _BODY = "mem"
 #: The pattern of a record's ``key``: a short lower-case name (``name``, ``city``, ...).
 MEMORY_KEY_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 #: The pattern of a record id.
-MEMORY_ID_PATTERN = r"^m[0-9a-f]{12}[0-9a-f]{8}$"
+MEMORY_ID_PATTERN = r"^m[0-9a-f]{16}[0-9a-f]{8}$"
 #: Sorts after every character of an id or a percent-encoded user: a prefix range's end.
 _END = "\x7f"
 #: The longest text a record holds.
@@ -60,9 +60,15 @@ class MemoryRecord(BaseModel):
     embedding: str | None = None
 
 
+_last_ns = 0
+
+
 def new_memory_id() -> str:
-    """A new record id: creation time first, so ids sort oldest first."""
-    return f"m{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+    """A new record id: creation time (ns) first, so ids sort oldest first (strictly
+    increasing within a process), then a random part."""
+    global _last_ns
+    _last_ns = max(time.time_ns(), _last_ns + 1)
+    return f"m{_last_ns:016x}{secrets.token_hex(4)}"
 
 
 class MemoryBook:

@@ -1140,9 +1140,10 @@ class Conversations:
             return run
         redactor = self.redactor
         texts = [redactor.text(text) if redactor is not None else text for _, text in said]
-        summarizer = self._summarizer(work)
         model = self.settings.summarizer_model or work.model
+        summarizer: Provider | None = None
         try:
+            summarizer = self._summarizer(work)
             with timed("MemoryExtractionLatency"):
                 reply = summarizer.complete(extraction_request(model, texts, work.recall.records))
             session.usage = session.usage + reply.usage
@@ -1165,7 +1166,10 @@ class Conversations:
         except Exception as exc:
             logger.warning(
                 "memory extraction failed; the turn is answered without it",
-                extra={"error": type(exc).__name__, "summarizer": summarizer.name},
+                extra={
+                    "error": type(exc).__name__,
+                    "summarizer": summarizer.name if summarizer else None,
+                },
             )
         return run
 
