@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import approvals, coldstart, context, openai_face, providers, streaming, turns
+from bench import approvals, coldstart, context, memory, openai_face, providers, streaming, turns
 
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "turns": turns.main,
@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "streaming": streaming.main,
     "approvals": approvals.main,
     "openai": openai_face.main,
+    "memory": memory.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}
