@@ -92,6 +92,8 @@ Long-term memory per user (:mod:`turnledger.store.memories`, :mod:`turnledger.co
 | ``MEMORY_MAX_RECORDS`` | ``200`` | records a user may keep (write-back drops the oldest beyond) |
 | ``MEMORY_CONTEXT_SHARE`` | ``0.1`` | share of the context budget the recalled records may take |
 | ``MEMORY_USER_SCOPE`` | (empty: off) | holding it (``APPROVER_CLAIM``): may name the user |
+| ``MEMORY_EMBEDDINGS`` | (none: keywords) | ``openai`` or ``bedrock``: rank by embeddings |
+| ``MEMORY_EMBEDDING_MODEL`` | (per kind) | see :mod:`turnledger.providers.embeddings` |
 """
 
 from __future__ import annotations
@@ -319,6 +321,9 @@ class Settings:
     #: A caller holding this value in ``approver_claim`` may name the memory's user
     #: (``X-Memory-User``); empty: nobody may, the user is always the caller's ``sub``.
     memory_user_scope: str = ""
+    #: ``openai`` or ``bedrock``: rank records by embeddings (``None``: keywords, recency).
+    memory_embeddings: str | None = None
+    memory_embedding_model: str | None = None
 
     @property
     def models_allowed(self) -> frozenset[str] | None:
@@ -454,4 +459,6 @@ class Settings:
             memory_max_records=_int(env, "MEMORY_MAX_RECORDS", cls.memory_max_records),
             memory_context_share=_share(env, "MEMORY_CONTEXT_SHARE", cls.memory_context_share),
             memory_user_scope=env.get("MEMORY_USER_SCOPE", "").strip(),
+            memory_embeddings=_choice(env, "MEMORY_EMBEDDINGS", ("openai", "bedrock"), "") or None,
+            memory_embedding_model=opt("MEMORY_EMBEDDING_MODEL"),
         )

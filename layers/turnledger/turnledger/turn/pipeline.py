@@ -99,8 +99,9 @@ from ..providers.base import (
     ResponseFormat,
     ToolSpec,
 )
+from ..providers.embeddings import Embedder, decode_vector, encode_vector
 from ..store.base import ContextBudget, ConversationStore, PurgeReport
-from ..store.memories import MemoryBook
+from ..store.memories import MemoryBook, MemoryRecord
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
@@ -151,8 +152,11 @@ class Conversations:
         redactor: Redactor | Callable[[], Redactor | None] | None = None,
         summarizer: Provider | None = None,
         providers: Callable[[str], Provider] | None = None,
+        embedder: Embedder | Callable[[], Embedder | None] | None = None,
     ) -> None:
         self.store = store
+        #: Ranks memory records by embeddings (``None``: by keywords and recency).
+        self._embedder = embedder
         #: The deployment's default provider; others it allows are built by ``providers``.
         self.provider = provider
         self._build_provider = providers
@@ -174,6 +178,13 @@ class Conversations:
         )
         #: Told of every commit that landed (notifications, :mod:`turnledger.ops.notifications`).
         self.on_commit: CommitHook | None = None
+
+    @cached_property
+    def embedder(self) -> Embedder | None:
+        """What ranks memory records by embeddings (built on first use), or ``None``."""
+        if self._embedder is None or isinstance(self._embedder, Embedder):
+            return self._embedder
+        return self._embedder()
 
     @cached_property
     def tools(self) -> ToolRegistry:
@@ -1113,7 +1124,8 @@ class Conversations:
         except Exception:
             logger.exception("could not read the user's memory; the turn goes on without it")
             records = []
-        ranked = rank(records, query)
+        query_vector = self._embed(query) if records and self.embedder is not None else None
+        ranked = rank(records, query, query_vector=query_vector, vector_of=_vector_of)
         message, ids = recall_block(
             ranked,
             budget=budget,
@@ -1162,6 +1174,7 @@ class Conversations:
                     to_sequence=said[-1][0],
                 ),
                 cap=max(self.settings.memory_max_records, 1),
+                embed=self._embedded if self.embedder is not None else None,
             )
         except Exception as exc:
             logger.warning(
@@ -1172,6 +1185,25 @@ class Conversations:
                 },
             )
         return run
+
+    def _embed(self, text: str) -> list[float] | None:
+        """The embedding of ``text``, or ``None`` (logged) when the embedder fails."""
+        embedder = self.embedder
+        if embedder is None or not text.strip():
+            return None
+        try:
+            with timed("EmbeddingLatency"):
+                return embedder.embed([text])[0]
+        except ProviderError as exc:
+            logger.warning(
+                "embedding failed; memory is ranked by keywords",
+                extra={"code": exc.code, "embedder": embedder.name},
+            )
+            return None
+
+    def _embedded(self, text: str) -> str | None:
+        vector = self._embed(text)
+        return None if vector is None else encode_vector(vector)
 
     def _write_memory(self, work: TurnWork) -> None:
         """Write what extraction planned, once the turn is committed (a cancelled turn
@@ -1303,6 +1335,16 @@ class Conversations:
                 summary_through=work.summary_through,
             ),
         )
+
+
+def _vector_of(record: MemoryRecord) -> list[float] | None:
+    """A record's stored embedding (``None``: none, or unreadable)."""
+    if record.embedding is None:
+        return None
+    try:
+        return decode_vector(record.embedding)
+    except ValueError:
+        return None
 
 
 #: Actors that name nobody in particular (no ``sub`` claim): they have no memory.
