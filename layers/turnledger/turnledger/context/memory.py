@@ -292,6 +292,8 @@ class Recall:
     records: list[MemoryRecord]
     message: Message | None = None
     ids: list[str] = field(default_factory=list)
+    #: ``False``: the records could not be read (no write-back plans against them).
+    complete: bool = True
 
 
 def recall_block(

@@ -1117,13 +1117,14 @@ class Conversations:
             for event in session.events
             if event.turn == session.turn and isinstance(body := event.body(), UserMessage)
         )
+        complete = True
         try:
             # Eventually consistent: half the price, and a record written a moment ago
             # by another conversation may wait for the next turn.
             records = MemoryBook(self.store, session.key.tenant, user).records(consistent=False)
         except Exception:
             logger.exception("could not read the user's memory; the turn goes on without it")
-            records = []
+            records, complete = [], False
         query_vector = self._embed(query) if records and self.embedder is not None else None
         ranked = rank(records, query, query_vector=query_vector, vector_of=_vector_of)
         message, ids = recall_block(
@@ -1132,7 +1133,13 @@ class Conversations:
             share=self.settings.memory_context_share,
             estimator=estimator,
         )
-        work.recall = Recall(user=user, records=records, message=message, ids=ids)
+        redactor = self.redactor
+        if message is not None and redactor is not None:
+            # Everything a model sees is redacted; records added by hand never were.
+            message = Message(role="system", content=redactor.text(message.content or ""))
+        work.recall = Recall(
+            user=user, records=records, message=message, ids=ids, complete=complete
+        )
         return work.recall
 
     def _extract_memory(self, work: TurnWork, run: RunRecord) -> RunRecord:
@@ -1141,7 +1148,7 @@ class Conversations:
         record's (``memory_usage``). A failure is logged and never fails the turn."""
         session = work.session
         user = session.options.memory_user
-        if user is None or work.recall is None:
+        if user is None or work.recall is None or not work.recall.complete:
             return run
         said = [
             (event.sequence, body.content)
