@@ -56,6 +56,7 @@ from ..context.memory import (
     recall_block,
 )
 from ..context.redaction import Redactor
+from ..core import deadline
 from ..core.config import Settings
 from ..core.exceptions import (
     ApprovalPending,
@@ -1157,6 +1158,11 @@ class Conversations:
         ]
         if not said:
             return run
+        left = deadline.remaining()
+        if left is not None and left < _MEMORY_MIN_SECONDS:
+            # The answer must still be committed: no extraction in the request's last seconds.
+            logger.warning("no time left for memory extraction", extra={"seconds_left": left})
+            return run
         redactor = self.redactor
         texts = [redactor.text(text) if redactor is not None else text for _, text in said]
         model = self.settings.summarizer_model or work.model
@@ -1353,6 +1359,9 @@ def _vector_of(record: MemoryRecord) -> list[float] | None:
     except ValueError:
         return None
 
+
+#: Seconds a request must have left for model calls to run the memory extraction.
+_MEMORY_MIN_SECONDS = 3.0
 
 #: Actors that name nobody in particular (no ``sub`` claim): they have no memory.
 ANONYMOUS_ACTORS = frozenset({"anonymous"})
