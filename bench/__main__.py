@@ -13,7 +13,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from bench import approvals, coldstart, context, forks, openai_face, providers, streaming, turns
+from bench import (
+    approvals,
+    coldstart,
+    context,
+    forks,
+    memory,
+    openai_face,
+    providers,
+    streaming,
+    turns,
+)
 
 BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "turns": turns.main,
@@ -24,6 +34,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "approvals": approvals.main,
     "openai": openai_face.main,
     "forks": forks.main,
+    "memory": memory.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

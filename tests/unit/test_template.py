@@ -63,6 +63,11 @@ CONTRACT_ROUTES = {
     ("GET", "/approvals", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/stream", "ReadFunction"),
+    ("GET", "/v1/memories", "ReadFunction"),
+    ("POST", "/v1/memories", "TurnFunction"),
+    ("PATCH", "/v1/memories/{id}", "TurnFunction"),
+    ("DELETE", "/v1/memories/{id}", "ClearFunction"),
+    ("DELETE", "/v1/memories", "ClearFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.core.config``).
@@ -279,6 +284,9 @@ def test_parameter_defaults_are_the_settings_defaults(template: dict[str, Any]) 
         "max_input_bytes",
         "approval_ttl_seconds",
         "max_tool_steps",
+        "memory_enabled",
+        "memory_max_records",
+        "memory_user_scope",
     ):
         assert getattr(settings, name) == getattr(defaults, name), name
 
@@ -748,6 +756,11 @@ API_EVENTS = [
     "approvals-page.json",
     "get-turn.json",
     "get-turn-stream.json",
+    "list-memories.json",
+    "add-memory.json",
+    "edit-memory.json",
+    "delete-memory.json",
+    "delete-memories.json",
 ]
 
 

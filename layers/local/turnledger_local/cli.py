@@ -205,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the demo models wait this long before each streamed word (default: 0)",
     )
+    local.add_argument(
+        "--memory",
+        action="store_true",
+        default=None,
+        help="turns recall and write back each user's long-term memory (MEMORY_ENABLED)",
+    )
     from .transfer_cli import add_commands
 
     add_commands(commands)
@@ -219,6 +225,7 @@ def _context_env(args: argparse.Namespace) -> dict[str, str]:
         "TURN_TOKEN_BUDGET": args.turn_token_budget,
         "REDACTION_FILE": args.redaction.resolve() if args.redaction else None,
         "DEMO_TOKEN_DELAY_MS": getattr(args, "demo_token_delay_ms", None),
+        "MEMORY_ENABLED": "true" if getattr(args, "memory", None) else None,
     }
     return {name: str(value) for name, value in flags.items() if value is not None}
 

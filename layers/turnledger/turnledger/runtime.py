@@ -22,7 +22,8 @@ from botocore.config import Config
 from .context.redaction import Redactor, load_redactor
 from .core.config import Settings
 from .ops.notifications import environment, publisher_from_env
-from .providers.factory import PROVIDERS, build_provider
+from .providers.embeddings import build_embedder
+from .providers.factory import PROVIDERS, api_key_source, build_provider
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
@@ -148,6 +149,9 @@ class Runtime:
             webhook_of=lambda tool: registry().get(tool).notify,
         )
 
+        # Memory's embedder, built on the first turn that ranks records (if configured).
+        embedder = cache(partial(build_embedder, settings, api_key_source(settings)))
+
         def service(store: ConversationStore) -> Conversations:
             # One service per store: the process's, and one per tenant on its own
             # credentials; all share the provider, the tool runner and the settings.
@@ -161,6 +165,7 @@ class Runtime:
                 tools=lambda: ToolRegistry.from_settings(settings),
                 runner=runner,
                 clock=clock,
+                embedder=embedder,
             )
             conversations.on_commit = publisher.on_commit if publisher else None
             return conversations

@@ -23,14 +23,14 @@ from ..core.models import CONVERSATION_ID_PATTERN
 from ..core.observability import logger, metrics, traced
 from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
-from . import openai, routes, streaming_routes, waits
+from . import memory_routes, openai, routes, streaming_routes, waits
 from .errors import body_for
 from .resolver import app, json_text, methods_of, raw_body
 
 __all__ = ["app", "lambda_handler"]
 
 #: The modules whose import registers routes and handlers on ``app``.
-REGISTERED = (routes, openai, waits, streaming_routes)
+REGISTERED = (routes, openai, waits, streaming_routes, memory_routes)
 #: Routes whose body is not one JSON object (an import is NDJSON).
 _NDJSON_ROUTES = ("/import",)
 

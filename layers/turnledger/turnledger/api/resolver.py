@@ -27,6 +27,7 @@ from ..core.exceptions import (
     ConversationBusy,
     InvalidConversationId,
     InvalidRequest,
+    MemoryUserNotAllowed,
     RequestValidationFailed,
     ServiceUnavailable,
     TurnledgerError,
@@ -67,11 +68,11 @@ app = APIGatewayHttpResolver(enable_validation=True, serializer=json_text)
 _ERROR_CODES = {
     400: "invalid_request, invalid_conversation_id, invalid_cursor",
     401: "unauthorized",
-    403: "approver_scope_missing, approver_is_requester",
-    404: "conversation_not_found",
+    403: "approver_scope_missing, approver_is_requester, memory_user_not_allowed",
+    404: "conversation_not_found, memory_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
     "unsupported_state_version, conversation_exists, input_pending, fork_point_open, "
-    "fork_too_deep",
+    "fork_too_deep, memory_full",
     410: "callback_invalid",
     413: "payload_too_large, import_too_large",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, unknown_model, "
@@ -179,6 +180,41 @@ def approver(conversation_id: str | None = None) -> Caller:
             )
         claims_used[settings.approver_claim] = settings.approver_scope
     return replace(who, approver_claims=claims_used)
+
+
+#: The header a trusted caller names the memory's user with (``MEMORY_USER_SCOPE``).
+MEMORY_USER_HEADER = "x-memory-user"
+#: What a named user may be: 1-256 characters, no control characters.
+_MEMORY_USER = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
+
+
+def memory_user() -> str | None:
+    """The memory user the current request names (``X-Memory-User``), or ``None``: the
+    caller's own ``sub``. Only a caller holding ``MEMORY_USER_SCOPE`` in the
+    ``APPROVER_CLAIM`` claim may name one (a backend acting for its users).
+
+    Raises:
+        MemoryUserNotAllowed: a user is named, and the deployment or the caller's
+            claims do not allow it.
+        InvalidRequest: the named user is empty, too long or holds control characters.
+    """
+    named = app.current_event.headers.get(MEMORY_USER_HEADER)
+    if named is None:
+        return None
+    settings = get_runtime().settings
+    jwt = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
+    jwt = jwt.get("jwt") or {}
+    held = _claim_values((jwt.get("claims") or {}).get(settings.approver_claim))
+    if settings.approver_claim == "scope":
+        held |= _claim_values(jwt.get("scopes") or [])
+    if not settings.memory_user_scope or settings.memory_user_scope not in held:
+        raise MemoryUserNotAllowed(
+            "naming the memory's user needs MEMORY_USER_SCOPE in the caller's claims",
+            details={"claim": settings.approver_claim, "header": "X-Memory-User"},
+        )
+    if not _MEMORY_USER.fullmatch(named.strip()):
+        raise InvalidRequest("X-Memory-User must be 1-256 characters, no control characters")
+    return named.strip()
 
 
 def conversation(conversation_id: str) -> tuple[Caller, ConversationKey]:

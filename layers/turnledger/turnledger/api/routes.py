@@ -34,6 +34,7 @@ from .resolver import (
     conversation,
     idempotency_key,
     json_response,
+    memory_user,
     raw_body,
     responses,
 )
@@ -87,7 +88,7 @@ def _answer_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/turns",
-    responses=responses(TurnResponse, 400, 401, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
+    responses=responses(TurnResponse, 400, 401, 403, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
 )
 def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
@@ -98,6 +99,9 @@ def post_turn(
     """
     who, key = conversation(conversation_id)
     command = turn_command(request, idempotency_key())
+    named = memory_user()
+    if named is not None:
+        command = command.model_copy(update={"memory_user": named})
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, command)
     service = get_runtime().conversations_for(key.tenant)

@@ -91,6 +91,11 @@ class TurnRequest(_Body):
         description="Extra tool names that need approval for this call; never waives one.",
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Stored on the turn.")
+    memory: bool = Field(
+        default=True,
+        description="false: this turn neither recalls nor writes back the user's long-term "
+        "memory (where the deployment has it on).",
+    )
 
     @field_validator("input", mode="wrap")
     @classmethod
@@ -486,3 +491,55 @@ class InboxPageView(BaseModel):
     next_cursor: str | None = Field(
         description="Pass as cursor= for the next page; null when there is none."
     )
+
+
+# --- long-term memory (/v1/memories) ----------------------------------------------------------
+
+_MEMORY_KEY = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+
+class MemoryView(BaseModel):
+    """One memory record of the caller's user."""
+
+    id: str
+    text: str
+    key: str | None = None
+    source: Literal["extracted", "manual"]
+    conversation_id: str | None = None
+    from_sequence: int | None = None
+    to_sequence: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class MemoryPageView(BaseModel):
+    """A page of the caller's user's memory records, oldest first."""
+
+    items: list[MemoryView]
+    next_cursor: str | None = Field(
+        description="Pass as after= for the next page; null when there is none."
+    )
+
+
+class MemoryCreate(_Body):
+    """Body of ``POST /v1/memories``."""
+
+    text: str = Field(min_length=1, max_length=1000, pattern=_SOME_TEXT)
+    key: str | None = Field(
+        default=None,
+        pattern=_MEMORY_KEY,
+        description="A record with this key is superseded (edited in place) instead.",
+    )
+
+
+class MemoryPatch(_Body):
+    """Body of ``PATCH /v1/memories/{id}``: the fields to change."""
+
+    text: str | None = Field(default=None, min_length=1, max_length=1000, pattern=_SOME_TEXT)
+    key: str | None = Field(default=None, pattern=_MEMORY_KEY)
+
+
+class MemoriesDeleted(BaseModel):
+    """Answer of ``DELETE /v1/memories``."""
+
+    deleted: int

@@ -71,6 +71,7 @@ def turn_command(request: TurnRequest, idempotency_key: str | None = None) -> Tu
         require_approval=request.require_approval,
         metadata=request.metadata,
         idempotency_key=idempotency_key,
+        memory=request.memory,
     )
 
 

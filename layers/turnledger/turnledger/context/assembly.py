@@ -3,11 +3,14 @@
 The transcript is the record; the context is derived from it on every turn,
 in this order::
 
-    system prompt -> the newest summary -> the newest whole turns that fit -> (the new input)
+    system prompt -> recalled memory -> the newest summary -> the newest whole turns that fit
+    -> (the new input)
 
 The current turn (the new input, and the calls and results of a turn that is
 still running) is always sent whole: a user message outranks a summary, so
-when even that does not fit, the summary is left out before any of it.
+when even that does not fit, the summary is left out before any of it, and the
+user's recalled memory (:mod:`turnledger.context.memory`, already cut to its share of
+the budget) before the summary.
 
 Only conversational events become messages: user and assistant messages and
 tool results. Execution-state events (requests, approvals), failed turns and
@@ -281,9 +284,11 @@ def assemble(
     estimator: Estimator,
     system_prompt: str = "",
     redactor: Redactor | None = None,
+    memory: Message | None = None,
 ) -> Assembly:
     """The context of the next model call over ``events`` (everything after the newest
-    summary's range, the summary's event among them; the current turn last).
+    summary's range, the summary's event among them; the current turn last), with the
+    user's recalled ``memory`` block after the system prompt when it fits.
 
     Raises:
         CorruptedState: the newest summary does not match its hash.
@@ -307,6 +312,12 @@ def assemble(
             used += cost
         else:
             summary_message = None  # the newest turn outranks the summary
+    if memory is not None:
+        cost = estimator.tokens([memory])
+        if used + cost <= budget:
+            used += cost
+            fixed += cost
+            head.append(memory)
     for turn in reversed(turns[:-1]):
         if used + turn.tokens > budget:
             break
@@ -411,12 +422,14 @@ def rebuild(
     per_message: int,
     system_prompt: str = "",
     redactor: Redactor | None = None,
+    memory: Message | None = None,
 ) -> Assembly:
     """The context a past model call sent, recomputed from the log.
 
     ``events``: the log up to (not including) the call's ``assistant_message``
     event; older events than the newest summary may be included or not. Compare
-    ``.sha256`` with ``run.context_sha256``.
+    ``.sha256`` with ``run.context_sha256``. ``memory``: the memory block of the
+    records ``run.memory_ids`` names, as they read then (memory is not in the log).
     """
     return assemble(
         events,
@@ -424,4 +437,5 @@ def rebuild(
         estimator=Estimator(count=count, scale=run.token_scale, per_message=per_message),
         system_prompt=system_prompt,
         redactor=redactor,
+        memory=memory,
     )

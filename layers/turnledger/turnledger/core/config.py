@@ -83,6 +83,17 @@ Long and streamed turns (``Prefer: respond-async``):
 | ``TURN_WORKER_ENDPOINT`` | (AWS) | the Lambda endpoint that starts it (local runner) |
 | ``DRAFT_FLUSH_MS``, ``_CHARS`` | ``250``, ``400`` | a draft chunk at most this often, or size |
 | ``DEMO_TOKEN_DELAY_MS`` | ``0`` | the demo models wait this long before each streamed word |
+
+Long-term memory per user (:mod:`turnledger.store.memories`, :mod:`turnledger.context.memory`):
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``MEMORY_ENABLED`` | ``false`` | ``true``: turns recall and write back the user's memory |
+| ``MEMORY_MAX_RECORDS`` | ``200`` | records a user may keep (write-back drops the oldest beyond) |
+| ``MEMORY_CONTEXT_SHARE`` | ``0.1`` | share of the context budget the recalled records may take |
+| ``MEMORY_USER_SCOPE`` | (empty: off) | holding it (``APPROVER_CLAIM``): may name the user |
+| ``MEMORY_EMBEDDINGS`` | (none: keywords) | ``openai`` or ``bedrock``: rank by embeddings |
+| ``MEMORY_EMBEDDING_MODEL`` | (per kind) | see :mod:`turnledger.providers.embeddings` |
 """
 
 from __future__ import annotations
@@ -138,6 +149,19 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     if raw not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
     return raw
+
+
+def _share(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must be over 0 and at most 1, got {value}")
+    return value
 
 
 def _tenant_ints(raw: str, name: str) -> dict[str, int]:
@@ -287,6 +311,19 @@ class Settings:
     turn_worker_function: str | None = None
     #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
     turn_worker_endpoint: str | None = None
+    # --- long-term memory per user (store/memories.py, context/memory.py) ---
+    #: Turns recall the user's records and write back what the user said about themselves.
+    memory_enabled: bool = False
+    #: Records one user may keep; write-back drops the least recently updated beyond it.
+    memory_max_records: int = 200
+    #: The share of the context budget the recalled records may take.
+    memory_context_share: float = 0.1
+    #: A caller holding this value in ``approver_claim`` may name the memory's user
+    #: (``X-Memory-User``); empty: nobody may, the user is always the caller's ``sub``.
+    memory_user_scope: str = ""
+    #: ``openai`` or ``bedrock``: rank records by embeddings (``None``: keywords, recency).
+    memory_embeddings: str | None = None
+    memory_embedding_model: str | None = None
 
     @property
     def models_allowed(self) -> frozenset[str] | None:
@@ -418,4 +455,10 @@ class Settings:
             draft_flush_chars=_int(env, "DRAFT_FLUSH_CHARS", cls.draft_flush_chars),
             turn_worker_function=opt("TURN_WORKER_FUNCTION"),
             turn_worker_endpoint=opt("TURN_WORKER_ENDPOINT"),
+            memory_enabled=_bool(env, "MEMORY_ENABLED", cls.memory_enabled),
+            memory_max_records=_int(env, "MEMORY_MAX_RECORDS", cls.memory_max_records),
+            memory_context_share=_share(env, "MEMORY_CONTEXT_SHARE", cls.memory_context_share),
+            memory_user_scope=env.get("MEMORY_USER_SCOPE", "").strip(),
+            memory_embeddings=_choice(env, "MEMORY_EMBEDDINGS", ("openai", "bedrock"), "") or None,
+            memory_embedding_model=opt("MEMORY_EMBEDDING_MODEL"),
         )

@@ -13,7 +13,9 @@ hierarchy to responses and never matches on message text::
     ├── Unauthorized                 401 unauthorized
     ├── ApproverScopeMissing         403 approver_scope_missing
     ├── ApproverIsRequester          403 approver_is_requester
+    ├── MemoryUserNotAllowed         403 memory_user_not_allowed
     ├── ConversationNotFound         404 conversation_not_found
+    ├── MemoryNotFound               404 memory_not_found
     ├── ConversationBusy             409 conversation_busy
     ├── (calls pending)
     │   ├── ApprovalPending          409 approval_pending
@@ -21,6 +23,7 @@ hierarchy to responses and never matches on message text::
     ├── NotAwaitingApproval          409 not_awaiting_approval
     ├── BudgetExceeded               409 budget_exceeded
     ├── ConversationExists           409 conversation_exists
+    ├── MemoryFull                   409 memory_full
     ├── StateError
     │   ├── CorruptedState           409 corrupted_state
     │   └── UnsupportedStateVersion  409 unsupported_state_version
@@ -216,6 +219,27 @@ class InvalidForkPoint(TurnledgerError):
 
     status = 422
     code = "invalid_fork_point"
+
+
+class MemoryUserNotAllowed(TurnledgerError):
+    """The caller named a memory user (``X-Memory-User``) without the scope that allows it."""
+
+    status = 403
+    code = "memory_user_not_allowed"
+
+
+class MemoryNotFound(TurnledgerError):
+    """The caller's user has no memory record with this id (another user's is never found)."""
+
+    status = 404
+    code = "memory_not_found"
+
+
+class MemoryFull(TurnledgerError):
+    """A record added by hand would take the user past ``MEMORY_MAX_RECORDS``."""
+
+    status = 409
+    code = "memory_full"
 
 
 class PayloadTooLarge(TurnledgerError):

@@ -171,6 +171,11 @@ class RunRecord(_Strict):
     #: continue from it.
     made_with: str | None = None
     cost_usd: float = 0.0
+    #: The user's memory records the context carried (``turnledger.context.memory``).
+    memory_ids: list[str] = Field(default_factory=list)
+    #: What the memory extraction after this answer used (its cost is in ``cost_usd``'s
+    #: head rollup, not in ``cost_usd``); ``None``: none ran.
+    memory_usage: Usage | None = None
 
 
 class AssistantMessage(_Strict):
@@ -611,6 +616,8 @@ class TurnOptions(_Strict):
     #: Who began the turn: a sha256 of its ``Idempotency-Key`` (if any) and body, so a
     #: retry of that request resumes the turn instead of beginning another.
     request_sha256: str | None = None
+    #: The user whose long-term memory the turn recalls and writes back (``None``: off).
+    memory_user: str | None = None
 
 
 class SummaryRef(_Strict):

@@ -113,6 +113,7 @@ from ..store import codec, forks, keys
 from ..store.base import CapacityMeter, ConversationStore, PurgeReport
 from ..store.codec import Item
 from ..store.indexes import EventStamp
+from ..store.memories import memory_users
 from ..turn import lifecycle
 from ..turn.results import SweepReport
 from ..turn.session import Clock
@@ -442,7 +443,9 @@ class Sweeper:
 
     def erase(self, tenant: str, clear_with: ConversationStore | None = None) -> SweepReport:
         """Clear every conversation of ``tenant``, in index order, until the deadline; once
-        all are, the tenant's own side items (:func:`~turnledger.store.keys.tenant_items`).
+        all are, every user's memory partition (:mod:`turnledger.store.memories`, found
+        through the users filed in the tenant's own partition), then the tenant's own side
+        items (:func:`~turnledger.store.keys.tenant_items`).
 
         The conversations are listed on this store (the ``by-tenant`` index) and cleared
         through ``clear_with`` (default: this store): the API passes the tenant's own
@@ -453,7 +456,14 @@ class Sweeper:
         target = self.store if clear_with is None else clear_with
         start = target.meter.snapshot()
         if self._each(self.store.of_tenant(tenant), run, lambda k: target.clear(k, now)):
-            target.clear(keys.tenant_items(tenant), now)
+            for user in memory_users(target, tenant):
+                if self.deadline.reached():
+                    run.complete = False
+                    break
+                target.clear(keys.memory_items(tenant, user), now)
+            else:
+                # Last: the users filed here are how a later call finds what is left.
+                target.clear(keys.tenant_items(tenant), now)
         report = run.report()
         if target is self.store:
             return report

@@ -113,8 +113,9 @@ class ModelRequest(BaseModel):
     model: str
     messages: list[Message]
     tools: list[ToolSpec] = Field(default_factory=list)
-    #: What the call is for: the demo model answers ``summary`` calls as a summarizer.
-    purpose: Literal["turn", "summary"] = "turn"
+    #: What the call is for: the demo model answers ``summary`` calls as a summarizer and
+    #: ``memory`` calls as the memory extractor (:mod:`turnledger.context.memory`).
+    purpose: Literal["turn", "summary", "memory"] = "turn"
     response_format: ResponseFormat | None = None
     #: Stored provider state the pipeline found usable (stateful providers only).
     continuation: Continuation | None = None

@@ -14,7 +14,8 @@ from the HTTP contract, applied in this order:
   as received (so redaction can be seen);
 * the last user message asks ``what is my name``: ``Your name is X.`` from the
   latest ``my name is X`` of the user messages, else of the summaries in its
-  context, or ``I don't know your name yet.``;
+  context, else of the recalled memory block (a system message starting with
+  ``Memory of this user``), or ``I don't know your name yet.``;
 * otherwise ``Noted (K user messages so far).``
 
 In JSON mode (``response_format`` set) a text answer ``T`` comes as the JSON
@@ -26,6 +27,14 @@ builds) it answers ``Summary of earlier conversation: `` and items joined by
 `` | ``: the previous summary's items, then each newly summarized user message
 cut to 60 characters; past 12 items it keeps every item holding ``my name
 is`` and the newest others, 12 in all.
+
+As the memory extractor (``purpose="memory"``, the request
+:func:`turnledger.context.memory.extraction_request` builds) it answers the JSON
+``{"memories": [{"key": K, "text": T}, ...]}`` from each user message, by these
+rules (X runs to the end of its sentence): ``my name is X`` -> ``name``,
+``My name is X.``; ``I live in X`` or ``I moved to X`` -> ``city``, ``I live in X.``;
+``answer in X`` -> ``language``, ``Answer in X.``; ``I work on X`` -> ``work``,
+``I work on X.``. A later statement of a key wins.
 
 Usage is counted in words: ``input_tokens`` over every message's content,
 ``output_tokens`` over the reply's text (for tool calls: over the ``/tool``
@@ -47,6 +56,46 @@ _TOOL_LINE = re.compile(r"/tool\s+(?P<name>\S+)(?:\s+(?P<arguments>.*))?", re.DO
 _ASKS_NAME = re.compile(r"what\s+is\s+my\s+name", re.IGNORECASE)
 # `[^\W_]` is a letter or a digit, in any script.
 _GIVES_NAME = re.compile(r"\bmy\s+name\s+is\s+(?P<name>[^\W_]+)", re.IGNORECASE)
+
+
+#: What a recalled memory block starts with (``turnledger.context.memory.MEMORY_PREFIX``).
+MEMORY_PREFIX = "Memory of this user"
+#: The demo extractor's rules: (pattern, key, the record's text for the matched ``X``).
+_FACTS: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (_GIVES_NAME, "name", "My name is {}."),
+    (
+        re.compile(r"\bI\s+(?:live\s+in|moved\s+to)\s+(?P<x>[^.!?,;\n]+)", re.I),
+        "city",
+        "I live in {}.",
+    ),
+    (re.compile(r"\banswer\s+in\s+(?P<x>[^.!?,;\n]+)", re.I), "language", "Answer in {}."),
+    (re.compile(r"\bI\s+work\s+on\s+(?P<x>[^.!?,;\n]+)", re.I), "work", "I work on {}."),
+)
+
+
+def extract(request: ModelRequest) -> str:
+    """The demo extractor's answer to a memory request (see the module docstring).
+
+    Raises:
+        ProviderError: the request is not the JSON a memory request holds.
+    """
+    user = next((m.content for m in request.messages if m.role == "user"), None)
+    try:
+        texts = [str(text) for text in json.loads(user or "")["messages"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProviderError(
+            "the demo extractor got a request it cannot read",
+            details={"reason": "invalid_memory_request", "error": type(exc).__name__},
+        ) from exc
+    found: dict[str, str] = {}
+    for text in texts:
+        for pattern, key, template in _FACTS:
+            for match in pattern.finditer(text):
+                value = " ".join((match.groupdict().get("x") or match["name"]).split())
+                found.pop(key, None)  # the latest statement goes last
+                found[key] = template.format(value)
+    memories = [{"key": key, "text": text} for key, text in found.items()]
+    return json.dumps({"memories": memories}, ensure_ascii=False)
 
 
 #: A word with the whitespace before it: the pieces the demo model streams.
@@ -214,7 +263,12 @@ class DemoProvider(Provider):
         messages = request.messages
         usage_in = sum(_words(message.content) for message in messages)
 
-        text = summarize(request) if request.purpose == "summary" else _tool_results(messages)
+        if request.purpose == "memory":
+            text: str | None = extract(request)
+        elif request.purpose == "summary":
+            text = summarize(request)
+        else:
+            text = _tool_results(messages)
         if text is None:
             user_texts = [m.content or "" for m in messages if m.role == "user"]
             last = user_texts[-1] if user_texts else ""
@@ -230,7 +284,12 @@ class DemoProvider(Provider):
                 for m in messages
                 if m.role == "system" and (m.content or "").startswith(SUMMARY_PREFIX)
             ]
-            text = self._answer(last, user_texts, summaries)
+            memory = [
+                m.content or ""
+                for m in messages
+                if m.role == "system" and (m.content or "").startswith(MEMORY_PREFIX)
+            ]
+            text = self._answer(last, user_texts, [*memory, *summaries])
 
         if request.response_format is not None and request.purpose == "turn":
             text = json.dumps({"answer": text}, ensure_ascii=False)

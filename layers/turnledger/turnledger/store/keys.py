@@ -16,7 +16,9 @@ Table layout (one partition per conversation)::
                                      life is a fork
 
     pk = "T#<tenant>#C##tenant"      the tenant's own side items (no head, no events):
-                                     the OpenAI face's transcript index (:func:`tenant_items`)
+                                     the OpenAI face's transcript index (:func:`tenant_items`),
+                                     the list of users with memory (:func:`memory_user_key`)
+    pk = "T#<tenant>#C##memory#<user>"  one user's memory records (:func:`memory_items`)
 
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
 the head followed by the newest events: a turn reads its state in one round
@@ -62,6 +64,13 @@ _SEQ_WIDTH = 12
 #: The "conversation id" of the partition holding a tenant's own side items: no conversation
 #: id can contain ``#``, so no conversation ever has this partition.
 TENANT_ITEMS_ID = "#tenant"
+#: What the "conversation id" of a user's memory partition starts with (``#``: no
+#: conversation has it); the percent-encoded user follows.
+MEMORY_ITEMS_PREFIX = "#memory#"
+#: Sort key prefix of a memory record (in the user's partition) and of a user's entry in
+#: the tenant's own partition (what tenant erasure reads to find every user's partition).
+MEMORY_RECORD_PREFIX = f"{SIDE_PREFIX}m#"
+MEMORY_USER_PREFIX = f"{SIDE_PREFIX}mu#"
 
 #: The expiry index groups heads by the hour their TTL falls in, split into
 #: shards so one busy hour does not become one hot index partition.
@@ -86,6 +95,24 @@ def tenant_items(tenant: str) -> ConversationKey:
     """Where ``tenant``'s own side items live: a partition under the tenant's prefix that no
     conversation has (it never holds a head or events; clearing it deletes its items)."""
     return ConversationKey(tenant=tenant, conversation_id=TENANT_ITEMS_ID)
+
+
+def memory_items(tenant: str, user: str) -> ConversationKey:
+    """Where ``user``'s memory records live: a partition under ``tenant``'s prefix that no
+    conversation has (the user is percent-encoded, so it never holds a separator)."""
+    return ConversationKey(
+        tenant=tenant, conversation_id=f"{MEMORY_ITEMS_PREFIX}{quote(user, safe='')}"
+    )
+
+
+def memory_user_key(user: str) -> str:
+    """The sort key of ``user``'s entry in the tenant's own partition (:func:`tenant_items`)."""
+    return f"{MEMORY_USER_PREFIX}{quote(user, safe='')}"
+
+
+def memory_user_of(sort_key: str) -> str:
+    """Invert :func:`memory_user_key`."""
+    return unquote(sort_key.removeprefix(MEMORY_USER_PREFIX))
 
 
 def parse_partition_key(pk: str) -> ConversationKey:

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from math import ceil
 from typing import Any, Literal
 
+from ..context.memory import Recall, WritePlan
 from ..core import deadline
 from ..core.config import Settings
 from ..core.exceptions import ConversationBusy, InternalError, UnknownToolCall
@@ -87,6 +88,10 @@ class TurnWork:
     tokens_estimated: int = 0
     budget_tokens: int = 0
     summary_through: int | None = None
+    #: The user's memory as this request read it and what the turn recalled (``None``:
+    #: not read yet); what write-back changes once the turn is committed.
+    recall: Recall | None = None
+    memory_plan: WritePlan | None = None
 
 
 #: Seconds a lease outlasts the longest thing its holder may still do, so a slow but

@@ -46,7 +46,17 @@ from ..context.assembly import (
     text_sha256,
     turns_to_compact,
 )
+from ..context.memory import (
+    Provenance,
+    Recall,
+    extraction_request,
+    parse_facts,
+    plan_writes,
+    rank,
+    recall_block,
+)
 from ..context.redaction import Redactor
+from ..core import deadline
 from ..core.config import Settings
 from ..core.exceptions import (
     ApprovalPending,
@@ -90,7 +100,9 @@ from ..providers.base import (
     ResponseFormat,
     ToolSpec,
 )
+from ..providers.embeddings import Embedder, decode_vector, encode_vector
 from ..store.base import ContextBudget, ConversationStore, PurgeReport
+from ..store.memories import MemoryBook, MemoryRecord
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
@@ -145,8 +157,11 @@ class Conversations:
         redactor: Redactor | Callable[[], Redactor | None] | None = None,
         summarizer: Provider | None = None,
         providers: Callable[[str], Provider] | None = None,
+        embedder: Embedder | Callable[[], Embedder | None] | None = None,
     ) -> None:
         self.store = store
+        #: Ranks memory records by embeddings (``None``: by keywords and recency).
+        self._embedder = embedder
         #: The deployment's default provider; others it allows are built by ``providers``.
         self.provider = provider
         self._build_provider = providers
@@ -168,6 +183,13 @@ class Conversations:
         )
         #: Told of every commit that landed (notifications, :mod:`turnledger.ops.notifications`).
         self.on_commit: CommitHook | None = None
+
+    @cached_property
+    def embedder(self) -> Embedder | None:
+        """What ranks memory records by embeddings (built on first use), or ``None``."""
+        if self._embedder is None or isinstance(self._embedder, Embedder):
+            return self._embedder
+        return self._embedder()
 
     @cached_property
     def tools(self) -> ToolRegistry:
@@ -320,6 +342,7 @@ class Conversations:
                 require_approval=command.require_approval,
                 client_tools=command.client_tools,
                 request_sha256=identity,
+                memory_user=self._memory_user(actor, command),
             )
             work = self._work(session)
         for content in messages:
@@ -806,6 +829,8 @@ class Conversations:
                 self._commit(work)
                 return
             reply, run = self._call_model(work)
+            if not reply.tool_calls:
+                run = self._extract_memory(work, run)
             session.usage = session.usage + reply.usage
             session.cost_usd += run.cost_usd
             work.usage = work.usage + reply.usage
@@ -831,6 +856,7 @@ class Conversations:
                 work.output_json = value
             if not calls:
                 self._commit(work)
+                self._write_memory(work)
                 return
             self.calls.request(work, calls)
 
@@ -893,6 +919,8 @@ class Conversations:
         estimator = self._estimator(provider, session)
         budget = self.settings.context_budget(work.model)
 
+        recall = self._recall(work, budget, estimator)
+
         def build() -> Assembly:
             return assemble(
                 session.events,
@@ -900,6 +928,7 @@ class Conversations:
                 estimator=estimator,
                 system_prompt=self.settings.system_prompt,
                 redactor=redactor,
+                memory=recall.message if recall is not None else None,
             )
 
         assembly = build()
@@ -964,6 +993,11 @@ class Conversations:
             cost_usd=self.settings.model_spec(model).cost(
                 reply.usage.input_tokens, reply.usage.output_tokens
             ),
+            memory_ids=recall.ids
+            if recall is not None
+            and recall.message is not None
+            and recall.message in assembly.messages
+            else [],
         )
 
     def _continuation(
@@ -1115,6 +1149,145 @@ class Conversations:
             self._providers[name] = self._build_provider(name)
         return self._providers[name]
 
+    # --- long-term memory (context/memory.py, store/memories.py) ---------------------------
+
+    def _memory_user(self, actor: str, command: TurnCommand) -> str | None:
+        """Whose memory a turn uses: the user a trusted caller named, else the actor;
+        ``None`` when memory is off for the deployment or the turn, or nobody is named."""
+        if not self.settings.memory_enabled or not command.memory:
+            return None
+        user = command.memory_user or actor
+        return None if user in ANONYMOUS_ACTORS else user
+
+    def _recall(self, work: TurnWork, budget: int, estimator: Estimator) -> Recall | None:
+        """Read the turn's user's records once per request and pick the block its context
+        carries. A failure to read is logged: the turn goes on without memory."""
+        user = work.session.options.memory_user
+        if user is None:
+            return None
+        if work.recall is not None and work.recall.user == user:
+            return work.recall
+        session = work.session
+        query = " ".join(
+            body.content
+            for event in session.events
+            if event.turn == session.turn and isinstance(body := event.body(), UserMessage)
+        )
+        complete = True
+        try:
+            # Eventually consistent: half the price, and a record written a moment ago
+            # by another conversation may wait for the next turn.
+            records = MemoryBook(self.store, session.key.tenant, user).records(consistent=False)
+        except Exception:
+            logger.exception("could not read the user's memory; the turn goes on without it")
+            records, complete = [], False
+        query_vector = self._embed(query) if records and self.embedder is not None else None
+        ranked = rank(records, query, query_vector=query_vector, vector_of=_vector_of)
+        message, ids = recall_block(
+            ranked,
+            budget=budget,
+            share=self.settings.memory_context_share,
+            estimator=estimator,
+        )
+        redactor = self.redactor
+        if message is not None and redactor is not None:
+            # Everything a model sees is redacted; records added by hand never were.
+            message = Message(role="system", content=redactor.text(message.content or ""))
+        work.recall = Recall(
+            user=user, records=records, message=message, ids=ids, complete=complete
+        )
+        return work.recall
+
+    def _extract_memory(self, work: TurnWork, run: RunRecord) -> RunRecord:
+        """Ask the summarizer for the facts the user stated in this turn and plan their
+        writes (done after the commit); the call's usage is the head's and the run
+        record's (``memory_usage``). A failure is logged and never fails the turn."""
+        session = work.session
+        user = session.options.memory_user
+        if user is None or work.recall is None or not work.recall.complete:
+            return run
+        said = [
+            (event.sequence, body.content)
+            for event in session.events
+            if event.turn == session.turn and isinstance(body := event.body(), UserMessage)
+        ]
+        if not said:
+            return run
+        left = deadline.remaining()
+        if left is not None and left < _MEMORY_MIN_SECONDS:
+            # The answer must still be committed: no extraction in the request's last seconds.
+            logger.warning("no time left for memory extraction", extra={"seconds_left": left})
+            return run
+        redactor = self.redactor
+        texts = [redactor.text(text) if redactor is not None else text for _, text in said]
+        model = self.settings.summarizer_model or work.model
+        summarizer: Provider | None = None
+        try:
+            summarizer = self._summarizer(work)
+            with timed("MemoryExtractionLatency"):
+                reply = summarizer.complete(extraction_request(model, texts, work.recall.records))
+            session.usage = session.usage + reply.usage
+            session.cost_usd += self.settings.model_spec(reply.model or model).cost(
+                reply.usage.input_tokens, reply.usage.output_tokens
+            )
+            run = run.model_copy(update={"memory_usage": reply.usage})
+            facts = parse_facts(reply.text or "")
+            work.memory_plan = plan_writes(
+                work.recall.records,
+                facts,
+                now=self.clock(),
+                source=Provenance(
+                    conversation_id=session.key.conversation_id,
+                    from_sequence=said[0][0],
+                    to_sequence=said[-1][0],
+                ),
+                cap=max(self.settings.memory_max_records, 1),
+                embed=self._embedded if self.embedder is not None else None,
+            )
+        except Exception as exc:
+            logger.warning(
+                "memory extraction failed; the turn is answered without it",
+                extra={
+                    "error": type(exc).__name__,
+                    "summarizer": summarizer.name if summarizer else None,
+                },
+            )
+        return run
+
+    def _embed(self, text: str) -> list[float] | None:
+        """The embedding of ``text``, or ``None`` (logged) when the embedder fails."""
+        embedder = self.embedder
+        if embedder is None or not text.strip():
+            return None
+        try:
+            with timed("EmbeddingLatency"):
+                return embedder.embed([text])[0]
+        except ProviderError as exc:
+            logger.warning(
+                "embedding failed; memory is ranked by keywords",
+                extra={"code": exc.code, "embedder": embedder.name},
+            )
+            return None
+
+    def _embedded(self, text: str) -> str | None:
+        vector = self._embed(text)
+        return None if vector is None else encode_vector(vector)
+
+    def _write_memory(self, work: TurnWork) -> None:
+        """Write what extraction planned, once the turn is committed (a cancelled turn
+        writes nothing). A failure is logged: the turn's answer stands."""
+        plan, recall = work.memory_plan, work.recall
+        work.memory_plan = None
+        if plan is None or recall is None or work.status_reason == "cancelled":
+            return
+        book = MemoryBook(self.store, work.session.key.tenant, recall.user)
+        try:
+            for index, record in enumerate(plan.puts):
+                book.put(record, first=index == 0 and not recall.records)
+            book.delete(plan.deletes)
+        except Exception:
+            logger.exception("could not write the user's memory; the turn's answer stands")
+
     def _record_failure(self, work: TurnWork, exc: ProviderError) -> None:
         """Commit a ``turn_failed`` event for a failed model call (``turn_interrupted``
         for one a cancel stopped while its answer streamed).
@@ -1231,6 +1404,22 @@ class Conversations:
             ),
         )
 
+
+def _vector_of(record: MemoryRecord) -> list[float] | None:
+    """A record's stored embedding (``None``: none, or unreadable)."""
+    if record.embedding is None:
+        return None
+    try:
+        return decode_vector(record.embedding)
+    except ValueError:
+        return None
+
+
+#: Seconds a request must have left for model calls to run the memory extraction.
+_MEMORY_MIN_SECONDS = 3.0
+
+#: Actors that name nobody in particular (no ``sub`` claim): they have no memory.
+ANONYMOUS_ACTORS = frozenset({"anonymous"})
 
 #: Estimates are scaled to the reported usage and then 5 % over it: conservative.
 _CALIBRATION_MARGIN = 1.05
