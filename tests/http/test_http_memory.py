@@ -155,8 +155,14 @@ def test_tenant_erasure_removes_memory(api: httpx.Client) -> None:
 
 
 def test_a_turn_that_opts_out_neither_writes_nor_recalls(api: httpx.Client) -> None:
+    """``"memory": false`` opts the conversation out from that turn on (later turns need not
+    repeat it); ``true`` opts it back in."""
     say(api, "mem-out", "my name is Zed", ANN, memory=False)
+    say(api, "mem-out", "I live in Oslo", ANN)
     assert memories(api, ANN) == []
+    say(api, "mem-out", "I work on billing", ANN, memory=True)
+    assert [m["key"] for m in memories(api, ANN)] == ["work"]
+    api.delete("/v1/memories", headers=ANN)
     say(api, "mem-out-2", "my name is Ann", ANN)
     assert say(api, "mem-out-3", "what is my name?", ANN, memory=False) == (
         "I don't know your name yet."

@@ -91,10 +91,11 @@ class TurnRequest(_Body):
         description="Extra tool names that need approval for this call; never waives one.",
     )
     metadata: dict[str, str] = Field(default_factory=dict, description="Stored on the turn.")
-    memory: bool = Field(
-        default=True,
-        description="false: this turn neither recalls nor writes back the user's long-term "
-        "memory (where the deployment has it on).",
+    memory: bool | None = Field(
+        default=None,
+        description="false: the conversation neither recalls nor writes back the user's "
+        "long-term memory from this turn on; true: it does again (where the deployment has "
+        "memory on). Absent: as the conversation did.",
     )
 
     @field_validator("input", mode="wrap")

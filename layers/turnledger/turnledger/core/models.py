@@ -713,6 +713,8 @@ class Head(_Strict):
     #: (:func:`turnledger.turn.lifecycle.wait_deadline`): the store files the head under its
     #: hour on the ``by-wait`` index. ``None``: no such wait.
     wait_deadline: datetime | None = None
+    #: The conversation opted out of long-term memory (a turn sent ``"memory": false``).
+    memory_off: bool = False
     #: Set on a fork (``POST .../fork``): its parent and the inherited events' whereabouts.
     #: The fork's own events start at public sequence ``fork.seq + 1``.
     fork: ForkOrigin | None = None

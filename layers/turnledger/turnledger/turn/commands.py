@@ -45,8 +45,9 @@ class TurnCommand(_Command):
     #: The request's ``Idempotency-Key``: with the rest, who began a turn, so a retry of
     #: that request resumes the turn instead of beginning another.
     idempotency_key: str | None = None
-    #: ``False``: this turn neither recalls nor writes back the user's long-term memory.
-    memory: bool = True
+    #: ``False``: the conversation neither recalls nor writes back the user's long-term
+    #: memory from this turn on; ``True``: it does again; ``None``: as it did.
+    memory: bool | None = None
     #: The user whose memory the turn uses, when a trusted caller named one (the edge
     #: checks who may); ``None``: the turn's actor. Never taken from the model.
     memory_user: str | None = None

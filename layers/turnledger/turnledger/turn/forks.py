@@ -200,6 +200,7 @@ def create_fork(
             if head.summary is not None and head.summary.sequence <= point.seq
             else None,
             token_scale=head.token_scale,
+            memory_off=head.memory_off,
             provider_cursor=inherited_cursor(store, parent, head, point),
             fork=ForkOrigin(
                 conversation_id=parent.conversation_id,

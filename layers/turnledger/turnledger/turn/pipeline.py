@@ -342,7 +342,7 @@ class Conversations:
                 require_approval=command.require_approval,
                 client_tools=command.client_tools,
                 request_sha256=identity,
-                memory_user=self._memory_user(actor, command),
+                memory_user=self._memory_user(actor, command, session),
             )
             work = self._work(session)
         for content in messages:
@@ -1151,10 +1151,14 @@ class Conversations:
 
     # --- long-term memory (context/memory.py, store/memories.py) ---------------------------
 
-    def _memory_user(self, actor: str, command: TurnCommand) -> str | None:
+    def _memory_user(self, actor: str, command: TurnCommand, session: Session) -> str | None:
         """Whose memory a turn uses: the user a trusted caller named, else the actor;
-        ``None`` when memory is off for the deployment or the turn, or nobody is named."""
-        if not self.settings.memory_enabled or not command.memory:
+        ``None`` when memory is off for the deployment or the conversation (a turn's
+        ``memory`` opts the conversation out, or in again, from that turn on), or nobody
+        is named."""
+        if command.memory is not None:
+            session.memory_off = not command.memory
+        if not self.settings.memory_enabled or session.memory_off:
             return None
         user = command.memory_user or actor
         return None if user in ANONYMOUS_ACTORS else user

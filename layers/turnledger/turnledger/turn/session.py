@@ -80,6 +80,8 @@ class Session:
     cost_usd: float = 0.0
     token_scale: float | None = None
     provider_cursor: ProviderCursor | None = None
+    #: The conversation opted out of long-term memory (:attr:`Head.memory_off`).
+    memory_off: bool = False
     #: Held while this request runs tools (taken and released by :attr:`life`).
     lease: Lease | None = None
     #: A cancel request for the running turn (written by :attr:`life`).
@@ -128,6 +130,7 @@ class Session:
             cost_usd=head.cost_usd,
             token_scale=head.token_scale,
             provider_cursor=head.provider_cursor,
+            memory_off=head.memory_off,
         )
 
     @property
@@ -164,6 +167,7 @@ class Session:
         self.cost_usd = head.cost_usd if head else 0.0
         self.token_scale = head.token_scale if head else None
         self.provider_cursor = head.provider_cursor if head else None
+        self.memory_off = head.memory_off if head else False
         self.lease = None
         self.cancel = None
         self.life.rolled_back()
@@ -230,6 +234,7 @@ class Session:
             cancel=cancel,
             wait_deadline=wait_deadline(self.pending),
             fork=self.head.fork if self.head else None,
+            memory_off=self.memory_off,
         )
         written = self.store.commit(
             self.key,
