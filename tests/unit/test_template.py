@@ -59,6 +59,7 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/callbacks/{token}", "ApproveFunction"),
     ("GET", "/v1/approvals", "ReadFunction"),
     ("GET", "/approvals", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/turns", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/stream", "ReadFunction"),
 }
@@ -744,6 +745,7 @@ API_EVENTS = [
     "approvals-page.json",
     "get-turn.json",
     "get-turn-stream.json",
+    "list-turns.json",
 ]
 
 

@@ -92,6 +92,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .models import Usage
+
 #: What a synchronous Lambda invocation carries, each way (request event, response).
 LAMBDA_SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
 #: The default request body limit: base64-encoded (x 4/3) it leaves ~680 KiB of the
@@ -163,11 +165,25 @@ class ModelSpec:
     #: US dollars per million tokens.
     input_price_per_mtok: float = 0.0
     output_price_per_mtok: float = 0.0
+    #: Per million input tokens read from the provider's prompt cache; ``None``: the
+    #: input price.
+    cached_input_price_per_mtok: float | None = None
+    #: Per million input tokens written to the prompt cache; ``None``: the input price.
+    cache_write_input_price_per_mtok: float | None = None
 
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        """Estimated cost in US dollars of one call's usage."""
+    def cost(self, usage: Usage) -> float:
+        """Estimated cost in US dollars of one call's usage: cached and cache-written input
+        tokens at their own rates, the rest of the input at the input price."""
+        cached = usage.cached_input_tokens
+        written = usage.cache_write_input_tokens
+        plain = max(usage.input_tokens - cached - written, 0)
+        cached_rate = self.cached_input_price_per_mtok
+        write_rate = self.cache_write_input_price_per_mtok
         return (
-            input_tokens * self.input_price_per_mtok + output_tokens * self.output_price_per_mtok
+            plain * self.input_price_per_mtok
+            + cached * (self.input_price_per_mtok if cached_rate is None else cached_rate)
+            + written * (self.input_price_per_mtok if write_rate is None else write_rate)
+            + usage.output_tokens * self.output_price_per_mtok
         ) / 1_000_000
 
 
@@ -195,7 +211,8 @@ def _models(raw: str) -> dict[str, ModelSpec]:
     except (ValueError, TypeError) as exc:
         raise ValueError(
             'MODELS must be a JSON object of model -> {"context_window", "answer_reserve", '
-            f'"input_price_per_mtok", "output_price_per_mtok"}}: {exc}'
+            f'"input_price_per_mtok", "output_price_per_mtok", "cached_input_price_per_mtok", '
+            f'"cache_write_input_price_per_mtok"}}: {exc}'
         ) from None
     return models
 

@@ -108,15 +108,26 @@ class EventKind(StrEnum):
 
 
 class Usage(_Strict):
-    """Token usage reported by a provider."""
+    """Token usage reported by a provider.
+
+    ``input_tokens`` counts every input token, cached or not (OpenAI's convention;
+    Bedrock's separate cache counts are added in): ``cached_input_tokens`` (read from the
+    provider's prompt cache) and ``cache_write_input_tokens`` (written to it) are parts
+    of it, priced at their own rates (:meth:`turnledger.core.config.ModelSpec.cost`).
+    Stored items leave zero counts out, so usage without caching costs no byte more.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cache_write_input_tokens=self.cache_write_input_tokens + other.cache_write_input_tokens,
         )
 
 

@@ -342,8 +342,9 @@ class DraftWriter:
                     },
                 )
 
-    def finish(self, result: dict[str, Any]) -> None:
-        """Store what is buffered and mark the draft done with the turn's response."""
+    def finish(self, result: dict[str, Any] | None) -> None:
+        """Store what is buffered and mark the draft done with the turn's response
+        (``None``: readers rebuild it from the log)."""
         self.flush(check_cancel=False)
         self._put_state(DraftMove.FINISH, None, result)
 

@@ -906,9 +906,7 @@ class Conversations:
             context_sha256=assembly.sha256,
             token_scale=estimator.scale,
             response_id=reply.response_id,
-            cost_usd=self.settings.model_spec(model).cost(
-                reply.usage.input_tokens, reply.usage.output_tokens
-            ),
+            cost_usd=self.settings.model_spec(model).cost(reply.usage),
         )
 
     def _continuation(
@@ -1043,9 +1041,7 @@ class Conversations:
         )
         session.summary = SummaryRef(sequence=event.sequence, through=through)
         session.usage = session.usage + reply.usage
-        session.cost_usd += self.settings.model_spec(reply.model or model).cost(
-            reply.usage.input_tokens, reply.usage.output_tokens
-        )
+        session.cost_usd += self.settings.model_spec(reply.model or model).cost(reply.usage)
         return True
 
     def _summarizer(self, work: TurnWork) -> Provider:
