@@ -373,12 +373,8 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
         [(_, when, otherwise)] = conditional
         assert otherwise == {"Ref": "AWS::NoValue"}
         [statement] = when["Statement"]
-        # The worker streams (ConverseStream is authorized as InvokeModelWithResponseStream).
-        expected: Any = (
-            ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
-            if function == "TurnWorkerFunction"
-            else "bedrock:InvokeModel"
-        )
+        # Every turn streams into its draft (ConverseStream is InvokeModelWithResponseStream).
+        expected = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
         assert (statement["Effect"], statement["Action"]) == ("Allow", expected)
         assert statement["Resource"] == {
             "Fn::Split": [

@@ -198,6 +198,10 @@ def stream_page(
     (see :func:`turnledger.turn.longturns.follow`)."""
     read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
     state = read.state
+    result = state.result if state.done else None
+    if state.status == "done" and result is None:
+        # A synchronous turn's draft keeps no copy of its answer: rebuilt from the log.
+        _, result = turn_view(service, key, turn)
     return StreamPage(
         conversation_id=key.conversation_id,
         turn=turn,
@@ -206,7 +210,7 @@ def stream_page(
         done=state.done,
         status=state.status,
         reason=state.reason,
-        result=state.result if state.done else None,
+        result=result,
     )
 
 
