@@ -183,6 +183,8 @@ def test_a_head_without_cached_tokens_stores_no_byte_more() -> None:
     assert body["usage"] == {"input_tokens": 5, "output_tokens": 2}
     cached = make_head(usage=Usage(input_tokens=5, output_tokens=2, cached_input_tokens=4))
     assert json.loads(encode_head(key, cached)[A_BODY])["usage"]["cached_input_tokens"] == 4
+    # Answers leave them out too while zero: usage reads as it did before caching.
+    assert Usage(input_tokens=5).model_dump(mode="json") == {"input_tokens": 5, "output_tokens": 0}
 
 
 def test_providers_report_cached_tokens() -> None:
