@@ -110,6 +110,12 @@ def test_a_synchronous_turn_reads_back_as_its_own_answer(
     assert approved.json()["output_text"].startswith("Tool results: send_email:")
     # The turn's answer is now the decision's: the request that ended it.
     assert read(client, "sync-1", 2).json() == approved.json()
+    # A refused request (nothing left to decide) leaves the turn as it was.
+    stale = client.post(
+        "/v1/conversations/sync-1/approvals", json={"approve": [call["id"]]}, headers=ANN
+    )
+    assert stale.status_code == 409
+    assert read(client, "sync-1", 2).json() == approved.json()
     failed = post(client, "sync-1", f"echo: one two three four {FAIL_MID_STREAM}")
     assert failed.status_code == 502
     again = read(client, "sync-1", 3)

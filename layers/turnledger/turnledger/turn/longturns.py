@@ -35,6 +35,7 @@ from ..core.exceptions import (
     ConversationNotFound,
     NotAwaitingApproval,
     PayloadTooLarge,
+    ProviderError,
     ServiceUnavailable,
     TurnledgerError,
 )
@@ -412,9 +413,15 @@ def run_drafted(
             else:
                 result = service.approve(key, actor, command)
     except TurnledgerError as exc:
-        body = exc.to_body()
-        body["error"]["status"] = exc.status
-        writer.interrupt(exc.code, body)
+        if isinstance(exc, ProviderError) or exc.status >= 500:
+            body = exc.to_body()
+            body["error"]["status"] = exc.status
+            writer.interrupt(exc.code, body)
+        else:
+            # Refused (a stale decision, an unknown call, a lost race): the turn is as it
+            # was, and so is its draft; the caller has the error.
+            writer.flush(check_cancel=False)
+            writer.restore()
         raise
     written = service.store.get_head(key)
     if written is not None:
