@@ -243,3 +243,22 @@ def test_the_turns_page_over_failure_approval_and_cancel(client: httpx.Client) -
     missing = client.get("/v1/conversations/nobody/turns", headers=ANN)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "conversation_not_found"
+
+
+def test_without_sync_drafts_finished_turns_read_back_from_the_log_alone(
+    runner_config: LocalConfig, runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    config = dataclasses.replace(
+        runner_config,
+        data_dir=tmp_path / "data",
+        tools_file=ROOT / "events" / "local-tools.json",
+        env={"SYNC_TURN_DRAFTS": "false"},
+    )
+    with LocalRunner(config) as served, httpx.Client(base_url=served.url, timeout=30) as client:
+        answered = post(client, "nodraft-1", "My name is Ann.")
+        paused = post(client, "nodraft-1", EMAIL)
+        assert read(client, "nodraft-1", 1).json() == answered.json()
+        assert read(client, "nodraft-1", 2).json() == paused.json()
+        store = Runtime.from_settings(Settings.from_env(served.environment)).store
+        key = ConversationKey(tenant="acme", conversation_id="nodraft-1")
+        assert [drafts.read_state(store, key, n) for n in (1, 2)] == [None, None]

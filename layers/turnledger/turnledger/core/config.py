@@ -82,6 +82,7 @@ Long and streamed turns (``Prefer: respond-async``):
 | ``TURN_WORKER_FUNCTION`` | (none: async turns refused) | the function async turns run in |
 | ``TURN_WORKER_ENDPOINT`` | (AWS) | the Lambda endpoint that starts it (local runner) |
 | ``DRAFT_FLUSH_MS``, ``_CHARS`` | ``250``, ``400`` | a draft chunk at most this often, or size |
+| ``SYNC_TURN_DRAFTS`` | ``true`` | synchronous turns write a draft (followed while they run) |
 | ``DEMO_TOKEN_DELAY_MS`` | ``0`` | the demo models wait this long before each streamed word |
 """
 
@@ -300,6 +301,9 @@ class Settings:
     #: A draft chunk is stored at most this often, or once this many characters wait.
     draft_flush_ms: int = 250
     draft_flush_chars: int = 400
+    #: Synchronous turns run through their draft, so any client follows them while they
+    #: run (``GET .../turns/{n}``); off: they write none (finished turns still read back).
+    sync_turn_drafts: bool = True
     #: The function that runs ``Prefer: respond-async`` turns (invoked asynchronously).
     turn_worker_function: str | None = None
     #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
@@ -433,6 +437,7 @@ class Settings:
             demo_token_delay_ms=_int(env, "DEMO_TOKEN_DELAY_MS", cls.demo_token_delay_ms),
             draft_flush_ms=_int(env, "DRAFT_FLUSH_MS", cls.draft_flush_ms),
             draft_flush_chars=_int(env, "DRAFT_FLUSH_CHARS", cls.draft_flush_chars),
+            sync_turn_drafts=_bool(env, "SYNC_TURN_DRAFTS", cls.sync_turn_drafts),
             turn_worker_function=opt("TURN_WORKER_FUNCTION"),
             turn_worker_endpoint=opt("TURN_WORKER_ENDPOINT"),
         )

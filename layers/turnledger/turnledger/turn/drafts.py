@@ -284,15 +284,21 @@ class DraftWriter:
         """The conversation's partition key."""
         return keys.partition_key(self.key)
 
-    def begin(self) -> None:
+    def begin(self, previous: DraftState | None = None, *, known: bool = False) -> None:
         """Mark the draft in progress; a continued turn (an approval) numbers on.
 
+        ``known``: ``previous`` is the state just read (saves reading it again).
         A stale cancel flag of an earlier run of the same turn is removed first.
         """
-        previous = self.previous = read_state(self.store, self.key, self.turn)
+        if not known:
+            previous = read_state(self.store, self.key, self.turn)
+        self.previous = previous
         self.next_seq = previous.next_seq if previous is not None else 1
         self.status = previous.status if previous is not None else None
-        self.store.delete_side_items(self.key, [cancel_key(self.turn)])
+        if previous is not None:
+            # Only an earlier run of the turn can have left a flag (a cancel is set only
+            # on a running draft): a new turn's begin saves the delete (1 WCU).
+            self.store.delete_side_items(self.key, [cancel_key(self.turn)])
         self.started_at = self.now().isoformat()
         self._last_flush = self.monotonic()
         self._put_state(DraftMove.BEGIN, None, None)
@@ -346,7 +352,11 @@ class DraftWriter:
 
     def finish(self, result: dict[str, Any] | None) -> None:
         """Store what is buffered and mark the draft done with the turn's response
-        (``None``: readers rebuild it from the log)."""
+        (``None``: readers rebuild it from the log, so the buffered rest of the answer,
+        already in the log, is not stored as a chunk either)."""
+        if result is None:
+            self._buffer.clear()
+            self._buffered = 0
         self.flush(check_cancel=False)
         self._put_state(DraftMove.FINISH, None, result)
 

@@ -157,13 +157,14 @@ def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: 
     Raises:
         ConversationBusy: a run of that turn is still going.
     """
-    if _running(drafts.read_state(service.store, key, turn), service.clock()):
+    state = drafts.read_state(service.store, key, turn)
+    if _running(state, service.clock()):
         raise ConversationBusy(
             "a turn of this conversation is running; follow it or wait for it",
             details={"turn": turn, "retry_after_seconds": 1},
         )
     writer = _writer(service, key, turn, kind)
-    writer.begin()
+    writer.begin(state, known=True)
     return writer
 
 
