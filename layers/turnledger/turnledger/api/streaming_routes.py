@@ -15,7 +15,7 @@ from ..core.exceptions import RequestValidationFailed
 from ..runtime import get_runtime
 from ..turn.longturns import MAX_WAIT_SECONDS, list_turns
 from .resolver import ConversationId, app, conversation, json_response, responses
-from .schemas import TurnsPage
+from .schemas import TurnResponse, TurnsPage
 from .streaming import StreamPage, TurnProgress, sse_text, stream_page, turn_view
 from .views import turns_page
 
@@ -28,7 +28,14 @@ TurnNumber = Annotated[int, Path(ge=1, description="The turn's number (1, 2, ...
 
 @app.get(
     "/v1/conversations/<conversation_id>/turns/<turn>",
-    responses=responses(TurnProgress, 400, 401, 404, 409, 422, 502, 503, 504),
+    responses=responses(TurnProgress, 400, 401, 404, 409, 422, 502, 503, 504)
+    | {
+        200: {
+            "description": "The turn's response as the turn route answered it, or its "
+            "progress while it runs",
+            "content": {"application/json": {"model": TurnResponse | TurnProgress}},
+        }
+    },
 )
 def get_turn(
     conversation_id: ConversationId,
