@@ -15,10 +15,13 @@ gives retries (2) and an on-failure destination without a queue to run,
 poll or pay for; a turn is one message with no ordering needs beyond the
 conversation's own optimistic lock.
 
-Readers (:func:`read_turn`, :func:`follow`) read the draft items only: any
-process can follow any turn, from any chunk. The HTTP bodies of all this (the
-``202``, progress, stream pages and their SSE framing) are the edge's
-(:mod:`turnledger.api.streaming`).
+Synchronous turns run through their draft too (:func:`run_drafted`, keeping no copy of
+the answer), so any turn can be followed while it runs. Readers (:func:`read_any_turn`,
+:func:`follow`) read the draft items: any process can follow any turn, from any chunk;
+a finished turn whose draft keeps no answer is rebuilt from the log
+(:mod:`.turn_log`), as are the turns of a history page (:func:`list_turns`). The HTTP
+bodies of all this (the ``202``, progress, stream pages and their SSE framing) are the
+edge's (:mod:`turnledger.api.streaming`).
 """
 
 from __future__ import annotations
@@ -561,19 +564,6 @@ def logged_turn(
         shown = logged_status(logged.answer.status, in_progress=False, lease_lost=True)
         return replace(logged, answer=replace(logged.answer, status=shown))
     return logged
-
-
-def read_turn(service: Conversations, key: ConversationKey, turn: int) -> tuple[DraftState, str]:
-    """A long turn's draft state (``interrupted`` once its run went stale) and the text
-    written so far (empty once the turn is done: its result holds the answer).
-
-    Raises:
-        ConversationNotFound, TurnNotFound: see :func:`_readable`.
-    """
-    state = _readable(service, key, turn)
-    if state.status == "done" and state.result is not None:
-        return state, ""
-    return state, "".join(c.text for c in drafts.read(service.store, key, turn).chunks)
 
 
 def follow(
