@@ -125,12 +125,14 @@ def test_a_run_that_went_stale_reads_as_worker_lost(clock: FakeClock) -> None:
 
 
 def test_reads_of_turns_without_a_draft(clock: FakeClock) -> None:
+    """A turn run with no draft reads back from the log; its stream has nothing to read."""
     conversations = service(clock)
-    edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
+    answer = edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
+    assert edge.turn_view(conversations, ANN, "c1", 1) == (200, answer.model_dump(mode="json"))
     with pytest.raises(TurnNotFound):
-        edge.turn_view(conversations, ANN, "c1", 1)
+        edge.turn_view(conversations, ANN, "c1", 2)
     with pytest.raises(TurnNotFound):
-        edge.stream_page(conversations, ANN, "c1", 2, after=0, wait=0)
+        edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
 
 
 def test_a_stray_event_is_refused(clock: FakeClock) -> None:

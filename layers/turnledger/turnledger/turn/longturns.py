@@ -154,6 +154,19 @@ def _running(state: DraftState | None, now: datetime) -> bool:
     return (now - started).total_seconds() < STALE_AFTER_SECONDS
 
 
+def _overtaken(state: DraftState, head: Head | None, now: datetime) -> bool:
+    """Whether an ``in_progress`` draft's run is over though its end was never written:
+    the conversation was committed after the run began and no run holds its lease (a
+    run that committed its turn and then failed to write the draft's end)."""
+    if state.done or head is None or head.live_lease(now) is not None:
+        return False
+    try:
+        started = datetime.fromisoformat(state.started_at)
+    except ValueError:
+        return False
+    return head.updated_at > started
+
+
 def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
     """The begun draft of ``turn``, run in this request or by the worker.
 
@@ -161,14 +174,34 @@ def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: 
         ConversationBusy: a run of that turn is still going.
     """
     state = drafts.read_state(service.store, key, turn)
-    if _running(state, service.clock()):
+    now = service.clock()
+    if (
+        state is not None
+        and _running(state, now)
+        and not _overtaken(state, service.store.get_head(key), now)
+    ):
         raise ConversationBusy(
             "a turn of this conversation is running; follow it or wait for it",
             details={"turn": turn, "retry_after_seconds": 1},
         )
     writer = _writer(service, key, turn, kind)
-    writer.begin(state, known=True)
+    try:
+        writer.begin(state, known=True)
+    except Exception:
+        # The begin may have landed though its answer was lost: undo it (best effort),
+        # or the turn would read as running until the draft goes stale.
+        _quietly(writer.restore)
+        raise
     return writer
+
+
+def _quietly(step: Callable[[], None]) -> None:
+    """Run a draft's bookkeeping ``step``; a failure is logged, never raised (the request's
+    own outcome is what its caller must see)."""
+    try:
+        step()
+    except Exception:
+        logger.exception("could not write a turn's draft state")
 
 
 def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
@@ -416,21 +449,27 @@ def run_drafted(
                 result = service.turn(key, actor, command)
             else:
                 result = service.approve(key, actor, command)
-    except TurnledgerError as exc:
-        if isinstance(exc, ProviderError) or exc.status >= 500:
-            body = exc.to_body()
-            body["error"]["status"] = exc.status
-            writer.interrupt(exc.code, body)
+    except Exception as exc:
+        failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
+        if isinstance(failure, ProviderError) or failure.status >= 500:
+            body = failure.to_body()
+            body["error"]["status"] = failure.status
+            _quietly(lambda: writer.interrupt(failure.code, body))
         else:
             # Refused (a stale decision, an unknown call, a lost race): the turn is as it
             # was, and so is its draft; the caller has the error.
-            writer.flush(check_cancel=False)
-            writer.restore()
+            _quietly(writer.restore)
         raise
-    written = service.store.get_head(key)
-    if written is not None:
-        writer.gen = written.gen  # a first turn created the conversation's life just now
-    writer.finish(answer(result) if answer is not None else None)
+    try:
+        written = service.store.get_head(key)
+        if written is not None:
+            writer.gen = written.gen  # a first turn created the conversation's life just now
+        writer.finish(answer(result) if answer is not None else None)
+    except Exception:
+        # The turn is committed: its answer stands. Readers see the draft overtaken by
+        # the commit (:func:`_overtaken`) and rebuild the answer from the log.
+        logger.exception("could not write the end of a turn's draft")
+        return result, []
     if not read_back:
         return result, []
     chunks = drafts.read(service.store, key, turn, after=first - 1).chunks
@@ -465,7 +504,20 @@ def _draft(
         # Written to another life of the conversation: a leftover of a cleared one (a run
         # that went on writing after the clear). Purges delete drafts with the partition.
         state = None
-    return _effective(state, service.clock()) if state is not None else None
+    if state is None:
+        return None
+    now = service.clock()
+    if _overtaken(state, head, now) and _log_tells(service, key, head, turn):
+        return None  # its run committed the turn: the log tells the rest
+    return _effective(state, now)
+
+
+def _log_tells(service: Conversations, key: ConversationKey, head: Head | None, turn: int) -> bool:
+    """Whether the log holds ``turn`` (it is the head's, or the failure after it)."""
+    return head is not None and (
+        turn <= head.turn
+        or (turn == head.turn + 1 and bool(turn_log.turn_events(service.store, key, head, turn)))
+    )
 
 
 def _readable(service: Conversations, key: ConversationKey, turn: int) -> DraftState:
