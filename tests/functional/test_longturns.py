@@ -18,6 +18,7 @@ from turnledger.core.models import ConversationKey
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.turn import drafts, longturns
+from turnledger.turn.commands import TurnCommand
 from turnledger.turn.longturns import AsyncTurnsUnavailable, TurnNotFound
 from turnledger.turn.pipeline import Conversations
 
@@ -125,12 +126,14 @@ def test_a_run_that_went_stale_reads_as_worker_lost(clock: FakeClock) -> None:
 
 
 def test_reads_of_turns_without_a_draft(clock: FakeClock) -> None:
+    """A turn run with no draft reads back from the log; its stream has nothing to read."""
     conversations = service(clock)
-    edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
+    answer = edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
+    assert edge.turn_view(conversations, ANN, "c1", 1) == (200, answer.model_dump(mode="json"))
     with pytest.raises(TurnNotFound):
-        edge.turn_view(conversations, ANN, "c1", 1)
+        edge.turn_view(conversations, ANN, "c1", 2)
     with pytest.raises(TurnNotFound):
-        edge.stream_page(conversations, ANN, "c1", 2, after=0, wait=0)
+        edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
 
 
 def test_a_stray_event_is_refused(clock: FakeClock) -> None:
@@ -192,3 +195,44 @@ def test_what_a_turn_would_refuse_is_refused_before_202(clock: FakeClock) -> Non
     with pytest.raises(ConversationBusy):
         edge.accept(conversations, ANN, "c3", TurnRequest(input="two"), invoked)
     assert len(invoked.payloads) == 1
+
+
+def test_a_draft_whose_end_was_lost_never_blocks_its_conversation(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synchronous turn commits, then fails to write its draft's end (a store fault):
+    the answer stands, the turn reads back from the log, and the next request on the
+    same turn number is not refused as busy."""
+    conversations = service(clock)
+    key = ConversationKey(tenant=ANN.tenant, conversation_id="c1")
+
+    def lost(self: drafts.DraftWriter, result: dict[str, Any] | None) -> None:
+        raise ServiceUnavailable("the store did not answer")
+
+    begin = drafts.DraftWriter.begin
+
+    def begin_then_wait(self: drafts.DraftWriter, *args: Any, **kwargs: Any) -> None:
+        begin(self, *args, **kwargs)
+        clock.advance(1)  # the model takes a second: the commit comes after the begin
+
+    with monkeypatch.context() as patched:
+        patched.setattr(drafts.DraftWriter, "finish", lost)
+        patched.setattr(drafts.DraftWriter, "begin", begin_then_wait)
+        result, _ = longturns.run_drafted(
+            conversations,
+            key,
+            ANN.actor,
+            TurnCommand(messages=["hi"]),
+            answer=None,
+            read_back=False,
+        )
+    assert result.output_text == "Noted (1 user messages so far)."
+    assert drafts.read_state(conversations.store, key, 1).status == "in_progress"  # type: ignore[union-attr]
+    status, body = edge.turn_view(conversations, ANN, "c1", 1)
+    assert (status, body["output_text"]) == (200, "Noted (1 user messages so far).")
+    # A request on turn 1 again (the model answers the transcript as it stands): its
+    # draft is begun again, not refused as running.
+    again, _ = longturns.run_drafted(
+        conversations, key, ANN.actor, TurnCommand(messages=[]), answer=None, read_back=False
+    )
+    assert again.turn == 1

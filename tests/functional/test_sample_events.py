@@ -100,6 +100,13 @@ def test_each_sample_event_gets_its_documented_answer(
     events = call("read", load_event("get-events"))
     assert [e["kind"] for e in body(events)["events"]] == ["user_message", "assistant_message"]
 
+    turns = body(call("read", load_event("list-turns")))
+    assert [(t["turn"], t["status"], t["output_text"]) for t in turns["turns"]] == [
+        (1, "complete", "Noted (1 user messages so far).")
+    ]
+    answer = call("read", load_event("get-turn"))
+    assert (answer["statusCode"], body(answer)) == (200, body(turn))
+
     exported = call("read", load_event("export"))
     assert exported["statusCode"] == 200
     assert exported["headers"]["Content-Type"] == "application/x-ndjson"

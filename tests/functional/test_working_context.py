@@ -35,6 +35,7 @@ from turnledger.core.models import (
     ConversationKey,
     Event,
     EventKind,
+    Usage,
 )
 from turnledger.ops.transfer import export_text, import_text
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
@@ -174,7 +175,8 @@ def test_the_budget_is_the_models_window_less_its_reserve_unless_smaller() -> No
         }
     )
     assert configured.context_budget("big") == 120000
-    assert configured.model_spec("big").cost(1_000_000, 1_000_000) == pytest.approx(0.75)
+    spent = Usage(input_tokens=1_000_000, output_tokens=1_000_000)
+    assert configured.model_spec("big").cost(spent) == pytest.approx(0.75)
     with pytest.raises(ValueError, match="MODELS"):
         Settings.from_env({"MODELS": '{"m": {"context_window": 10, "answer_reserve": 10}}'})
 

@@ -320,10 +320,13 @@ def test_bad_reads_get_the_contracts_errors(client: httpx.Client) -> None:
     missing = client.get("/v1/conversations/nobody/turns/1", headers=ANN)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "conversation_not_found"
-    client.post("/v1/conversations/long-8/turns", json={"input": "hi"}, headers=ANN)
+    answer = client.post("/v1/conversations/long-8/turns", json={"input": "hi"}, headers=ANN)
+    # A synchronous turn streams through its draft too; the draft's result is its answer.
     synchronous = client.get("/v1/conversations/long-8/turns/1/stream", headers=ANN)
-    assert synchronous.status_code == 404
-    assert synchronous.json()["error"]["code"] == "turn_not_found"
+    assert synchronous.status_code == 200
+    assert synchronous.json()["done"] and synchronous.json()["result"] == answer.json()
+    beyond = client.get("/v1/conversations/long-8/turns/2/stream", headers=ANN)
+    assert beyond.status_code == 404 and beyond.json()["error"]["code"] == "turn_not_found"
     for query in ({"wait": 21}, {"after": -1}):
         bad = client.get("/v1/conversations/long-8/turns/1/stream", params=query, headers=ANN)
         assert bad.status_code == 422, query

@@ -19,8 +19,14 @@ from typing import Any
 
 import botocore.session
 from botocore.validate import validate_parameters
-from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
-from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
+from openai.types.chat.completion_create_params import (
+    CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
+)
+from openai.types.responses.response_create_params import (
+    ResponseCreateParamsNonStreaming,
+    ResponseCreateParamsStreaming,
+)
 from pydantic import TypeAdapter
 
 _BEDROCK_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -38,14 +44,19 @@ def _materialize(value: Any) -> Any:
 
 
 @cache
-def _adapter(kind: str) -> TypeAdapter[Any]:
+def _adapter(kind: str, stream: bool) -> TypeAdapter[Any]:
     if kind == "chat":
-        return TypeAdapter(CompletionCreateParamsNonStreaming)
-    return TypeAdapter(ResponseCreateParamsNonStreaming)
+        return TypeAdapter(
+            CompletionCreateParamsStreaming if stream else CompletionCreateParamsNonStreaming
+        )
+    return TypeAdapter(
+        ResponseCreateParamsStreaming if stream else ResponseCreateParamsNonStreaming
+    )
 
 
 def _validate_openai(kind: str, body: dict[str, Any]) -> None:
-    validated = _materialize(_adapter(kind).validate_python(body))
+    # A streamed request (every turn streams into its draft) has its own type.
+    validated = _materialize(_adapter(kind, body.get("stream") is True).validate_python(body))
     assert validated == body, f"keys or values the {kind} request type does not know: {body}"
 
 

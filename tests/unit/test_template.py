@@ -61,6 +61,7 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/callbacks/{token}", "ApproveFunction"),
     ("GET", "/v1/approvals", "ReadFunction"),
     ("GET", "/approvals", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/turns", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/stream", "ReadFunction"),
     ("GET", "/v1/memories", "ReadFunction"),
@@ -382,12 +383,8 @@ def test_bedrock_may_invoke_only_the_configured_foundation_models(
         [(_, when, otherwise)] = conditional
         assert otherwise == {"Ref": "AWS::NoValue"}
         [statement] = when["Statement"]
-        # The worker streams (ConverseStream is authorized as InvokeModelWithResponseStream).
-        expected: Any = (
-            ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
-            if function == "TurnWorkerFunction"
-            else "bedrock:InvokeModel"
-        )
+        # Every turn streams into its draft (ConverseStream is InvokeModelWithResponseStream).
+        expected = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
         assert (statement["Effect"], statement["Action"]) == ("Allow", expected)
         assert statement["Resource"] == {
             "Fn::Split": [
@@ -761,6 +758,7 @@ API_EVENTS = [
     "edit-memory.json",
     "delete-memory.json",
     "delete-memories.json",
+    "list-turns.json",
 ]
 
 

@@ -23,7 +23,10 @@ from ..core.exceptions import InvalidRequest
 from ..core.models import CONVERSATION_ID_PATTERN, ConversationKey
 from ..core.observability import timed
 from ..runtime import get_runtime
+from ..turn import longturns
 from ..turn.approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
+from ..turn.commands import Decisions, TurnCommand
+from ..turn.pipeline import Conversations
 from ..turn.results import TurnResult
 from .idempotency import idempotent
 from .resolver import (
@@ -86,6 +89,21 @@ def _answer_turn(
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
 
 
+def _drafted(
+    service: Conversations, key: ConversationKey, actor: str, command: TurnCommand | Decisions
+) -> TurnResult:
+    """Run a synchronous turn (or decisions) through the turn's draft: any client can
+    follow it while it runs (``GET .../turns/{n}``), even if this request's client is gone.
+    The draft keeps no copy of the answer: a read rebuilds it from the log. Without
+    ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no draft."""
+    if not service.settings.sync_turn_drafts:
+        if isinstance(command, TurnCommand):
+            return service.turn(key, actor, command)
+        return service.approve(key, actor, command)
+    result, _ = longturns.run_drafted(service, key, actor, command, answer=None, read_back=False)
+    return result
+
+
 @app.post(
     "/v1/conversations/<conversation_id>/turns",
     responses=responses(TurnResponse, 400, 401, 403, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
@@ -105,7 +123,7 @@ def post_turn(
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, command)
     service = get_runtime().conversations_for(key.tenant)
-    return _answer_turn(key, "turns", request, lambda: service.turn(key, who.actor, command))
+    return _answer_turn(key, "turns", request, lambda: _drafted(service, key, who.actor, command))
 
 
 @app.post(
@@ -127,7 +145,9 @@ def post_approvals(
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, decided)
     service = get_runtime().conversations_for(key.tenant)
-    return _answer_turn(key, "approvals", request, lambda: service.approve(key, who.actor, decided))
+    return _answer_turn(
+        key, "approvals", request, lambda: _drafted(service, key, who.actor, decided)
+    )
 
 
 @app.get(

@@ -376,6 +376,61 @@ class EventsPage(BaseModel):
     next_after: int | None
 
 
+class TurnError(BaseModel):
+    """Why a turn's last request failed: the error it answered (its code and status)."""
+
+    code: str
+    status: int
+    message: str
+
+
+class TurnSummaryView(BaseModel):
+    """One turn of ``GET /v1/conversations/{id}/turns``, rebuilt from the log."""
+
+    turn: int
+    #: ``in_progress`` (a run is going on), ``failed`` (its last request failed: see
+    #: ``error``), ``interrupted`` (a run died holding its lease), or the status its last
+    #: request answered (``complete``, ``awaiting_approval``, ...).
+    status: Literal[
+        "complete",
+        "awaiting_approval",
+        "awaiting_client_tools",
+        "awaiting_hitl",
+        "awaiting_async_tools",
+        "interrupted",
+        "in_progress",
+        "failed",
+    ]
+    #: Why it stopped early (``cancelled``, ``max_tool_steps``, ``turn_budget``) or the
+    #: failure's code; else ``None``.
+    reason: str | None = None
+    #: The user messages of the turn, in order.
+    input: list[str]
+    #: The model's newest text in the turn, or ``None``.
+    output_text: str | None = None
+    #: What the turn still waits for, and the calls that wait (its latest turn only).
+    awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
+    pending_tool_calls: list[PendingToolCallView] = Field(default_factory=list)
+    #: ``event_id`` of each model answer (``assistant_message`` event, with its run record).
+    run_ids: list[str] = Field(default_factory=list)
+    #: Usage and estimated cost of every model call of the turn.
+    usage: Usage
+    cost_usd: float = 0.0
+    #: When its first and last events were recorded (a run with no event yet: when it began).
+    started_at: datetime
+    ended_at: datetime | None = None
+    error: TurnError | None = None
+
+
+class TurnsPage(BaseModel):
+    """Answer of ``GET /v1/conversations/{id}/turns``."""
+
+    conversation_id: str
+    turns: list[TurnSummaryView]
+    #: Pass as ``after`` to get the next page; ``None`` when this page reached the latest turn.
+    next_after: int | None
+
+
 class ErrorDetail(BaseModel):
     """What went wrong: a stable ``code`` (see the README's error table), a message,
     and the details a caller needs next."""

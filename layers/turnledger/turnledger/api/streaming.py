@@ -23,6 +23,7 @@ from ..turn.pipeline import Conversations
 from .idempotency import idempotent
 from .resolver import Caller, idempotency_key
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
+from .views import turn_response
 
 __all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]
 
@@ -150,28 +151,37 @@ def accept_async(
 
 
 def turn_view(
-    service: Conversations, key: ConversationKey, turn: int
+    service: Conversations, key: ConversationKey, turn: int, *, wait: float = 0
 ) -> tuple[int, dict[str, Any]]:
-    """``GET .../turns/{n}``: ``(status code, body)``.
+    """``GET .../turns/{n}``: ``(status code, body)`` of any turn.
 
-    In progress: ``200`` :class:`TurnProgress`. Done: ``200`` and the turn's response.
-    Interrupted: the error the synchronous turn would have answered, its ``details``
-    adding ``turn``, ``draft_status`` and the ``draft_text`` written so far.
+    In progress: ``200`` :class:`TurnProgress` (after waiting up to ``wait`` s for the
+    end). Done: ``200`` and the turn's response, as the turn route answered it (kept by a
+    long turn's draft, else rebuilt from the log). Failed or interrupted: the error the
+    turn's request answered, its ``details`` adding ``turn``, and for a drafted run
+    ``draft_status`` and the ``draft_text`` written so far.
     """
-    state, text = longturns.read_turn(service, key, turn)
-    if state.status == "done" and state.result is not None:
+    read = longturns.read_any_turn(service, key, turn, wait=wait)
+    state = read.state
+    if read.logged is not None:
+        logged = read.logged
+        if logged.failure is not None:
+            return logged.failure.status, logged.failure.body()
+        assert logged.answer is not None
+        return 200, turn_response(logged.answer).model_dump(mode="json")
+    if state is not None and state.status == "done" and state.result is not None:
         return 200, state.result
-    if state.status == "interrupted":
+    if state is not None and state.status == "interrupted":
         body = json.loads(json.dumps(state.result or {})) or {
             "error": {"code": state.reason or "internal_error", "message": "", "details": {}}
         }
         error = body["error"]
         status = int(error.pop("status", 500))
         error.setdefault("details", {}).update(
-            {"turn": turn, "draft_status": "interrupted", "draft_text": text}
+            {"turn": turn, "draft_status": "interrupted", "draft_text": read.text}
         )
         return status, body
-    progress = TurnProgress(conversation_id=key.conversation_id, turn=turn, draft_text=text)
+    progress = TurnProgress(conversation_id=key.conversation_id, turn=turn, draft_text=read.text)
     return 200, progress.model_dump(mode="json")
 
 
@@ -188,6 +198,10 @@ def stream_page(
     (see :func:`turnledger.turn.longturns.follow`)."""
     read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
     state = read.state
+    result = state.result if state.done else None
+    if state.status == "done" and result is None:
+        # A synchronous turn's draft keeps no copy of its answer: rebuilt from the log.
+        _, result = turn_view(service, key, turn)
     return StreamPage(
         conversation_id=key.conversation_id,
         turn=turn,
@@ -196,7 +210,7 @@ def stream_page(
         done=state.done,
         status=state.status,
         reason=state.reason,
-        result=state.result if state.done else None,
+        result=result,
     )
 
 

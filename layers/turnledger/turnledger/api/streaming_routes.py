@@ -1,4 +1,5 @@
-"""The reads of long turns: ``GET .../turns/{n}`` and ``GET .../turns/{n}/stream``.
+"""The reads of turns: ``GET .../turns/{n}``, ``GET .../turns/{n}/stream`` and the
+history page ``GET .../turns``.
 
 Registered on the API's resolver when :mod:`.app` loads (as every route module is).
 """
@@ -12,28 +13,66 @@ from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 
 from ..core.exceptions import RequestValidationFailed
 from ..runtime import get_runtime
-from ..turn.longturns import MAX_WAIT_SECONDS
+from ..turn.longturns import MAX_WAIT_SECONDS, list_turns
 from .resolver import ConversationId, app, conversation, json_response, responses
+from .schemas import TurnResponse, TurnsPage
 from .streaming import StreamPage, TurnProgress, sse_text, stream_page, turn_view
+from .views import turns_page
 
 EVENT_STREAM = "text/event-stream"
+#: ``GET .../turns``: turns per page by default, and at most.
+DEFAULT_TURNS_PAGE = 20
+MAX_TURNS_PAGE = 100
 TurnNumber = Annotated[int, Path(ge=1, description="The turn's number (1, 2, ...)")]
 
 
 @app.get(
     "/v1/conversations/<conversation_id>/turns/<turn>",
-    responses=responses(TurnProgress, 400, 401, 404, 409, 422, 502, 503, 504),
+    responses=responses(TurnProgress, 400, 401, 404, 409, 422, 502, 503, 504)
+    | {
+        200: {
+            "description": "The turn's response as the turn route answered it, or its "
+            "progress while it runs",
+            "content": {"application/json": {"model": TurnResponse | TurnProgress}},
+        }
+    },
 )
-def get_turn(conversation_id: ConversationId, turn: TurnNumber) -> Response[str]:
-    """A long turn's progress (``in_progress`` and the draft so far) or its final response.
+def get_turn(
+    conversation_id: ConversationId,
+    turn: TurnNumber,
+    wait: Annotated[
+        float,
+        Query(ge=0, le=MAX_WAIT_SECONDS, description="Seconds to wait for a running turn's end."),
+    ] = 0,
+) -> Response[str]:
+    """Any turn: its progress while it runs (``in_progress`` and the draft so far; ``wait``
+    long-polls for its end), or its final response as the turn route answered it.
 
-    A turn that failed or was cancelled answers the error its synchronous request would
-    have, with ``details.draft_text`` (what was written before it stopped).
+    A turn whose last request failed or was cancelled answers that request's error, with
+    ``details.turn`` (and ``details.draft_text``: what was written before it stopped).
     """
     _, key = conversation(conversation_id)
     service = get_runtime().conversations_for(key.tenant)
-    status, body = turn_view(service, key, turn)
+    status, body = turn_view(service, key, turn, wait=wait)
     return json_response(status, body)
+
+
+@app.get(
+    "/v1/conversations/<conversation_id>/turns",
+    responses=responses(TurnsPage, 400, 401, 404, 409, 422, 503),
+)
+def get_turns(
+    conversation_id: ConversationId,
+    after: Annotated[int, Query(ge=0, description="Return turns numbered > after.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_TURNS_PAGE, description="At most this many.")] = (
+        DEFAULT_TURNS_PAGE
+    ),
+) -> TurnsPage:
+    """The conversation's turns, oldest first, rebuilt from the log: input, output text,
+    status and reason, waits, run ids, usage, cost, times."""
+    _, key = conversation(conversation_id)
+    service = get_runtime().conversations_for(key.tenant)
+    return turns_page(conversation_id, list_turns(service, key, after=after, limit=limit))
 
 
 @app.get(

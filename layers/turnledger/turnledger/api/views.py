@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.models import PendingCall
+from ..core.models import PendingCall, Usage
 from ..turn.approvals import InboxListing
 from ..turn.commands import CallbackOutcome, ClientOutput, Decisions, TurnCommand
-from ..turn.lifecycle import WAIT_OF_STATE, shown_reason
+from ..turn.lifecycle import WAIT_OF_STATE, logged_status, shown_reason
+from ..turn.longturns import TurnEntry, TurnsListing
 from ..turn.results import (
     CallbackResult,
     CancelResult,
@@ -42,8 +43,11 @@ from .schemas import (
     OutputMessage,
     PendingToolCallView,
     PurgeReportView,
+    TurnError,
     TurnRequest,
     TurnResponse,
+    TurnsPage,
+    TurnSummaryView,
 )
 
 # --- requests -> commands -----------------------------------------------------------------
@@ -248,4 +252,50 @@ def inbox_page(listing: InboxListing) -> InboxPageView:
             for e in listing.entries
         ],
         next_cursor=listing.next_cursor,
+    )
+
+
+def turn_summary(entry: TurnEntry) -> TurnSummaryView:
+    """One turn of ``GET .../turns``."""
+    logged = entry.logged
+    if logged is None:
+        assert entry.draft_started_at is not None
+        return TurnSummaryView(
+            turn=entry.turn,
+            status=logged_status(None, in_progress=True, lease_lost=False),
+            input=[],
+            usage=Usage(),
+            started_at=entry.draft_started_at,
+        )
+    answer, failure = logged.answer, logged.failure
+    status = (
+        logged_status(None, in_progress=True, lease_lost=False)
+        if entry.in_progress
+        else logged.status
+    )
+    return TurnSummaryView(
+        turn=entry.turn,
+        status=status,
+        reason=logged.reason,
+        input=logged.input,
+        output_text=logged.output_text,
+        awaiting=logged.awaiting,
+        pending_tool_calls=[pending_view(p) for p in answer.waiting] if answer else [],
+        run_ids=logged.run_ids,
+        usage=logged.usage,
+        cost_usd=logged.cost_usd,
+        started_at=entry.draft_started_at or logged.started_at,
+        ended_at=None if entry.in_progress else logged.ended_at,
+        error=TurnError(code=failure.code, status=failure.status, message=failure.message)
+        if failure is not None
+        else None,
+    )
+
+
+def turns_page(conversation_id: str, listing: TurnsListing) -> TurnsPage:
+    """The answer of ``GET .../turns``."""
+    return TurnsPage(
+        conversation_id=conversation_id,
+        turns=[turn_summary(e) for e in listing.entries],
+        next_after=listing.next_after,
     )

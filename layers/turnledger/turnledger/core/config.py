@@ -82,6 +82,7 @@ Long and streamed turns (``Prefer: respond-async``):
 | ``TURN_WORKER_FUNCTION`` | (none: async turns refused) | the function async turns run in |
 | ``TURN_WORKER_ENDPOINT`` | (AWS) | the Lambda endpoint that starts it (local runner) |
 | ``DRAFT_FLUSH_MS``, ``_CHARS`` | ``250``, ``400`` | a draft chunk at most this often, or size |
+| ``SYNC_TURN_DRAFTS`` | ``true`` | synchronous turns write a draft (followed while they run) |
 | ``DEMO_TOKEN_DELAY_MS`` | ``0`` | the demo models wait this long before each streamed word |
 
 Long-term memory per user (:mod:`turnledger.store.memories`, :mod:`turnledger.context.memory`):
@@ -102,6 +103,8 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .models import Usage
 
 #: What a synchronous Lambda invocation carries, each way (request event, response).
 LAMBDA_SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
@@ -187,11 +190,25 @@ class ModelSpec:
     #: US dollars per million tokens.
     input_price_per_mtok: float = 0.0
     output_price_per_mtok: float = 0.0
+    #: Per million input tokens read from the provider's prompt cache; ``None``: the
+    #: input price.
+    cached_input_price_per_mtok: float | None = None
+    #: Per million input tokens written to the prompt cache; ``None``: the input price.
+    cache_write_input_price_per_mtok: float | None = None
 
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        """Estimated cost in US dollars of one call's usage."""
+    def cost(self, usage: Usage) -> float:
+        """Estimated cost in US dollars of one call's usage: cached and cache-written input
+        tokens at their own rates, the rest of the input at the input price."""
+        cached = usage.cached_input_tokens
+        written = usage.cache_write_input_tokens
+        plain = max(usage.input_tokens - cached - written, 0)
+        cached_rate = self.cached_input_price_per_mtok
+        write_rate = self.cache_write_input_price_per_mtok
         return (
-            input_tokens * self.input_price_per_mtok + output_tokens * self.output_price_per_mtok
+            plain * self.input_price_per_mtok
+            + cached * (self.input_price_per_mtok if cached_rate is None else cached_rate)
+            + written * (self.input_price_per_mtok if write_rate is None else write_rate)
+            + usage.output_tokens * self.output_price_per_mtok
         ) / 1_000_000
 
 
@@ -219,7 +236,8 @@ def _models(raw: str) -> dict[str, ModelSpec]:
     except (ValueError, TypeError) as exc:
         raise ValueError(
             'MODELS must be a JSON object of model -> {"context_window", "answer_reserve", '
-            f'"input_price_per_mtok", "output_price_per_mtok"}}: {exc}'
+            f'"input_price_per_mtok", "output_price_per_mtok", "cached_input_price_per_mtok", '
+            f'"cache_write_input_price_per_mtok"}}: {exc}'
         ) from None
     return models
 
@@ -307,6 +325,9 @@ class Settings:
     #: A draft chunk is stored at most this often, or once this many characters wait.
     draft_flush_ms: int = 250
     draft_flush_chars: int = 400
+    #: Synchronous turns run through their draft, so any client follows them while they
+    #: run (``GET .../turns/{n}``); off: they write none (finished turns still read back).
+    sync_turn_drafts: bool = True
     #: The function that runs ``Prefer: respond-async`` turns (invoked asynchronously).
     turn_worker_function: str | None = None
     #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
@@ -453,6 +474,7 @@ class Settings:
             demo_token_delay_ms=_int(env, "DEMO_TOKEN_DELAY_MS", cls.demo_token_delay_ms),
             draft_flush_ms=_int(env, "DRAFT_FLUSH_MS", cls.draft_flush_ms),
             draft_flush_chars=_int(env, "DRAFT_FLUSH_CHARS", cls.draft_flush_chars),
+            sync_turn_drafts=_bool(env, "SYNC_TURN_DRAFTS", cls.sync_turn_drafts),
             turn_worker_function=opt("TURN_WORKER_FUNCTION"),
             turn_worker_endpoint=opt("TURN_WORKER_ENDPOINT"),
             memory_enabled=_bool(env, "MEMORY_ENABLED", cls.memory_enabled),

@@ -107,16 +107,33 @@ class EventKind(StrEnum):
     CONVERSATION_IMPORTED = "conversation_imported"
 
 
+def _zero(value: int) -> bool:
+    return value == 0
+
+
 class Usage(_Strict):
-    """Token usage reported by a provider."""
+    """Token usage reported by a provider.
+
+    ``input_tokens`` counts every input token, cached or not (OpenAI's convention;
+    Bedrock's separate cache counts are added in): ``cached_input_tokens`` (read from the
+    provider's prompt cache) and ``cache_write_input_tokens`` (written to it) are parts
+    of it, priced at their own rates (:meth:`turnledger.core.config.ModelSpec.cost`).
+    Zero cache counts are left out of stored items and answers: usage without caching
+    reads and costs exactly as before.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Left out of every dump (stored items and answers alike) while zero.
+    cached_input_tokens: int = Field(default=0, exclude_if=_zero)
+    cache_write_input_tokens: int = Field(default=0, exclude_if=_zero)
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cache_write_input_tokens=self.cache_write_input_tokens + other.cache_write_input_tokens,
         )
 
 

@@ -312,6 +312,19 @@ class _Output(_Lenient):
 class _Usage(_Lenient):
     inputTokens: int = 0
     outputTokens: int = 0
+    #: Prompt caching: counted apart from ``inputTokens`` by Converse.
+    cacheReadInputTokens: int = 0
+    cacheWriteInputTokens: int = 0
+
+    def usage(self) -> Usage:
+        """As :class:`Usage`, whose ``input_tokens`` include the cache's reads and writes."""
+        read, written = self.cacheReadInputTokens, self.cacheWriteInputTokens
+        return Usage(
+            input_tokens=self.inputTokens + read + written,
+            output_tokens=self.outputTokens,
+            cached_input_tokens=read,
+            cache_write_input_tokens=written,
+        )
 
 
 class _Converse(_Lenient):
@@ -369,7 +382,7 @@ def parse_reply(response: Any, call: ConverseCall, model: str) -> ModelReply:
     return ModelReply(
         text=text,
         tool_calls=calls,
-        usage=Usage(input_tokens=usage.inputTokens, output_tokens=usage.outputTokens),
+        usage=usage.usage(),
         model=model,
     )
 

@@ -196,9 +196,14 @@ class _Choice(_Lenient):
     message: _ReplyMessage
 
 
+class _PromptDetails(_Lenient):
+    cached_tokens: int | None = None
+
+
 class _ReplyUsage(_Lenient):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
 
 
 class _Completion(_Lenient):
@@ -237,6 +242,8 @@ def parse_reply(payload: bytes, fallback_model: str) -> ModelReply:
         usage=Usage(
             input_tokens=usage.prompt_tokens or 0,
             output_tokens=usage.completion_tokens or 0,
+            cached_input_tokens=(usage.prompt_tokens_details or _PromptDetails()).cached_tokens
+            or 0,
         ),
         model=completion.model or fallback_model,
     )

@@ -177,9 +177,14 @@ class _OutputItem(_Lenient):
     arguments: str | dict[str, Any] | None = None
 
 
+class _InputDetails(_Lenient):
+    cached_tokens: int | None = None
+
+
 class _Usage(_Lenient):
     input_tokens: int | None = None
     output_tokens: int | None = None
+    input_tokens_details: _InputDetails | None = None
 
 
 class _Error(_Lenient):
@@ -241,7 +246,11 @@ def parse_reply(payload: bytes, fallback_model: str) -> tuple[str, ModelReply]:
     reply = ModelReply(
         text="".join(texts) if texts else None,
         tool_calls=calls,
-        usage=Usage(input_tokens=usage.input_tokens or 0, output_tokens=usage.output_tokens or 0),
+        usage=Usage(
+            input_tokens=usage.input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
+            cached_input_tokens=(usage.input_tokens_details or _InputDetails()).cached_tokens or 0,
+        ),
         model=response.model or fallback_model,
     )
     return response.id, reply

@@ -273,6 +273,8 @@ class DraftWriter:
     started_at: str = ""
     #: Where the draft is (:data:`turnledger.turn.lifecycle.DRAFT_MOVES`); ``None``: not begun.
     status: DraftStatus | None = None
+    #: The state an earlier run of the turn left, read by :meth:`begin`.
+    previous: DraftState | None = None
     _buffer: list[str] = field(default_factory=list)
     _buffered: int = 0
     _last_flush: float = 0.0
@@ -282,15 +284,21 @@ class DraftWriter:
         """The conversation's partition key."""
         return keys.partition_key(self.key)
 
-    def begin(self) -> None:
+    def begin(self, previous: DraftState | None = None, *, known: bool = False) -> None:
         """Mark the draft in progress; a continued turn (an approval) numbers on.
 
+        ``known``: ``previous`` is the state just read (saves reading it again).
         A stale cancel flag of an earlier run of the same turn is removed first.
         """
-        previous = read_state(self.store, self.key, self.turn)
+        if not known:
+            previous = read_state(self.store, self.key, self.turn)
+        self.previous = previous
         self.next_seq = previous.next_seq if previous is not None else 1
         self.status = previous.status if previous is not None else None
-        self.store.delete_side_items(self.key, [cancel_key(self.turn)])
+        if previous is not None:
+            # Only an earlier run of the turn can have left a flag (a cancel is set only
+            # on a running draft): a new turn's begin saves the delete (1 WCU).
+            self.store.delete_side_items(self.key, [cancel_key(self.turn)])
         self.started_at = self.now().isoformat()
         self._last_flush = self.monotonic()
         self._put_state(DraftMove.BEGIN, None, None)
@@ -342,8 +350,13 @@ class DraftWriter:
                     },
                 )
 
-    def finish(self, result: dict[str, Any]) -> None:
-        """Store what is buffered and mark the draft done with the turn's response."""
+    def finish(self, result: dict[str, Any] | None) -> None:
+        """Store what is buffered and mark the draft done with the turn's response
+        (``None``: readers rebuild it from the log, so the buffered rest of the answer,
+        already in the log, is not stored as a chunk either)."""
+        if result is None:
+            self._buffer.clear()
+            self._buffered = 0
         self.flush(check_cancel=False)
         self._put_state(DraftMove.FINISH, None, result)
 
@@ -351,6 +364,23 @@ class DraftWriter:
         """Store what is buffered and mark the draft interrupted, with why."""
         self.flush(check_cancel=False)
         self._put_state(DraftMove.INTERRUPT, reason, result)
+
+    def restore(self) -> None:
+        """Put back the state an earlier run of the turn left (none: remove this run's):
+        a request refused before it changed the turn leaves the turn's draft as it was."""
+        previous = self.previous
+        if previous is None:
+            self.store.delete_side_items(self.key, [state_key(self.turn)])
+            return
+        self.next_seq, self.started_at, self.kind = (
+            previous.next_seq,
+            previous.started_at,
+            previous.kind,
+        )
+        self.gen = previous.gen
+        # Back to where it was: done (with its answer, if kept) or interrupted (with why).
+        how = DraftMove.FINISH if previous.status == "done" else DraftMove.INTERRUPT
+        self._put_state(how, previous.reason, previous.result)
 
     def _put_state(self, how: DraftMove, reason: str | None, result: dict[str, Any] | None) -> None:
         status = self.status = draft_move(self.status, how)

@@ -393,6 +393,18 @@ def fork_status() -> ConversationStatus:
     return ConversationStatus.COMPLETE
 
 
+def logged_status(answered: str | None, *, in_progress: bool, lease_lost: bool) -> str:
+    """A turn's status as a read of the log shows it (``GET .../turns``): ``in_progress``
+    while a run goes on, ``failed`` when its last request failed (``answered`` is
+    ``None``), ``interrupted`` when its run died holding the lease, else what its last
+    request answered."""
+    if in_progress:
+        return "in_progress"
+    if answered is None:
+        return "failed"
+    return _PUBLIC_STATUS[ConversationStatus.INTERRUPTED] if lease_lost else answered
+
+
 def is_running(head: Head | None) -> bool:
     """Whether ``head`` was committed mid-run (its tools running, or a run that died)."""
     return head is not None and head.status is ConversationStatus.RUNNING_TOOLS

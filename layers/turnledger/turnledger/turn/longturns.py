@@ -15,10 +15,13 @@ gives retries (2) and an on-failure destination without a queue to run,
 poll or pay for; a turn is one message with no ordering needs beyond the
 conversation's own optimistic lock.
 
-Readers (:func:`read_turn`, :func:`follow`) read the draft items only: any
-process can follow any turn, from any chunk. The HTTP bodies of all this (the
-``202``, progress, stream pages and their SSE framing) are the edge's
-(:mod:`turnledger.api.streaming`).
+Synchronous turns run through their draft too (:func:`run_drafted`, keeping no copy of
+the answer), so any turn can be followed while it runs. Readers (:func:`read_any_turn`,
+:func:`follow`) read the draft items: any process can follow any turn, from any chunk;
+a finished turn whose draft keeps no answer is rebuilt from the log
+(:mod:`.turn_log`), as are the turns of a history page (:func:`list_turns`). The HTTP
+bodies of all this (the ``202``, progress, stream pages and their SSE framing) are the
+edge's (:mod:`turnledger.api.streaming`).
 """
 
 from __future__ import annotations
@@ -35,18 +38,28 @@ from ..core.exceptions import (
     ConversationNotFound,
     NotAwaitingApproval,
     PayloadTooLarge,
+    ProviderError,
     ServiceUnavailable,
     TurnledgerError,
 )
-from ..core.models import ConversationKey, Head
+from ..core.models import ConversationKey, Event, Head
 from ..core.observability import logger
-from . import drafts
+from . import drafts, turn_log
 from .approval_edits import check_four_eyes
 from .commands import Decisions, TurnCommand
 from .drafts import DraftState, DraftWriter
-from .lifecycle import DraftMove, awaits_decision, draft_move, is_tombstone, refuse_new_turn
+from .lifecycle import (
+    DraftMove,
+    awaits_decision,
+    draft_move,
+    is_running,
+    is_tombstone,
+    logged_status,
+    refuse_new_turn,
+)
 from .pipeline import Conversations
 from .results import TurnResult
+from .turn_log import LoggedTurn
 
 #: The worker's event marks itself, so a stray event is refused, not run.
 WORKER_EVENT = "turnledger.async_turn"
@@ -116,6 +129,20 @@ def _check_startable(service: Conversations, head: Head | None, key: Conversatio
     )
 
 
+def _check_command(service: Conversations, command: TurnCommand) -> None:
+    """What a turn request refuses of its own options, as the turn would.
+
+    Raises:
+        UnknownTool, UnknownProvider, UnknownModel: the request names one the deployment
+            does not have or allow.
+    """
+    service.provider_for(command.provider)
+    service.check_model(command.model)
+    service.tools.select(command.tools)
+    for name in command.require_approval:
+        service.tools.get(name)
+
+
 def _running(state: DraftState | None, now: datetime) -> bool:
     """Whether a draft state says a run is still going (not over, not stale)."""
     if state is None or state.done:
@@ -127,20 +154,54 @@ def _running(state: DraftState | None, now: datetime) -> bool:
     return (now - started).total_seconds() < STALE_AFTER_SECONDS
 
 
+def _overtaken(state: DraftState, head: Head | None, now: datetime) -> bool:
+    """Whether an ``in_progress`` draft's run is over though its end was never written:
+    the conversation was committed after the run began and no run holds its lease (a
+    run that committed its turn and then failed to write the draft's end)."""
+    if state.done or head is None or head.live_lease(now) is not None:
+        return False
+    try:
+        started = datetime.fromisoformat(state.started_at)
+    except ValueError:
+        return False
+    return head.updated_at > started
+
+
 def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
     """The begun draft of ``turn``, run in this request or by the worker.
 
     Raises:
         ConversationBusy: a run of that turn is still going.
     """
-    if _running(drafts.read_state(service.store, key, turn), service.clock()):
+    state = drafts.read_state(service.store, key, turn)
+    now = service.clock()
+    if (
+        state is not None
+        and _running(state, now)
+        and not _overtaken(state, service.store.get_head(key), now)
+    ):
         raise ConversationBusy(
             "a turn of this conversation is running; follow it or wait for it",
             details={"turn": turn, "retry_after_seconds": 1},
         )
     writer = _writer(service, key, turn, kind)
-    writer.begin()
+    try:
+        writer.begin(state, known=True)
+    except Exception:
+        # The begin may have landed though its answer was lost: undo it (best effort),
+        # or the turn would read as running until the draft goes stale.
+        _quietly(writer.restore)
+        raise
     return writer
+
+
+def _quietly(step: Callable[[], None]) -> None:
+    """Run a draft's bookkeeping ``step``; a failure is logged, never raised (the request's
+    own outcome is what its caller must see)."""
+    try:
+        step()
+    except Exception:
+        logger.exception("could not write a turn's draft state")
 
 
 def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
@@ -196,11 +257,7 @@ def accept(
     kind: RouteKind
     if isinstance(command, TurnCommand):
         kind = "turn"
-        service.provider_for(command.provider)
-        service.check_model(command.model)
-        service.tools.select(command.tools)
-        for name in command.require_approval:
-            service.tools.get(name)
+        _check_command(service, command)
         _check_startable(service, head, key)
         turn = (head.turn if head is not None else 0) + (1 if command.starts_turn else 0)
         if turn == 0:
@@ -357,14 +414,20 @@ def run_drafted(
     actor: str,
     command: TurnCommand | Decisions,
     *,
-    answer: Callable[[TurnResult], dict[str, Any]],
+    answer: Callable[[TurnResult], dict[str, Any]] | None,
+    read_back: bool = True,
 ) -> tuple[TurnResult, list[str]]:
     """Run a turn (or decisions) in this request, its model calls streaming into the turn's
     draft exactly as the worker's do, so any reader follows it (``GET .../turns/{n}/stream``);
-    the draft keeps ``answer(result)`` once the turn is committed, or the error.
+    the draft keeps ``answer(result)`` once the turn is committed (``answer=None``: only that
+    it is done; readers rebuild the answer from the log, :mod:`.turn_log`), or the error.
+
+    A new turn that would be refused at once (calls await a decision, a run holds the
+    lease, the budget is spent) is refused before its draft is written.
 
     Returns:
-        The result, and the draft's chunks' texts, read back after the commit.
+        The result, and the draft's chunks' texts, read back after the commit (none
+        without ``read_back``).
 
     Raises:
         ConversationBusy: a turn of this conversation is running.
@@ -375,6 +438,9 @@ def run_drafted(
     kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
     starts = isinstance(command, TurnCommand) and command.starts_turn
     turn = max(current + (1 if starts else 0), 1)
+    if isinstance(command, TurnCommand) and command.starts_turn:
+        _check_command(service, command)
+        _check_startable(service, head, key)
     writer = _begin_draft(service, key, turn, kind)
     first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs
     try:
@@ -383,15 +449,29 @@ def run_drafted(
                 result = service.turn(key, actor, command)
             else:
                 result = service.approve(key, actor, command)
-    except TurnledgerError as exc:
-        body = exc.to_body()
-        body["error"]["status"] = exc.status
-        writer.interrupt(exc.code, body)
+    except Exception as exc:
+        failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
+        if isinstance(failure, ProviderError) or failure.status >= 500:
+            body = failure.to_body()
+            body["error"]["status"] = failure.status
+            _quietly(lambda: writer.interrupt(failure.code, body))
+        else:
+            # Refused (a stale decision, an unknown call, a lost race): the turn is as it
+            # was, and so is its draft; the caller has the error.
+            _quietly(writer.restore)
         raise
-    written = service.store.get_head(key)
-    if written is not None:
-        writer.gen = written.gen  # a first turn created the conversation's life just now
-    writer.finish(answer(result))
+    try:
+        written = service.store.get_head(key)
+        if written is not None:
+            writer.gen = written.gen  # a first turn created the conversation's life just now
+        writer.finish(answer(result) if answer is not None else None)
+    except Exception:
+        # The turn is committed: its answer stands. Readers see the draft overtaken by
+        # the commit (:func:`_overtaken`) and rebuild the answer from the log.
+        logger.exception("could not write the end of a turn's draft")
+        return result, []
+    if not read_back:
+        return result, []
     chunks = drafts.read(service.store, key, turn, after=first - 1).chunks
     return result, [chunk.text for chunk in chunks]
 
@@ -414,43 +494,128 @@ def _effective(state: DraftState, now: datetime) -> DraftState:
     return replace(state, status=status, reason="worker_lost", result=body)
 
 
-def _readable(service: Conversations, key: ConversationKey, turn: int) -> DraftState:
-    """The draft state of a turn of ``key``.
-
-    Raises:
-        ConversationNotFound: no such conversation (and no draft of a first turn).
-        TurnNotFound: the turn has no draft (it ran synchronously, or does not exist).
-    """
-    head = _visible(service, key)
+def _draft(
+    service: Conversations, key: ConversationKey, head: Head | None, turn: int
+) -> DraftState | None:
+    """``turn``'s draft state in this life of the conversation (``interrupted`` once its
+    run went stale), or ``None``."""
     state = drafts.read_state(service.store, key, turn)
     if state is not None and head is not None and state.gen and state.gen != head.gen:
         # Written to another life of the conversation: a leftover of a cleared one (a run
         # that went on writing after the clear). Purges delete drafts with the partition.
         state = None
-    if state is not None:
-        state = _effective(state, service.clock())
+    if state is None:
+        return None
+    now = service.clock()
+    if _overtaken(state, head, now) and _log_tells(service, key, head, turn):
+        return None  # its run committed the turn: the log tells the rest
+    return _effective(state, now)
+
+
+def _log_tells(service: Conversations, key: ConversationKey, head: Head | None, turn: int) -> bool:
+    """Whether the log holds ``turn`` (it is the head's, or the failure after it)."""
+    return head is not None and (
+        turn <= head.turn
+        or (turn == head.turn + 1 and bool(turn_log.turn_events(service.store, key, head, turn)))
+    )
+
+
+def _readable(service: Conversations, key: ConversationKey, turn: int) -> DraftState:
+    """The draft state of a turn of ``key``.
+
+    Raises:
+        ConversationNotFound: no such conversation (and no draft of a first turn).
+        TurnNotFound: the turn has no draft.
+    """
+    head = _visible(service, key)
+    state = _draft(service, key, head, turn)
     if state is None:
         if head is None:
             raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         raise TurnNotFound(
-            f"turn {turn} of this conversation has no draft to read (only turns sent "
-            "with Prefer: respond-async have one)",
+            f"turn {turn} of this conversation has no draft to read",
             details={"turn": turn, "turns": head.turn},
         )
     return state
 
 
-def read_turn(service: Conversations, key: ConversationKey, turn: int) -> tuple[DraftState, str]:
-    """A long turn's draft state (``interrupted`` once its run went stale) and the text
-    written so far (empty once the turn is done: its result holds the answer).
+@dataclass(frozen=True)
+class TurnRead:
+    """What a read of one turn found: a draft that tells (its run going on, its error, or
+    the answer it kept), or the turn rebuilt from the log."""
+
+    state: DraftState | None
+    #: The draft's text so far (empty once a kept answer holds it).
+    text: str = ""
+    logged: LoggedTurn | None = None
+    #: A request runs the turn's tools under a live lease (no draft tells more).
+    running: bool = False
+
+
+def read_any_turn(
+    service: Conversations, key: ConversationKey, turn: int, *, wait: float = 0
+) -> TurnRead:
+    """Any turn of ``key``: its draft while it runs (waiting up to ``wait`` s for it to
+    end), its error, or its answer; a turn whose draft keeps no answer (a synchronous
+    turn, or one from before drafts) is rebuilt from the log (:mod:`.turn_log`).
+
+    Reads: the head and the draft's state (2 reads), then the turn's events as
+    :func:`turnledger.turn.turn_log.turn_events` says.
 
     Raises:
-        ConversationNotFound, TurnNotFound: see :func:`_readable`.
+        ConversationNotFound: no such conversation (and no draft of a first turn).
+        TurnNotFound: no draft and no event of that turn.
     """
-    state = _readable(service, key, turn)
-    if state.status == "done" and state.result is not None:
-        return state, ""
-    return state, "".join(c.text for c in drafts.read(service.store, key, turn).chunks)
+    deadline = time.monotonic() + max(min(wait, MAX_WAIT_SECONDS), 0)
+    head = _visible(service, key)
+    state = _draft(service, key, head, turn)
+    if state is not None and not state.done and wait > 0:
+        state = follow(service, key, turn, after=0, wait=wait, gather=True).state
+        head = _visible(service, key)
+    if state is not None and (
+        not state.done or state.result is not None or state.status == "interrupted"
+    ):
+        if state.status == "done":
+            return TurnRead(state=state)
+        text = "".join(c.text for c in drafts.read(service.store, key, turn).chunks)
+        return TurnRead(state=state, text=text)
+    if head is None:
+        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+    while turn_log.running_now(head, turn, service.clock()) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        head = _visible(service, key)
+        if head is None:
+            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+    if turn_log.running_now(head, turn, service.clock()):
+        return TurnRead(state=None, running=True)
+    events = turn_log.turn_events(service.store, key, head, turn) if turn <= head.turn + 1 else []
+    if not events:
+        raise TurnNotFound(
+            f"turn {turn} of this conversation does not exist",
+            details={"turn": turn, "turns": head.turn},
+        )
+    return TurnRead(state=None, logged=logged_turn(service, key, head, turn, events))
+
+
+def logged_turn(
+    service: Conversations, key: ConversationKey, head: Head, turn: int, events: list[Event]
+) -> LoggedTurn:
+    """``turn`` of ``head`` rebuilt from its ``events``; the head's latest turn shows the
+    head's pending calls, and a run that died holding its lease shows ``interrupted``."""
+    settings = service.settings
+    logged = turn_log.rebuild(
+        key.conversation_id,
+        turn,
+        events,
+        pending=list(head.pending) if turn == head.turn else None,
+        default_budget=settings.context_budget(head.options.model or settings.model),
+        max_tool_steps=max(settings.max_tool_steps, 1),
+    )
+    if logged.answer is not None and turn == head.turn and is_running(head):
+        # Only a run that died holding its lease is read here (a live one is in progress).
+        shown = logged_status(logged.answer.status, in_progress=False, lease_lost=True)
+        return replace(logged, answer=replace(logged.answer, status=shown))
+    return logged
 
 
 def follow(
@@ -491,3 +656,75 @@ def follow(
         consistent = False
         time.sleep(POLL_SECONDS)
     return DraftRead(chunks=chunks, next_after=cursor, state=current)
+
+
+# --- turns as a history ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnEntry:
+    """One turn of a history page: the log's account of it, and whether it runs now."""
+
+    turn: int
+    #: ``None`` only for a turn whose run has written no event yet (its draft says it runs).
+    logged: LoggedTurn | None
+    in_progress: bool = False
+    #: When its running draft began, for a turn with no event yet.
+    draft_started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TurnsListing:
+    """A page of a conversation's turns, oldest first."""
+
+    entries: list[TurnEntry]
+    #: The turn number to read on after; ``None`` when this page reached the latest turn.
+    next_after: int | None
+
+
+def list_turns(
+    service: Conversations, key: ConversationKey, *, after: int, limit: int
+) -> TurnsListing:
+    """Turns ``after + 1 ..`` of ``key`` (at most ``limit``), rebuilt from the log.
+
+    Reads: the head, the last event, a binary search for the first turn's first event,
+    the page's events, and (on the page that reaches the latest turn) the next turn's
+    draft state, which says whether a run is going on.
+
+    Raises:
+        ConversationNotFound: absent, expired, cleared, or another tenant's.
+    """
+    head = _visible(service, key)
+    if head is None:
+        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+    store, now = service.store, service.clock()
+    latest = turn_log.latest_turn(store, key, head)
+    last = min(after + limit, latest)
+    by_turn = turn_log.turns_range(store, key, head, after + 1, last) if last > after else {}
+    entries = [
+        TurnEntry(
+            turn=n,
+            logged=logged_turn(service, key, head, n, events),
+            in_progress=turn_log.running_now(head, n, now),
+        )
+        for n, events in sorted(by_turn.items())
+    ]
+    if last < latest:
+        return TurnsListing(entries=entries, next_after=last)
+    upcoming = head.turn + 1
+    draft = _draft(service, key, head, upcoming) if upcoming > after else None
+    running = draft is not None and not draft.done
+    fits = len(entries) < limit or bool(entries and entries[-1].turn == upcoming)
+    if draft is not None and running and fits:
+        started = datetime.fromisoformat(draft.started_at)
+        entries = [e for e in entries if e.turn != upcoming]
+        mine = by_turn.get(upcoming)
+        entries.append(
+            TurnEntry(
+                turn=upcoming,
+                logged=logged_turn(service, key, head, upcoming, mine) if mine else None,
+                in_progress=True,
+                draft_started_at=started,
+            )
+        )
+    return TurnsListing(entries=entries, next_after=None)

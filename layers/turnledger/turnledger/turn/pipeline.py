@@ -990,9 +990,7 @@ class Conversations:
             made_with=_cursor_sha256(self.settings, specs, redactor)
             if reply.response_id is not None
             else None,
-            cost_usd=self.settings.model_spec(model).cost(
-                reply.usage.input_tokens, reply.usage.output_tokens
-            ),
+            cost_usd=self.settings.model_spec(model).cost(reply.usage),
             memory_ids=recall.ids
             if recall is not None
             and recall.message is not None
@@ -1132,9 +1130,7 @@ class Conversations:
         )
         session.summary = SummaryRef(sequence=event.sequence, through=through)
         session.usage = session.usage + reply.usage
-        session.cost_usd += self.settings.model_spec(reply.model or model).cost(
-            reply.usage.input_tokens, reply.usage.output_tokens
-        )
+        session.cost_usd += self.settings.model_spec(reply.model or model).cost(reply.usage)
         return True
 
     def _summarizer(self, work: TurnWork) -> Provider:
@@ -1231,9 +1227,7 @@ class Conversations:
             with timed("MemoryExtractionLatency"):
                 reply = summarizer.complete(extraction_request(model, texts, work.recall.records))
             session.usage = session.usage + reply.usage
-            session.cost_usd += self.settings.model_spec(reply.model or model).cost(
-                reply.usage.input_tokens, reply.usage.output_tokens
-            )
+            session.cost_usd += self.settings.model_spec(reply.model or model).cost(reply.usage)
             run = run.model_copy(update={"memory_usage": reply.usage})
             facts = parse_facts(reply.text or "")
             work.memory_plan = plan_writes(

@@ -355,7 +355,7 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
             "input_tokens": usage.input_tokens,
             "output_tokens": usage.output_tokens,
             "total_tokens": usage.input_tokens + usage.output_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
             "output_tokens_details": {"reasoning_tokens": 0},
         },
     }
