@@ -25,8 +25,6 @@ from ..core.observability import timed
 from ..runtime import get_runtime
 from ..turn import longturns
 from ..turn.approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
-from ..turn.commands import Decisions, TurnCommand
-from ..turn.pipeline import Conversations
 from ..turn.results import TurnResult
 from .idempotency import idempotent
 from .resolver import (
@@ -89,21 +87,6 @@ def _answer_turn(
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
 
 
-def _drafted(
-    service: Conversations, key: ConversationKey, actor: str, command: TurnCommand | Decisions
-) -> TurnResult:
-    """Run a synchronous turn (or decisions) through the turn's draft: any client can
-    follow it while it runs (``GET .../turns/{n}``), even if this request's client is gone.
-    The draft keeps no copy of the answer: a read rebuilds it from the log. Without
-    ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no draft."""
-    if not service.settings.sync_turn_drafts:
-        if isinstance(command, TurnCommand):
-            return service.turn(key, actor, command)
-        return service.approve(key, actor, command)
-    result, _ = longturns.run_drafted(service, key, actor, command, answer=None, read_back=False)
-    return result
-
-
 @app.post(
     "/v1/conversations/<conversation_id>/turns",
     responses=responses(TurnResponse, 400, 401, 403, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
@@ -123,7 +106,9 @@ def post_turn(
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, command)
     service = get_runtime().conversations_for(key.tenant)
-    return _answer_turn(key, "turns", request, lambda: _drafted(service, key, who.actor, command))
+    return _answer_turn(
+        key, "turns", request, lambda: longturns.run_synchronously(service, key, who.actor, command)
+    )
 
 
 @app.post(
@@ -146,7 +131,10 @@ def post_approvals(
         return accept_async(who, key, request, decided)
     service = get_runtime().conversations_for(key.tenant)
     return _answer_turn(
-        key, "approvals", request, lambda: _drafted(service, key, who.actor, decided)
+        key,
+        "approvals",
+        request,
+        lambda: longturns.run_synchronously(service, key, who.actor, decided),
     )
 
 

@@ -408,6 +408,21 @@ def run_worker(
     return {"turn": turn, "status": writer.status}
 
 
+def run_synchronously(
+    service: Conversations, key: ConversationKey, actor: str, command: TurnCommand | Decisions
+) -> TurnResult:
+    """Run a synchronous turn (or decisions) through the turn's draft: any client can
+    follow it while it runs (``GET .../turns/{n}``), even if this request's client is gone.
+    The draft keeps no copy of the answer: a read rebuilds it from the log. Without
+    ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no draft."""
+    if not service.settings.sync_turn_drafts:
+        if isinstance(command, TurnCommand):
+            return service.turn(key, actor, command)
+        return service.approve(key, actor, command)
+    result, _ = run_drafted(service, key, actor, command, answer=None, read_back=False)
+    return result
+
+
 def run_drafted(
     service: Conversations,
     key: ConversationKey,
