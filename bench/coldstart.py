@@ -185,6 +185,8 @@ def lambda_environment(handler: Handler | None) -> dict[str, str]:
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
         "AWS_EXECUTION_ENV": "AWS_Lambda_python3.13",
         "PYTHONUNBUFFERED": "1",
+        # The layer's code of this checkout, where Lambda has /opt/python.
+        "PYTHONPATH": str(PROJECT_ROOT / "layers" / "turnledger"),
     }
     if handler is not None:
         env.update(handler.environment)
