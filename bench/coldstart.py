@@ -309,6 +309,18 @@ def _handler_steps(handler: Handler, sample: int = 0) -> list[str]:
     ]
 
 
+def _restore_steps(handler: Handler, sample: int) -> list[str]:
+    """Init, then SnapStart's hooks as Lambda runs them around a snapshot, then the first
+    request and a second one: the part of a restored environment's start that Python runs."""
+    init, first, warm = _handler_steps(handler, sample)
+    return [
+        f"{init}\nimport turnledger.runtime as _runtime\n_runtime.before_snapshot()",
+        "_runtime.after_restore()",
+        first,
+        warm,
+    ]
+
+
 @dataclass
 class Timing:
     """Milliseconds over fresh interpreters, or why it could not be measured."""
@@ -353,6 +365,21 @@ def _sample_handler(
     timing.warm_ms.append(spent[2])
 
 
+def _sample_restore(
+    handler: Handler, timing: Timing, backend: Mapping[str, str], sample: int
+) -> None:
+    env = handler_environment(handler, backend)
+    try:
+        spent, _ = probe(_restore_steps(handler, sample), env)
+    except ProbeFailed as exc:
+        timing.error = str(exc)
+        return
+    # ``import_ms`` holds the after-restore hook here: what replaces the init.
+    timing.import_ms.append(spent[1])
+    timing.first_ms.append(spent[2])
+    timing.warm_ms.append(spent[3])
+
+
 def _sample_snippet(code: str, timing: Timing) -> None:
     try:
         spent, _ = probe([code], lambda_environment(None))
@@ -367,9 +394,10 @@ def measure(
     comparisons: Sequence[tuple[str, str]],
     runs: int,
     backend: Mapping[str, str],
-) -> tuple[list[Timing], Timing, list[Timing]]:
-    """Time every handler, the minimal handler and the comparisons ``runs`` times, one
-    fresh interpreter each.
+    restored: Handler | None = None,
+) -> tuple[list[Timing], Timing, list[Timing], Timing | None]:
+    """Time every handler, the minimal handler, ``restored`` after SnapStart's hooks and
+    the comparisons ``runs`` times, one fresh interpreter each.
 
     The minimal handler is sampled right before each handler's sample, so the two
     alternate; the rounds go over all of them in turn, so a burst of load on the
@@ -378,6 +406,7 @@ def measure(
     handler_timings = [Timing(h.label or h.name) for h in chosen]
     minimal, minimal_timing = minimal_handler(), Timing(MINIMAL)
     snippet_timings = [Timing(label) for label, _ in comparisons]
+    restore_timing = None if restored is None else Timing(restored.name)
     sample = 0
     for round_number in range(runs):
         print(f"  round {round_number + 1}/{runs}", flush=True)
@@ -387,10 +416,13 @@ def measure(
                 _sample_handler(minimal, minimal_timing, backend, sample)
             if timing.error is None:
                 _sample_handler(handler, timing, backend, sample)
+        if restored is not None and restore_timing is not None and restore_timing.error is None:
+            sample += 1
+            _sample_restore(restored, restore_timing, backend, sample)
         for (_, code), timing in zip(comparisons, snippet_timings, strict=True):
             if timing.error is None:
                 _sample_snippet(code, timing)
-    return handler_timings, minimal_timing, snippet_timings
+    return handler_timings, minimal_timing, snippet_timings, restore_timing
 
 
 @dataclass(frozen=True)
@@ -477,6 +509,33 @@ def _verdicts(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     return out
 
 
+def _restore_section(restored: Timing | None) -> list[str]:
+    """What Python runs of a SnapStart start: the after-restore hook and the first request."""
+    if restored is None:
+        return []
+    out = [
+        "",
+        "### After a SnapStart restore (the read handler, same run)",
+        "",
+        "The init, then the hooks as Lambda runs them around a snapshot "
+        "(`turnledger.runtime.before_snapshot`, then `after_restore`: a new random seed, "
+        "cached secrets dropped, the runtime rebuilt on a new AWS session), then the two "
+        "requests. Restoring the snapshot itself is Lambda's and is not measured here; the "
+        "hook and the first request are what a restored environment adds to it.",
+        "",
+        "| handler | after-restore hook ms | first request ms | warm request ms | "
+        "hook + first request ms |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    if restored.error is not None or not restored.import_ms:
+        return [*out, f"| `{restored.label}` | failed: {restored.error} | | | |"]
+    return [
+        *out,
+        f"| `{restored.label}` | {_ms(restored.import_ms)} | {_ms(restored.first_ms)} | "
+        f"{_ms(restored.warm_ms)} | {_cold_ms(restored):.0f} |",
+    ]
+
+
 def render(found: ColdStart, runs: int, command: str) -> str:
     """The markdown of the section (without its ``## `` heading)."""
     timings, comparisons, tree = found.handlers, found.comparisons, found.tree
@@ -534,6 +593,7 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "",
     ]
     out += _verdicts(timings, minimal)
+    out += _restore_section(found.restored)
     out += [
         "",
         "### For comparison (each alone in a fresh interpreter)",
@@ -587,6 +647,8 @@ class ColdStart:
     twins: list[tuple[list[str], tuple[str, ...]]]
     #: Where the requests' table and bucket were.
     backend: str = "DynamoDB Local"
+    #: The read handler after SnapStart's hooks (``import_ms``: the after-restore hook).
+    restored: Timing | None = None
 
 
 def _backend(stack: ExitStack) -> tuple[dict[str, str], str]:
@@ -632,13 +694,17 @@ def run(names: Sequence[str], runs: int) -> ColdStart:
                     handler_environment(found["sweep"], backend),
                 )
         variants = [untraced(found["read"])] if "read" in names and "read" in found else []
-        timings, minimal, comparisons = measure([*chosen, *variants], COMPARISONS, runs, backend)
+        timings, minimal, comparisons, restored = measure(
+            [*chosen, *variants], COMPARISONS, runs, backend, found.get("read")
+        )
         tree: list[ImportLine] | str
         try:
             tree = import_tree(found["turn"], backend) if "turn" in found else "no turn function"
         except ProbeFailed as exc:
             tree = str(exc)
-    return ColdStart([*timings, *missing], minimal, comparisons, tree, twins(chosen), where)
+    return ColdStart(
+        [*timings, *missing], minimal, comparisons, tree, twins(chosen), where, restored
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
