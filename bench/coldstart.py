@@ -368,7 +368,8 @@ def _sample_handler(
 def _sample_restore(
     handler: Handler, timing: Timing, backend: Mapping[str, str], sample: int
 ) -> None:
-    env = handler_environment(handler, backend)
+    # What Lambda sets in a SnapStart function's environment (its init then runs ahead).
+    env = {**handler_environment(handler, backend), "AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"}
     try:
         spent, _ = probe(_restore_steps(handler, sample), env)
     except ProbeFailed as exc:
@@ -517,7 +518,9 @@ def _restore_section(restored: Timing | None) -> list[str]:
         "",
         "### After a SnapStart restore (the read handler, same run)",
         "",
-        "The init, then the hooks as Lambda runs them around a snapshot "
+        "The init as SnapStart runs it (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`: "
+        "every route's request models are built too), then the hooks as Lambda runs them "
+        "around a snapshot "
         "(`turnledger.runtime.before_snapshot`, then `after_restore`: a new random seed, "
         "cached secrets dropped, the runtime rebuilt on a new AWS session), then the two "
         "requests. Restoring the snapshot itself is Lambda's and is not measured here; the "
