@@ -224,6 +224,19 @@ def _tenant_scope(
     Its clients come from the process's ``session`` (its models, parsed at init) with the
     tenant's credentials: a tenant's first request builds no session of its own.
     """
+    # A boto3 session is not thread-safe: two tenants' first requests take turns.
+    with _session_lock:
+        dynamodb, s3 = _tenant_clients(settings, session, credentials)
+    store = _dynamodb_store(settings, dynamodb, s3)
+    return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
+
+
+_session_lock = threading.Lock()
+
+
+def _tenant_clients(
+    settings: Settings, session: boto3.session.Session, credentials: TenantCredentials
+) -> tuple[DynamoDBClient, S3Client]:
     dynamodb: DynamoDBClient = session.client(
         "dynamodb",
         endpoint_url=settings.dynamodb_endpoint,
@@ -240,8 +253,7 @@ def _tenant_scope(
         aws_secret_access_key=credentials.secret_access_key,
         aws_session_token=credentials.session_token,
     )
-    store = _dynamodb_store(settings, dynamodb, s3)
-    return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
+    return dynamodb, s3
 
 
 def store_from_settings(settings: Settings) -> ConversationStore:
