@@ -1,10 +1,12 @@
 """Lambda entry point of the scheduled TTL sweep (and of TTL-deletion stream records).
 
-The sweep's module is imported on the first event (see :mod:`turnledger.entry`).
+The import is Lambda's init phase: it builds what every event needs (see
+:func:`turnledger.runtime.prepare`).
 """
 
-from turnledger.entry import deferred
+from turnledger.handlers import sweep_handler as lambda_handler
+from turnledger.runtime import prepare
 
-lambda_handler = deferred("turnledger.handlers", "sweep_handler")
+prepare()
 
 __all__ = ["lambda_handler"]

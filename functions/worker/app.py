@@ -1,11 +1,12 @@
 """Lambda entry point of the turn worker: runs turns sent with ``Prefer: respond-async``.
 
-Invoked asynchronously by the turn and approval functions; the module is imported on
-the first event (see :mod:`turnledger.entry`).
+Invoked asynchronously by the turn and approval functions. The import is Lambda's init
+phase: it builds what every event needs (see :func:`turnledger.runtime.prepare`).
 """
 
-from turnledger.entry import deferred
+from turnledger.api.worker import worker_handler as lambda_handler
+from turnledger.runtime import prepare
 
-lambda_handler = deferred("turnledger.api.worker", "worker_handler")
+prepare()
 
 __all__ = ["lambda_handler"]

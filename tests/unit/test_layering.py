@@ -36,9 +36,8 @@ PACKAGE = "turnledger"
 #: layer must not import each other.
 LAYERS: tuple[frozenset[str], ...] = (
     # The vocabulary (models, errors, settings, deadline, observability); the package
-    # root (its version); entry.py, which imports nothing of the package (it loads
-    # handlers by name on the first event), so anything may use it.
-    frozenset({"", "core", "entry"}),
+    # root (its version).
+    frozenset({"", "core"}),
     # Storage and the model providers: neither knows the other.
     frozenset({"store", "providers"}),
     # Tools (their specs are the providers' ToolSpec) and the working context (built

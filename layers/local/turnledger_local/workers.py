@@ -368,8 +368,8 @@ def _load_handler(function: FunctionBoot) -> Handler:
         raise AttributeError(f"{function.name}: {function.source} has no {function.attribute!r}")
     preload = getattr(handler, "load", None)
     if callable(preload):
-        # A handler that imports its code on the first event (turnledger.entry): the
-        # zygote is the snapshot every environment forks from, so load it here, once.
+        # A handler that imports its code on the first event: the zygote is the
+        # snapshot every environment forks from, so load it here, once.
         preload()
     return handler  # type: ignore[no-any-return]
 

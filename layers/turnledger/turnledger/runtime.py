@@ -6,21 +6,31 @@ the service (:class:`~turnledger.turn.pipeline.Conversations`, one per tenant wh
 ``TENANT_ROLE_ARN`` scopes credentials), and builds the sweeper and the export/import
 service on demand. The handlers call :func:`get_runtime`; tests and the local runner may
 install their own with :func:`set_runtime` (an injected clock, a fake provider...).
+
+:func:`prepare` builds it during Lambda's init phase (the handler modules in
+``functions/`` call it at import), so a first request costs about what a warm one
+does, and registers the SnapStart runtime hooks (:func:`before_snapshot`,
+:func:`after_restore`) that keep a restored snapshot from reusing what init made.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
+import botocore.loaders
+import botocore.session
+from aws_lambda_powertools.utilities import parameters
 from botocore.config import Config
 
 from .context.redaction import Redactor, load_redactor
 from .core.config import Settings
+from .core.observability import logger, tracer
 from .ops.notifications import environment, publisher_from_env
 from .providers.embeddings import build_embedder
 from .providers.factory import PROVIDERS, api_key_source, build_provider
@@ -30,6 +40,7 @@ from .store.dynamodb import DynamoDBConversationStore
 from .store.tenancy import TenantAccess, TenantCredentials
 from .tools.executors import ToolRunner, tool_http_client
 from .tools.registry import ToolRegistry
+from .turn import callbacks
 from .turn.pipeline import Conversations
 from .turn.session import Clock, utc_now
 
@@ -46,6 +57,17 @@ if TYPE_CHECKING:
 _AWS_CONFIG = Config(
     connect_timeout=3, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"}
 )
+
+#: The parsed service models (JSON read from botocore's data), shared by every session of
+#: the process: a tenant's session then builds its clients without reading them again.
+_MODELS = botocore.loaders.create_loader()
+
+
+def aws_session() -> boto3.session.Session:
+    """A new boto3 session (its own credentials) over the process's parsed service models."""
+    core = botocore.session.Session()
+    core.register_component("data_loader", _MODELS)
+    return boto3.session.Session(botocore_session=core)
 
 
 @dataclass
@@ -70,6 +92,13 @@ class Runtime:
     dynamodb: DynamoDBClient
     #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
     tenants: TenantAccess[TenantScope] | None = None
+    #: Every AWS client built for the process's own credentials (closed by :meth:`close`).
+    clients: tuple[Any, ...] = ()
+
+    def close(self) -> None:
+        """Close the process's AWS clients' connection pools (they reconnect when used)."""
+        for client in self.clients:
+            client.close()
 
     def conversations_for(self, tenant: str) -> Conversations:
         """The service for one request of ``tenant``: its store reaches only that tenant."""
@@ -116,11 +145,12 @@ class Runtime:
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:
         """Build clients, store, provider, tools and the service for ``settings``."""
-        session = boto3.session.Session()
+        session = aws_session()
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
-        store = _build_store(settings, session, dynamodb)
+        clients: list[Any] = [dynamodb]
+        store = _build_store(settings, session, dynamodb, clients)
         http = tool_http_client(settings.tool_timeout_seconds)
 
         def lambda_client(config: Config) -> LambdaClient:
@@ -175,28 +205,60 @@ class Runtime:
             settings=settings, conversations=conversations, store=store, dynamodb=dynamodb
         )
         if settings.tenant_role_arn and settings.store == "dynamodb":
+            sts = session.client("sts", config=_AWS_CONFIG)
+            clients.append(sts)
             runtime.tenants = TenantAccess(
-                session.client("sts", config=_AWS_CONFIG),
+                sts,
                 settings.tenant_role_arn,
                 bucket=settings.bucket_name,
-                build=partial(_tenant_scope, settings, service),
+                build=partial(_tenant_scope, settings, session, service),
             )
+        runtime.clients = tuple(clients)
         return runtime
 
 
 def _tenant_scope(
     settings: Settings,
+    session: boto3.session.Session,
     service: Callable[[ConversationStore], Conversations],
     tenant: str,
     credentials: TenantCredentials,
 ) -> TenantScope:
-    """Clients, store and service of ``tenant``, on its own credentials."""
-    session = credentials.session()
-    dynamodb: DynamoDBClient = session.client(
-        "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
-    )
-    store = _build_store(settings, session, dynamodb)
+    """Clients, store and service of ``tenant``, on its own credentials.
+
+    Its clients come from the process's ``session`` (its models, parsed at init) with the
+    tenant's credentials: a tenant's first request builds no session of its own.
+    """
+    # A boto3 session is not thread-safe: two tenants' first requests take turns.
+    with _session_lock:
+        dynamodb, s3 = _tenant_clients(settings, session, credentials)
+    store = _dynamodb_store(settings, dynamodb, s3)
     return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
+
+
+_session_lock = threading.Lock()
+
+
+def _tenant_clients(
+    settings: Settings, session: boto3.session.Session, credentials: TenantCredentials
+) -> tuple[DynamoDBClient, S3Client]:
+    dynamodb: DynamoDBClient = session.client(
+        "dynamodb",
+        endpoint_url=settings.dynamodb_endpoint,
+        config=_AWS_CONFIG,
+        aws_access_key_id=credentials.access_key_id,
+        aws_secret_access_key=credentials.secret_access_key,
+        aws_session_token=credentials.session_token,
+    )
+    s3: S3Client = session.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint,
+        config=_AWS_CONFIG,
+        aws_access_key_id=credentials.access_key_id,
+        aws_secret_access_key=credentials.secret_access_key,
+        aws_session_token=credentials.session_token,
+    )
+    return dynamodb, s3
 
 
 def store_from_settings(settings: Settings) -> ConversationStore:
@@ -209,7 +271,7 @@ def store_from_settings(settings: Settings) -> ConversationStore:
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
-    session = boto3.session.Session()
+    session = aws_session()
     dynamodb: DynamoDBClient = session.client(
         "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
     )
@@ -227,12 +289,26 @@ def _sqlite_store(settings: Settings) -> ConversationStore:
 
 
 def _build_store(
-    settings: Settings, session: boto3.session.Session, dynamodb: DynamoDBClient
+    settings: Settings,
+    session: boto3.session.Session,
+    dynamodb: DynamoDBClient,
+    clients: list[Any] | None = None,
 ) -> ConversationStore:
-    """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files."""
+    """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files.
+
+    The S3 client it builds is added to ``clients`` when given.
+    """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
     s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
+    if clients is not None:
+        clients.append(s3)
+    return _dynamodb_store(settings, dynamodb, s3)
+
+
+def _dynamodb_store(
+    settings: Settings, dynamodb: DynamoDBClient, s3: S3Client
+) -> DynamoDBConversationStore:
     return DynamoDBConversationStore(
         dynamodb,
         settings.table_name,
@@ -259,3 +335,70 @@ def set_runtime(runtime: Runtime | None) -> None:
     global _runtime
     with _lock:
         _runtime = runtime
+
+
+def prepare() -> Runtime | None:
+    """Build, during Lambda's init phase, what every request needs: the runtime (settings,
+    clients, store, provider, tools, the service) and the Tracer where tracing is on; and
+    register the SnapStart hooks. The handler modules in ``functions/`` call it at import.
+
+    Returns:
+        The runtime, or ``None`` when the settings are invalid: the error is logged here
+        and each request then meets it in :func:`get_runtime` and answers it as it should.
+    """
+    _register_snapshot_hooks()
+    tracer()
+    try:
+        return get_runtime()
+    except Exception:
+        logger.exception("the runtime could not be built at init")
+        return None
+
+
+def before_snapshot() -> None:
+    """SnapStart: close the open connections before the snapshot (no socket is restored)."""
+    with _lock:
+        runtime = _runtime
+    if runtime is not None:
+        runtime.close()
+
+
+def after_restore() -> None:
+    """SnapStart: give a restored environment its own state, nothing shared with the others
+    restored from the same snapshot.
+
+    Reseeds :mod:`random` from the OS; drops the cached secrets and parameters (Powertools'
+    cache, the callback keys' derived ciphers); rebuilds the runtime on a new AWS session
+    (new credentials, clients, connection pools, HTTP clients, tenant credentials cache),
+    with the settings and clock init built it with; the parsed service models are kept.
+    """
+    random.seed()
+    parameters.clear_caches()  # type: ignore[no-untyped-call]  # Powertools leaves it untyped
+    callbacks.clear_key_cache()
+    global _runtime
+    with _lock:
+        if _runtime is not None:
+            _runtime.close()
+            _runtime = Runtime.from_settings(_runtime.settings, clock=_runtime.conversations.clock)
+
+
+_hooks_registered = False
+
+
+def _register_snapshot_hooks() -> None:
+    """Register :func:`before_snapshot` and :func:`after_restore` with Lambda's SnapStart
+    hooks (the ``snapshot_restore_py`` module of the Python runtime), once; without the
+    module (outside Lambda) there is nothing to register."""
+    global _hooks_registered
+    if _hooks_registered:
+        return
+    try:
+        from snapshot_restore_py import (  # type: ignore[import-not-found,unused-ignore]
+            register_after_restore,
+            register_before_snapshot,
+        )
+    except ImportError:
+        return
+    register_before_snapshot(before_snapshot)
+    register_after_restore(after_restore)
+    _hooks_registered = True

@@ -1,9 +1,8 @@
 """The HTTP API (Powertools event handler) and the Lambda entry point of its functions.
 
-Importing this package is cheap: :data:`lambda_handler` loads :mod:`.app` (the
-resolver of :mod:`.resolver` with every route module registered on it) on the
-first request (see :mod:`turnledger.entry`), and ``app`` (the resolver) is loaded
-on first access.
+Importing this package imports :mod:`.app` (the resolver of :mod:`.resolver` with
+every route module registered on it): a Lambda function imports it during its init
+phase, so no request pays for it. ``app`` is the resolver.
 
 This package is the HTTP edge: request and response bodies, views, SSE framing and
 error shapes live here, and nothing outside it imports it (tests/unit/test_layering.py).
@@ -13,14 +12,10 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import TYPE_CHECKING
 
-from ..entry import deferred
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
 
-if TYPE_CHECKING:
-    from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
-
-lambda_handler = deferred("turnledger.api.app")
+from .app import lambda_handler
 
 
 class _Package(types.ModuleType):
@@ -32,7 +27,7 @@ class _Package(types.ModuleType):
 
     @property
     def app(self) -> APIGatewayHttpResolver:
-        """The API's resolver (``turnledger.api.app.app``), imported on first access."""
+        """The API's resolver (``turnledger.api.app.app``)."""
         from .app import app
 
         return app

@@ -2,7 +2,10 @@
 
 ``Tracer`` imports the X-Ray SDK, which costs most of a second of cold start:
 it is created only where tracing is on (deployed with ``Tracing: Active``),
-never in tests or the local runner (``POWERTOOLS_TRACE_DISABLED=true``).
+never in tests or the local runner (``POWERTOOLS_TRACE_DISABLED=true``). Where it
+is on, it is created during init (:func:`turnledger.runtime.prepare`) and patches
+only the libraries the service calls through (:data:`TRACED_LIBRARIES`), not every
+library the X-Ray SDK knows.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turn
 warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
 
+#: The libraries whose calls are traced: AWS calls (botocore) and HTTP calls to models and
+#: tools (httpx).
+TRACED_LIBRARIES = ("botocore", "httpx")
+
+
 def tracing_enabled() -> bool:
     """True in a Lambda function with tracing not disabled."""
     disabled = os.environ.get("POWERTOOLS_TRACE_DISABLED", "").lower() in {"1", "true"}
@@ -41,7 +49,7 @@ def tracer() -> Tracer | None:
         return None
     from aws_lambda_powertools import Tracer
 
-    return Tracer()
+    return Tracer(patch_modules=TRACED_LIBRARIES)
 
 
 def traced[F: Callable[..., Any]](handler: F) -> F:

@@ -267,12 +267,15 @@ def tool_http_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> httpx.Client:
 
     Other requests made with it (webhooks) behave as with a plain client.
     """
-    transport = httpx.HTTPTransport()
+    # One SSL context for the transport and its pool: loading the CA bundle is most of
+    # the client's construction time, paid during init.
+    ssl_context = httpx.create_ssl_context()
+    transport = httpx.HTTPTransport(verify=ssl_context)
     # httpx's transport takes no network backend; its pool is replaced by the same
     # pool on the bounded backend (tests/functional/test_executor_bounds.py fails if
     # httpx stops using it).
     transport._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(),
+        ssl_context=ssl_context,
         max_connections=100,
         max_keepalive_connections=20,
         keepalive_expiry=5.0,

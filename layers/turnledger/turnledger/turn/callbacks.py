@@ -104,6 +104,11 @@ def _fernet(key: bytes) -> Fernet:
     return Fernet(base64.urlsafe_b64encode(derived))
 
 
+def clear_key_cache() -> None:
+    """Forget the ciphers derived from callback keys (a restored snapshot derives its own)."""
+    _fernet.cache_clear()
+
+
 def sign(key: bytes, claims: CallbackClaims) -> str:
     """The opaque token of ``claims`` under ``key`` (URL-safe, no padding)."""
     return _fernet(key).encrypt(claims.to_json()).decode("ascii").rstrip("=")

@@ -1,0 +1,196 @@
+"""Lambda's init phase builds what every request needs; a SnapStart restore reuses nothing
+unique or secret that init made.
+
+The handler modules in ``functions/`` call :func:`turnledger.runtime.prepare` at import
+(the init phase): after it, a first request builds no AWS client, no runtime and no
+provider. Under SnapStart many environments resume from one snapshot of that init; the
+restore hooks (:func:`~turnledger.runtime.before_snapshot`,
+:func:`~turnledger.runtime.after_restore`) give each its own random state, clients,
+connections, credentials and secrets. These tests run the hooks as Lambda would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.session
+import pytest
+from aws_lambda_powertools.utilities import parameters
+from moto import mock_aws
+from turnledger import runtime as runtime_module
+from turnledger.core.config import Settings
+from turnledger.providers import factory
+from turnledger.runtime import Runtime, after_restore, before_snapshot, get_runtime, set_runtime
+from turnledger.turn import callbacks
+from turnledger_local.gateway import LambdaContext
+from turnledger_local.template import PROJECT_ROOT
+
+from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+
+FUNCTIONS = ("turn", "read", "clear", "approve", "sweep", "worker")
+TENANT_ROLE = "arn:aws:iam::123456789012:role/tenant-access"
+
+
+def load_function(name: str) -> types.ModuleType:
+    """Import ``functions/<name>/app.py`` by path, as Lambda's init phase does."""
+    path = PROJECT_ROOT / "functions" / name / "app.py"
+    spec = importlib.util.spec_from_file_location(f"init_test_{name}_app", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """A table and a bucket on moto, named in the environment; no runtime built yet."""
+    with mock_aws():
+        clients = aws_clients()
+        monkeypatch.setenv("TABLE_NAME", create_conversations_table(clients.dynamodb))
+        monkeypatch.setenv("BUCKET_NAME", create_bucket(clients.s3))
+        monkeypatch.setenv("CALLBACK_KEY", "00" * 32)
+        set_runtime(None)
+        yield
+        set_runtime(None)
+
+
+class Counter:
+    """Counts the calls of a patched callable (and passes them on)."""
+
+    def __init__(self, wrapped: Callable[..., Any]) -> None:
+        self.wrapped = wrapped
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.wrapped(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_a_functions_init_builds_the_runtime(aws: None, name: str) -> None:
+    load_function(name)
+    assert runtime_module._runtime is not None
+
+
+def test_the_first_request_builds_no_client_runtime_or_provider(
+    aws: None, monkeypatch: pytest.MonkeyPatch, load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    function = load_function("read")  # the init phase
+    clients = Counter(botocore.session.Session.create_client)
+    runtimes = Counter(Runtime.from_settings)
+    providers = Counter(factory.build_provider)
+    sessions = Counter(boto3.session.Session.__init__)
+    monkeypatch.setattr(botocore.session.Session, "create_client", clients)
+    monkeypatch.setattr(Runtime, "from_settings", runtimes)
+    monkeypatch.setattr(factory, "build_provider", providers)
+    monkeypatch.setattr(runtime_module, "build_provider", providers)
+    monkeypatch.setattr(boto3.session.Session, "__init__", sessions)
+
+    context = LambdaContext(function_name="read", memory_limit_in_mb=512, timeout_seconds=29)
+    answer = function.lambda_handler(load_event("get-conversation"), context)
+
+    assert answer["statusCode"] == 404  # it reached the store: nothing there yet
+    assert (clients.calls, runtimes.calls, providers.calls, sessions.calls) == (0, 0, 0, 0)
+
+
+def test_init_registers_the_snapstart_hooks_when_the_runtime_offers_them(
+    aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registered: dict[str, list[Callable[[], None]]] = {"before": [], "after": []}
+    hooks = types.ModuleType("snapshot_restore_py")
+    hooks.register_before_snapshot = registered["before"].append  # type: ignore[attr-defined]
+    hooks.register_after_restore = registered["after"].append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "snapshot_restore_py", hooks)
+    monkeypatch.setattr(runtime_module, "_hooks_registered", False)
+
+    load_function("turn")
+    load_function("read")  # a second prepare() registers nothing more
+
+    assert registered == {"before": [before_snapshot], "after": [after_restore]}
+
+
+def test_init_runs_without_the_snapstart_module(aws: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "snapshot_restore_py", None)  # ImportError on import
+    monkeypatch.setattr(runtime_module, "_hooks_registered", False)
+    load_function("read")
+    assert runtime_module._runtime is not None
+    assert runtime_module._hooks_registered is False
+
+
+def _snapshot() -> Runtime:
+    """What init leaves behind: a runtime on the tenant role, connections open, a secret
+    read through Powertools and a callback key's cipher cached."""
+    set_runtime(
+        Runtime.from_settings(Settings.from_env({**_env(), "TENANT_ROLE_ARN": TENANT_ROLE}))
+    )
+    built = get_runtime()
+    secrets = boto3.client("secretsmanager")
+    secrets.create_secret(Name="init-secret", SecretString="s3cr3t")
+    assert parameters.get_secret("init-secret") == "s3cr3t"
+    callbacks.sign(b"k" * 32, _claims())
+    return built
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.isupper()}
+
+
+def _claims() -> callbacks.CallbackClaims:
+    return callbacks.CallbackClaims(
+        tenant="acme",
+        conversation_id="c-init",
+        life="x",
+        call_id="call-1",
+        idempotency_key="k",
+        deadline=2_000_000_000,
+    )
+
+
+def test_before_snapshot_closes_every_clients_connection_pool(
+    aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = _snapshot()
+    closed: list[object] = []
+    for client in built.clients:
+        session = client._endpoint.http_session
+        monkeypatch.setattr(session, "close", lambda session=session: closed.append(session))
+
+    before_snapshot()
+
+    assert closed == [client._endpoint.http_session for client in built.clients]
+    assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "S3", "STS"}
+
+
+def test_a_restore_reuses_nothing_unique_or_secret_from_init(aws: None) -> None:
+    built = _snapshot()
+    state = random.getstate()
+    before_snapshot()
+
+    # Two environments restored from the same snapshot: the same memory, then the hooks.
+    draws = []
+    for _ in range(2):
+        random.setstate(state)
+        after_restore()
+        draws.append([random.random() for _ in range(4)])
+        restored = get_runtime()
+        assert restored is not built
+        assert restored.settings == built.settings
+        assert restored.conversations.clock is built.conversations.clock
+        for old, new in zip(built.clients, restored.clients, strict=True):
+            assert new is not old
+            assert new._endpoint.http_session is not old._endpoint.http_session
+            # Credentials are resolved again, not the snapshot's object.
+            assert new._request_signer._credentials is not old._request_signer._credentials
+        assert restored.conversations.provider is not built.conversations.provider
+        assert restored.tenants is not None and restored.tenants is not built.tenants
+        assert parameters.base.DEFAULT_PROVIDERS == {}  # the init's secret is gone
+        assert callbacks._fernet.cache_info().currsize == 0
+    assert draws[0] != draws[1]
