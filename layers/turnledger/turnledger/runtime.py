@@ -242,22 +242,16 @@ _session_lock = threading.Lock()
 def _tenant_clients(
     settings: Settings, session: boto3.session.Session, credentials: TenantCredentials
 ) -> tuple[DynamoDBClient, S3Client]:
+    signed: dict[str, Any] = {
+        "config": _AWS_CONFIG,
+        "aws_access_key_id": credentials.access_key_id,
+        "aws_secret_access_key": credentials.secret_access_key,
+        "aws_session_token": credentials.session_token,
+    }
     dynamodb: DynamoDBClient = session.client(
-        "dynamodb",
-        endpoint_url=settings.dynamodb_endpoint,
-        config=_AWS_CONFIG,
-        aws_access_key_id=credentials.access_key_id,
-        aws_secret_access_key=credentials.secret_access_key,
-        aws_session_token=credentials.session_token,
+        "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
     )
-    s3: S3Client = session.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        config=_AWS_CONFIG,
-        aws_access_key_id=credentials.access_key_id,
-        aws_secret_access_key=credentials.secret_access_key,
-        aws_session_token=credentials.session_token,
-    )
+    s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, **signed)
     return dynamodb, s3
 
 

@@ -235,19 +235,23 @@ class ContextInfo(BaseModel):
     summary_through: int | None = None
 
 
+#: The statuses a turn's answer shows.
+AnsweredStatus = Literal[
+    "complete",
+    "awaiting_approval",
+    "awaiting_client_tools",
+    "awaiting_hitl",
+    "awaiting_async_tools",
+    "interrupted",
+]
+
+
 class TurnResponse(BaseModel):
     """Answer of a turn, and of an approval that decided the last pending call."""
 
     conversation_id: str
     turn: int
-    status: Literal[
-        "complete",
-        "awaiting_approval",
-        "awaiting_client_tools",
-        "awaiting_hitl",
-        "awaiting_async_tools",
-        "interrupted",
-    ]
+    status: AnsweredStatus
     #: Extension: why a turn stopped early (``max_tool_steps``), else ``None``.
     status_reason: str | None = None
     output_text: str | None
@@ -391,16 +395,7 @@ class TurnSummaryView(BaseModel):
     #: ``in_progress`` (a run is going on), ``failed`` (its last request failed: see
     #: ``error``), ``interrupted`` (a run died holding its lease), or the status its last
     #: request answered (``complete``, ``awaiting_approval``, ...).
-    status: Literal[
-        "complete",
-        "awaiting_approval",
-        "awaiting_client_tools",
-        "awaiting_hitl",
-        "awaiting_async_tools",
-        "interrupted",
-        "in_progress",
-        "failed",
-    ]
+    status: AnsweredStatus | Literal["in_progress", "failed"]
     #: Why it stopped early (``cancelled``, ``max_tool_steps``, ``turn_budget``) or the
     #: failure's code; else ``None``.
     reason: str | None = None
