@@ -313,12 +313,14 @@ def test_two_approvers_racing_over_http(
     """Both read the pending call before either commits: one 200, one 409, the tool runs once.
 
     The approvals run in two worker processes; a hook makes each load wait until both
-    have loaded (tests/support/worker_hooks.py).
+    have loaded (tests/support/worker_hooks.py). Without synchronous drafts: with them, the
+    second approval is refused at its draft, before it loads, and the commit never races
+    (the next test).
     """
     config = replace(
         tools_config,
         worker_hook="tests.support.worker_hooks:two_loads_meet",
-        env={BARRIER_DIR: str(tmp_path)},
+        env={BARRIER_DIR: str(tmp_path), "SYNC_TURN_DRAFTS": "false"},
     )
     with LocalRunner(config) as runner:
         with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
@@ -346,6 +348,28 @@ def test_two_approvers_racing_over_http(
         with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
             [resolved] = [e for e in events(http, conversation) if e["kind"] == "approval_resolved"]
         assert resolved["payload"]["approver"] == winner
+
+
+def test_two_approvers_racing_through_drafts(
+    tools_config: LocalConfig, sink: HttpSink, conversation: str
+) -> None:
+    """As deployed (synchronous drafts on): two approvals at once, one 200 and one 409 (its
+    draft refused while the other runs, or nothing left to decide), the tool runs once."""
+    with LocalRunner(tools_config) as runner:
+        with httpx.Client(base_url=runner.url, headers=ANN, timeout=30) as http:
+            post_turn(http, conversation, input=tool_line("send_email", to="a@x"))
+        approvers = [ANN, BEN]
+
+        def approve(index: int) -> httpx.Response:
+            with httpx.Client(base_url=runner.url, headers=approvers[index], timeout=30) as http:
+                return post_approvals(http, conversation, approve=["call_1"])
+
+        answers = all_at_once(len(approvers), approve)
+        statuses = sorted(response.status_code for response in answers)
+        assert statuses == [200, 409], [r.text for r in answers]
+        [refused] = [r for r in answers if r.status_code == 409]
+        assert refused.json()["error"]["code"] in {"conversation_busy", "not_awaiting_approval"}
+        assert len(tool_requests(sink, "/email", conversation)) == 1
 
 
 @pytest.fixture
