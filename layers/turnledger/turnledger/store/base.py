@@ -989,7 +989,8 @@ class ConversationStore(ABC):
         ``after``; and whether more follow."""
         lower, upper = forks.prefix_bounds(keys.fork_refs_prefix(head.gen, keys.FORK_LIVE))
         if after is not None:
-            lower = f"{lower}{after}#{forks.prefix_bounds('')[1]}"
+            # Past every life of the fork ``after``: its references end ``#<fork gen>``.
+            lower = forks.prefix_bounds(f"{lower}{after}#")[1]
         page = self._query(
             keys.partition_key(key),
             lower=lower,
@@ -1136,9 +1137,9 @@ class ConversationStore(ABC):
         first event of another life after this one's.
         """
         doomed: list[EventStamp] = []
-        pk = keys.partition_key(key)
         lower, upper = keys.event_sort_key(0), keys.event_sort_key(10**12 - 1)
-        for item in self._keys_between(pk, lower, upper):
+        # Lazily, page by page: the reads stop where this life's events end.
+        for item in self._keys_between(keys.partition_key(key), lower, upper):
             if item.get(codec.A_GEN) == gen:
                 doomed.append(EventStamp(str(item[codec.A_SK]), gen))
             elif doomed:
@@ -1468,27 +1469,14 @@ class ConversationStore(ABC):
         Read whole before it returns (all pages). What reclaiming orphans needs: it
         deletes by life, never by range.
         """
-        pk = keys.partition_key(key)
-        stamps: list[EventStamp] = []
-        cursor: Any = None
-        while True:
-            page = self._query(
-                pk,
-                lower=keys.event_sort_key(0),
-                upper=keys.event_sort_key(10**12 - 1),
-                descending=False,
-                limit=1000,
-                cursor=cursor,
-                keys_only=True,
+        lower, upper = keys.event_sort_key(0), keys.event_sort_key(10**12 - 1)
+        return [
+            EventStamp(
+                str(item[codec.A_SK]),
+                gen if isinstance(gen := item.get(codec.A_GEN), str) else None,
             )
-            for item in page.items:
-                gen = item.get(codec.A_GEN)
-                stamps.append(
-                    EventStamp(str(item[codec.A_SK]), gen if isinstance(gen, str) else None)
-                )
-            if page.cursor is None:
-                return stamps
-            cursor = page.cursor
+            for item in self._keys_between(keys.partition_key(key), lower, upper)
+        ]
 
     def delete_event(self, key: ConversationKey, stamp: EventStamp) -> bool:
         """Delete the event item at ``stamp.sort_key`` if its life is still ``stamp.gen``.
