@@ -21,7 +21,7 @@ from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
 from turnledger.turn.pipeline import Conversations
 
-from bench.metered import Commit, MeteredStore
+from bench.metered import LAYOUTS, Commit, MeteredStore
 from bench.pricing import IndexSpec, item_size
 from tests.support import edge
 from tests.support.edge import Caller
@@ -113,6 +113,9 @@ class TurnSample:
     head_bytes: int
     #: The turn summarized older turns (it read them, and wrote a ``context_compacted``).
     compacted: bool = False
+    #: Bytes of every transcript item (``E#...``) the turn put, and whether it put the head.
+    transcript_bytes: int = 0
+    head_written: bool = True
 
 
 @dataclass
@@ -126,6 +129,8 @@ class Conversation:
     commits: list[Commit] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)
     conflicts: int = 0
+    #: The newest summary's range end the last turn reported (a change: it compacted).
+    summary_through: int | None = None
 
     @classmethod
     def open(
@@ -135,9 +140,12 @@ class Conversation:
         blobs: BlobStore,
         settings: Settings,
         indexes: Sequence[IndexSpec],
+        *,
+        layout: str = "current",
     ) -> Conversation:
-        """A fresh conversation in ``settings.table_name``."""
-        store = MeteredStore(client, settings.table_name, blobs, indexes)
+        """A fresh conversation in ``settings.table_name``, stored by ``layout`` (a key of
+        :data:`bench.metered.LAYOUTS`: ``legacy`` is the layout before issue 21)."""
+        store = LAYOUTS[layout](client, settings.table_name, blobs, indexes)
         clock = BenchClock()
         service = Conversations(
             store=store, provider=BenchProvider(), settings=settings, clock=clock
@@ -174,14 +182,19 @@ class Conversation:
         used = self.store.meter.since(before)
         self.sent.append(text)
         self.commits.extend(work.commits)
-        last = work.commits[-1]
-        sizes = {_kind(item): item_size(item) for item in last.events}
+        events = [item for commit in work.commits for item in commit.events]
+        heads = [commit.head for commit in work.commits if commit.head is not None]
+        sizes = {_kind(item): item_size(item) for item in events}
+        summary = response.context.summary_through
+        compacted = summary is not None and summary != self.summary_through
+        self.summary_through = summary
         return TurnSample(
             turn=response.turn,
             reported_wcu=used.write_units,
             reported_rcu=used.read_units,
-            read_calls=used.read_calls,
-            write_calls=used.write_calls,
+            # Round trips as sent on the wire (every request, whichever store method sent it).
+            read_calls=work.read_requests,
+            write_calls=work.write_requests,
             priced_wcu=work.priced_wcu,
             priced_index_wcu=work.priced_index_wcu,
             priced_rcu=work.priced_rcu,
@@ -191,10 +204,10 @@ class Conversation:
             storage_ms=work.seconds * 1000,
             user_bytes=sizes.get("user_message", 0),
             assistant_bytes=sizes.get("assistant_message", 0),
-            head_bytes=item_size(last.head),
-            compacted=any(
-                _kind(item) == "context_compacted" for c in work.commits for item in c.events
-            ),
+            head_bytes=item_size(heads[-1]) if heads else 0,
+            compacted=compacted,
+            transcript_bytes=sum(item_size(item) for item in events),
+            head_written=bool(heads),
         )
 
     def is_intact(self) -> bool:
@@ -216,4 +229,6 @@ class Conversation:
 
 
 def _kind(item: Item) -> str:
-    return str(json.loads(item[A_BODY])["kind"])
+    """The event kind of a legacy event item; ``turn`` for an item holding several events."""
+    body = json.loads(item[A_BODY])
+    return str(body["kind"]) if isinstance(body, dict) and "kind" in body else "turn"
