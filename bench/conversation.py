@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from turnledger.api import views
 from turnledger.api.schemas import TurnRequest
 from turnledger.core.config import Settings
 from turnledger.core.exceptions import ConversationBusy
@@ -19,6 +20,7 @@ from turnledger.core.observability import metrics
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
+from turnledger.turn import longturns
 from turnledger.turn.pipeline import Conversations
 
 from bench.metered import LAYOUTS, Commit, MeteredStore
@@ -152,9 +154,14 @@ class Conversation:
         )
         return cls(conversation_id, store, clock, service)
 
-    def turn(self, number: int, *, gap_seconds: float = 1.0) -> TurnSample:
+    def turn(
+        self, number: int, *, gap_seconds: float = 1.0, through_drafts: bool = False
+    ) -> TurnSample:
         """Run turn ``number``, ``gap_seconds`` after the previous one; measure its storage.
 
+        ``through_drafts``: run it as ``POST .../turns`` does (without an idempotency key):
+        :func:`turnledger.turn.longturns.run_synchronously`, which writes the turn's draft
+        when ``SYNC_TURN_DRAFTS`` is on (the default); otherwise ``Conversations.turn``.
         A ``conversation_busy`` is counted and the turn retried.
 
         Raises:
@@ -165,13 +172,17 @@ class Conversation:
         for attempt in range(_ATTEMPTS):
             before = self.store.meter.snapshot()
             work = self.store.begin()
+            caller = Caller(tenant=TENANT, actor="bench-user")
             try:
-                response = edge.turn(
-                    self.service,
-                    Caller(tenant=TENANT, actor="bench-user"),
-                    self.conversation_id,
-                    TurnRequest(input=text),
-                )
+                if through_drafts:
+                    command = views.turn_command(TurnRequest(input=text), None)
+                    key = caller.key(self.conversation_id)
+                    result = longturns.run_synchronously(self.service, key, caller.actor, command)
+                    response = views.turn_response(result)
+                else:
+                    response = edge.turn(
+                        self.service, caller, self.conversation_id, TurnRequest(input=text)
+                    )
                 break
             except ConversationBusy:
                 self.conflicts += 1
