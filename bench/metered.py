@@ -329,7 +329,8 @@ class MeteredStore(DynamoDBConversationStore):
         if name == "transact_write_items":
             for op in kwargs["TransactItems"]:
                 body = next(iter(op.values()))
-                units += factor * write_units(item_size(from_wire(body.get("Item", body["Key"]))))
+                wire = body["Item"] if "Item" in body else body["Key"]
+                units += factor * write_units(item_size(from_wire(wire)))
         elif "Item" in kwargs:
             units = write_units(item_size(from_wire(kwargs["Item"])))
         else:
