@@ -8,8 +8,9 @@ turn alternately: the current store, and the layout before issue 21
 (:mod:`tests.support.legacy_layout`) as the baseline; then, on both, a few turns an
 hour apart and a short conversation through the HTTP route's path (synchronous-turn
 drafts) beside one through ``Conversations.turn``; and 20 conversations at once on
-threads (current layout). Issue 21's targets are judged on the current layout. The section ``## Turn storage cost``
-of ``bench/RESULTS.md`` is rewritten with the results (:mod:`bench.turns_report`).
+threads (current layout). Issue 21's targets are judged on the current layout. The
+section ``## Turn storage cost`` of ``bench/RESULTS.md`` is rewritten with the results
+(:mod:`bench.turns_report`).
 
 Every write is reported twice, because the two differ: as DynamoDB Local
 reported it (the store's :class:`~turnledger.store.base.CapacityMeter`) and as

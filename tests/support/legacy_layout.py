@@ -719,12 +719,15 @@ class LegacyLayout:
     offload_threshold: int
     blobs: BlobStore
 
-    def get_head(self, key: ConversationKey) -> Head | None:
+    # Every method takes (and ignores) keyword arguments a later store may add: the legacy
+    # layout keeps its own behaviour whatever the service asks of the current one.
+
+    def get_head(self, key: ConversationKey, **_: Any) -> Head | None:
         """The stored head, whatever its state (``None`` when absent)."""
         item = self.legacy.get(keys.partition_key(key), HEAD_SK)
         return None if item is None else decode_head(item)
 
-    def load(self, key: ConversationKey, budget: ContextBudget) -> Snapshot:
+    def load(self, key: ConversationKey, budget: ContextBudget, **_: Any) -> Snapshot:
         """The head and the events after the newest summary, capped by ``budget``: the head
         and the newest ``FIRST_PAGE - 1`` events in one consistent query, the rest in one
         more (eventually consistent)."""
@@ -815,7 +818,7 @@ class LegacyLayout:
         return page.items
 
     def read_events(
-        self, key: ConversationKey, head: Head, *, after: int, limit: int
+        self, key: ConversationKey, head: Head, *, after: int, limit: int, **_: Any
     ) -> list[Event]:
         """Up to ``limit`` events of ``head``'s life with public sequence > ``after``."""
         lower = after + 1
@@ -883,6 +886,7 @@ class LegacyLayout:
         head: Head,
         events: Sequence[Event],
         inbox_changes: inbox.InboxChanges | None = None,
+        **_: Any,
     ) -> int:
         """Append ``events`` (one item each) and replace the whole head in one transaction.
 
