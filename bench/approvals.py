@@ -249,22 +249,22 @@ def _registry(sink: HttpSink) -> ToolRegistry:
 
 
 def _sample(
-    service: Conversations, store: InboxMeteredStore, number: int, prefix: str = ""
+    service: Conversations, store: InboxMeteredStore, number: int, tenant: str = TENANTS[0]
 ) -> Sample:
-    caller = Caller(tenant=TENANTS[0], actor="ann")
+    caller = Caller(tenant=tenant, actor="ann")
     arguments = json.dumps(ARGUMENTS)
     clock = service.clock
     assert isinstance(clock, BenchClock)
 
     store.measure()
     request = TurnRequest(input=f"echo: {arguments}")
-    reply = edge.turn(service, caller, f"{prefix}text-{number}", request)
+    reply = edge.turn(service, caller, f"text-{number}", request)
     text = store.finish()
     assert reply.status == "complete" and reply.output_text == arguments, reply.status
     clock.advance(1)
 
     store.measure()
-    conversation = f"{prefix}ask-{number}"
+    conversation = f"ask-{number}"
     reply = edge.turn(service, caller, conversation, TurnRequest(input=f"/tool {TOOL} {arguments}"))
     ask = store.finish()
     assert reply.status == "awaiting_approval", reply.status
@@ -311,6 +311,8 @@ def _listing(service: Conversations, store: InboxMeteredStore, tenant: str) -> L
     )
 
 
+#: Each layout's samples run in a tenant of its own, of the same length (the same item sizes).
+LAYOUT_TENANTS = {"legacy": "base", "current": TENANTS[0]}
 #: The layouts measured: the baseline before issue 21, and the current store.
 LAYOUT_STORES: dict[str, type[InboxMeteredStore]] = {
     "legacy": LegacyInboxMeteredStore,
@@ -337,7 +339,8 @@ def run(samples: int, pending: int) -> tuple[dict[str, list[Sample]], list[Listi
             )
             results[layout] = []
             for number in range(1, samples + 1):
-                results[layout].append(_sample(service, store, number, f"{layout}-"))
+                tenant = LAYOUT_TENANTS[layout]
+                results[layout].append(_sample(service, store, number, tenant))
                 print(f"  {layout} sample {number}/{samples}", flush=True)
         # Every decided call left the inbox with its decision's commit.
         left = list_inbox(service, TENANTS[0])

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 USER_CHARS = 300
 REPLY_CHARS = 700
 TENANT = "bench"
+#: The tenant of each layout's conversations: the same length, so the same conversation id
+#: gives items of the same size on both (a byte can cross a unit's boundary).
+LAYOUT_TENANTS = {"current": TENANT, "legacy": "basis"}
 #: A conflict on a conversation nobody else writes would be a bug; it is counted and retried.
 _ATTEMPTS = 3
 
@@ -133,6 +136,7 @@ class Conversation:
     conflicts: int = 0
     #: The newest summary's range end the last turn reported (a change: it compacted).
     summary_through: int | None = None
+    tenant: str = TENANT
 
     @classmethod
     def open(
@@ -152,7 +156,7 @@ class Conversation:
         service = Conversations(
             store=store, provider=BenchProvider(), settings=settings, clock=clock
         )
-        return cls(conversation_id, store, clock, service)
+        return cls(conversation_id, store, clock, service, tenant=LAYOUT_TENANTS[layout])
 
     def turn(
         self, number: int, *, gap_seconds: float = 1.0, through_drafts: bool = False
@@ -172,7 +176,7 @@ class Conversation:
         for attempt in range(_ATTEMPTS):
             before = self.store.meter.snapshot()
             work = self.store.begin()
-            caller = Caller(tenant=TENANT, actor="bench-user")
+            caller = Caller(tenant=self.tenant, actor="bench-user")
             try:
                 if through_drafts:
                     command = views.turn_command(TurnRequest(input=text), None)
@@ -223,7 +227,7 @@ class Conversation:
 
     def is_intact(self) -> bool:
         """True when the stored transcript is exactly this conversation's turns, in order."""
-        key = ConversationKey(tenant=TENANT, conversation_id=self.conversation_id)
+        key = ConversationKey(tenant=self.tenant, conversation_id=self.conversation_id)
         head = self.store.get_head(key)
         turns = len(self.sent)
         if head is None or head.turn != turns:

@@ -182,9 +182,7 @@ def run(turns: int, parallel: int, parallel_turns: int, *, budget: int, http_tur
 
         def open_each(name: str) -> dict[str, Conversation]:
             return {
-                layout: Conversation.open(
-                    f"{name}-{layout}", db, blobs, settings, indexes, layout=layout
-                )
+                layout: Conversation.open(name, db, blobs, settings, indexes, layout=layout)
                 for layout in LAYOUT_NAMES
             }
 
