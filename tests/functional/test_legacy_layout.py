@@ -33,6 +33,7 @@ from turnledger.store.base import ConversationStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.sqlite import SQLiteConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.turn.approvals import list_inbox
 from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
@@ -232,9 +233,15 @@ def test_conversations_of_the_legacy_layout_are_continued_with_no_migration(
     ]
 
     [call] = asked.pending_tool_calls
+    # The inbox entry the legacy commit wrote with the wait is listed, then decided away.
+    waiting = list_inbox(new, ANN.tenant)
+    assert [(e.conversation_id, e.call_id) for e in waiting.entries] == [
+        ("legacy-approval", call.id)
+    ]
     decided = edge.approve(new, ANN, "legacy-approval", ApprovalRequest(approve=[call.id]))
     assert decided.status == "complete" and not decided.pending_tool_calls
     assert [r.json()["arguments"] for r in sink.requests_for("/email")] == [EMAIL]
+    assert list_inbox(new, ANN.tenant).entries == []
     after_decision = say(new, "legacy-approval", "thanks")
     assert after_decision.turn == 2
     approval_events = transcript(new, "legacy-approval")
