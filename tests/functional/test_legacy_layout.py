@@ -260,6 +260,14 @@ def test_conversations_of_the_legacy_layout_are_continued_with_no_migration(
     big_events = transcript(new, "legacy-big")
     assert big_events[0].payload["content"] == big and len(big_events) == 4
 
+    # A fork made now reads its inherited turn from the legacy items (offloaded payload too).
+    new.fork(key_of("legacy-big"), "legacy-big-fork", 1)
+    # Inherited events read as written in the parent (its id among them).
+    assert transcript(new, "legacy-big-fork")[:2] == big_events[:2]
+    forked = say(new, "legacy-big-fork", "a turn on the fork")
+    assert forked.turn == 2 and len(transcript(new, "legacy-big-fork")) == 4
+    edge.clear(new, ANN, "legacy-big-fork")
+
     exported = export_text(pair.current, key_of("legacy-plain"), clock.now())
     lines = [json.loads(line) for line in exported.splitlines() if line.strip()]
     exported_ids = [line["event"]["event_id"] for line in lines if line["type"] == "event"]
