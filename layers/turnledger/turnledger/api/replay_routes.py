@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from aws_lambda_powertools.event_handler import Response
-from aws_lambda_powertools.event_handler.openapi.params import Body, Path
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..context.assembly import SUMMARY_PREFIX
@@ -21,6 +21,7 @@ from ..providers.base import Message, ToolSpec
 from ..runtime import get_runtime
 from ..turn import longturns, replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
+from ..turn.longturns import MAX_WAIT_SECONDS
 from ..turn.pipeline import Conversations
 from .resolver import ConversationId, app, conversation, json_response, responses
 
@@ -181,8 +182,16 @@ def post_replay(
     "/v1/conversations/<conversation_id>/replays/<replay_id>",
     responses=responses(replays.ReplayRecord, 400, 401, 404, 409, 422, 503),
 )
-def get_replay(conversation_id: ConversationId, replay_id: ReplayId) -> replays.ReplayRecord:
-    """The replay record: status, each call's recorded and candidate answers, a summary."""
+def get_replay(
+    conversation_id: ConversationId,
+    replay_id: ReplayId,
+    wait: Annotated[
+        float,
+        Query(ge=0, le=MAX_WAIT_SECONDS, description="Seconds to wait for a running replay's end."),
+    ] = 0,
+) -> replays.ReplayRecord:
+    """The replay record: status, each call's recorded and candidate answers, a summary
+    (``wait`` long-polls while it runs)."""
     _, key = conversation(conversation_id)
     service = get_runtime().conversations_for(key.tenant)
-    return replays.read(service, key, replay_id)
+    return replays.read_waiting(service, key, replay_id, wait=wait)

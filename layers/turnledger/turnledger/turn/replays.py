@@ -67,6 +67,8 @@ RECORD_PREFIX = "S#rp#"
 REPLAY_EVENT = "turnledger.replay"
 #: A replay id: ``rp_`` and 24 hex digits.
 REPLAY_ID_PATTERN = r"^rp_[0-9a-f]{24}$"
+#: Between two reads of a running replay while a reader waits.
+POLL_SECONDS = 0.2
 #: Texts longer than this are cut in the record (one call is one item, at most 400 KB).
 MAX_TEXT_CHARS = 20_000
 #: What a rollout's tool call gets when no recorded call has its name and arguments.
@@ -276,6 +278,22 @@ def read(service: Conversations, key: ConversationKey, replay_id: str) -> Replay
     record = ReplayRecord.model_validate_json(str(items[0].attributes["body"]))
     calls = [ReplayCall.model_validate_json(str(item.attributes["body"])) for item in items[1:]]
     return record.model_copy(update={"calls": calls})
+
+
+def read_waiting(
+    service: Conversations, key: ConversationKey, replay_id: str, *, wait: float
+) -> ReplayRecord:
+    """:func:`read`, waiting up to ``wait`` seconds (polling) while the replay runs.
+
+    Raises:
+        ConversationNotFound, ReplayNotFound: as :func:`read`.
+    """
+    deadline = time.monotonic() + wait
+    record = read(service, key, replay_id)
+    while record.status == "running" and time.monotonic() < deadline:
+        time.sleep(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        record = read(service, key, replay_id)
+    return record
 
 
 # --- starting ----------------------------------------------------------------------------
