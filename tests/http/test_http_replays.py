@@ -89,3 +89,19 @@ def test_a_replay_over_http_runs_in_the_worker_and_touches_nothing(
         f"{base}/replays", headers=ANN, json={"provider": "demo", "model": "demo-1", "to_turn": 4}
     )
     assert (range_.status_code, range_.json()["error"]["code"]) == (422, "invalid_turn_range")
+
+
+def test_a_replay_retried_with_its_idempotency_key_starts_once(client: httpx.Client) -> None:
+    """The same ``Idempotency-Key`` and body answers the first ``202`` (the same replay);
+    another body under that key is ``422 idempotency_key_reused``."""
+    base = "/v1/conversations/http-replay-2"
+    assert client.post(f"{base}/turns", headers=ANN, json={"input": "hi"}).status_code == 200
+    keyed = {**ANN, "Idempotency-Key": "replay-once"}
+    body = {"provider": "demo", "model": "demo-1"}
+    first = client.post(f"{base}/replays", headers=keyed, json=body)
+    again = client.post(f"{base}/replays", headers=keyed, json=body)
+    assert first.status_code == again.status_code == 202
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Location"] == first.headers["Location"]
+    other = client.post(f"{base}/replays", headers=keyed, json={**body, "mode": "rollout"})
+    assert (other.status_code, other.json()["error"]["code"]) == (422, "idempotency_key_reused")

@@ -23,7 +23,8 @@ from ..turn import longturns, replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
 from ..turn.longturns import MAX_WAIT_SECONDS
 from ..turn.pipeline import Conversations
-from .resolver import ConversationId, app, conversation, json_response, responses
+from .idempotency import idempotent
+from .resolver import ConversationId, app, conversation, idempotency_key, json_response, responses
 
 TurnNumber = Annotated[int, Path(ge=1, description="The turn's number (1, 2, ...)")]
 ReplayId = Annotated[
@@ -154,9 +155,12 @@ def post_replay(
     _, key = conversation(conversation_id)
     runtime = get_runtime()
     service = runtime.conversations_for(key.tenant)
-    record = replays.start(service, key, replays.ReplaySpec(**request.model_dump()))
-    function = runtime.settings.turn_worker_function
-    if function:
+
+    def begin() -> replays.ReplayRecord:
+        record = replays.start(service, key, replays.ReplaySpec(**request.model_dump()))
+        function = runtime.settings.turn_worker_function
+        if not function:
+            return replays.run(service, key, record.id).model_copy(update={"calls": []})
         try:
             longturns.invoke_worker(
                 function,
@@ -170,8 +174,17 @@ def post_replay(
                 "the turn worker could not be started; the replay did not run",
                 details={"retry_after_seconds": 1},
             ) from exc
-    else:
-        record = replays.run(service, key, record.id)
+        return record
+
+    # A retry with the same Idempotency-Key answers the first 202 and starts nothing.
+    record = idempotent(
+        key=idempotency_key(),
+        conversation=key,
+        route="replays",
+        body=request.model_dump(mode="json"),
+        run=begin,
+        parse=replays.ReplayRecord.model_validate,
+    )
     body = record.model_dump(mode="json", exclude={"calls"})
     response = json_response(202, body)
     response.headers["Location"] = replay_url(conversation_id, record.id)
