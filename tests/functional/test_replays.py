@@ -411,3 +411,22 @@ def test_a_pointwise_replay_against_the_remote_providers_runs_no_tool(
         assert (summary.tool_calls, summary.identical_tool_calls) == (3, 3)
         assert summary.text_similarity == 1.0
         assert summary.candidate.calls == 8 and summary.candidate.input_tokens > 0
+
+
+def test_a_replay_whose_worker_never_ended_reads_as_lost(
+    memory_store: ConversationStore, clock: FakeClock, sink: HttpSink, http: httpx.Client
+) -> None:
+    """A replay still ``running`` after the worker's longest run (15 minutes) reads as
+    ``failed`` with ``worker_lost``, and a late worker event runs nothing."""
+    svc = service(memory_store, clock, sink, http, ttl_seconds=0)
+    converse(svc, 1)
+    key = ANN.key("conv-1")
+    started = replays.start(svc, key, ReplaySpec(provider="demo", model="demo-1"))
+    clock.advance(899)
+    assert replays.read(svc, key, started.id).status == "running"
+    clock.advance(2)
+    lost = replays.read(svc, key, started.id)
+    assert lost.status == "failed" and lost.error is not None
+    assert lost.error.code == "worker_lost"
+    replays.run_event(svc, replays.worker_event(key, started.id))
+    assert replays.read(svc, key, started.id).calls == []

@@ -15,12 +15,21 @@ the log), rebuilds to another hash, and the mismatch says which of these may exp
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..context.assembly import MESSAGE_OVERHEAD_TOKENS, rebuild
 from ..core.exceptions import ConversationNotFound, UnknownProvider
-from ..core.models import AssistantMessage, ConversationKey, Event, Head, RunRecord, ToolResult
+from ..core.models import (
+    AssistantMessage,
+    ContextCompacted,
+    ConversationKey,
+    Event,
+    Head,
+    RunRecord,
+    ToolResult,
+)
 from ..providers.base import Message, Provider, ToolSpec
 from .longturns import TurnNotFound
 from .pipeline import Conversations
@@ -120,16 +129,22 @@ def call_contexts(
     calls: list[CallContext] = []
     index_in_turn: dict[int, int] = {}
     events = log.events
+    sequences = [event.sequence for event in events]
+    newest: int | None = None  # the position of the newest summary's event so far
     for position, event in enumerate(events):
-        if not from_turn <= event.turn <= last:
-            continue
+        if event.turn > last:
+            break
         body = event.body()
+        if isinstance(body, ContextCompacted):
+            newest = position
+        if event.turn < from_turn:
+            continue
         if not isinstance(body, AssistantMessage) or body.run is None:
             continue
         run = body.run
         provider = _provider(service, run.provider)
         assembly = rebuild(
-            events[:position],
+            _window(events, sequences, newest, position),
             run,
             count=provider.estimate_tokens,
             per_message=0 if provider.estimate_is_exact else MESSAGE_OVERHEAD_TOKENS,
@@ -154,6 +169,22 @@ def call_contexts(
             )
         )
     return calls
+
+
+def _window(
+    events: list[Event], sequences: list[int], newest: int | None, position: int
+) -> list[Event]:
+    """What the call at ``position`` was built from: the events before it, without those
+    its newest summary covers (the summary's own event kept), so a rebuild reads only what
+    a turn reads and a conversation's calls rebuild in time linear in their number."""
+    if newest is None:
+        return events[:position]
+    summary = events[newest].body()
+    assert isinstance(summary, ContextCompacted)
+    start = bisect.bisect_right(sequences, summary.to_sequence, hi=position)
+    if newest >= start:
+        return events[start:position]
+    return [events[newest], *events[start:position]]
 
 
 def _provider(service: Conversations, name: str) -> Provider:

@@ -59,6 +59,7 @@ from .contexts import (
     tool_specs,
     visible_head,
 )
+from .longturns import STALE_AFTER_SECONDS
 from .pipeline import Conversations
 
 #: Sort keys of replay records start with this (a side item of the conversation).
@@ -277,6 +278,13 @@ def read(service: Conversations, key: ConversationKey, replay_id: str) -> Replay
         raise ReplayNotFound(f"replay {replay_id!r} not found", details={"replay_id": replay_id})
     record = ReplayRecord.model_validate_json(str(items[0].attributes["body"]))
     calls = [ReplayCall.model_validate_json(str(item.attributes["body"])) for item in items[1:]]
+    if (
+        record.status == "running"
+        and (service.clock() - record.created_at).total_seconds() > STALE_AFTER_SECONDS
+    ):
+        # Its worker stopped without finishing (a worker runs 15 minutes at most).
+        lost = CallError(code="worker_lost", message="the replay's worker stopped before its end")
+        record = record.model_copy(update={"status": "failed", "error": lost})
     return record.model_copy(update={"calls": calls})
 
 
