@@ -193,7 +193,8 @@ def render(result: Result, command: str) -> str:
         "where each original turn read its context's window; the conversation's head and "
         "events are unchanged (checked). Every rebuilt context hashed to its run record's "
         f"(text similarity of the answers {result.identical}). The context route of one "
-        "turn reads the same whole log: its cost grows with the conversation, not the turn.",
+        "turn reads the log from its start through that turn: for the last turn, the whole "
+        "log, as the replay does.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -89,8 +89,11 @@ def visible_head(service: Conversations, key: ConversationKey) -> Head:
     return head
 
 
-def read_log(service: Conversations, key: ConversationKey) -> ConversationLog:
-    """The head and every event of ``key`` (a fork's inherited events first).
+def read_log(
+    service: Conversations, key: ConversationKey, *, through_turn: int | None = None
+) -> ConversationLog:
+    """The head and the events of ``key`` (a fork's inherited events first): every one,
+    or (``through_turn``) the pages up to the first that goes past that turn.
 
     Raises:
         ConversationNotFound: absent, expired, cleared, or another tenant's.
@@ -103,6 +106,8 @@ def read_log(service: Conversations, key: ConversationKey) -> ConversationLog:
         if not page:
             break
         events.extend(page)
+        if through_turn is not None and page[-1].turn > through_turn:
+            break
     return ConversationLog(key=key, head=head, events=events)
 
 
@@ -233,7 +238,7 @@ def turn_calls(service: Conversations, key: ConversationKey, turn: int) -> list[
         ConversationNotFound: absent, expired, cleared, or another tenant's.
         TurnNotFound: the conversation has no turn ``turn``.
     """
-    log = read_log(service, key)
+    log = read_log(service, key, through_turn=turn)
     if turn > log.head.turn:
         raise TurnNotFound(
             f"conversation {key.conversation_id!r} has no turn {turn}",
