@@ -10,7 +10,7 @@ called no tool endpoint.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -82,6 +82,8 @@ def service(
     sink: HttpSink,
     http: httpx.Client,
     provider: Provider | None = None,
+    *,
+    build: Callable[[str], Provider] | None = None,
     **settings: Any,
 ) -> Conversations:
     return Conversations(
@@ -91,6 +93,7 @@ def service(
         tools=tool_registry(sink),
         runner=ToolRunner(http, None),
         clock=clock.now,
+        providers=build,
     )
 
 
@@ -199,17 +202,16 @@ def replaying(
     **settings: Any,
 ) -> Conversations:
     """The deployment, allowing ``candidate`` as a provider and any model."""
-    svc = service(
+    return service(
         store,
         clock,
         sink,
         http,
+        build=lambda name: candidate,
         providers=(candidate.name,),
         allowed_models=("*",),
         **settings,
     )
-    svc._build_provider = lambda name: candidate
-    return svc
 
 
 def untouched(svc: Conversations, conversation: str = "conv-1") -> tuple[Any, ...]:
