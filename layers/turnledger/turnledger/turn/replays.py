@@ -497,10 +497,9 @@ class _Replayer:
                 ]
                 if not inputs and not recorded:
                     continue
-                for text in inputs:
-                    sent = redactor.text(text) if redactor is not None else text
-                    messages.append(Message(role="user", content=sent))
-                said = "\n".join(inputs) or None
+                sent = [redactor.text(t) if redactor is not None else t for t in inputs]
+                messages.extend(Message(role="user", content=text) for text in sent)
+                said = "\n".join(sent) or None
             else:
                 said = _last_user_text(messages)
             for step in range(1, steps + 1):
