@@ -432,3 +432,53 @@ def test_a_replay_whose_worker_never_ended_reads_as_lost(
     assert lost.error.code == "worker_lost"
     replays.run_event(svc, replays.worker_event(key, started.id))
     assert replays.read(svc, key, started.id).calls == []
+
+
+@pytest.mark.parametrize("candidate", ["openai-chat", "bedrock-converse"])
+def test_a_rollout_against_the_remote_providers_diverges_at_a_tool_call(
+    memory_store: ConversationStore,
+    clock: FakeClock,
+    sink: HttpSink,
+    http: httpx.Client,
+    candidate: str,
+) -> None:
+    """A conversation recorded with a model that asks the weather of Paris, rolled out
+    against the fake OpenAI and Bedrock servers (the demo model, which asks for the city
+    the user named): each weather call differs, gets no recorded output, and the rollout
+    goes on from the candidate's own answers; the population call matches and gets its
+    recorded output; no tool runs."""
+    with Rig.open("demo") as rig:
+        svc = Conversations(
+            store=memory_store,
+            provider=Divergent(),
+            settings=replace(rig.settings, system_prompt=SYSTEM),
+            tools=tool_registry(sink),
+            runner=ToolRunner(http, None),
+            clock=clock.now,
+            providers=rig.build,
+        )
+        converse(svc, 6)
+        tool_requests = len(sink.requests)
+        before = untouched(svc)
+        spec = ReplaySpec(provider=candidate, model=MODELS[candidate], mode="rollout")
+        record = replay(svc, spec)
+        assert sink.requests[tool_requests:] == []
+        assert untouched(svc) == before
+        assert record.status == "complete" and rig.validate_requests() == len(record.calls)
+        by_place = {(c.turn, c.call): c for c in record.calls}
+        asked = by_place[(3, 1)]
+        [match] = asked.tool_calls
+        assert (match.match, match.arguments, match.candidate_arguments) == (
+            "different",
+            {"city": "Paris"},
+            {"city": "c3"},
+        )
+        [given] = asked.tool_results
+        assert (given.recorded, given.output) == (False, NO_RECORDED_OUTPUT)
+        answer = by_place[(3, 2)].candidate
+        assert answer is not None and answer.text == f"Tool results: weather: {NO_RECORDED_OUTPUT}"
+        both = by_place[(6, 1)]
+        assert [m.match for m in both.tool_calls] == ["different", "same"]
+        assert [g.recorded for g in both.tool_results] == [False, True]
+        summary = record.summary
+        assert summary is not None and summary.identical_tool_call_share == 0.3333
