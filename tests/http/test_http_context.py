@@ -93,3 +93,34 @@ def test_budgets_and_redaction_as_a_client_sees_them(
         error = refused.json()["error"]
         assert error["code"] == "budget_exceeded"
         assert error["details"] == {"limit": 40, "used": used}
+
+
+#: A 600,000-character paste of 6,000 words: over the history read window (400,000
+#: characters) yet within demo-1's token budget (7,168), so it is stored and answered.
+PASTE = " ".join(["x" * 99] * 6000)
+
+
+def test_a_paste_longer_than_the_read_window_never_loses_the_turns_before_it(
+    runner_config: LocalConfig, runner_clock: ClockFile
+) -> None:
+    """The silent-loss case of issue 23: the turn before a paste longer than the read
+    window used to fall out of the context with no summary covering it."""
+    assert len(PASTE) > 600_000 - 100
+    for http in start(runner_config, runner_clock):
+        path = "/v1/conversations/paste-1/turns"
+        assert http.post(path, json={"input": "my name is Ivo"}, headers=ANN).status_code == 200
+        assert http.post(path, json={"input": PASTE}, headers=ANN).status_code == 200
+        answer = http.post(path, json={"input": "what is my name?"}, headers=ANN).json()
+        assert answer["output_text"] == "Your name is Ivo."
+        # A summary covers what the read window left out: the first turn (sequences 1-2).
+        assert answer["context"]["summary_through"] == 2
+        events = http.get("/v1/conversations/paste-1/events", headers=ANN).json()["events"]
+        compacted = [e for e in events if e["kind"] == "context_compacted"]
+        assert len(compacted) == 1 and compacted[0]["turn"] == 3
+        assert "my name is Ivo" in compacted[0]["payload"]["text"]
+        # Nothing is deleted: the transcript still holds every message.
+        assert [e["payload"]["content"][:14] for e in events if e["kind"] == "user_message"] == [
+            "my name is Ivo",
+            PASTE[:14],
+            "what is my nam",
+        ]

@@ -37,13 +37,12 @@ from typing import Any
 
 from ..context.assembly import (
     MESSAGE_OVERHEAD_TOKENS,
-    SUMMARY_PROMPT_VERSION,
     Assembly,
     Estimator,
     assemble,
+    latest_summary,
     messages_through,
-    summary_request,
-    text_sha256,
+    split_turns,
     turns_to_compact,
 )
 from ..context.memory import (
@@ -75,7 +74,6 @@ from ..core.models import (
     ApprovalResolved,
     AssistantMessage,
     CancelRequest,
-    ContextCompacted,
     ConversationKey,
     Event,
     Head,
@@ -106,7 +104,7 @@ from ..store.memories import MemoryBook, MemoryRecord
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
-from . import drafts
+from . import compaction, drafts
 from .approval_edits import check_edits, check_four_eyes
 from .callbacks import CallbackClaims, life_of
 from .commands import CallbackOutcome, Decisions, TurnCommand
@@ -1088,50 +1086,58 @@ class Conversations:
         session.token_scale = round(scale + 0.0005, 3)
 
     def _compact(self, work: TurnWork, assembly: Assembly, estimator: Estimator) -> bool:
-        """Summarize the older turns that no longer fit into a ``context_compacted`` event.
+        """Summarize what the context leaves out into a ``context_compacted`` event: the
+        turns the read window did not reach (:func:`.compaction.unread`), then the older
+        turns that no longer fit the budget.
 
         Returns whether a summary was staged. A summarizer failure is not the turn's:
-        the turn goes on with the newest turns that fit, and the next turn tries again.
+        the turn goes on with the previous summary, and the next turn tries again.
         """
+        session = work.session
+        left_out = compaction.unread(self.store, session)
         turns = turns_to_compact(assembly)
+        trigger: compaction.Trigger = "budget"
+        previous = assembly.summary
+        through = turns[-1].last_sequence if turns else 0
+        if left_out:
+            trigger = "read_window"
+            known = [*left_out, *session.events]
+            previous = latest_summary(known)
+            after = previous.body.to_sequence if previous is not None else 0
+            missed = split_turns(left_out, after=after, estimator=estimator, redactor=self.redactor)
+            turns = [*missed, *turns]
+            through = max(through, left_out[-1].sequence)
         if not turns:
             return False
-        session = work.session
-        summarizer = self._summarizer(work)
-        model = self.settings.summarizer_model or work.model
-        previous = assembly.summary
-        try:
-            with timed("SummaryLatency"):
-                reply = summarizer.complete(summary_request(model, previous, turns))
-        except ProviderError as exc:
-            logger.warning(
-                "context summary failed; sending the newest turns that fit",
-                extra={"code": exc.code, "summarizer": summarizer.name},
-            )
-            return False
-        text = (reply.text or "").strip()
-        if not text:
-            logger.warning("context summary was empty", extra={"summarizer": summarizer.name})
-            return False
-        through = turns[-1].last_sequence
-        event = session.add(
-            ContextCompacted(
-                from_sequence=previous.body.from_sequence if previous else turns[0].first_sequence,
-                to_sequence=through,
-                previous_through=previous.body.to_sequence if previous else None,
-                summarizer_provider=summarizer.name,
-                summarizer_model=reply.model or model,
-                prompt_version=SUMMARY_PROMPT_VERSION,
-                text=text,
-                content_sha256=text_sha256(text),
-                tokens_estimated=estimator.tokens([Message(role="system", content=text)]),
-            ),
-            actor=f"summarizer:{reply.model or model}",
+        summarizer = compaction.Summarizer(
+            self._summarizer(work), self.settings.summarizer_model or work.model
         )
-        session.summary = SummaryRef(sequence=event.sequence, through=through)
-        session.usage = session.usage + reply.usage
-        session.cost_usd += self.settings.model_spec(reply.model or model).cost(reply.usage)
+        written = compaction.summarize(
+            summarizer,
+            compaction.covering(turns, previous, through, trigger),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+            later=[e for e in session.events if e.sequence > through],
+            pending=[p.id for p in session.pending],
+        )
+        if written is None:
+            return False
+        self._stage_summary(session, written, actor=f"summarizer:{written.model}")
         return True
+
+    def _summary_limit(self, model: str) -> int:
+        """Tokens of turns one summarizer call is sent: half the summarizer model's room
+        (window less answer reserve), leaving the rest to its prompt and previous summary."""
+        spec = self.settings.model_spec(model)
+        return (spec.context_window - spec.answer_reserve) // 2
+
+    def _stage_summary(self, session: Session, written: compaction.Written, actor: str) -> Event:
+        """Stage a summary; later contexts (and loads) start from it."""
+        event = session.add(written.payload, actor=actor)
+        session.summary = SummaryRef(sequence=event.sequence, through=written.payload.to_sequence)
+        session.usage = session.usage + written.usage
+        session.cost_usd += self.settings.model_spec(written.model).cost(written.usage)
+        return event
 
     def _summarizer(self, work: TurnWork) -> Provider:
         """Who writes summaries: the one given, ``SUMMARIZER_PROVIDER``, or the turn's own."""
