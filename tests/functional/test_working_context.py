@@ -28,7 +28,7 @@ from turnledger.context.assembly import (
 )
 from turnledger.context.redaction import Redactor
 from turnledger.core.config import Settings
-from turnledger.core.exceptions import BudgetExceeded, ProviderError
+from turnledger.core.exceptions import BudgetExceeded, ContextLengthExceeded, ProviderError
 from turnledger.core.models import (
     AssistantMessage,
     ContextCompacted,
@@ -140,18 +140,24 @@ def test_assembly_sends_the_newest_whole_turns_that_fit_exactly(
     assert (len(smaller.messages), smaller.dropped, smaller.context_from) == (5, 3, 7)
 
 
-def test_the_current_turn_is_sent_whole_even_over_the_budget(
+def test_the_current_turn_is_sent_whole_and_an_input_over_the_budget_alone_is_refused(
     memory_store: ConversationStore, clock: FakeClock
 ) -> None:
-    """A user message outranks everything else: over the budget, it is still sent."""
+    """A user message outranks everything else: one that fits the budget is sent whole
+    with nothing else; one that cannot fit even alone is refused and nothing is stored."""
     recording = Recording()
-    svc = service(memory_store, clock, recording, context_max_tokens=5)
+    svc = service(memory_store, clock, recording, context_max_tokens=40)
+    turn(svc, "my name is Ann")
     long = " ".join(["word"] * 40)
     reply = turn(svc, long)
     assert reply.context.messages_sent == 1
     assert reply.context.tokens_estimated == 40
-    assert reply.context.budget_tokens == 5
     assert turn_requests(recording)[-1].messages[-1].content == long
+    with pytest.raises(ContextLengthExceeded) as refused:
+        turn(svc, long + " more")
+    assert refused.value.details == {"limit": 40, "tokens": 41, "model": "demo-1"}
+    kinds = [e.kind for e in transcript(svc)]
+    assert kinds.count(EventKind.USER_MESSAGE) == 2 and len(turn_requests(recording)) == 2
 
 
 def test_the_budget_is_the_models_window_less_its_reserve_unless_smaller() -> None:

@@ -124,3 +124,20 @@ def test_a_paste_longer_than_the_read_window_never_loses_the_turns_before_it(
             PASTE[:14],
             "what is my nam",
         ]
+
+
+def test_an_input_that_cannot_fit_the_budget_alone_is_refused_before_anything_is_stored(
+    runner_config: LocalConfig, runner_clock: ClockFile
+) -> None:
+    for http in start(runner_config, runner_clock):
+        path = "/v1/conversations/paste-2/turns"
+        assert http.post(path, json={"input": "my name is Ivo"}, headers=ANN).status_code == 200
+        refused = http.post(path, json={"input": "word " * 120_000}, headers=ANN)
+        assert refused.status_code == 413
+        error = refused.json()["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert error["details"] == {"limit": 7168, "tokens": 120_000, "model": "demo-1"}
+        head = http.get("/v1/conversations/paste-2", headers=ANN).json()
+        assert (head["turns"], head["events"]) == (1, 2)
+        answer = http.post(path, json={"input": "what is my name?"}, headers=ANN).json()
+        assert answer["output_text"] == "Your name is Ivo."

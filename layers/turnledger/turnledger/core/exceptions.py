@@ -29,7 +29,8 @@ hierarchy to responses and never matches on message text::
     │   └── UnsupportedStateVersion  409 unsupported_state_version
     ├── CallbackInvalid              410 callback_invalid
     ├── PayloadTooLarge              413 payload_too_large
-    │   └── ImportTooLarge           413 import_too_large
+    │   ├── ImportTooLarge           413 import_too_large
+    │   └── ContextLengthExceeded    413 context_length_exceeded
     ├── RequestValidationFailed      422 validation_error
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
@@ -254,6 +255,14 @@ class ImportTooLarge(PayloadTooLarge):
     ``details.limit_events`` and ``details.events`` say by how much. Nothing was written."""
 
     code = "import_too_large"
+
+
+class ContextLengthExceeded(PayloadTooLarge):
+    """A turn's input cannot fit the context budget even alone (with the system prompt);
+    ``details.limit`` (the budget), ``details.tokens`` (the input's estimate) and
+    ``details.model`` say by how much. Nothing was stored."""
+
+    code = "context_length_exceeded"
 
 
 class RequestValidationFailed(TurnledgerError):

@@ -60,6 +60,7 @@ from ..core.config import Settings
 from ..core.exceptions import (
     ApprovalPending,
     CallbackInvalid,
+    ContextLengthExceeded,
     ConversationBusy,
     ConversationNotFound,
     InvalidRequest,
@@ -274,6 +275,7 @@ class Conversations:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
         session = self._open(key)
+        self._refuse_oversized(session, command)
         session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
         resuming = session.life.resuming()
         work = self._work(session)
@@ -350,6 +352,33 @@ class Conversations:
             return self._response(work)
         self._advance(work)
         return self._response(work)
+
+    def _refuse_oversized(self, session: Session, command: TurnCommand) -> None:
+        """Refuse, before anything is stored, new messages that cannot fit the context
+        budget even alone: the current turn is always sent whole, so no summary could
+        make room for them.
+
+        Raises:
+            ContextLengthExceeded: with the budget (``limit``) and the input's estimate.
+        """
+        if not command.messages:
+            return
+        model = command.model or self.settings.model
+        estimator = self._estimator(self.provider_for(command.provider), session)
+        redactor = self.redactor
+        sent = [
+            Message(role="user", content=redactor.text(m) if redactor is not None else m)
+            for m in command.messages
+        ]
+        if self.settings.system_prompt:
+            sent.insert(0, Message(role="system", content=self.settings.system_prompt))
+        tokens = estimator.tokens(sent)
+        limit = self.settings.context_budget(model)
+        if tokens > limit:
+            raise ContextLengthExceeded(
+                f"the input is about {tokens} tokens; the context of {model} holds {limit}",
+                details={"limit": limit, "tokens": tokens, "model": model},
+            )
 
     def append(
         self,
