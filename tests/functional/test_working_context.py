@@ -255,6 +255,66 @@ def test_a_new_summary_folds_in_the_previous_one_over_five_cycles(
     assert summary_calls(recording) == len(cycles) < 200 // 5
 
 
+def test_every_summary_carries_its_manifest_over_five_cycles(
+    memory_store: ConversationStore, clock: FakeClock
+) -> None:
+    """Each context_compacted event says what it covers (sequences and turns), how many
+    messages and tool calls, the tokens it replaced and its own, and who wrote it."""
+    with HttpSink() as sink, httpx.Client() as client:
+        sink.respond("/weather", Reply(body={"temp": 21}))
+        tools = ToolRegistry.from_json(
+            json.dumps(
+                {
+                    "tools": [
+                        {
+                            "name": "get_weather",
+                            "parameters": {"type": "object"},
+                            "executor": {"type": "http", "url": sink.url("/weather")},
+                        }
+                    ]
+                }
+            )
+        )
+        svc = service(
+            memory_store,
+            clock,
+            tools=tools,
+            runner=ToolRunner(client, None),
+            context_max_tokens=150,
+        )
+        turn(svc, "my name is Ann")
+        index = 1
+        while len(summaries(transcript(svc))) < 5:
+            index += 1
+            if index % 3 == 0:
+                turn(svc, f'/tool get_weather {{"city": "Paris {index}"}}')
+            else:
+                turn(svc, ten_words(index))
+        events = transcript(svc)
+    estimate = Estimator(count=WORDS)
+    previous: ContextCompacted | None = None
+    for summary in summaries(events):
+        covered = [e for e in events if e.sequence <= summary.to_sequence]
+        new = [e for e in covered if e.sequence > (summary.previous_through or 0)]
+        messages = build_messages(covered)
+        assert (summary.from_sequence, summary.from_turn) == (1, 1)
+        assert summary.to_turn == covered[-1].turn
+        assert summary.to_turn != events[summary.to_sequence].turn  # whole turns only
+        assert summary.messages == len(messages)
+        assert summary.tool_calls == sum(len(m.tool_calls) for m in messages) > 0
+        replaced = estimate.tokens(build_messages(new))
+        if previous is not None:
+            assert summary.previous_through == previous.to_sequence
+            replaced += previous.tokens_after or 0
+        assert summary.tokens_before == replaced
+        assert summary.tokens_after == summary.tokens_estimated == WORDS(summary.text)
+        assert summary.tokens_after < summary.tokens_before
+        assert (summary.summarizer_provider, summary.summarizer_model) == ("demo", "demo-1")
+        assert (summary.prompt_version, summary.trigger) == ("summary-v1", "budget")
+        previous = summary
+    assert turn(svc, "What is my name?").output_text == "Your name is Ann."
+
+
 def test_a_summary_never_splits_a_tool_call_from_its_result_nor_covers_a_pending_call(
     memory_store: ConversationStore, clock: FakeClock
 ) -> None:

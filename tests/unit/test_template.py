@@ -41,6 +41,7 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/conversations/{id}/export", "ReadFunction"),
     ("POST", "/v1/conversations/{id}/import", "TurnFunction"),
     ("POST", "/v1/conversations/{id}/fork", "TurnFunction"),
+    ("POST", "/v1/conversations/{id}/compact", "TurnFunction"),
     ("GET", "/v1/conversations/{id}/forks", "ReadFunction"),
     ("POST", "/openai/v1/responses", "TurnFunction"),
     ("POST", "/openai/v1/conversations", "TurnFunction"),
@@ -759,6 +760,7 @@ API_EVENTS = [
     "delete-memory.json",
     "delete-memories.json",
     "list-turns.json",
+    "compact.json",
 ]
 
 

@@ -24,6 +24,7 @@ hierarchy to responses and never matches on message text::
     ├── BudgetExceeded               409 budget_exceeded
     ├── ConversationExists           409 conversation_exists
     ├── MemoryFull                   409 memory_full
+    ├── NothingToCompact             409 nothing_to_compact
     ├── StateError
     │   ├── CorruptedState           409 corrupted_state
     │   └── UnsupportedStateVersion  409 unsupported_state_version
@@ -167,6 +168,14 @@ class BudgetExceeded(TurnledgerError):
 
     status = 409
     code = "budget_exceeded"
+
+
+class NothingToCompact(TurnledgerError):
+    """``POST .../compact`` on a conversation with no summary yet: there is no range to
+    summarize again (compaction starts when the context no longer fits)."""
+
+    status = 409
+    code = "nothing_to_compact"
 
 
 class StateError(TurnledgerError):

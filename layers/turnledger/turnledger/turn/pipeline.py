@@ -65,6 +65,7 @@ from ..core.exceptions import (
     ConversationNotFound,
     InvalidRequest,
     NotAwaitingApproval,
+    NothingToCompact,
     ProviderError,
     TurnledgerError,
     UnknownModel,
@@ -647,6 +648,82 @@ class Conversations:
             ],
             next_after=refs[-1].fork_id if more and refs else None,
         )
+
+    def compact(
+        self,
+        key: ConversationKey,
+        actor: str,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> Event:
+        """Write the newest summary again over the same range, from the log, with the
+        summarizer ``provider``/``model`` (default: the deployment's), recorded as
+        ``actor``'s (``POST .../compact``). Later turns use it; nothing is deleted.
+
+        Returns:
+            The new ``context_compacted`` event.
+
+        Raises:
+            UnknownProvider, UnknownModel: the deployment does not allow the one named.
+            ConversationNotFound: absent, expired, cleared, or another tenant's.
+            ConversationBusy: another request holds the conversation, or its turn waits
+                for client results or running tools.
+            ApprovalPending, InputPending: its turn waits for a person or a job.
+            NothingToCompact: the conversation has no summary yet.
+            CorruptedState: the newest summary fails its content hash.
+            ProviderError: the summarizer failed or answered nothing; nothing was stored.
+        """
+        chosen = self.provider_for(provider) if provider is not None else None
+        self.check_model(model)
+        session = self._open(key)
+        head = session.head
+        if head is None or not head.is_visible(self.clock()):
+            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+        session.life.admit(self.clock())
+        require_settled(session.pending)
+        if session.pending:
+            raise ConversationBusy("the conversation's turn waits for its calls; retry after")
+        if session.summary is None:
+            raise NothingToCompact("the conversation has no summary yet")
+        newest = latest_summary(
+            self.store.read_events(key, head, after=session.summary.sequence - 1, limit=1)
+        )
+        assert newest is not None  # the head names that event
+        old = newest.body
+        covered = self.store.read_events(
+            key, head, after=old.from_sequence - 1, limit=old.to_sequence - old.from_sequence + 1
+        )
+        work = self._work(session)
+        summarizer = compaction.Summarizer(
+            chosen or self._summarizer(work), model or self.settings.summarizer_model or work.model
+        )
+        estimator = self._estimator(work.provider, session)
+        turns = split_turns(
+            covered, after=old.from_sequence - 1, estimator=estimator, redactor=self.redactor
+        )
+        written = compaction.summarize(
+            summarizer,
+            compaction.Compaction(
+                turns=turns,
+                from_sequence=old.from_sequence,
+                from_turn=old.from_turn or (turns[0].number if turns else None),
+                through=old.to_sequence,
+                previous=None,
+                trigger="manual",
+                replaces=newest.sequence,
+            ),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+        )
+        if written is None:
+            raise ProviderError(
+                "the summarizer wrote no summary; nothing was stored",
+                details={"provider": summarizer.provider.name, "model": summarizer.model},
+            )
+        event = self._stage_summary(session, written, actor=actor)
+        session.commit()
+        return event
 
     def events(self, key: ConversationKey, *, after: int, limit: int) -> EventPage:
         """A page of the transcript (``GET .../events``).
