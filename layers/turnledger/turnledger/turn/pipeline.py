@@ -276,7 +276,7 @@ class Conversations:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
         session = self._open(key)
-        self._refuse_oversized(session, command)
+        self.check_input_fits(command, session.token_scale)
         session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
         resuming = session.life.resuming()
         work = self._work(session)
@@ -354,10 +354,11 @@ class Conversations:
         self._advance(work)
         return self._response(work)
 
-    def _refuse_oversized(self, session: Session, command: TurnCommand) -> None:
+    def check_input_fits(self, command: TurnCommand, token_scale: float | None) -> None:
         """Refuse, before anything is stored, new messages that cannot fit the context
-        budget even alone: the current turn is always sent whole, so no summary could
-        make room for them.
+        budget even alone (with the system prompt), counted with the conversation's
+        estimate scale: the current turn is always sent whole, so no summary could make
+        room for them.
 
         Raises:
             ContextLengthExceeded: with the budget (``limit``) and the input's estimate.
@@ -365,7 +366,7 @@ class Conversations:
         if not command.messages:
             return
         model = command.model or self.settings.model
-        estimator = self._estimator(self.provider_for(command.provider), session)
+        estimator = self._estimator(self.provider_for(command.provider), token_scale)
         redactor = self.redactor
         sent = [
             Message(role="user", content=redactor.text(m) if redactor is not None else m)
@@ -698,7 +699,7 @@ class Conversations:
         summarizer = compaction.Summarizer(
             chosen or self._summarizer(work), model or self.settings.summarizer_model or work.model
         )
-        estimator = self._estimator(work.provider, session)
+        estimator = self._estimator(work.provider, session.token_scale)
         turns = split_turns(
             covered, after=old.from_sequence - 1, estimator=estimator, redactor=self.redactor
         )
@@ -1020,7 +1021,7 @@ class Conversations:
         session = work.session
         provider = work.provider
         redactor = self.redactor
-        estimator = self._estimator(provider, session)
+        estimator = self._estimator(provider, session.token_scale)
         budget = self.settings.context_budget(work.model)
 
         recall = self._recall(work, budget, estimator)
@@ -1160,12 +1161,13 @@ class Conversations:
         )
 
     @staticmethod
-    def _estimator(provider: Provider, session: Session) -> Estimator:
+    def _estimator(provider: Provider, scale: float | None) -> Estimator:
+        """How tokens are counted for ``provider``, scaled by the conversation's ``scale``."""
         if provider.estimate_is_exact:
             return Estimator(count=provider.estimate_tokens)
         return Estimator(
             count=provider.estimate_tokens,
-            scale=session.token_scale or 1.0,
+            scale=scale or 1.0,
             per_message=MESSAGE_OVERHEAD_TOKENS,
         )
 
