@@ -141,3 +141,45 @@ def test_an_input_that_cannot_fit_the_budget_alone_is_refused_before_anything_is
         assert (head["turns"], head["events"]) == (1, 2)
         answer = http.post(path, json={"input": "what is my name?"}, headers=ANN).json()
         assert answer["output_text"] == "Your name is Ivo."
+
+
+def test_compact_over_http_writes_a_new_summary_and_answers_every_routes_errors(
+    runner_config: LocalConfig, runner_clock: ClockFile
+) -> None:
+    env = {"CONTEXT_MAX_TOKENS": "60", "PROVIDERS": "demo,demo-stateful"}
+    config = dataclasses.replace(runner_config, env=env)
+    for http in start(config, runner_clock):
+        compact = "/v1/conversations/compact-1/compact"
+        missing = http.post(compact, json={}, headers=ANN)
+        assert (missing.status_code, missing.json()["error"]["code"]) == (
+            404,
+            "conversation_not_found",
+        )
+        path = "/v1/conversations/compact-1/turns"
+        http.post(path, json={"input": "My name is Ada."}, headers=ANN)
+        early = http.post(compact, json={}, headers=ANN)
+        assert (early.status_code, early.json()["error"]["code"]) == (409, "nothing_to_compact")
+        through = None
+        while through is None:
+            reply = http.post(path, json={"input": "I like green tea."}, headers=ANN).json()
+            through = reply["context"]["summary_through"]
+        events = http.get("/v1/conversations/compact-1/events", headers=ANN).json()["events"]
+        [old] = [e for e in events if e["kind"] == "context_compacted"]
+        invalid = http.post(compact, json={"summarizer": "x"}, headers=ANN)
+        assert (invalid.status_code, invalid.json()["error"]["code"]) == (422, "validation_error")
+        unknown = http.post(compact, json={"provider": "nope"}, headers=ANN)
+        assert (unknown.status_code, unknown.json()["error"]["code"]) == (422, "unknown_provider")
+        other = http.post(compact, json={"provider": "demo-stateful"}, headers=ANN)
+        assert other.status_code == 200, other.text
+        event = other.json()
+        assert (event["kind"], event["actor"]) == ("context_compacted", "ann")
+        assert event["sequence"] == len(events) + 1
+        payload = event["payload"]
+        assert (payload["from_sequence"], payload["to_sequence"]) == (1, through)
+        assert (payload["replaces"], payload["trigger"]) == (old["sequence"], "manual")
+        assert payload["summarizer_provider"] == "demo-stateful"
+        assert "My name is Ada." in payload["text"]
+        head = http.get("/v1/conversations/compact-1", headers=ANN).json()
+        assert head["summary_through"] == through and head["events"] == len(events) + 1
+        answer = http.post(path, json={"input": "What is my name?"}, headers=ANN).json()
+        assert answer["output_text"] == "Your name is Ada."
