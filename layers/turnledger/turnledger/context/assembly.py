@@ -24,7 +24,8 @@ same commit as the turn). Compaction starts when the budget is full and then
 summarizes down to :data:`KEEP_SHARE` of it, so it happens once every many
 turns, not after every answer. A summary covers whole turns only, so it
 never splits a tool call from its result, and never the current turn, where
-pending calls live. A new summary folds in the previous one.
+pending calls live. A new summary folds in the previous one. What the history read
+leaves out, and the summarizer calls themselves, are :mod:`turnledger.turn.compaction`'s.
 
 **Redaction** (:mod:`turnledger.context.redaction`) is applied while messages are
 built, to everything a model would see, summaries' inputs included.
