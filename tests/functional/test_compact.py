@@ -256,3 +256,39 @@ def test_a_summary_that_would_cut_a_call_from_its_result_is_refused() -> None:
     assert not splits_tool_call(covered, [again, later_result], pending=["call_1"])
     whole = split_turns([*asked, result], after=0, estimator=Estimator(count=len), redactor=None)
     assert not splits_tool_call(whole, [again, later_result])
+
+
+def test_a_summary_the_read_window_missed_stays_in_the_context_when_the_next_one_fails(
+    memory_store: ConversationStore, clock: FakeClock
+) -> None:
+    """A long message pushes the newest summary's event past the history read window; the
+    summary of what the read left out fails: the turn still goes on with that summary."""
+
+    class Flaky(Recording):
+        down = False
+
+        def complete(self, request: ModelRequest) -> ModelReply:
+            if request.purpose == "summary" and self.down:
+                raise ProviderError("summarizer down")
+            return super().complete(request)
+
+    provider = Flaky()
+    svc = service(memory_store, clock, provider, context_max_tokens=120, context_max_chars=6000)
+    turn(svc, "my name is Ann")
+    index = 1
+    while not summaries(svc):
+        index += 1
+        turn(svc, ten_words(index))
+    [first] = summaries(svc)
+    turn(svc, "x" * 7000 + " long")  # one turn over the whole read window
+    provider.down = True
+    assert turn(svc, "What is my name?") == "Your name is Ann."
+    assert [e.sequence for e in summaries(svc)] == [first.sequence]
+    sent = [r for r in provider.requests if r.purpose == "turn"][-1].messages
+    assert sent[0].content == first.body().text  # type: ignore[union-attr]
+    # Once the summarizer is back, the next turn covers what the read left out.
+    provider.down = False
+    assert turn(svc, "What is my name?") == "Your name is Ann."
+    newest = summaries(svc)[-1].body()
+    assert isinstance(newest, ContextCompacted) and newest.trigger == "read_window"
+    assert newest.previous_through == first.body().to_sequence  # type: ignore[union-attr]

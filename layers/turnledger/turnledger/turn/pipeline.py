@@ -78,6 +78,7 @@ from ..core.models import (
     CancelRequest,
     ConversationKey,
     Event,
+    EventKind,
     Head,
     ProviderCursor,
     RunRecord,
@@ -1025,10 +1026,14 @@ class Conversations:
         budget = self.settings.context_budget(work.model)
 
         recall = self._recall(work, budget, estimator)
+        # What the history read left out; its newest summary, if the read missed that
+        # too, stays in the context until a new one covers the rest.
+        left_out = compaction.unread(self.store, session)
+        missed = [e for e in left_out if e.kind is EventKind.CONTEXT_COMPACTED][-1:]
 
         def build() -> Assembly:
             return assemble(
-                session.events,
+                [*missed, *session.events],
                 budget=budget,
                 estimator=estimator,
                 system_prompt=self.settings.system_prompt,
@@ -1037,7 +1042,7 @@ class Conversations:
             )
 
         assembly = build()
-        if self._compact(work, assembly, estimator):
+        if self._compact(work, assembly, estimator, left_out):
             assembly = build()  # with the summary just staged
         specs = [tool.spec() for tool in work.tools]
         continuation = self._continuation(work, assembly, specs, redactor)
@@ -1193,24 +1198,23 @@ class Conversations:
         scale = min(max(reply.usage.input_tokens / raw * _CALIBRATION_MARGIN, 0.5), 3.0)
         session.token_scale = round(scale + 0.0005, 3)
 
-    def _compact(self, work: TurnWork, assembly: Assembly, estimator: Estimator) -> bool:
+    def _compact(
+        self, work: TurnWork, assembly: Assembly, estimator: Estimator, left_out: list[Event]
+    ) -> bool:
         """Summarize what the context leaves out into a ``context_compacted`` event: the
-        turns the read window did not reach (:func:`.compaction.unread`), then the older
-        turns that no longer fit the budget.
+        turns the read window did not reach (``left_out``, :func:`.compaction.unread`),
+        then the older turns that no longer fit the budget.
 
         Returns whether a summary was staged. A summarizer failure is not the turn's:
         the turn goes on with the previous summary, and the next turn tries again.
         """
         session = work.session
-        left_out = compaction.unread(self.store, session)
         turns = turns_to_compact(assembly)
         trigger: compaction.Trigger = "budget"
         previous = assembly.summary
         through = turns[-1].last_sequence if turns else 0
         if left_out:
             trigger = "read_window"
-            known = [*left_out, *session.events]
-            previous = latest_summary(known)
             after = previous.body.to_sequence if previous is not None else 0
             missed = split_turns(left_out, after=after, estimator=estimator, redactor=self.redactor)
             turns = [*missed, *turns]
