@@ -4,6 +4,7 @@ next turn; and a summary that cannot be trusted never replaces history."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from aws_lambda_powertools.metrics import MetricUnit
 from turnledger.api.schemas import TurnRequest
 from turnledger.context.assembly import Estimator, split_turns, splits_tool_call
-from turnledger.core.config import Settings
+from turnledger.core.config import ModelSpec, Settings
 from turnledger.core.exceptions import (
     ApprovalPending,
     ConversationNotFound,
@@ -30,7 +31,7 @@ from turnledger.core.models import (
 )
 from turnledger.core.models import ToolResult as ToolResultBody
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
-from turnledger.providers.demo import SUMMARY_PREFIX
+from turnledger.providers.demo import SUMMARY_PREFIX, DemoProvider
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolRegistry
 from turnledger.turn import compaction
@@ -42,6 +43,7 @@ from tests.support.factories import FakeClock
 from tests.support.providers import Recording
 
 ANN = Caller(tenant="tenant-a", actor="ann")
+WORDS = DemoProvider().estimate_tokens
 KEY = ConversationKey(tenant=ANN.tenant, conversation_id="conv-1")
 
 
@@ -292,3 +294,27 @@ def test_a_summary_the_read_window_missed_stays_in_the_context_when_the_next_one
     newest = summaries(svc)[-1].body()
     assert isinstance(newest, ContextCompacted) and newest.trigger == "read_window"
     assert newest.previous_through == first.body().to_sequence  # type: ignore[union-attr]
+
+
+def test_a_long_range_is_summarized_in_batches_that_fold_into_one_summary(
+    memory_store: ConversationStore, clock: FakeClock
+) -> None:
+    """Each summarizer call is sent at most half its model's room; the calls fold."""
+    provider = Recording()
+    small = {"demo-1": ModelSpec(context_window=120, answer_reserve=20)}  # room 100: 50 a call
+    svc = service(memory_store, clock, provider, models=small)
+    turn(svc, "my name is Ann")
+    index = 1
+    while not summaries(svc):
+        index += 1
+        turn(svc, ten_words(index))
+    calls = [r for r in provider.requests if r.purpose == "summary"]
+    assert len(calls) >= 2
+    for call in calls:
+        sent = json.loads(call.messages[-1].content or "")
+        assert sum(WORDS(m.get("content") or "") for m in sent["messages"]) <= 50
+    assert json.loads(calls[1].messages[-1].content or "")["previous_summary"] is not None
+    [only] = summaries(svc)
+    body = only.body()
+    assert isinstance(body, ContextCompacted) and "my name is Ann" in body.text
+    assert body.from_turn == 1 and body.messages == 2 * body.to_turn  # type: ignore[operator]
