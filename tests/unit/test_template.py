@@ -41,6 +41,7 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/conversations/{id}/export", "ReadFunction"),
     ("POST", "/v1/conversations/{id}/import", "TurnFunction"),
     ("POST", "/v1/conversations/{id}/fork", "TurnFunction"),
+    ("POST", "/v1/conversations/{id}/compact", "TurnFunction"),
     ("GET", "/v1/conversations/{id}/forks", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/context", "ReadFunction"),
     ("POST", "/v1/conversations/{id}/replays", "TurnFunction"),
@@ -765,6 +766,7 @@ API_EVENTS = [
     "get-turn-context.json",
     "start-replay.json",
     "get-replay.json",
+    "compact.json",
 ]
 
 

@@ -3,7 +3,8 @@
 The resolver (:mod:`.resolver`) answers; this module checks a request's body
 before routing, decodes its path as API Gateway does, and imports every route
 module so that each registers its routes (:mod:`.routes`, :mod:`.openai`,
-:mod:`.waits`, :mod:`.streaming_routes`, :mod:`.replay_routes`) on the resolver.
+:mod:`.waits`, :mod:`.streaming_routes`, :mod:`.memory_routes`, :mod:`.compact_routes`,
+:mod:`.replay_routes`) on the resolver.
 No route module imports this one.
 """
 
@@ -24,14 +25,22 @@ from ..core.models import CONVERSATION_ID_PATTERN
 from ..core.observability import logger, metrics, traced
 from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
-from . import memory_routes, openai, replay_routes, routes, streaming_routes, waits
+from . import compact_routes, memory_routes, openai, replay_routes, routes, streaming_routes, waits
 from .errors import body_for
 from .resolver import app, json_text, methods_of, raw_body
 
 __all__ = ["app", "lambda_handler"]
 
 #: The modules whose import registers routes and handlers on ``app``.
-REGISTERED = (routes, openai, waits, streaming_routes, memory_routes, replay_routes)
+REGISTERED = (
+    routes,
+    openai,
+    waits,
+    streaming_routes,
+    memory_routes,
+    replay_routes,
+    compact_routes,
+)
 #: Routes whose body is not one JSON object (an import is NDJSON).
 _NDJSON_ROUTES = ("/import",)
 #: ``AWS_LAMBDA_INITIALIZATION_TYPE`` values whose init phase no caller waits for.

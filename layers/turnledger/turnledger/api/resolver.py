@@ -72,9 +72,9 @@ _ERROR_CODES = {
     404: "conversation_not_found, memory_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
     "unsupported_state_version, conversation_exists, input_pending, fork_point_open, "
-    "fork_too_deep, memory_full",
+    "fork_too_deep, memory_full, nothing_to_compact",
     410: "callback_invalid",
-    413: "payload_too_large, import_too_large",
+    413: "payload_too_large, import_too_large, context_length_exceeded",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, unknown_model, "
     "idempotency_key_reused, invalid_fork_point",
     502: "provider_error",
