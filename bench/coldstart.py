@@ -36,10 +36,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
 from pathlib import Path
 from typing import Any
 
 from moto.server import ThreadedMotoServer
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
 from bench.results import command_line, machine_line, publish
@@ -47,6 +51,8 @@ from tests.support.aws import aws_clients, create_bucket, create_conversations_t
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar, free_port
 
 SECTION = "Cold start"
+#: What ``sam build`` installs into the layer (``layers/turnledger/requirements.txt``).
+LAYER_REQUIREMENTS = PROJECT_ROOT / "layers" / "turnledger" / "requirements.txt"
 HANDLERS = ("turn", "read", "clear", "approve", "sweep")
 REGION = "us-east-1"
 #: Issue 27: a handler's init + first request at most this many times the minimal handler's.
@@ -69,7 +75,10 @@ SAMPLE_EVENTS = {
 #: argument) in one namespace and prints the milliseconds of each as JSON. Nothing
 #: is imported before the first step that the steps could need (``json`` comes after).
 _PROBE = """
-import sys, time
+import os, sys, time
+for name in os.environ.get("BENCH_NOT_IN_LAYER", "").split(","):
+    if name and name not in sys.modules:
+        sys.modules[name] = None  # ImportError, as in the layer, which does not hold it
 sys.stderr.write("### steps begin\\n")
 spent = []
 scope = {"sys": sys}
@@ -85,6 +94,62 @@ for step in sys.argv[1:]:
 import json
 print(json.dumps(spent))
 """
+
+#: Top-level modules the layer provides itself (not a distribution installed in the venv).
+_LAYER_PACKAGES = frozenset({"turnledger"})
+
+
+def layer_distributions(requirements: Path = LAYER_REQUIREMENTS) -> frozenset[str]:
+    """The distributions ``sam build`` installs into the layer from ``requirements``: each
+    requirement with its extras, and what they require in turn (by the installed versions'
+    metadata), as canonical names."""
+    found: set[str] = set()
+    todo = [
+        Requirement(line)
+        for line in requirements.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            requires = distribution(requirement.name).requires or []
+        except PackageNotFoundError:
+            continue
+        extras = requirement.extras or {""}
+        for line in requires:
+            needed = Requirement(line)
+            if needed.marker is None or any(
+                needed.marker.evaluate({"extra": extra}) for extra in extras
+            ):
+                todo.append(needed)
+    return frozenset(found)
+
+
+@cache
+def _not_in_layer() -> tuple[str, ...]:
+    return not_in_layer()
+
+
+def not_in_layer() -> tuple[str, ...]:
+    """Top-level modules installed in this venv by distributions the layer does not hold
+    (``click`` and ``rich``, which schemathesis needs, for one): the probes make them
+    unimportable, so an optional import (httpx loads its command line when ``click`` is
+    there) costs here what it costs on Lambda."""
+    layer = layer_distributions()
+    return tuple(
+        sorted(
+            module
+            for module, owners in packages_distributions().items()
+            if module.isidentifier()
+            and module not in _LAYER_PACKAGES
+            and not any(canonicalize_name(owner) in layer for owner in owners)
+        )
+    )
+
 
 #: Imports timed alone, for comparison with the handlers.
 COMPARISONS: tuple[tuple[str, str], ...] = (
@@ -221,6 +286,8 @@ def lambda_environment(handler: Handler | None) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         # The layer's code of this checkout, where Lambda has /opt/python.
         "PYTHONPATH": str(PROJECT_ROOT / "layers" / "turnledger"),
+        # Nor what the venv holds beyond the layer's dependencies.
+        "BENCH_NOT_IN_LAYER": ",".join(_not_in_layer()),
     }
     if handler is not None:
         env.update(handler.environment)
@@ -565,9 +632,11 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "boto3 DynamoDB resource, built at import) is sampled the same way right before "
         "each handler's sample, so the two alternate; **read, tracing off** is the read "
         "handler with `POWERTOOLS_TRACE_DISABLED=true` (no X-Ray SDK). Interpreter start-up "
-        "itself is not counted. The project venv holds `click` and `rich`, so `import httpx` "
-        "also loads its command line here (the layer has neither). Measured on this "
-        "machine, not on Lambda's arm64 CPUs.",
+        "itself is not counted. Every interpreter sees only what the layer holds: the "
+        "modules of the venv's other distributions (the tests' `click`, `rich`, `moto`...: "
+        "`bench.coldstart.not_in_layer`) are made unimportable, so an optional import (httpx "
+        "loads its command line when `click` is there) costs what it costs on Lambda. "
+        "Measured on this machine, not on Lambda's arm64 CPUs.",
         "",
         "| handler | init ms (median) | range | first request ms | warm request ms | "
         "first request's extra set-up ms | cold start ms (init + first request) |",
