@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
 from .store.tenancy import TenantAccess, TenantCredentials
-from .tools.executors import ToolRunner, tool_http_client
+from .tools.executors import LazyHttpClient, ToolRunner, tool_http_client
 from .tools.registry import ToolRegistry
 from .turn import callbacks
 from .turn.pipeline import Conversations
@@ -92,8 +92,9 @@ class Runtime:
     dynamodb: DynamoDBClient
     #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
     tenants: TenantAccess[TenantScope] | None = None
-    #: Every AWS client built for the process's own credentials (closed by :meth:`close`).
-    clients: tuple[Any, ...] = ()
+    #: Every AWS client built so far for the process's own credentials (closed by
+    #: :meth:`close`); one built on first use (S3's) joins it then.
+    clients: list[Any] = field(default_factory=list)
 
     def close(self) -> None:
         """Close the process's AWS clients' connection pools (they reconnect when used)."""
@@ -151,7 +152,8 @@ class Runtime:
         )
         clients: list[Any] = [dynamodb]
         store = _build_store(settings, session, dynamodb, clients)
-        http = tool_http_client(settings.tool_timeout_seconds)
+        # Built on the first http tool call or webhook: most requests make neither.
+        http = LazyHttpClient(partial(tool_http_client, settings.tool_timeout_seconds))
 
         def lambda_client(config: Config) -> LambdaClient:
             return session.client("lambda", config=config)
@@ -213,7 +215,7 @@ class Runtime:
                 bucket=settings.bucket_name,
                 build=partial(_tenant_scope, settings, session, service),
             )
-        runtime.clients = tuple(clients)
+        runtime.clients = clients
         return runtime
 
 
@@ -229,9 +231,18 @@ def _tenant_scope(
     Its clients come from the process's ``session`` (its models, parsed at init) with the
     tenant's credentials: a tenant's first request builds no session of its own.
     """
+    signed: dict[str, Any] = {
+        "config": _AWS_CONFIG,
+        "aws_access_key_id": credentials.access_key_id,
+        "aws_secret_access_key": credentials.secret_access_key,
+        "aws_session_token": credentials.session_token,
+    }
     # A boto3 session is not thread-safe: two tenants' first requests take turns.
     with _session_lock:
-        dynamodb, s3 = _tenant_clients(settings, session, credentials)
+        dynamodb: DynamoDBClient = session.client(
+            "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
+        )
+    s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     store = _dynamodb_store(settings, dynamodb, s3)
     return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
 
@@ -239,20 +250,24 @@ def _tenant_scope(
 _session_lock = threading.Lock()
 
 
-def _tenant_clients(
-    settings: Settings, session: boto3.session.Session, credentials: TenantCredentials
-) -> tuple[DynamoDBClient, S3Client]:
-    signed: dict[str, Any] = {
-        "config": _AWS_CONFIG,
-        "aws_access_key_id": credentials.access_key_id,
-        "aws_secret_access_key": credentials.secret_access_key,
-        "aws_session_token": credentials.session_token,
-    }
-    dynamodb: DynamoDBClient = session.client(
-        "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
-    )
-    s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, **signed)
-    return dynamodb, s3
+def _on_first_use[T](build: Callable[[], T], built: list[Any] | None = None) -> Callable[[], T]:
+    """What returns ``build()``'s client, built by its first call only (most requests read
+    or write no blob: S3's client, whose model alone takes about 40 ms to load, is built
+    by the first that does); the client joins ``built`` then, when given.
+
+    ``build`` runs under the session lock: a boto3 session is not thread-safe.
+    """
+    made: list[T] = []
+
+    def client() -> T:
+        with _session_lock:
+            if not made:
+                made.append(build())
+                if built is not None:
+                    built.append(made[0])
+            return made[0]
+
+    return client
 
 
 def store_from_settings(settings: Settings) -> ConversationStore:
@@ -290,18 +305,19 @@ def _build_store(
 ) -> ConversationStore:
     """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files.
 
-    The S3 client it builds is added to ``clients`` when given.
+    S3's client is built on the store's first blob and then added to ``clients`` when given.
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
-    s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
-    if clients is not None:
-        clients.append(s3)
+    s3 = _on_first_use(
+        partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),
+        clients,
+    )
     return _dynamodb_store(settings, dynamodb, s3)
 
 
 def _dynamodb_store(
-    settings: Settings, dynamodb: DynamoDBClient, s3: S3Client
+    settings: Settings, dynamodb: DynamoDBClient, s3: Callable[[], S3Client]
 ) -> DynamoDBConversationStore:
     return DynamoDBConversationStore(
         dynamodb,
