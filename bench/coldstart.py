@@ -246,6 +246,16 @@ def untraced(handler: Handler) -> Handler:
     )
 
 
+def untenanted(handler: Handler) -> Handler:
+    """``handler`` without ``TENANT_ROLE_ARN``: its requests on the process's own clients, so
+    a first request assumes no role and builds no client (what a tenant's first costs)."""
+    return replace(
+        handler,
+        label=f"{handler.name}, no tenant role",
+        environment={k: v for k, v in handler.environment.items() if k != "TENANT_ROLE_ARN"},
+    )
+
+
 def imported_modules(handler: Handler) -> tuple[str, ...]:
     """The modules the handler's source imports at its top level, sorted."""
     tree = ast.parse((handler.folder / f"{handler.module}.py").read_text(encoding="utf-8"))
@@ -631,7 +641,10 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "(`bench/minimal/app.py`: Powertools' HTTP resolver and one `GetItem` through a "
         "boto3 DynamoDB resource, built at import) is sampled the same way right before "
         "each handler's sample, so the two alternate; **read, tracing off** is the read "
-        "handler with `POWERTOOLS_TRACE_DISABLED=true` (no X-Ray SDK). Interpreter start-up "
+        "handler with `POWERTOOLS_TRACE_DISABLED=true` (no X-Ray SDK); **read, no tenant "
+        "role** is the read handler without `TENANT_ROLE_ARN` (its first request assumes no "
+        "role and builds no client: the difference is a tenant's first request's own "
+        "set-up, once per tenant and environment). Interpreter start-up "
         "itself is not counted. Every interpreter sees only what the layer holds: the "
         "modules of the venv's other distributions (the tests' `click`, `rich`, `moto`...: "
         "`bench.coldstart.not_in_layer`) are made unimportable, so an optional import (httpx "
@@ -765,7 +778,11 @@ def run(names: Sequence[str], runs: int) -> ColdStart:
                     _handler_steps(found["sweep"], -2)[:2],
                     handler_environment(found["sweep"], backend),
                 )
-        variants = [untraced(found["read"])] if "read" in names and "read" in found else []
+        variants = (
+            [untraced(found["read"]), untenanted(found["read"])]
+            if "read" in names and "read" in found
+            else []
+        )
         timings, minimal, comparisons, restored = measure(
             [*chosen, *variants], COMPARISONS, runs, backend, found.get("read")
         )
