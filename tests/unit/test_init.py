@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.client
 import botocore.session
 import pytest
 from aws_lambda_powertools.utilities import parameters
@@ -113,6 +114,47 @@ def test_init_builds_no_http_client_until_a_tool_call_or_webhook_needs_one(
     assert runner is not None
     assert runner.http.client is runner.http.client
     assert made.calls == 1
+
+
+def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The DynamoDB read and the tenant role's AssumeRole a first request starts with are
+    made once at init and answered in-process: with every AWS endpoint unreachable, both
+    still succeed."""
+    unreachable = "http://127.0.0.1:9"  # the discard port: nothing listens
+    for name, value in {
+        "TABLE_NAME": "init-priming",
+        "BUCKET_NAME": "init-priming",
+        "CALLBACK_KEY": "00" * 32,
+        "TENANT_ROLE_ARN": TENANT_ROLE,
+        "DYNAMODB_ENDPOINT": unreachable,
+        "S3_ENDPOINT": unreachable,
+        "AWS_ENDPOINT_URL_STS": unreachable,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    calls: list[str] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def spy(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        calls.append(operation)
+        return real(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+    set_runtime(None)
+    try:
+        with caplog.at_level("WARNING"):
+            load_function("read")
+        built = get_runtime()
+    finally:
+        set_runtime(None)
+
+    assert calls == ["GetItem", "AssumeRole"]
+    assert not [r for r in caplog.records if "priming" in r.getMessage()]
+    assert built.tenants is not None
 
 
 def test_init_registers_the_snapstart_hooks_when_the_runtime_offers_them(

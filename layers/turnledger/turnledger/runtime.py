@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ import boto3
 import botocore.loaders
 import botocore.session
 from aws_lambda_powertools.utilities import parameters
+from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
 from .context.redaction import Redactor, load_redactor
@@ -37,7 +40,15 @@ from .providers.factory import PROVIDERS, api_key_source, build_provider
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
-from .store.tenancy import TenantAccess, TenantCredentials
+from .store.tenancy import (
+    SESSION_SECONDS,
+    TENANT_TAG,
+    TenantAccess,
+    TenantCredentials,
+    session_name,
+    session_policy,
+    tag_value,
+)
 from .tools.executors import LazyHttpClient, ToolRunner, tool_http_client
 from .tools.registry import ToolRegistry
 from .turn import callbacks
@@ -142,6 +153,34 @@ class Runtime:
             export_inline_max_bytes=self.settings.export_inline_max_bytes,
             export_url_ttl_seconds=self.settings.export_url_ttl_seconds,
         )
+
+    def prime(self) -> None:
+        """Make the first call of each AWS call a request starts with, without the network:
+        a ``GetItem`` on the process's DynamoDB client and, with a tenant role, the
+        ``AssumeRole`` of a tenant's first request, each answered in-process.
+
+        A client's first call of an operation builds its models, resolves its endpoint
+        and its credentials and signs; done here, during init, a request's first call
+        costs what a later one does (a tenant's own clients, built on its first request,
+        still make their own first call then).
+        """
+        if self.settings.store != "dynamodb":
+            return
+        with _answered_in_process(self.dynamodb, b"{}"):
+            self.dynamodb.get_item(
+                TableName=self.settings.table_name,
+                Key={"pk": {"S": _PRIMING}, "sk": {"S": _PRIMING}},
+                ConsistentRead=True,
+            )
+        if self.tenants is not None:
+            with _answered_in_process(self.tenants.sts, _ASSUMED_ROLE):
+                self.tenants.sts.assume_role(
+                    RoleArn=self.tenants.role_arn,
+                    RoleSessionName=session_name(_PRIMING),
+                    DurationSeconds=SESSION_SECONDS,
+                    Policy=session_policy(_PRIMING, bucket=self.settings.bucket_name),
+                    Tags=[{"Key": TENANT_TAG, "Value": tag_value(_PRIMING)}],
+                )
 
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:
@@ -327,6 +366,46 @@ def _dynamodb_store(
     )
 
 
+#: The key and the tenant of :meth:`Runtime.prime`'s calls (never sent).
+_PRIMING = "turnledger-priming"
+#: What :meth:`Runtime.prime`'s ``AssumeRole`` is answered: STS's answer, with no credentials
+#: anyone could use.
+_ASSUMED_ROLE = (
+    b'<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleResult>'
+    b"<Credentials><AccessKeyId>priming</AccessKeyId><SecretAccessKey>priming</SecretAccessKey>"
+    b"<SessionToken>priming</SessionToken><Expiration>2000-01-01T00:00:00Z</Expiration>"
+    b"</Credentials><AssumedRoleUser><Arn>arn:aws:sts::000000000000:assumed-role/priming</Arn>"
+    b"<AssumedRoleId>priming</AssumedRoleId></AssumedRoleUser></AssumeRoleResult>"
+    b"</AssumeRoleResponse>"
+)
+
+
+class _Body:
+    """A response body botocore reads as it reads the network's."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._data
+
+
+@contextmanager
+def _answered_in_process(client: Any, body: bytes) -> Iterator[None]:
+    """Within the block, ``client``'s calls send nothing: each is answered ``200`` with
+    ``body``. (A ``before-send`` handler that returns a response replaces the request's
+    sending, botocore's documented hook; everything before and after it runs as usual.)"""
+
+    def answer(request: Any, **_: Any) -> AWSResponse:
+        return AWSResponse(request.url, 200, HTTPHeaders(), _Body(body))
+
+    client.meta.events.register_first("before-send", answer, unique_id=_PRIMING)
+    try:
+        yield
+    finally:
+        client.meta.events.unregister("before-send", unique_id=_PRIMING)
+
+
 _lock = threading.Lock()
 _runtime: Runtime | None = None
 
@@ -349,7 +428,8 @@ def set_runtime(runtime: Runtime | None) -> None:
 
 def prepare() -> Runtime | None:
     """Build, during Lambda's init phase, what every request needs: the runtime (settings,
-    clients, store, provider, tools, the service) and the Tracer where tracing is on; and
+    clients, store, provider, tools, the service), its AWS clients' first calls made
+    without the network (:meth:`Runtime.prime`), and the Tracer where tracing is on; and
     register the SnapStart hooks. The handler modules in ``functions/`` call it at import.
 
     Returns:
@@ -357,12 +437,19 @@ def prepare() -> Runtime | None:
         and each request then meets it in :func:`get_runtime` and answers it as it should.
     """
     _register_snapshot_hooks()
-    tracer()
     try:
-        return get_runtime()
+        built = get_runtime()
     except Exception:
         logger.exception("the runtime could not be built at init")
+        tracer()
         return None
+    try:
+        # Before the Tracer patches botocore: a traced call at init logs a discarded segment.
+        built.prime()
+    except Exception:  # priming is an optimisation: a request makes the same calls for real
+        logger.warning("priming the AWS clients at init failed", exc_info=True)
+    tracer()
+    return built
 
 
 def before_snapshot() -> None:
