@@ -185,6 +185,22 @@ def test_an_api_function_registers_every_route_the_template_gives_it(
         assert f"turnledger.api.{module}" in loaded
 
 
+def test_the_openapi_document_lists_the_routes_of_every_function(tmp_path: Path) -> None:
+    """Whichever function serves it, the document covers every function's routes (here the
+    approve function's, which loads no memory route of its own)."""
+    event = json.loads((PROJECT_ROOT / "events" / "get-conversation.json").read_text())
+    event = {
+        **event,
+        "routeKey": "GET /v1/openapi.json",
+        "rawPath": "/v1/openapi.json",
+        "pathParameters": {},
+    }
+    found = _probe(_folders()["approve"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)}, event)
+    assert found["answer"]["statusCode"] == 200
+    paths = json.loads(found["answer"]["body"])["paths"]
+    assert {"/v1/memories", "/v1/conversations/{conversation_id}/turns/{turn}"} <= set(paths)
+
+
 def test_the_approve_function_loads_no_other_functions_route_modules(tmp_path: Path) -> None:
     found = _probe(_folders()["approve"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
     loaded = set(found["after_import"])
