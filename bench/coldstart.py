@@ -6,7 +6,8 @@ before the first request, and without SnapStart the caller waits for both. This
 benchmark does the same in a fresh subprocess per sample (median of ``--runs``): the
 handler's folder first on ``sys.path``, the environment the template gives the
 function (parameters at their defaults, resources as placeholder names) plus what
-the Lambda runtime sets. Then, in the same interpreter, the handler answers its first
+the Lambda runtime sets, and only the modules the layer holds importable
+(:func:`not_in_layer`). Then, in the same interpreter, the handler answers its first
 request (its sample event from ``events/``) and a second one, against DynamoDB Local
 (S3 and STS on moto's server). Before each handler's sample, the same round samples
 the minimal handler (``bench/minimal/app.py``: Powertools' HTTP resolver and one
@@ -44,6 +45,7 @@ from typing import Any
 from moto.server import ThreadedMotoServer
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from turnledger.api.functions import ROUTES
 from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
 from bench.results import command_line, machine_line, publish
@@ -257,7 +259,8 @@ def untenanted(handler: Handler) -> Handler:
 
 
 def imported_modules(handler: Handler) -> tuple[str, ...]:
-    """The modules the handler's source imports at its top level, sorted."""
+    """The modules the handler's source imports at its top level, and the route modules its
+    ``serve("<function>")`` call registers (``turnledger.api.functions.ROUTES``), sorted."""
     tree = ast.parse((handler.folder / f"{handler.module}.py").read_text(encoding="utf-8"))
     found: set[str] = set()
     for node in tree.body:
@@ -265,6 +268,15 @@ def imported_modules(handler: Handler) -> tuple[str, ...]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
+    for call in ast.walk(tree):
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "serve"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+        ):
+            found.update(f"turnledger.api.{m}" for m in ROUTES.get(str(call.args[0].value), ()))
     return tuple(sorted(found - {"__future__"}))
 
 
