@@ -599,6 +599,49 @@ def _verdicts(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     return out
 
 
+def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
+    """Where the read handler's cold start goes beyond the minimal handler's, from this run's
+    medians: what the targets would need, in numbers."""
+    by_label = {t.label: t for t in timings if t.error is None and t.import_ms}
+    read = by_label.get("read")
+    untraced_read = by_label.get("read, tracing off")
+    local = by_label.get("read, no tenant role")
+    if read is None or minimal.error is not None or not minimal.import_ms:
+        return []
+
+    def med(values: Sequence[float]) -> float:
+        return statistics.median(values)
+
+    out = ["", "Where the read handler's time goes, from the medians above:", ""]
+    out.append(
+        f"- init: {med(read.import_ms):.0f} ms against the minimal handler's "
+        f"{med(minimal.import_ms):.0f} ms (+{med(read.import_ms) - med(minimal.import_ms):.0f}): "
+        "the service's modules (pydantic models of the events, head and bodies; the turn "
+        "pipeline, which reads go through too; tools, providers, httpx), the X-Ray SDK "
+        "and a second AWS client (STS)."
+    )
+    if untraced_read is not None:
+        out.append(
+            f"- the X-Ray SDK's Tracer: init {med(read.import_ms):.0f} ms traced, "
+            f"{med(untraced_read.import_ms):.0f} ms with tracing off."
+        )
+    if local is not None:
+        tenant = med(read.first_ms) - med(local.first_ms)
+        out.append(
+            f"- a tenant's first request in an environment: {med(read.first_ms):.0f} ms, of "
+            f"which {tenant:.0f} ms are the tenant's own set-up (the first request without "
+            f"a tenant role takes {med(local.first_ms):.0f} ms): its role assumed on STS, one "
+            "round trip that init cannot make for a tenant it does not know, and its "
+            "DynamoDB client with its first connection."
+        )
+    out.append(
+        f"- the minimal handler's own first request is {med(minimal.first_ms):.0f} ms "
+        f"against {med(minimal.warm_ms):.0f} ms warm: a warm request of a few milliseconds "
+        "makes any first connection or first route count double."
+    )
+    return out
+
+
 def _restore_section(restored: Timing | None) -> list[str]:
     """What Python runs of a SnapStart start: the after-restore hook and the first request."""
     if restored is None:
@@ -690,6 +733,7 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "",
     ]
     out += _verdicts(timings, minimal)
+    out += _why(timings, minimal)
     out += _restore_section(found.restored)
     out += [
         "",
