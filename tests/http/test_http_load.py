@@ -37,7 +37,7 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink
-from tests.http.conftest import ANN, start
+from tests.http.conftest import ANN, all_events, start
 from tests.http.test_http_tool_lease import registry
 
 pytestmark = [pytest.mark.http, pytest.mark.integration]
@@ -135,20 +135,6 @@ def _conversation(http: httpx.Client, tally: Tally, number: int) -> list[str]:
     return sent
 
 
-def _events(http: httpx.Client, number: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    after: int | None = 0
-    while after is not None:
-        page = http.get(
-            f"/v1/conversations/load-{number}/events",
-            params={"after": after, "limit": 1000},
-            headers=ANN,
-        ).json()
-        events.extend(page["events"])
-        after = page["next_after"]
-    return events
-
-
 def test_fifty_conversations_of_twenty_turns_with_racing_approvals(
     load_http: tuple[httpx.Client, HttpSink],
 ) -> None:
@@ -172,7 +158,7 @@ def test_fifty_conversations_of_twenty_turns_with_racing_approvals(
 
     for number, sent in enumerate(played):
         assert len(sent) == TURNS, (number, len(sent))
-        events = _events(http, number)
+        events = all_events(http, f"load-{number}")
         assert [e["sequence"] for e in events] == list(range(1, len(events) + 1)), number
         assert len({e["event_id"] for e in events}) == len(events), number
         users = [e for e in events if e["kind"] == "user_message"]

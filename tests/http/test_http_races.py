@@ -22,7 +22,6 @@ import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -30,7 +29,7 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink
-from tests.http.conftest import ANN, start
+from tests.http.conftest import ANN, all_events, start
 from tests.http.test_http_tool_lease import registry
 from tests.support.concurrency import all_at_once
 
@@ -64,24 +63,10 @@ def race_http(
             yield client, sink
 
 
-def _events(http: httpx.Client, conversation: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    after: int | None = 0
-    while after is not None:
-        page = http.get(
-            f"/v1/conversations/{conversation}/events",
-            params={"after": after, "limit": 1000},
-            headers=ANN,
-        ).json()
-        events.extend(page["events"])
-        after = page["next_after"]
-    return events
-
-
 def assert_log_whole(http: httpx.Client, conversation: str, sent: list[str]) -> None:
     """The transcript holds exactly ``sent``, in order, each once and answered; no event is
     lost or duplicated; the conversation's summary agrees with its log."""
-    events = _events(http, conversation)
+    events = all_events(http, conversation)
     assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
     assert len({e["event_id"] for e in events}) == len(events)
     users = [e for e in events if e["kind"] == "user_message"]
@@ -143,7 +128,7 @@ def test_twenty_racing_approvals_run_the_tool_once_and_the_conversation_goes_on(
     assert len(sink.requests_for("/email")) == 1
     after = http.post(f"{base}/turns", json={"input": "and then?"}, headers=ANN)
     assert after.status_code == 200 and after.json()["turn"] == 2, after.text
-    events = _events(http, "race-approvals")
+    events = all_events(http, "race-approvals")
     kinds = Counter(e["kind"] for e in events)
     assert kinds["tool_result"] == 1 and kinds["approval_resolved"] == 1, kinds
     assert_log_whole(
