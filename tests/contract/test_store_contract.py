@@ -1234,3 +1234,18 @@ def test_reads_find_events_inside_turn_items(store: ConversationStore) -> None:
     for after in range(7):
         assert store.read_events(KEY, second.head, after=after, limit=2) == everything[after:][:2]
     assert [store.event_at(KEY, second.head, n) for n in range(1, 8)] == everything
+
+
+def test_a_commit_too_large_for_one_item_writes_several_turn_items(
+    store: ConversationStore,
+) -> None:
+    """Events that fit the item size limit one by one but not together go in as few turn
+    items as fit, each under the key of its first event, in one atomic write."""
+    inline = "i" * (store.offload_threshold - 200)  # just under the offload threshold
+    turn = commit_turn(store, KEY, None, [inline] * 8)
+
+    event_keys = [k for k in raw_sort_keys(store, KEY) if k.startswith(keys.EVENT_PREFIX)]
+    assert 1 < len(event_keys) < 8 and event_keys[0] == keys.event_sort_key(1)
+    assert all(stored_ref(store, KEY, n) is None for n in range(1, 9)), "all inline"
+    assert store.load(KEY, EVERYTHING).events == turn.events
+    assert store.read_events(KEY, turn.head, after=0, limit=8) == turn.events

@@ -242,6 +242,22 @@ def _storage_sequence(item: Item) -> int:
         ) from exc
 
 
+def _turn_chunks(bodies: list[Item]) -> list[list[Item]]:
+    """``bodies`` (one commit's event items, oldest first) in runs that each fit one turn
+    item under the item size limit, as few as possible, in order."""
+    chunks: list[list[Item]] = []
+    size = 0
+    for body in bodies:
+        grows = codec.item_size(body)
+        if chunks and size + grows <= codec.MAX_ITEM_BYTES:
+            chunks[-1].append(body)
+            size += grows
+        else:
+            chunks.append([body])
+            size = grows
+    return chunks
+
+
 def _events_in(item: Item) -> int:
     """The events an event item holds, for reports: 1 when its count cannot be read (a purge
     deletes damaged items too)."""
@@ -571,10 +587,11 @@ class ConversationStore(ABC):
                 consistent=consistent,
             )
             items = page.items
-            if page.cursor is None and items and _storage_sequence(items[-1]) > piece.base + low:
+            bottom = _storage_sequence(items[-1]) if items else top + 1
+            if page.cursor is None and bottom > piece.base + low:
                 # A turn item holds several events: the one holding the range's low end
                 # may start below the range's key. One more item, at or below it.
-                items = [*items, *self._item_below(piece, _storage_sequence(items[-1]))]
+                items = [*items, *self._item_below(piece, bottom)]
             if _contiguous([item for item in items if not _leftover(item, piece)], top):
                 break
         return items
@@ -719,8 +736,9 @@ class ConversationStore(ABC):
         except BaseException:
             self._discard(written)
             raise
-        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it.
-        items = [codec.encode_turn_item(key, head, items)] if items else []
+        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it;
+        # more only when they would not fit one item.
+        items = [codec.encode_turn_item(key, head, chunk) for chunk in _turn_chunks(items)]
         head_item = codec.encode_head(key, head)
         changes = inbox_changes or inbox.InboxChanges()
         puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
