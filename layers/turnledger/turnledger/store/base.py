@@ -12,8 +12,10 @@ idempotency persistence layers). ``tests/contract`` runs one suite over every ba
 (memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
-    One atomic write: put each new event item (``attribute_not_exists(pk) OR
-    g <> :gen``: never overwrite an event of this life) and put the head on
+    One atomic write: put the commit's turn item (every event of the commit in one
+    item under the storage sequence of its first, docs/STORAGE.md; more than one only
+    when they would not fit one) on ``attribute_not_exists(pk) OR g <> :gen`` (never
+    overwrite an event of this life), and put the head on
     the condition that its version and life (``ver``, ``g``) are still the
     ones the turn read (``attribute_not_exists`` for a new conversation). A
     lost race raises :class:`ConversationBusy` and nothing of it is stored.
