@@ -70,7 +70,8 @@ A_COUNT = "n"
 
 #: Attributes the store writes on its own items (keys, bodies, lives, TTL, index keys; the
 #: inbox's ``ib`` and ``is``): a side item's attributes may not use them, or an index
-#: would list it and reads would take it for the store's own.
+#: would list it and reads would take it for the store's own. A turn item's ``n`` is not
+#: among them: only event items are read for it, and a side item is never one.
 RESERVED_ATTRIBUTES = frozenset(
     {
         A_PK,
@@ -85,7 +86,6 @@ RESERVED_ATTRIBUTES = frozenset(
         A_FENCE,
         A_WAIT_BUCKET,
         A_COMPANION,
-        A_COUNT,
         "ib",
         "is",
     }
