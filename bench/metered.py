@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 from turnledger.store.blobs import BlobStore
+from turnledger.store.codec import event_count
 from turnledger.store.dynamodb import DynamoDBConversationStore
 
 from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
@@ -92,6 +93,7 @@ class StorageWork:
     priced_wcu: float = 0.0
     priced_index_wcu: float = 0.0
     priced_rcu: float = 0.0
+    #: Items read, a turn item counted once per event it holds (the older layout's unit).
     items_read: int = 0
     #: The ``Limit`` of each query, in order.
     query_limits: list[int] = field(default_factory=list)
@@ -361,7 +363,10 @@ class MeteredStore(DynamoDBConversationStore):
         """Hook: one priced read request (``index``: the global index it queried)."""
         self.work.read_requests += 1
         self.work.priced_rcu += units
-        self.work.items_read += len(items)
+        # A turn item holds a commit's events: count what was read, not how it was packed.
+        self.work.items_read += sum(
+            event_count(i) if str(i["sk"]).startswith(TRANSCRIPT_PREFIX) else 1 for i in items
+        )
         if limit is not None:
             self.work.query_limits.append(limit)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from moto import mock_aws
 from turnledger.store.blobs import S3BlobStore
-from turnledger.store.codec import SideItem
+from turnledger.store.codec import SideItem, encode_turn_item
 
 from bench.metered import MeteredLegacyStore, MeteredStore
 from bench.pricing import TRANSACTION_FACTOR, index_specs, item_size, write_units
@@ -44,18 +44,21 @@ def test_a_standard_put_is_priced_once_per_started_kib(metered: MeteredStore) ->
 
 
 def test_a_commit_is_priced_item_by_item_with_its_index_entries(metered: MeteredStore) -> None:
-    """Today's commit (and the legacy one): one transaction, 2x per item, and the head's
-    index entries (``by-expiry``, ``by-tenant``) put once, by the first turn."""
+    """A first commit is one transaction, 2x per item, and the head's index entries
+    (``by-expiry``, ``by-tenant``) put once: the legacy layout puts an item per event, the
+    current one a single turn item holding both."""
     key = make_key("tenant-price", "commit")
     turn = build_turn(key, None, ["hello", "x" * 1200])
     work = metered.begin()
     metered.commit(key, expected_version=None, head=turn.head, events=turn.events)
     items = [encode_event(key, turn.head, e, None) for e in turn.events]
+    if not isinstance(metered, MeteredLegacyStore):
+        items = [encode_turn_item(key, turn.head, items)]
     table = TRANSACTION_FACTOR * sum(write_units(item_size(i)) for i in items)
     table += TRANSACTION_FACTOR * write_units(item_size(encode_head(key, turn.head)))
     indexes = sum(spec.write_units(None, encode_head(key, turn.head)) for spec in metered.indexes)
     [commit] = work.commits
-    assert len(commit.events) == 2 and commit.head is not None
+    assert commit.events == items and commit.head is not None
     assert work.priced_wcu == table + indexes
     assert work.priced_index_wcu == indexes
 
