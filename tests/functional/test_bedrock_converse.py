@@ -25,6 +25,7 @@ from tests.functional.fake_bedrock import (
 )
 from tests.functional.fake_openai import delayed, json_reply
 from tests.support.provider_schemas import validate_converse_request
+from tests.support.providers import Sleeps
 from tests.support.transcripts import WEATHER
 
 MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
@@ -34,19 +35,6 @@ MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
 def fake() -> Iterator[FakeBedrock]:
     with FakeBedrock() as server:
         yield server
-
-
-class Sleeps:
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
-@pytest.fixture
-def sleeps() -> Sleeps:
-    return Sleeps()
 
 
 @pytest.fixture

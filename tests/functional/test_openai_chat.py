@@ -32,29 +32,9 @@ from tests.functional.fake_openai import (
     tool_call,
     tool_calls_reply,
 )
+from tests.support.providers import Sleeps
 
 KEY = "sk-test-0123456789"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-class Sleeps:
-    """Records the waits between attempts instead of waiting."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
-@pytest.fixture
-def sleeps() -> Sleeps:
-    return Sleeps()
 
 
 @pytest.fixture

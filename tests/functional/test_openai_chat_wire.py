@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,12 +13,6 @@ from turnledger.providers.openai_chat import JSON_OBJECT_INSTRUCTION, OpenAIChat
 from tests.functional.fake_openai import FakeOpenAI, text_reply
 from tests.support.provider_schemas import validate_chat_request
 from tests.support.transcripts import WEATHER
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def send(fake: FakeOpenAI, *messages: Message, **options: Any) -> dict[str, Any]:

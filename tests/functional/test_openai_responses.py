@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -30,30 +29,10 @@ from tests.functional.fake_openai import (
     response_reply,
 )
 from tests.support.provider_schemas import validate_responses_request
+from tests.support.providers import Sleeps
 from tests.support.transcripts import SYSTEM_PROMPT, TRANSCRIPT, WEATHER
 
 KEY = "sk-test-responses"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
-class Sleeps:
-    """Records the waits between attempts instead of waiting."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
-@pytest.fixture
-def sleeps() -> Sleeps:
-    return Sleeps()
 
 
 @pytest.fixture

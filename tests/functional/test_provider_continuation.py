@@ -8,10 +8,8 @@ conversation, whether sent whole or over stored state.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from turnledger.providers.base import Continuation, Message, ModelRequest
 from turnledger.providers.bedrock_converse import BedrockConverseProvider
 from turnledger.providers.openai_chat import OpenAIChatProvider
@@ -30,12 +28,6 @@ from tests.support.provider_schemas import (
     validate_responses_request,
 )
 from tests.support.transcripts import SYSTEM_PROMPT, TRANSCRIPT, TURN_STARTS, WEATHER
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
 
 
 def request(messages: list[Message], **options: Any) -> ModelRequest:

@@ -35,12 +35,6 @@ from tests.support.edge import Caller
 HELLO = ModelRequest(model="gpt-test", messages=[Message(role="user", content="hello")])
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as server:
-        yield server
-
-
 def options(fake: FakeOpenAI) -> dict[str, Any]:
     return {
         "base_url": fake.base_url,

@@ -30,3 +30,13 @@ class Recording(Provider):
         if self.before is not None:
             self.before(request)
         return self.demo.complete(request)
+
+
+class Sleeps:
+    """A provider's ``sleep`` that records the waits between attempts instead of waiting."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
