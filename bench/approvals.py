@@ -451,8 +451,9 @@ def render(
         f"`by-inbox` entry) is {ask_inbox:.1f} of its WCU "
         f"({ask_inbox / m('wcu', 'ask'):.0%}), the `by-wait` entry "
         f"{m('wait_index_wcu', 'ask'):.1f} more; the rest is the turn's own items "
-        f"({m('events', 'ask'):.0f} events, the call and its request among them, against "
-        f"{m('events', 'text'):.0f}, and a larger head holding the pending call).",
+        f"({m('events', 'ask'):.0f} transcript item(s) holding its events, the call and its "
+        f"request among them, against {m('events', 'text'):.0f}, and a larger head holding the "
+        "pending call).",
         "- Reads: a first turn reads only its (missing) head, priced 1 RCU (DynamoDB "
         "charges a read of a missing item; DynamoDB Local reports 0).",
         f"- The decision writes {m('wcu', 'decide'):.1f} WCU and reads "
