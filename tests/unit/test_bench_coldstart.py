@@ -11,10 +11,12 @@ import pytest
 
 from bench.coldstart import (
     ProbeFailed,
+    handlers,
     lambda_environment,
     layer_distributions,
     not_in_layer,
     probe,
+    traced,
 )
 
 
@@ -32,3 +34,12 @@ def test_what_the_layer_does_not_hold_is_not_importable_in_a_probe() -> None:
     assert len(spent) == 1
     with pytest.raises(ProbeFailed, match="click"):
         probe(["import click"], env)
+
+
+def test_the_bench_measures_the_templates_default_tracing() -> None:
+    """At the template's default (``Tracing=Invocations``) no function creates the X-Ray SDK;
+    the bench's ``Tracing=Calls`` variant does."""
+    found = handlers()
+    for handler in found.values():
+        assert handler.environment["POWERTOOLS_TRACE_DISABLED"] == "true"
+    assert traced(found["read"]).environment["POWERTOOLS_TRACE_DISABLED"] == "false"
