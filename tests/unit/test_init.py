@@ -291,11 +291,15 @@ def test_a_read_or_clear_functions_init_and_reads_leave_the_service_unbuilt(
     assert not built.service_built
 
 
+@pytest.mark.parametrize("role", [None, TENANT_ROLE])
 def test_a_clear_without_the_service_still_forgets_the_providers_stored_responses(
-    aws: None, monkeypatch: pytest.MonkeyPatch
+    aws: None, monkeypatch: pytest.MonkeyPatch, role: str | None
 ) -> None:
-    """A clear on the read side builds the service when, and only when, the conversation
-    knew of stored provider responses, and deletes them through it."""
+    """A clear on the read side builds the service (the process's, or the tenant's with a
+    tenant role) when, and only when, the conversation knew of stored provider responses,
+    and deletes them through it."""
+    if role is not None:
+        monkeypatch.setenv("TENANT_ROLE_ARN", role)
     built = Runtime.from_settings(Settings.from_env(), service=False)
     forgotten: list[list[tuple[str, str]]] = []
 
@@ -306,10 +310,12 @@ def test_a_clear_without_the_service_still_forgets_the_providers_stored_response
     monkeypatch.setattr(Conversations, "forget_provider_state", forget)
     key = ConversationKey(tenant="acme", conversation_id="c-forget")
     reads = built.reads_for("acme")
+    assert not isinstance(reads, Conversations)
     reads.clear(key)  # nothing stored: no provider state to forget
-    assert not built.service_built and forgotten == []
+    assert forgotten == []
 
     known = [("openai-responses", "resp_1")]
-    monkeypatch.setattr(built.store, "clear", lambda *_: PurgeReport(provider_responses=known))
+    monkeypatch.setattr(reads.store, "clear", lambda *_: PurgeReport(provider_responses=known))
     reads.clear(key)
-    assert built.service_built and forgotten == [known]
+    assert forgotten == [known]
+    assert built.service_built is (role is None)  # a tenant's own service was built instead

@@ -129,8 +129,13 @@ class Runtime:
         #: :meth:`close`); one built on first use (S3's) joins it then.
         self.clients: list[Any] = [] if clients is None else clients
         self._service_lock = threading.Lock()
-        #: The reads and the clear on the process's store.
-        self.reads = Reads(store=store, settings=settings, clock=self.clock, forget=self._forget)
+        #: The reads and the clear on the process's store: the service itself once built
+        #: with it, else reads that build it only to forget a provider's stored responses.
+        self.reads = (
+            conversations
+            if isinstance(conversations, Reads)
+            else Reads(store=store, settings=settings, clock=self.clock, forget=self._forget)
+        )
 
     @property
     def conversations(self) -> Conversations:
@@ -377,13 +382,14 @@ def _tenant_scope(
         )
     s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     store = _dynamodb_store(settings, dynamodb, s3)
-    reads = Reads(
-        store=store,
-        settings=settings,
-        clock=clock,
-        forget=lambda responses: service(store).forget_provider_state(responses),
-    )
-    return TenantScope(dynamodb=dynamodb, store=store, reads=reads, build=service)
+
+    def forget(responses: list[tuple[str, str]]) -> int:
+        # A clear that must delete a provider's stored responses builds the tenant's service.
+        return scope.conversations.forget_provider_state(responses)
+
+    reads = Reads(store=store, settings=settings, clock=clock, forget=forget)
+    scope = TenantScope(dynamodb=dynamodb, store=store, reads=reads, build=service)
+    return scope
 
 
 _session_lock = threading.Lock()
