@@ -658,9 +658,10 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     out.append(
         f"- init: {med(read.import_ms):.0f} ms against the minimal handler's "
         f"{med(minimal.import_ms):.0f} ms (+{med(read.import_ms) - med(minimal.import_ms):.0f}): "
-        "the service's modules (pydantic models of the events, head and bodies; the turn "
-        "pipeline, which reads go through too; tools, providers, httpx) and a second AWS "
-        "client (STS)."
+        "the layer's modules (pydantic: its first model class, the models of the events, "
+        "head and bodies; the store; the turn log and draft reads) and a second AWS client "
+        "(STS). The read function loads no provider, tool, httpx or turn pipeline "
+        "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`)."
     )
     if traced_read is not None:
         out.append(
