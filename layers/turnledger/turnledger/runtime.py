@@ -4,13 +4,17 @@ the settings.
 :class:`Runtime` wires the store, providers, tools, redaction and notifications into
 the service (:class:`~turnledger.turn.pipeline.Conversations`, one per tenant when
 ``TENANT_ROLE_ARN`` scopes credentials), and builds the sweeper and the export/import
-service on demand. The handlers call :func:`get_runtime`; tests and the local runner may
-install their own with :func:`set_runtime` (an injected clock, a fake provider...).
+service on demand. Reads and clears go through :meth:`Runtime.reads_for`
+(:class:`~turnledger.turn.reads.Reads`), which needs no provider, tool or turn pipeline.
+The handlers call :func:`get_runtime`; tests and the local runner may install their own
+with :func:`set_runtime` (an injected clock, a fake provider...).
 
 :func:`prepare` builds it during Lambda's init phase (the handler modules in
 ``functions/`` call it at import), so a first request costs about what a warm one
-does, and registers the SnapStart runtime hooks (:func:`before_snapshot`,
-:func:`after_restore`) that keep a restored snapshot from reusing what init made.
+does (the read and clear functions leave the whole service to its first use: none of
+their requests but two rare ones needs it), and registers the SnapStart runtime hooks
+(:func:`before_snapshot`, :func:`after_restore`) that keep a restored snapshot from
+reusing what init made.
 """
 
 from __future__ import annotations
