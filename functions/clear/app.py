@@ -10,6 +10,7 @@ from turnledger.runtime import prepare
 
 # This function's routes only (turnledger.api.functions.ROUTES["clear"]).
 lambda_handler = serve("clear")
-prepare()
+# Reads and clears only: the provider, tools and turn pipeline wait for a first use.
+prepare(service=False)
 
 __all__ = ["lambda_handler"]

@@ -13,6 +13,7 @@ from turnledger.runtime import prepare
 
 # This function's routes only (turnledger.api.functions.ROUTES["read"]).
 lambda_handler = serve("read")
-prepare()
+# Reads and clears only: the provider, tools and turn pipeline wait for a first use.
+prepare(service=False)
 
 __all__ = ["lambda_handler"]

@@ -11,10 +11,14 @@ import pytest
 
 from bench.coldstart import (
     ProbeFailed,
+    Timing,
+    handlers,
     lambda_environment,
     layer_distributions,
     not_in_layer,
+    paired_ratio,
     probe,
+    traced,
 )
 
 
@@ -32,3 +36,25 @@ def test_what_the_layer_does_not_hold_is_not_importable_in_a_probe() -> None:
     assert len(spent) == 1
     with pytest.raises(ProbeFailed, match="click"):
         probe(["import click"], env)
+
+
+def test_the_bench_measures_the_templates_default_tracing() -> None:
+    """At the template's default (``Tracing=Invocations``) no function creates the X-Ray SDK;
+    the bench's ``Tracing=Calls`` variant does."""
+    found = handlers()
+    for handler in found.values():
+        assert handler.environment["POWERTOOLS_TRACE_DISABLED"] == "true"
+    assert traced(found["read"]).environment["POWERTOOLS_TRACE_DISABLED"] == "false"
+
+
+def test_the_paired_ratio_divides_each_sample_by_the_minimal_handlers_before_it() -> None:
+    """A round slowed by load slows both of its pair: the paired ratio stays put where the
+    ratio of the medians would not."""
+    timing = Timing(
+        "read",
+        import_ms=[190.0, 380.0, 950.0],
+        first_ms=[10.0, 20.0, 50.0],
+        paired_ms=[100.0, 400.0, 500.0],
+    )
+    assert paired_ratio(timing) == 2.0  # 200/100, 400/400, 1000/500
+    assert paired_ratio(Timing("read", import_ms=[1.0], first_ms=[1.0])) is None

@@ -38,7 +38,8 @@ HEAVY = (
     "turnledger.ops.sweep",
     "turnledger.store.tenancy",
     "turnledger.providers",
-    "turnledger.tools",
+    "turnledger.tools.executors",
+    "turnledger.tools.registry",
     "turnledger.store",
     "turnledger.core.models",
     "turnledger.api.schemas",
@@ -265,3 +266,33 @@ def test_a_snapshot_init_builds_every_routes_models(
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["routes"] > 20
     assert found["built"] == (found["routes"] if expected == "all" else 0)
+
+
+#: What the read and clear functions' init must not load: the model providers (but for
+#: :mod:`turnledger.providers.base`, the message types the context assembly is written in),
+#: the tools and their HTTP client, and the turn pipeline. A clear that must forget a
+#: provider's stored responses loads that provider then.
+WRITE_SIDE = (
+    "httpx",
+    "turnledger.tools.executors",
+    "turnledger.tools.registry",
+    "turnledger.providers.factory",
+    "turnledger.providers.embeddings",
+    "turnledger.providers.openai_http",
+    "turnledger.providers.bedrock_converse",
+    "turnledger.turn.pipeline",
+    "turnledger.turn.execution",
+    "turnledger.ops.notifications",
+)
+
+
+@pytest.mark.parametrize("name", ["read", "clear"])
+def test_the_read_and_clear_functions_load_no_provider_tool_or_pipeline(
+    name: str, tmp_path: Path
+) -> None:
+    found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
+    assert found["built"] is True
+    loaded = [
+        m for m in found["after_import"] if any(m == w or m.startswith(w + ".") for w in WRITE_SIDE)
+    ]
+    assert loaded == []

@@ -28,9 +28,13 @@ from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
 from turnledger import runtime as runtime_module
 from turnledger.core.config import Settings
+from turnledger.core.models import ConversationKey
 from turnledger.providers import factory
 from turnledger.runtime import Runtime, after_restore, before_snapshot, get_runtime, set_runtime
+from turnledger.store.base import PurgeReport
+from turnledger.tools import executors
 from turnledger.turn import callbacks
+from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
 from turnledger_local.template import PROJECT_ROOT
 
@@ -92,7 +96,6 @@ def test_the_first_request_builds_no_client_runtime_or_provider(
     monkeypatch.setattr(botocore.session.Session, "create_client", clients)
     monkeypatch.setattr(Runtime, "from_settings", runtimes)
     monkeypatch.setattr(factory, "build_provider", providers)
-    monkeypatch.setattr(runtime_module, "build_provider", providers)
     monkeypatch.setattr(boto3.session.Session, "__init__", sessions)
 
     context = LambdaContext(function_name="read", memory_limit_in_mb=512, timeout_seconds=29)
@@ -105,8 +108,9 @@ def test_the_first_request_builds_no_client_runtime_or_provider(
 def test_init_builds_no_http_client_until_a_tool_call_or_webhook_needs_one(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made = Counter(runtime_module.tool_http_client)
-    monkeypatch.setattr(runtime_module, "tool_http_client", made)
+    made = Counter(executors.tool_http_client)
+    # The runtime imports it when it builds the service (turnledger.runtime._service_builder).
+    monkeypatch.setattr(executors, "tool_http_client", made)
     load_function("turn")
     assert made.calls == 0  # its CA bundle alone is ~40 ms of init
 
@@ -269,3 +273,49 @@ def test_a_restore_reuses_nothing_unique_or_secret_from_init(aws: None) -> None:
         assert parameters.base.DEFAULT_PROVIDERS == {}  # the init's secret is gone
         assert callbacks._fernet.cache_info().currsize == 0
     assert draws[0] != draws[1]
+
+
+@pytest.mark.parametrize("name", ["read", "clear"])
+def test_a_read_or_clear_functions_init_and_reads_leave_the_service_unbuilt(
+    aws: None, name: str, load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """The read and clear functions build the runtime at init but not the whole service
+    (provider, tools, turn pipeline): their routes read and clear through ``reads_for``."""
+    function = load_function(name)
+    built = runtime_module._runtime
+    assert built is not None and not built.service_built
+    event = load_event("get-conversation" if name == "read" else "clear")
+    context = LambdaContext(function_name=name, memory_limit_in_mb=512, timeout_seconds=29)
+    answer = function.lambda_handler(event, context)
+    assert answer["statusCode"] == (404 if name == "read" else 204)
+    assert not built.service_built
+
+
+@pytest.mark.parametrize("role", [None, TENANT_ROLE])
+def test_a_clear_without_the_service_still_forgets_the_providers_stored_responses(
+    aws: None, monkeypatch: pytest.MonkeyPatch, role: str | None
+) -> None:
+    """A clear on the read side builds the service (the process's, or the tenant's with a
+    tenant role) when, and only when, the conversation knew of stored provider responses,
+    and deletes them through it."""
+    if role is not None:
+        monkeypatch.setenv("TENANT_ROLE_ARN", role)
+    built = Runtime.from_settings(Settings.from_env(), service=False)
+    forgotten: list[list[tuple[str, str]]] = []
+
+    def forget(_: Conversations, responses: list[tuple[str, str]]) -> int:
+        forgotten.append(responses)
+        return len(responses)
+
+    monkeypatch.setattr(Conversations, "forget_provider_state", forget)
+    key = ConversationKey(tenant="acme", conversation_id="c-forget")
+    reads = built.reads_for("acme")
+    assert not isinstance(reads, Conversations)
+    reads.clear(key)  # nothing stored: no provider state to forget
+    assert forgotten == []
+
+    known = [("openai-responses", "resp_1")]
+    monkeypatch.setattr(reads.store, "clear", lambda *_: PurgeReport(provider_responses=known))
+    reads.clear(key)
+    assert forgotten == [known]
+    assert built.service_built is (role is None)  # a tenant's own service was built instead

@@ -8,6 +8,7 @@ least privilege, and sample events that match the routes.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import tomllib
@@ -29,6 +30,8 @@ from turnledger_local.template import (
     table_definition,
     ttl_attribute,
 )
+
+from bench.coldstart import resolve
 
 EVENTS_DIR = PROJECT_ROOT / "events"
 
@@ -205,8 +208,31 @@ def test_globals_run_python_313_on_arm64_with_the_layer(template: dict[str, Any]
     defaults = template["Globals"]["Function"]
     assert defaults["Runtime"] == "python3.13"
     assert defaults["Architectures"] == ["arm64"]
-    assert defaults["Tracing"] == "Active"
     assert defaults["Layers"] == [{"Ref": "TurnledgerLayer"}]
+
+
+@pytest.mark.parametrize(
+    ("tracing", "mode", "sdk_disabled"),
+    [
+        ("Invocations", "Active", "true"),
+        ("Calls", "Active", "false"),
+        ("Off", "PassThrough", "true"),
+    ],
+)
+def test_the_tracing_parameter_sets_lambdas_tracing_and_the_x_ray_sdk(
+    template: dict[str, Any], tracing: str, mode: str, sdk_disabled: str
+) -> None:
+    """Lambda traces every invocation unless ``Tracing=Off``; the X-Ray SDK (about 0.3 s of
+    every init) is created only with ``Tracing=Calls`` (POWERTOOLS_TRACE_DISABLED)."""
+    parameter = template["Parameters"]["Tracing"]
+    assert parameter["Default"] == "Invocations"
+    assert tracing in parameter["AllowedValues"]
+    deployed = copy.deepcopy(template)
+    deployed["Parameters"]["Tracing"]["Default"] = tracing
+    defaults = deployed["Globals"]["Function"]
+    assert resolve(defaults["Tracing"], deployed, "stack") == mode
+    variables = defaults["Environment"]["Variables"]
+    assert resolve(variables["POWERTOOLS_TRACE_DISABLED"], deployed, "stack") == sdk_disabled
 
 
 def test_api_functions_end_before_the_http_api_gives_up(template: dict[str, Any]) -> None:

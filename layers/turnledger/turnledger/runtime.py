@@ -4,13 +4,17 @@ the settings.
 :class:`Runtime` wires the store, providers, tools, redaction and notifications into
 the service (:class:`~turnledger.turn.pipeline.Conversations`, one per tenant when
 ``TENANT_ROLE_ARN`` scopes credentials), and builds the sweeper and the export/import
-service on demand. The handlers call :func:`get_runtime`; tests and the local runner may
-install their own with :func:`set_runtime` (an injected clock, a fake provider...).
+service on demand. Reads and clears go through :meth:`Runtime.reads_for`
+(:class:`~turnledger.turn.reads.Reads`), which needs no provider, tool or turn pipeline.
+The handlers call :func:`get_runtime`; tests and the local runner may install their own
+with :func:`set_runtime` (an injected clock, a fake provider...).
 
 :func:`prepare` builds it during Lambda's init phase (the handler modules in
 ``functions/`` call it at import), so a first request costs about what a warm one
-does, and registers the SnapStart runtime hooks (:func:`before_snapshot`,
-:func:`after_restore`) that keep a restored snapshot from reusing what init made.
+does (the read and clear functions leave the whole service to its first use: none of
+their requests but two rare ones needs it), and registers the SnapStart runtime hooks
+(:func:`before_snapshot`, :func:`after_restore`) that keep a restored snapshot from
+reusing what init made.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from functools import cache, partial
+from dataclasses import dataclass
+from functools import cache, cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -31,12 +35,8 @@ from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
-from .context.redaction import Redactor, load_redactor
 from .core.config import Settings
 from .core.observability import logger, tracer
-from .ops.notifications import environment, publisher_from_env
-from .providers.embeddings import build_embedder
-from .providers.factory import PROVIDERS, api_key_source, build_provider
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
@@ -49,10 +49,8 @@ from .store.tenancy import (
     session_policy,
     tag_value,
 )
-from .tools.executors import LazyHttpClient, ToolRunner, tool_http_client
-from .tools.registry import ToolRegistry
 from .turn import callbacks
-from .turn.pipeline import Conversations
+from .turn.reads import Reads
 from .turn.session import Clock, utc_now
 
 if TYPE_CHECKING:
@@ -60,8 +58,10 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
+    from .context.redaction import Redactor
     from .ops.sweep import RemainingTime, Sweeper
     from .ops.transfer import Transfer
+    from .turn.pipeline import Conversations
 
 #: Bounded, fast-failing AWS calls: a handler should answer, not hang. Not for invoking
 #: ``lambda`` tools: their client never retries (see ``tools.executors.invoke_config``).
@@ -87,30 +87,88 @@ class TenantScope:
 
     dynamodb: DynamoDBClient
     store: ConversationStore
-    conversations: Conversations
+    #: The reads and the clear of the tenant's store.
+    reads: Reads
+    #: Builds the whole service over ``store`` (on the first request that needs it).
+    build: Callable[[ConversationStore], Conversations]
+
+    @cached_property
+    def conversations(self) -> Conversations:
+        """The whole service on the tenant's store, built on first use."""
+        return self.build(self.store)
 
 
-@dataclass
 class Runtime:
-    """The service and what it was built from."""
+    """The service and what it was built from.
 
-    settings: Settings
-    #: The service on the process's credentials: sweep, erasure, and every request when
-    #: no tenant role is configured. Tenants' requests use :meth:`conversations_for`.
-    conversations: Conversations
-    store: ConversationStore
-    #: The DynamoDB client the store was built on (with ``STORE=dynamodb``).
-    dynamodb: DynamoDBClient
-    #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
-    tenants: TenantAccess[TenantScope] | None = None
-    #: Every AWS client built so far for the process's own credentials (closed by
-    #: :meth:`close`); one built on first use (S3's) joins it then.
-    clients: list[Any] = field(default_factory=list)
+    The whole service (:class:`~turnledger.turn.pipeline.Conversations`: providers, tools,
+    the turn pipeline) is built on first use, or at init by :func:`prepare` where the
+    function runs turns; :meth:`reads_for` answers reads and clears without it.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        conversations: Conversations | Callable[[], Conversations],
+        store: ConversationStore,
+        dynamodb: DynamoDBClient,
+        clock: Clock | None = None,
+        tenants: TenantAccess[TenantScope] | None = None,
+        clients: list[Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        # The service on the process's credentials (:attr:`conversations`), or what builds it.
+        self._conversations = conversations
+        self.store = store
+        #: The DynamoDB client the store was built on (with ``STORE=dynamodb``).
+        self.dynamodb = dynamodb
+        if clock is None:
+            clock = utc_now if callable(conversations) else conversations.clock
+        #: The service's clock.
+        self.clock: Clock = clock
+        #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
+        self.tenants = tenants
+        #: Every AWS client built so far for the process's own credentials (closed by
+        #: :meth:`close`); one built on first use (S3's) joins it then.
+        self.clients: list[Any] = [] if clients is None else clients
+        self._service_lock = threading.Lock()
+        #: The reads and the clear on the process's store: the service itself once built
+        #: with it, else reads that build it only to forget a provider's stored responses.
+        self.reads = (
+            conversations
+            if isinstance(conversations, Reads)
+            else Reads(store=store, settings=settings, clock=self.clock, forget=self._forget)
+        )
+
+    @property
+    def conversations(self) -> Conversations:
+        """The service on the process's credentials: sweep, erasure, and every request when
+        no tenant role is configured (tenants' requests use :meth:`conversations_for`);
+        built on first use."""
+        with self._service_lock:
+            if callable(self._conversations):
+                self._conversations = self._conversations()
+            return self._conversations
+
+    @property
+    def service_built(self) -> bool:
+        """Whether the process's service (:attr:`conversations`) is built yet."""
+        return not callable(self._conversations)
+
+    def _forget(self, responses: list[tuple[str, str]]) -> int:
+        # A clear that must delete a provider's stored responses builds the service then.
+        return self.conversations.forget_provider_state(responses)
 
     def close(self) -> None:
         """Close the process's AWS clients' connection pools (they reconnect when used)."""
         for client in self.clients:
             client.close()
+
+    def reads_for(self, tenant: str) -> Reads:
+        """The reads and the clear for one request of ``tenant``: its store reaches only that
+        tenant; no provider, tool or turn pipeline is loaded for them."""
+        return self.reads if self.tenants is None else self.tenants.for_tenant(tenant).reads
 
     def conversations_for(self, tenant: str) -> Conversations:
         """The service for one request of ``tenant``: its store reaches only that tenant."""
@@ -132,7 +190,7 @@ class Runtime:
 
         return Sweeper(
             self.store,
-            clock=self.conversations.clock,
+            clock=self.clock,
             deadline=Deadline.of(context),
             forget=self.conversations.forget_provider_state,
             expire_waits=self.conversations.expire_waits,
@@ -143,7 +201,7 @@ class Runtime:
         # Imported here, as the sweep: only the export and import routes need it.
         from .ops.transfer import Transfer
 
-        service = self.conversations_for(tenant)
+        service = self.reads_for(tenant)
         return Transfer(
             store=service.store,
             clock=service.clock,
@@ -183,67 +241,37 @@ class Runtime:
                 )
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:
-        """Build clients, store, provider, tools and the service for ``settings``."""
+    def from_settings(
+        cls, settings: Settings, *, clock: Clock = utc_now, service: bool = True
+    ) -> Runtime:
+        """Build clients, store, provider, tools and the service for ``settings``.
+
+        Args:
+            service: build the whole service now (its provider, tools and the turn pipeline,
+                with their setting errors raised here); ``False`` leaves it to its first use,
+                for a function that only reads or clears (:meth:`reads_for`).
+        """
         session = aws_session()
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
         clients: list[Any] = [dynamodb]
         store = _build_store(settings, session, dynamodb, clients)
-        # Built on the first http tool call or webhook: most requests make neither.
-        http = LazyHttpClient(partial(tool_http_client, settings.tool_timeout_seconds))
-
-        def lambda_client(config: Config) -> LambdaClient:
-            return session.client("lambda", config=config)
-
-        redactor: Redactor | Callable[[], Redactor | None] | None = None
-        if settings.redaction_file:
-            redactor = load_redactor(settings)  # a bad rule set fails here, loudly
-        elif settings.redaction_parameter:
-            redactor = partial(load_redactor, settings)  # Powertools caches the parameter
-        unknown = [name for name in settings.allowed_providers if name not in PROVIDERS]
-        if unknown:
-            # Fail at start, like an unknown PROVIDER, not on the first turn that names one.
-            raise ValueError(
-                f"PROVIDERS names unknown providers {unknown}; valid: {', '.join(PROVIDERS)}"
-            )
-        provider = build_provider(settings)
-        runner = ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds)
-
-        # Webhook URLs from the registry, read once per process (on the first notification).
-        registry = cache(partial(ToolRegistry.from_settings, settings))
-        publisher = publisher_from_env(
-            environment(),
-            session=session,
-            post=http.post,
-            webhook_of=lambda tool: registry().get(tool).notify,
-        )
-
-        # Memory's embedder, built on the first turn that ranks records (if configured).
-        embedder = cache(partial(build_embedder, settings, api_key_source(settings)))
-
-        def service(store: ConversationStore) -> Conversations:
-            # One service per store: the process's, and one per tenant on its own
-            # credentials; all share the provider, the tool runner and the settings.
-            conversations = Conversations(
-                store=store,
-                provider=provider,
-                # Other providers a turn may name, built on first use.
-                providers=partial(build_provider, settings),
-                redactor=redactor,
-                settings=settings,
-                tools=lambda: ToolRegistry.from_settings(settings),
-                runner=runner,
-                clock=clock,
-                embedder=embedder,
-            )
-            conversations.on_commit = publisher.on_commit if publisher else None
-            return conversations
-
-        conversations = service(store)
+        build = partial(_service_builder, settings, session, clock)
+        if service:
+            made = build()
+            conversations: Conversations | Callable[[], Conversations] = made(store)
+            services: Callable[[ConversationStore], Conversations] = made
+        else:
+            once = cache(build)
+            conversations = lambda: once()(store)  # noqa: E731  # built on first use
+            services = lambda tenant_store: once()(tenant_store)  # noqa: E731
         runtime = cls(
-            settings=settings, conversations=conversations, store=store, dynamodb=dynamodb
+            settings=settings,
+            conversations=conversations,
+            store=store,
+            dynamodb=dynamodb,
+            clock=clock,
         )
         if settings.tenant_role_arn and settings.store == "dynamodb":
             sts = session.client("sts", config=_AWS_CONFIG)
@@ -252,15 +280,90 @@ class Runtime:
                 sts,
                 settings.tenant_role_arn,
                 bucket=settings.bucket_name,
-                build=partial(_tenant_scope, settings, session, service),
+                build=partial(_tenant_scope, settings, session, clock, services),
             )
         runtime.clients = clients
         return runtime
 
 
+def _service_builder(
+    settings: Settings, session: boto3.session.Session, clock: Clock
+) -> Callable[[ConversationStore], Conversations]:
+    """Build the provider, the tool runner, the redaction, the notifications and the
+    embedder of ``settings``; returns what builds the service over a store with them.
+
+    Imported here: the functions that only read or clear never load providers, tools or
+    the turn pipeline (:meth:`Runtime.reads_for`).
+
+    Raises:
+        ValueError: ``PROVIDERS`` names an unknown provider; or as the provider, the
+            redaction file and the notifications' settings raise.
+    """
+    from .context.redaction import load_redactor
+    from .ops.notifications import environment, publisher_from_env
+    from .providers.embeddings import build_embedder
+    from .providers.factory import PROVIDERS, api_key_source, build_provider
+    from .tools.executors import LazyHttpClient, ToolRunner, tool_http_client
+    from .tools.registry import ToolRegistry
+    from .turn.pipeline import Conversations
+
+    # Built on the first http tool call or webhook: most requests make neither.
+    http = LazyHttpClient(partial(tool_http_client, settings.tool_timeout_seconds))
+
+    def lambda_client(config: Config) -> LambdaClient:
+        return session.client("lambda", config=config)
+
+    redactor: Redactor | Callable[[], Redactor | None] | None = None
+    if settings.redaction_file:
+        redactor = load_redactor(settings)  # a bad rule set fails here, loudly
+    elif settings.redaction_parameter:
+        redactor = partial(load_redactor, settings)  # Powertools caches the parameter
+    unknown = [name for name in settings.allowed_providers if name not in PROVIDERS]
+    if unknown:
+        # Fail at start, like an unknown PROVIDER, not on the first turn that names one.
+        raise ValueError(
+            f"PROVIDERS names unknown providers {unknown}; valid: {', '.join(PROVIDERS)}"
+        )
+    provider = build_provider(settings)
+    runner = ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds)
+
+    # Webhook URLs from the registry, read once per process (on the first notification).
+    registry = cache(partial(ToolRegistry.from_settings, settings))
+    publisher = publisher_from_env(
+        environment(),
+        session=session,
+        post=http.post,
+        webhook_of=lambda tool: registry().get(tool).notify,
+    )
+
+    # Memory's embedder, built on the first turn that ranks records (if configured).
+    embedder = cache(partial(build_embedder, settings, api_key_source(settings)))
+
+    def service(store: ConversationStore) -> Conversations:
+        # One service per store: the process's, and one per tenant on its own
+        # credentials; all share the provider, the tool runner and the settings.
+        conversations = Conversations(
+            store=store,
+            provider=provider,
+            # Other providers a turn may name, built on first use.
+            providers=partial(build_provider, settings),
+            redactor=redactor,
+            settings=settings,
+            tools=lambda: ToolRegistry.from_settings(settings),
+            runner=runner,
+            clock=clock,
+            embedder=embedder,
+        )
+        conversations.on_commit = publisher.on_commit if publisher else None
+        return conversations
+
+    return service
+
+
 def _tenant_scope(
     settings: Settings,
     session: boto3.session.Session,
+    clock: Clock,
     service: Callable[[ConversationStore], Conversations],
     tenant: str,
     credentials: TenantCredentials,
@@ -283,7 +386,14 @@ def _tenant_scope(
         )
     s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     store = _dynamodb_store(settings, dynamodb, s3)
-    return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
+
+    def forget(responses: list[tuple[str, str]]) -> int:
+        # A clear that must delete a provider's stored responses builds the tenant's service.
+        return scope.conversations.forget_provider_state(responses)
+
+    reads = Reads(store=store, settings=settings, clock=clock, forget=forget)
+    scope = TenantScope(dynamodb=dynamodb, store=store, reads=reads, build=service)
+    return scope
 
 
 _session_lock = threading.Lock()
@@ -412,10 +522,16 @@ _runtime: Runtime | None = None
 
 def get_runtime() -> Runtime:
     """The process's runtime, built from the environment on first use."""
+    return _runtime_or_build(service=True)
+
+
+def _runtime_or_build(*, service: bool) -> Runtime:
+    """The process's runtime; the first call builds it (the whole service too with
+    ``service``, see :meth:`Runtime.from_settings`)."""
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = Runtime.from_settings(Settings.from_env())
+            _runtime = Runtime.from_settings(Settings.from_env(), service=service)
         return _runtime
 
 
@@ -426,11 +542,13 @@ def set_runtime(runtime: Runtime | None) -> None:
         _runtime = runtime
 
 
-def prepare() -> Runtime | None:
+def prepare(*, service: bool = True) -> Runtime | None:
     """Build, during Lambda's init phase, what every request needs: the runtime (settings,
-    clients, store, provider, tools, the service), its AWS clients' first calls made
-    without the network (:meth:`Runtime.prime`), and the Tracer where tracing is on; and
-    register the SnapStart hooks. The handler modules in ``functions/`` call it at import.
+    clients, store and, with ``service``, the provider, tools and the whole service), its
+    AWS clients' first calls made without the network (:meth:`Runtime.prime`), and the
+    Tracer where tracing is on (``Tracing=Calls``); and register the SnapStart hooks. The
+    handler modules in ``functions/`` call it at import; the functions that only read or
+    clear pass ``service=False`` (their routes use :meth:`Runtime.reads_for`).
 
     Returns:
         The runtime, or ``None`` when the settings are invalid: the error is logged here
@@ -438,7 +556,7 @@ def prepare() -> Runtime | None:
     """
     _register_snapshot_hooks()
     try:
-        built = get_runtime()
+        built = _runtime_or_build(service=service)
     except Exception:
         logger.exception("the runtime could not be built at init")
         tracer()
@@ -476,7 +594,12 @@ def after_restore() -> None:
     with _lock:
         if _runtime is not None:
             _runtime.close()
-            _runtime = Runtime.from_settings(_runtime.settings, clock=_runtime.conversations.clock)
+            _runtime = Runtime.from_settings(
+                _runtime.settings,
+                clock=_runtime.clock,
+                # A service init left to its first use stays so (reads and clears).
+                service=_runtime.service_built,
+            )
 
 
 _hooks_registered = False

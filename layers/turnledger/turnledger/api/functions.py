@@ -25,10 +25,24 @@ from .app import AHEAD_OF_REQUESTS, lambda_handler, prepare_routes
 
 #: The route modules (of this package) each API function imports, by its folder name.
 ROUTES: dict[str, tuple[str, ...]] = {
-    "turn": ("routes", "openai", "memory_routes", "replay_routes", "compact_routes"),
+    "turn": (
+        "routes",
+        "openai.conversations",
+        "openai.responses",
+        "memory_routes",
+        "replay_routes",
+        "compact_routes",
+    ),
     "approve": ("routes", "waits"),
-    "read": ("routes", "openai", "memory_routes", "streaming_routes", "replay_routes"),
-    "clear": ("routes", "openai", "memory_routes"),
+    # The OpenAI face's reads, deletes and catch-all need its Conversations API only.
+    "read": (
+        "routes",
+        "openai.conversations",
+        "memory_routes",
+        "streaming_routes",
+        "replay_routes",
+    ),
+    "clear": ("routes", "openai.conversations", "memory_routes"),
 }
 #: Every route module: the local runner's and the OpenAPI document's.
 EVERY_ROUTE = tuple(sorted({module for modules in ROUTES.values() for module in modules}))

@@ -47,9 +47,7 @@ def _persistence(conversation: ConversationKey) -> BasePersistenceLayer:
 
     # The request's own store (the tenant's credentials, whatever the backend): the
     # records go to the conversation's partition through the store's record primitives.
-    return StoreRecordPersistence(
-        get_runtime().conversations_for(conversation.tenant).store, conversation
-    )
+    return StoreRecordPersistence(get_runtime().reads_for(conversation.tenant).store, conversation)
 
 
 def _config() -> IdempotencyConfig:

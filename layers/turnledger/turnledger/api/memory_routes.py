@@ -30,7 +30,7 @@ MemoryId = Annotated[str, Path(pattern=MEMORY_ID_PATTERN, description="A memory 
 def _who() -> tuple[str, str, MemoryControl]:
     """The tenant, the memory's user and the control of the tenant's records."""
     who = caller()
-    service = get_runtime().conversations_for(who.tenant)
+    service = get_runtime().reads_for(who.tenant)
     control = MemoryControl(service.store, service.clock, service.settings.memory_max_records)
     return who.tenant, memory_user() or who.actor, control
 

@@ -8,7 +8,7 @@ on the API's resolver when :mod:`.app` loads (as every route module is).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
@@ -22,9 +22,11 @@ from ..runtime import get_runtime
 from ..turn import longturns, replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
 from ..turn.longturns import MAX_WAIT_SECONDS
-from ..turn.pipeline import Conversations
 from .idempotency import idempotent
 from .resolver import ConversationId, app, conversation, idempotency_key, json_response, responses
+
+if TYPE_CHECKING:
+    from ..turn.pipeline import Conversations
 
 TurnNumber = Annotated[int, Path(ge=1, description="The turn's number (1, 2, ...)")]
 ReplayId = Annotated[
@@ -206,5 +208,5 @@ def get_replay(
     """The replay record: status, each call's recorded and candidate answers, a summary
     (``wait`` long-polls while it runs)."""
     _, key = conversation(conversation_id)
-    service = get_runtime().conversations_for(key.tenant)
+    service = get_runtime().reads_for(key.tenant)
     return replays.read_waiting(service, key, replay_id, wait=wait)

@@ -145,7 +145,7 @@ def post_approvals(
 def get_conversation(conversation_id: ConversationId) -> ConversationView:
     """The conversation's head: status, timestamps, expiry, counts, pending calls."""
     _, key = conversation(conversation_id)
-    return conversation_view(get_runtime().conversations_for(key.tenant).get(key))
+    return conversation_view(get_runtime().reads_for(key.tenant).get(key))
 
 
 @app.post(
@@ -177,7 +177,7 @@ def get_forks(
 ) -> ForksPage:
     """The conversation's live forks, by id, paginated."""
     _, key = conversation(conversation_id)
-    service = get_runtime().conversations_for(key.tenant)
+    service = get_runtime().reads_for(key.tenant)
     return forks_page(service.forks(key, after=after, limit=limit))
 
 
@@ -192,7 +192,7 @@ def get_events(
 ) -> EventsPage:
     """The transcript: canonical events in sequence order, paginated."""
     _, key = conversation(conversation_id)
-    service = get_runtime().conversations_for(key.tenant)
+    service = get_runtime().reads_for(key.tenant)
     return events_page(service.events(key, after=after, limit=limit))
 
 
@@ -206,7 +206,7 @@ def delete_conversation(conversation_id: ConversationId) -> Response[str]:
     Answers 204, also when the conversation is absent.
     """
     _, key = conversation(conversation_id)
-    get_runtime().conversations_for(key.tenant).clear(key)
+    get_runtime().reads_for(key.tenant).clear(key)
     return Response(status_code=204, body="")
 
 
@@ -260,7 +260,7 @@ def import_conversation(conversation_id: ConversationId) -> Response[str]:
     except UnicodeDecodeError as exc:
         raise InvalidRequest("the export is not UTF-8") from exc
     runtime.transfer_for(key.tenant).import_text(key, text, who.actor)
-    view = conversation_view(runtime.conversations_for(key.tenant).get(key))
+    view = conversation_view(runtime.reads_for(key.tenant).get(key))
     return Response(
         status_code=201,
         content_type=content_types.APPLICATION_JSON,
@@ -277,7 +277,7 @@ def erase_tenant() -> PurgeReportView:
     context: LambdaContext | None = app.lambda_context
     tenant, runtime = caller().tenant, get_runtime()
     # Listed on the function's own role (the by-tenant index), cleared on the tenant's.
-    cleared = runtime.sweeper(context).erase(tenant, runtime.conversations_for(tenant).store)
+    cleared = runtime.sweeper(context).erase(tenant, runtime.reads_for(tenant).store)
     return purge_report(cleared)
 
 
@@ -298,7 +298,7 @@ def get_approvals(
     caller with the approver scope)."""
     tenant = approver().tenant
     listing = list_inbox(
-        get_runtime().conversations_for(tenant),
+        get_runtime().reads_for(tenant),
         tenant,
         limit=limit,
         cursor=cursor,

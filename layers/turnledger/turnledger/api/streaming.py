@@ -9,7 +9,7 @@ shapes what the reads return.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
@@ -19,11 +19,13 @@ from ..core.models import ConversationKey
 from ..runtime import get_runtime
 from ..turn import longturns
 from ..turn.commands import Decisions, TurnCommand
-from ..turn.pipeline import Conversations
 from .idempotency import idempotent
 from .resolver import Caller, idempotency_key
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
 from .views import turn_response
+
+if TYPE_CHECKING:
+    from ..turn.reads import Reads
 
 __all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]
 
@@ -151,7 +153,7 @@ def accept_async(
 
 
 def turn_view(
-    service: Conversations, key: ConversationKey, turn: int, *, wait: float = 0
+    service: Reads, key: ConversationKey, turn: int, *, wait: float = 0
 ) -> tuple[int, dict[str, Any]]:
     """``GET .../turns/{n}``: ``(status code, body)`` of any turn.
 
@@ -186,7 +188,7 @@ def turn_view(
 
 
 def stream_page(
-    service: Conversations,
+    service: Reads,
     key: ConversationKey,
     turn: int,
     *,

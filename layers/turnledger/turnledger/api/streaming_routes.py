@@ -52,7 +52,7 @@ def get_turn(
     ``details.turn`` (and ``details.draft_text``: what was written before it stopped).
     """
     _, key = conversation(conversation_id)
-    service = get_runtime().conversations_for(key.tenant)
+    service = get_runtime().reads_for(key.tenant)
     status, body = turn_view(service, key, turn, wait=wait)
     return json_response(status, body)
 
@@ -71,7 +71,7 @@ def get_turns(
     """The conversation's turns, oldest first, rebuilt from the log: input, output text,
     status and reason, waits, run ids, usage, cost, times."""
     _, key = conversation(conversation_id)
-    service = get_runtime().conversations_for(key.tenant)
+    service = get_runtime().reads_for(key.tenant)
     return turns_page(conversation_id, list_turns(service, key, after=after, limit=limit))
 
 
@@ -96,7 +96,7 @@ def get_turn_stream(
     resumed from ``Last-Event-ID``), up to the end of the turn or ``wait`` seconds.
     """
     _, key = conversation(conversation_id)
-    service = get_runtime().conversations_for(key.tenant)
+    service = get_runtime().reads_for(key.tenant)
     headers = app.current_event.headers
     sse = EVENT_STREAM in (headers.get("accept") or "")
     last_event_id = headers.get("last-event-id")

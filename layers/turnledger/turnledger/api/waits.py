@@ -50,7 +50,7 @@ def post_callback(
 ) -> CallbackResponse:
     """Settle a deferred tool call: the token is the only credential (single use)."""
     runtime = get_runtime()
-    claims = verify(signing_key(), token, now=runtime.conversations.clock())
+    claims = verify(signing_key(), token, now=runtime.clock())
     service = runtime.conversations_for(claims.tenant)
     return callback_response(service.settle_callback(claims, callback_outcome(request)))
 
@@ -70,7 +70,7 @@ def refuse_early(event: dict[str, Any]) -> int | None:
     if event.get("routeKey") != CALLBACK_ROUTE:
         return None
     token = (event.get("pathParameters") or {}).get("token")
-    verify(signing_key(), str(token or ""), now=get_runtime().conversations.clock())
+    verify(signing_key(), str(token or ""), now=get_runtime().clock())
     limit = max_input_bytes()
     body = event.get("body")
     if isinstance(body, str):

@@ -18,12 +18,14 @@ a run that may have happened would make that key lie.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.exceptions import ApproverIsRequester, RequestValidationFailed, UnknownTool
 from ..core.models import PendingCall
 from ..tools.approval import arguments_sha256
-from ..tools.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    from ..tools.registry import ToolRegistry
 
 
 def check_edits(

@@ -10,11 +10,14 @@ scan: :mod:`turnledger.store.inbox`). Deciding stays where it was:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.exceptions import InvalidCursor
 from ..store import inbox
 from ..store.inbox import InboxEntry
-from .pipeline import Conversations
+
+if TYPE_CHECKING:
+    from .reads import Reads
 
 #: Entries a page holds unless the caller asks otherwise, and at most.
 DEFAULT_LIMIT = 50
@@ -31,7 +34,7 @@ class InboxListing:
 
 
 def list_inbox(
-    service: Conversations,
+    service: Reads,
     tenant: str,
     *,
     limit: int = DEFAULT_LIMIT,

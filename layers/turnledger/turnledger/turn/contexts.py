@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..context.assembly import MESSAGE_OVERHEAD_TOKENS, rebuild
 from ..core.exceptions import ConversationNotFound, UnknownProvider
@@ -32,7 +33,10 @@ from ..core.models import (
 )
 from ..providers.base import Message, Provider, ToolSpec
 from .longturns import TurnNotFound
-from .pipeline import Conversations
+
+if TYPE_CHECKING:
+    from .pipeline import Conversations
+    from .reads import Reads
 
 #: Events read per store query while the log is read.
 _PAGE = 1000
@@ -77,7 +81,7 @@ class ConversationLog:
         return [event for event in self.events if event.turn == turn]
 
 
-def visible_head(service: Conversations, key: ConversationKey) -> Head:
+def visible_head(service: Reads, key: ConversationKey) -> Head:
     """The head of ``key`` if a client may see it.
 
     Raises:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.exceptions import (
     ConversationBusy,
@@ -57,9 +57,12 @@ from .lifecycle import (
     logged_status,
     refuse_new_turn,
 )
-from .pipeline import Conversations
 from .results import TurnResult
 from .turn_log import LoggedTurn
+
+if TYPE_CHECKING:
+    from .pipeline import Conversations
+    from .reads import Reads
 
 #: The worker's event marks itself, so a stray event is refused, not run.
 WORKER_EVENT = "turnledger.async_turn"
@@ -111,7 +114,7 @@ class DraftRead:
 # --- accepting ----------------------------------------------------------------------------
 
 
-def _visible(service: Conversations, key: ConversationKey) -> Head | None:
+def _visible(service: Reads, key: ConversationKey) -> Head | None:
     head = service.store.get_head(key)
     return head if head is not None and head.is_visible(service.clock()) else None
 
@@ -511,9 +514,7 @@ def _effective(state: DraftState, now: datetime) -> DraftState:
     return replace(state, status=status, reason="worker_lost", result=body)
 
 
-def _draft(
-    service: Conversations, key: ConversationKey, head: Head | None, turn: int
-) -> DraftState | None:
+def _draft(service: Reads, key: ConversationKey, head: Head | None, turn: int) -> DraftState | None:
     """``turn``'s draft state in this life of the conversation (``interrupted`` once its
     run went stale), or ``None``."""
     state = drafts.read_state(service.store, key, turn)
@@ -529,7 +530,7 @@ def _draft(
     return _effective(state, now)
 
 
-def _log_tells(service: Conversations, key: ConversationKey, head: Head | None, turn: int) -> bool:
+def _log_tells(service: Reads, key: ConversationKey, head: Head | None, turn: int) -> bool:
     """Whether the log holds ``turn`` (it is the head's, or the failure after it)."""
     return head is not None and (
         turn <= head.turn
@@ -537,7 +538,7 @@ def _log_tells(service: Conversations, key: ConversationKey, head: Head | None, 
     )
 
 
-def _readable(service: Conversations, key: ConversationKey, turn: int) -> DraftState:
+def _readable(service: Reads, key: ConversationKey, turn: int) -> DraftState:
     """The draft state of a turn of ``key``.
 
     Raises:
@@ -569,9 +570,7 @@ class TurnRead:
     running: bool = False
 
 
-def read_any_turn(
-    service: Conversations, key: ConversationKey, turn: int, *, wait: float = 0
-) -> TurnRead:
+def read_any_turn(service: Reads, key: ConversationKey, turn: int, *, wait: float = 0) -> TurnRead:
     """Any turn of ``key``: its draft while it runs (waiting up to ``wait`` s for it to
     end), its error, or its answer; a turn whose draft keeps no answer (a synchronous
     turn, or one from before drafts) is rebuilt from the log (:mod:`.turn_log`).
@@ -615,7 +614,7 @@ def read_any_turn(
 
 
 def logged_turn(
-    service: Conversations, key: ConversationKey, head: Head, turn: int, events: list[Event]
+    service: Reads, key: ConversationKey, head: Head, turn: int, events: list[Event]
 ) -> LoggedTurn:
     """``turn`` of ``head`` rebuilt from its ``events``; the head's latest turn shows the
     head's pending calls, and a run that died holding its lease shows ``interrupted``."""
@@ -636,7 +635,7 @@ def logged_turn(
 
 
 def follow(
-    service: Conversations,
+    service: Reads,
     key: ConversationKey,
     turn: int,
     *,
@@ -699,9 +698,7 @@ class TurnsListing:
     next_after: int | None
 
 
-def list_turns(
-    service: Conversations, key: ConversationKey, *, after: int, limit: int
-) -> TurnsListing:
+def list_turns(service: Reads, key: ConversationKey, *, after: int, limit: int) -> TurnsListing:
     """Turns ``after + 1 ..`` of ``key`` (at most ``limit``), rebuilt from the log.
 
     Reads: the head, the last event, a binary search for the first turn's first event,

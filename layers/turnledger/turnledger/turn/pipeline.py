@@ -102,7 +102,7 @@ from ..providers.base import (
     ToolSpec,
 )
 from ..providers.embeddings import Embedder, decode_vector, encode_vector
-from ..store.base import ContextBudget, ConversationStore, PurgeReport
+from ..store.base import ContextBudget, ConversationStore
 from ..store.memories import MemoryBook, MemoryRecord
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
@@ -126,25 +126,21 @@ from .lifecycle import (
     require_settled,
     waiting,
 )
-from .lifecycle import awaiting as open_waits
+from .reads import Reads
 from .results import (
     CallbackResult,
     CancelResult,
     ContextReport,
     ConversationState,
-    EventPage,
-    ForkEntry,
-    ForkPage,
-    ForkParent,
     OutputText,
     TurnResult,
 )
 from .session import Clock, CommitHook, Session, utc_now
 
 
-class Conversations:
-    """The service: turns, approvals, cancels, callbacks, reads and clear, for one
-    deployment; domain commands in, domain results out."""
+class Conversations(Reads):
+    """The service: turns, approvals, cancels, callbacks, and the reads and clear of
+    :class:`~.reads.Reads`, for one deployment; domain commands in, domain results out."""
 
     def __init__(
         self,
@@ -160,7 +156,7 @@ class Conversations:
         providers: Callable[[str], Provider] | None = None,
         embedder: Embedder | Callable[[], Embedder | None] | None = None,
     ) -> None:
-        self.store = store
+        super().__init__(store=store, settings=settings, clock=clock)
         #: Ranks memory records by embeddings (``None``: by keywords and recency).
         self._embedder = embedder
         #: The deployment's default provider; others it allows are built by ``providers``.
@@ -170,12 +166,10 @@ class Conversations:
         #: Writes context summaries (``None``: the turn's own provider).
         self.summarizer = summarizer
         self._redactor = redactor
-        self.settings = settings
         # The registry may come from SSM: it is read on the first request that needs
         # it, so routes that never touch tools (reads, clear) never need its permission.
         self._tools = tools if tools is not None else ToolRegistry.empty()
         self.runner = runner
-        self.clock = clock
         self.calls = ToolCalls(
             registry=lambda: self.tools, runner=runner, settings=settings, clock=clock
         )
@@ -570,45 +564,6 @@ class Conversations:
         session.commit()
         return expired
 
-    def get(self, key: ConversationKey) -> ConversationState:
-        """The head (``GET /v1/conversations/{id}``).
-
-        Raises:
-            ConversationNotFound: absent, expired, cleared, or another tenant's.
-        """
-        head = self._visible_head(key)
-        now = self.clock()
-        # A read writes nothing: what is due shows as expired at once, and the next
-        # request (or the sweep's pass, :meth:`expire_waits`) records it.
-        open_calls = [p for p in head.pending if not lapsed(p, now)]
-        return ConversationState(
-            conversation_id=key.conversation_id,
-            # The head shows a turn whose tools are running as such; a turn's answer
-            # reports it complete (the request that ran them is over).
-            status=public_status(head, now),
-            turns=head.turn,
-            events=head.event_count,
-            created_at=head.created_at,
-            updated_at=head.updated_at,
-            expires_at=datetime.fromtimestamp(head.expires_at, tz=head.created_at.tzinfo)
-            if head.expires_at is not None
-            else None,
-            ttl_seconds=head.ttl_seconds,
-            waiting=waiting(open_calls),
-            usage=head.usage,
-            cost_usd=round(head.cost_usd, 6),
-            failed_turns=head.failed_turns,
-            summary_through=head.summary.through if head.summary else None,
-            awaiting=open_waits(open_calls),
-            expired=waiting([p for p in head.pending if lapsed(p, now)]),
-            parent=ForkParent(
-                conversation_id=head.fork.conversation_id, turn=head.fork.turn, seq=head.fork.seq
-            )
-            if head.fork is not None
-            else None,
-            forks=self.store.fork_count(key, head),
-        )
-
     def fork(self, key: ConversationKey, to: str, after_turn: int | None) -> ConversationState:
         """Fork ``key`` after ``after_turn`` (default: the latest turn) as the new
         conversation ``to`` (``POST .../fork``): see :mod:`.forks`.
@@ -628,28 +583,6 @@ class Conversations:
             visible_head=self._visible_head,
         )
         return self.get(target)
-
-    def forks(self, key: ConversationKey, *, after: str | None, limit: int) -> ForkPage:
-        """A page of the live forks of ``key``, by fork id (``GET .../forks``).
-
-        Raises:
-            ConversationNotFound: absent, expired, cleared, or another tenant's.
-        """
-        head = self._visible_head(key)
-        refs, more = self.store.fork_refs(key, head, after=after, limit=limit)
-        return ForkPage(
-            conversation_id=key.conversation_id,
-            forks=[
-                ForkEntry(
-                    conversation_id=ref.fork_id,
-                    turn=ref.turn,
-                    seq=ref.seq,
-                    created_at=ref.created_at,
-                )
-                for ref in refs
-            ],
-            next_after=refs[-1].fork_id if more and refs else None,
-        )
 
     def compact(
         self,
@@ -726,30 +659,6 @@ class Conversations:
         event = self._stage_summary(session, written, actor=actor)
         session.commit()
         return event
-
-    def events(self, key: ConversationKey, *, after: int, limit: int) -> EventPage:
-        """A page of the transcript (``GET .../events``).
-
-        Raises:
-            ConversationNotFound: absent, expired, cleared, or another tenant's.
-        """
-        head = self._visible_head(key)
-        events = self.store.read_events(key, head, after=after, limit=limit)
-        last = events[-1].sequence if events else after
-        return EventPage(
-            conversation_id=key.conversation_id,
-            events=events,
-            next_after=last if last < head.event_count else None,
-        )
-
-    def clear(self, key: ConversationKey) -> PurgeReport:
-        """Delete the conversation, its events and its objects (``DELETE``); absent is fine.
-
-        Provider-side state the conversation knew of is deleted too, best effort.
-        """
-        report = self.store.clear(key, self.clock())
-        self.forget_provider_state(report.provider_responses)
-        return report
 
     def cancel(self, key: ConversationKey, actor: str, reason: str | None = None) -> CancelResult:
         """Stop the current turn of ``key`` for ``actor`` (``POST .../cancel``).
@@ -1471,12 +1380,6 @@ class Conversations:
         )
         session.on_commit = self.on_commit
         return session
-
-    def _visible_head(self, key: ConversationKey) -> Head:
-        head = self.store.get_head(key)
-        if head is None or not head.is_visible(self.clock()):
-            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-        return head
 
     def _work(self, session: Session) -> TurnWork:
         """The work of a request on the turn ``session`` is in, with that turn's options."""

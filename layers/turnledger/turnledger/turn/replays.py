@@ -34,7 +34,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,7 +60,10 @@ from .contexts import (
     visible_head,
 )
 from .longturns import STALE_AFTER_SECONDS
-from .pipeline import Conversations
+
+if TYPE_CHECKING:
+    from .pipeline import Conversations
+    from .reads import Reads
 
 #: Sort keys of replay records start with this (a side item of the conversation).
 RECORD_PREFIX = "S#rp#"
@@ -263,7 +266,7 @@ class _Writer:
         )
 
 
-def read(service: Conversations, key: ConversationKey, replay_id: str) -> ReplayRecord:
+def read(service: Reads, key: ConversationKey, replay_id: str) -> ReplayRecord:
     """The replay ``replay_id`` of ``key``, with every call written so far.
 
     Raises:
@@ -289,7 +292,7 @@ def read(service: Conversations, key: ConversationKey, replay_id: str) -> Replay
 
 
 def read_waiting(
-    service: Conversations, key: ConversationKey, replay_id: str, *, wait: float
+    service: Reads, key: ConversationKey, replay_id: str, *, wait: float
 ) -> ReplayRecord:
     """:func:`read`, waiting up to ``wait`` seconds (polling) while the replay runs.
 

@@ -14,12 +14,7 @@ tenancy.
 
 Errors under this prefix use OpenAI's shape (``{"error": {"message", "type", "param",
 "code"}}``, :func:`turnledger.api.errors.openai_error_body`); ``code`` is the ledger's
-error code. Importing this package registers its routes on the API's resolver.
+error code. Importing :mod:`.conversations` or :mod:`.responses` registers its routes on
+the API's resolver; importing this package alone registers none (the read and clear
+functions load the Conversations API without the turns of :mod:`.responses`).
 """
-
-from __future__ import annotations
-
-from . import conversations, responses
-from .schemas import PREFIX
-
-__all__ = ["PREFIX", "conversations", "responses"]

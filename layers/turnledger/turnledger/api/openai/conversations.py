@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
@@ -19,18 +19,21 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
 from ...core.exceptions import InvalidRequest, TurnledgerError
 from ...core.models import ConversationKey
 from ...runtime import get_runtime
-from ...turn.pipeline import Conversations
 from ..resolver import app, caller, conversation, json_response
 from .items import history_of, items_of, parse_input
 from .matching import all_events
-from .responses import new_conversation_id
 from .schemas import (
     PREFIX,
     ConversationCreate,
     ItemsCreate,
     OpenAIConversationId,
     epoch,
+    new_conversation_id,
 )
+
+if TYPE_CHECKING:
+    from ...turn.pipeline import Conversations
+    from ...turn.reads import Reads
 
 __all__ = ["AppendOnly", "ItemNotFound"]
 
@@ -96,7 +99,7 @@ def create_conversation(request: Annotated[ConversationCreate, Body()]) -> Respo
 def retrieve_conversation(conversation_id: OpenAIConversationId) -> Response[str]:
     """The conversation (``metadata`` is not kept: ``{}``)."""
     _, key = conversation(conversation_id)
-    view = get_runtime().conversations_for(key.tenant).get(key)
+    view = get_runtime().reads_for(key.tenant).get(key)
     return json_response(200, _conversation_body(conversation_id, epoch(view.created_at), {}))
 
 
@@ -104,13 +107,13 @@ def retrieve_conversation(conversation_id: OpenAIConversationId) -> Response[str
 def delete_conversation(conversation_id: OpenAIConversationId) -> Response[str]:
     """Clear the conversation (as ``DELETE /v1/conversations/{id}``)."""
     _, key = conversation(conversation_id)
-    get_runtime().conversations_for(key.tenant).clear(key)
+    get_runtime().reads_for(key.tenant).clear(key)
     return json_response(
         200, {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
     )
 
 
-def _items(service: Conversations, key: ConversationKey, after: int = 0) -> list[dict[str, Any]]:
+def _items(service: Reads, key: ConversationKey, after: int = 0) -> list[dict[str, Any]]:
     return [item for event in all_events(service, key, after=after) for item in items_of(event)]
 
 
@@ -135,7 +138,7 @@ def list_items(
     """The transcript as items, ``order``ed, ``limit`` per page after the item ``after``
     (``include`` is accepted: items carry everything they have)."""
     _, key = conversation(conversation_id)
-    items = _items(get_runtime().conversations_for(key.tenant), key)
+    items = _items(get_runtime().reads_for(key.tenant), key)
     if order == "desc":
         items.reverse()
     if after is not None:
@@ -163,7 +166,7 @@ def create_items(
 
 
 def _item(key: ConversationKey, item_id: str) -> dict[str, Any]:
-    items = _items(get_runtime().conversations_for(key.tenant), key)
+    items = _items(get_runtime().reads_for(key.tenant), key)
     found = next((item for item in items if item["id"] == item_id), None)
     if found is None:
         raise ItemNotFound(

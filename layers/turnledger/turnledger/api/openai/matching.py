@@ -35,15 +35,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
 from ...core.exceptions import ConversationNotFound, TurnledgerError
 from ...core.models import ConversationKey, ConversationStatus, Event
 from ...core.observability import logger
 from ...store import keys
 from ...store.codec import SideItem
-from ...turn.pipeline import Conversations
 from ..resolver import Caller
 from .items import Canon, InputItem, transcript
+
+if TYPE_CHECKING:
+    from ...turn.pipeline import Conversations
+    from ...turn.reads import Reads
 
 __all__ = ["MAX_LOOKUPS", "all_events", "continued", "link", "record"]
 
@@ -57,7 +61,7 @@ INDEX_PREFIX = f"{keys.SIDE_PREFIX}oai#t#"
 _MODEL_KINDS = frozenset({"assistant", "function_call"})
 
 
-def all_events(service: Conversations, key: ConversationKey, *, after: int = 0) -> list[Event]:
+def all_events(service: Reads, key: ConversationKey, *, after: int = 0) -> list[Event]:
     """Every event of ``key`` after the public sequence ``after``, oldest first.
 
     Raises:

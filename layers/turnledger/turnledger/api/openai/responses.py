@@ -20,7 +20,6 @@ is cleared at once).
 from __future__ import annotations
 
 import json
-import secrets
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -39,7 +38,7 @@ from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
 from .items import InputItem, history_of, item_id, output_message, parse_input
 from .matching import continued, record
-from .schemas import PREFIX, ResponseCreate, epoch
+from .schemas import PREFIX, ResponseCreate, epoch, new_conversation_id
 from .streaming import event_stream
 
 __all__ = ["SERVER_LABEL", "continued_from", "parse_response_id", "response_id"]
@@ -66,11 +65,6 @@ def parse_response_id(value: str) -> tuple[str, int]:
     if prefix != "resp" or not turn.isdigit() or not conversation_id:
         raise InvalidRequest(f"previous_response_id {value!r} is not a response of this service")
     return validate_conversation_id(conversation_id), int(turn)
-
-
-def new_conversation_id() -> str:
-    """A new conversation id of this face (``conv_<24 hex>``)."""
-    return f"conv_{secrets.token_hex(12)}"
 
 
 def continued_from(
@@ -331,7 +325,7 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
                 }
             )
     usage = reply.usage
-    now = get_runtime().conversations.clock()
+    now = get_runtime().clock()
     return {
         "id": response_id(conversation_id, turn),
         "object": "response",

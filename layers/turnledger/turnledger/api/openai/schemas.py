@@ -6,6 +6,7 @@ OpenAI's bodies carry many fields this face does not use; they are accepted and 
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -21,11 +22,17 @@ __all__ = [
     "OpenAIConversationId",
     "ResponseCreate",
     "epoch",
+    "new_conversation_id",
 ]
 
 PREFIX = "/openai/v1"
 
 OpenAIConversationId = Annotated[str, Path(pattern=CONVERSATION_ID_PATTERN)]
+
+
+def new_conversation_id() -> str:
+    """A new conversation id of this face (``conv_<24 hex>``)."""
+    return f"conv_{secrets.token_hex(12)}"
 
 
 class _Open(BaseModel):
