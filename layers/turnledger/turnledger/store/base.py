@@ -127,7 +127,7 @@ MAX_EVENTS_PER_COMMIT = 99
 FIRST_PAGE = 8
 #: Rounds of a clear before it gives up. Turns cannot make a round fail (see the
 #: fence); a few rounds cover other clears, a head appearing over leftovers, TTL.
-_CLEAR_ROUNDS = 8
+_CLEAR_ROUNDS = 32
 
 
 @dataclass
@@ -240,6 +240,15 @@ def _storage_sequence(item: Item) -> int:
             "an item of the transcript has no event key",
             details={"item": sort_key, "reason": str(exc)},
         ) from exc
+
+
+def _identity(item: Item | None) -> Item | None:
+    """What a conditional write expects of the ``HEAD`` item ``item`` (``None``: no head)."""
+    if item is None:
+        return None
+    return {
+        name: item[name] for name in (codec.A_VERSION, codec.A_GEN, codec.A_FENCE) if name in item
+    }
 
 
 def _events_in(item: Item) -> int:
@@ -375,6 +384,20 @@ def _pieces(key: ConversationKey, head: Head) -> list[_Piece]:
 
 
 @dataclass(frozen=True)
+class _View:
+    """What a commit needs of what its turn read: the ``HEAD`` item as stored (``None``:
+    none) and the effective head's version (docs/STORAGE.md)."""
+
+    head_item: Item | None
+    version: int | None
+
+
+#: Views a store keeps (the newest conversations it read or wrote), so a commit needs no
+#: read of its own: an execution environment serves the same conversations again and again.
+_VIEWS = 1024
+
+
+@dataclass(frozen=True)
 class _FirstPage:
     """The events a load's first query read with the head (newest first), and whether
     the query had more."""
@@ -439,6 +462,77 @@ class ConversationStore(ABC):
         self.blobs = blobs
         self.offload_threshold = offload_threshold
         self.meter = meter or CapacityMeter()
+        self._views: dict[str, _View] = {}
+        self._views_lock = threading.Lock()
+
+    def _remember(self, pk: str, view: _View) -> None:
+        with self._views_lock:
+            self._views.pop(pk, None)
+            self._views[pk] = view
+            while len(self._views) > _VIEWS:
+                del self._views[next(iter(self._views))]
+
+    def _recalled(self, pk: str) -> _View | None:
+        with self._views_lock:
+            return self._views.get(pk)
+
+    def _effective(self, pk: str, items: Sequence[Item]) -> Head | None:
+        """The effective head from a descending read from ``HEAD`` (``items``: ``HEAD`` first,
+        then the newest event items), remembered for the next commit."""
+        if not items or items[0].get(codec.A_SK) != keys.HEAD_SK:
+            self._remember(pk, _View(None, None))
+            return None
+        head = codec.decode_head(items[0])
+        newest = next((i for i in items[1:] if i.get(codec.A_GEN) == head.gen), None)
+        if newest is not None and newest is not items[1] and codec.A_STATE in items[1]:
+            newest = None  # a leftover above: read on from HEAD alone (today's layout)
+        effective = codec.effective_head(head, newest)
+        self._remember(pk, _View(items[0], effective.version))
+        return effective
+
+    def _from_head(self, pk: str, limit: int) -> Page:
+        """The first ``limit`` items descending from ``HEAD``, consistently; at least ``HEAD``
+        and the newest item below it when there is one, however the backend pages."""
+        page = self._query(
+            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=limit, cursor=None
+        )
+        if len(page.items) == 1 and page.cursor is not None:
+            more = self._query(
+                pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=1, cursor=page.cursor
+            )
+            return Page([*page.items, *more.items], more.cursor)
+        return page
+
+    def _read_view(self, pk: str) -> tuple[Head | None, _View]:
+        """The effective head and its view, read consistently: ``HEAD`` and the newest items."""
+        items = self._from_head(pk, 2).items
+        if (
+            len(items) == 2
+            and items[0].get(codec.A_SK) == keys.HEAD_SK
+            and items[1].get(codec.A_GEN) != items[0].get(codec.A_GEN)
+        ):
+            # The newest item is a leftover of another life: look further for this life's.
+            items = self._from_head(pk, FIRST_PAGE).items
+        head = self._effective(pk, items)
+        view = self._recalled(pk)
+        assert view is not None
+        return head, view
+
+    def _view_for(self, pk: str, expected_version: int | None) -> _View:
+        """The view a commit expecting ``expected_version`` works from: remembered when it is
+        that version, else read.
+
+        Raises:
+            ConversationBusy: the conversation is at another version, or being cleared.
+        """
+        view = self._recalled(pk)
+        if view is None or view.version != expected_version:
+            _, view = self._read_view(pk)
+        if view.version != expected_version:
+            raise ConversationBusy("another turn or decision on this conversation committed first")
+        if view.head_item is not None and codec.A_FENCE in view.head_item:
+            raise ConversationBusy("the conversation is being cleared; retry")
+        return view
 
     # --- reads --------------------------------------------------------------------------
 
@@ -448,8 +542,7 @@ class ConversationStore(ABC):
         Raises:
             CorruptedState, UnsupportedStateVersion: the head cannot be read.
         """
-        item = self._get_item(keys.partition_key(key), keys.HEAD_SK)
-        return None if item is None else codec.decode_head(item)
+        return self._read_view(keys.partition_key(key))[0]
 
     def load(self, key: ConversationKey, budget: ContextBudget) -> Snapshot:
         """The head and what the next context needs: the events after the newest summary.
@@ -472,12 +565,10 @@ class ConversationStore(ABC):
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
         """
         pk = keys.partition_key(key)
-        page = self._query(
-            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=FIRST_PAGE, cursor=None
-        )
-        if not page.items or page.items[0][codec.A_SK] != keys.HEAD_SK:
+        page = self._from_head(pk, FIRST_PAGE)
+        head = self._effective(pk, page.items)
+        if head is None:
             return Snapshot(head=None, events=[], from_start=True)
-        head = codec.decode_head(page.items[0])
         if head.status is ConversationStatus.CLEARED:
             return Snapshot(head=head, events=[], from_start=True)
         floor = head.summary.through if head.summary is not None else 0
@@ -719,9 +810,19 @@ class ConversationStore(ABC):
         except BaseException:
             self._discard(written)
             raise
-        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it.
-        items = [codec.encode_turn_item(key, head, items)] if items else []
-        head_item = codec.encode_head(key, head)
+        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it;
+        # with none, a marker. Either holds the head's fast state and takes the next slot.
+        slot = codec.encode_turn_item(key, head, items) if items else codec.marker_item(key, head)
+        turn_item = codec.with_state(slot, head)
+        pk = keys.partition_key(key)
+        try:
+            view = self._view_for(pk, expected_version)
+        except BaseException:
+            self._discard(written)
+            raise
+        head_item = codec.encode_head(key, codec.head_of_record(head))
+        # HEAD only when what it holds changes: a plain turn is one conditional put.
+        write_head = not codec.same_slow_state(view.head_item, head_item)
         changes = inbox_changes or inbox.InboxChanges()
         puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
         deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
@@ -732,9 +833,18 @@ class ConversationStore(ABC):
                 f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events and inbox entries"
             )
         try:
-            self._transact_commit(
-                head_item, expected_version, items, head.gen, puts=puts, deletes=deletes
-            )
+            if write_head or puts or deletes:
+                self._transact_commit(
+                    head_item if write_head else None,
+                    _identity(view.head_item),
+                    [turn_item],
+                    head.gen,
+                    puts=puts,
+                    deletes=deletes,
+                    marker_version=expected_version,
+                )
+            else:
+                self._put_turn(turn_item, expected_version)
         except TurnledgerError as exc:
             # The backend answered "no": nothing of the turn is stored, so its objects go too.
             # Unless it failed on its side (ServiceUnavailable.outcome_unknown): the
@@ -746,7 +856,9 @@ class ConversationStore(ABC):
         # the objects stay, since deleting them could break a turn that did land. If it
         # did not, they are leftovers under the conversation's prefix that clear and sweep
         # remove.
-        return sum(codec.item_size(item) for item in [*items, *puts, head_item]) + offloaded
+        self._remember(pk, _View(head_item if write_head else view.head_item, head.version))
+        heads = [head_item] if write_head else []
+        return sum(codec.item_size(item) for item in [turn_item, *puts, *heads]) + offloaded
 
     def _offload(
         self,
@@ -792,13 +904,43 @@ class ConversationStore(ABC):
                 tomb = _tombstone_of(item)
                 if tomb is not None:
                     return self._finish_purge(key, tomb, PurgeReport())
-                item = self._fence_head(pk, secrets.token_hex(8))
+                item = self._fence(key, item, secrets.token_hex(8), now)
                 if item is None:
-                    continue  # gone, or fenced by another clear first: read again
+                    continue  # gone, changed, or fenced by another clear first: read again
             report = self._purge(key, item, now)
             if report is not None:
                 return report
         raise InternalError("the conversation's head kept changing while it was being cleared")
+
+    def _fence(self, key: ConversationKey, item: Item, token: str, now: datetime) -> Item | None:
+        """Fence the head ``item`` as read and claim the conversation's next slot with a
+        gravestone, in one write (docs/STORAGE.md, "clear wins"): turns that read the head
+        before can no longer land (the slot is taken), turns that read it after refuse.
+
+        Returns the head as fenced, ``None`` when it changed since it was read (or another
+        clear fenced it first). A head that cannot be read is fenced alone: no turn can
+        commit on it anyway.
+        """
+        pk = keys.partition_key(key)
+        try:
+            codec.decode_head(item)
+        except StateError:
+            return self._fence_head(pk, token)
+        live, view = self._read_view(pk)
+        if live is None or not codec.same_head(view.head_item, _identity(item)):
+            return None
+        fenced = {**item, codec.A_FENCE: token}
+        try:
+            self._transact_commit(
+                fenced,
+                _identity(item),
+                [codec.gravestone(key, live, now)],
+                live.gen,
+                marker_version=view.version,
+            )
+        except ConversationBusy:
+            return None
+        return fenced
 
     def purge_if_unchanged(
         self, key: ConversationKey, head: Head, now: datetime
@@ -808,7 +950,15 @@ class ConversationStore(ABC):
         Returns ``None`` (and deletes nothing) when a commit got there first:
         the sweep uses this so a conversation that just got a turn survives.
         """
-        return self._purge(key, codec.encode_head(key, head), now)
+        pk = keys.partition_key(key)
+        _, view = self._read_view(pk)
+        item = view.head_item
+        # ``head`` as read through load (the effective head) or as HEAD holds it (the sweep).
+        if item is None or item.get(codec.A_GEN) != head.gen or codec.A_FENCE in item:
+            return None
+        if head.version not in (view.version, item.get(codec.A_VERSION)):
+            return None
+        return self._purge(key, item, now)
 
     def refile(self, key: ConversationKey, head: Head) -> bool:
         """File a live head under the expiry bucket of its current ``expires_at``.
@@ -848,7 +998,18 @@ class ConversationStore(ABC):
                 return self._finish_purge(key, old, report)
         if item is None and not self._has_items(pk) and not self._has_objects(key):
             return report  # nothing at all: no tombstone to write
+        # The next slot of the life being purged (docs/STORAGE.md, "clear wins"): the
+        # tombstone claims it in the same write, so a turn that read before cannot land.
+        # A fenced head's clear claimed it with its fence.
+        claim: tuple[Item, int | None] | None = None
+        if old is not None and item is not None and codec.A_FENCE not in item:
+            live, view = self._read_view(pk)
+            if live is None or not codec.same_head(view.head_item, _identity(item)):
+                return None
+            claim = (codec.gravestone(key, live, now), view.version)
         top = max(old.seq if old else 0, self._highest_event_sequence(pk))
+        if claim is not None:
+            top = max(top, _storage_sequence(claim[0]))
         # With no head, the tombstone still goes first (on the condition that there is
         # none): a turn creating the conversation meanwhile is never half deleted.
         raw_version = item.get(codec.A_VERSION) if item is not None else None
@@ -867,7 +1028,19 @@ class ConversationStore(ABC):
             # tombstone and the stream of that deletion reclaims what is left.
             expires_at=int(now.timestamp()),
         )
-        if not self._replace_head(codec.encode_head(key, tomb), item):
+        if claim is not None:
+            marker, claimed = claim
+            try:
+                self._transact_commit(
+                    codec.encode_head(key, tomb),
+                    _identity(item),
+                    [marker],
+                    str(marker[codec.A_GEN]),
+                    marker_version=claimed,
+                )
+            except ConversationBusy:
+                return None
+        elif not self._replace_head(codec.encode_head(key, tomb), item):
             return None
         report.conversations = 0 if item is None else 1
         if old is not None and old.provider_cursor is not None:
@@ -951,6 +1124,8 @@ class ConversationStore(ABC):
                     except ValueError:
                         sequence = 0  # not an event key of any life: garbage
                     read = forks.reads(kept, item.get(codec.A_GEN), sequence)
+                    if codec.is_gravestone(item, tomb.updated_at):
+                        continue  # it still holds the slot against late turns; TTL removes it
                     if sequence <= tomb.base and not read:
                         doomed.append(sort_key)
                         events += _events_in(item)
@@ -1019,13 +1194,21 @@ class ConversationStore(ABC):
             keep_through=parent_head.base + origin.seq,
             created_at=now,
         )
+        view = self._view_for(keys.partition_key(parent), parent_head.version)
+        assert view.head_item is not None  # a version was read: there is a head
+        # The parent's next slot as read: a commit on the parent since makes the fork fail.
+        slot = {
+            **codec.marker_item(parent, parent_head),
+            codec.A_VERSION: parent_head.version,
+        }
         self._transact_commit(
             codec.encode_head(target, head),
-            expected_version,
+            codec.expected_head(expected_version, head.gen),
             [],
             head.gen,
             puts=[forks.ref_item(parent, ref), forks.origin_item(target, head.gen, origin)],
-            checks=[codec.encode_head(parent, parent_head)],
+            checks=[view.head_item],
+            slots=[slot],
         )
 
     def stored_at(self, key: ConversationKey, head: Head, sequence: int) -> StoredEvent:
@@ -1280,29 +1463,44 @@ class ConversationStore(ABC):
     @abstractmethod
     def _transact_commit(
         self,
-        head: Item,
-        expected_version: int | None,
+        head: Item | None,
+        expected: Item | None,
         events: list[Item],
         gen: str,
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
         checks: Sequence[Item] = (),
+        slots: Sequence[Item] = (),
+        marker_version: int | None = None,
     ) -> None:
-        """Atomically put ``events`` and ``head``, put ``puts`` (each in its own item's
-        partition) and delete the items of the head's partition at the sort keys
-        ``deletes`` (inbox entries; absent ones are fine).
+        """Atomically put ``events`` and ``head`` (``None``: no head is written), put ``puts``
+        (each in its own item's partition) and delete the items of the partition at the
+        sort keys ``deletes`` (inbox entries; absent ones are fine).
 
-        Conditions: the stored head's ``ver`` equals ``expected_version`` and its
-        ``g`` equals ``gen`` (or no head exists when ``expected_version`` is
-        ``None``); no event item of life ``gen`` exists at any of the events' keys;
-        the head of each of ``checks``' partitions is still that head item (as in
-        :meth:`_replace_head`: ``ver``, ``g`` and ``fx``). ``puts`` and ``deletes`` carry
-        no condition of their own.
+        Conditions: the stored head is still ``expected`` (as in :meth:`_replace_head`:
+        ``ver``, ``g`` and ``fx``; ``None``: no head exists), when ``head`` is given; each
+        event item's key is a free slot for the life ``gen`` (:func:`.codec.slot_free`
+        with ``marker_version``: nothing, another life's item, or the marker of that
+        version); the head of each of ``checks``' partitions is still that head item; the
+        key of each of ``slots`` (items with ``pk``, ``sk``, ``g`` and maybe ``ver``) is a
+        free slot for its ``g`` and ``ver``. ``puts`` and ``deletes`` carry no condition of
+        their own.
 
         Raises:
             ConversationBusy: a condition failed or a concurrent transaction conflicted.
             PayloadTooLarge: an item exceeds the backend's item size limit.
+        """
+
+    @abstractmethod
+    def _put_turn(self, item: Item, marker_version: int | None) -> None:
+        """Put the turn item (or marker) ``item`` if its key is a free slot for its life
+        (:func:`.codec.slot_free` with ``marker_version``): one conditional write, the
+        optimistic lock of a plain turn (docs/STORAGE.md).
+
+        Raises:
+            ConversationBusy: the slot is taken; nothing was written.
+            PayloadTooLarge: the item exceeds the backend's item size limit.
         """
 
     @abstractmethod
@@ -1703,7 +1901,7 @@ class ConversationStore(ABC):
                 try:
                     self._transact_commit(
                         staging_item,
-                        None if expected is None else version,
+                        None if expected is None else codec.expected_head(version, stored_gen),
                         [event_item for event_item, _ in chunk],
                         stored_gen,
                     )
