@@ -40,6 +40,7 @@ from tests.support.factories import (
     blob_keys,
     commit_turn,
     corrupt,
+    data_sort_keys,
     delete_raw_item,
     interleave,
     make_key,
@@ -100,7 +101,7 @@ def seed(
 
 def assert_gone(store: ConversationStore, key: ConversationKey) -> None:
     """Nothing of the conversation remains: no head, no event item, no S3 object."""
-    assert raw_sort_keys(store, key) == []
+    assert data_sort_keys(store, key) == []
     assert blob_keys(store, key) == []
 
 
@@ -279,7 +280,8 @@ def test_a_turn_racing_the_sweep_survives_whole(store: ConversationStore, clock:
             )
         )
 
-    with interleave(store, "_replace_head", turn) as race:
+    # The sweep's purge: its tombstone and its claim of the next slot, in one write.
+    with interleave(store, "_transact_commit", turn) as race:
         report = sweeper(store, clock).expired()
     assert race.ran == 1
     assert (report.conversations_removed, report.events_removed, report.objects_removed) == (
@@ -341,7 +343,7 @@ def test_a_sweep_that_loses_the_race_counts_nothing(
     seed(store, key, expires_at=EPOCH - 10)
     other: list[Any] = []
     with interleave(
-        store, "_replace_head", lambda: other.append(sweeper(store, clock).conversations([key]))
+        store, "_transact_commit", lambda: other.append(sweeper(store, clock).conversations([key]))
     ) as race:
         report = sweeper(store, clock).expired()
     assert race.ran == 1
@@ -534,7 +536,7 @@ def test_reclaim_keeps_a_new_life_started_after_the_ttl_deletion(
     delete_raw_item(store, key, keys.HEAD_SK)
     new_life = [
         commit_turn(store, key, None, ["fresh start", BIG], ttl_seconds=TTL, expires_at=EPOCH + TTL)
-    ]  # overwrites sequences 1..2
+    ]  # overwrites the turn item of sequences 1..2
 
     report = sweeper(store, clock).reclaim([key])
 
@@ -542,7 +544,7 @@ def test_reclaim_keeps_a_new_life_started_after_the_ttl_deletion(
     assert report.events_removed == 4
     assert report.objects_removed == 1
     assert_intact(store, key, new_life)
-    assert raw_sort_keys(store, key) == [keys.event_sort_key(1), keys.event_sort_key(2), "HEAD"]
+    assert raw_sort_keys(store, key) == [keys.event_sort_key(1), "HEAD"]  # one turn item
     gen = new_life[0].head.gen
     assert [k.startswith(keys.blob_prefix(key, gen)) for k in blob_keys(store, key)] == [True]
 
@@ -665,7 +667,7 @@ def test_erasure_removes_the_tenant_s_own_side_items(
     report = sweeper(store, clock).erase("acme")
 
     assert report.complete and report.conversations_removed == 1
-    assert raw_sort_keys(store, mine) == []
+    assert data_sort_keys(store, mine) == []
     assert raw_sort_keys(store, theirs) == ["S#oai#t#abc"]
 
 

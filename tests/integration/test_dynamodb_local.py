@@ -26,6 +26,7 @@ from tests.support.factories import (
     blob_keys,
     build_turn,
     commit_turn,
+    data_sort_keys,
     make_key,
     raw_sort_keys,
 )
@@ -134,9 +135,10 @@ def test_a_history_larger_than_one_query_page_is_read_whole(
 
     assert snapshot.events == every
     assert snapshot.from_start
-    # ~2.5 MB of items: the engine really cut the answer into 1 MB pages.
+    # ~2.5 MB of items: the engine really cut the answer into 1 MB pages (the load reads
+    # turn items of up to 400 KB, several events each: fewer, larger pages).
     assert read_pages >= 3
-    assert load_pages >= 3
+    assert load_pages >= 2
 
 
 @pytest.mark.parametrize("round_number", range(3))
@@ -223,4 +225,4 @@ def test_clear_always_wins_against_turns_committing_on_threads(
             thread.join()
     assert errors == []
     store.clear(key, START)
-    assert raw_sort_keys(store, key) == []
+    assert data_sort_keys(store, key) == []

@@ -252,6 +252,18 @@ def raw_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
     raise TypeError(f"no raw access to {type(store).__name__}")
 
 
+def data_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
+    """:func:`raw_sort_keys` without gravestones: a clear's claim on the next slot holds no
+    data and stays for DynamoDB's TTL (docs/STORAGE.md, "clear wins")."""
+    kept = []
+    for sort_key in raw_sort_keys(store, key):
+        item = raw_item(store, key, sort_key) if sort_key.startswith(keys.EVENT_PREFIX) else None
+        if item is not None and item.get(codec.A_COUNT) == 0 and codec.A_EXPIRES in item:
+            continue
+        kept.append(sort_key)
+    return kept
+
+
 def put_raw_item(store: ConversationStore, item: Item) -> None:
     """Write ``item`` as is, bypassing every check of the store."""
     if isinstance(store, MemoryConversationStore):
@@ -325,6 +337,8 @@ def holding(store: ConversationStore, key: ConversationKey, storage_sequence: in
             continue
         if keys.sequence_of(sort_key) <= storage_sequence:
             item = raw_item(store, key, sort_key)
+            if item is not None and item.get(codec.A_COUNT) == 0:
+                continue  # a marker or a gravestone: no event
             assert item is not None and codec.last_sequence(item) >= storage_sequence
             return sort_key
     raise AssertionError(f"no event at storage sequence {storage_sequence}")

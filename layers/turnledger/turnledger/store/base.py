@@ -12,8 +12,10 @@ idempotency persistence layers). ``tests/contract`` runs one suite over every ba
 (memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
-    One atomic write: put each new event item (``attribute_not_exists(pk) OR
-    g <> :gen``: never overwrite an event of this life) and put the head on
+    One atomic write: put the commit's turn item (every event of the commit in one
+    item under the storage sequence of its first, docs/STORAGE.md; more than one only
+    when they would not fit one) on ``attribute_not_exists(pk) OR g <> :gen`` (never
+    overwrite an event of this life), and put the head on
     the condition that its version and life (``ver``, ``g``) are still the
     ones the turn read (``attribute_not_exists`` for a new conversation). A
     lost race raises :class:`ConversationBusy` and nothing of it is stored.
@@ -251,6 +253,22 @@ def _identity(item: Item | None) -> Item | None:
     }
 
 
+def _turn_chunks(bodies: list[Item]) -> list[list[Item]]:
+    """``bodies`` (one commit's event items, oldest first) in runs that each fit one turn
+    item under the item size limit, as few as possible, in order."""
+    chunks: list[list[Item]] = []
+    size = 0
+    for body in bodies:
+        grows = codec.item_size(body)
+        if chunks and size + grows <= codec.MAX_ITEM_BYTES:
+            chunks[-1].append(body)
+            size += grows
+        else:
+            chunks.append([body])
+            size = grows
+    return chunks
+
+
 def _events_in(item: Item) -> int:
     """The events an event item holds, for reports: 1 when its count cannot be read (a purge
     deletes damaged items too)."""
@@ -483,9 +501,8 @@ class ConversationStore(ABC):
             self._remember(pk, _View(None, None))
             return None
         head = codec.decode_head(items[0])
+        # The newest item of this life: past another life's leftovers and gravestones.
         newest = next((i for i in items[1:] if i.get(codec.A_GEN) == head.gen), None)
-        if newest is not None and newest is not items[1] and codec.A_STATE in items[1]:
-            newest = None  # a leftover above: read on from HEAD alone (today's layout)
         effective = codec.effective_head(head, newest)
         self._remember(pk, _View(items[0], effective.version))
         return effective
@@ -662,10 +679,11 @@ class ConversationStore(ABC):
                 consistent=consistent,
             )
             items = page.items
-            if page.cursor is None and items and _storage_sequence(items[-1]) > piece.base + low:
+            bottom = _storage_sequence(items[-1]) if items else top + 1
+            if page.cursor is None and bottom > piece.base + low:
                 # A turn item holds several events: the one holding the range's low end
                 # may start below the range's key. One more item, at or below it.
-                items = [*items, *self._item_below(piece, _storage_sequence(items[-1]))]
+                items = [*items, *self._item_below(piece, bottom)]
             if _contiguous([item for item in items if not _leftover(item, piece)], top):
                 break
         return items
@@ -810,10 +828,12 @@ class ConversationStore(ABC):
         except BaseException:
             self._discard(written)
             raise
-        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it;
-        # with none, a marker. Either holds the head's fast state and takes the next slot.
-        slot = codec.encode_turn_item(key, head, items) if items else codec.marker_item(key, head)
-        turn_item = codec.with_state(slot, head)
+        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it
+        # (more only when they would not fit one); with none, a marker. The first takes the
+        # next slot; the newest holds the head's fast state.
+        turn_items = [codec.encode_turn_item(key, head, chunk) for chunk in _turn_chunks(items)]
+        turn_items = turn_items or [codec.marker_item(key, head)]
+        turn_items[-1] = codec.with_state(turn_items[-1], head)
         pk = keys.partition_key(key)
         try:
             view = self._view_for(pk, expected_version)
@@ -833,18 +853,18 @@ class ConversationStore(ABC):
                 f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events and inbox entries"
             )
         try:
-            if write_head or puts or deletes:
+            if write_head or puts or deletes or len(turn_items) > 1:
                 self._transact_commit(
                     head_item if write_head else None,
                     _identity(view.head_item),
-                    [turn_item],
+                    turn_items,
                     head.gen,
                     puts=puts,
                     deletes=deletes,
                     marker_version=expected_version,
                 )
             else:
-                self._put_turn(turn_item, expected_version)
+                self._put_turn(turn_items[0], expected_version)
         except TurnledgerError as exc:
             # The backend answered "no": nothing of the turn is stored, so its objects go too.
             # Unless it failed on its side (ServiceUnavailable.outcome_unknown): the
@@ -858,7 +878,7 @@ class ConversationStore(ABC):
         # remove.
         self._remember(pk, _View(head_item if write_head else view.head_item, head.version))
         heads = [head_item] if write_head else []
-        return sum(codec.item_size(item) for item in [turn_item, *puts, *heads]) + offloaded
+        return sum(codec.item_size(item) for item in [*turn_items, *puts, *heads]) + offloaded
 
     def _offload(
         self,
@@ -950,14 +970,17 @@ class ConversationStore(ABC):
         Returns ``None`` (and deletes nothing) when a commit got there first:
         the sweep uses this so a conversation that just got a turn survives.
         """
-        pk = keys.partition_key(key)
-        _, view = self._read_view(pk)
+        if head.status is ConversationStatus.CLEARED:
+            # Finishing a tombstone's purge deletes only what lies below it and is not the
+            # next life's: safe whatever happened since.
+            return self._purge(key, codec.encode_head(key, head), now)
+        _, view = self._read_view(keys.partition_key(key))
         item = view.head_item
-        # ``head`` as read through load (the effective head) or as HEAD holds it (the sweep).
-        if item is None or item.get(codec.A_GEN) != head.gen or codec.A_FENCE in item:
+        # ``head`` as read (the effective head: HEAD and the newest turn item).
+        if item is None or item.get(codec.A_GEN) != head.gen or view.version != head.version:
             return None
-        if head.version not in (view.version, item.get(codec.A_VERSION)):
-            return None
+        if codec.A_FENCE in item:
+            return None  # a clear is in flight: it wins
         return self._purge(key, item, now)
 
     def refile(self, key: ConversationKey, head: Head) -> bool:
@@ -973,8 +996,18 @@ class ConversationStore(ABC):
         """
         if head.expires_at is None:
             return False
-        moved = head.model_copy(update={"expiry_bucket": keys.bucket_of(head.expires_at)})
-        return self._replace_head(codec.encode_head(key, moved), codec.encode_head(key, head))
+        # HEAD as stored, re-filed: the head given is the effective one (docs/STORAGE.md).
+        item = self._get_item(keys.partition_key(key), keys.HEAD_SK)
+        if item is None or item.get(codec.A_GEN) != head.gen or codec.A_FENCE in item:
+            return False
+        moved = codec.decode_head(item).model_copy(
+            update={
+                "expiry_bucket": keys.bucket_of(head.expires_at),
+                "expires_at": codec.bucket_end(head.expires_at),
+                "wait_deadline": head.wait_deadline,
+            }
+        )
+        return self._replace_head(codec.encode_head(key, moved), item)
 
     def _purge(self, key: ConversationKey, item: Item | None, now: datetime) -> PurgeReport | None:
         """Purge the conversation whose head is ``item`` as read (``None``: no head).
