@@ -843,7 +843,7 @@ def test_erase_tenant_route_answers_the_report(
     runtime: Runtime, load_event: Callable[[str], dict[str, Any]]
 ) -> None:
     """``DELETE /v1/conversations`` erases the caller's tenant (``acme``) only."""
-    from turnledger.api.app import lambda_handler as api_handler
+    from turnledger.api import lambda_handler as api_handler
 
     store = runtime.store
     mine = [key_of(n, "acme") for n in range(1, 4)]
@@ -878,7 +878,7 @@ def test_clear_route_removes_s3_artifacts(
     runtime: Runtime, load_event: Callable[[str], dict[str, Any]]
 ) -> None:
     """``DELETE /v1/conversations/user-123`` as ``acme``: head, events and objects gone."""
-    from turnledger.api.app import lambda_handler as api_handler
+    from turnledger.api import lambda_handler as api_handler
 
     store = runtime.store
     key = make_key(tenant="acme", conversation_id="user-123")
