@@ -14,6 +14,7 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from datetime import timedelta
 from unittest import mock
 
 import pytest
@@ -48,6 +49,7 @@ from tests.support.factories import (
     START,
     FakeClock,
     Turn,
+    another_environment,
     blob_keys,
     build_turn,
     commit_turn,
@@ -711,7 +713,9 @@ def test_clear_finishes_an_interrupted_purge(store: ConversationStore) -> None:
     def crash() -> None:
         raise RuntimeError("the purge stopped here")
 
-    with interleave(store, "_delete_items", crash) as staged, pytest.raises(RuntimeError):
+    # The purge's first deleting write: every item here was written just now, so a
+    # gravestone replaces each (docs/STORAGE.md, "clear wins").
+    with interleave(store, "_put_items", crash) as staged, pytest.raises(RuntimeError):
         store.clear(KEY, START)
     assert staged.ran
     tomb = store.get_head(KEY)
@@ -945,7 +949,8 @@ def test_a_purge_keeps_what_the_next_life_wrote(store: ConversationStore) -> Non
     (turn,) = new
     assert store.get_head(KEY) == turn.head
     assert all_events(store) == turn.events
-    assert raw_sort_keys(store, KEY) == ["E#000000000003", "HEAD", "I#new"]
+    # The new life starts above the clear's claim on slot 3 (a gravestone, no data).
+    assert data_sort_keys(store, KEY) == ["E#000000000004", "HEAD", "I#new"]
     assert blob_keys(store, KEY) == refs_of(store, turn)
     assert (report.events, report.objects) == (2, 1)
 
@@ -986,7 +991,8 @@ def test_a_turn_racing_a_purge_starts_a_new_life_above_the_old_one(
         assert snapshot.events == []
         new.append(commit_turn(store, KEY, snapshot.head, ["fresh start", BIG]))
 
-    with interleave(store, "_delete_items", concurrent_turn) as staged:
+    # At the purge's first deleting write (gravestones over the items written just now).
+    with interleave(store, "_put_items", concurrent_turn) as staged:
         report = store.clear(KEY, START)
 
     assert staged.ran
@@ -1255,3 +1261,65 @@ def test_a_commit_too_large_for_one_item_writes_several_turn_items(
     assert all(stored_ref(store, KEY, n) is None for n in range(1, 9)), "all inline"
     assert store.load(KEY, EVERYTHING).events == turn.events
     assert store.read_events(KEY, turn.head, after=0, limit=8) == turn.events
+
+
+# --- the slot as the lock: late turns, leftovers ------------------------------------------
+
+
+def test_a_turn_that_read_before_an_earlier_commit_and_a_clear_never_lands_after_them(
+    store: ConversationStore,
+) -> None:
+    """A turn that read version 1 lost its slot to turn 2, and then a clear purged turn 2:
+    the purge leaves that slot taken (a gravestone holding no data, for DynamoDB's TTL),
+    so the late turn is refused and nothing of the deleted life is stored again; a new
+    conversation under the same id then writes over the gravestones."""
+    first = commit_turn(store, KEY, None, ["q1"])
+    slow = another_environment(store)  # where the late turn runs: it read version 1
+    assert slow.load(KEY, EVERYTHING).head == first.head
+    commit_turn(store, KEY, first.head, ["q2", BIG])
+    store.clear(KEY, START)
+
+    late = build_turn(KEY, first.head, ["late", BIG])
+    with pytest.raises(ConversationBusy):
+        slow.commit(KEY, expected_version=late.expected_version, head=late.head, events=late.events)
+    assert_absent(store)
+    again = commit_turn(store, KEY, None, ["again", "a"])
+    more = commit_turn(store, KEY, again.head, ["more", "b"])
+    assert all_events(store) == [*again.events, *more.events]
+
+
+def test_a_purge_deletes_what_no_late_turn_can_target(store: ConversationStore) -> None:
+    """Items written longer ago than any request runs are deleted outright; the purge
+    leaves one gravestone: its own claim on the next slot, bare of any state."""
+    first = commit_turn(store, KEY, None, ["q1", "a1"])
+    second = commit_turn(store, KEY, first.head, ["q2", "a2"])
+
+    store.clear(KEY, START + timedelta(seconds=codec.LATE_TURN_SECONDS + 1))
+
+    (grave,) = raw_sort_keys(store, KEY)
+    assert grave == keys.event_sort_key(second.head.seq + 1)
+    item = raw_item(store, KEY, grave)
+    assert item is not None and codec.A_STATE not in item and codec.A_BODY not in item
+
+
+def test_a_new_life_after_ttl_removed_the_head_continues_over_the_leftovers(
+    store: ConversationStore,
+) -> None:
+    """DynamoDB's TTL removed the head of a long conversation and the stream's reclaim has
+    not run yet: a new conversation under the same id commits turn after turn over the
+    old life's items (never told busy) and reads back only its own events."""
+    previous: Head | None = None
+    for n in range(12):
+        previous = commit_turn(store, KEY, previous, [f"old q{n}", f"old a{n}"]).head
+    delete_raw_item(store, KEY, keys.HEAD_SK)
+
+    turns: list[Turn] = []
+    head: Head | None = None
+    for n in range(5):
+        turns.append(commit_turn(store, KEY, head, [f"new q{n}", f"new a{n}"]))
+        head = turns[-1].head
+
+    assert store.get_head(KEY) == head
+    events = [e for t in turns for e in t.events]
+    assert store.load(KEY, EVERYTHING) == Snapshot(head=head, events=events, from_start=True)
+    assert all_events(store) == events

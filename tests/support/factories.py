@@ -7,8 +7,10 @@ the stored layout and damage it on purpose.
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -250,6 +252,15 @@ def raw_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
         rows = _sqlite_rows(store, "SELECT sk FROM items WHERE pk = ? ORDER BY sk", pk)
         return [sk for (sk,) in rows]
     raise TypeError(f"no raw access to {type(store).__name__}")
+
+
+def another_environment(store: ConversationStore) -> ConversationStore:
+    """``store`` as another execution environment sees it: the same table (or file, or
+    dict) and objects, none of what ``store`` remembers of the conversations it read."""
+    twin = copy.copy(store)
+    twin._views = {}
+    twin._views_lock = threading.Lock()
+    return twin
 
 
 def data_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:

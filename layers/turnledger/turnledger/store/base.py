@@ -302,6 +302,18 @@ def _contiguous(items: Sequence[Item], top: int) -> bool:
     return True
 
 
+def _needs_more(items: Sequence[Item]) -> bool:
+    """Whether a descending read from ``HEAD`` (``items``, so far) has yet to reach the newest
+    item of ``HEAD``'s life: a live ``HEAD`` followed by no item, or only by other lives'."""
+    if not items or items[0].get(codec.A_SK) != keys.HEAD_SK:
+        return False
+    gen = items[0].get(codec.A_GEN)
+    if any(item.get(codec.A_GEN) == gen for item in items[1:]):
+        return False
+    # A tombstone's life has no item yet; the items below it are the purge's to delete.
+    return len(items) == 1 or _tombstone_of(items[0]) is None
+
+
 def _tombstone_of(item: Item) -> Head | None:
     """The tombstone ``item`` holds, or ``None`` (a live head, or one that cannot be read)."""
     try:
@@ -408,6 +420,9 @@ class _View:
 
     head_item: Item | None
     version: int | None
+    #: The newest item below ``HEAD`` is another life's: leftovers may hold the next slots,
+    #: so commits put ``HEAD`` too (its condition is then the lock, as before issue 21).
+    crowded: bool = False
 
 
 #: Views a store keeps (the newest conversations it read or wrote), so a commit needs no
@@ -498,38 +513,42 @@ class ConversationStore(ABC):
         """The effective head from a descending read from ``HEAD`` (``items``: ``HEAD`` first,
         then the newest event items), remembered for the next commit."""
         if not items or items[0].get(codec.A_SK) != keys.HEAD_SK:
-            self._remember(pk, _View(None, None))
+            # No HEAD: items read are leftovers of a life whose HEAD TTL removed.
+            self._remember(pk, _View(None, None, crowded=bool(items)))
             return None
         head = codec.decode_head(items[0])
         # The newest item of this life: past another life's leftovers and gravestones.
         newest = next((i for i in items[1:] if i.get(codec.A_GEN) == head.gen), None)
         effective = codec.effective_head(head, newest)
-        self._remember(pk, _View(items[0], effective.version))
+        crowded = len(items) > 1 and items[1].get(codec.A_GEN) != head.gen
+        self._remember(pk, _View(items[0], effective.version, crowded))
         return effective
 
     def _from_head(self, pk: str, limit: int) -> Page:
         """The first ``limit`` items descending from ``HEAD``, consistently; at least ``HEAD``
-        and the newest item below it when there is one, however the backend pages."""
+        and the newest item of ``HEAD``'s life below it when there is one, however the
+        backend pages and however many leftovers of other lives lie above it."""
         page = self._query(
             pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=limit, cursor=None
         )
-        if len(page.items) == 1 and page.cursor is not None:
-            more = self._query(
-                pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=1, cursor=page.cursor
+        items = page.items
+        while page.cursor is not None and _needs_more(items):
+            # Only past leftovers (a life that began after TTL removed the last HEAD, before
+            # the stream's reclaim) or a page of HEAD alone: rare, and bounded by them.
+            page = self._query(
+                pk,
+                upper=keys.HEAD_SK,
+                lower=None,
+                descending=True,
+                limit=FIRST_PAGE,
+                cursor=page.cursor,
             )
-            return Page([*page.items, *more.items], more.cursor)
-        return page
+            items = [*items, *page.items]
+        return Page(items, page.cursor)
 
     def _read_view(self, pk: str) -> tuple[Head | None, _View]:
         """The effective head and its view, read consistently: ``HEAD`` and the newest items."""
         items = self._from_head(pk, 2).items
-        if (
-            len(items) == 2
-            and items[0].get(codec.A_SK) == keys.HEAD_SK
-            and items[1].get(codec.A_GEN) != items[0].get(codec.A_GEN)
-        ):
-            # The newest item is a leftover of another life: look further for this life's.
-            items = self._from_head(pk, FIRST_PAGE).items
         head = self._effective(pk, items)
         view = self._recalled(pk)
         assert view is not None
@@ -841,8 +860,9 @@ class ConversationStore(ABC):
             self._discard(written)
             raise
         head_item = codec.encode_head(key, codec.head_of_record(head))
-        # HEAD only when what it holds changes: a plain turn is one conditional put.
-        write_head = not codec.same_slow_state(view.head_item, head_item)
+        # HEAD only when what it holds changes (or leftovers of another life crowd the next
+        # slots): a plain turn is one conditional put.
+        write_head = view.crowded or not codec.same_slow_state(view.head_item, head_item)
         changes = inbox_changes or inbox.InboxChanges()
         puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
         deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
@@ -862,6 +882,8 @@ class ConversationStore(ABC):
                     puts=puts,
                     deletes=deletes,
                     marker_version=expected_version,
+                    # HEAD's condition is the lock: another life's items are leftovers.
+                    head_locked=write_head,
                 )
             else:
                 self._put_turn(turn_items[0], expected_version)
@@ -876,7 +898,12 @@ class ConversationStore(ABC):
         # the objects stay, since deleting them could break a turn that did land. If it
         # did not, they are leftovers under the conversation's prefix that clear and sweep
         # remove.
-        self._remember(pk, _View(head_item if write_head else view.head_item, head.version))
+        # Leftovers may lie above the slot just written: the next commit reads again.
+        if view.crowded:
+            with self._views_lock:
+                self._views.pop(pk, None)
+        else:
+            self._remember(pk, _View(head_item if write_head else view.head_item, head.version))
         heads = [head_item] if write_head else []
         return sum(codec.item_size(item) for item in [*turn_items, *puts, *heads]) + offloaded
 
@@ -1116,7 +1143,10 @@ class ConversationStore(ABC):
             limit=1,
             cursor=None,
         )
-        return codec.last_sequence(page.items[0]) if page.items else 0
+        if not page.items:
+            return 0
+        # A marker (a clear's claim among them) holds its slot without an event.
+        return max(codec.last_sequence(page.items[0]), _storage_sequence(page.items[0]))
 
     def _delete_partition(
         self, pk: str, tomb: Head, report: PurgeReport, kept: dict[str, int]
@@ -1144,6 +1174,7 @@ class ConversationStore(ABC):
                 cursor=cursor,
             )
             doomed: list[str] = []
+            graves: list[Item] = []
             companions: list[str] = []
             for item in page.items:
                 sort_key = str(item[codec.A_SK])
@@ -1160,9 +1191,14 @@ class ConversationStore(ABC):
                     if codec.is_gravestone(item, tomb.updated_at):
                         continue  # it still holds the slot against late turns; TTL removes it
                     if sequence <= tomb.base and not read:
-                        doomed.append(sort_key)
                         events += _events_in(item)
                         report.provider_responses.extend(_stored_responses(item))
+                        if codec.keeps_slot(item, tomb.updated_at):
+                            # A turn that read before the clear may still target this slot:
+                            # a gravestone replaces the item (it is never absent meanwhile).
+                            graves.append(codec.bare_gravestone(item, tomb.updated_at))
+                        else:
+                            doomed.append(sort_key)
                 elif item.get(codec.A_GEN) != tomb.gen:
                     doomed.append(sort_key)
                     companion = item.get(codec.A_COMPANION)
@@ -1171,6 +1207,8 @@ class ConversationStore(ABC):
             if companions:
                 tenant = keys.parse_partition_key(pk).tenant
                 self._delete_items(keys.partition_key(keys.tenant_items(tenant)), companions)
+            if graves:
+                self._put_items(graves)
             if doomed:
                 self._delete_items(pk, doomed)
             if page.cursor is None:
@@ -1506,6 +1544,7 @@ class ConversationStore(ABC):
         checks: Sequence[Item] = (),
         slots: Sequence[Item] = (),
         marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
         """Atomically put ``events`` and ``head`` (``None``: no head is written), put ``puts``
         (each in its own item's partition) and delete the items of the partition at the
@@ -1514,9 +1553,10 @@ class ConversationStore(ABC):
         Conditions: the stored head is still ``expected`` (as in :meth:`_replace_head`:
         ``ver``, ``g`` and ``fx``; ``None``: no head exists), when ``head`` is given; each
         event item's key is a free slot for the life ``gen`` (:func:`.codec.slot_free`
-        with ``marker_version``: nothing, another life's item, or the marker of that
-        version); the head of each of ``checks``' partitions is still that head item; the
-        key of each of ``slots`` (items with ``pk``, ``sk``, ``g`` and maybe ``ver``) is a
+        with ``marker_version`` and ``head_locked``: nothing, another life's gravestone, the
+        marker of that version; with ``head_locked``, any item of another life); the head
+        of each of ``checks``' partitions is still that head item; the key of each of
+        ``slots`` (items with ``pk``, ``sk``, ``g`` and maybe ``ver``) is a
         free slot for its ``g`` and ``ver``. ``puts`` and ``deletes`` carry no condition of
         their own.
 

@@ -50,17 +50,27 @@ _RECORD_ATTEMPTS = 3
 _HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FENCE}
 
 
-def _slot_condition(gen: str, marker_version: int | None) -> dict[str, Any]:
+def _slot_condition(
+    gen: str, marker_version: int | None, *, head_locked: bool = False
+) -> dict[str, Any]:
     """Condition arguments of a write at a turn slot (:func:`.codec.slot_free`): nothing
     there, another life's gravestone, or this life's marker (no gravestone) of the version
-    the commit read."""
-    names = {"#pk": codec.A_PK, "#g": codec.A_GEN, "#n": codec.A_COUNT, "#x": codec.A_EXPIRES}
-    values: dict[str, Any] = {":g": _serializer.serialize(gen), ":zero": _serializer.serialize(0)}
-    expression = "attribute_not_exists(#pk) OR (#n = :zero AND #g <> :g AND attribute_exists(#x))"
+    the commit read; with ``head_locked``, any item of another life."""
+    names = {"#pk": codec.A_PK, "#g": codec.A_GEN}
+    values: dict[str, Any] = {":g": _serializer.serialize(gen)}
+    if head_locked:
+        expression = "attribute_not_exists(#pk) OR #g <> :g"
+    else:
+        expression = (
+            "attribute_not_exists(#pk) OR (#n = :zero AND #g <> :g AND attribute_exists(#x))"
+        )
     if marker_version is not None:
         names["#ver"] = codec.A_VERSION
         values[":mv"] = _serializer.serialize(marker_version)
         expression += " OR (#n = :zero AND #g = :g AND #ver = :mv AND attribute_not_exists(#x))"
+    if "#n" in expression:
+        names |= {"#n": codec.A_COUNT, "#x": codec.A_EXPIRES}
+        values[":zero"] = _serializer.serialize(0)
     return {
         "ConditionExpression": expression,
         "ExpressionAttributeNames": names,
@@ -302,6 +312,7 @@ class DynamoDBConversationStore(ConversationStore):
         checks: Sequence[Item] = (),
         slots: Sequence[Item] = (),
         marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
         pk = (head or events[0])[codec.A_PK]
         transact: list[Any] = [
@@ -309,7 +320,7 @@ class DynamoDBConversationStore(ConversationStore):
                 "Put": {
                     "TableName": self.table_name,
                     "Item": _to_wire(e),
-                    **_slot_condition(gen, marker_version),
+                    **_slot_condition(gen, marker_version, head_locked=head_locked),
                 }
             }
             for e in events

@@ -86,6 +86,7 @@ class MemoryConversationStore(ConversationStore):
         checks: Sequence[Item] = (),
         slots: Sequence[Item] = (),
         marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
         codec.check_item_sizes([*events, *puts, *([head] if head is not None else [])])
         pk = (head or events[0])[codec.A_PK]
@@ -97,7 +98,7 @@ class MemoryConversationStore(ConversationStore):
             )
             for event in events:
                 stored = partition.get(event[codec.A_SK])
-                ok = ok and codec.slot_free(stored, gen, marker_version)
+                ok = ok and codec.slot_free(stored, gen, marker_version, head_locked=head_locked)
             for slot in slots:
                 stored = self.items.get(slot[codec.A_PK], {}).get(slot[codec.A_SK])
                 ok = ok and codec.slot_free(stored, slot[codec.A_GEN], slot.get(codec.A_VERSION))

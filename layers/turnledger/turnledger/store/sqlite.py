@@ -314,6 +314,7 @@ class SQLiteConversationStore(ConversationStore):
         checks: Sequence[Item] = (),
         slots: Sequence[Item] = (),
         marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
         heads = [head] if head is not None else []
         codec.check_item_sizes([*events, *puts, *heads])
@@ -328,7 +329,9 @@ class SQLiteConversationStore(ConversationStore):
                 )
                 for event in events:
                     stored = self._stored(db, pk, event[codec.A_SK])
-                    ok = ok and codec.slot_free(stored, gen, marker_version)
+                    ok = ok and codec.slot_free(
+                        stored, gen, marker_version, head_locked=head_locked
+                    )
                 for slot in slots:
                     stored = self._stored(db, slot[codec.A_PK], slot[codec.A_SK])
                     ok = ok and codec.slot_free(
