@@ -419,8 +419,9 @@ def test_load_reports_a_gap_in_the_log(store: ConversationStore) -> None:
     third = commit_turn(store, KEY, second.head, ["b1"])
     delete_raw_item(store, KEY, keys.event_sort_key(2))
 
+    # Read where the items were not read before (the store keeps what it last read).
     with pytest.raises(CorruptedState):
-        store.load(KEY, EVERYTHING)
+        another_environment(store).load(KEY, EVERYTHING)
     with pytest.raises(CorruptedState):
         store.read_events(KEY, third.head, after=0, limit=10)
 
@@ -599,8 +600,9 @@ def test_an_event_of_an_unknown_schema_version_is_unsupported(store: Conversatio
     turn = commit_turn(store, KEY, None, ["q1", "a1"])
     corrupt(store, KEY, holding(store, KEY, 2), **{codec.A_SCHEMA: 99})
 
+    # Read where the items were not read before (the store keeps what it last read).
     with pytest.raises(UnsupportedStateVersion) as caught:
-        store.load(KEY, EVERYTHING)
+        another_environment(store).load(KEY, EVERYTHING)
     assert caught.value.details["found"] == 99
     assert caught.value.details["supported"] == SUPPORTED_SCHEMA_VERSIONS
     with pytest.raises(UnsupportedStateVersion):
@@ -624,8 +626,9 @@ def test_a_damaged_event_is_corrupted_state(
     turn = commit_turn(store, KEY, None, ["q1", "a1", "b1"])
     corrupt(store, KEY, holding(store, KEY, 2), **damage)
 
+    # Read where the items were not read before (the store keeps what it last read).
     with pytest.raises(CorruptedState):
-        store.load(KEY, EVERYTHING)
+        another_environment(store).load(KEY, EVERYTHING)
     with pytest.raises(CorruptedState):
         store.read_events(KEY, turn.head, after=0, limit=10)
 
@@ -1323,3 +1326,27 @@ def test_a_new_life_after_ttl_removed_the_head_continues_over_the_leftovers(
     events = [e for t in turns for e in t.events]
     assert store.load(KEY, EVERYTHING) == Snapshot(head=head, events=events, from_start=True)
     assert all_events(store) == events
+
+
+def test_a_load_after_its_own_commit_is_one_read_and_never_stale(store: ConversationStore) -> None:
+    """An execution environment keeps the newest items it read or wrote: its next load reads
+    only ``HEAD`` and what lies above them, in one round trip, when nothing else was
+    written; after another environment's commit it reads that commit too (never a stale
+    view), and either way it reads what a fresh environment reads."""
+    previous: Head | None = None
+    for n in range(12):
+        previous = commit_turn(store, KEY, previous, [f"q{n}", f"a{n}" * 50]).head
+    store.load(KEY, EVERYTHING)
+    turn = commit_turn(store, KEY, previous, ["q12", "a12"])
+
+    before = store.meter.snapshot()
+    snapshot = store.load(KEY, EVERYTHING)
+    assert store.meter.since(before).read_calls == 1
+    assert snapshot == another_environment(store).load(KEY, EVERYTHING)
+    assert snapshot.head == turn.head and snapshot.events[-2:] == turn.events
+
+    theirs = commit_turn(another_environment(store), KEY, turn.head, ["q13", "a13"])
+    seen = store.load(KEY, EVERYTHING)
+    assert seen.head == theirs.head and seen.events[-2:] == theirs.events
+    assert seen == another_environment(store).load(KEY, EVERYTHING)
+    assert len(seen.events) == 28

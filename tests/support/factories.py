@@ -259,6 +259,7 @@ def another_environment(store: ConversationStore) -> ConversationStore:
     dict) and objects, none of what ``store`` remembers of the conversations it read."""
     twin = copy.copy(store)
     twin._views = {}
+    twin._contexts = {}
     twin._views_lock = threading.Lock()
     return twin
 

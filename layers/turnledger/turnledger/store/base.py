@@ -431,6 +431,29 @@ _VIEWS = 1024
 
 
 @dataclass(frozen=True)
+class _Context:
+    """The newest event items of one life a load read (newest first, consecutive slots),
+    kept by the execution environment: the next load checks that the newest is still the
+    newest item and reads only what is above it (docs/STORAGE.md, "Reads")."""
+
+    gen: str
+    items: tuple[Item, ...]
+
+
+#: Conversations whose newest items an execution environment keeps, and items kept of each
+#: (a 4,000-token context is about ten turn items).
+_CONTEXTS = 32
+_CONTEXT_ITEMS = 64
+
+
+def _same_item(a: Item, b: Item) -> bool:
+    """Whether ``a`` and ``b`` are one stored item: an item of a life at a slot is never
+    rewritten, but for a marker, which a commit replaces at a new version."""
+    names = (codec.A_SK, codec.A_GEN, codec.A_VERSION, codec.A_COUNT)
+    return all(a.get(name) == b.get(name) for name in names)
+
+
+@dataclass(frozen=True)
 class _FirstPage:
     """The events a load's first query read with the head (newest first), and whether
     the query had more."""
@@ -497,6 +520,7 @@ class ConversationStore(ABC):
         self.meter = meter or CapacityMeter()
         self._views: dict[str, _View] = {}
         self._views_lock = threading.Lock()
+        self._contexts: dict[str, _Context] = {}
 
     def _remember(self, pk: str, view: _View) -> None:
         with self._views_lock:
@@ -508,6 +532,48 @@ class ConversationStore(ABC):
     def _recalled(self, pk: str) -> _View | None:
         with self._views_lock:
             return self._views.get(pk)
+
+    def _keep_context(self, pk: str, context: _Context | None) -> None:
+        with self._views_lock:
+            self._contexts.pop(pk, None)
+            if context is not None and context.items:
+                self._contexts[pk] = _Context(context.gen, context.items[:_CONTEXT_ITEMS])
+                while len(self._contexts) > _CONTEXTS:
+                    del self._contexts[next(iter(self._contexts))]
+
+    def _kept_context(self, pk: str) -> _Context | None:
+        with self._views_lock:
+            return self._contexts.get(pk)
+
+    def _first_page(self, pk: str) -> Page:
+        """The load's first read: ``HEAD`` and the newest items, consistently. When this
+        environment kept the newest items of its last read (or commit) and the newest of
+        them is still the newest item, only ``HEAD`` and what lies above it are read, and
+        the kept items follow (one round trip of about 1 RCU on most turns)."""
+        kept = self._kept_context(pk)
+        if kept is not None:
+            newest = kept.items[0]
+            page = self._query(
+                pk,
+                upper=keys.HEAD_SK,
+                lower=str(newest[codec.A_SK]),
+                descending=True,
+                limit=FIRST_PAGE,
+                cursor=None,
+            )
+            items = page.items
+            if (
+                page.cursor is None
+                and len(items) >= 2
+                and items[0].get(codec.A_SK) == keys.HEAD_SK
+                and items[0].get(codec.A_GEN) == kept.gen
+                and _same_item(items[-1], newest)
+            ):
+                # The newest item as just read (its head state is what counts), then the
+                # kept ones below it, never rewritten.
+                return Page([*items, *kept.items[1:]], cursor=True)
+            self._keep_context(pk, None)  # another environment wrote meanwhile: read anew
+        return self._from_head(pk, FIRST_PAGE)
 
     def _effective(self, pk: str, items: Sequence[Item]) -> Head | None:
         """The effective head from a descending read from ``HEAD`` (``items``: ``HEAD`` first,
@@ -601,8 +667,11 @@ class ConversationStore(ABC):
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
         """
         pk = keys.partition_key(key)
-        page = self._from_head(pk, FIRST_PAGE)
+        page = self._first_page(pk)
         head = self._effective(pk, page.items)
+        view = self._recalled(pk)
+        if head is None or head.status is ConversationStatus.CLEARED or (view and view.crowded):
+            self._keep_context(pk, None)
         if head is None:
             return Snapshot(head=None, events=[], from_start=True)
         if head.status is ConversationStatus.CLEARED:
@@ -610,15 +679,19 @@ class ConversationStore(ABC):
         floor = head.summary.through if head.summary is not None else 0
         window = _Window(budget)
         complete = True
+        # The own life's items this read went through, newest first: kept for the next load.
+        seen: list[Item] = []
         for piece in reversed(_pieces(key, head)):
             low = max(piece.first, floor + 1)
             if low > piece.last:
                 break
             own = piece.gen == head.gen and piece.key == key
             first = _FirstPage(page.items[1:], page.cursor is not None) if own else None
-            if not self._read_back(piece, low, first, budget, window):
+            if not self._read_back(piece, low, first, budget, window, seen if own else None):
                 complete = False
                 break
+        if seen and not (view and view.crowded):
+            self._keep_context(pk, _Context(head.gen, tuple(seen)))
         from_start = complete and window.close() and floor == 0
         events = [
             self._event(piece, seq, stored) for (piece, seq), stored in reversed(window.taken)
@@ -632,12 +705,14 @@ class ConversationStore(ABC):
         first: _FirstPage | None,
         budget: ContextBudget,
         window: _Window,
+        seen: list[Item] | None = None,
     ) -> bool:
         """Offer ``piece``'s events from its newest down to public sequence ``low`` to
         ``window``, newest first; ``False`` once the window takes nothing older.
 
         ``first``: items already read (the load's first page, newest first), used before
-        any query of this piece.
+        any query of this piece. ``seen``: gets the items of this life gone through, newest
+        first (consecutive: the context an environment keeps).
         """
         expected = piece.last  # the next (older) public sequence the log must hold
         items: Sequence[Item] = first.items if first is not None else ()
@@ -647,8 +722,14 @@ class ConversationStore(ABC):
         while True:
             reached_low = False
             for item in items:
-                if _storage_sequence(item) > piece.base + piece.last or _leftover(item, piece):
+                if _leftover(item, piece):
                     continue  # a leftover of an earlier life (a gap, if it hides an event)
+                if seen is not None and (
+                    not seen or _storage_sequence(seen[-1]) > (_storage_sequence(item))
+                ):
+                    seen.append(item)
+                if _storage_sequence(item) > piece.base + piece.last:
+                    continue  # a marker above the log: no event
                 if codec.last_sequence(item) < piece.base + low:
                     reached_low = True
                     break
@@ -902,10 +983,25 @@ class ConversationStore(ABC):
         if view.crowded:
             with self._views_lock:
                 self._views.pop(pk, None)
+            self._keep_context(pk, None)
         else:
             self._remember(pk, _View(head_item if write_head else view.head_item, head.version))
+            self._keep_context(pk, self._context_after(pk, head.gen, turn_items))
         heads = [head_item] if write_head else []
         return sum(codec.item_size(item) for item in [*turn_items, *puts, *heads]) + offloaded
+
+    def _context_after(self, pk: str, gen: str, written: list[Item]) -> _Context:
+        """What this environment keeps of the conversation once it wrote ``written`` (turn
+        items or a marker, oldest first): those, over what it kept before when that ends
+        just below them (a marker they replaced left out)."""
+        kept = self._kept_context(pk)
+        newest = tuple(reversed(written))
+        if kept is None or kept.gen != gen:
+            return _Context(gen, newest)
+        below = [i for i in kept.items if i.get(codec.A_SK) != written[0].get(codec.A_SK)]
+        if below and codec.last_sequence(below[0]) + 1 == _storage_sequence(written[0]):
+            return _Context(gen, (*newest, *below))
+        return _Context(gen, newest)
 
     def _offload(
         self,
