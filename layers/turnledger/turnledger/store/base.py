@@ -440,10 +440,11 @@ class _Context:
     items: tuple[Item, ...]
 
 
-#: Conversations whose newest items an execution environment keeps, and items kept of each
-#: (a 4,000-token context is about ten turn items).
+#: Conversations whose newest items an execution environment keeps, and items kept of each:
+#: as many as a load may read (:class:`ContextBudget`'s 400 events, 400,000 characters), so
+#: at most some 16 MB in all.
 _CONTEXTS = 32
-_CONTEXT_ITEMS = 64
+_CONTEXT_ITEMS = 400
 
 
 def _same_item(a: Item, b: Item) -> bool:
