@@ -571,7 +571,7 @@ class ConversationStore(ABC):
                 and _same_item(items[-1], newest)
             ):
                 # The newest item as just read (its head state is what counts), then the
-                # kept ones below it, never rewritten.
+                # kept ones below it, never rewritten; older ones may follow (a cursor).
                 return Page([*items, *kept.items[1:]], cursor=True)
             self._keep_context(pk, None)  # another environment wrote meanwhile: read anew
         return self._from_head(pk, FIRST_PAGE)
