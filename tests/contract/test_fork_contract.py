@@ -16,6 +16,7 @@ from tests.support.factories import (
     START,
     FakeClock,
     commit_turn,
+    data_sort_keys,
     delete_raw_item,
     raw_sort_keys,
 )
@@ -98,7 +99,7 @@ def test_the_fork_write_is_conditional_on_the_parents_head(store: ConversationSt
     with pytest.raises(ConversationBusy):
         store.fork(PARENT, stale, FORK, _fork_head(stale, 4, 2), expected_version=None, now=START)
     assert store.get_head(FORK) is None
-    assert raw_sort_keys(store, FORK) == []
+    assert data_sort_keys(store, FORK) == []
     assert not [k for k in raw_sort_keys(store, PARENT) if k.startswith(keys.FORK_REF_PREFIX)]
 
 
@@ -110,13 +111,13 @@ def test_a_cleared_parent_keeps_what_its_fork_reads_until_the_fork_goes(
     store.clear(PARENT, START)
     head = store.get_head(PARENT)
     assert head is not None and not head.is_visible(START), "a tombstone, kept above them"
-    left = [k for k in raw_sort_keys(store, PARENT) if k.startswith(keys.EVENT_PREFIX)]
+    left = [k for k in data_sort_keys(store, PARENT) if k.startswith(keys.EVENT_PREFIX)]
     # One turn item per commit (two events each): the two that hold events 1..4.
     assert left == [keys.event_sort_key(n) for n in (1, 3)], "only what the fork reads"
     assert _texts(store, FORK)[-1] == "answer 1"
     report = store.clear(FORK, START)
     assert report.reclaimed_lives == 1 and report.events == 4
-    assert raw_sort_keys(store, PARENT) == [] and raw_sort_keys(store, FORK) == []
+    assert data_sort_keys(store, PARENT) == [] and data_sort_keys(store, FORK) == []
 
 
 def test_ttl_removed_heads_keep_and_then_release_what_forks_read(
@@ -133,7 +134,7 @@ def test_ttl_removed_heads_keep_and_then_release_what_forks_read(
     delete_raw_item(store, FORK, keys.HEAD_SK)
     report = sweeper.reclaim([FORK])
     assert report.fork_lives_reclaimed == 1
-    assert raw_sort_keys(store, PARENT) == [] and raw_sort_keys(store, FORK) == []
+    assert data_sort_keys(store, PARENT) == [] and data_sort_keys(store, FORK) == []
 
 
 def test_a_new_life_on_a_deleted_parents_id_starts_above_what_forks_read(
@@ -168,4 +169,4 @@ def test_a_ttl_removed_parent_gets_a_tombstone_above_what_forks_read(
     tomb = store.get_head(PARENT)
     assert tomb is not None and tomb.status.value == "cleared" and tomb.base >= parent.seq
     store.clear(FORK, START)
-    assert raw_sort_keys(store, PARENT) == []
+    assert data_sort_keys(store, PARENT) == []

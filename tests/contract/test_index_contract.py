@@ -9,6 +9,8 @@ test's docstring states the invariant it protects.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from turnledger.core.models import ConversationKey, ConversationStatus
 from turnledger.store import codec, keys
 from turnledger.store.base import ContextBudget, ConversationStore
@@ -221,7 +223,9 @@ def test_delete_event_holds_only_for_the_life_read(store: ConversationStore) -> 
     key = make_key()
     old = _one_event_per_item(store, key, ["old 1", "old 2"])
     stamps = store.event_stamps(key)
-    store.clear(key, START)  # the old items go; a new life rewrites sequence 1
+    # The old items go (written longer ago than any request runs: no gravestone stays at
+    # their slots, docs/STORAGE.md); a new life rewrites sequence 1.
+    store.clear(key, START + timedelta(seconds=codec.LATE_TURN_SECONDS + 1))
     new = commit_turn(store, key, None, ["new 1"])
 
     assert not store.delete_event(key, stamps[0]), "overwritten by the new life"

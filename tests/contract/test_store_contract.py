@@ -13,6 +13,8 @@ import hashlib
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from datetime import timedelta
 from unittest import mock
 
 import pytest
@@ -47,11 +49,13 @@ from tests.support.factories import (
     START,
     FakeClock,
     Turn,
+    another_environment,
     blob_keys,
     build_turn,
     commit_turn,
     corrupt,
     corrupt_event_body,
+    data_sort_keys,
     delete_raw_item,
     holding,
     interleave,
@@ -97,7 +101,7 @@ def assert_absent(store: ConversationStore, key: ConversationKey = KEY) -> None:
     """Nothing of the conversation is left: no head, no event item, no object."""
     assert store.get_head(key) is None
     assert store.load(key, EVERYTHING) == Snapshot(head=None, events=[], from_start=True)
-    assert raw_sort_keys(store, key) == []
+    assert data_sort_keys(store, key) == []
     assert blob_keys(store, key) == []
 
 
@@ -415,8 +419,9 @@ def test_load_reports_a_gap_in_the_log(store: ConversationStore) -> None:
     third = commit_turn(store, KEY, second.head, ["b1"])
     delete_raw_item(store, KEY, keys.event_sort_key(2))
 
+    # Read where the items were not read before (the store keeps what it last read).
     with pytest.raises(CorruptedState):
-        store.load(KEY, EVERYTHING)
+        another_environment(store).load(KEY, EVERYTHING)
     with pytest.raises(CorruptedState):
         store.read_events(KEY, third.head, after=0, limit=10)
 
@@ -595,8 +600,9 @@ def test_an_event_of_an_unknown_schema_version_is_unsupported(store: Conversatio
     turn = commit_turn(store, KEY, None, ["q1", "a1"])
     corrupt(store, KEY, holding(store, KEY, 2), **{codec.A_SCHEMA: 99})
 
+    # Read where the items were not read before (the store keeps what it last read).
     with pytest.raises(UnsupportedStateVersion) as caught:
-        store.load(KEY, EVERYTHING)
+        another_environment(store).load(KEY, EVERYTHING)
     assert caught.value.details["found"] == 99
     assert caught.value.details["supported"] == SUPPORTED_SCHEMA_VERSIONS
     with pytest.raises(UnsupportedStateVersion):
@@ -620,8 +626,9 @@ def test_a_damaged_event_is_corrupted_state(
     turn = commit_turn(store, KEY, None, ["q1", "a1", "b1"])
     corrupt(store, KEY, holding(store, KEY, 2), **damage)
 
+    # Read where the items were not read before (the store keeps what it last read).
     with pytest.raises(CorruptedState):
-        store.load(KEY, EVERYTHING)
+        another_environment(store).load(KEY, EVERYTHING)
     with pytest.raises(CorruptedState):
         store.read_events(KEY, turn.head, after=0, limit=10)
 
@@ -709,7 +716,9 @@ def test_clear_finishes_an_interrupted_purge(store: ConversationStore) -> None:
     def crash() -> None:
         raise RuntimeError("the purge stopped here")
 
-    with interleave(store, "_delete_items", crash) as staged, pytest.raises(RuntimeError):
+    # The purge's first deleting write: every item here was written just now, so a
+    # gravestone replaces each (docs/STORAGE.md, "clear wins").
+    with interleave(store, "_put_items", crash) as staged, pytest.raises(RuntimeError):
         store.clear(KEY, START)
     assert staged.ran
     tomb = store.get_head(KEY)
@@ -739,7 +748,7 @@ def test_clear_wins_against_turns_that_keep_committing(store: ConversationStore)
             outcomes.append("landed")
 
     with (
-        interleave(store, "_fence_head", a_turn) as before_fence,
+        interleave(store, "_fence", a_turn) as before_fence,
         interleave(store, "_replace_head", a_turn) as before_tombstone,
     ):
         report = store.clear(KEY, START)
@@ -838,10 +847,10 @@ def test_the_sweep_and_refiling_leave_a_fenced_head_to_its_clear(
     assert all_events(store) == first.events
 
 
-def test_clear_replaces_a_tombstone_it_fenced(store: ConversationStore) -> None:
-    """Another purge writes its tombstone just before clear fences the head it read (so the
-    fence lands on the tombstone): the clear replaces that tombstone and removes everything;
-    no new life can start on the fenced tombstone meanwhile."""
+def test_clear_finishes_a_tombstone_written_before_its_fence(store: ConversationStore) -> None:
+    """Another purge writes its tombstone just before clear fences the head it read: the
+    fence (conditional on the head as read, with its claim of the next slot) does not land,
+    and the clear finishes that purge instead, removing everything."""
     first = commit_turn(store, KEY, None, ["q1", BIG])
     second = commit_turn(store, KEY, first.head, ["q2"])
     tomb = make_head(
@@ -865,13 +874,13 @@ def test_clear_replaces_a_tombstone_it_fenced(store: ConversationStore) -> None:
             blocked.append("busy")
 
     with (
-        interleave(store, "_fence_head", another_purge_writes_its_tombstone) as staged,
+        interleave(store, "_fence", another_purge_writes_its_tombstone) as staged,
         interleave(store, "_replace_head", a_new_life_on_the_tombstone) as racing,
     ):
         report = store.clear(KEY, START)
 
-    assert (staged.ran, racing.ran) == (1, 1)
-    assert blocked == ["busy"]
+    assert (staged.ran, racing.ran) == (1, 0)
+    assert blocked == []
     assert (report.events, report.objects) == (3, 1)
     assert_absent(store)
 
@@ -943,7 +952,8 @@ def test_a_purge_keeps_what_the_next_life_wrote(store: ConversationStore) -> Non
     (turn,) = new
     assert store.get_head(KEY) == turn.head
     assert all_events(store) == turn.events
-    assert raw_sort_keys(store, KEY) == ["E#000000000003", "HEAD", "I#new"]
+    # The new life starts above the clear's claim on slot 3 (a gravestone, no data).
+    assert data_sort_keys(store, KEY) == ["E#000000000004", "HEAD", "I#new"]
     assert blob_keys(store, KEY) == refs_of(store, turn)
     assert (report.events, report.objects) == (2, 1)
 
@@ -984,7 +994,8 @@ def test_a_turn_racing_a_purge_starts_a_new_life_above_the_old_one(
         assert snapshot.events == []
         new.append(commit_turn(store, KEY, snapshot.head, ["fresh start", BIG]))
 
-    with interleave(store, "_delete_items", concurrent_turn) as staged:
+    # At the purge's first deleting write (gravestones over the items written just now).
+    with interleave(store, "_put_items", concurrent_turn) as staged:
         report = store.clear(KEY, START)
 
     assert staged.ran
@@ -1010,7 +1021,10 @@ def test_a_new_conversation_racing_a_clear_of_leftovers_is_never_half_deleted(
     new: list[Turn] = []
 
     def concurrent_new_conversation() -> None:
-        new.append(commit_turn(store, KEY, None, ["new q", BIG, "new a"]))
+        # A new life never overwrites another life's items (docs/STORAGE.md): over the
+        # leftovers it may be refused busy (retryable) until they are gone.
+        with suppress(ConversationBusy):
+            new.append(commit_turn(store, KEY, None, ["new q", BIG, "new a"]))
 
     # Right after clear looked for leftover events, before it deletes anything.
     with interleave(store, "_query", concurrent_new_conversation, after=True) as staged:
@@ -1191,7 +1205,8 @@ def test_get_head_returns_the_head_in_any_state(store: ConversationStore) -> Non
     assert head.pending[0].arguments == {"city": "Paris"}
     item = raw_item(store, KEY, keys.HEAD_SK)
     assert item is not None
-    assert item[codec.A_EXPIRES] == int(START.timestamp()) + 60
+    # HEAD's TTL: the end of the expiry's hour bucket, never earlier (docs/STORAGE.md).
+    assert item[codec.A_EXPIRES] == codec.bucket_end(int(START.timestamp()) + 60)
 
 
 def test_commit_reports_the_bytes_it_wrote(store: ConversationStore) -> None:
@@ -1249,3 +1264,89 @@ def test_a_commit_too_large_for_one_item_writes_several_turn_items(
     assert all(stored_ref(store, KEY, n) is None for n in range(1, 9)), "all inline"
     assert store.load(KEY, EVERYTHING).events == turn.events
     assert store.read_events(KEY, turn.head, after=0, limit=8) == turn.events
+
+
+# --- the slot as the lock: late turns, leftovers ------------------------------------------
+
+
+def test_a_turn_that_read_before_an_earlier_commit_and_a_clear_never_lands_after_them(
+    store: ConversationStore,
+) -> None:
+    """A turn that read version 1 lost its slot to turn 2, and then a clear purged turn 2:
+    the purge leaves that slot taken (a gravestone holding no data, for DynamoDB's TTL),
+    so the late turn is refused and nothing of the deleted life is stored again; a new
+    conversation under the same id then writes over the gravestones."""
+    first = commit_turn(store, KEY, None, ["q1"])
+    slow = another_environment(store)  # where the late turn runs: it read version 1
+    assert slow.load(KEY, EVERYTHING).head == first.head
+    commit_turn(store, KEY, first.head, ["q2", BIG])
+    store.clear(KEY, START)
+
+    late = build_turn(KEY, first.head, ["late", BIG])
+    with pytest.raises(ConversationBusy):
+        slow.commit(KEY, expected_version=late.expected_version, head=late.head, events=late.events)
+    assert_absent(store)
+    again = commit_turn(store, KEY, None, ["again", "a"])
+    more = commit_turn(store, KEY, again.head, ["more", "b"])
+    assert all_events(store) == [*again.events, *more.events]
+
+
+def test_a_purge_deletes_what_no_late_turn_can_target(store: ConversationStore) -> None:
+    """Items written longer ago than any request runs are deleted outright; the purge
+    leaves one gravestone: its own claim on the next slot, bare of any state."""
+    first = commit_turn(store, KEY, None, ["q1", "a1"])
+    second = commit_turn(store, KEY, first.head, ["q2", "a2"])
+
+    store.clear(KEY, START + timedelta(seconds=codec.LATE_TURN_SECONDS + 1))
+
+    (grave,) = raw_sort_keys(store, KEY)
+    assert grave == keys.event_sort_key(second.head.seq + 1)
+    item = raw_item(store, KEY, grave)
+    assert item is not None and codec.A_STATE not in item and codec.A_BODY not in item
+
+
+def test_a_new_life_after_ttl_removed_the_head_continues_over_the_leftovers(
+    store: ConversationStore,
+) -> None:
+    """DynamoDB's TTL removed the head of a long conversation and the stream's reclaim has
+    not run yet: a new conversation under the same id commits turn after turn over the
+    old life's items (never told busy) and reads back only its own events."""
+    previous: Head | None = None
+    for n in range(12):
+        previous = commit_turn(store, KEY, previous, [f"old q{n}", f"old a{n}"]).head
+    delete_raw_item(store, KEY, keys.HEAD_SK)
+
+    turns: list[Turn] = []
+    head: Head | None = None
+    for n in range(5):
+        turns.append(commit_turn(store, KEY, head, [f"new q{n}", f"new a{n}"]))
+        head = turns[-1].head
+
+    assert store.get_head(KEY) == head
+    events = [e for t in turns for e in t.events]
+    assert store.load(KEY, EVERYTHING) == Snapshot(head=head, events=events, from_start=True)
+    assert all_events(store) == events
+
+
+def test_a_load_after_its_own_commit_is_one_read_and_never_stale(store: ConversationStore) -> None:
+    """An execution environment keeps the newest items it read or wrote: its next load reads
+    only ``HEAD`` and what lies above them, in one round trip, when nothing else was
+    written; after another environment's commit it reads that commit too (never a stale
+    view), and either way it reads what a fresh environment reads."""
+    previous: Head | None = None
+    for n in range(12):
+        previous = commit_turn(store, KEY, previous, [f"q{n}", f"a{n}" * 50]).head
+    store.load(KEY, EVERYTHING)
+    turn = commit_turn(store, KEY, previous, ["q12", "a12"])
+
+    before = store.meter.snapshot()
+    snapshot = store.load(KEY, EVERYTHING)
+    assert store.meter.since(before).read_calls == 1
+    assert snapshot == another_environment(store).load(KEY, EVERYTHING)
+    assert snapshot.head == turn.head and snapshot.events[-2:] == turn.events
+
+    theirs = commit_turn(another_environment(store), KEY, turn.head, ["q13", "a13"])
+    seen = store.load(KEY, EVERYTHING)
+    assert seen.head == theirs.head and seen.events[-2:] == theirs.events
+    assert seen == another_environment(store).load(KEY, EVERYTHING)
+    assert len(seen.events) == 28

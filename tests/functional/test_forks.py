@@ -16,7 +16,7 @@ from tests.functional.test_working_context import (
     transcript,
     turn,
 )
-from tests.support.factories import FakeClock, raw_sort_keys
+from tests.support.factories import FakeClock, data_sort_keys, raw_sort_keys
 from tests.support.providers import Recording
 
 
@@ -58,7 +58,7 @@ def test_tenant_erasure_removes_a_deleted_parent_kept_for_its_fork(
     assert report.complete and report.fork_lives_reclaimed == 1
     for conversation in ("parent", "child"):
         key = ConversationKey(tenant=ANN.tenant, conversation_id=conversation)
-        assert raw_sort_keys(memory_store, key) == []
+        assert data_sort_keys(memory_store, key) == []
 
 
 def test_deleting_the_last_fork_of_a_lineage_reclaims_every_deleted_ancestor(
@@ -77,4 +77,4 @@ def test_deleting_the_last_fork_of_a_lineage_reclaims_every_deleted_ancestor(
     report = svc.clear(ANN.key("leaf"))
     assert report.reclaimed_lives == 2 and report.events == 4  # two of root, two of middle
     for conversation in ("root", "middle", "leaf"):
-        assert raw_sort_keys(memory_store, ANN.key(conversation)) == []
+        assert data_sort_keys(memory_store, ANN.key(conversation)) == []

@@ -15,7 +15,7 @@ from turnledger.runtime import get_runtime
 from turnledger.store import keys
 from turnledger.turn.pipeline import Conversations
 
-from tests.support.factories import START, raw_sort_keys
+from tests.support.factories import START, data_sort_keys, raw_sort_keys
 from tests.support.lambda_api import api_handler
 
 Respond = Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -99,4 +99,4 @@ def test_one_index_item_per_conversation_cleared_with_it(respond: Respond) -> No
         "t": 3,
     }
     store.clear(key, START)
-    assert raw_sort_keys(store, index) == []
+    assert data_sort_keys(store, index) == []

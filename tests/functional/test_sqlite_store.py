@@ -18,7 +18,7 @@ from turnledger.store.base import ContextBudget
 from turnledger.store.blobs import FileBlobStore
 from turnledger.store.sqlite import SCHEMA_VERSION, SQLiteConversationStore
 
-from tests.support.factories import START, commit_turn, make_key, raw_sort_keys
+from tests.support.factories import START, commit_turn, data_sort_keys, make_key
 from tests.support.sqlite_processes import commit_in_a_loop, commit_once, open_store
 
 EVERYTHING = ContextBudget(max_events=10_000, max_chars=100_000_000)
@@ -106,13 +106,13 @@ def test_clear_wins_against_turns_from_other_processes(tmp_path: Path) -> None:
     assert landed > 0
     head = store.get_head(KEY)
     if head is None:
-        assert raw_sort_keys(store, KEY) == []
+        assert data_sort_keys(store, KEY) == []
     else:
         assert head.status is not ConversationStatus.CLEARED
         events = store.read_events(KEY, head, after=0, limit=10_000)
         assert [e.sequence for e in events] == list(range(1, head.event_count + 1))
     store.clear(KEY, START)
-    assert raw_sort_keys(store, KEY) == []
+    assert data_sort_keys(store, KEY) == []
     store.close()
 
 

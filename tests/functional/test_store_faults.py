@@ -101,6 +101,10 @@ class Injector:
                 if (put := item.get("Put")) and (sk := put["Item"]["sk"]["S"]).startswith("E#")
             ]
             self.commits.append(max(sequences, default=self.commits[-1] if self.commits else 0))
+        elif model.name == "PutItem" and (sk := params["Item"]["sk"]["S"]).startswith("E#"):
+            # A plain commit: one conditional put of its turn item (docs/STORAGE.md).
+            count = int(params["Item"].get("n", {"N": "1"})["N"])
+            self.commits.append(int(sk.removeprefix("E#")) + count - 1)
         if len(self.calls) == self.at and self.fault == "lost" and model.name in WRITES:
             self.fired = True
             raise fault_error("lost", model.name)

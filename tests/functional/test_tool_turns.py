@@ -43,7 +43,7 @@ from turnledger.core.models import ConversationKey, Event, ToolCall
 from turnledger.ops.sweep import Sweeper
 from turnledger.providers.base import Message, ModelReply, ModelRequest, Provider
 from turnledger.providers.history import check_strict_history
-from turnledger.store import keys
+from turnledger.store import codec
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner, arguments_sha256
 from turnledger.turn.pipeline import Conversations
@@ -52,7 +52,7 @@ from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
 from tests.support.concurrency import all_at_once
 from tests.support.edge import Caller
-from tests.support.factories import FakeClock, corrupt_body
+from tests.support.factories import FakeClock, corrupt, raw_item, raw_sort_keys
 from tests.support.providers import Recording
 
 ANN = Caller(tenant="tenant-a", actor="ann")
@@ -598,7 +598,13 @@ def test_approval_is_bound_to_the_exact_arguments(harness: Harness) -> None:
     def redirect(body: dict[str, Any]) -> None:
         body["pending"][0]["arguments"] = {"to": "attacker@evil"}
 
-    corrupt_body(harness.store, key, keys.HEAD_SK, redirect)
+    # The pending calls are the newest turn item's head state (docs/STORAGE.md).
+    newest = [sk for sk in raw_sort_keys(harness.store, key) if sk.startswith("E#")][-1]
+    state = raw_item(harness.store, key, newest)
+    assert state is not None and codec.A_STATE in state
+    body = json.loads(state[codec.A_STATE])
+    redirect(body)
+    corrupt(harness.store, key, newest, **{codec.A_STATE: json.dumps(body)})
     with pytest.raises(InternalError):
         decide(svc, approve=["call_1"])
     assert harness.sink.requests == []

@@ -26,6 +26,7 @@ from tests.support.factories import (
     blob_keys,
     build_turn,
     commit_turn,
+    data_sort_keys,
     make_key,
     raw_sort_keys,
 )
@@ -224,4 +225,4 @@ def test_clear_always_wins_against_turns_committing_on_threads(
             thread.join()
     assert errors == []
     store.clear(key, START)
-    assert raw_sort_keys(store, key) == []
+    assert data_sort_keys(store, key) == []

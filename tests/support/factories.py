@@ -7,8 +7,10 @@ the stored layout and damage it on purpose.
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -252,6 +254,28 @@ def raw_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
     raise TypeError(f"no raw access to {type(store).__name__}")
 
 
+def another_environment(store: ConversationStore) -> ConversationStore:
+    """``store`` as another execution environment sees it: the same table (or file, or
+    dict) and objects, none of what ``store`` remembers of the conversations it read."""
+    twin = copy.copy(store)
+    twin._views = {}
+    twin._contexts = {}
+    twin._views_lock = threading.Lock()
+    return twin
+
+
+def data_sort_keys(store: ConversationStore, key: ConversationKey) -> list[str]:
+    """:func:`raw_sort_keys` without gravestones: a clear's claim on the next slot holds no
+    data and stays for DynamoDB's TTL (docs/STORAGE.md, "clear wins")."""
+    kept = []
+    for sort_key in raw_sort_keys(store, key):
+        item = raw_item(store, key, sort_key) if sort_key.startswith(keys.EVENT_PREFIX) else None
+        if item is not None and item.get(codec.A_COUNT) == 0 and codec.A_EXPIRES in item:
+            continue
+        kept.append(sort_key)
+    return kept
+
+
 def put_raw_item(store: ConversationStore, item: Item) -> None:
     """Write ``item`` as is, bypassing every check of the store."""
     if isinstance(store, MemoryConversationStore):
@@ -325,6 +349,8 @@ def holding(store: ConversationStore, key: ConversationKey, storage_sequence: in
             continue
         if keys.sequence_of(sort_key) <= storage_sequence:
             item = raw_item(store, key, sort_key)
+            if item is not None and item.get(codec.A_COUNT) == 0:
+                continue  # a marker or a gravestone: no event
             assert item is not None and codec.last_sequence(item) >= storage_sequence
             return sort_key
     raise AssertionError(f"no event at storage sequence {storage_sequence}")

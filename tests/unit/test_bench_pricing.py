@@ -11,13 +11,14 @@ from collections.abc import Iterator
 
 import pytest
 from moto import mock_aws
+from turnledger.store import codec
 from turnledger.store.blobs import S3BlobStore
-from turnledger.store.codec import SideItem, encode_turn_item
+from turnledger.store.codec import SideItem
 
 from bench.metered import MeteredLegacyStore, MeteredStore
 from bench.pricing import TRANSACTION_FACTOR, index_specs, item_size, write_units
 from tests.support.aws import aws_clients, create_bucket, create_conversations_table
-from tests.support.factories import build_turn, make_key
+from tests.support.factories import another_environment, build_turn, make_key
 from tests.support.legacy_layout import encode_event, encode_head
 
 
@@ -52,11 +53,14 @@ def test_a_commit_is_priced_item_by_item_with_its_index_entries(metered: Metered
     work = metered.begin()
     metered.commit(key, expected_version=None, head=turn.head, events=turn.events)
     items = [encode_event(key, turn.head, e, None) for e in turn.events]
+    head = encode_head(key, turn.head)
     if not isinstance(metered, MeteredLegacyStore):
-        items = [encode_turn_item(key, turn.head, items)]
+        # One turn item carrying the head's fast state; HEAD with its bucket-end TTL.
+        items = [codec.with_state(codec.encode_turn_item(key, turn.head, items), turn.head)]
+        head = codec.encode_head(key, codec.head_of_record(turn.head))
     table = TRANSACTION_FACTOR * sum(write_units(item_size(i)) for i in items)
-    table += TRANSACTION_FACTOR * write_units(item_size(encode_head(key, turn.head)))
-    indexes = sum(spec.write_units(None, encode_head(key, turn.head)) for spec in metered.indexes)
+    table += TRANSACTION_FACTOR * write_units(item_size(head))
+    indexes = sum(spec.write_units(None, head) for spec in metered.indexes)
     [commit] = work.commits
     assert commit.events == items and commit.head is not None
     assert work.priced_wcu == table + indexes
@@ -70,9 +74,37 @@ def test_a_failed_conditional_write_is_priced_and_nothing_is_remembered(
     key = make_key("tenant-price", "lost")
     turn = build_turn(key, None, ["hello", "world"])
     metered.commit(key, expected_version=None, head=turn.head, events=turn.events)
+    # Another execution environment commits the next turn first: this one's write is sent
+    # (it has no reason to read again) and refused by its condition.
+    theirs = build_turn(key, turn.head, ["theirs", "first"])
+    another_environment(metered).commit(
+        key, expected_version=turn.head.version, head=theirs.head, events=theirs.events
+    )
+    mine = build_turn(key, turn.head, ["mine", "late"])
     work = metered.begin()
     with pytest.raises(Exception, match="committed"):
-        metered.commit(key, expected_version=None, head=turn.head, events=turn.events)
+        metered.commit(key, expected_version=turn.head.version, head=mine.head, events=mine.events)
     [write] = work.writes
     assert not write.succeeded and write.wcu > 0
     assert work.commits == []
+
+
+def test_a_plain_turn_is_one_conditional_put_priced_once(metered: MeteredStore) -> None:
+    """A turn after the first: the current layout sends one ``PutItem`` of its turn item
+    (a commit without a head, priced 1x per started KiB); the legacy layout a transaction
+    of its event items and the head (2x each)."""
+    key = make_key("tenant-price", "plain")
+    first = build_turn(key, None, ["hello", "world"])
+    metered.commit(key, expected_version=None, head=first.head, events=first.events)
+    turn = build_turn(key, first.head, ["q" * 300, "a" * 700])
+    work = metered.begin()
+    metered.commit(key, expected_version=first.head.version, head=turn.head, events=turn.events)
+    [commit] = work.commits
+    [write] = work.writes
+    if isinstance(metered, MeteredLegacyStore):
+        assert write.operation == "TransactWriteItems" and commit.head is not None
+        return
+    assert (write.operation, commit.head, commit.transactional) == ("PutItem", None, False)
+    [item] = commit.events
+    assert work.priced_wcu == write_units(item_size(item)) == 2
+    assert work.priced_index_wcu == 0

@@ -349,6 +349,12 @@ class Sweeper:
             # may replace it at any moment and must not be purged.
             finished = self.store.purge_if_unchanged(key, head, now) if finish_tombstones else None
             return finished or PurgeReport()
+        # The effective head (HEAD and the newest turn item: docs/STORAGE.md): its expiry is
+        # exact, where HEAD's TTL is the end of its hour bucket.
+        effective = self.store.get_head(key)
+        if effective is None or effective.gen != head.gen:
+            return PurgeReport()  # gone, or another life began since
+        head = effective
         if not head.is_expired(now):
             if head.expires_at is not None and head.filed_bucket < keys.bucket_of(head.expires_at):
                 # In use since it was filed: move it to the bucket it is now due in, or

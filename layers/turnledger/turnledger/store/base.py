@@ -129,7 +129,7 @@ MAX_EVENTS_PER_COMMIT = 99
 FIRST_PAGE = 8
 #: Rounds of a clear before it gives up. Turns cannot make a round fail (see the
 #: fence); a few rounds cover other clears, a head appearing over leftovers, TTL.
-_CLEAR_ROUNDS = 8
+_CLEAR_ROUNDS = 32
 
 
 @dataclass
@@ -244,6 +244,15 @@ def _storage_sequence(item: Item) -> int:
         ) from exc
 
 
+def _identity(item: Item | None) -> Item | None:
+    """What a conditional write expects of the ``HEAD`` item ``item`` (``None``: no head)."""
+    if item is None:
+        return None
+    return {
+        name: item[name] for name in (codec.A_VERSION, codec.A_GEN, codec.A_FENCE) if name in item
+    }
+
+
 def _turn_chunks(bodies: list[Item]) -> list[list[Item]]:
     """``bodies`` (one commit's event items, oldest first) in runs that each fit one turn
     item under the item size limit, as few as possible, in order."""
@@ -291,6 +300,18 @@ def _contiguous(items: Sequence[Item], top: int) -> bool:
             return False
         expected = _storage_sequence(item) - 1
     return True
+
+
+def _needs_more(items: Sequence[Item]) -> bool:
+    """Whether a descending read from ``HEAD`` (``items``, so far) has yet to reach the newest
+    item of ``HEAD``'s life: a live ``HEAD`` followed by no item, or only by other lives'."""
+    if not items or items[0].get(codec.A_SK) != keys.HEAD_SK:
+        return False
+    gen = items[0].get(codec.A_GEN)
+    if any(item.get(codec.A_GEN) == gen for item in items[1:]):
+        return False
+    # A tombstone's life has no item yet; the items below it are the purge's to delete.
+    return len(items) == 1 or _tombstone_of(items[0]) is None
 
 
 def _tombstone_of(item: Item) -> Head | None:
@@ -393,6 +414,47 @@ def _pieces(key: ConversationKey, head: Head) -> list[_Piece]:
 
 
 @dataclass(frozen=True)
+class _View:
+    """What a commit needs of what its turn read: the ``HEAD`` item as stored (``None``:
+    none) and the effective head's version (docs/STORAGE.md)."""
+
+    head_item: Item | None
+    version: int | None
+    #: The newest item below ``HEAD`` is another life's: leftovers may hold the next slots,
+    #: so commits put ``HEAD`` too (its condition is then the lock, as before issue 21).
+    crowded: bool = False
+
+
+#: Views a store keeps (the newest conversations it read or wrote), so a commit needs no
+#: read of its own: an execution environment serves the same conversations again and again.
+_VIEWS = 1024
+
+
+@dataclass(frozen=True)
+class _Context:
+    """The newest event items of one life a load read (newest first, consecutive slots),
+    kept by the execution environment: the next load checks that the newest is still the
+    newest item and reads only what is above it (docs/STORAGE.md, "Reads")."""
+
+    gen: str
+    items: tuple[Item, ...]
+
+
+#: Conversations whose newest items an execution environment keeps, and items kept of each:
+#: as many as a load may read (:class:`ContextBudget`'s 400 events, 400,000 characters), so
+#: at most some 16 MB in all.
+_CONTEXTS = 32
+_CONTEXT_ITEMS = 400
+
+
+def _same_item(a: Item, b: Item) -> bool:
+    """Whether ``a`` and ``b`` are one stored item: an item of a life at a slot is never
+    rewritten, but for a marker, which a commit replaces at a new version."""
+    names = (codec.A_SK, codec.A_GEN, codec.A_VERSION, codec.A_COUNT)
+    return all(a.get(name) == b.get(name) for name in names)
+
+
+@dataclass(frozen=True)
 class _FirstPage:
     """The events a load's first query read with the head (newest first), and whether
     the query had more."""
@@ -457,6 +519,123 @@ class ConversationStore(ABC):
         self.blobs = blobs
         self.offload_threshold = offload_threshold
         self.meter = meter or CapacityMeter()
+        self._views: dict[str, _View] = {}
+        self._views_lock = threading.Lock()
+        self._contexts: dict[str, _Context] = {}
+
+    def _remember(self, pk: str, view: _View) -> None:
+        with self._views_lock:
+            self._views.pop(pk, None)
+            self._views[pk] = view
+            while len(self._views) > _VIEWS:
+                del self._views[next(iter(self._views))]
+
+    def _recalled(self, pk: str) -> _View | None:
+        with self._views_lock:
+            return self._views.get(pk)
+
+    def _keep_context(self, pk: str, context: _Context | None) -> None:
+        with self._views_lock:
+            self._contexts.pop(pk, None)
+            if context is not None and context.items:
+                self._contexts[pk] = _Context(context.gen, context.items[:_CONTEXT_ITEMS])
+                while len(self._contexts) > _CONTEXTS:
+                    del self._contexts[next(iter(self._contexts))]
+
+    def _kept_context(self, pk: str) -> _Context | None:
+        with self._views_lock:
+            return self._contexts.get(pk)
+
+    def _first_page(self, pk: str) -> Page:
+        """The load's first read: ``HEAD`` and the newest items, consistently. When this
+        environment kept the newest items of its last read (or commit) and the newest of
+        them is still the newest item, only ``HEAD`` and what lies above it are read, and
+        the kept items follow (one round trip of about 1 RCU on most turns)."""
+        kept = self._kept_context(pk)
+        if kept is not None:
+            newest = kept.items[0]
+            page = self._query(
+                pk,
+                upper=keys.HEAD_SK,
+                lower=str(newest[codec.A_SK]),
+                descending=True,
+                limit=FIRST_PAGE,
+                cursor=None,
+            )
+            items = page.items
+            if (
+                page.cursor is None
+                and len(items) >= 2
+                and items[0].get(codec.A_SK) == keys.HEAD_SK
+                and items[0].get(codec.A_GEN) == kept.gen
+                and _same_item(items[-1], newest)
+            ):
+                # The newest item as just read (its head state is what counts), then the
+                # kept ones below it, never rewritten; older ones may follow (a cursor).
+                return Page([*items, *kept.items[1:]], cursor=True)
+            self._keep_context(pk, None)  # another environment wrote meanwhile: read anew
+        return self._from_head(pk, FIRST_PAGE)
+
+    def _effective(self, pk: str, items: Sequence[Item]) -> Head | None:
+        """The effective head from a descending read from ``HEAD`` (``items``: ``HEAD`` first,
+        then the newest event items), remembered for the next commit."""
+        if not items or items[0].get(codec.A_SK) != keys.HEAD_SK:
+            # No HEAD: items read are leftovers of a life whose HEAD TTL removed.
+            self._remember(pk, _View(None, None, crowded=bool(items)))
+            return None
+        head = codec.decode_head(items[0])
+        # The newest item of this life: past another life's leftovers and gravestones.
+        newest = next((i for i in items[1:] if i.get(codec.A_GEN) == head.gen), None)
+        effective = codec.effective_head(head, newest)
+        crowded = len(items) > 1 and items[1].get(codec.A_GEN) != head.gen
+        self._remember(pk, _View(items[0], effective.version, crowded))
+        return effective
+
+    def _from_head(self, pk: str, limit: int) -> Page:
+        """The first ``limit`` items descending from ``HEAD``, consistently; at least ``HEAD``
+        and the newest item of ``HEAD``'s life below it when there is one, however the
+        backend pages and however many leftovers of other lives lie above it."""
+        page = self._query(
+            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=limit, cursor=None
+        )
+        items = page.items
+        while page.cursor is not None and _needs_more(items):
+            # Only past leftovers (a life that began after TTL removed the last HEAD, before
+            # the stream's reclaim) or a page of HEAD alone: rare, and bounded by them.
+            page = self._query(
+                pk,
+                upper=keys.HEAD_SK,
+                lower=None,
+                descending=True,
+                limit=FIRST_PAGE,
+                cursor=page.cursor,
+            )
+            items = [*items, *page.items]
+        return Page(items, page.cursor)
+
+    def _read_view(self, pk: str) -> tuple[Head | None, _View]:
+        """The effective head and its view, read consistently: ``HEAD`` and the newest items."""
+        items = self._from_head(pk, 2).items
+        head = self._effective(pk, items)
+        view = self._recalled(pk)
+        assert view is not None
+        return head, view
+
+    def _view_for(self, pk: str, expected_version: int | None) -> _View:
+        """The view a commit expecting ``expected_version`` works from: remembered when it is
+        that version, else read.
+
+        Raises:
+            ConversationBusy: the conversation is at another version, or being cleared.
+        """
+        view = self._recalled(pk)
+        if view is None or view.version != expected_version:
+            _, view = self._read_view(pk)
+        if view.version != expected_version:
+            raise ConversationBusy("another turn or decision on this conversation committed first")
+        if view.head_item is not None and codec.A_FENCE in view.head_item:
+            raise ConversationBusy("the conversation is being cleared; retry")
+        return view
 
     # --- reads --------------------------------------------------------------------------
 
@@ -466,8 +645,7 @@ class ConversationStore(ABC):
         Raises:
             CorruptedState, UnsupportedStateVersion: the head cannot be read.
         """
-        item = self._get_item(keys.partition_key(key), keys.HEAD_SK)
-        return None if item is None else codec.decode_head(item)
+        return self._read_view(keys.partition_key(key))[0]
 
     def load(self, key: ConversationKey, budget: ContextBudget) -> Snapshot:
         """The head and what the next context needs: the events after the newest summary.
@@ -490,26 +668,31 @@ class ConversationStore(ABC):
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
         """
         pk = keys.partition_key(key)
-        page = self._query(
-            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=FIRST_PAGE, cursor=None
-        )
-        if not page.items or page.items[0][codec.A_SK] != keys.HEAD_SK:
+        page = self._first_page(pk)
+        head = self._effective(pk, page.items)
+        view = self._recalled(pk)
+        if head is None or head.status is ConversationStatus.CLEARED or (view and view.crowded):
+            self._keep_context(pk, None)
+        if head is None:
             return Snapshot(head=None, events=[], from_start=True)
-        head = codec.decode_head(page.items[0])
         if head.status is ConversationStatus.CLEARED:
             return Snapshot(head=head, events=[], from_start=True)
         floor = head.summary.through if head.summary is not None else 0
         window = _Window(budget)
         complete = True
+        # The own life's items this read went through, newest first: kept for the next load.
+        seen: list[Item] = []
         for piece in reversed(_pieces(key, head)):
             low = max(piece.first, floor + 1)
             if low > piece.last:
                 break
             own = piece.gen == head.gen and piece.key == key
             first = _FirstPage(page.items[1:], page.cursor is not None) if own else None
-            if not self._read_back(piece, low, first, budget, window):
+            if not self._read_back(piece, low, first, budget, window, seen if own else None):
                 complete = False
                 break
+        if seen and not (view and view.crowded):
+            self._keep_context(pk, _Context(head.gen, tuple(seen)))
         from_start = complete and window.close() and floor == 0
         events = [
             self._event(piece, seq, stored) for (piece, seq), stored in reversed(window.taken)
@@ -523,12 +706,14 @@ class ConversationStore(ABC):
         first: _FirstPage | None,
         budget: ContextBudget,
         window: _Window,
+        seen: list[Item] | None = None,
     ) -> bool:
         """Offer ``piece``'s events from its newest down to public sequence ``low`` to
         ``window``, newest first; ``False`` once the window takes nothing older.
 
         ``first``: items already read (the load's first page, newest first), used before
-        any query of this piece.
+        any query of this piece. ``seen``: gets the items of this life gone through, newest
+        first (consecutive: the context an environment keeps).
         """
         expected = piece.last  # the next (older) public sequence the log must hold
         items: Sequence[Item] = first.items if first is not None else ()
@@ -538,8 +723,14 @@ class ConversationStore(ABC):
         while True:
             reached_low = False
             for item in items:
-                if _storage_sequence(item) > piece.base + piece.last or _leftover(item, piece):
+                if _leftover(item, piece):
                     continue  # a leftover of an earlier life (a gap, if it hides an event)
+                if seen is not None and (
+                    not seen or _storage_sequence(seen[-1]) > (_storage_sequence(item))
+                ):
+                    seen.append(item)
+                if _storage_sequence(item) > piece.base + piece.last:
+                    continue  # a marker above the log: no event
                 if codec.last_sequence(item) < piece.base + low:
                     reached_low = True
                     break
@@ -738,10 +929,22 @@ class ConversationStore(ABC):
         except BaseException:
             self._discard(written)
             raise
-        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it;
-        # more only when they would not fit one item.
-        items = [codec.encode_turn_item(key, head, chunk) for chunk in _turn_chunks(items)]
-        head_item = codec.encode_head(key, head)
+        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it
+        # (more only when they would not fit one); with none, a marker. The first takes the
+        # next slot; the newest holds the head's fast state.
+        turn_items = [codec.encode_turn_item(key, head, chunk) for chunk in _turn_chunks(items)]
+        turn_items = turn_items or [codec.marker_item(key, head)]
+        turn_items[-1] = codec.with_state(turn_items[-1], head)
+        pk = keys.partition_key(key)
+        try:
+            view = self._view_for(pk, expected_version)
+        except BaseException:
+            self._discard(written)
+            raise
+        head_item = codec.encode_head(key, codec.head_of_record(head))
+        # HEAD only when what it holds changes (or leftovers of another life crowd the next
+        # slots): a plain turn is one conditional put.
+        write_head = view.crowded or not codec.same_slow_state(view.head_item, head_item)
         changes = inbox_changes or inbox.InboxChanges()
         puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
         deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
@@ -752,9 +955,20 @@ class ConversationStore(ABC):
                 f"a commit holds at most {MAX_EVENTS_PER_COMMIT} events and inbox entries"
             )
         try:
-            self._transact_commit(
-                head_item, expected_version, items, head.gen, puts=puts, deletes=deletes
-            )
+            if write_head or puts or deletes or len(turn_items) > 1:
+                self._transact_commit(
+                    head_item if write_head else None,
+                    _identity(view.head_item),
+                    turn_items,
+                    head.gen,
+                    puts=puts,
+                    deletes=deletes,
+                    marker_version=expected_version,
+                    # HEAD's condition is the lock: another life's items are leftovers.
+                    head_locked=write_head,
+                )
+            else:
+                self._put_turn(turn_items[0], expected_version)
         except TurnledgerError as exc:
             # The backend answered "no": nothing of the turn is stored, so its objects go too.
             # Unless it failed on its side (ServiceUnavailable.outcome_unknown): the
@@ -766,7 +980,29 @@ class ConversationStore(ABC):
         # the objects stay, since deleting them could break a turn that did land. If it
         # did not, they are leftovers under the conversation's prefix that clear and sweep
         # remove.
-        return sum(codec.item_size(item) for item in [*items, *puts, head_item]) + offloaded
+        # Leftovers may lie above the slot just written: the next commit reads again.
+        if view.crowded:
+            with self._views_lock:
+                self._views.pop(pk, None)
+            self._keep_context(pk, None)
+        else:
+            self._remember(pk, _View(head_item if write_head else view.head_item, head.version))
+            self._keep_context(pk, self._context_after(pk, head.gen, turn_items))
+        heads = [head_item] if write_head else []
+        return sum(codec.item_size(item) for item in [*turn_items, *puts, *heads]) + offloaded
+
+    def _context_after(self, pk: str, gen: str, written: list[Item]) -> _Context:
+        """What this environment keeps of the conversation once it wrote ``written`` (turn
+        items or a marker, oldest first): those, over what it kept before when that ends
+        just below them (a marker they replaced left out)."""
+        kept = self._kept_context(pk)
+        newest = tuple(reversed(written))
+        if kept is None or kept.gen != gen:
+            return _Context(gen, newest)
+        below = [i for i in kept.items if i.get(codec.A_SK) != written[0].get(codec.A_SK)]
+        if below and codec.last_sequence(below[0]) + 1 == _storage_sequence(written[0]):
+            return _Context(gen, (*newest, *below))
+        return _Context(gen, newest)
 
     def _offload(
         self,
@@ -812,13 +1048,43 @@ class ConversationStore(ABC):
                 tomb = _tombstone_of(item)
                 if tomb is not None:
                     return self._finish_purge(key, tomb, PurgeReport())
-                item = self._fence_head(pk, secrets.token_hex(8))
+                item = self._fence(key, item, secrets.token_hex(8), now)
                 if item is None:
-                    continue  # gone, or fenced by another clear first: read again
+                    continue  # gone, changed, or fenced by another clear first: read again
             report = self._purge(key, item, now)
             if report is not None:
                 return report
         raise InternalError("the conversation's head kept changing while it was being cleared")
+
+    def _fence(self, key: ConversationKey, item: Item, token: str, now: datetime) -> Item | None:
+        """Fence the head ``item`` as read and claim the conversation's next slot with a
+        gravestone, in one write (docs/STORAGE.md, "clear wins"): turns that read the head
+        before can no longer land (the slot is taken), turns that read it after refuse.
+
+        Returns the head as fenced, ``None`` when it changed since it was read (or another
+        clear fenced it first). A head that cannot be read is fenced alone: no turn can
+        commit on it anyway.
+        """
+        pk = keys.partition_key(key)
+        try:
+            codec.decode_head(item)
+        except StateError:
+            return self._fence_head(pk, token)
+        live, view = self._read_view(pk)
+        if live is None or not codec.same_head(view.head_item, _identity(item)):
+            return None
+        fenced = {**item, codec.A_FENCE: token}
+        try:
+            self._transact_commit(
+                fenced,
+                _identity(item),
+                [codec.gravestone(key, live, now)],
+                live.gen,
+                marker_version=view.version,
+            )
+        except ConversationBusy:
+            return None
+        return fenced
 
     def purge_if_unchanged(
         self, key: ConversationKey, head: Head, now: datetime
@@ -828,7 +1094,18 @@ class ConversationStore(ABC):
         Returns ``None`` (and deletes nothing) when a commit got there first:
         the sweep uses this so a conversation that just got a turn survives.
         """
-        return self._purge(key, codec.encode_head(key, head), now)
+        if head.status is ConversationStatus.CLEARED:
+            # Finishing a tombstone's purge deletes only what lies below it and is not the
+            # next life's: safe whatever happened since.
+            return self._purge(key, codec.encode_head(key, head), now)
+        _, view = self._read_view(keys.partition_key(key))
+        item = view.head_item
+        # ``head`` as read (the effective head: HEAD and the newest turn item).
+        if item is None or item.get(codec.A_GEN) != head.gen or view.version != head.version:
+            return None
+        if codec.A_FENCE in item:
+            return None  # a clear is in flight: it wins
+        return self._purge(key, item, now)
 
     def refile(self, key: ConversationKey, head: Head) -> bool:
         """File a live head under the expiry bucket of its current ``expires_at``.
@@ -843,8 +1120,18 @@ class ConversationStore(ABC):
         """
         if head.expires_at is None:
             return False
-        moved = head.model_copy(update={"expiry_bucket": keys.bucket_of(head.expires_at)})
-        return self._replace_head(codec.encode_head(key, moved), codec.encode_head(key, head))
+        # HEAD as stored, re-filed: the head given is the effective one (docs/STORAGE.md).
+        item = self._get_item(keys.partition_key(key), keys.HEAD_SK)
+        if item is None or item.get(codec.A_GEN) != head.gen or codec.A_FENCE in item:
+            return False
+        moved = codec.decode_head(item).model_copy(
+            update={
+                "expiry_bucket": keys.bucket_of(head.expires_at),
+                "expires_at": codec.bucket_end(head.expires_at),
+                "wait_deadline": head.wait_deadline,
+            }
+        )
+        return self._replace_head(codec.encode_head(key, moved), item)
 
     def _purge(self, key: ConversationKey, item: Item | None, now: datetime) -> PurgeReport | None:
         """Purge the conversation whose head is ``item`` as read (``None``: no head).
@@ -868,7 +1155,18 @@ class ConversationStore(ABC):
                 return self._finish_purge(key, old, report)
         if item is None and not self._has_items(pk) and not self._has_objects(key):
             return report  # nothing at all: no tombstone to write
+        # The next slot of the life being purged (docs/STORAGE.md, "clear wins"): the
+        # tombstone claims it in the same write, so a turn that read before cannot land.
+        # A fenced head's clear claimed it with its fence.
+        claim: tuple[Item, int | None] | None = None
+        if old is not None and item is not None and codec.A_FENCE not in item:
+            live, view = self._read_view(pk)
+            if live is None or not codec.same_head(view.head_item, _identity(item)):
+                return None
+            claim = (codec.gravestone(key, live, now), view.version)
         top = max(old.seq if old else 0, self._highest_event_sequence(pk))
+        if claim is not None:
+            top = max(top, _storage_sequence(claim[0]))
         # With no head, the tombstone still goes first (on the condition that there is
         # none): a turn creating the conversation meanwhile is never half deleted.
         raw_version = item.get(codec.A_VERSION) if item is not None else None
@@ -887,7 +1185,19 @@ class ConversationStore(ABC):
             # tombstone and the stream of that deletion reclaims what is left.
             expires_at=int(now.timestamp()),
         )
-        if not self._replace_head(codec.encode_head(key, tomb), item):
+        if claim is not None:
+            marker, claimed = claim
+            try:
+                self._transact_commit(
+                    codec.encode_head(key, tomb),
+                    _identity(item),
+                    [marker],
+                    str(marker[codec.A_GEN]),
+                    marker_version=claimed,
+                )
+            except ConversationBusy:
+                return None
+        elif not self._replace_head(codec.encode_head(key, tomb), item):
             return None
         report.conversations = 0 if item is None else 1
         if old is not None and old.provider_cursor is not None:
@@ -930,7 +1240,10 @@ class ConversationStore(ABC):
             limit=1,
             cursor=None,
         )
-        return codec.last_sequence(page.items[0]) if page.items else 0
+        if not page.items:
+            return 0
+        # A marker (a clear's claim among them) holds its slot without an event.
+        return max(codec.last_sequence(page.items[0]), _storage_sequence(page.items[0]))
 
     def _delete_partition(
         self, pk: str, tomb: Head, report: PurgeReport, kept: dict[str, int]
@@ -958,6 +1271,7 @@ class ConversationStore(ABC):
                 cursor=cursor,
             )
             doomed: list[str] = []
+            graves: list[Item] = []
             companions: list[str] = []
             for item in page.items:
                 sort_key = str(item[codec.A_SK])
@@ -971,10 +1285,17 @@ class ConversationStore(ABC):
                     except ValueError:
                         sequence = 0  # not an event key of any life: garbage
                     read = forks.reads(kept, item.get(codec.A_GEN), sequence)
+                    if codec.is_gravestone(item, tomb.updated_at):
+                        continue  # it still holds the slot against late turns; TTL removes it
                     if sequence <= tomb.base and not read:
-                        doomed.append(sort_key)
                         events += _events_in(item)
                         report.provider_responses.extend(_stored_responses(item))
+                        if codec.keeps_slot(item, tomb.updated_at):
+                            # A turn that read before the clear may still target this slot:
+                            # a gravestone replaces the item (it is never absent meanwhile).
+                            graves.append(codec.bare_gravestone(item, tomb.updated_at))
+                        else:
+                            doomed.append(sort_key)
                 elif item.get(codec.A_GEN) != tomb.gen:
                     doomed.append(sort_key)
                     companion = item.get(codec.A_COMPANION)
@@ -983,6 +1304,8 @@ class ConversationStore(ABC):
             if companions:
                 tenant = keys.parse_partition_key(pk).tenant
                 self._delete_items(keys.partition_key(keys.tenant_items(tenant)), companions)
+            if graves:
+                self._put_items(graves)
             if doomed:
                 self._delete_items(pk, doomed)
             if page.cursor is None:
@@ -1039,13 +1362,21 @@ class ConversationStore(ABC):
             keep_through=parent_head.base + origin.seq,
             created_at=now,
         )
+        view = self._view_for(keys.partition_key(parent), parent_head.version)
+        assert view.head_item is not None  # a version was read: there is a head
+        # The parent's next slot as read: a commit on the parent since makes the fork fail.
+        slot = {
+            **codec.marker_item(parent, parent_head),
+            codec.A_VERSION: parent_head.version,
+        }
         self._transact_commit(
             codec.encode_head(target, head),
-            expected_version,
+            codec.expected_head(expected_version, head.gen),
             [],
             head.gen,
             puts=[forks.ref_item(parent, ref), forks.origin_item(target, head.gen, origin)],
-            checks=[codec.encode_head(parent, parent_head)],
+            checks=[view.head_item],
+            slots=[slot],
         )
 
     def stored_at(self, key: ConversationKey, head: Head, sequence: int) -> StoredEvent:
@@ -1300,29 +1631,46 @@ class ConversationStore(ABC):
     @abstractmethod
     def _transact_commit(
         self,
-        head: Item,
-        expected_version: int | None,
+        head: Item | None,
+        expected: Item | None,
         events: list[Item],
         gen: str,
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
         checks: Sequence[Item] = (),
+        slots: Sequence[Item] = (),
+        marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
-        """Atomically put ``events`` and ``head``, put ``puts`` (each in its own item's
-        partition) and delete the items of the head's partition at the sort keys
-        ``deletes`` (inbox entries; absent ones are fine).
+        """Atomically put ``events`` and ``head`` (``None``: no head is written), put ``puts``
+        (each in its own item's partition) and delete the items of the partition at the
+        sort keys ``deletes`` (inbox entries; absent ones are fine).
 
-        Conditions: the stored head's ``ver`` equals ``expected_version`` and its
-        ``g`` equals ``gen`` (or no head exists when ``expected_version`` is
-        ``None``); no event item of life ``gen`` exists at any of the events' keys;
-        the head of each of ``checks``' partitions is still that head item (as in
-        :meth:`_replace_head`: ``ver``, ``g`` and ``fx``). ``puts`` and ``deletes`` carry
-        no condition of their own.
+        Conditions: the stored head is still ``expected`` (as in :meth:`_replace_head`:
+        ``ver``, ``g`` and ``fx``; ``None``: no head exists), when ``head`` is given; each
+        event item's key is a free slot for the life ``gen`` (:func:`.codec.slot_free`
+        with ``marker_version`` and ``head_locked``: nothing, another life's gravestone, the
+        marker of that version; with ``head_locked``, any item of another life); the head
+        of each of ``checks``' partitions is still that head item; the key of each of
+        ``slots`` (items with ``pk``, ``sk``, ``g`` and maybe ``ver``) is a
+        free slot for its ``g`` and ``ver``. ``puts`` and ``deletes`` carry no condition of
+        their own.
 
         Raises:
             ConversationBusy: a condition failed or a concurrent transaction conflicted.
             PayloadTooLarge: an item exceeds the backend's item size limit.
+        """
+
+    @abstractmethod
+    def _put_turn(self, item: Item, marker_version: int | None) -> None:
+        """Put the turn item (or marker) ``item`` if its key is a free slot for its life
+        (:func:`.codec.slot_free` with ``marker_version``): one conditional write, the
+        optimistic lock of a plain turn (docs/STORAGE.md).
+
+        Raises:
+            ConversationBusy: the slot is taken; nothing was written.
+            PayloadTooLarge: the item exceeds the backend's item size limit.
         """
 
     @abstractmethod
@@ -1723,7 +2071,7 @@ class ConversationStore(ABC):
                 try:
                     self._transact_commit(
                         staging_item,
-                        None if expected is None else version,
+                        None if expected is None else codec.expected_head(version, stored_gen),
                         [event_item for event_item, _ in chunk],
                         stored_gen,
                     )

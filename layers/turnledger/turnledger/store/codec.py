@@ -24,6 +24,7 @@ from ..core.exceptions import (
     UnsupportedStateVersion,
 )
 from ..core.models import (
+    EXPIRY_BUCKET_SECONDS,
     PAYLOAD_MODELS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
@@ -66,12 +67,15 @@ A_COMPANION = "cx"
 #: On a turn item holding several events (docs/STORAGE.md): how many. Absent on an item of
 #: one event, whose body is that event's (the layout every older build wrote and reads).
 A_COUNT = "n"
+#: On a turn item (and a marker): the fast part of the head as of its commit
+#: (docs/STORAGE.md, "the effective head"); its version is the item's ``ver``.
+A_STATE = "h"
 
 
 #: Attributes the store writes on its own items (keys, bodies, lives, TTL, index keys; the
 #: inbox's ``ib`` and ``is``): a side item's attributes may not use them, or an index
-#: would list it and reads would take it for the store's own. A turn item's ``n`` is not
-#: among them: only event items are read for it, and a side item is never one.
+#: would list it and reads would take it for the store's own. A turn item's ``n`` and ``h``
+#: are not among them: only event items are read for those, and a side item is never one.
 RESERVED_ATTRIBUTES = frozenset(
     {
         A_PK,
@@ -322,13 +326,14 @@ def encode_turn_item(key: ConversationKey, head: Head, bodies: list[Item]) -> It
 
 
 def event_count(item: Item) -> int:
-    """How many events the event item ``item`` holds (1 for an item of the older layout).
+    """How many events the event item ``item`` holds (1 for an item of the older layout,
+    0 for a marker).
 
     Raises:
-        CorruptedState: its count is not a positive integer.
+        CorruptedState: its count is not an integer >= 0.
     """
     count = item.get(A_COUNT, 1)
-    if type(count) is not int or count < 1:
+    if type(count) is not int or count < 0:
         where = f"event {item.get(A_SK, '?')}"
         raise CorruptedState(
             f"{where} has no valid event count", details={"item": where, "found": count}
@@ -375,6 +380,8 @@ def decode_turn_item(item: Item, gen: str) -> list[tuple[int, StoredEvent, int]]
             details={"item": where, "reason": "generation mismatch"},
         )
     count = event_count(item)
+    if count == 0:
+        return []  # a marker: a head state and no event
     try:
         bodies = _EVENT_LIST.validate_json(item[A_BODY])
         first = keys.sequence_of(sk)
@@ -393,6 +400,209 @@ def decode_turn_item(item: Item, gen: str) -> list[tuple[int, StoredEvent, int]]
     # Each body's share of the item, for the context budget (the item's text split by event).
     size = len(str(item[A_BODY])) // count
     return [(first + i, stored, size) for i, stored in enumerate(bodies)]
+
+
+#: Head fields kept on ``HEAD`` only (docs/STORAGE.md): fixed for a life, or what an index,
+#: DynamoDB's TTL or a clear reads there. Every other field is the fast state a turn item
+#: carries; a commit that changes one of these rewrites ``HEAD``.
+SLOW_FIELDS = frozenset(
+    {
+        "schema_version",
+        "gen",
+        "base",
+        "created_at",
+        "ttl_seconds",
+        "fork",
+        "memory_off",
+        "expiry_bucket",
+    }
+)
+#: Fast fields a turn item does not store: its ``ver`` and its key say them.
+_DERIVED = frozenset({"version", "seq"})
+
+
+def marker_item(key: ConversationKey, head: Head) -> Item:
+    """The marker of ``head``: a turn item with no event at the slot after ``head.seq``,
+    holding the head state a commit of no event (a lease, a cancel request) writes."""
+    return {
+        A_PK: keys.partition_key(key),
+        A_SK: keys.event_sort_key(head.seq + 1),
+        A_SCHEMA: SCHEMA_VERSION,
+        A_GEN: head.gen,
+        A_COUNT: 0,
+    }
+
+
+#: How long a clear's or purge's claim on the next slot outlives the purge: longer than any
+#: request that read the conversation before it can run (a Lambda function runs 15 minutes
+#: at most), so that a turn of the deleted life never lands once the slot is free again.
+GRAVESTONE_SECONDS = 24 * 3600
+
+
+def gravestone(key: ConversationKey, head: Head, now: datetime) -> Item:
+    """The claim of the slot after ``head`` by a clear or purge: a marker of ``head``'s state
+    that no commit may replace (it carries an expiry, so :func:`slot_free` never holds for
+    its life), left by the purge for DynamoDB's TTL to remove."""
+    item = with_state(marker_item(key, head), head)
+    item[A_EXPIRES] = int(now.timestamp()) + GRAVESTONE_SECONDS
+    return item
+
+
+def is_gravestone(item: Item, now: datetime) -> bool:
+    """Whether ``item`` is a bare :func:`gravestone` (no head state) still due to hold its
+    slot at ``now``."""
+    expires = item.get(A_EXPIRES)
+    return (
+        item.get(A_COUNT) == 0
+        and A_STATE not in item
+        and isinstance(expires, int | float)
+        and expires > now.timestamp()
+    )
+
+
+#: How long after an item was written a purge replaces it with a bare gravestone instead of
+#: deleting it: longer than a request can run between its read and its commit (a Lambda
+#: function runs 15 minutes at most), with margin for clocks. A turn that read before a
+#: clear and commits after its purge targets a slot whose item was written after that read
+#: (or the clear's own claim): the gravestone keeps it taken, so the turn is told busy,
+#: never lands an answer that the clear's erasure would not find.
+LATE_TURN_SECONDS = 3600
+
+
+def bare_gravestone(item: Item, now: datetime) -> Item:
+    """What a purge leaves at the slot of the event item (or claim) ``item`` written within
+    :data:`LATE_TURN_SECONDS` of ``now``: its key and life, no data, removed by TTL."""
+    return {
+        A_PK: item[A_PK],
+        A_SK: item[A_SK],
+        A_SCHEMA: SCHEMA_VERSION,
+        A_GEN: item.get(A_GEN, ""),
+        A_COUNT: 0,
+        A_EXPIRES: int(now.timestamp()) + GRAVESTONE_SECONDS,
+    }
+
+
+def keeps_slot(item: Item, now: datetime) -> bool:
+    """Whether a purge at ``now`` leaves a bare gravestone at the slot of the event item
+    ``item`` instead of deleting it: a clear's claim still due, or an item written within
+    :data:`LATE_TURN_SECONDS` (by the time of its head state, else of its newest event;
+    ``True`` when neither can be read: a purge keeps the slot of what it cannot date)."""
+    expires = item.get(A_EXPIRES)
+    if item.get(A_COUNT) == 0 and isinstance(expires, int | float):
+        return expires > now.timestamp()
+    try:
+        if A_STATE in item:
+            state = json.loads(str(item[A_STATE]))
+            stamps = [state["updated_at"]]
+        else:
+            body = json.loads(str(item[A_BODY]))
+            stamps = [event["at"] for event in (body if isinstance(body, list) else [body])]
+        written = max(datetime.fromisoformat(str(stamp)) for stamp in stamps)
+        return (now - written).total_seconds() < LATE_TURN_SECONDS
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+def with_state(item: Item, head: Head) -> Item:
+    """``item`` (a turn item or a marker) carrying ``head``'s fast state and version."""
+    state = head.model_dump_json(exclude=set(SLOW_FIELDS | _DERIVED), exclude_defaults=True)
+    return {**item, A_VERSION: head.version, A_STATE: state}
+
+
+def effective_head(head: Head, newest: Item | None) -> Head:
+    """The conversation's head: ``head`` (as ``HEAD`` holds it) merged with the fast state of
+    ``newest``, the newest event item of the partition, when that item is of ``head``'s life
+    and at least as new; else ``head`` itself (a tombstone, today's layout, a leftover).
+
+    Raises:
+        CorruptedState: ``newest``'s state cannot be read.
+    """
+    if (
+        newest is None
+        or head.status is ConversationStatus.CLEARED
+        or A_STATE not in newest
+        or newest.get(A_GEN) != head.gen
+    ):
+        return head
+    version = newest.get(A_VERSION)
+    where = f"event {newest.get(A_SK, '?')}"
+    if type(version) is not int:
+        raise CorruptedState(f"{where} has no valid version", details={"item": where})
+    if version < head.version:
+        return head
+    try:
+        state = json.loads(str(newest[A_STATE]))
+        if not isinstance(state, dict):
+            raise ValueError("not an object")
+        data = {**json.loads(head.model_dump_json(include=set(SLOW_FIELDS))), **state}
+        data["version"] = version
+        first = keys.sequence_of(str(newest[A_SK]))
+        data["seq"] = first - 1 if event_count(newest) == 0 else last_sequence(newest)
+        return Head.model_validate_json(json.dumps(data))
+    except (ValueError, ValidationError) as exc:
+        raise _corrupted(where, exc) from exc
+
+
+def bucket_end(expires_at: int | None) -> int | None:
+    """The last second of ``expires_at``'s hour bucket: ``HEAD``'s TTL, never earlier than
+    the conversation's expiry, and the same for every turn within that hour."""
+    if expires_at is None:
+        return None
+    return (keys.bucket_of(expires_at) + 1) * EXPIRY_BUCKET_SECONDS - 1
+
+
+def head_of_record(head: Head) -> Head:
+    """``head`` as ``HEAD`` stores it: its expiry at the end of its hour bucket."""
+    return head.model_copy(update={"expires_at": bucket_end(head.expires_at)})
+
+
+def same_slow_state(stored: Item | None, wanted: Item) -> bool:
+    """Whether the ``HEAD`` item ``stored`` holds what ``wanted`` (a ``HEAD`` item about to be
+    written) would: its slow fields, its index attributes and TTL; no fence."""
+    if stored is None or A_FENCE in stored:
+        return False
+    attributes = (A_GEN, A_EXPIRES, A_EXPIRY_BUCKET, A_WAIT_BUCKET, A_TENANT, A_SCHEMA)
+    if any(stored.get(name) != wanted.get(name) for name in attributes):
+        return False
+    try:
+        old, new = json.loads(str(stored[A_BODY])), json.loads(str(wanted[A_BODY]))
+    except (KeyError, ValueError):
+        return False
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    if old.get("status") == ConversationStatus.CLEARED.value:
+        return False
+    return all(old.get(name) == new.get(name) for name in SLOW_FIELDS)
+
+
+def slot_free(
+    stored: Item | None, gen: str, marker_version: int | None, *, head_locked: bool = False
+) -> bool:
+    """Whether a commit of the life ``gen`` may write at a slot holding ``stored``: nothing;
+    another life's gravestone (that life is deleted); or this life's marker of version
+    ``marker_version`` (the head the commit read), when it is no gravestone.
+
+    Nothing else of another life is ever overwritten, and a life's own gravestone never:
+    so a late turn of a deleted life cannot land, neither in its old slot nor on a new
+    life's items. The one exception is ``head_locked``: a commit that puts ``HEAD`` in the
+    same transaction, on the condition that it is still the one read (or absent), may write
+    over any item of another life, as every older build did: ``HEAD`` says which life is
+    the live one, so another life's item is a leftover (of a life whose ``HEAD``
+    DynamoDB's TTL removed, before the stream's reclaim deletes it).
+    """
+    if stored is None:
+        return True
+    if head_locked and stored.get(A_GEN) != gen:
+        return True
+    if stored.get(A_COUNT) != 0:
+        return False
+    if stored.get(A_GEN) != gen:
+        return A_EXPIRES in stored
+    return (
+        marker_version is not None
+        and stored.get(A_VERSION) == marker_version
+        and A_EXPIRES not in stored
+    )
 
 
 def build_event(

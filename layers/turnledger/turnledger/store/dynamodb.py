@@ -50,6 +50,34 @@ _RECORD_ATTEMPTS = 3
 _HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FENCE}
 
 
+def _slot_condition(
+    gen: str, marker_version: int | None, *, head_locked: bool = False
+) -> dict[str, Any]:
+    """Condition arguments of a write at a turn slot (:func:`.codec.slot_free`): nothing
+    there, another life's gravestone, or this life's marker (no gravestone) of the version
+    the commit read; with ``head_locked``, any item of another life."""
+    names = {"#pk": codec.A_PK, "#g": codec.A_GEN}
+    values: dict[str, Any] = {":g": _serializer.serialize(gen)}
+    if head_locked:
+        expression = "attribute_not_exists(#pk) OR #g <> :g"
+    else:
+        expression = (
+            "attribute_not_exists(#pk) OR (#n = :zero AND #g <> :g AND attribute_exists(#x))"
+        )
+    if marker_version is not None:
+        names["#ver"] = codec.A_VERSION
+        values[":mv"] = _serializer.serialize(marker_version)
+        expression += " OR (#n = :zero AND #g = :g AND #ver = :mv AND attribute_not_exists(#x))"
+    if "#n" in expression:
+        names |= {"#n": codec.A_COUNT, "#x": codec.A_EXPIRES}
+        values[":zero"] = _serializer.serialize(0)
+    return {
+        "ConditionExpression": expression,
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+
+
 def _wire_value(value: Any) -> Any:
     # _from_wire turns non-integral numbers into floats, which the serializer refuses.
     return _serializer.serialize(Decimal(str(value)) if isinstance(value, float) else value)
@@ -274,36 +302,36 @@ class DynamoDBConversationStore(ConversationStore):
 
     def _transact_commit(
         self,
-        head: Item,
-        expected_version: int | None,
+        head: Item | None,
+        expected: Item | None,
         events: list[Item],
         gen: str,
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
         checks: Sequence[Item] = (),
+        slots: Sequence[Item] = (),
+        marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
-        event_condition = {
-            "ConditionExpression": "attribute_not_exists(#pk) OR #g <> :g",
-            "ExpressionAttributeNames": {"#pk": codec.A_PK, "#g": codec.A_GEN},
-            "ExpressionAttributeValues": {":g": _serializer.serialize(gen)},
-        }
-        expected = (
-            None
-            if expected_version is None
-            else {codec.A_VERSION: expected_version, codec.A_GEN: gen}
-        )
+        pk = (head or events[0])[codec.A_PK]
         transact: list[Any] = [
-            {"Put": {"TableName": self.table_name, "Item": _to_wire(e), **event_condition}}
+            {
+                "Put": {
+                    "TableName": self.table_name,
+                    "Item": _to_wire(e),
+                    **_slot_condition(gen, marker_version, head_locked=head_locked),
+                }
+            }
             for e in events
         ]
-        # Inbox entries (store/inbox.py): unconditional, the head's condition guards them.
+        # Inbox entries (store/inbox.py): unconditional, the slot's condition guards them.
         transact.extend({"Put": {"TableName": self.table_name, "Item": _to_wire(p)}} for p in puts)
         transact.extend(
             {
                 "Delete": {
                     "TableName": self.table_name,
-                    "Key": _to_wire({codec.A_PK: head[codec.A_PK], codec.A_SK: sk}),
+                    "Key": _to_wire({codec.A_PK: pk, codec.A_SK: sk}),
                 }
             }
             for sk in deletes
@@ -319,15 +347,27 @@ class DynamoDBConversationStore(ConversationStore):
             }
             for c in checks
         )
-        transact.append(
+        # Other conversations' next slots (a fork's parent: no commit since it was read).
+        transact.extend(
             {
-                "Put": {
+                "ConditionCheck": {
                     "TableName": self.table_name,
-                    "Item": _to_wire(head),
-                    **_expect_head(expected),
+                    "Key": _to_wire({codec.A_PK: c[codec.A_PK], codec.A_SK: c[codec.A_SK]}),
+                    **_slot_condition(str(c[codec.A_GEN]), c.get(codec.A_VERSION)),
                 }
             }
+            for c in slots
         )
+        if head is not None:
+            transact.append(
+                {
+                    "Put": {
+                        "TableName": self.table_name,
+                        "Item": _to_wire(head),
+                        **_expect_head(expected),
+                    }
+                }
+            )
         try:
             response = self.client.transact_write_items(
                 TransactItems=transact,
@@ -339,6 +379,22 @@ class DynamoDBConversationStore(ConversationStore):
             )
         except ClientError as exc:
             raise _commit_error(exc) from exc
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+
+    def _put_turn(self, item: Item, marker_version: int | None) -> None:
+        codec.check_item_sizes([item])
+        try:
+            with _guarded():
+                response = self.client.put_item(
+                    TableName=self.table_name,
+                    Item=_to_wire(item),
+                    ReturnConsumedCapacity="TOTAL",
+                    **_slot_condition(str(item[codec.A_GEN]), marker_version),
+                )
+        except self.client.exceptions.ConditionalCheckFailedException as exc:
+            raise ConversationBusy(
+                "another turn or decision on this conversation committed first"
+            ) from exc
         self.meter.write(_units(response.get("ConsumedCapacity")))
 
     def _put_items(self, items: list[Item]) -> None:

@@ -76,28 +76,32 @@ class MemoryConversationStore(ConversationStore):
 
     def _transact_commit(
         self,
-        head: Item,
-        expected_version: int | None,
+        head: Item | None,
+        expected: Item | None,
         events: list[Item],
         gen: str,
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
         checks: Sequence[Item] = (),
+        slots: Sequence[Item] = (),
+        marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
-        codec.check_item_sizes([*events, *puts, head])
-        expected = codec.expected_head(expected_version, gen)
-        pk = head[codec.A_PK]
+        codec.check_item_sizes([*events, *puts, *([head] if head is not None else [])])
+        pk = (head or events[0])[codec.A_PK]
         with self._lock:
             partition = self.items.get(pk, {})
-            ok = codec.same_head(partition.get(keys.HEAD_SK), expected) and all(
+            ok = (head is None or codec.same_head(partition.get(keys.HEAD_SK), expected)) and all(
                 codec.same_head(self.items.get(c[codec.A_PK], {}).get(keys.HEAD_SK), c)
                 for c in checks
             )
             for event in events:
-                existing = partition.get(event[codec.A_SK])
-                if existing is not None and existing.get(codec.A_GEN) == gen:
-                    ok = False
+                stored = partition.get(event[codec.A_SK])
+                ok = ok and codec.slot_free(stored, gen, marker_version, head_locked=head_locked)
+            for slot in slots:
+                stored = self.items.get(slot[codec.A_PK], {}).get(slot[codec.A_SK])
+                ok = ok and codec.slot_free(stored, slot[codec.A_GEN], slot.get(codec.A_VERSION))
             if not ok:
                 raise ConversationBusy(
                     "another turn or decision on this conversation committed first"
@@ -106,8 +110,19 @@ class MemoryConversationStore(ConversationStore):
             partition = self.items.setdefault(pk, {})
             for sk in deletes:
                 partition.pop(sk, None)
-            for item in [*events, *puts, head]:
+            for item in [*events, *puts, *([head] if head is not None else [])]:
                 self.items.setdefault(item[codec.A_PK], {})[item[codec.A_SK]] = dict(item)
+
+    def _put_turn(self, item: Item, marker_version: int | None) -> None:
+        codec.check_item_sizes([item])
+        with self._lock:
+            stored = self.items.get(item[codec.A_PK], {}).get(item[codec.A_SK])
+            if not codec.slot_free(stored, item[codec.A_GEN], marker_version):
+                raise ConversationBusy(
+                    "another turn or decision on this conversation committed first"
+                )
+            self.meter.write(0)
+            self.items.setdefault(item[codec.A_PK], {})[item[codec.A_SK]] = dict(item)
 
     def _replace_head(self, head: Item, expected: Item | None) -> bool:
         with self._lock:

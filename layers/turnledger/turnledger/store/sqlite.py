@@ -304,28 +304,39 @@ class SQLiteConversationStore(ConversationStore):
 
     def _transact_commit(
         self,
-        head: Item,
-        expected_version: int | None,
+        head: Item | None,
+        expected: Item | None,
         events: list[Item],
         gen: str,
         *,
         puts: Sequence[Item] = (),
         deletes: Sequence[str] = (),
         checks: Sequence[Item] = (),
+        slots: Sequence[Item] = (),
+        marker_version: int | None = None,
+        head_locked: bool = False,
     ) -> None:
-        codec.check_item_sizes([*events, *puts, head])
-        expected = codec.expected_head(expected_version, gen)
-        pk = head[codec.A_PK]
+        heads = [head] if head is not None else []
+        codec.check_item_sizes([*events, *puts, *heads])
+        pk = (head or events[0])[codec.A_PK]
         try:
             with self._transaction() as db:
-                ok = codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected) and all(
+                ok = (
+                    head is None or codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected)
+                ) and all(
                     codec.same_head(self._stored(db, c[codec.A_PK], keys.HEAD_SK), c)
                     for c in checks
                 )
                 for event in events:
-                    existing = self._stored(db, pk, event[codec.A_SK])
-                    if existing is not None and existing.get(codec.A_GEN) == gen:
-                        ok = False
+                    stored = self._stored(db, pk, event[codec.A_SK])
+                    ok = ok and codec.slot_free(
+                        stored, gen, marker_version, head_locked=head_locked
+                    )
+                for slot in slots:
+                    stored = self._stored(db, slot[codec.A_PK], slot[codec.A_SK])
+                    ok = ok and codec.slot_free(
+                        stored, slot[codec.A_GEN], slot.get(codec.A_VERSION)
+                    )
                 if not ok:
                     raise ConversationBusy(
                         "another turn or decision on this conversation committed first"
@@ -333,11 +344,14 @@ class SQLiteConversationStore(ConversationStore):
                 db.executemany(
                     "DELETE FROM items WHERE pk = ? AND sk = ?", [(pk, sk) for sk in deletes]
                 )
-                self._put(db, [*events, *puts, head])
+                self._put(db, [*events, *puts, *heads])
         except _Locked as exc:
             # Nothing was written: the same answer as a conflicting DynamoDB transaction.
             raise ConversationBusy("another request on this store held it too long") from exc
         self.meter.write(0)
+
+    def _put_turn(self, item: Item, marker_version: int | None) -> None:
+        self._transact_commit(None, None, [item], item[codec.A_GEN], marker_version=marker_version)
 
     def _put_items(self, items: list[Item]) -> None:
         with self._writing() as db:
