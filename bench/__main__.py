@@ -21,6 +21,7 @@ from bench import (
     memory,
     openai_face,
     providers,
+    replays,
     streaming,
     turns,
 )
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "openai": openai_face.main,
     "forks": forks.main,
     "memory": memory.main,
+    "replays": replays.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

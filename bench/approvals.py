@@ -38,18 +38,15 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 from turnledger.api.schemas import ApprovalRequest, TurnRequest
 from turnledger.core.observability import metrics
 from turnledger.providers.demo import DemoProvider
 from turnledger.store import codec, inbox
-from turnledger.store.base import Page
 from turnledger.store.blobs import BlobStore, S3BlobStore
 from turnledger.store.codec import Item
-from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.store.inbox import EntryKey
 from turnledger.store.indexes import WAIT_INDEX
 from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn.approvals import DEFAULT_LIMIT, list_inbox
@@ -58,12 +55,14 @@ from turnledger_local.template import load_template, table_definition
 
 from bench.conversation import BenchClock
 from bench.engines import local_engines
-from bench.pricing import TRANSACTION_FACTOR, IndexSpec, item_size, read_units, write_units
+from bench.metered import HEAD_SK, TRANSCRIPT_PREFIX, MeteredStore, PricedWrite
+from bench.pricing import IndexSpec, item_size, write_units
 from bench.results import command_line, machine_line, publish
 from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
 from tests.support.aws import TABLE_RESOURCE
 from tests.support.edge import Caller
+from tests.support.legacy_layout import LegacyDynamoDBStore
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -78,9 +77,9 @@ ARGUMENTS = {"to": "ops@example.com", "body": "The nightly report is ready."}
 class Work:
     """What the store did for one request, priced from item sizes and as reported."""
 
-    #: Table items of the commits: head and events (x2, transactional).
+    #: Head and transcript items (x2 inside a transaction).
     table_wcu: float = 0.0
-    #: Inbox entry items put or deleted in those commits (x2, transactional).
+    #: Inbox entry items put or deleted (x2 inside a transaction).
     entry_wcu: float = 0.0
     #: ``by-inbox`` index entries put or deleted.
     inbox_index_wcu: float = 0.0
@@ -88,9 +87,11 @@ class Work:
     wait_index_wcu: float = 0.0
     #: The head's other keys-only indexes (``by-expiry``, ``by-tenant``).
     head_index_wcu: float = 0.0
-    #: Writes outside a commit (drafts, leases, fences), priced one standard write each.
+    #: Writes of other items (drafts, leases, records), priced on the wire.
     other_wcu: float = 0.0
     rcu: float = 0.0
+    #: Write requests, and those that put the head or transcript items.
+    writes: int = 0
     commits: int = 0
     events: int = 0
     #: Items of the ``by-inbox`` queries, and their index partitions.
@@ -136,143 +137,81 @@ def _index_layout() -> tuple[list[IndexSpec], tuple[str, ...]]:
     return head_indexes, projected
 
 
-class InboxMeteredStore(DynamoDBConversationStore):
-    """The DynamoDB store, pricing what it writes and reads, inbox entries apart.
-
-    ``bench.metered.MeteredStore`` prices a commit's head and events only; a
-    commit that requests or decides an approval also puts or deletes entry
-    items, each with an index entry holding most of it (``INCLUDE`` projection).
+class InboxMeteredStore(MeteredStore):
+    """The metered store (every request priced on the wire), its writes sorted into the
+    inbox's part and the turn's: entry items ``W#...`` and their ``by-inbox`` entries
+    (priced on their projected attributes), the head's index entries, and the rest.
     One instance per thread.
     """
 
     def __init__(self, client: DynamoDBClient, table_name: str, blobs: BlobStore) -> None:
-        super().__init__(client, table_name, blobs)
-        self.head_indexes, self.projected = _index_layout()
-        self.work = Work()
+        head_indexes, self.projected = _index_layout()
+        inbox_spec = IndexSpec(inbox.INBOX_INDEX, (inbox.A_INBOX, inbox.A_INBOX_SORT))
+        super().__init__(client, table_name, blobs, [*head_indexes, inbox_spec])
+        self.inbox_work = Work()
         self._reported = self.meter.snapshot()
-        self._heads: dict[str, Item] = {}
-        #: Entry items written, by (pk, sk): a delete is priced on the item it removes.
-        self._entries: dict[tuple[str, str], Item] = {}
 
     def measure(self) -> Work:
         """Start measuring a new request; the returned record fills as it runs."""
-        self.work = Work()
+        self.begin()
+        self.inbox_work = Work()
         self._reported = self.meter.snapshot()
-        return self.work
+        return self.inbox_work
 
     def finish(self) -> Work:
         """The record of the request :meth:`measure` started, with the reported units."""
         reported = self.meter.since(self._reported)
-        work = self.work
+        work = self.inbox_work
         work.reported_wcu = reported.write_units
         work.reported_rcu = reported.read_units
         # What runs until the next measure() (setting up the inboxes) is counted apart.
-        self.work = Work()
+        self.inbox_work = Work()
         return work
 
-    def _index_units(self, entry: Item) -> int:
-        # An index entry is the projected attributes of its item, priced as a standard write.
-        return write_units(item_size({k: v for k, v in entry.items() if k in self.projected}))
+    def _index_units(self, old: Item | None, new: Item | None) -> dict[str, int]:
+        found = super()._index_units(old, new)
+        if inbox.INBOX_INDEX in found:
+            # An inbox index entry is its projected attributes, priced as a standard write.
+            entry = new if new is not None else old
+            assert entry is not None
+            projected = {k: v for k, v in entry.items() if k in self.projected}
+            found[inbox.INBOX_INDEX] = write_units(item_size(projected))
+        return found
 
-    def _price_head_indexes(self, head: Item) -> None:
-        old = self._heads.get(head[codec.A_PK])
-        for spec in self.head_indexes:
-            units = spec.write_units(old, head)
-            if spec.name == WAIT_INDEX:
-                self.work.wait_index_wcu += units
+    def _on_write(self, write: PricedWrite) -> None:
+        super()._on_write(write)
+        work = self.inbox_work
+        work.writes += 1
+        if any(i.sk == HEAD_SK or i.sk.startswith(TRANSCRIPT_PREFIX) for i in write.items):
+            work.commits += 1
+        for item in write.items:
+            work.inbox_index_wcu += item.index_wcu.get(inbox.INBOX_INDEX, 0)
+            work.wait_index_wcu += item.index_wcu.get(WAIT_INDEX, 0)
+            work.head_index_wcu += sum(
+                units
+                for name, units in item.index_wcu.items()
+                if name not in (inbox.INBOX_INDEX, WAIT_INDEX)
+            )
+            if item.sk.startswith(inbox.ENTRY_PREFIX):
+                work.entry_wcu += item.table_wcu
+            elif item.sk == HEAD_SK or item.sk.startswith(TRANSCRIPT_PREFIX):
+                work.table_wcu += item.table_wcu
+                work.events += item.item is not None and item.sk.startswith(TRANSCRIPT_PREFIX)
             else:
-                self.work.head_index_wcu += units
-        self._heads[head[codec.A_PK]] = head
+                work.other_wcu += item.table_wcu
 
-    def _transact_commit(
-        self,
-        head: Item,
-        expected_version: int | None,
-        events: list[Item],
-        gen: str,
-        *,
-        puts: Sequence[Item] = (),
-        deletes: Sequence[str] = (),
-        checks: Sequence[Item] = (),
+    def _on_read(
+        self, units: float, items: list[Item], limit: int | None, index: str | None
     ) -> None:
-        super()._transact_commit(
-            head, expected_version, events, gen, puts=puts, deletes=deletes, checks=checks
-        )
-        pk = head[codec.A_PK]
-        removed = [self._entries.pop((pk, sk)) for sk in deletes if (pk, sk) in self._entries]
-        if len(removed) != len(deletes):
-            raise RuntimeError("a commit deleted an inbox entry this benchmark did not write")
-        work = self.work
-        work.commits += 1
-        work.events += len(events)
-        work.table_wcu += TRANSACTION_FACTOR * sum(
-            write_units(item_size(i)) for i in [*events, head]
-        )
-        # A transactional delete is priced like a put of the item it removes.
-        work.entry_wcu += TRANSACTION_FACTOR * sum(
-            write_units(item_size(i)) for i in [*puts, *removed]
-        )
-        work.inbox_index_wcu += sum(self._index_units(i) for i in [*puts, *removed])
-        self._price_head_indexes(head)
-        for item in puts:
-            self._entries[(pk, item[codec.A_SK])] = item
+        super()._on_read(units, items, limit, index)
+        self.inbox_work.rcu += units
+        if index == inbox.INBOX_INDEX:
+            self.inbox_work.inbox_items += len(items)
+            self.inbox_work.inbox_partitions.update(str(i[inbox.A_INBOX]) for i in items)
 
-    def _put_items(self, items: list[Item]) -> None:
-        super()._put_items(items)
-        self.work.other_wcu += sum(write_units(item_size(i)) for i in items)
 
-    def _replace_head(self, head: Item, expected: Item | None) -> bool:
-        done = super()._replace_head(head, expected)
-        if done:
-            self.work.other_wcu += write_units(item_size(head))
-            self._price_head_indexes(head)
-        return done
-
-    def _fence_head(self, pk: str, token: str) -> Item | None:
-        head = super()._fence_head(pk, token)
-        if head is not None:
-            self.work.other_wcu += write_units(item_size(head))
-        return head
-
-    def _get_item(self, pk: str, sk: str) -> Item | None:
-        item = super()._get_item(pk, sk)
-        # DynamoDB charges a read of a missing item too (1 RCU); DynamoDB Local reports 0.
-        self.work.rcu += read_units(item_size(item) if item else 0)
-        return item
-
-    def _query(
-        self,
-        pk: str,
-        *,
-        lower: str | None,
-        upper: str | None,
-        descending: bool,
-        limit: int,
-        cursor: Any,
-        keys_only: bool = False,
-        consistent: bool = True,
-    ) -> Page:
-        page = super()._query(
-            pk,
-            lower=lower,
-            upper=upper,
-            descending=descending,
-            limit=limit,
-            cursor=cursor,
-            keys_only=keys_only,
-            consistent=consistent,
-        )
-        # A query is priced on the whole items it reads, whatever it projects.
-        self.work.rcu += read_units(sum(item_size(i) for i in page.items), consistent=consistent)
-        return page
-
-    def _inbox_query(self, partition: str, *, after: EntryKey | None, limit: int) -> Page:
-        page = super()._inbox_query(partition, after=after, limit=limit)
-        # A global index is read eventually consistent, priced on the projected entries.
-        self.work.rcu += read_units(sum(item_size(i) for i in page.items), consistent=False)
-        self.work.inbox_items += len(page.items)
-        self.work.inbox_partitions.update(str(i[inbox.A_INBOX]) for i in page.items)
-        return page
+class LegacyInboxMeteredStore(InboxMeteredStore, LegacyDynamoDBStore):
+    """:class:`InboxMeteredStore` over the legacy layout (before issue 21): the baseline."""
 
 
 @dataclass(frozen=True)
@@ -309,14 +248,17 @@ def _registry(sink: HttpSink) -> ToolRegistry:
     return ToolRegistry.from_json(json.dumps({"tools": [definition]}))
 
 
-def _sample(service: Conversations, store: InboxMeteredStore, number: int) -> Sample:
-    caller = Caller(tenant=TENANTS[0], actor="ann")
+def _sample(
+    service: Conversations, store: InboxMeteredStore, number: int, tenant: str = TENANTS[0]
+) -> Sample:
+    caller = Caller(tenant=tenant, actor="ann")
     arguments = json.dumps(ARGUMENTS)
     clock = service.clock
     assert isinstance(clock, BenchClock)
 
     store.measure()
-    reply = edge.turn(service, caller, f"text-{number}", TurnRequest(input=f"echo: {arguments}"))
+    request = TurnRequest(input=f"echo: {arguments}")
+    reply = edge.turn(service, caller, f"text-{number}", request)
     text = store.finish()
     assert reply.status == "complete" and reply.output_text == arguments, reply.status
     clock.advance(1)
@@ -369,26 +311,37 @@ def _listing(service: Conversations, store: InboxMeteredStore, tenant: str) -> L
     )
 
 
-def run(samples: int, pending: int) -> tuple[list[Sample], list[Listing]]:
-    """Run the samples and the listings on DynamoDB Local."""
+#: Each layout's samples run in a tenant of its own, of the same length (the same item sizes).
+LAYOUT_TENANTS = {"legacy": "base", "current": TENANTS[0]}
+#: The layouts measured: the baseline before issue 21, and the current store.
+LAYOUT_STORES: dict[str, type[InboxMeteredStore]] = {
+    "legacy": LegacyInboxMeteredStore,
+    "current": InboxMeteredStore,
+}
+
+
+def run(samples: int, pending: int) -> tuple[dict[str, list[Sample]], list[Listing]]:
+    """Run the samples on both layouts and the listings (current layout) on DynamoDB Local."""
     with local_engines() as engines, HttpSink() as sink, httpx.Client() as http:
         clients, settings = engines.clients, engines.settings
         sink.respond("/email", Reply(body={"sent": True}))
-        store = InboxMeteredStore(
-            clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, settings.bucket_name)
-        )
-        service = Conversations(
-            store=store,
-            provider=DemoProvider(),
-            settings=settings,
-            tools=_registry(sink),
-            runner=ToolRunner(http, None),
-            clock=BenchClock(),
-        )
-        results = []
-        for number in range(1, samples + 1):
-            results.append(_sample(service, store, number))
-            print(f"  sample {number}/{samples}", flush=True)
+        blobs = S3BlobStore(clients.s3, settings.bucket_name)
+        results: dict[str, list[Sample]] = {}
+        for layout, store_class in LAYOUT_STORES.items():
+            store = store_class(clients.dynamodb, settings.table_name, blobs)
+            service = Conversations(
+                store=store,
+                provider=DemoProvider(),
+                settings=settings,
+                tools=_registry(sink),
+                runner=ToolRunner(http, None),
+                clock=BenchClock(),
+            )
+            results[layout] = []
+            for number in range(1, samples + 1):
+                tenant = LAYOUT_TENANTS[layout]
+                results[layout].append(_sample(service, store, number, tenant))
+                print(f"  {layout} sample {number}/{samples}", flush=True)
         # Every decided call left the inbox with its decision's commit.
         left = list_inbox(service, TENANTS[0])
         assert left.entries == [], [(e.conversation_id, e.call_id) for e in left.entries]
@@ -398,25 +351,74 @@ def run(samples: int, pending: int) -> tuple[list[Sample], list[Listing]]:
     return results, listings
 
 
-def render(samples: list[Sample], listings: list[Listing], pending: int, command: str) -> str:
+#: Issue 21's targets: priced WCU of a turn that requests one approval, and of its decision.
+ASK_TARGET_WCU = 8
+DECIDE_TARGET_WCU = 8
+
+
+def _layouts(by_layout: dict[str, list[Sample]]) -> list[str]:
+    """The section's table of both layouts side by side, with the issue's targets."""
+
+    def m(samples: list[Sample], kind: str, pick: str) -> float:
+        return float(statistics.median([getattr(getattr(s, kind), pick) for s in samples]))
+
+    legacy, current = by_layout["legacy"], by_layout["current"]
+    lines = [
+        "### Legacy layout beside the current one",
+        "",
+        "The same samples, in the same run, on the layout before issue 21 "
+        "(`tests/support/legacy_layout.py`: one item per event, the whole head on every "
+        "commit, one `TransactWriteItems` per commit) and on the current store. Medians, "
+        "priced.",
+        "",
+        "| | legacy WCU | current WCU | current / legacy | legacy RCU | current RCU | "
+        "legacy / current write requests |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, kind in (("text turn", "text"), ("approval turn", "ask"), ("decision", "decide")):
+        old, new = m(legacy, kind, "wcu"), m(current, kind, "wcu")
+        lines.append(
+            f"| {label} | {old:.1f} | {new:.1f} | {new / old:.2f} | "
+            f"{m(legacy, kind, 'rcu'):.1f} | {m(current, kind, 'rcu'):.1f} | "
+            f"{m(legacy, kind, 'writes'):.0f} / {m(current, kind, 'writes'):.0f} |"
+        )
+    ask, decide = m(current, "ask", "wcu"), m(current, "decide", "wcu")
+    verdict = {True: "met", False: "**missed**"}
+    lines += [
+        "",
+        "| target (issue 21) | measured (current) | verdict |",
+        "| --- | ---: | --- |",
+        f"| a turn that requests one approval <= {ASK_TARGET_WCU} WCU | {ask:.1f} | "
+        f"{verdict[ask <= ASK_TARGET_WCU]} |",
+        f"| its decision <= {DECIDE_TARGET_WCU} WCU | {decide:.1f} | "
+        f"{verdict[decide <= DECIDE_TARGET_WCU]} |",
+    ]
+    return lines
+
+
+def render(
+    by_layout: dict[str, list[Sample]], listings: list[Listing], pending: int, command: str
+) -> str:
     """The section's markdown."""
+    samples = by_layout["current"]
 
     def m(pick: str, kind: str) -> float:
         return float(statistics.median([getattr(getattr(s, kind), pick) for s in samples]))
 
     rows = [
-        ("table items (head, events), x2 in a transaction", "table_wcu"),
+        ("head and transcript items `E#...`, x2 in a transaction", "table_wcu"),
         ("inbox entry item `W#...` (put / delete), x2", "entry_wcu"),
         ("`by-inbox` index entry (put / delete)", "inbox_index_wcu"),
         ("`by-wait` index entry of the head (expiry sweep)", "wait_index_wcu"),
         ("other head indexes (`by-expiry`, `by-tenant`)", "head_index_wcu"),
-        ("other writes (outside the commit)", "other_wcu"),
+        ("other items (drafts, idempotency records)", "other_wcu"),
         ("**WCU, priced**", "wcu"),
         ("WCU as DynamoDB Local reported it", "reported_wcu"),
         ("**RCU, priced**", "rcu"),
         ("RCU as DynamoDB Local reported it", "reported_rcu"),
-        ("commits", "commits"),
-        ("events written", "events"),
+        ("write requests", "writes"),
+        ("write requests that put the head or transcript items", "commits"),
+        ("transcript items written (`E#...`)", "events"),
     ]
     arguments = json.dumps(ARGUMENTS)
     lines = [
@@ -454,11 +456,12 @@ def render(samples: list[Sample], listings: list[Listing], pending: int, command
         "- Reads: a first turn reads only its (missing) head, priced 1 RCU (DynamoDB "
         "charges a read of a missing item; DynamoDB Local reports 0).",
         f"- The decision writes {m('wcu', 'decide'):.1f} WCU and reads "
-        f"{m('rcu', 'decide'):.1f} RCU in {m('commits', 'decide'):.0f} commits (the "
+        f"{m('rcu', 'decide'):.1f} RCU in {m('writes', 'decide'):.0f} write requests (the "
         "decision, then the tool's result with the model's answer); deleting the entry and "
         f"its index entry is {decide_inbox:.1f} WCU of it, removing the `by-wait` entry "
         f"{m('wait_index_wcu', 'decide'):.1f}.",
     ]
+    lines += ["", *_layouts(by_layout)]
     shown = statistics.median([float(x.shown) for x in listings])
     read = statistics.median([float(x.work.inbox_items) for x in listings])
     others = max(x.others for x in listings)

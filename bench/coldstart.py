@@ -6,7 +6,8 @@ before the first request, and without SnapStart the caller waits for both. This
 benchmark does the same in a fresh subprocess per sample (median of ``--runs``): the
 handler's folder first on ``sys.path``, the environment the template gives the
 function (parameters at their defaults, resources as placeholder names) plus what
-the Lambda runtime sets. Then, in the same interpreter, the handler answers its first
+the Lambda runtime sets, and only the modules the layer holds importable
+(:func:`not_in_layer`). Then, in the same interpreter, the handler answers its first
 request (its sample event from ``events/``) and a second one, against DynamoDB Local
 (S3 and STS on moto's server). Before each handler's sample, the same round samples
 the minimal handler (``bench/minimal/app.py``: Powertools' HTTP resolver and one
@@ -36,10 +37,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
 from pathlib import Path
 from typing import Any
 
 from moto.server import ThreadedMotoServer
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from turnledger.api.functions import ROUTES
 from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
 from bench.results import command_line, machine_line, publish
@@ -47,6 +53,8 @@ from tests.support.aws import aws_clients, create_bucket, create_conversations_t
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar, free_port
 
 SECTION = "Cold start"
+#: What ``sam build`` installs into the layer (``layers/turnledger/requirements.txt``).
+LAYER_REQUIREMENTS = PROJECT_ROOT / "layers" / "turnledger" / "requirements.txt"
 HANDLERS = ("turn", "read", "clear", "approve", "sweep")
 REGION = "us-east-1"
 #: Issue 27: a handler's init + first request at most this many times the minimal handler's.
@@ -69,7 +77,10 @@ SAMPLE_EVENTS = {
 #: argument) in one namespace and prints the milliseconds of each as JSON. Nothing
 #: is imported before the first step that the steps could need (``json`` comes after).
 _PROBE = """
-import sys, time
+import os, sys, time
+for name in os.environ.get("BENCH_NOT_IN_LAYER", "").split(","):
+    if name and name not in sys.modules:
+        sys.modules[name] = None  # ImportError, as in the layer, which does not hold it
 sys.stderr.write("### steps begin\\n")
 spent = []
 scope = {"sys": sys}
@@ -85,6 +96,62 @@ for step in sys.argv[1:]:
 import json
 print(json.dumps(spent))
 """
+
+#: Top-level modules the layer provides itself (not a distribution installed in the venv).
+_LAYER_PACKAGES = frozenset({"turnledger"})
+
+
+def layer_distributions(requirements: Path = LAYER_REQUIREMENTS) -> frozenset[str]:
+    """The distributions ``sam build`` installs into the layer from ``requirements``: each
+    requirement with its extras, and what they require in turn (by the installed versions'
+    metadata), as canonical names."""
+    found: set[str] = set()
+    todo = [
+        Requirement(line)
+        for line in requirements.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            requires = distribution(requirement.name).requires or []
+        except PackageNotFoundError:
+            continue
+        extras = requirement.extras or {""}
+        for line in requires:
+            needed = Requirement(line)
+            if needed.marker is None or any(
+                needed.marker.evaluate({"extra": extra}) for extra in extras
+            ):
+                todo.append(needed)
+    return frozenset(found)
+
+
+@cache
+def _not_in_layer() -> tuple[str, ...]:
+    return not_in_layer()
+
+
+def not_in_layer() -> tuple[str, ...]:
+    """Top-level modules installed in this venv by distributions the layer does not hold
+    (``click`` and ``rich``, which schemathesis needs, for one): the probes make them
+    unimportable, so an optional import (httpx loads its command line when ``click`` is
+    there) costs here what it costs on Lambda."""
+    layer = layer_distributions()
+    return tuple(
+        sorted(
+            module
+            for module, owners in packages_distributions().items()
+            if module.isidentifier()
+            and module not in _LAYER_PACKAGES
+            and not any(canonicalize_name(owner) in layer for owner in owners)
+        )
+    )
+
 
 #: Imports timed alone, for comparison with the handlers.
 COMPARISONS: tuple[tuple[str, str], ...] = (
@@ -181,8 +248,19 @@ def untraced(handler: Handler) -> Handler:
     )
 
 
+def untenanted(handler: Handler) -> Handler:
+    """``handler`` without ``TENANT_ROLE_ARN``: its requests on the process's own clients, so
+    a first request assumes no role and builds no client (what a tenant's first costs)."""
+    return replace(
+        handler,
+        label=f"{handler.name}, no tenant role",
+        environment={k: v for k, v in handler.environment.items() if k != "TENANT_ROLE_ARN"},
+    )
+
+
 def imported_modules(handler: Handler) -> tuple[str, ...]:
-    """The modules the handler's source imports at its top level, sorted."""
+    """The modules the handler's source imports at its top level, and the route modules its
+    ``serve("<function>")`` call registers (``turnledger.api.functions.ROUTES``), sorted."""
     tree = ast.parse((handler.folder / f"{handler.module}.py").read_text(encoding="utf-8"))
     found: set[str] = set()
     for node in tree.body:
@@ -190,6 +268,15 @@ def imported_modules(handler: Handler) -> tuple[str, ...]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
+    for call in ast.walk(tree):
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "serve"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+        ):
+            found.update(f"turnledger.api.{m}" for m in ROUTES.get(str(call.args[0].value), ()))
     return tuple(sorted(found - {"__future__"}))
 
 
@@ -221,6 +308,8 @@ def lambda_environment(handler: Handler | None) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         # The layer's code of this checkout, where Lambda has /opt/python.
         "PYTHONPATH": str(PROJECT_ROOT / "layers" / "turnledger"),
+        # Nor what the venv holds beyond the layer's dependencies.
+        "BENCH_NOT_IN_LAYER": ",".join(_not_in_layer()),
     }
     if handler is not None:
         env.update(handler.environment)
@@ -510,6 +599,49 @@ def _verdicts(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     return out
 
 
+def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
+    """Where the read handler's cold start goes beyond the minimal handler's, from this run's
+    medians: what the targets would need, in numbers."""
+    by_label = {t.label: t for t in timings if t.error is None and t.import_ms}
+    read = by_label.get("read")
+    untraced_read = by_label.get("read, tracing off")
+    local = by_label.get("read, no tenant role")
+    if read is None or minimal.error is not None or not minimal.import_ms:
+        return []
+
+    def med(values: Sequence[float]) -> float:
+        return statistics.median(values)
+
+    out = ["", "Where the read handler's time goes, from the medians above:", ""]
+    out.append(
+        f"- init: {med(read.import_ms):.0f} ms against the minimal handler's "
+        f"{med(minimal.import_ms):.0f} ms (+{med(read.import_ms) - med(minimal.import_ms):.0f}): "
+        "the service's modules (pydantic models of the events, head and bodies; the turn "
+        "pipeline, which reads go through too; tools, providers, httpx), the X-Ray SDK "
+        "and a second AWS client (STS)."
+    )
+    if untraced_read is not None:
+        out.append(
+            f"- the X-Ray SDK's Tracer: init {med(read.import_ms):.0f} ms traced, "
+            f"{med(untraced_read.import_ms):.0f} ms with tracing off."
+        )
+    if local is not None:
+        tenant = med(read.first_ms) - med(local.first_ms)
+        out.append(
+            f"- a tenant's first request in an environment: {med(read.first_ms):.0f} ms, of "
+            f"which {tenant:.0f} ms are the tenant's own set-up (the first request without "
+            f"a tenant role takes {med(local.first_ms):.0f} ms): its role assumed on STS, one "
+            "round trip that init cannot make for a tenant it does not know, and its "
+            "DynamoDB client with its first connection."
+        )
+    out.append(
+        f"- the minimal handler's own first request is {med(minimal.first_ms):.0f} ms "
+        f"against {med(minimal.warm_ms):.0f} ms warm: a warm request of a few milliseconds "
+        "makes any first connection or first route count double."
+    )
+    return out
+
+
 def _restore_section(restored: Timing | None) -> list[str]:
     """What Python runs of a SnapStart start: the after-restore hook and the first request."""
     if restored is None:
@@ -564,10 +696,15 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "(`bench/minimal/app.py`: Powertools' HTTP resolver and one `GetItem` through a "
         "boto3 DynamoDB resource, built at import) is sampled the same way right before "
         "each handler's sample, so the two alternate; **read, tracing off** is the read "
-        "handler with `POWERTOOLS_TRACE_DISABLED=true` (no X-Ray SDK). Interpreter start-up "
-        "itself is not counted. The project venv holds `click` and `rich`, so `import httpx` "
-        "also loads its command line here (the layer has neither). Measured on this "
-        "machine, not on Lambda's arm64 CPUs.",
+        "handler with `POWERTOOLS_TRACE_DISABLED=true` (no X-Ray SDK); **read, no tenant "
+        "role** is the read handler without `TENANT_ROLE_ARN` (its first request assumes no "
+        "role and builds no client: the difference is a tenant's first request's own "
+        "set-up, once per tenant and environment). Interpreter start-up "
+        "itself is not counted. Every interpreter sees only what the layer holds: the "
+        "modules of the venv's other distributions (the tests' `click`, `rich`, `moto`...: "
+        "`bench.coldstart.not_in_layer`) are made unimportable, so an optional import (httpx "
+        "loads its command line when `click` is there) costs what it costs on Lambda. "
+        "Measured on this machine, not on Lambda's arm64 CPUs.",
         "",
         "| handler | init ms (median) | range | first request ms | warm request ms | "
         "first request's extra set-up ms | cold start ms (init + first request) |",
@@ -596,6 +733,7 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "",
     ]
     out += _verdicts(timings, minimal)
+    out += _why(timings, minimal)
     out += _restore_section(found.restored)
     out += [
         "",
@@ -696,7 +834,11 @@ def run(names: Sequence[str], runs: int) -> ColdStart:
                     _handler_steps(found["sweep"], -2)[:2],
                     handler_environment(found["sweep"], backend),
                 )
-        variants = [untraced(found["read"])] if "read" in names and "read" in found else []
+        variants = (
+            [untraced(found["read"]), untenanted(found["read"])]
+            if "read" in names and "read" in found
+            else []
+        )
         timings, minimal, comparisons, restored = measure(
             [*chosen, *variants], COMPARISONS, runs, backend, found.get("read")
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from turnledger.api import views
 from turnledger.api.schemas import TurnRequest
 from turnledger.core.config import Settings
 from turnledger.core.exceptions import ConversationBusy
@@ -19,9 +20,10 @@ from turnledger.core.observability import metrics
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
+from turnledger.turn import longturns
 from turnledger.turn.pipeline import Conversations
 
-from bench.metered import Commit, MeteredStore
+from bench.metered import LAYOUTS, Commit, MeteredStore
 from bench.pricing import IndexSpec, item_size
 from tests.support import edge
 from tests.support.edge import Caller
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 USER_CHARS = 300
 REPLY_CHARS = 700
 TENANT = "bench"
+#: The tenant of each layout's conversations: the same length, so the same conversation id
+#: gives items of the same size on both (a byte can cross a unit's boundary).
+LAYOUT_TENANTS = {"current": TENANT, "legacy": "basis"}
 #: A conflict on a conversation nobody else writes would be a bug; it is counted and retried.
 _ATTEMPTS = 3
 
@@ -113,6 +118,9 @@ class TurnSample:
     head_bytes: int
     #: The turn summarized older turns (it read them, and wrote a ``context_compacted``).
     compacted: bool = False
+    #: Bytes of every transcript item (``E#...``) the turn put, and whether it put the head.
+    transcript_bytes: int = 0
+    head_written: bool = True
 
 
 @dataclass
@@ -126,6 +134,9 @@ class Conversation:
     commits: list[Commit] = field(default_factory=list)
     sent: list[str] = field(default_factory=list)
     conflicts: int = 0
+    #: The newest summary's range end the last turn reported (a change: it compacted).
+    summary_through: int | None = None
+    tenant: str = TENANT
 
     @classmethod
     def open(
@@ -135,18 +146,26 @@ class Conversation:
         blobs: BlobStore,
         settings: Settings,
         indexes: Sequence[IndexSpec],
+        *,
+        layout: str = "current",
     ) -> Conversation:
-        """A fresh conversation in ``settings.table_name``."""
-        store = MeteredStore(client, settings.table_name, blobs, indexes)
+        """A fresh conversation in ``settings.table_name``, stored by ``layout`` (a key of
+        :data:`bench.metered.LAYOUTS`: ``legacy`` is the layout before issue 21)."""
+        store = LAYOUTS[layout](client, settings.table_name, blobs, indexes)
         clock = BenchClock()
         service = Conversations(
             store=store, provider=BenchProvider(), settings=settings, clock=clock
         )
-        return cls(conversation_id, store, clock, service)
+        return cls(conversation_id, store, clock, service, tenant=LAYOUT_TENANTS[layout])
 
-    def turn(self, number: int, *, gap_seconds: float = 1.0) -> TurnSample:
+    def turn(
+        self, number: int, *, gap_seconds: float = 1.0, through_drafts: bool = False
+    ) -> TurnSample:
         """Run turn ``number``, ``gap_seconds`` after the previous one; measure its storage.
 
+        ``through_drafts``: run it as ``POST .../turns`` does (without an idempotency key):
+        :func:`turnledger.turn.longturns.run_synchronously`, which writes the turn's draft
+        when ``SYNC_TURN_DRAFTS`` is on (the default); otherwise ``Conversations.turn``.
         A ``conversation_busy`` is counted and the turn retried.
 
         Raises:
@@ -157,13 +176,17 @@ class Conversation:
         for attempt in range(_ATTEMPTS):
             before = self.store.meter.snapshot()
             work = self.store.begin()
+            caller = Caller(tenant=self.tenant, actor="bench-user")
             try:
-                response = edge.turn(
-                    self.service,
-                    Caller(tenant=TENANT, actor="bench-user"),
-                    self.conversation_id,
-                    TurnRequest(input=text),
-                )
+                if through_drafts:
+                    command = views.turn_command(TurnRequest(input=text), None)
+                    key = caller.key(self.conversation_id)
+                    result = longturns.run_synchronously(self.service, key, caller.actor, command)
+                    response = views.turn_response(result)
+                else:
+                    response = edge.turn(
+                        self.service, caller, self.conversation_id, TurnRequest(input=text)
+                    )
                 break
             except ConversationBusy:
                 self.conflicts += 1
@@ -174,14 +197,19 @@ class Conversation:
         used = self.store.meter.since(before)
         self.sent.append(text)
         self.commits.extend(work.commits)
-        last = work.commits[-1]
-        sizes = {_kind(item): item_size(item) for item in last.events}
+        events = [item for commit in work.commits for item in commit.events]
+        heads = [commit.head for commit in work.commits if commit.head is not None]
+        sizes = {_kind(item): item_size(item) for item in events}
+        summary = response.context.summary_through
+        compacted = summary is not None and summary != self.summary_through
+        self.summary_through = summary
         return TurnSample(
             turn=response.turn,
             reported_wcu=used.write_units,
             reported_rcu=used.read_units,
-            read_calls=used.read_calls,
-            write_calls=used.write_calls,
+            # Round trips as sent on the wire (every request, whichever store method sent it).
+            read_calls=work.read_requests,
+            write_calls=work.write_requests,
             priced_wcu=work.priced_wcu,
             priced_index_wcu=work.priced_index_wcu,
             priced_rcu=work.priced_rcu,
@@ -191,15 +219,15 @@ class Conversation:
             storage_ms=work.seconds * 1000,
             user_bytes=sizes.get("user_message", 0),
             assistant_bytes=sizes.get("assistant_message", 0),
-            head_bytes=item_size(last.head),
-            compacted=any(
-                _kind(item) == "context_compacted" for c in work.commits for item in c.events
-            ),
+            head_bytes=item_size(heads[-1]) if heads else 0,
+            compacted=compacted,
+            transcript_bytes=sum(item_size(item) for item in events),
+            head_written=bool(heads),
         )
 
     def is_intact(self) -> bool:
         """True when the stored transcript is exactly this conversation's turns, in order."""
-        key = ConversationKey(tenant=TENANT, conversation_id=self.conversation_id)
+        key = ConversationKey(tenant=self.tenant, conversation_id=self.conversation_id)
         head = self.store.get_head(key)
         turns = len(self.sent)
         if head is None or head.turn != turns:
@@ -216,4 +244,6 @@ class Conversation:
 
 
 def _kind(item: Item) -> str:
-    return str(json.loads(item[A_BODY])["kind"])
+    """The event kind of a legacy event item; ``turn`` for an item holding several events."""
+    body = json.loads(item[A_BODY])
+    return str(body["kind"]) if isinstance(body, dict) and "kind" in body else "turn"

@@ -30,14 +30,13 @@ from turnledger.api.schemas import TurnRequest
 from turnledger.core.models import ConversationKey
 from turnledger.core.observability import metrics
 from turnledger.store.blobs import S3BlobStore
-from turnledger.store.codec import Item
 from turnledger.turn.forks import create_fork
 from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, BenchClock, BenchProvider, text_of
 from bench.engines import local_engines
 from bench.metered import MeteredStore, StorageWork
-from bench.pricing import index_specs, item_size, read_units
+from bench.pricing import index_specs
 from bench.results import command_line, machine_line, publish
 from tests.support import edge
 from tests.support.edge import Caller
@@ -64,13 +63,7 @@ class Row:
 
 
 class ForkMeteredStore(MeteredStore):
-    """The metered store, pricing point reads too (a fork reads heads and, after an
-    earlier turn, the events its bisection visits)."""
-
-    def _get_item(self, pk: str, sk: str) -> Item | None:
-        item = super()._get_item(pk, sk)
-        self.work.priced_rcu += read_units(item_size(item) if item is not None else 0)
-        return item
+    """The metered store (point reads, which a fork makes, are priced on the wire too)."""
 
 
 def _measure(store: MeteredStore, action: Callable[[], object]) -> StorageWork:

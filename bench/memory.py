@@ -26,7 +26,6 @@ from turnledger.api.schemas import TurnRequest
 from turnledger.core.observability import metrics
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.blobs import S3BlobStore
-from turnledger.store.codec import Item, item_size
 from turnledger.store.memories import MemoryBook, MemoryRecord, new_memory_id
 from turnledger.turn.pipeline import Conversations
 
@@ -47,16 +46,8 @@ RECORD_CHARS = 120
 
 
 class PutMeteredStore(MeteredStore):
-    """The metered store, pricing side-item puts and deletes too (memory's writes)."""
-
-    def _put_items(self, items: list[Item]) -> None:
-        for item in items:
-            self.work.priced_wcu += max(1, -(-item_size(item) // 1024))
-        super()._put_items(items)
-
-    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
-        self.work.priced_wcu += len(sort_keys)
-        super()._delete_items(pk, sort_keys)
+    """The metered store (side-item puts and deletes, memory's writes, are priced on the
+    wire too)."""
 
 
 @dataclass(frozen=True)

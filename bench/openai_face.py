@@ -49,15 +49,15 @@ from turnledger.providers.demo import DemoProvider
 from turnledger.runtime import Runtime, set_runtime
 from turnledger.store import keys
 from turnledger.store.blobs import S3BlobStore
-from turnledger.store.codec import A_PK, A_SK, Item, SideItem
+from turnledger.store.codec import A_PK, Item, SideItem
 from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
 from turnledger_local.template import PROJECT_ROOT
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
 from bench.engines import local_engines
-from bench.metered import MeteredStore, StorageWork
-from bench.pricing import index_specs, item_size, read_units, write_units
+from bench.metered import HEAD_SK, MeteredStore, PricedWrite, StorageWork
+from bench.pricing import index_specs
 from bench.results import command_line, machine_line, publish
 from bench.turns import ddb_local_version
 
@@ -78,7 +78,6 @@ class FaceStore(MeteredStore):
         super().__init__(client, table_name, blobs, index_specs())
         #: Every commit of the run, across :meth:`begin` calls.
         self.all_commits: list[Item] = []
-        self._items: dict[tuple[str, str], Item] = {}
         #: Of the current call's priced WCU, the face's side items (chain, index) and their
         #: index entries: what it writes beside the turn's transaction.
         self.side_wcu = 0.0
@@ -100,54 +99,15 @@ class FaceStore(MeteredStore):
         with self._timed():
             super().delete_side_items(key, sort_keys)
 
-    def _get_item(self, pk: str, sk: str) -> Item | None:
-        item = super()._get_item(pk, sk)
-        # A consistent GetItem costs 1 RCU per started 4 KiB, at least 1 (found or not).
-        self.work.priced_rcu += read_units(item_size(item) if item else 0)
-        self.work.items_read += item is not None
-        return item
-
-    def _index_units(self, old: Item | None, new: Item | None) -> int:
-        if new is None:
-            return sum(1 for spec in self.indexes if spec.entry(old) is not None)
-        return sum(spec.write_units(old, new) for spec in self.indexes)
-
-    def _put_items(self, items: list[Item]) -> None:
-        super()._put_items(items)
-        for item in items:
-            where = (str(item[A_PK]), str(item[A_SK]))
-            index = self._index_units(self._items.get(where), item)
-            units = write_units(item_size(item)) + index
-            self.work.priced_wcu += units
-            self.work.priced_index_wcu += index
-            self.side_wcu += units
-            self._items[where] = item
-
-    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
-        super()._delete_items(pk, sort_keys)
-        for sk in sort_keys:
-            old = self._items.pop((pk, sk), None)
-            index = self._index_units(old, None)
-            units = write_units(item_size(old) if old else 0) + index
-            self.work.priced_wcu += units
-            self.work.priced_index_wcu += index
-            self.side_wcu += units
-
-    def _transact_commit(
-        self,
-        head: Item,
-        expected_version: int | None,
-        events: list[Item],
-        gen: str,
-        *,
-        puts: Sequence[Item] = (),
-        deletes: Sequence[str] = (),
-        checks: Sequence[Item] = (),
-    ) -> None:
-        super()._transact_commit(
-            head, expected_version, events, gen, puts=puts, deletes=deletes, checks=checks
-        )
-        self.all_commits.append(head)
+    def _on_write(self, write: PricedWrite) -> None:
+        super()._on_write(write)
+        if not write.succeeded:
+            return
+        for item in write.items:
+            if item.sk.startswith(keys.SIDE_PREFIX):
+                self.side_wcu += item.table_wcu + sum(item.index_wcu.values())
+            elif item.sk == HEAD_SK and item.item is not None:
+                self.all_commits.append(item.item)
 
 
 @dataclass(frozen=True)

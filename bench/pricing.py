@@ -110,3 +110,43 @@ def to_wire(item: Item) -> dict[str, Any]:
     """``item`` in DynamoDB's wire format (for requests the benchmark makes itself)."""
     serializer = TypeSerializer()
     return {name: serializer.serialize(value) for name, value in item.items()}
+
+
+@dataclass(frozen=True)
+class OnDemandPrices:
+    """DynamoDB on-demand prices of one region and table class, and when they were read.
+
+    A priced WCU is one write request unit (a transactional write of 1 KiB is two), a
+    priced RCU one read request unit (an eventually consistent read of 4 KiB is half).
+    """
+
+    region: str
+    table_class: str
+    #: USD per million write request units and per million read request units.
+    write_per_million: float
+    read_per_million: float
+    #: USD per GB-month of table storage (items and index entries).
+    storage_per_gb_month: float
+    #: When these prices were published (the date the benchmark's figures assume).
+    as_of: str
+
+    def request_cost(self, wcu: float, rcu: float) -> float:
+        """USD of ``wcu`` write and ``rcu`` read request units."""
+        return (wcu * self.write_per_million + rcu * self.read_per_million) / 1e6
+
+    def storage_cost(self, stored_bytes: float) -> float:
+        """USD of keeping ``stored_bytes`` for a month (DynamoDB adds 100 bytes per item,
+        counted by the caller)."""
+        return stored_bytes / 1e9 * self.storage_per_gb_month
+
+
+#: us-east-1, Standard table class, on-demand: the prices AWS set on 2024-11-01 (on-demand
+#: throughput halved that day) and still published when this benchmark was written.
+US_EAST_1 = OnDemandPrices(
+    region="us-east-1",
+    table_class="Standard",
+    write_per_million=0.625,
+    read_per_million=0.125,
+    storage_per_gb_month=0.25,
+    as_of="2024-11-01",
+)

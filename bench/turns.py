@@ -3,9 +3,14 @@
 Drives one conversation to ``--turns`` turns (a 300-character user message and
 a 700-character reply each) through :class:`~turnledger.turn.pipeline.Conversations`
 over the DynamoDB store, against DynamoDB Local (the table built from
-``template.yaml``) with S3 on moto's server; then a few turns an hour apart,
-and 20 conversations at once on threads. The section ``## Turn storage cost``
-of ``bench/RESULTS.md`` is rewritten with the results (:mod:`bench.turns_report`).
+``template.yaml``) with S3 on moto's server, on two layouts in the same run, turn by
+turn alternately: the current store, and the layout before issue 21
+(:mod:`tests.support.legacy_layout`) as the baseline; then, on both, a few turns an
+hour apart and a short conversation through the HTTP route's path (synchronous-turn
+drafts) beside one through ``Conversations.turn``; and 20 conversations at once on
+threads (current layout). Issue 21's targets are judged on the current layout. The
+section ``## Turn storage cost`` of ``bench/RESULTS.md`` is rewritten with the results
+(:mod:`bench.turns_report`).
 
 Every write is reported twice, because the two differ: as DynamoDB Local
 reported it (the store's :class:`~turnledger.store.base.CapacityMeter`) and as
@@ -23,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,10 +51,12 @@ from bench.pricing import (
 from bench.results import command_line, publish
 from bench.turns_report import (
     CUMULATIVE_AT,
+    LAYOUT_NAMES,
     MARKED_TURNS,
     Calibration,
     Floor,
     HeadCheck,
+    LayoutRun,
     ParallelRun,
     Results,
     render,
@@ -64,6 +72,10 @@ if TYPE_CHECKING:
 SECTION = "Turn storage cost"
 #: Turns of the conversation whose turns come an hour apart.
 IDLE_TURNS = 12
+#: The context budget issue 21 states its read target at.
+BUDGET_TOKENS = 4000
+#: Turns of the conversations run through the HTTP route's path (drafts) and beside it.
+HTTP_TURNS = 50
 
 
 def scratch_table(client: DynamoDBClient) -> str:
@@ -159,36 +171,56 @@ def ddb_local_version(jar: Path) -> str:
     return f"{version}{package}"
 
 
-def run(turns: int, parallel: int, parallel_turns: int) -> Results:
-    """Start the engines, drive the conversations, measure the floor; return everything."""
+def run(turns: int, parallel: int, parallel_turns: int, *, budget: int, http_turns: int) -> Results:
+    """Start the engines, drive the conversations on both layouts, measure the floor."""
     indexes = index_specs()
     with local_engines() as engines:
-        clients, settings, jar = engines.clients, engines.settings, engines.jar
-        # Only the names differ from the defaults: the context budget is the deployed one.
+        clients, jar = engines.clients, engines.jar
+        settings = replace(engines.settings, context_max_tokens=budget)
         blobs = S3BlobStore(clients.s3, settings.bucket_name)
         db = clients.dynamodb
 
-        long = Conversation.open("bench-long", db, blobs, settings, indexes)
+        def open_each(name: str) -> dict[str, Conversation]:
+            return {
+                layout: Conversation.open(name, db, blobs, settings, indexes, layout=layout)
+                for layout in LAYOUT_NAMES
+            }
+
+        # Turn by turn, one layout then the other: both meet DynamoDB Local (its JIT, its
+        # growing tables) in the same state, so their times compare.
+        longs = open_each("bench-long")
+        runs = {layout: LayoutRun(layout) for layout in LAYOUT_NAMES}
         started = time.perf_counter()
-        samples = []
         for number in range(1, turns + 1):
-            samples.append(long.turn(number))
+            for layout, conversation in longs.items():
+                began = time.perf_counter()
+                runs[layout].samples.append(conversation.turn(number))
+                runs[layout].seconds += time.perf_counter() - began
             if number % 100 == 0:
                 print(f"  turn {number}/{turns} ({time.perf_counter() - started:.0f} s)")
-        seconds = time.perf_counter() - started
 
+        legacy_commits = longs["legacy"].commits
         scratch = scratch_table(db)
-        floor = measure_floor(db, scratch, long.commits[: min(CUMULATIVE_AT, turns)])
+        floor = measure_floor(db, scratch, legacy_commits[: min(CUMULATIVE_AT, turns)])
+        floor_all = measure_floor(db, scratch, legacy_commits) if turns > CUMULATIVE_AT else floor
         heads = [
             HeadCheck(n, item_size(head), put_item_units(db, scratch, head))
             for n in MARKED_TURNS
             if n <= turns
-            for head in [long.commits[n - 1].head]
+            for head in [legacy_commits[n - 1].head]
+            if head is not None
         ]
         calibration = calibrate(db, scratch)
 
-        idle = Conversation.open("bench-idle", db, blobs, settings, indexes)
-        idle_samples = [idle.turn(n, gap_seconds=3601) for n in range(1, IDLE_TURNS + 1)]
+        idles = open_each("bench-idle")
+        for number in range(1, IDLE_TURNS + 1):
+            for layout, conversation in idles.items():
+                runs[layout].idle.append(conversation.turn(number, gap_seconds=3601))
+        plain, drafted = open_each("bench-plain"), open_each("bench-http")
+        for number in range(1, http_turns + 1):
+            for layout in LAYOUT_NAMES:
+                runs[layout].plain.append(plain[layout].turn(number))
+                runs[layout].http.append(drafted[layout].turn(number, through_drafts=True))
 
         parallel_run = None
         if parallel > 0 and parallel_turns > 0:
@@ -199,13 +231,15 @@ def run(turns: int, parallel: int, parallel_turns: int) -> Results:
     return Results(
         ddb_version=ddb_local_version(jar),
         settings=settings,
-        samples=samples,
-        seconds=seconds,
+        samples=runs["current"].samples,
+        seconds=runs["current"].seconds,
         floor=floor,
         heads=heads,
         calibration=calibration,
-        idle=idle_samples,
+        idle=runs["current"].idle,
         parallel=parallel_run,
+        layouts=runs,
+        floor_all=floor_all,
     )
 
 
@@ -218,13 +252,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--parallel-turns", type=int, default=20, help="turns of each parallel conversation"
     )
     parser.add_argument(
+        "--budget",
+        type=int,
+        default=BUDGET_TOKENS,
+        help="ContextMaxTokens of the conversations (issue 21 states its read target at 4000)",
+    )
+    parser.add_argument(
+        "--http-turns",
+        type=int,
+        default=HTTP_TURNS,
+        help="turns of the conversations run through POST .../turns' path (drafts)",
+    )
+    parser.add_argument(
         "--print-only", action="store_true", help="print the section, leave RESULTS.md alone"
     )
     args = parser.parse_args(argv)
     if args.turns < 1:
         parser.error("--turns must be at least 1")
     print(f"turn storage benchmark: {args.turns} turns", flush=True)
-    results = run(args.turns, args.parallel, args.parallel_turns)
+    results = run(
+        args.turns,
+        args.parallel,
+        args.parallel_turns,
+        budget=args.budget,
+        http_turns=args.http_turns,
+    )
     command = command_line("bench.turns", sys.argv[1:] if argv is None else argv)
     markdown = render(results, command)
     publish(SECTION, markdown, print_only=args.print_only)

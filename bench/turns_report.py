@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from turnledger.core.config import Settings
 from turnledger.store.base import FIRST_PAGE
 
 from bench.conversation import REPLY_CHARS, USER_CHARS, TurnSample
-from bench.pricing import TRANSACTION_FACTOR, write_units
+from bench.pricing import TRANSACTION_FACTOR, US_EAST_1, write_units
 from bench.results import machine_line
 
 #: The turns the per-turn table shows, and where the cumulative figures stop.
@@ -60,9 +60,37 @@ class ParallelRun:
     samples: list[TurnSample]
 
 
+#: The layouts run side by side: the one before issue 21 (the baseline) and the current one.
+LAYOUT_NAMES = ("legacy", "current")
+#: Issue 21's targets.
+FLOOR_TARGET = 1.0
+COMPACTING_TARGET = 2.0
+RCU_TARGET = 3.0
+LATENCY_TARGET = 0.6
+#: The turns whose storage time and reads are "steady state" (issue 21: 101-300).
+STEADY = (101, 300)
+#: Conversation length of the monthly cost figure.
+COST_TURNS = 50
+#: What DynamoDB adds to every item's size for storage billing.
+STORAGE_OVERHEAD_BYTES = 100
+
+
+@dataclass
+class LayoutRun:
+    """One layout's conversations: the long one, the idle one, and the pair run through
+    ``Conversations.turn`` and through the HTTP route's path (drafts)."""
+
+    layout: str
+    samples: list[TurnSample] = field(default_factory=list)
+    seconds: float = 0.0
+    idle: list[TurnSample] = field(default_factory=list)
+    plain: list[TurnSample] = field(default_factory=list)
+    http: list[TurnSample] = field(default_factory=list)
+
+
 @dataclass
 class Results:
-    """Everything the section reports."""
+    """Everything the section reports (``samples``, ``idle``: the current layout's)."""
 
     ddb_version: str
     settings: Settings
@@ -74,6 +102,9 @@ class Results:
     #: A conversation whose turns come more than an hour apart.
     idle: list[TurnSample]
     parallel: ParallelRun | None
+    layouts: dict[str, LayoutRun] = field(default_factory=dict)
+    #: The floor of every turn run (``floor`` stops at ``CUMULATIVE_AT``).
+    floor_all: Floor | None = None
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -110,6 +141,7 @@ def render(results: Results, command: str) -> str:
     """The markdown of the section (without its ``## `` heading)."""
     parts: list[str | None] = [
         _introduction(results, command),
+        *_layout_sections(results),
         _targets(results),
         _misses(results),
         _per_turn(results),
@@ -137,18 +169,22 @@ def _introduction(results: Results, command: str) -> str:
         f"DynamoDB Local {results.ddb_version}, in memory, on loopback; S3 on moto's server "
         "(nothing is offloaded at these sizes). The table is built from `template.yaml` "
         "(`ConversationsTable`, both indexes). One conversation of "
-        f"{last} turns, each a {USER_CHARS}-character user message and a {REPLY_CHARS}-character "
-        "reply from a deterministic offline provider, through `Conversations.turn` and "
-        f"`DynamoDBConversationStore`; the {last} turns took {results.seconds:.0f} s. "
-        "Context budget in effect: the default for the model "
-        f"`{settings.model}` ({settings.context_budget(settings.model)} tokens, by the "
+        f"{last} turns on each layout (below), each turn a {USER_CHARS}-character user "
+        f"message and a {REPLY_CHARS}-character reply from a deterministic offline provider, "
+        "through `Conversations.turn`; the current layout's "
+        f"{last} turns took {results.seconds:.0f} s of the run. "
+        "Context budget in effect: `ContextMaxTokens` = "
+        f"{settings.context_budget(settings.model)} tokens for the model `{settings.model}` "
+        "(by the "
         "provider's characters-based estimate): older turns are summarized (by the same "
         "offline provider) into `context_compacted` events, and a turn reads only the "
         "events after the newest summary. Every answer carries its run record "
-        "(`run`, about 200 bytes), which takes a 700-character reply's event over 1 KiB: "
-        "2 WCU, 4 in the transaction (answers under about 800 characters stay at 1). "
+        "(`run`, about 200 bytes), which takes a 700-character reply's event item (legacy "
+        "layout) over 1 KiB: 2 WCU, 4 in its transaction (answers under about 800 "
+        "characters stay at 1). "
         "See *Working context* for the read cost of a long conversation.\n\n"
-        "**Priced** = what DynamoDB bills for the requests the store made, from the byte size "
+        "**Priced** = what DynamoDB bills for every request sent (priced on the wire by "
+        "`bench/metered.py`, whichever store method sent it), from the byte size "
         "of every item written and read (1 WCU per started KiB per item, x2 inside a "
         "transaction, 1 WCU per index entry put or deleted; 1 RCU per started 4 KiB of a "
         "strongly consistent query, at least 1). **Reported** = the `ConsumedCapacity` "
@@ -167,7 +203,12 @@ def _targets(results: Results) -> str:
     turns, upto = _cumulative(results)
     cum_priced = sum(s.priced_wcu for s in upto)
     cum_reported = sum(s.reported_wcu for s in upto)
-    lines = ["### Targets", "", "| target | measured | verdict |", "| --- | --- | --- |"]
+    lines = [
+        "### Earlier targets (current layout)",
+        "",
+        "| target | measured | verdict |",
+        "| --- | --- | --- |",
+    ]
 
     ratio = final.priced_wcu / first.priced_wcu
     lines.append(
@@ -265,7 +306,7 @@ def _per_turn(results: Results) -> str:
     turns, upto = _cumulative(results)
     floor = results.floor
     lines = [
-        "### Per turn",
+        "### Per turn (current layout)",
         "",
         "| turn | WCU priced | WCU reported | RCU priced | RCU reported | read calls | "
         "write calls | items read | events in context | storage ms |",
@@ -299,7 +340,7 @@ def _per_turn(results: Results) -> str:
 def _timing(samples: Sequence[TurnSample]) -> str:
     last = samples[-1].turn
     lines = [
-        "### Storage time per turn",
+        "### Storage time per turn (current layout)",
         "",
         "Milliseconds inside the store's public calls (`load`: the query or queries and "
         "decoding; `commit`: encoding and the transaction), measured in the client; the "
@@ -321,12 +362,22 @@ def _timing(samples: Sequence[TurnSample]) -> str:
     return "\n".join(lines)
 
 
+def _legacy_samples(results: Results) -> list[TurnSample]:
+    """The legacy layout's samples (one item per event), when the run had them."""
+    legacy = results.layouts.get("legacy")
+    return legacy.samples if legacy is not None else results.samples
+
+
 def _item_sizes(results: Results) -> str:
-    samples = results.samples
+    samples = _legacy_samples(results)
+    current = [s.transcript_bytes for s in results.samples if not s.compacted]
     user = round(_median([s.user_bytes for s in samples]))
     assistant = round(_median([s.assistant_bytes for s in samples]))
     lines = [
-        "### Item sizes",
+        "### Item sizes (legacy layout: one item per event)",
+        "",
+        "The current layout's transcript items written by a plain turn: "
+        f"{round(_median(current))} bytes in all, median.",
         "",
         "| item | bytes | WCU of one PutItem | WCU in the commit transaction |",
         "| --- | ---: | ---: | ---: |",
@@ -356,8 +407,10 @@ def _item_sizes(results: Results) -> str:
 
 
 def _commit_explanation(results: Results) -> str:
-    first, final = results.samples[0], results.samples[-1]
-    turns, upto = _cumulative(results)
+    legacy = _legacy_samples(results)
+    first, final = legacy[0], legacy[-1]
+    turns = min(CUMULATIVE_AT, final.turn)
+    upto = legacy[:turns]
     user = write_units(final.user_bytes)
     assistant = write_units(final.assistant_bytes)
     head = write_units(final.head_bytes)
@@ -366,7 +419,7 @@ def _commit_explanation(results: Results) -> str:
     index_first = first.priced_index_wcu
     cumulative = sum(s.priced_wcu for s in upto)
     return (
-        "### What the commit costs, and why it is a transaction\n\n"
+        "### What the legacy commit costs, and why it was a transaction\n\n"
         "A plain turn commits once: one `TransactWriteItems` with a conditional put of each "
         "new event item (`attribute_not_exists(pk) OR g <> :g`) and a put of the head "
         "conditioned on the version the turn read (`ver = :ver`). DynamoDB writes every item "
@@ -476,3 +529,224 @@ def _parallel(run: ParallelRun, single: Sequence[TurnSample]) -> str:
             "DynamoDB Local share this machine's CPUs.",
         ]
     )
+
+
+# --- the layouts side by side (issue 21) ----------------------------------------------------
+
+
+def _in(samples: Sequence[TurnSample], low: int, high: int) -> list[TurnSample]:
+    return [s for s in samples if low <= s.turn <= high]
+
+
+def _cumulative_ratio(samples: Sequence[TurnSample], turns: int, floor: Floor) -> float:
+    return sum(s.priced_wcu for s in samples[:turns]) / floor.put_item_wcu
+
+
+def _plain_and_compacting(samples: Sequence[TurnSample]) -> tuple[float, float]:
+    """Median priced WCU of the plain turns and of the compacting ones (turn 1 apart)."""
+    later = [s for s in samples if s.turn > 1]
+    plain = [s.priced_wcu for s in later if not s.compacted]
+    compacting = [s.priced_wcu for s in later if s.compacted]
+    return _median(plain), _median(compacting)
+
+
+def _one_read_share(samples: Sequence[TurnSample]) -> float:
+    later = [s for s in samples if s.turn > 1]
+    return sum(s.read_calls <= 1 for s in later) / len(later) if later else float("nan")
+
+
+def _layout_sections(results: Results) -> list[str]:
+    if set(results.layouts) != set(LAYOUT_NAMES):
+        return []
+    return [
+        _issue_targets(results),
+        _side_by_side(results),
+        _monthly_cost(results),
+        _through_http(results),
+    ]
+
+
+def _issue_targets(results: Results) -> str:
+    legacy, current = results.layouts["legacy"], results.layouts["current"]
+    last = current.samples[-1].turn
+    low, high = STEADY[0], min(STEADY[1], last)
+    lines = [
+        "### Targets of issue 21 (legacy layout beside the current one)",
+        "",
+        "Both layouts run in this same run, turn by turn alternately, on the same DynamoDB "
+        "Local: **legacy** is the layout before issue 21, frozen in "
+        "`tests/support/legacy_layout.py` (one item per event, the whole head on every "
+        "commit, one `TransactWriteItems`); **current** is `DynamoDBConversationStore` as "
+        "built. The verdict is the current layout's; the approval and decision targets are "
+        "judged in *Approval inbox*.",
+        "",
+        "| target | legacy | current | verdict |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    turns = min(CUMULATIVE_AT, last)
+    old = _cumulative_ratio(legacy.samples, turns, results.floor)
+    new = _cumulative_ratio(current.samples, turns, results.floor)
+    lines.append(
+        f"| cumulative WCU over {turns} turns <= {FLOOR_TARGET:g} x the floor (one PutItem "
+        f"per message, {_num(results.floor.put_item_wcu)} WCU) | {old:.3f} | {new:.3f} | "
+        f"{_verdict(new <= FLOOR_TARGET)} |"
+    )
+    old_plain, old_compacting = _plain_and_compacting(legacy.samples)
+    new_plain, new_compacting = _plain_and_compacting(current.samples)
+    if new_compacting == new_compacting:  # a run too short to compact has no compacting turn
+        lines.append(
+            f"| a compacting turn <= {COMPACTING_TARGET:g} x a plain one (median WCU) | "
+            f"{_num(old_compacting)} / {_num(old_plain)} = {old_compacting / old_plain:.2f} | "
+            f"{_num(new_compacting)} / {_num(new_plain)} = {new_compacting / new_plain:.2f} | "
+            f"{_verdict(new_compacting <= COMPACTING_TARGET * new_plain)} |"
+        )
+    steady_old = _in(legacy.samples, low, high)
+    steady_new = _in(current.samples, low, high)
+    if steady_new:
+        rcu_old = _median([s.priced_rcu for s in steady_old])
+        rcu_new = _median([s.priced_rcu for s in steady_new])
+        budget = results.settings.context_budget(results.settings.model)
+        lines.append(
+            f"| <= {RCU_TARGET:g} RCU per turn at steady state, {budget}-token budget "
+            f"(median, turns {low}..{high}) | {_num(rcu_old)} | {_num(rcu_new)} | "
+            f"{_verdict(rcu_new <= RCU_TARGET)} |"
+        )
+    share_old, share_new = _one_read_share(legacy.samples), _one_read_share(current.samples)
+    lines.append(
+        f"| one read round trip on most turns (share of turns 2..{last} with one read "
+        f"request) | {share_old:.0%} | {share_new:.0%} | {_verdict(share_new > 0.5)} |"
+    )
+    if steady_new:
+        ms_old = _median([s.storage_ms for s in steady_old])
+        ms_new = _median([s.storage_ms for s in steady_new])
+        lines.append(
+            f"| storage ms per plain turn (load + commit, median turns {low}..{high}) <= "
+            f"{LATENCY_TARGET:g} x legacy | {ms_old:.1f} | {ms_new:.1f} "
+            f"({ms_new / ms_old:.2f} x) | {_verdict(ms_new <= LATENCY_TARGET * ms_old)} |"
+        )
+    return "\n".join(lines)
+
+
+def _side_by_side(results: Results) -> str:
+    legacy, current = results.layouts["legacy"], results.layouts["current"]
+    old_by = {s.turn: s for s in legacy.samples}
+    new_by = {s.turn: s for s in current.samples}
+    last = current.samples[-1].turn
+    lines = [
+        "### Per turn, both layouts",
+        "",
+        "Priced WCU and RCU (DynamoDB's billing rules applied to every request sent, as "
+        "below), requests sent, and storage time (the store's public calls, as below).",
+        "",
+        "| turn | WCU legacy | WCU current | RCU legacy | RCU current | read / write "
+        "requests legacy | read / write requests current | ms legacy | ms current |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for number in (t for t in MARKED_TURNS if t in new_by):
+        o, n = old_by[number], new_by[number]
+        lines.append(
+            f"| {number} | {_num(o.priced_wcu)} | {_num(n.priced_wcu)} | {_num(o.priced_rcu)} "
+            f"| {_num(n.priced_rcu)} | {o.read_calls} / {o.write_calls} | "
+            f"{n.read_calls} / {n.write_calls} | {o.storage_ms:.1f} | {n.storage_ms:.1f} |"
+        )
+    lines += [
+        "",
+        "| cumulative | WCU legacy | WCU current | x floor legacy | x floor current | "
+        "RCU legacy | RCU current | current / legacy ms (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    floors = [(min(CUMULATIVE_AT, last), results.floor)]
+    if results.floor_all is not None and last > CUMULATIVE_AT:
+        floors.append((last, results.floor_all))
+    for turns, floor in floors:
+        o, n = legacy.samples[:turns], current.samples[:turns]
+        ms = _median([s.storage_ms for s in n]) / _median([s.storage_ms for s in o])
+        lines.append(
+            f"| turns 1..{turns} (floor {_num(floor.put_item_wcu)} WCU) | "
+            f"{_num(sum(s.priced_wcu for s in o))} | {_num(sum(s.priced_wcu for s in n))} | "
+            f"{_cumulative_ratio(o, turns, floor):.3f} | {_cumulative_ratio(n, turns, floor):.3f} "
+            f"| {_num(sum(s.priced_rcu for s in o))} | {_num(sum(s.priced_rcu for s in n))} | "
+            f"{ms:.2f} |"
+        )
+    heads = [sum(s.head_written for s in r.samples) for r in (legacy, current)]
+    lines += [
+        "",
+        f"Head rewritten on {heads[0]} of {last} turns (legacy) and {heads[1]} of {last} "
+        "(current). The floor is the legacy run's event items, each put alone "
+        "(`PutItem`) into a scratch table: the same messages, the cheapest one-item-per-"
+        "message write.",
+    ]
+    return "\n".join(lines)
+
+
+def _monthly_cost(results: Results) -> str:
+    prices = US_EAST_1
+    lines = [
+        f"### DynamoDB cost per million turns ({COST_TURNS}-turn conversations)",
+        "",
+        f"A conversation of {COST_TURNS} turns is the first {COST_TURNS} turns of the long "
+        f"one: per turn, the mean priced WCU and RCU of turns 1..{COST_TURNS} (the first "
+        "turn's index entries and any compaction included). On-demand prices of "
+        f"{prices.region}, {prices.table_class} table class, as of {prices.as_of}: "
+        f"${prices.write_per_million} per million write request units, "
+        f"${prices.read_per_million} per million read request units, "
+        f"${prices.storage_per_gb_month} per GB-month. Storage: the items a million turns "
+        f"leave (+{STORAGE_OVERHEAD_BYTES} bytes each, DynamoDB's per-item overhead), kept a "
+        "whole month (the default TTL is 7 days: an upper bound); index entries left out.",
+        "",
+        "| layout | WCU / turn | RCU / turn | requests per million turns | storage per million "
+        "turns-month | total per month, 1 M turns |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for layout in LAYOUT_NAMES:
+        run = results.layouts[layout]
+        first = run.samples[:COST_TURNS]
+        if not first:
+            continue
+        wcu = sum(s.priced_wcu for s in first) / len(first)
+        rcu = sum(s.priced_rcu for s in first) / len(first)
+        requests = prices.request_cost(wcu * 1e6, rcu * 1e6)
+        items = sum(
+            s.transcript_bytes + STORAGE_OVERHEAD_BYTES * _items_put(s) for s in first
+        ) / len(first)
+        storage = prices.storage_cost(items * 1e6)
+        lines.append(
+            f"| {layout} | {wcu:.2f} | {rcu:.2f} | ${requests:.2f} | ${storage:.2f} | "
+            f"**${requests + storage:.2f}** |"
+        )
+    return "\n".join(lines)
+
+
+def _items_put(sample: TurnSample) -> int:
+    # A legacy turn puts one item per event (2 on a plain turn); a transcript item holds more.
+    return 2 if sample.user_bytes or sample.assistant_bytes else 1
+
+
+def _through_http(results: Results) -> str:
+    lines = [
+        "### A plain turn through HTTP (synchronous-turn drafts)",
+        "",
+        "`POST .../turns` without an idempotency key runs "
+        "`longturns.run_synchronously`: with `SYNC_TURN_DRAFTS` on (the default) the turn "
+        "also writes its draft (side items `S#...`, followed by `GET .../turns/{n}`). "
+        "Two conversations per layout, the same messages, one through that path and one "
+        "through `Conversations.turn`; medians of turns 2..N, priced.",
+        "",
+        "| layout | path | WCU | RCU | read / write requests | storage ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for layout in LAYOUT_NAMES:
+        run = results.layouts[layout]
+        for path, samples in (("Conversations.turn", run.plain), ("POST .../turns", run.http)):
+            later = [s for s in samples if s.turn > 1]
+            if not later:
+                continue
+            lines.append(
+                f"| {layout} | {path} (turns 2..{later[-1].turn}) | "
+                f"{_num(_median([s.priced_wcu for s in later]))} | "
+                f"{_num(_median([s.priced_rcu for s in later]))} | "
+                f"{_num(_median([s.read_calls for s in later]))} / "
+                f"{_num(_median([s.write_calls for s in later]))} | "
+                f"{_median([s.storage_ms for s in later]):.1f} |"
+            )
+    return "\n".join(lines)

@@ -1,13 +1,15 @@
 """Lambda entry point for POST /v1/conversations/{id}/turns.
 
-All logic lives in the layer; API Gateway routes only this function's paths here. The
-import is Lambda's init phase: it builds what every request needs (see
-:func:`turnledger.runtime.prepare`).
+All logic lives in the layer; API Gateway routes only this function's paths here, and it
+registers only the route modules of those paths. The import is Lambda's init phase: it
+builds what every request needs (see :func:`turnledger.runtime.prepare`).
 """
 
-from turnledger.api import lambda_handler
+from turnledger.api.functions import serve
 from turnledger.runtime import prepare
 
+# This function's routes only (turnledger.api.functions.ROUTES["turn"]).
+lambda_handler = serve("turn")
 prepare()
 
 __all__ = ["lambda_handler"]

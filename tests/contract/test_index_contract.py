@@ -176,11 +176,28 @@ def test_head_item_is_the_raw_head(store: ConversationStore) -> None:
     assert store.head_item(key) == raw_item(store, key, keys.HEAD_SK)
 
 
+def _one_event_per_item(store: ConversationStore, key: ConversationKey, texts: list[str]) -> Turn:
+    """Commit each of ``texts`` alone: one event item each (a commit of several events writes
+    one turn item holding them all)."""
+    turn: Turn | None = None
+    for text in texts:
+        turn = commit_turn(store, key, turn.head if turn else None, [text])
+    assert turn is not None
+    return turn
+
+
+def test_a_turn_item_is_stamped_with_its_event_count(store: ConversationStore) -> None:
+    """A commit of several events is one item, stamped with how many it holds."""
+    key = make_key()
+    first = commit_turn(store, key, None, ["a", "b", "c"])
+    assert store.event_stamps(key) == [EventStamp(keys.event_sort_key(1), first.head.gen, 3)]
+
+
 def test_event_stamps_list_every_event_item_with_its_life(store: ConversationStore) -> None:
     """Every event item is stamped with its sort key and ``g``, ascending and across pages;
     the head and items of other kinds are not events; an item without ``g`` has ``None``."""
     key = make_key()
-    first = commit_turn(store, key, None, [f"m{n}" for n in range(5)])
+    first = _one_event_per_item(store, key, [f"m{n}" for n in range(5)])
     item = raw_item(store, key, keys.event_sort_key(2))
     assert item is not None
     del item[codec.A_GEN]
@@ -202,7 +219,7 @@ def test_delete_event_holds_only_for_the_life_read(store: ConversationStore) -> 
     """delete_event deletes an item only while its ``g`` is the one stamped: an item another
     life overwrote since, or one already gone, stays as it is and answers False."""
     key = make_key()
-    old = commit_turn(store, key, None, ["old 1", "old 2"])
+    old = _one_event_per_item(store, key, ["old 1", "old 2"])
     stamps = store.event_stamps(key)
     store.clear(key, START)  # the old items go; a new life rewrites sequence 1
     new = commit_turn(store, key, None, ["new 1"])
@@ -220,7 +237,7 @@ def test_delete_event_holds_only_for_the_life_read(store: ConversationStore) -> 
 def test_delete_event_of_an_item_without_life(store: ConversationStore) -> None:
     """A stamp without ``g`` deletes only an item that has none."""
     key = make_key()
-    commit_turn(store, key, None, ["a", "b"])
+    _one_event_per_item(store, key, ["a", "b"])
     item = raw_item(store, key, keys.event_sort_key(1))
     assert item is not None
     del item[codec.A_GEN]

@@ -30,6 +30,7 @@ from turnledger.core.models import (
     ConversationStatus,
     Event,
     Head,
+    SummaryRef,
 )
 from turnledger.store import codec, keys
 from turnledger.store.base import (
@@ -50,8 +51,9 @@ from tests.support.factories import (
     build_turn,
     commit_turn,
     corrupt,
-    corrupt_body,
+    corrupt_event_body,
     delete_raw_item,
+    holding,
     interleave,
     make_head,
     make_key,
@@ -59,6 +61,7 @@ from tests.support.factories import (
     raw_item,
     raw_sort_keys,
     small_pages,
+    stored_body,
     stored_ref,
 )
 
@@ -110,7 +113,8 @@ def test_first_commit_creates_the_conversation(store: ConversationStore) -> None
     assert store.load(KEY, EVERYTHING) == Snapshot(
         head=turn.head, events=turn.events, from_start=True
     )
-    assert raw_sort_keys(store, KEY) == ["E#000000000001", "E#000000000002", "HEAD"]
+    # One turn item holds the commit's two events (docs/STORAGE.md).
+    assert raw_sort_keys(store, KEY) == ["E#000000000001", "HEAD"]
     head_item = raw_item(store, KEY, keys.HEAD_SK)
     assert head_item is not None
     assert head_item[codec.A_PK] == "T#tenant-a#C#conv-1"
@@ -121,7 +125,11 @@ def test_first_commit_creates_the_conversation(store: ConversationStore) -> None
     event_item = raw_item(store, KEY, "E#000000000001")
     assert event_item is not None
     assert event_item[codec.A_GEN] == turn.head.gen
-    assert json.loads(event_item[codec.A_BODY])["payload"] == {"content": "hello"}
+    assert event_item[codec.A_COUNT] == 2
+    assert [body["payload"] for body in json.loads(event_item[codec.A_BODY])] == [
+        {"content": "hello"},
+        {"content": "hi there"},
+    ]
 
 
 def test_later_turns_append_after_the_log(store: ConversationStore) -> None:
@@ -402,13 +410,15 @@ def test_load_reads_the_current_turn_whole_over_any_budget(
 def test_load_reports_a_gap_in_the_log(store: ConversationStore) -> None:
     """An event missing from the middle of the log is CorruptedState, never a silently
     shorter transcript."""
-    first = commit_turn(store, KEY, None, ["q1", "a1", "b1"])
+    first = commit_turn(store, KEY, None, ["q1"])
+    second = commit_turn(store, KEY, first.head, ["a1"])
+    third = commit_turn(store, KEY, second.head, ["b1"])
     delete_raw_item(store, KEY, keys.event_sort_key(2))
 
     with pytest.raises(CorruptedState):
         store.load(KEY, EVERYTHING)
     with pytest.raises(CorruptedState):
-        store.read_events(KEY, first.head, after=0, limit=10)
+        store.read_events(KEY, third.head, after=0, limit=10)
 
 
 # --- read_events --------------------------------------------------------------------------
@@ -468,9 +478,7 @@ def test_a_payload_at_the_threshold_is_offloaded_with_its_hash(store: Conversati
     turn = commit_turn(store, KEY, None, [below, at])
 
     assert stored_ref(store, KEY, 1) is None
-    inline = raw_item(store, KEY, keys.event_sort_key(1))
-    assert inline is not None
-    assert json.loads(inline[codec.A_BODY])["payload"] == {"content": below}
+    assert stored_body(store, KEY, 1)["payload"] == {"content": below}
 
     data = json.dumps({"content": at}, separators=(",", ":")).encode()
     assert len(data) == store.offload_threshold
@@ -481,10 +489,9 @@ def test_a_payload_at_the_threshold_is_offloaded_with_its_hash(store: Conversati
     assert ref.key.startswith(f"{keys.blob_prefix(KEY, turn.head.gen)}e/000000000002-{digest[:16]}")
     assert blob_keys(store, KEY) == [ref.key]
     assert store.blobs.get(ref.key) == data
-    offloaded = raw_item(store, KEY, keys.event_sort_key(2))
-    assert offloaded is not None
-    assert "payload" not in json.loads(offloaded[codec.A_BODY])
-    assert len(offloaded[codec.A_BODY]) < 1000
+    offloaded = stored_body(store, KEY, 2)
+    assert "payload" not in offloaded
+    assert len(json.dumps(offloaded)) < 1000
 
     assert store.load(KEY, EVERYTHING).events == turn.events
 
@@ -525,7 +532,7 @@ def test_a_damaged_object_is_corrupted_state(store: ConversationStore, damage: s
                 "size": len(garbage),
             }
 
-        corrupt_body(store, KEY, keys.event_sort_key(2), point_at_garbage)
+        corrupt_event_body(store, KEY, 2, point_at_garbage)
 
     with pytest.raises(CorruptedState):
         store.load(KEY, EVERYTHING)
@@ -586,7 +593,7 @@ def test_a_head_of_an_unknown_schema_version_is_unsupported(store: ConversationS
 def test_an_event_of_an_unknown_schema_version_is_unsupported(store: ConversationStore) -> None:
     """An event written by a newer build is UnsupportedStateVersion on every read of it."""
     turn = commit_turn(store, KEY, None, ["q1", "a1"])
-    corrupt(store, KEY, keys.event_sort_key(2), **{codec.A_SCHEMA: 99})
+    corrupt(store, KEY, holding(store, KEY, 2), **{codec.A_SCHEMA: 99})
 
     with pytest.raises(UnsupportedStateVersion) as caught:
         store.load(KEY, EVERYTHING)
@@ -611,7 +618,7 @@ def test_a_damaged_event_is_corrupted_state(
     """An event inside the head's range that belongs to another life of the conversation, or
     does not parse, is CorruptedState: never read as part of this transcript."""
     turn = commit_turn(store, KEY, None, ["q1", "a1", "b1"])
-    corrupt(store, KEY, keys.event_sort_key(2), **damage)
+    corrupt(store, KEY, holding(store, KEY, 2), **damage)
 
     with pytest.raises(CorruptedState):
         store.load(KEY, EVERYTHING)
@@ -936,7 +943,7 @@ def test_a_purge_keeps_what_the_next_life_wrote(store: ConversationStore) -> Non
     (turn,) = new
     assert store.get_head(KEY) == turn.head
     assert all_events(store) == turn.events
-    assert raw_sort_keys(store, KEY) == ["E#000000000003", "E#000000000004", "HEAD", "I#new"]
+    assert raw_sort_keys(store, KEY) == ["E#000000000003", "HEAD", "I#new"]
     assert blob_keys(store, KEY) == refs_of(store, turn)
     assert (report.events, report.objects) == (2, 1)
 
@@ -1195,10 +1202,50 @@ def test_commit_reports_the_bytes_it_wrote(store: ConversationStore) -> None:
     written = store.commit(
         key, expected_version=turn.expected_version, head=turn.head, events=turn.events
     )
-    stored = [raw_item(store, key, keys.event_sort_key(s)) for s in (1, 2)]
+    stored = [raw_item(store, key, keys.event_sort_key(1))]  # the turn item of both events
     head = raw_item(store, key, keys.HEAD_SK)
     assert all(item is not None for item in [*stored, head])
     ref = stored_ref(store, key, 2)
     assert ref is not None
     items = sum(codec.item_size(item) for item in [*stored, head] if item is not None)
     assert written == items + ref.size
+
+
+# --- turn items (docs/STORAGE.md) ---------------------------------------------------------
+
+
+def test_reads_find_events_inside_turn_items(store: ConversationStore) -> None:
+    """A commit's events are one item under the key of the first; every read finds an event
+    wherever it sits in such an item: a summary that ends inside one (the load reads from the
+    middle of it), a page of read_events that starts inside one, a point read of one event."""
+    first = commit_turn(store, KEY, None, ["q1", "a1", "b1", "c1"])
+    second = commit_turn(
+        store, KEY, first.head, ["q2", "a2", "b2"], summary=SummaryRef(sequence=6, through=2)
+    )
+    assert [k for k in raw_sort_keys(store, KEY) if k.startswith("E#")] == [
+        keys.event_sort_key(1),
+        keys.event_sort_key(5),
+    ]
+    everything = [*first.events, *second.events]
+
+    with small_pages(store, 1):
+        snapshot = store.load(KEY, EVERYTHING)
+    assert snapshot.events == everything[2:] and not snapshot.from_start
+    for after in range(7):
+        assert store.read_events(KEY, second.head, after=after, limit=2) == everything[after:][:2]
+    assert [store.event_at(KEY, second.head, n) for n in range(1, 8)] == everything
+
+
+def test_a_commit_too_large_for_one_item_writes_several_turn_items(
+    store: ConversationStore,
+) -> None:
+    """Events that fit the item size limit one by one but not together go in as few turn
+    items as fit, each under the key of its first event, in one atomic write."""
+    inline = "i" * (store.offload_threshold - 200)  # just under the offload threshold
+    turn = commit_turn(store, KEY, None, [inline] * 8)
+
+    event_keys = [k for k in raw_sort_keys(store, KEY) if k.startswith(keys.EVENT_PREFIX)]
+    assert 1 < len(event_keys) < 8 and event_keys[0] == keys.event_sort_key(1)
+    assert all(stored_ref(store, KEY, n) is None for n in range(1, 9)), "all inline"
+    assert store.load(KEY, EVERYTHING).events == turn.events
+    assert store.read_events(KEY, turn.head, after=0, limit=8) == turn.events

@@ -197,6 +197,17 @@ def test_what_a_turn_would_refuse_is_refused_before_202(clock: FakeClock) -> Non
     assert len(invoked.payloads) == 1
 
 
+def test_an_input_over_the_context_budget_alone_is_refused_before_202(clock: FakeClock) -> None:
+    from turnledger.core.exceptions import ContextLengthExceeded
+
+    conversations = service(clock, context_max_tokens=10)
+    invoked = Invocations()
+    with pytest.raises(ContextLengthExceeded) as caught:
+        edge.accept(conversations, ANN, "c1", TurnRequest(input="word " * 11), invoked)
+    assert caught.value.details == {"limit": 10, "tokens": 11, "model": "demo-1"}
+    assert invoked.payloads == [] and drafts.read_state(conversations.store, KEY, 1) is None
+
+
 def test_a_draft_whose_end_was_lost_never_blocks_its_conversation(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

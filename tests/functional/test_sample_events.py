@@ -207,3 +207,40 @@ def test_the_turn_worker_sample_runs_a_long_turn_that_the_reads_follow(
     assert "".join(c["text"] for c in streamed["chunks"]) == body(final)["output_text"]
     # A retried invocation (Lambda retries asynchronous events) runs nothing again.
     assert call("worker", load_event("turn-worker"))["skipped"] is True
+
+
+def test_the_context_and_replay_samples_answer_through_their_functions(
+    invoke: tuple[Invoke, HttpSink], load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """get-turn-context → every call's rebuilt context, hashes equal; start-replay → 202
+    with ``Location`` (no turn worker here: it ran within the request); get-replay (at
+    that id) → the record; the conversation is as it was."""
+    call, _ = invoke
+    for _ in range(2):
+        turn = load_event("turn")
+        turn["headers"] = {**turn["headers"], "idempotency-key": f"k-{_}"}
+        assert call("turn", turn)["statusCode"] == 200
+    head = body(call("read", load_event("get-conversation")))
+    context = call("read", load_event("get-turn-context"))
+    assert context["statusCode"] == 200
+    [model_call] = body(context)["calls"]
+    assert body(context)["all_match"] is True
+    assert model_call["sha256"] == model_call["recorded_sha256"]
+    assert [m["role"] for m in model_call["messages"]] == ["user", "assistant", "user"]
+
+    started = call("turn", load_event("start-replay"))
+    assert started["statusCode"] == 202
+    replay_id = body(started)["id"]
+    assert started["headers"]["Location"] == f"/v1/conversations/user-123/replays/{replay_id}"
+    read = load_event("get-replay")
+    read["rawPath"] = read["requestContext"]["http"]["path"] = started["headers"]["Location"]
+    read["pathParameters"]["replay_id"] = replay_id
+    replay = call("read", read)
+    assert replay["statusCode"] == 200
+    record = body(replay)
+    assert record["status"] == "complete" and len(record["calls"]) == 2
+    assert record["summary"]["text_similarity"] == 1.0
+    assert body(call("read", load_event("get-conversation"))) == head
+    missing = call("read", load_event("get-replay"))
+    assert missing["statusCode"] == 404
+    assert body(missing)["error"]["code"] == "replay_not_found"

@@ -92,12 +92,13 @@ class Injector:
     def after(self, model: Any, **_: Any) -> None:
         params = self.last_params
         if model.name == "TransactWriteItems":
-            # Events are "E#<sequence>" items: the highest is the transcript's length after it.
+            # Events are in "E#<first sequence>" items of ``n`` events (one when absent): the
+            # highest last sequence is the transcript's length after it.
             sequences = [
-                int(sk.removeprefix("E#"))
+                int(sk.removeprefix("E#")) + int(put["Item"].get("n", {"N": "1"})["N"]) - 1
                 for item in params["TransactItems"]
                 # Deletes (a decided call's inbox entry) and checks carry no event.
-                if "Put" in item and (sk := item["Put"]["Item"]["sk"]["S"]).startswith("E#")
+                if (put := item.get("Put")) and (sk := put["Item"]["sk"]["S"]).startswith("E#")
             ]
             self.commits.append(max(sequences, default=self.commits[-1] if self.commits else 0))
         if len(self.calls) == self.at and self.fault == "lost" and model.name in WRITES:

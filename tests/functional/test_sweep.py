@@ -534,7 +534,7 @@ def test_reclaim_keeps_a_new_life_started_after_the_ttl_deletion(
     delete_raw_item(store, key, keys.HEAD_SK)
     new_life = [
         commit_turn(store, key, None, ["fresh start", BIG], ttl_seconds=TTL, expires_at=EPOCH + TTL)
-    ]  # overwrites sequences 1..2
+    ]  # overwrites the turn item of sequences 1..2
 
     report = sweeper(store, clock).reclaim([key])
 
@@ -542,7 +542,7 @@ def test_reclaim_keeps_a_new_life_started_after_the_ttl_deletion(
     assert report.events_removed == 4
     assert report.objects_removed == 1
     assert_intact(store, key, new_life)
-    assert raw_sort_keys(store, key) == [keys.event_sort_key(1), keys.event_sort_key(2), "HEAD"]
+    assert raw_sort_keys(store, key) == [keys.event_sort_key(1), "HEAD"]  # one turn item
     gen = new_life[0].head.gen
     assert [k.startswith(keys.blob_prefix(key, gen)) for k in blob_keys(store, key)] == [True]
 
@@ -841,7 +841,7 @@ def test_erase_tenant_route_answers_the_report(
     runtime: Runtime, load_event: Callable[[str], dict[str, Any]]
 ) -> None:
     """``DELETE /v1/conversations`` erases the caller's tenant (``acme``) only."""
-    from turnledger.api.app import lambda_handler as api_handler
+    from turnledger.api import lambda_handler as api_handler
 
     store = runtime.store
     mine = [key_of(n, "acme") for n in range(1, 4)]
@@ -876,7 +876,7 @@ def test_clear_route_removes_s3_artifacts(
     runtime: Runtime, load_event: Callable[[str], dict[str, Any]]
 ) -> None:
     """``DELETE /v1/conversations/user-123`` as ``acme``: head, events and objects gone."""
-    from turnledger.api.app import lambda_handler as api_handler
+    from turnledger.api import lambda_handler as api_handler
 
     store = runtime.store
     key = make_key(tenant="acme", conversation_id="user-123")

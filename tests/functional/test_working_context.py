@@ -28,7 +28,7 @@ from turnledger.context.assembly import (
 )
 from turnledger.context.redaction import Redactor
 from turnledger.core.config import Settings
-from turnledger.core.exceptions import BudgetExceeded, ProviderError
+from turnledger.core.exceptions import BudgetExceeded, ContextLengthExceeded, ProviderError
 from turnledger.core.models import (
     AssistantMessage,
     ContextCompacted,
@@ -140,18 +140,24 @@ def test_assembly_sends_the_newest_whole_turns_that_fit_exactly(
     assert (len(smaller.messages), smaller.dropped, smaller.context_from) == (5, 3, 7)
 
 
-def test_the_current_turn_is_sent_whole_even_over_the_budget(
+def test_the_current_turn_is_sent_whole_and_an_input_over_the_budget_alone_is_refused(
     memory_store: ConversationStore, clock: FakeClock
 ) -> None:
-    """A user message outranks everything else: over the budget, it is still sent."""
+    """A user message outranks everything else: one that fits the budget is sent whole
+    with nothing else; one that cannot fit even alone is refused and nothing is stored."""
     recording = Recording()
-    svc = service(memory_store, clock, recording, context_max_tokens=5)
+    svc = service(memory_store, clock, recording, context_max_tokens=40)
+    turn(svc, "my name is Ann")
     long = " ".join(["word"] * 40)
     reply = turn(svc, long)
     assert reply.context.messages_sent == 1
     assert reply.context.tokens_estimated == 40
-    assert reply.context.budget_tokens == 5
     assert turn_requests(recording)[-1].messages[-1].content == long
+    with pytest.raises(ContextLengthExceeded) as refused:
+        turn(svc, long + " more")
+    assert refused.value.details == {"limit": 40, "tokens": 41, "model": "demo-1"}
+    kinds = [e.kind for e in transcript(svc)]
+    assert kinds.count(EventKind.USER_MESSAGE) == 2 and len(turn_requests(recording)) == 2
 
 
 def test_the_budget_is_the_models_window_less_its_reserve_unless_smaller() -> None:
@@ -247,6 +253,66 @@ def test_a_new_summary_folds_in_the_previous_one_over_five_cycles(
     assert answer.context.summary_through == cycles[-1].to_sequence
     # Summaries are reused: far fewer summarizer calls than turns.
     assert summary_calls(recording) == len(cycles) < 200 // 5
+
+
+def test_every_summary_carries_its_manifest_over_five_cycles(
+    memory_store: ConversationStore, clock: FakeClock
+) -> None:
+    """Each context_compacted event says what it covers (sequences and turns), how many
+    messages and tool calls, the tokens it replaced and its own, and who wrote it."""
+    with HttpSink() as sink, httpx.Client() as client:
+        sink.respond("/weather", Reply(body={"temp": 21}))
+        tools = ToolRegistry.from_json(
+            json.dumps(
+                {
+                    "tools": [
+                        {
+                            "name": "get_weather",
+                            "parameters": {"type": "object"},
+                            "executor": {"type": "http", "url": sink.url("/weather")},
+                        }
+                    ]
+                }
+            )
+        )
+        svc = service(
+            memory_store,
+            clock,
+            tools=tools,
+            runner=ToolRunner(client, None),
+            context_max_tokens=150,
+        )
+        turn(svc, "my name is Ann")
+        index = 1
+        while len(summaries(transcript(svc))) < 5:
+            index += 1
+            if index % 3 == 0:
+                turn(svc, f'/tool get_weather {{"city": "Paris {index}"}}')
+            else:
+                turn(svc, ten_words(index))
+        events = transcript(svc)
+    estimate = Estimator(count=WORDS)
+    previous: ContextCompacted | None = None
+    for summary in summaries(events):
+        covered = [e for e in events if e.sequence <= summary.to_sequence]
+        new = [e for e in covered if e.sequence > (summary.previous_through or 0)]
+        messages = build_messages(covered)
+        assert (summary.from_sequence, summary.from_turn) == (1, 1)
+        assert summary.to_turn == covered[-1].turn
+        assert summary.to_turn != events[summary.to_sequence].turn  # whole turns only
+        assert summary.messages == len(messages)
+        assert summary.tool_calls == sum(len(m.tool_calls) for m in messages) > 0
+        replaced = estimate.tokens(build_messages(new))
+        if previous is not None:
+            assert summary.previous_through == previous.to_sequence
+            replaced += previous.tokens_after or 0
+        assert summary.tokens_before == replaced
+        assert summary.tokens_after == summary.tokens_estimated == WORDS(summary.text)
+        assert summary.tokens_after < summary.tokens_before
+        assert (summary.summarizer_provider, summary.summarizer_model) == ("demo", "demo-1")
+        assert (summary.prompt_version, summary.trigger) == ("summary-v1", "budget")
+        previous = summary
+    assert turn(svc, "What is my name?").output_text == "Your name is Ann."
 
 
 def test_a_summary_never_splits_a_tool_call_from_its_result_nor_covers_a_pending_call(

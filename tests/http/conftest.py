@@ -97,3 +97,18 @@ def turn(http: httpx.Client) -> Callable[..., httpx.Response]:
         )
 
     return post
+
+
+def all_events(http: httpx.Client, conversation: str) -> list[dict[str, Any]]:
+    """Every event of ``conversation`` (as ann of acme), paging ``GET .../events`` to its end."""
+    events: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = http.get(
+            f"/v1/conversations/{conversation}/events",
+            params={"after": after, "limit": 1000},
+            headers=ANN,
+        ).json()
+        events.extend(page["events"])
+        after = page["next_after"]
+    return events

@@ -6,12 +6,17 @@ which needs approval: 3 clients race the same approval, against a real HTTP tool
 endpoint that counts what it receives. Afterwards:
 
 * no lost or duplicated events: each conversation's transcript holds exactly the
-  user messages whose requests answered 200, in order, with sequences 1..n, no gaps;
+  user messages whose requests answered 200, in order, with sequences 1..n, no gaps,
+  every event id once, every turn answered, one ``tool_result`` and one
+  ``approval_resolved`` per approved call; and the conversation's summary
+  (``GET /v1/conversations/{id}``: turns, events) agrees with its log;
 * no duplicate tool executions: one POST per tool call (per ``Idempotency-Key``);
 * no 5xx; a 409 only for an approval race (``conversation_busy`` or
   ``not_awaiting_approval``).
 
-The figures (requests, answers by status, p50/p95 latency, wall time) are printed.
+Runs on DynamoDB Local and on SQLite (``turnledger local --data-dir``): issue 21
+changes how both store a turn. The figures (requests, answers by status, p50/p95
+latency, wall time) are printed.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink
-from tests.http.conftest import ANN, start
+from tests.http.conftest import ANN, all_events, start
 from tests.http.test_http_tool_lease import registry
 
 pytestmark = [pytest.mark.http, pytest.mark.integration]
@@ -74,20 +79,24 @@ class Tally:
         return answer
 
 
-@pytest.fixture
+@pytest.fixture(params=["dynamodb-local", "sqlite"])
 def load_http(
+    request: pytest.FixtureRequest,
     runner_config: LocalConfig,
     runner_clock: ClockFile,
-    ddb_local_endpoint: str,
     tmp_path: Path,
 ) -> Iterator[tuple[httpx.Client, HttpSink]]:
     with HttpSink() as sink:
         config = dataclasses.replace(
             runner_config,
-            dynamodb_endpoint=ddb_local_endpoint,
             tools_file=registry(sink, tmp_path / "tools.json"),
             max_workers=CLIENTS + RACERS,
         )
+        if request.param == "sqlite":
+            config = dataclasses.replace(config, data_dir=tmp_path / "data")
+        else:
+            endpoint = request.getfixturevalue("ddb_local_endpoint")
+            config = dataclasses.replace(config, dynamodb_endpoint=endpoint)
         # One httpx client for every thread: its pool (100 connections) serves them all.
         for client in start(config, runner_clock):
             yield client, sink
@@ -126,20 +135,6 @@ def _conversation(http: httpx.Client, tally: Tally, number: int) -> list[str]:
     return sent
 
 
-def _events(http: httpx.Client, number: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    after: int | None = 0
-    while after is not None:
-        page = http.get(
-            f"/v1/conversations/load-{number}/events",
-            params={"after": after, "limit": 1000},
-            headers=ANN,
-        ).json()
-        events.extend(page["events"])
-        after = page["next_after"]
-    return events
-
-
 def test_fifty_conversations_of_twenty_turns_with_racing_approvals(
     load_http: tuple[httpx.Client, HttpSink],
 ) -> None:
@@ -163,12 +158,18 @@ def test_fifty_conversations_of_twenty_turns_with_racing_approvals(
 
     for number, sent in enumerate(played):
         assert len(sent) == TURNS, (number, len(sent))
-        events = _events(http, number)
+        events = all_events(http, f"load-{number}")
         assert [e["sequence"] for e in events] == list(range(1, len(events) + 1)), number
-        user = [e["payload"]["content"] for e in events if e["kind"] == "user_message"]
-        assert user == sent, number
-        results = [e for e in events if e["kind"] == "tool_result"]
-        assert len(results) == len(TOOL_TURNS), number
+        assert len({e["event_id"] for e in events}) == len(events), number
+        users = [e for e in events if e["kind"] == "user_message"]
+        assert [e["payload"]["content"] for e in users] == sent, number
+        assert [e["turn"] for e in users] == list(range(1, TURNS + 1)), number
+        answered = {e["turn"] for e in events if e["kind"] == "assistant_message"}
+        assert answered == set(range(1, TURNS + 1)), number
+        kinds = Counter(e["kind"] for e in events)
+        assert kinds["tool_result"] == kinds["approval_resolved"] == len(TOOL_TURNS), number
+        view = http.get(f"/v1/conversations/load-{number}", headers=ANN).json()
+        assert (view["turns"], view["events"], view["status"]) == (TURNS, len(events), "complete")
 
     posts = sink.requests_for("/email")
     keys = Counter(request.idempotency_key for request in posts)

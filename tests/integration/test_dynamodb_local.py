@@ -134,9 +134,10 @@ def test_a_history_larger_than_one_query_page_is_read_whole(
 
     assert snapshot.events == every
     assert snapshot.from_start
-    # ~2.5 MB of items: the engine really cut the answer into 1 MB pages.
+    # ~2.5 MB of items: the engine really cut the answer into 1 MB pages (the load reads
+    # turn items of up to 400 KB, several events each: fewer, larger pages).
     assert read_pages >= 3
-    assert load_pages >= 3
+    assert load_pages >= 2
 
 
 @pytest.mark.parametrize("round_number", range(3))

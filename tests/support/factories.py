@@ -307,7 +307,7 @@ def corrupt(store: ConversationStore, key: ConversationKey, sk: str, **changes: 
 
 
 def corrupt_body(
-    store: ConversationStore, key: ConversationKey, sk: str, edit: Callable[[dict[str, Any]], None]
+    store: ConversationStore, key: ConversationKey, sk: str, edit: Callable[[Any], None]
 ) -> Item:
     """Parse an item's JSON body, let ``edit`` change it in place, and store it back."""
     item = raw_item(store, key, sk)
@@ -317,13 +317,57 @@ def corrupt_body(
     return corrupt(store, key, sk, **{codec.A_BODY: json.dumps(body)})
 
 
+def holding(store: ConversationStore, key: ConversationKey, storage_sequence: int) -> str:
+    """The sort key of the event item that holds ``storage_sequence``: a turn item holds
+    every event of one commit under the key of its first (docs/STORAGE.md)."""
+    for sort_key in reversed(raw_sort_keys(store, key)):
+        if not sort_key.startswith(keys.EVENT_PREFIX):
+            continue
+        if keys.sequence_of(sort_key) <= storage_sequence:
+            item = raw_item(store, key, sort_key)
+            assert item is not None and codec.last_sequence(item) >= storage_sequence
+            return sort_key
+    raise AssertionError(f"no event at storage sequence {storage_sequence}")
+
+
+def stored_body(
+    store: ConversationStore, key: ConversationKey, storage_sequence: int
+) -> dict[str, Any]:
+    """The stored body (JSON) of the event at ``storage_sequence``, whatever item holds it."""
+    sort_key = holding(store, key, storage_sequence)
+    item = raw_item(store, key, sort_key)
+    assert item is not None
+    body = json.loads(item[codec.A_BODY])
+    if isinstance(body, list):
+        found: dict[str, Any] = body[storage_sequence - keys.sequence_of(sort_key)]
+        return found
+    assert isinstance(body, dict)
+    return body
+
+
+def corrupt_event_body(
+    store: ConversationStore,
+    key: ConversationKey,
+    storage_sequence: int,
+    edit: Callable[[dict[str, Any]], None],
+) -> Item:
+    """Let ``edit`` change the stored body of the event at ``storage_sequence`` in place, in
+    whatever item holds it, and store that item back."""
+    sort_key = holding(store, key, storage_sequence)
+
+    def edit_event(body: Any) -> None:
+        edit(
+            body[storage_sequence - keys.sequence_of(sort_key)] if isinstance(body, list) else body
+        )
+
+    return corrupt_body(store, key, sort_key, edit_event)
+
+
 def stored_ref(
     store: ConversationStore, key: ConversationKey, storage_sequence: int
 ) -> BlobRef | None:
-    """The blob reference held by the event item at ``storage_sequence`` (``None``: inline)."""
-    item = raw_item(store, key, keys.event_sort_key(storage_sequence))
-    assert item is not None, f"no event at storage sequence {storage_sequence}"
-    ref = json.loads(item[codec.A_BODY]).get("ref")
+    """The blob reference held by the event at ``storage_sequence`` (``None``: inline)."""
+    ref = stored_body(store, key, storage_sequence).get("ref")
     return None if ref is None else BlobRef.model_validate(ref)
 
 

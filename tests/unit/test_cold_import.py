@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from turnledger_local.template import PROJECT_ROOT, functions, load_template
+from turnledger.api.functions import ROUTES
+from turnledger_local.template import PROJECT_ROOT, functions, load_template, routes
 
 #: Modules a handler's import loads and its first request must not (each also covers its
 #: submodules).
@@ -78,7 +79,21 @@ def _folders() -> dict[str, Path]:
 def _probe(
     folder: Path, env: dict[str, str], event: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    base = {
+    base = _base_env()
+    args = [sys.executable, "-c", _PROBE, str(folder)]
+    if event is not None:
+        args.append(json.dumps(event))
+    done = subprocess.run(
+        args, env={**base, **env}, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _base_env() -> dict[str, str]:
+    """A Lambda-like environment: fake credentials, no tracing, this checkout's code."""
+    return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": "/tmp",
         "AWS_REGION": "us-east-1",
@@ -94,15 +109,6 @@ def _probe(
         # The code under test (a worktree's), not whatever the interpreter has installed.
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
-    args = [sys.executable, "-c", _PROBE, str(folder)]
-    if event is not None:
-        args.append(json.dumps(event))
-    done = subprocess.run(
-        args, env={**base, **env}, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
 
 
 def _heavy(modules: list[str]) -> list[str]:
@@ -131,13 +137,75 @@ def test_a_cold_import_builds_the_runtime(name: str, tmp_path: Path) -> None:
     assert all(module in heavy for module in EVERY_INIT)
 
 
+_ROUTED = """
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+import app
+from turnledger.api.resolver import methods_of
+found = {path: methods_of(path) for path in json.loads(sys.argv[2])}
+print(json.dumps({"methods": found, "modules": sorted(sys.modules)}))
+"""
+
+#: A value for each path parameter of the template's routes.
+_SAMPLES = {"{id}": "c-1", "{turn}": "1", "{item}": "msg_1", "{token}": "t"}
+
+
+def _sample(path: str) -> str:
+    for parameter, value in _SAMPLES.items():
+        path = path.replace(parameter, value)
+    return path
+
+
 @pytest.mark.parametrize("name", ["turn", "read", "clear", "approve"])
-def test_an_api_functions_import_registers_every_route(name: str, tmp_path: Path) -> None:
-    found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
-    heavy = _heavy(found["after_import"])
-    assert "turnledger.api.app" in heavy
-    # The OpenAI face's routes are registered with the resolver, whatever path comes first.
-    assert "turnledger.api.openai" in heavy
+def test_an_api_function_registers_every_route_the_template_gives_it(
+    name: str, tmp_path: Path
+) -> None:
+    given = [
+        r
+        for r in routes(load_template())
+        if Path(r.code_uri).name == name and "{proxy+}" not in r.path  # proxy: not-found
+    ]
+    assert given
+    paths = sorted({_sample(r.path) for r in given})
+    env = {**_base_env(), "STORE": "sqlite", "DATA_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _ROUTED, str(_folders()[name]), json.dumps(paths)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    missing = [r.route_key for r in given if r.method not in found["methods"][_sample(r.path)]]
+    assert missing == []
+    loaded = set(found["modules"])
+    for module in ROUTES[name]:
+        assert f"turnledger.api.{module}" in loaded
+
+
+def test_the_openapi_document_lists_the_routes_of_every_function(tmp_path: Path) -> None:
+    """Whichever function serves it, the document covers every function's routes (here the
+    approve function's, which loads no memory route of its own)."""
+    event = json.loads((PROJECT_ROOT / "events" / "get-conversation.json").read_text())
+    event = {
+        **event,
+        "routeKey": "GET /v1/openapi.json",
+        "rawPath": "/v1/openapi.json",
+        "pathParameters": {},
+    }
+    found = _probe(_folders()["approve"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)}, event)
+    assert found["answer"]["statusCode"] == 200
+    paths = json.loads(found["answer"]["body"])["paths"]
+    assert {"/v1/memories", "/v1/conversations/{conversation_id}/turns/{turn}"} <= set(paths)
+
+
+def test_the_approve_function_loads_no_other_functions_route_modules(tmp_path: Path) -> None:
+    found = _probe(_folders()["approve"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
+    loaded = set(found["after_import"])
+    for module in ("openai", "memory_routes", "streaming_routes"):
+        assert f"turnledger.api.{module}" not in loaded
 
 
 def test_the_first_request_answers_and_imports_nothing_heavy(tmp_path: Path) -> None:

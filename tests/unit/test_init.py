@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.client
 import botocore.session
 import pytest
 from aws_lambda_powertools.utilities import parameters
@@ -101,6 +102,61 @@ def test_the_first_request_builds_no_client_runtime_or_provider(
     assert (clients.calls, runtimes.calls, providers.calls, sessions.calls) == (0, 0, 0, 0)
 
 
+def test_init_builds_no_http_client_until_a_tool_call_or_webhook_needs_one(
+    aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = Counter(runtime_module.tool_http_client)
+    monkeypatch.setattr(runtime_module, "tool_http_client", made)
+    load_function("turn")
+    assert made.calls == 0  # its CA bundle alone is ~40 ms of init
+
+    runner = get_runtime().conversations.runner
+    assert runner is not None
+    assert runner.http.client is runner.http.client
+    assert made.calls == 1
+
+
+def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The DynamoDB read and the tenant role's AssumeRole a first request starts with are
+    made once at init and answered in-process: with every AWS endpoint unreachable, both
+    still succeed."""
+    unreachable = "http://127.0.0.1:9"  # the discard port: nothing listens
+    for name, value in {
+        "TABLE_NAME": "init-priming",
+        "BUCKET_NAME": "init-priming",
+        "CALLBACK_KEY": "00" * 32,
+        "TENANT_ROLE_ARN": TENANT_ROLE,
+        "DYNAMODB_ENDPOINT": unreachable,
+        "S3_ENDPOINT": unreachable,
+        "AWS_ENDPOINT_URL_STS": unreachable,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    calls: list[str] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def spy(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        calls.append(operation)
+        return real(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+    set_runtime(None)
+    try:
+        with caplog.at_level("WARNING"):
+            load_function("read")
+        built = get_runtime()
+    finally:
+        set_runtime(None)
+
+    assert calls == ["GetItem", "AssumeRole"]
+    assert not [r for r in caplog.records if "priming" in r.getMessage()]
+    assert built.tenants is not None
+
+
 def test_init_registers_the_snapstart_hooks_when_the_runtime_offers_them(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,10 +210,27 @@ def _claims() -> callbacks.CallbackClaims:
     )
 
 
+def test_init_builds_no_s3_client_until_a_blob_is_stored(aws: None) -> None:
+    built = _snapshot()
+    assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "STS"}
+    tenant = built.tenants.for_tenant("acme") if built.tenants else None
+    assert tenant is not None
+
+    built.store.blobs.put("init/first-blob", b"{}")
+    tenant.store.blobs.put("acme/first-blob", b"{}")
+
+    assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "STS", "S3"}
+    assert built.store.blobs.get("init/first-blob") == b"{}"
+    # One client each, reused: the second blob builds none.
+    built.store.blobs.put("init/second-blob", b"{}")
+    assert len(built.clients) == 3
+
+
 def test_before_snapshot_closes_every_clients_connection_pool(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built = _snapshot()
+    built.store.blobs.put("init/blob", b"{}")  # S3's client is built on the first blob
     closed: list[object] = []
     for client in built.clients:
         session = client._endpoint.http_session
@@ -171,6 +244,7 @@ def test_before_snapshot_closes_every_clients_connection_pool(
 
 def test_a_restore_reuses_nothing_unique_or_secret_from_init(aws: None) -> None:
     built = _snapshot()
+    built.store.blobs.put("init/blob", b"{}")  # S3's client is built on the first blob
     state = random.getstate()
     before_snapshot()
 
@@ -181,6 +255,7 @@ def test_a_restore_reuses_nothing_unique_or_secret_from_init(aws: None) -> None:
         after_restore()
         draws.append([random.random() for _ in range(4)])
         restored = get_runtime()
+        restored.store.blobs.put("restored/blob", b"{}")
         assert restored is not built
         assert restored.settings == built.settings
         assert restored.conversations.clock is built.conversations.clock

@@ -41,7 +41,11 @@ CONTRACT_ROUTES = {
     ("GET", "/v1/conversations/{id}/export", "ReadFunction"),
     ("POST", "/v1/conversations/{id}/import", "TurnFunction"),
     ("POST", "/v1/conversations/{id}/fork", "TurnFunction"),
+    ("POST", "/v1/conversations/{id}/compact", "TurnFunction"),
     ("GET", "/v1/conversations/{id}/forks", "ReadFunction"),
+    ("GET", "/v1/conversations/{id}/turns/{turn}/context", "ReadFunction"),
+    ("POST", "/v1/conversations/{id}/replays", "TurnFunction"),
+    ("GET", "/v1/conversations/{id}/replays/{replay_id}", "ReadFunction"),
     ("POST", "/openai/v1/responses", "TurnFunction"),
     ("POST", "/openai/v1/conversations", "TurnFunction"),
     ("GET", "/openai/v1/conversations/{id}", "ReadFunction"),
@@ -759,6 +763,10 @@ API_EVENTS = [
     "delete-memory.json",
     "delete-memories.json",
     "list-turns.json",
+    "get-turn-context.json",
+    "start-replay.json",
+    "get-replay.json",
+    "compact.json",
 ]
 
 

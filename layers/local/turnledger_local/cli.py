@@ -211,9 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="turns recall and write back each user's long-term memory (MEMORY_ENABLED)",
     )
+    from .replay_cli import add_command
     from .transfer_cli import add_commands
 
     add_commands(commands)
+    add_command(commands)
     return parser
 
 
@@ -310,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``turnledger`` command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in {"export", "import"}:
+    if args.command in {"export", "import", "replay"}:
         from .transfer_cli import run
 
         return run(args)

@@ -38,20 +38,7 @@ def add_commands(commands: Any) -> None:
         command.add_argument("conversation_id", metavar="ID", help="the conversation id")
         command.add_argument("--tenant", required=True, help="the conversation's tenant")
         command.add_argument("--file", metavar="FILE", help="read or write FILE, not stdio")
-        command.add_argument(
-            "--table", help=f"table name (default: TABLE_NAME, or {defaults.table_name})"
-        )
-        command.add_argument(
-            "--bucket", help=f"bucket name (default: BUCKET_NAME, or {defaults.bucket_name})"
-        )
-        command.add_argument(
-            "--dynamodb-endpoint", metavar="URL", help="DynamoDB endpoint (default: AWS's)"
-        )
-        command.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: AWS's)")
-        command.add_argument("--region", help="AWS region (default: the AWS configuration's)")
-        command.add_argument(
-            "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
-        )
+        add_store_arguments(command)
         if name == "import":
             command.add_argument(
                 "--max-bytes",
@@ -75,8 +62,43 @@ def add_commands(commands: Any) -> None:
             )
 
 
+def add_store_arguments(command: argparse.ArgumentParser) -> None:
+    """The flags that name the store a command works on (table and bucket, or a folder)."""
+    defaults = Settings()
+    command.add_argument(
+        "--table", help=f"table name (default: TABLE_NAME, or {defaults.table_name})"
+    )
+    command.add_argument(
+        "--bucket", help=f"bucket name (default: BUCKET_NAME, or {defaults.bucket_name})"
+    )
+    command.add_argument(
+        "--dynamodb-endpoint", metavar="URL", help="DynamoDB endpoint (default: AWS's)"
+    )
+    command.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: AWS's)")
+    command.add_argument("--region", help="AWS region (default: the AWS configuration's)")
+    command.add_argument(
+        "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
+    )
+
+
+def store_settings(args: argparse.Namespace) -> Settings:
+    """The environment's settings (as the functions read them), with the store's flags."""
+    if args.region:
+        os.environ["AWS_DEFAULT_REGION"] = args.region
+    base = Settings.from_env()  # flags override the environment the functions would read
+    return replace(
+        base,
+        table_name=args.table or base.table_name,
+        bucket_name=args.bucket or base.bucket_name,
+        dynamodb_endpoint=args.dynamodb_endpoint or base.dynamodb_endpoint,
+        s3_endpoint=args.s3_endpoint or base.s3_endpoint,
+        store="sqlite" if args.data_dir else base.store,
+        data_dir=args.data_dir or base.data_dir,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``export`` or ``import``; returns the exit status.
+    """Run ``export``, ``import`` or ``replay``; returns the exit status.
 
     Every failure is one line on stderr, ``turnledger <command>: <code>: <message>``, and
     exit status 1: the store's errors with their API code, an unusable setting
@@ -110,18 +132,11 @@ def _run(args: argparse.Namespace) -> int:
     from turnledger.ops.transfer import export_text, import_text
     from turnledger.runtime import store_from_settings
 
-    if args.region:
-        os.environ["AWS_DEFAULT_REGION"] = args.region
-    base = Settings.from_env()  # flags override the environment the functions would read
-    settings = replace(
-        base,
-        table_name=args.table or base.table_name,
-        bucket_name=args.bucket or base.bucket_name,
-        dynamodb_endpoint=args.dynamodb_endpoint or base.dynamodb_endpoint,
-        s3_endpoint=args.s3_endpoint or base.s3_endpoint,
-        store="sqlite" if args.data_dir else base.store,
-        data_dir=args.data_dir or base.data_dir,
-    )
+    settings = store_settings(args)
+    if args.command == "replay":
+        from .replay_cli import run_command
+
+        return run_command(args, settings)
     key = ConversationKey(
         tenant=args.tenant, conversation_id=validate_conversation_id(args.conversation_id)
     )

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ import boto3
 import botocore.loaders
 import botocore.session
 from aws_lambda_powertools.utilities import parameters
+from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
 from .context.redaction import Redactor, load_redactor
@@ -37,8 +40,16 @@ from .providers.factory import PROVIDERS, api_key_source, build_provider
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
-from .store.tenancy import TenantAccess, TenantCredentials
-from .tools.executors import ToolRunner, tool_http_client
+from .store.tenancy import (
+    SESSION_SECONDS,
+    TENANT_TAG,
+    TenantAccess,
+    TenantCredentials,
+    session_name,
+    session_policy,
+    tag_value,
+)
+from .tools.executors import LazyHttpClient, ToolRunner, tool_http_client
 from .tools.registry import ToolRegistry
 from .turn import callbacks
 from .turn.pipeline import Conversations
@@ -92,8 +103,9 @@ class Runtime:
     dynamodb: DynamoDBClient
     #: Per-tenant credentials and clients (``None``: no ``TENANT_ROLE_ARN``).
     tenants: TenantAccess[TenantScope] | None = None
-    #: Every AWS client built for the process's own credentials (closed by :meth:`close`).
-    clients: tuple[Any, ...] = ()
+    #: Every AWS client built so far for the process's own credentials (closed by
+    #: :meth:`close`); one built on first use (S3's) joins it then.
+    clients: list[Any] = field(default_factory=list)
 
     def close(self) -> None:
         """Close the process's AWS clients' connection pools (they reconnect when used)."""
@@ -142,6 +154,34 @@ class Runtime:
             export_url_ttl_seconds=self.settings.export_url_ttl_seconds,
         )
 
+    def prime(self) -> None:
+        """Make the first call of each AWS call a request starts with, without the network:
+        a ``GetItem`` on the process's DynamoDB client and, with a tenant role, the
+        ``AssumeRole`` of a tenant's first request, each answered in-process.
+
+        A client's first call of an operation builds its models, resolves its endpoint
+        and its credentials and signs; done here, during init, a request's first call
+        costs what a later one does (a tenant's own clients, built on its first request,
+        still make their own first call then).
+        """
+        if self.settings.store != "dynamodb":
+            return
+        with _answered_in_process(self.dynamodb, b"{}"):
+            self.dynamodb.get_item(
+                TableName=self.settings.table_name,
+                Key={"pk": {"S": _PRIMING}, "sk": {"S": _PRIMING}},
+                ConsistentRead=True,
+            )
+        if self.tenants is not None:
+            with _answered_in_process(self.tenants.sts, _ASSUMED_ROLE):
+                self.tenants.sts.assume_role(
+                    RoleArn=self.tenants.role_arn,
+                    RoleSessionName=session_name(_PRIMING),
+                    DurationSeconds=SESSION_SECONDS,
+                    Policy=session_policy(_PRIMING, bucket=self.settings.bucket_name),
+                    Tags=[{"Key": TENANT_TAG, "Value": tag_value(_PRIMING)}],
+                )
+
     @classmethod
     def from_settings(cls, settings: Settings, *, clock: Clock = utc_now) -> Runtime:
         """Build clients, store, provider, tools and the service for ``settings``."""
@@ -151,7 +191,8 @@ class Runtime:
         )
         clients: list[Any] = [dynamodb]
         store = _build_store(settings, session, dynamodb, clients)
-        http = tool_http_client(settings.tool_timeout_seconds)
+        # Built on the first http tool call or webhook: most requests make neither.
+        http = LazyHttpClient(partial(tool_http_client, settings.tool_timeout_seconds))
 
         def lambda_client(config: Config) -> LambdaClient:
             return session.client("lambda", config=config)
@@ -213,7 +254,7 @@ class Runtime:
                 bucket=settings.bucket_name,
                 build=partial(_tenant_scope, settings, session, service),
             )
-        runtime.clients = tuple(clients)
+        runtime.clients = clients
         return runtime
 
 
@@ -229,9 +270,18 @@ def _tenant_scope(
     Its clients come from the process's ``session`` (its models, parsed at init) with the
     tenant's credentials: a tenant's first request builds no session of its own.
     """
+    signed: dict[str, Any] = {
+        "config": _AWS_CONFIG,
+        "aws_access_key_id": credentials.access_key_id,
+        "aws_secret_access_key": credentials.secret_access_key,
+        "aws_session_token": credentials.session_token,
+    }
     # A boto3 session is not thread-safe: two tenants' first requests take turns.
     with _session_lock:
-        dynamodb, s3 = _tenant_clients(settings, session, credentials)
+        dynamodb: DynamoDBClient = session.client(
+            "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
+        )
+    s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     store = _dynamodb_store(settings, dynamodb, s3)
     return TenantScope(dynamodb=dynamodb, store=store, conversations=service(store))
 
@@ -239,20 +289,24 @@ def _tenant_scope(
 _session_lock = threading.Lock()
 
 
-def _tenant_clients(
-    settings: Settings, session: boto3.session.Session, credentials: TenantCredentials
-) -> tuple[DynamoDBClient, S3Client]:
-    signed: dict[str, Any] = {
-        "config": _AWS_CONFIG,
-        "aws_access_key_id": credentials.access_key_id,
-        "aws_secret_access_key": credentials.secret_access_key,
-        "aws_session_token": credentials.session_token,
-    }
-    dynamodb: DynamoDBClient = session.client(
-        "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
-    )
-    s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, **signed)
-    return dynamodb, s3
+def _on_first_use[T](build: Callable[[], T], built: list[Any] | None = None) -> Callable[[], T]:
+    """What returns ``build()``'s client, built by its first call only (most requests read
+    or write no blob: S3's client, whose model alone takes about 40 ms to load, is built
+    by the first that does); the client joins ``built`` then, when given.
+
+    ``build`` runs under the session lock: a boto3 session is not thread-safe.
+    """
+    made: list[T] = []
+
+    def client() -> T:
+        with _session_lock:
+            if not made:
+                made.append(build())
+                if built is not None:
+                    built.append(made[0])
+            return made[0]
+
+    return client
 
 
 def store_from_settings(settings: Settings) -> ConversationStore:
@@ -290,18 +344,19 @@ def _build_store(
 ) -> ConversationStore:
     """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files.
 
-    The S3 client it builds is added to ``clients`` when given.
+    S3's client is built on the store's first blob and then added to ``clients`` when given.
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
-    s3: S3Client = session.client("s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG)
-    if clients is not None:
-        clients.append(s3)
+    s3 = _on_first_use(
+        partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),
+        clients,
+    )
     return _dynamodb_store(settings, dynamodb, s3)
 
 
 def _dynamodb_store(
-    settings: Settings, dynamodb: DynamoDBClient, s3: S3Client
+    settings: Settings, dynamodb: DynamoDBClient, s3: Callable[[], S3Client]
 ) -> DynamoDBConversationStore:
     return DynamoDBConversationStore(
         dynamodb,
@@ -309,6 +364,46 @@ def _dynamodb_store(
         S3BlobStore(s3, settings.bucket_name),
         offload_threshold=settings.offload_threshold_bytes,
     )
+
+
+#: The key and the tenant of :meth:`Runtime.prime`'s calls (never sent).
+_PRIMING = "turnledger-priming"
+#: What :meth:`Runtime.prime`'s ``AssumeRole`` is answered: STS's answer, with no credentials
+#: anyone could use.
+_ASSUMED_ROLE = (
+    b'<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleResult>'
+    b"<Credentials><AccessKeyId>priming</AccessKeyId><SecretAccessKey>priming</SecretAccessKey>"
+    b"<SessionToken>priming</SessionToken><Expiration>2000-01-01T00:00:00Z</Expiration>"
+    b"</Credentials><AssumedRoleUser><Arn>arn:aws:sts::000000000000:assumed-role/priming</Arn>"
+    b"<AssumedRoleId>priming</AssumedRoleId></AssumedRoleUser></AssumeRoleResult>"
+    b"</AssumeRoleResponse>"
+)
+
+
+class _Body:
+    """A response body botocore reads as it reads the network's."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._data
+
+
+@contextmanager
+def _answered_in_process(client: Any, body: bytes) -> Iterator[None]:
+    """Within the block, ``client``'s calls send nothing: each is answered ``200`` with
+    ``body``. (A ``before-send`` handler that returns a response replaces the request's
+    sending, botocore's documented hook; everything before and after it runs as usual.)"""
+
+    def answer(request: Any, **_: Any) -> AWSResponse:
+        return AWSResponse(request.url, 200, HTTPHeaders(), _Body(body))
+
+    client.meta.events.register_first("before-send", answer, unique_id=_PRIMING)
+    try:
+        yield
+    finally:
+        client.meta.events.unregister("before-send", unique_id=_PRIMING)
 
 
 _lock = threading.Lock()
@@ -333,7 +428,8 @@ def set_runtime(runtime: Runtime | None) -> None:
 
 def prepare() -> Runtime | None:
     """Build, during Lambda's init phase, what every request needs: the runtime (settings,
-    clients, store, provider, tools, the service) and the Tracer where tracing is on; and
+    clients, store, provider, tools, the service), its AWS clients' first calls made
+    without the network (:meth:`Runtime.prime`), and the Tracer where tracing is on; and
     register the SnapStart hooks. The handler modules in ``functions/`` call it at import.
 
     Returns:
@@ -341,12 +437,19 @@ def prepare() -> Runtime | None:
         and each request then meets it in :func:`get_runtime` and answers it as it should.
     """
     _register_snapshot_hooks()
-    tracer()
     try:
-        return get_runtime()
+        built = get_runtime()
     except Exception:
         logger.exception("the runtime could not be built at init")
+        tracer()
         return None
+    try:
+        # Before the Tracer patches botocore: a traced call at init logs a discarded segment.
+        built.prime()
+    except Exception:  # priming is an optimisation: a request makes the same calls for real
+        logger.warning("priming the AWS clients at init failed", exc_info=True)
+    tracer()
+    return built
 
 
 def before_snapshot() -> None:

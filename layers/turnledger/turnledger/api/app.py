@@ -1,15 +1,14 @@
 """The Lambda entry point of every API function, over the resolver and its routes.
 
 The resolver (:mod:`.resolver`) answers; this module checks a request's body
-before routing, decodes its path as API Gateway does, and imports every route
-module so that each registers its routes (:mod:`.routes`, :mod:`.openai`,
-:mod:`.waits`, :mod:`.streaming_routes`) on the resolver.
+before routing and decodes its path as API Gateway does. It imports no route module
+but :mod:`.waits` (whose token check comes before the body is read): each function
+imports its own (:mod:`.functions`), and each registers its routes on the resolver.
 No route module imports this one.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 from urllib.parse import quote
@@ -24,14 +23,12 @@ from ..core.models import CONVERSATION_ID_PATTERN
 from ..core.observability import logger, metrics, traced
 from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
-from . import memory_routes, openai, routes, streaming_routes, waits
+from . import waits
 from .errors import body_for
 from .resolver import app, json_text, methods_of, raw_body
 
 __all__ = ["app", "lambda_handler"]
 
-#: The modules whose import registers routes and handlers on ``app``.
-REGISTERED = (routes, openai, waits, streaming_routes, memory_routes)
 #: Routes whose body is not one JSON object (an import is NDJSON).
 _NDJSON_ROUTES = ("/import",)
 #: ``AWS_LAMBDA_INITIALIZATION_TYPE`` values whose init phase no caller waits for.
@@ -39,14 +36,15 @@ AHEAD_OF_REQUESTS = frozenset({"snap-start", "provisioned-concurrency"})
 
 
 def prepare_routes() -> int:
-    """Build every route's request models now; returns how many routes there are.
+    """Build every registered route's request models now; returns how many routes there are.
 
     Powertools builds a route's parameter and body models (its ``dependant``) on the
     route's first request: about 8 ms a route, 0.2 s for all of them here. Where init
     runs ahead of requests (:data:`AHEAD_OF_REQUESTS`: a SnapStart snapshot,
-    provisioned concurrency) this module's import builds them all, so no route's first
-    request pays; elsewhere each route keeps paying only for itself, on its first
-    request, rather than every route's on the init a caller waits for.
+    provisioned concurrency) a function's init builds those of its routes
+    (:func:`.functions.serve`), so no route's first request pays; elsewhere each route
+    keeps paying only for itself, on its first request, rather than every route's on
+    the init a caller waits for.
     """
     # Powertools keeps its routes in these two lists and offers no public way to build
     # their models ahead of a request (get_openapi_schema would also render the document).
@@ -54,10 +52,6 @@ def prepare_routes() -> int:
     for route in registered:
         _ = route.dependant, route.body_field
     return len(registered)
-
-
-if os.environ.get("AWS_LAMBDA_INITIALIZATION_TYPE") in AHEAD_OF_REQUESTS:
-    prepare_routes()
 
 
 def _with_decoded_path(event: dict[str, Any]) -> dict[str, Any]:

@@ -69,14 +69,14 @@ _ERROR_CODES = {
     400: "invalid_request, invalid_conversation_id, invalid_cursor",
     401: "unauthorized",
     403: "approver_scope_missing, approver_is_requester, memory_user_not_allowed",
-    404: "conversation_not_found, memory_not_found",
+    404: "conversation_not_found, memory_not_found, turn_not_found, replay_not_found",
     409: "conversation_busy, approval_pending, not_awaiting_approval, corrupted_state, "
     "unsupported_state_version, conversation_exists, input_pending, fork_point_open, "
-    "fork_too_deep, memory_full",
+    "fork_too_deep, memory_full, nothing_to_compact",
     410: "callback_invalid",
-    413: "payload_too_large, import_too_large",
+    413: "payload_too_large, import_too_large, context_length_exceeded",
     422: "validation_error, unknown_tool_call, unknown_tool, unknown_provider, unknown_model, "
-    "idempotency_key_reused, invalid_fork_point",
+    "idempotency_key_reused, invalid_fork_point, invalid_turn_range",
     502: "provider_error",
     503: "service_unavailable",
     504: "provider_timeout",

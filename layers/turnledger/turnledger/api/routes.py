@@ -322,7 +322,11 @@ def approvals_page() -> Response[str]:
 
 @app.get("/v1/openapi.json", include_in_schema=False)
 def openapi() -> Response[str]:
-    """The OpenAPI 3 document of this API."""
+    """The OpenAPI 3 document of this API: every function's routes, not only this one's."""
+    # Imported here: the other functions' routes are loaded for this document only.
+    from .functions import EVERY_ROUTE, register
+
+    register(EVERY_ROUTE)
     return Response(
         status_code=200,
         content_type=content_types.APPLICATION_JSON,

@@ -493,6 +493,23 @@ class CallbackResponse(BaseModel):
     continued: bool = False
 
 
+class CompactRequest(_Body):
+    """Body of ``POST /v1/conversations/{id}/compact`` (may be ``{}``)."""
+
+    provider: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="The summarizer's provider (default: the deployment's summarizer).",
+    )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The summarizer's model (default: SUMMARIZER_MODEL, else the turn model).",
+    )
+
+
 class CancelRequestBody(_Body):
     """Body of ``POST /v1/conversations/{id}/cancel`` (may be ``{}``)."""
 

@@ -24,7 +24,8 @@ same commit as the turn). Compaction starts when the budget is full and then
 summarizes down to :data:`KEEP_SHARE` of it, so it happens once every many
 turns, not after every answer. A summary covers whole turns only, so it
 never splits a tool call from its result, and never the current turn, where
-pending calls live. A new summary folds in the previous one.
+pending calls live. A new summary folds in the previous one. What the history read
+leaves out, and the summarizer calls themselves, are :mod:`turnledger.turn.compaction`'s.
 
 **Redaction** (:mod:`turnledger.context.redaction`) is applied while messages are
 built, to everything a model would see, summaries' inputs included.
@@ -385,8 +386,54 @@ def turns_to_compact(assembly: Assembly) -> list[Turn]:
     return assembly.turns[: len(assembly.turns) - 1 - kept]
 
 
-def summary_request(model: str, previous: Summary | None, turns: Sequence[Turn]) -> ModelRequest:
-    """The summarizer call for ``turns`` (already redacted), folding in ``previous``."""
+def counts(turns: Iterable[Turn]) -> tuple[int, int]:
+    """The messages and tool calls ``turns`` make: what a summary of them stands for."""
+    messages = calls = 0
+    for turn in turns:
+        messages += len(turn.messages)
+        calls += sum(len(m.tool_calls) for m in turn.messages)
+    return messages, calls
+
+
+def summary_batches(turns: Sequence[Turn], limit: int) -> list[list[Turn]]:
+    """``turns`` in order, cut into batches of at most ``limit`` tokens each (a turn over
+    ``limit`` alone is a batch of its own): one summarizer call each, folded in turn, so no
+    call is sent more than its share of the summarizer's window."""
+    batches: list[list[Turn]] = []
+    used = 0
+    for turn in turns:
+        if not batches or used + turn.tokens > limit:
+            batches.append([])
+            used = 0
+        batches[-1].append(turn)
+        used += turn.tokens
+    return batches
+
+
+def splits_tool_call(
+    covered: Iterable[Turn], later: Iterable[Event], pending: Iterable[str] = ()
+) -> bool:
+    """Whether a summary of ``covered`` would cut a tool call from its result: one of its
+    calls has its result among the ``later`` events, or is still ``pending``. Providers
+    reuse call ids across turns, so a result (or a pending call) answers the newest
+    request of its id: one asked again later is a later call's.
+    """
+    asked = {
+        call.id for turn in covered for message in turn.messages for call in message.tool_calls
+    }
+    asked_later: set[str] = set()
+    for event in later:
+        body = event.body()
+        if isinstance(body, AssistantMessage):
+            asked_later.update(call.id for call in body.tool_calls)
+        elif isinstance(body, ToolResult) and body.call_id in asked - asked_later:
+            return True
+    return bool((asked - asked_later) & set(pending))
+
+
+def summary_request(model: str, previous: str | None, turns: Sequence[Turn]) -> ModelRequest:
+    """The summarizer call for ``turns`` (already redacted), folding in the ``previous``
+    summary's text (``None``: the first summary of the range)."""
     messages = []
     for turn in turns:
         for message in turn.messages:
@@ -401,7 +448,7 @@ def summary_request(model: str, previous: Summary | None, turns: Sequence[Turn])
                 item["tool"] = message.name
             messages.append(item)
     payload = {
-        "previous_summary": previous.message().content if previous is not None else None,
+        "previous_summary": previous,
         "messages": messages,
     }
     return ModelRequest(

@@ -24,13 +24,15 @@ hierarchy to responses and never matches on message text::
     ├── BudgetExceeded               409 budget_exceeded
     ├── ConversationExists           409 conversation_exists
     ├── MemoryFull                   409 memory_full
+    ├── NothingToCompact             409 nothing_to_compact
     ├── StateError
     │   ├── CorruptedState           409 corrupted_state
     │   └── UnsupportedStateVersion  409 unsupported_state_version
     ├── CallbackInvalid              410 callback_invalid
     ├── ContentUnreadable            410 content_unreadable
     ├── PayloadTooLarge              413 payload_too_large
-    │   └── ImportTooLarge           413 import_too_large
+    │   ├── ImportTooLarge           413 import_too_large
+    │   └── ContextLengthExceeded    413 context_length_exceeded
     ├── RequestValidationFailed      422 validation_error
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
@@ -169,6 +171,14 @@ class BudgetExceeded(TurnledgerError):
     code = "budget_exceeded"
 
 
+class NothingToCompact(TurnledgerError):
+    """``POST .../compact`` on a conversation with no summary yet: there is no range to
+    summarize again (compaction starts when the context no longer fits)."""
+
+    status = 409
+    code = "nothing_to_compact"
+
+
 class StateError(TurnledgerError):
     """A stored item cannot be read by this build; ``DELETE`` recovers the conversation."""
 
@@ -255,6 +265,14 @@ class ImportTooLarge(PayloadTooLarge):
     ``details.limit_events`` and ``details.events`` say by how much. Nothing was written."""
 
     code = "import_too_large"
+
+
+class ContextLengthExceeded(PayloadTooLarge):
+    """A turn's input cannot fit the context budget even alone (with the system prompt);
+    ``details.limit`` (the budget), ``details.tokens`` (the input's estimate) and
+    ``details.model`` say by how much. Nothing was stored."""
+
+    code = "context_length_exceeded"
 
 
 class RequestValidationFailed(TurnledgerError):

@@ -296,7 +296,9 @@ class ContextCompacted(_Strict):
     """Older turns summarized once, for every later context: the transcript stays as it is.
 
     Covers public sequences ``from_sequence..to_sequence`` (whole turns, never a
-    pending call); ``previous_through`` is the summary it folds in, if any.
+    pending call); ``previous_through`` is the summary it folds in, if any. The
+    manifest fields (``from_turn`` to ``trigger``) say what the range held and what
+    compacting it saved; summaries written before they existed have them ``None``.
     """
 
     from_sequence: int = Field(ge=1)
@@ -309,6 +311,21 @@ class ContextCompacted(_Strict):
     #: sha256 of ``text``: a damaged summary is detected, never sent.
     content_sha256: str
     tokens_estimated: int = Field(ge=0)
+    #: The turns of the first and last covered sequences.
+    from_turn: int | None = None
+    to_turn: int | None = None
+    #: Messages (user, assistant, tool results) and tool calls in the whole range.
+    messages: int | None = Field(default=None, ge=0)
+    tool_calls: int | None = Field(default=None, ge=0)
+    #: Tokens of what the summary replaces (the previous summary and the newly covered
+    #: turns, as a model would be sent them) and of the summary itself.
+    tokens_before: int | None = Field(default=None, ge=0)
+    tokens_after: int | None = Field(default=None, ge=0)
+    #: Why it was written: ``budget`` (older turns no longer fit), ``read_window`` (the
+    #: history read left turns out), ``manual`` (``POST .../compact``).
+    trigger: Literal["budget", "read_window", "manual"] | None = None
+    #: A manual compaction: the sequence of the summary event it rewrites.
+    replaces: int | None = None
 
 
 class TurnFailed(_Strict):

@@ -435,7 +435,7 @@ class Sweeper:
     ) -> PurgeReport:
         report = PurgeReport()
         report.objects += self.store.blobs.delete_keys(objects)
-        report.events = sum(1 for s in stamps if self.store.delete_event(key, s))
+        report.events = sum(s.events for s in stamps if self.store.delete_event(key, s))
         report.conversations = 1 if head_gone and report.events else 0
         return report
 

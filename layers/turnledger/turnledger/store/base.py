@@ -12,8 +12,10 @@ idempotency persistence layers). ``tests/contract`` runs one suite over every ba
 (memory, DynamoDB on moto and on DynamoDB Local, SQLite).
 
 The commit protocol (a turn lands whole or not at all)
-    One atomic write: put each new event item (``attribute_not_exists(pk) OR
-    g <> :gen``: never overwrite an event of this life) and put the head on
+    One atomic write: put the commit's turn item (every event of the commit in one
+    item under the storage sequence of its first, docs/STORAGE.md; more than one only
+    when they would not fit one) on ``attribute_not_exists(pk) OR g <> :gen`` (never
+    overwrite an event of this life), and put the head on
     the condition that its version and life (``ver``, ``g``) are still the
     ones the turn read (``attribute_not_exists`` for a new conversation). A
     lost race raises :class:`ConversationBusy` and nothing of it is stored.
@@ -242,6 +244,55 @@ def _storage_sequence(item: Item) -> int:
         ) from exc
 
 
+def _turn_chunks(bodies: list[Item]) -> list[list[Item]]:
+    """``bodies`` (one commit's event items, oldest first) in runs that each fit one turn
+    item under the item size limit, as few as possible, in order."""
+    chunks: list[list[Item]] = []
+    size = 0
+    for body in bodies:
+        grows = codec.item_size(body)
+        if chunks and size + grows <= codec.MAX_ITEM_BYTES:
+            chunks[-1].append(body)
+            size += grows
+        else:
+            chunks.append([body])
+            size = grows
+    return chunks
+
+
+def _events_in(item: Item) -> int:
+    """The events an event item holds, for reports: 1 when its count cannot be read (a purge
+    deletes damaged items too)."""
+    try:
+        return codec.event_count(item)
+    except CorruptedState:
+        return 1
+
+
+def _leftover(item: Item, piece: _Piece) -> bool:
+    """Whether the event ``item`` is a leftover of another life than ``piece``'s.
+
+    A life that began with no head (DynamoDB's TTL removed it, the stream's reclaim has not
+    run yet) writes over an earlier life's items: a turn item of several events replaces
+    only the item at its first key, so the others stay until the reclaim deletes them.
+    """
+    return item.get(codec.A_GEN) != piece.gen and codec.A_GEN in item
+
+
+def _contiguous(items: Sequence[Item], top: int) -> bool:
+    """Whether event ``items`` (newest first) hold every storage sequence from ``top`` down
+    to their oldest: a query that missed the newest writes (eventually consistent) has a hole.
+    """
+    if not items:
+        return False
+    expected = top
+    for item in items:
+        if codec.last_sequence(item) != expected:
+            return False
+        expected = _storage_sequence(item) - 1
+    return True
+
+
 def _tombstone_of(item: Item) -> Head | None:
     """The tombstone ``item`` holds, or ``None`` (a live head, or one that cannot be read)."""
     try:
@@ -260,10 +311,18 @@ def _stored_responses(item: Item) -> list[tuple[str, str]]:
     if not isinstance(body, str) or '"response_id"' not in body:
         return []
     try:
-        run = json.loads(body)["payload"]["run"]
-        return [(str(run["provider"]), str(run["response_id"]))]
-    except (ValueError, KeyError, TypeError):
+        parsed = json.loads(body)
+    except ValueError:
         return []
+    found: list[tuple[str, str]] = []
+    # A turn item's body is the list of its events' bodies; an older item's, one body.
+    for event in parsed if isinstance(parsed, list) else [parsed]:
+        try:
+            run = event["payload"]["run"]
+            found.append((str(run["provider"]), str(run["response_id"])))
+        except (KeyError, TypeError):
+            continue
+    return found
 
 
 def _record_key(record_key: str) -> str:
@@ -358,12 +417,13 @@ class _Window:
     turn: list[tuple[_Placed, StoredEvent]] = field(default_factory=list)
     turn_chars: int = 0
 
-    def offer(self, item: Item, where: _Placed, stored: StoredEvent) -> bool:
-        """Add the next older event; ``False`` once nothing older can be taken."""
+    def offer(self, chars: int, where: _Placed, stored: StoredEvent) -> bool:
+        """Add the next older event, whose stored body has ``chars`` characters; ``False``
+        once nothing older can be taken."""
         if self.turn and stored.turn != self.turn[-1][1].turn and not self.close():
             return False
         self.turn.append((where, stored))
-        self.turn_chars += len(item.get(codec.A_BODY, "")) + (stored.ref.size if stored.ref else 0)
+        self.turn_chars += chars + (stored.ref.size if stored.ref else 0)
         # An older turn already over budget can never fit: stop reading there.
         return not self.taken or self._fits()
 
@@ -478,18 +538,23 @@ class ConversationStore(ABC):
         while True:
             reached_low = False
             for item in items:
-                sequence = _storage_sequence(item)
-                if sequence > piece.base + piece.last:
-                    continue  # a leftover of an earlier life, above this one's log
-                if sequence < piece.base + low:
+                if _storage_sequence(item) > piece.base + piece.last or _leftover(item, piece):
+                    continue  # a leftover of an earlier life (a gap, if it hides an event)
+                if codec.last_sequence(item) < piece.base + low:
                     reached_low = True
                     break
-                if sequence != piece.base + expected:
-                    raise _gaps(piece.base + low, piece.base + piece.last)
-                expected -= 1
-                _, stored = codec.decode_stored_event(item, piece.gen)
-                if not window.offer(item, (piece, sequence), stored):
-                    return False
+                # A turn item holds a commit's events: newest first, down to ``low``.
+                for sequence, stored, chars in reversed(codec.decode_turn_item(item, piece.gen)):
+                    if sequence < piece.base + low:
+                        reached_low = True
+                        break
+                    if sequence != piece.base + expected:
+                        raise _gaps(piece.base + low, piece.base + piece.last)
+                    expected -= 1
+                    if not window.offer(chars, (piece, sequence), stored):
+                        return False
+                if reached_low:
+                    break
             if reached_low or not more or expected < low:
                 break
             items = self._older_events(piece, low, expected, budget, window)
@@ -509,7 +574,8 @@ class ConversationStore(ABC):
         the newest moments' writes (a hole in the range) is read again consistently.
         """
         wanted = max(min(newest - low + 1, budget.max_events - len(window.taken) + 2), 1)
-        lower = keys.event_sort_key(piece.base + max(low, newest - wanted + 1))
+        # Bounded by ``low`` and by the item count: a turn item holds one or more events.
+        lower = keys.event_sort_key(piece.base + low)
         upper = keys.event_sort_key(piece.base + newest)
         top = piece.base + newest
         for consistent in (False, True):
@@ -522,10 +588,31 @@ class ConversationStore(ABC):
                 cursor=None,
                 consistent=consistent,
             )
-            found = [_storage_sequence(item) for item in page.items]
-            if found == list(range(top, top - len(found), -1)) and found:
+            items = page.items
+            bottom = _storage_sequence(items[-1]) if items else top + 1
+            if page.cursor is None and bottom > piece.base + low:
+                # A turn item holds several events: the one holding the range's low end
+                # may start below the range's key. One more item, at or below it.
+                items = [*items, *self._item_below(piece, bottom)]
+            if _contiguous([item for item in items if not _leftover(item, piece)], top):
                 break
-        return page.items
+        return items
+
+    def _item_below(self, piece: _Piece, sequence: int) -> list[Item]:
+        """The event item of ``piece``'s life just below the storage ``sequence`` (none or
+        one), past leftovers of other lives."""
+        while True:
+            page = self._query(
+                keys.partition_key(piece.key),
+                upper=keys.event_sort_key(sequence - 1),
+                lower=keys.event_sort_key(0),
+                descending=True,
+                limit=1,
+                cursor=None,
+            )
+            if not page.items or not _leftover(page.items[0], piece):
+                return page.items
+            sequence = _storage_sequence(page.items[0])
 
     def read_events(
         self, key: ConversationKey, head: Head, *, after: int, limit: int
@@ -546,18 +633,26 @@ class ConversationStore(ABC):
             if first > last:
                 continue
             cursor: Any = None
+            low, high = piece.base + first, piece.base + last
             while True:
                 page = self._query(
                     keys.partition_key(piece.key),
-                    lower=keys.event_sort_key(piece.base + first),
-                    upper=keys.event_sort_key(piece.base + last),
+                    lower=keys.event_sort_key(low),
+                    upper=keys.event_sort_key(high),
                     descending=False,
                     limit=min(last - first + 1, 1000),
                     cursor=cursor,
                 )
-                for item in page.items:
-                    sequence, stored = codec.decode_stored_event(item, piece.gen)
-                    events.append(self._event(piece, sequence, stored))
+                items = page.items
+                if cursor is None and (not items or _storage_sequence(items[0]) > low):
+                    # The turn item holding ``low`` may start below it.
+                    items = [*self._item_below(piece, low + 1), *items]
+                for item in items:
+                    if _leftover(item, piece):
+                        continue  # an earlier life's (a gap, if it hides an event)
+                    for sequence, stored, _ in codec.decode_turn_item(item, piece.gen):
+                        if low <= sequence <= high:
+                            events.append(self._event(piece, sequence, stored))
                 if page.cursor is None:
                     break
                 cursor = page.cursor
@@ -643,6 +738,9 @@ class ConversationStore(ABC):
         except BaseException:
             self._discard(written)
             raise
+        # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it;
+        # more only when they would not fit one item.
+        items = [codec.encode_turn_item(key, head, chunk) for chunk in _turn_chunks(items)]
         head_item = codec.encode_head(key, head)
         changes = inbox_changes or inbox.InboxChanges()
         puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
@@ -832,7 +930,7 @@ class ConversationStore(ABC):
             limit=1,
             cursor=None,
         )
-        return _storage_sequence(page.items[0]) if page.items else 0
+        return codec.last_sequence(page.items[0]) if page.items else 0
 
     def _delete_partition(
         self, pk: str, tomb: Head, report: PurgeReport, kept: dict[str, int]
@@ -875,7 +973,7 @@ class ConversationStore(ABC):
                     read = forks.reads(kept, item.get(codec.A_GEN), sequence)
                     if sequence <= tomb.base and not read:
                         doomed.append(sort_key)
-                        events += 1
+                        events += _events_in(item)
                         report.provider_responses.extend(_stored_responses(item))
                 elif item.get(codec.A_GEN) != tomb.gen:
                     doomed.append(sort_key)
@@ -975,12 +1073,13 @@ class ConversationStore(ABC):
         piece = next((p for p in _pieces(key, head) if p.first <= sequence <= p.last), None)
         if piece is None:
             raise _gaps(head.base + sequence, head.base + sequence)
-        item = self._get_item(
-            keys.partition_key(piece.key), keys.event_sort_key(piece.base + sequence)
-        )
-        if item is None:
-            raise _gaps(piece.base + sequence, piece.base + sequence)
-        return piece, codec.decode_stored_event(item, piece.gen)[1]
+        wanted = piece.base + sequence
+        # The item holding it: the event item whose key is at or just below its sequence.
+        for item in self._item_below(piece, wanted + 1):
+            for found, stored, _ in codec.decode_turn_item(item, piece.gen):
+                if found == wanted:
+                    return piece, stored
+        raise _gaps(wanted, wanted)
 
     def fork_refs(
         self, key: ConversationKey, head: Head, *, after: str | None, limit: int
@@ -1141,10 +1240,10 @@ class ConversationStore(ABC):
         # Lazily, page by page: the reads stop where this life's events end.
         for item in self._keys_between(keys.partition_key(key), lower, upper):
             if item.get(codec.A_GEN) == gen:
-                doomed.append(EventStamp(str(item[codec.A_SK]), gen))
+                doomed.append(EventStamp(str(item[codec.A_SK]), gen, _events_in(item)))
             elif doomed:
                 break
-        return sum(1 for stamp in doomed if self.delete_event(key, stamp))
+        return sum(stamp.events for stamp in doomed if self.delete_event(key, stamp))
 
     def _keys_between(self, pk: str, lower: str, upper: str) -> Iterator[Item]:
         """The items of ``pk`` with ``lower <= sk <= upper`` (keys and ``g`` only), every page."""
@@ -1193,7 +1292,7 @@ class ConversationStore(ABC):
 
         ``None`` for a bound means none on that side. At most ``limit`` items;
         ``cursor`` resumes a previous page (after its last item, even if that was
-        deleted since). With ``keys_only`` only ``pk``, ``sk`` and ``g`` are needed.
+        deleted since). With ``keys_only`` only ``pk``, ``sk``, ``g`` and ``n`` are needed.
         ``consistent=False`` allows an eventually consistent read (half the price
         on DynamoDB): it may miss items written in the last moments.
         """
@@ -1474,6 +1573,7 @@ class ConversationStore(ABC):
             EventStamp(
                 str(item[codec.A_SK]),
                 gen if isinstance(gen := item.get(codec.A_GEN), str) else None,
+                _events_in(item),
             )
             for item in self._keys_between(keys.partition_key(key), lower, upper)
         ]

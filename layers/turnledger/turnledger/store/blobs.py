@@ -14,7 +14,7 @@ import os
 import secrets
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -106,9 +106,18 @@ class S3BlobStore(BlobStore):
     _DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys a call
     makes_urls = True
 
-    def __init__(self, client: S3Client, bucket: str) -> None:
-        self._client = client
+    def __init__(self, client: S3Client | Callable[[], S3Client], bucket: str) -> None:
+        """Store in ``bucket`` through ``client``, or through the client that ``client()``
+        returns, asked on each call (most requests read no blob: the caller may build
+        the client on the first that does, and cache it)."""
+        self._source = client
         self._bucket = bucket
+
+    @property
+    def _client(self) -> S3Client:
+        source = self._source
+        # A boto3 client is not callable; a factory is.
+        return source() if callable(source) else source
 
     def put(self, key: str, data: bytes) -> None:
         self._client.put_object(

@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from ..core.exceptions import (
     CorruptedState,
@@ -63,11 +63,15 @@ A_WAIT_BUCKET = "wb"
 #: A side item's companion: the sort key of a side item in the tenant's own partition
 #: (:func:`.keys.tenant_items`) that a purge of the conversation deletes with it.
 A_COMPANION = "cx"
+#: On a turn item holding several events (docs/STORAGE.md): how many. Absent on an item of
+#: one event, whose body is that event's (the layout every older build wrote and reads).
+A_COUNT = "n"
 
 
 #: Attributes the store writes on its own items (keys, bodies, lives, TTL, index keys; the
 #: inbox's ``ib`` and ``is``): a side item's attributes may not use them, or an index
-#: would list it and reads would take it for the store's own.
+#: would list it and reads would take it for the store's own. A turn item's ``n`` is not
+#: among them: only event items are read for it, and a side item is never one.
 RESERVED_ATTRIBUTES = frozenset(
     {
         A_PK,
@@ -287,6 +291,108 @@ def decode_stored_event(item: Item, gen: str) -> tuple[int, StoredEvent]:
             details={"item": where, "reason": "payload/ref"},
         )
     return sequence, stored
+
+
+_EVENT_LIST: TypeAdapter[list[StoredEvent]] = TypeAdapter(list[StoredEvent])
+
+
+def encode_turn_item(key: ConversationKey, head: Head, bodies: list[Item]) -> Item:
+    """The turn item holding one commit's events (``bodies``: their :func:`encode_event`
+    items, consecutive, oldest first) at the storage sequence of the first.
+
+    One event keeps the one-event item every older build wrote and reads; several are
+    one item whose body is the list of their bodies and whose ``n`` counts them: a turn's
+    events cost one item's write units (1 WCU per started KiB) instead of one per event.
+
+    Raises:
+        InternalError: no events.
+    """
+    if not bodies:
+        raise InternalError("a turn item holds at least one event")
+    if len(bodies) == 1:
+        return bodies[0]
+    return {
+        A_PK: keys.partition_key(key),
+        A_SK: bodies[0][A_SK],
+        A_SCHEMA: SCHEMA_VERSION,
+        A_GEN: head.gen,
+        A_COUNT: len(bodies),
+        A_BODY: "[" + ",".join(str(body[A_BODY]) for body in bodies) + "]",
+    }
+
+
+def event_count(item: Item) -> int:
+    """How many events the event item ``item`` holds (1 for an item of the older layout).
+
+    Raises:
+        CorruptedState: its count is not a positive integer.
+    """
+    count = item.get(A_COUNT, 1)
+    if type(count) is not int or count < 1:
+        where = f"event {item.get(A_SK, '?')}"
+        raise CorruptedState(
+            f"{where} has no valid event count", details={"item": where, "found": count}
+        )
+    return count
+
+
+def last_sequence(item: Item) -> int:
+    """The storage sequence of the newest event of the event item ``item``.
+
+    Raises:
+        CorruptedState: its key or count cannot be read.
+    """
+    sort_key = str(item.get(A_SK, "?"))
+    try:
+        first = keys.sequence_of(sort_key)
+    except ValueError as exc:
+        raise CorruptedState(
+            "an item of the transcript has no event key",
+            details={"item": sort_key, "reason": str(exc)},
+        ) from exc
+    return first + event_count(item) - 1
+
+
+def decode_turn_item(item: Item, gen: str) -> list[tuple[int, StoredEvent, int]]:
+    """The events of an event item of the life ``gen``, oldest first: storage sequence,
+    body, and the characters of the body as stored (what a context read weighs).
+
+    Reads both layouts: an item of one event (no ``n``) and a turn item of several.
+
+    Raises:
+        UnsupportedStateVersion: the item's schema version is unknown to this build.
+        CorruptedState: the item does not parse or belongs to another life.
+    """
+    if A_COUNT not in item:
+        sequence, stored = decode_stored_event(item, gen)
+        return [(sequence, stored, len(str(item.get(A_BODY, ""))))]
+    sk = str(item.get(A_SK, "?"))
+    where = f"event {sk}"
+    _check_version(item, where)
+    if item.get(A_GEN) != gen:
+        raise CorruptedState(
+            f"{where} belongs to another life of the conversation",
+            details={"item": where, "reason": "generation mismatch"},
+        )
+    count = event_count(item)
+    try:
+        bodies = _EVENT_LIST.validate_json(item[A_BODY])
+        first = keys.sequence_of(sk)
+    except (KeyError, TypeError, ValueError, ValidationError) as exc:
+        raise _corrupted(where, exc) from exc
+    if len(bodies) != count:
+        raise CorruptedState(
+            f"{where} holds another number of events than it says",
+            details={"item": where, "reason": f"{len(bodies)} events, n = {count}"},
+        )
+    if any((stored.payload is None) == (stored.ref is None) for stored in bodies):
+        raise CorruptedState(
+            f"{where} must hold exactly one of payload and ref",
+            details={"item": where, "reason": "payload/ref"},
+        )
+    # Each body's share of the item, for the context budget (the item's text split by event).
+    size = len(str(item[A_BODY])) // count
+    return [(first + i, stored, size) for i, stored in enumerate(bodies)]
 
 
 def build_event(

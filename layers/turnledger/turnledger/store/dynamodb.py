@@ -260,7 +260,8 @@ class DynamoDBConversationStore(ConversationStore):
         }
         if keys_only:
             names["#g"] = codec.A_GEN
-            kwargs["ProjectionExpression"] = "#pk, #sk, #g"
+            names["#n"] = codec.A_COUNT
+            kwargs["ProjectionExpression"] = "#pk, #sk, #g, #n"
         if cursor is not None:
             kwargs["ExclusiveStartKey"] = cursor
         with _guarded():

@@ -65,6 +65,8 @@ class EventStamp:
 
     sort_key: str
     gen: str | None
+    #: The events the item holds (a turn item holds one commit's: docs/STORAGE.md).
+    events: int = 1
 
 
 def cursor_item(bucket: int) -> Item:

@@ -262,6 +262,37 @@ class _BoundedBackend(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
+class LazyHttpClient:
+    """An HTTP client built on first use, once (thread-safe): what an ``http`` tool call or a
+    webhook needs, kept out of the init of a function that never makes one (its CA
+    bundle alone takes about 40 ms to load)."""
+
+    def __init__(self, build: Callable[[], httpx.Client]) -> None:
+        self._build = build
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> httpx.Client:
+        """The client, built by the first call."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._build()
+            return self._client
+
+    @property
+    def built(self) -> bool:
+        """Whether the client has been built."""
+        return self._client is not None
+
+    def post(self, *args: Any, **kwargs: Any) -> httpx.Response:
+        """``httpx.Client.post`` on the client (built now if need be)."""
+        return self().post(*args, **kwargs)
+
+
+#: An HTTP client, or what builds it on first use.
+type HttpClientSource = httpx.Client | Callable[[], httpx.Client]
+
+
 def tool_http_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> httpx.Client:
     """An HTTP client whose ``http`` tool calls end by their deadline, read by read.
 
@@ -321,7 +352,7 @@ class HttpExecutor:
 
     def __init__(
         self,
-        client: httpx.Client,
+        client: HttpClientSource,
         *,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
@@ -330,13 +361,21 @@ class HttpExecutor:
 
         Args:
             client: the shared HTTP client (connection pooling across calls), best
-                made by :func:`tool_http_client`.
+                made by :func:`tool_http_client`; or what builds it, called on the first
+                call (:class:`LazyHttpClient`).
             timeout_seconds: per-call timeout for tools that do not set their own.
             max_response_bytes: the longest response body accepted.
         """
-        self.client = client
+        self._client = (
+            client if isinstance(client, httpx.Client | LazyHttpClient) else LazyHttpClient(client)
+        )
         self.timeout_seconds = timeout_seconds
         self.max_response_bytes = max_response_bytes
+
+    @property
+    def client(self) -> httpx.Client:
+        """The HTTP client (built now if it was given as a factory and not built yet)."""
+        return self._client if isinstance(self._client, httpx.Client) else self._client()
 
     def execute(self, invocation: ToolInvocation) -> ToolOutcome:
         """POST the call; see the module docstring for how failures are reported."""
@@ -564,7 +603,7 @@ class ToolRunner:
 
     def __init__(
         self,
-        http: httpx.Client,
+        http: HttpClientSource,
         lambda_client_factory: Callable[[Config], LambdaClient] | None = None,
         *,
         max_workers: int = 8,
@@ -574,7 +613,8 @@ class ToolRunner:
 
         Args:
             http: the shared HTTP client for ``http`` tools, best made by
-                :func:`tool_http_client` (it ends each call by its deadline, read by read).
+                :func:`tool_http_client` (it ends each call by its deadline, read by read),
+                or what builds it on the first ``http`` call (:class:`LazyHttpClient`).
             lambda_client_factory: builds a Lambda client with the botocore config it
                 is given (:func:`invoke_config`), on the first ``lambda`` call (kept out
                 of cold starts that never need it); ``None`` when Lambda tools are not

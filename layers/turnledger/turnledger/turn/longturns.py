@@ -244,8 +244,8 @@ def accept(
         AsyncTurnsUnavailable: no worker function is configured.
         ConversationBusy: a turn of this conversation is already running.
         ConversationNotFound, NotAwaitingApproval: an approval with nothing to decide.
-        ApprovalPending, BudgetExceeded, UnknownTool, UnknownProvider, UnknownModel: as a
-            turn would.
+        ApprovalPending, BudgetExceeded, UnknownTool, UnknownProvider, UnknownModel,
+            ContextLengthExceeded: as a turn would.
         ServiceUnavailable: the worker could not be started (the draft says so).
     """
     if not service.settings.turn_worker_function:
@@ -258,6 +258,7 @@ def accept(
     if isinstance(command, TurnCommand):
         kind = "turn"
         _check_command(service, command)
+        service.check_input_fits(command, head.token_scale if head is not None else None)
         _check_startable(service, head, key)
         turn = (head.turn if head is not None else 0) + (1 if command.starts_turn else 0)
         if turn == 0:
@@ -455,6 +456,7 @@ def run_drafted(
     turn = max(current + (1 if starts else 0), 1)
     if isinstance(command, TurnCommand) and command.starts_turn:
         _check_command(service, command)
+        service.check_input_fits(command, head.token_scale if head is not None else None)
         _check_startable(service, head, key)
     writer = _begin_draft(service, key, turn, kind)
     first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs

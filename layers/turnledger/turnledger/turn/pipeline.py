@@ -37,13 +37,12 @@ from typing import Any
 
 from ..context.assembly import (
     MESSAGE_OVERHEAD_TOKENS,
-    SUMMARY_PROMPT_VERSION,
     Assembly,
     Estimator,
     assemble,
+    latest_summary,
     messages_through,
-    summary_request,
-    text_sha256,
+    split_turns,
     turns_to_compact,
 )
 from ..context.memory import (
@@ -61,10 +60,12 @@ from ..core.config import Settings
 from ..core.exceptions import (
     ApprovalPending,
     CallbackInvalid,
+    ContextLengthExceeded,
     ConversationBusy,
     ConversationNotFound,
     InvalidRequest,
     NotAwaitingApproval,
+    NothingToCompact,
     ProviderError,
     TurnledgerError,
     UnknownModel,
@@ -75,9 +76,9 @@ from ..core.models import (
     ApprovalResolved,
     AssistantMessage,
     CancelRequest,
-    ContextCompacted,
     ConversationKey,
     Event,
+    EventKind,
     Head,
     ProviderCursor,
     RunRecord,
@@ -106,7 +107,7 @@ from ..store.memories import MemoryBook, MemoryRecord
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
-from . import drafts
+from . import compaction, drafts
 from .approval_edits import check_edits, check_four_eyes
 from .callbacks import CallbackClaims, life_of
 from .commands import CallbackOutcome, Decisions, TurnCommand
@@ -276,6 +277,7 @@ class Conversations:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
         session = self._open(key)
+        self.check_input_fits(command, session.token_scale)
         session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
         resuming = session.life.resuming()
         work = self._work(session)
@@ -352,6 +354,34 @@ class Conversations:
             return self._response(work)
         self._advance(work)
         return self._response(work)
+
+    def check_input_fits(self, command: TurnCommand, token_scale: float | None) -> None:
+        """Refuse, before anything is stored, new messages that cannot fit the context
+        budget even alone (with the system prompt), counted with the conversation's
+        estimate scale: the current turn is always sent whole, so no summary could make
+        room for them.
+
+        Raises:
+            ContextLengthExceeded: with the budget (``limit``) and the input's estimate.
+        """
+        if not command.messages:
+            return
+        model = command.model or self.settings.model
+        estimator = self._estimator(self.provider_for(command.provider), token_scale)
+        redactor = self.redactor
+        sent = [
+            Message(role="user", content=redactor.text(m) if redactor is not None else m)
+            for m in command.messages
+        ]
+        if self.settings.system_prompt:
+            sent.insert(0, Message(role="system", content=self.settings.system_prompt))
+        tokens = estimator.tokens(sent)
+        limit = self.settings.context_budget(model)
+        if tokens > limit:
+            raise ContextLengthExceeded(
+                f"the input is about {tokens} tokens; the context of {model} holds {limit}",
+                details={"limit": limit, "tokens": tokens, "model": model},
+            )
 
     def append(
         self,
@@ -620,6 +650,82 @@ class Conversations:
             ],
             next_after=refs[-1].fork_id if more and refs else None,
         )
+
+    def compact(
+        self,
+        key: ConversationKey,
+        actor: str,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+    ) -> Event:
+        """Write the newest summary again over the same range, from the log, with the
+        summarizer ``provider``/``model`` (default: the deployment's), recorded as
+        ``actor``'s (``POST .../compact``). Later turns use it; nothing is deleted.
+
+        Returns:
+            The new ``context_compacted`` event.
+
+        Raises:
+            UnknownProvider, UnknownModel: the deployment does not allow the one named.
+            ConversationNotFound: absent, expired, cleared, or another tenant's.
+            ConversationBusy: another request holds the conversation, or its turn waits
+                for client results or running tools.
+            ApprovalPending, InputPending: its turn waits for a person or a job.
+            NothingToCompact: the conversation has no summary yet.
+            CorruptedState: the newest summary fails its content hash.
+            ProviderError: the summarizer failed or answered nothing; nothing was stored.
+        """
+        chosen = self.provider_for(provider) if provider is not None else None
+        self.check_model(model)
+        session = self._open(key)
+        head = session.head
+        if head is None or not head.is_visible(self.clock()):
+            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
+        session.life.admit(self.clock())
+        require_settled(session.pending)
+        if session.pending:
+            raise ConversationBusy("the conversation's turn waits for its calls; retry after")
+        if session.summary is None:
+            raise NothingToCompact("the conversation has no summary yet")
+        newest = latest_summary(
+            self.store.read_events(key, head, after=session.summary.sequence - 1, limit=1)
+        )
+        assert newest is not None  # the head names that event
+        old = newest.body
+        covered = self.store.read_events(
+            key, head, after=old.from_sequence - 1, limit=old.to_sequence - old.from_sequence + 1
+        )
+        work = self._work(session)
+        summarizer = compaction.Summarizer(
+            chosen or self._summarizer(work), model or self.settings.summarizer_model or work.model
+        )
+        estimator = self._estimator(work.provider, session.token_scale)
+        turns = split_turns(
+            covered, after=old.from_sequence - 1, estimator=estimator, redactor=self.redactor
+        )
+        written = compaction.summarize(
+            summarizer,
+            compaction.Compaction(
+                turns=turns,
+                from_sequence=old.from_sequence,
+                from_turn=old.from_turn or (turns[0].number if turns else None),
+                through=old.to_sequence,
+                previous=None,
+                trigger="manual",
+                replaces=newest.sequence,
+            ),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+        )
+        if written is None:
+            raise ProviderError(
+                "the summarizer wrote no summary; nothing was stored",
+                details={"provider": summarizer.provider.name, "model": summarizer.model},
+            )
+        event = self._stage_summary(session, written, actor=actor)
+        session.commit()
+        return event
 
     def events(self, key: ConversationKey, *, after: int, limit: int) -> EventPage:
         """A page of the transcript (``GET .../events``).
@@ -916,14 +1022,18 @@ class Conversations:
         session = work.session
         provider = work.provider
         redactor = self.redactor
-        estimator = self._estimator(provider, session)
+        estimator = self._estimator(provider, session.token_scale)
         budget = self.settings.context_budget(work.model)
 
         recall = self._recall(work, budget, estimator)
+        # What the history read left out; its newest summary, if the read missed that
+        # too, stays in the context until a new one covers the rest.
+        left_out = compaction.unread(self.store, session)
+        missed = [e for e in left_out if e.kind is EventKind.CONTEXT_COMPACTED][-1:]
 
         def build() -> Assembly:
             return assemble(
-                session.events,
+                [*missed, *session.events],
                 budget=budget,
                 estimator=estimator,
                 system_prompt=self.settings.system_prompt,
@@ -932,7 +1042,7 @@ class Conversations:
             )
 
         assembly = build()
-        if self._compact(work, assembly, estimator):
+        if self._compact(work, assembly, estimator, left_out):
             assembly = build()  # with the summary just staged
         specs = [tool.spec() for tool in work.tools]
         continuation = self._continuation(work, assembly, specs, redactor)
@@ -1056,12 +1166,13 @@ class Conversations:
         )
 
     @staticmethod
-    def _estimator(provider: Provider, session: Session) -> Estimator:
+    def _estimator(provider: Provider, scale: float | None) -> Estimator:
+        """How tokens are counted for ``provider``, scaled by the conversation's ``scale``."""
         if provider.estimate_is_exact:
             return Estimator(count=provider.estimate_tokens)
         return Estimator(
             count=provider.estimate_tokens,
-            scale=session.token_scale or 1.0,
+            scale=scale or 1.0,
             per_message=MESSAGE_OVERHEAD_TOKENS,
         )
 
@@ -1087,51 +1198,58 @@ class Conversations:
         scale = min(max(reply.usage.input_tokens / raw * _CALIBRATION_MARGIN, 0.5), 3.0)
         session.token_scale = round(scale + 0.0005, 3)
 
-    def _compact(self, work: TurnWork, assembly: Assembly, estimator: Estimator) -> bool:
-        """Summarize the older turns that no longer fit into a ``context_compacted`` event.
+    def _compact(
+        self, work: TurnWork, assembly: Assembly, estimator: Estimator, left_out: list[Event]
+    ) -> bool:
+        """Summarize what the context leaves out into a ``context_compacted`` event: the
+        turns the read window did not reach (``left_out``, :func:`.compaction.unread`),
+        then the older turns that no longer fit the budget.
 
         Returns whether a summary was staged. A summarizer failure is not the turn's:
-        the turn goes on with the newest turns that fit, and the next turn tries again.
+        the turn goes on with the previous summary, and the next turn tries again.
         """
+        session = work.session
         turns = turns_to_compact(assembly)
+        trigger: compaction.Trigger = "budget"
+        previous = assembly.summary
+        through = turns[-1].last_sequence if turns else 0
+        if left_out:
+            trigger = "read_window"
+            after = previous.body.to_sequence if previous is not None else 0
+            missed = split_turns(left_out, after=after, estimator=estimator, redactor=self.redactor)
+            turns = [*missed, *turns]
+            through = max(through, left_out[-1].sequence)
         if not turns:
             return False
-        session = work.session
-        summarizer = self._summarizer(work)
-        model = self.settings.summarizer_model or work.model
-        previous = assembly.summary
-        try:
-            with timed("SummaryLatency"):
-                reply = summarizer.complete(summary_request(model, previous, turns))
-        except ProviderError as exc:
-            logger.warning(
-                "context summary failed; sending the newest turns that fit",
-                extra={"code": exc.code, "summarizer": summarizer.name},
-            )
-            return False
-        text = (reply.text or "").strip()
-        if not text:
-            logger.warning("context summary was empty", extra={"summarizer": summarizer.name})
-            return False
-        through = turns[-1].last_sequence
-        event = session.add(
-            ContextCompacted(
-                from_sequence=previous.body.from_sequence if previous else turns[0].first_sequence,
-                to_sequence=through,
-                previous_through=previous.body.to_sequence if previous else None,
-                summarizer_provider=summarizer.name,
-                summarizer_model=reply.model or model,
-                prompt_version=SUMMARY_PROMPT_VERSION,
-                text=text,
-                content_sha256=text_sha256(text),
-                tokens_estimated=estimator.tokens([Message(role="system", content=text)]),
-            ),
-            actor=f"summarizer:{reply.model or model}",
+        summarizer = compaction.Summarizer(
+            self._summarizer(work), self.settings.summarizer_model or work.model
         )
-        session.summary = SummaryRef(sequence=event.sequence, through=through)
-        session.usage = session.usage + reply.usage
-        session.cost_usd += self.settings.model_spec(reply.model or model).cost(reply.usage)
+        written = compaction.summarize(
+            summarizer,
+            compaction.covering(turns, previous, through, trigger),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+            later=[e for e in session.events if e.sequence > through],
+            pending=[p.id for p in session.pending],
+        )
+        if written is None:
+            return False
+        self._stage_summary(session, written, actor=f"summarizer:{written.model}")
         return True
+
+    def _summary_limit(self, model: str) -> int:
+        """Tokens of turns one summarizer call is sent: half the summarizer model's room
+        (window less answer reserve), leaving the rest to its prompt and previous summary."""
+        spec = self.settings.model_spec(model)
+        return (spec.context_window - spec.answer_reserve) // 2
+
+    def _stage_summary(self, session: Session, written: compaction.Written, actor: str) -> Event:
+        """Stage a summary; later contexts (and loads) start from it."""
+        event = session.add(written.payload, actor=actor)
+        session.summary = SummaryRef(sequence=event.sequence, through=written.payload.to_sequence)
+        session.usage = session.usage + written.usage
+        session.cost_usd += self.settings.model_spec(written.model).cost(written.usage)
+        return event
 
     def _summarizer(self, work: TurnWork) -> Provider:
         """Who writes summaries: the one given, ``SUMMARIZER_PROVIDER``, or the turn's own."""
