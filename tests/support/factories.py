@@ -309,12 +309,21 @@ def corrupt(store: ConversationStore, key: ConversationKey, sk: str, **changes: 
 def corrupt_body(
     store: ConversationStore, key: ConversationKey, sk: str, edit: Callable[[Any], None]
 ) -> Item:
-    """Parse an item's JSON body, let ``edit`` change it in place, and store it back."""
-    item = raw_item(store, key, sk)
+    """Parse an item's JSON body, let ``edit`` change it in place, and store it back (sealed
+    again when the store seals content)."""
+    item = opened_item(store, key, sk)
     assert item is not None, f"no item at {sk}"
     body = json.loads(item[codec.A_BODY])
     edit(body)
-    return corrupt(store, key, sk, **{codec.A_BODY: json.dumps(body)})
+    edited = store.sealer.seal({**item, codec.A_BODY: json.dumps(body)})
+    return corrupt(store, key, sk, **{codec.A_BODY: edited[codec.A_BODY]})
+
+
+def opened_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | None:
+    """The item at ``sk`` of ``key``'s partition as the backend holds it, its sealed content
+    opened (issue 24: a store with a keyring seals content at rest)."""
+    item = raw_item(store, key, sk)
+    return None if item is None else store.sealer.open(item)
 
 
 def holding(store: ConversationStore, key: ConversationKey, storage_sequence: int) -> str:
@@ -335,7 +344,7 @@ def stored_body(
 ) -> dict[str, Any]:
     """The stored body (JSON) of the event at ``storage_sequence``, whatever item holds it."""
     sort_key = holding(store, key, storage_sequence)
-    item = raw_item(store, key, sort_key)
+    item = opened_item(store, key, sort_key)
     assert item is not None
     body = json.loads(item[codec.A_BODY])
     if isinstance(body, list):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from turnledger.core.exceptions import ContentUnreadable, CorruptedState, InternalError
+from turnledger.core.exceptions import ContentUnreadable, InternalError
 from turnledger.core.models import ConversationKey
 from turnledger.store import keys
 from turnledger.store.blobs import MemoryBlobStore
@@ -39,7 +39,8 @@ def test_an_object_copied_to_another_key_does_not_open() -> None:
     sealed.put(OBJECT, TEXT)
     other = keys.blob_key(KEY, "g1", 8, "ab" * 32, attempt="a1")
     raw.put(other, raw.get(OBJECT))
-    with pytest.raises(CorruptedState, match="does not belong"):
+    # Answered as unreadable (410), like a destroyed key: never content, never a 500.
+    with pytest.raises(ContentUnreadable, match="sealed for another object"):
         sealed.get(other)
 
 
