@@ -345,6 +345,7 @@ def _sqlite_store(settings: Settings) -> ConversationStore:
     keyring = Keyring(
         LocalMasterKey.from_file(folder / LOCAL_MASTER_KEY_FILE),
         SQLiteKeyItems(folder / LOCAL_KEYS_FILE),
+        cache_seconds=settings.key_cache_seconds,
     )
     return SQLiteConversationStore.in_folder(
         settings.data_dir, offload_threshold=settings.offload_threshold_bytes, keyring=keyring
@@ -367,7 +368,11 @@ def _keyring(
     assert settings.content_kms_key_id is not None  # Settings refuses one without the other
     kms: KMSClient = session.client("kms", endpoint_url=settings.kms_endpoint, config=_AWS_CONFIG)
     master = KmsMasterKey(kms, settings.content_kms_key_id, settings.tenant_kms_key_ids)
-    return Keyring(master, DynamoDBKeyItems(dynamodb, settings.keys_table_name))
+    return Keyring(
+        master,
+        DynamoDBKeyItems(dynamodb, settings.keys_table_name),
+        cache_seconds=settings.key_cache_seconds,
+    )
 
 
 def _build_store(

@@ -306,6 +306,9 @@ class Settings:
     #: Tenants that name their own customer-managed KMS key (tenant -> key id or ARN).
     tenant_kms_key_ids: dict[str, str] = field(default_factory=dict)
     kms_endpoint: str | None = None
+    #: How long an execution environment reuses an unwrapped key: after an erasure, another
+    #: environment that held its key may open a restored copy for at most this long.
+    key_cache_seconds: int = 300
     # --- the working context -------------------------------------------------------------
     #: ``None``: the model's window less its answer reserve.
     context_max_tokens: int | None = None
@@ -470,6 +473,7 @@ class Settings:
                 env.get("TENANT_KMS_KEY_IDS", ""), "TENANT_KMS_KEY_IDS"
             ),
             kms_endpoint=opt("KMS_ENDPOINT"),
+            key_cache_seconds=_int(env, "KEY_CACHE_SECONDS", cls.key_cache_seconds),
             context_max_tokens=_int(env, "CONTEXT_MAX_TOKENS", 0) or None,
             models=_models(env.get("MODELS", "")),
             conversation_token_budget=_int(env, "CONVERSATION_TOKEN_BUDGET", 0),

@@ -437,18 +437,22 @@ class Keyring:
         self._cache: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def data_key(self, tenant: str, conversation_id: str, gen: str, *, create: bool) -> DataKey:
+    def data_key(
+        self, tenant: str, conversation_id: str, gen: str, *, create: bool, recheck: bool = False
+    ) -> DataKey:
         """The data key of one conversation life.
 
         Args:
             create: make the key when there is none (a write); a read never does.
+            recheck: read the key's item even when it is cached (one read of the key store):
+                a write that must not seal under a key another environment destroyed.
 
         Raises:
             ContentUnreadable: no key (``create`` false): it was destroyed by erasure,
                 or the content was restored from a copy taken before it.
         """
         name = data_key_name(tenant, conversation_id, gen)
-        material = self._cached(name)
+        material = None if recheck else self._cached(name)
         if material is None:
             aad = _data_aad(tenant, conversation_id, gen)
             wrapped = self.items.get(name)

@@ -161,7 +161,11 @@ class ItemSealer:
         ]
         if self.keyring is None or not names:
             return attributes
-        key = self._key(pk, _life(sk, gen), create=True)
+        life = _life(sk, gen)
+        # A life's key is never needed again once its purge began (its commits fail), but
+        # the conversation-wide one is: another environment may have destroyed it since
+        # this one cached it (a DELETE), so a write under it reads it afresh.
+        key = self._key(pk, life, create=True, recheck=life == NO_LIFE)
         sealed = dict(attributes)
         for name in names:
             data = key.seal(str(attributes[name]).encode(), keyring.item_aad(pk, sk, name))
@@ -235,7 +239,7 @@ class ItemSealer:
         """
         return None if self.keyring is None else self.keyring.destroy_tenant(tenant)
 
-    def _key(self, pk: str, life: str, *, create: bool) -> DataKey:
+    def _key(self, pk: str, life: str, *, create: bool, recheck: bool = False) -> DataKey:
         if self.keyring is None:
             raise ContentUnreadable(
                 "this item's content is sealed and this deployment has no keys",
@@ -245,4 +249,6 @@ class ItemSealer:
             owner = keys.parse_partition_key(pk)
         except ValueError as exc:
             raise InternalError(f"item of {pk!r} belongs to no conversation") from exc
-        return self.keyring.data_key(owner.tenant, owner.conversation_id, life, create=create)
+        return self.keyring.data_key(
+            owner.tenant, owner.conversation_id, life, create=create, recheck=recheck
+        )
