@@ -20,7 +20,6 @@ from turnledger.core.observability import metrics
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.store.blobs import BlobStore
 from turnledger.store.codec import A_BODY, Item
-from turnledger.store.sealed import SEALED_VALUE
 from turnledger.turn import longturns
 from turnledger.turn.pipeline import Conversations
 
@@ -247,7 +246,7 @@ class Conversation:
 def _kind(item: Item) -> str:
     """The event kind of a legacy event item; ``turn`` for an item holding several events,
     ``sealed`` for one whose body is sealed (bench/crypto.py)."""
-    if str(item[A_BODY]).startswith(SEALED_VALUE):
+    if isinstance(item[A_BODY], bytes):
         return "sealed"
     body = json.loads(item[A_BODY])
     return str(body["kind"]) if isinstance(body, dict) and "kind" in body else "turn"

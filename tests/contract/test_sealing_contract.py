@@ -167,11 +167,11 @@ def test_content_at_rest_is_ciphertext_and_reads_back(sealed: Sealed) -> None:
 
     items, objects = _backup(store, KEY)
     assert objects and all(SECRET.encode() not in data for data in objects.values())
-    assert all(SECRET not in json.dumps(item) for item in items)
+    assert all(SECRET not in repr(item) for item in items)
     by_key = {str(item[codec.A_SK]): item for item in items}
-    assert str(by_key["E#000000000001"][codec.A_BODY]).startswith(SEALED_VALUE)
-    assert str(by_key["S#draft#1#c#000001"]["text"]).startswith(SEALED_VALUE)
-    assert str(by_key["I#req-1"]["data"]).startswith(SEALED_VALUE)
+    assert by_key["E#000000000001"][codec.A_BODY].startswith(SEALED_VALUE)
+    assert by_key["S#draft#1#c#000001"]["text"].startswith(SEALED_VALUE)
+    assert by_key["I#req-1"]["data"].startswith(SEALED_VALUE)
     assert by_key["I#req-1"]["status"] == "COMPLETED"  # conditions read it: clear
     assert json.loads(by_key[keys.HEAD_SK][codec.A_BODY])["seq"] == 2  # the head: clear
 
@@ -279,4 +279,4 @@ def test_clear_text_items_of_before_still_read_and_are_sealed_when_next_written(
     events = store.load(KEY, EVERYTHING).events
     assert [e.payload["content"] for e in events] == [SECRET, "answer", "again", "more"]
     after = raw_item(store, KEY, "E#000000000003")
-    assert after is not None and str(after[codec.A_BODY]).startswith(SEALED_VALUE)
+    assert after is not None and after[codec.A_BODY].startswith(SEALED_VALUE)

@@ -4,7 +4,6 @@ moto's KMS, and a backup restored after ``DELETE`` is answered ``410 content_unr
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import httpx
 import pytest
@@ -41,13 +40,13 @@ def test_a_backup_restored_after_delete_answers_410_content_unreadable(
     store = store_of(served)
     key = ConversationKey(tenant="acme", conversation_id=conversation)
     backup = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
-    assert backup and all(SECRET not in json.dumps(item) for item in backup)
+    assert backup and all(SECRET not in repr(item) for item in backup)
     bodies = [
         item[codec.A_BODY]
         for item in backup
         if item is not None and str(item[codec.A_SK]).startswith(keys.EVENT_PREFIX)
     ]
-    assert bodies and all(str(body).startswith(SEALED_VALUE) for body in bodies)
+    assert bodies and all(body.startswith(SEALED_VALUE) for body in bodies)
 
     deleted = http.delete(f"/v1/conversations/{conversation}", headers=ANN)
     assert deleted.status_code in (200, 204), deleted.text

@@ -26,6 +26,7 @@ from turnledger.store.codec import BlobRef, Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.store.sqlite import SQLiteConversationStore
+from turnledger.store.sqlite import _decode as sqlite_item
 
 #: Where every fake clock starts.
 #: In the future on purpose: DynamoDB Local, like DynamoDB, deletes items whose TTL
@@ -222,10 +223,13 @@ def raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | 
         wire = response.get("Item")
         if wire is None:
             return None
-        return {name: _plain(_deserializer.deserialize(v)) for name, v in wire.items()}
+        return {
+            name: bytes(v["B"]) if "B" in v else _plain(_deserializer.deserialize(v))
+            for name, v in wire.items()
+        }
     if isinstance(store, SQLiteConversationStore):
         rows = _sqlite_rows(store, "SELECT item FROM items WHERE pk = ? AND sk = ?", pk, sk)
-        return dict(json.loads(rows[0][0])) if rows else None
+        return sqlite_item(rows[0][0]) if rows else None
     raise TypeError(f"no raw access to {type(store).__name__}")
 
 

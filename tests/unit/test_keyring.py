@@ -19,6 +19,7 @@ from turnledger.store.keyring import (
     LocalMasterKey,
     MemoryKeyItems,
     SQLiteKeyItems,
+    data_key_name,
     item_aad,
 )
 
@@ -159,11 +160,43 @@ def test_a_warm_environment_calls_the_master_key_once_per_cache_period() -> None
     reader.data_key("acme", "c1", "g1", create=False)
     assert master.calls == 2  # a new environment unwraps the tenant key once
     clock.now += 301
+    reads = _counting(reader)
     reader.data_key("acme", "c1", "g1", create=False)
-    assert master.calls == 3  # the cache is bounded in time
+    # The data key's cache is bounded in time (its item is read again); the tenant key's
+    # lasts longer (DEFAULT_TENANT_CACHE_SECONDS): no KMS call for it yet.
+    assert (master.calls, reads) == (2, [data_key_name("acme", "c1", "g1")])
+    clock.now += 3600
+    reader.data_key("acme", "c1", "g1", create=False)
+    assert master.calls == 3  # bounded in time too
     reader.forget()
     reader.data_key("acme", "c1", "g1", create=False)
     assert master.calls == 4  # and dropped after a snapshot restore
+
+
+def _counting(keyring: Keyring) -> list[str]:
+    """The names ``keyring`` reads from its key store from now on."""
+    reads: list[str] = []
+    get = keyring.items.get
+
+    def counted(name: str) -> bytes | None:
+        reads.append(name)
+        return get(name)
+
+    keyring.items.get = counted  # type: ignore[method-assign]
+    return reads
+
+
+def test_a_key_made_after_another_environment_erased_the_tenant_opens_everywhere() -> None:
+    """An environment that cached a tenant key checks the stored one before it wraps a new
+    data key with it: after another environment's tenant erasure, the tenant's next
+    conversation is wrapped by a new tenant key that every environment opens."""
+    master, items = LocalMasterKey(), MemoryKeyItems()
+    first, second = Keyring(master, items), Keyring(master, items)
+    first.data_key("acme", "c1", "g1", create=True)  # caches the tenant key
+    second.destroy_tenant("acme")
+
+    made = first.data_key("acme", "c2", "g1", create=True)
+    assert second.data_key("acme", "c2", "g1", create=False).material == made.material
 
 
 def test_the_cache_keeps_at_most_its_bound() -> None:

@@ -306,8 +306,8 @@ class Settings:
     #: Tenants that name their own customer-managed KMS key (tenant -> key id or ARN).
     tenant_kms_key_ids: dict[str, str] = field(default_factory=dict)
     kms_endpoint: str | None = None
-    #: How long an execution environment reuses an unwrapped key: after an erasure, another
-    #: environment that held its key may open a restored copy for at most this long.
+    #: How long an execution environment reuses an unwrapped data key: after an erasure,
+    #: another environment that held the key may open a restored copy for at most this long.
     key_cache_seconds: int = 300
     # --- the working context -------------------------------------------------------------
     #: ``None``: the model's window less its answer reserve.

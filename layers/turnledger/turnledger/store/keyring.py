@@ -49,8 +49,12 @@ if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
     from mypy_boto3_kms.client import KMSClient
 
-#: How long an unwrapped key stays in an execution environment's memory.
+#: How long an unwrapped data key stays in an execution environment's memory.
 DEFAULT_CACHE_SECONDS = 300.0
+#: How long an unwrapped tenant key does. Longer: it is what costs a KMS call, and it adds
+#: no exposure after an erasure, which deletes the data keys it wraps with it (a data key
+#: made under it is checked against the stored tenant key first: :meth:`Keyring.data_key`).
+DEFAULT_TENANT_CACHE_SECONDS = 3600.0
 #: How many unwrapped keys an execution environment keeps at most (least recently used go).
 DEFAULT_MAX_CACHED = 4096
 #: The days KMS waits before deleting a tenant's own key (its minimum is 7).
@@ -415,7 +419,8 @@ class Keyring:
     Args:
         master: what wraps tenant keys.
         items: where wrapped keys live.
-        cache_seconds: how long an unwrapped key is reused without reading it again.
+        cache_seconds: how long an unwrapped data key is reused without reading it again.
+        tenant_cache_seconds: the same for tenant keys (each read of one is a KMS call).
         max_cached: how many unwrapped keys are kept at most.
         clock: monotonic seconds (tests move it).
     """
@@ -426,12 +431,16 @@ class Keyring:
         items: KeyItems,
         *,
         cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        tenant_cache_seconds: float = DEFAULT_TENANT_CACHE_SECONDS,
         max_cached: int = DEFAULT_MAX_CACHED,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.master = master
         self.items = items
         self.cache_seconds = cache_seconds
+        self.tenant_cache_seconds = tenant_cache_seconds
+        #: The wrapped form of each cached tenant key (a recheck compares it to the stored one).
+        self._wrapped: dict[str, bytes] = {}
         self.max_cached = max_cached
         self.clock = clock
         self._cache: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
@@ -457,7 +466,9 @@ class Keyring:
             aad = _data_aad(tenant, conversation_id, gen)
             wrapped = self.items.get(name)
             if wrapped is None and create:
-                tenant_key = self._tenant_key(tenant, create=True)
+                # Against the stored tenant key, not a cached one another environment may
+                # have destroyed since (tenant erasure): one read, no KMS call.
+                tenant_key = self._tenant_key(tenant, create=True, recheck=True)
                 fresh = secrets.token_bytes(_KEY_BYTES)
                 wrapped = self.items.put_new(name, seal(tenant_key, fresh, aad), tenant)
             if wrapped is None:
@@ -470,17 +481,19 @@ class Keyring:
             self._remember(name, material)
         return DataKey(tenant, conversation_id, gen, material)
 
-    def _tenant_key(self, tenant: str, *, create: bool) -> bytes:
+    def _tenant_key(self, tenant: str, *, create: bool, recheck: bool = False) -> bytes:
         name = tenant_key_name(tenant)
         material = self._cached(name)
-        if material is not None:
+        if material is not None and not recheck:
             return material
         wrapped = self.items.get(name)
+        if material is not None and wrapped is not None and wrapped == self._wrapped.get(name):
+            return material
         if wrapped is None and create:
             plaintext, fresh = self.master.new_tenant_key(tenant)
             wrapped = self.items.put_new(name, fresh, tenant)
             if wrapped == fresh:
-                self._remember(name, plaintext)
+                self._remember(name, plaintext, wrapped)
                 return plaintext
         if wrapped is None:
             raise ContentUnreadable(
@@ -488,7 +501,7 @@ class Keyring:
                 details={"tenant": tenant},
             )
         material = self.master.unwrap(tenant, wrapped)
-        self._remember(name, material)
+        self._remember(name, material, wrapped)
         return material
 
     def destroy_conversation(self, tenant: str, conversation_id: str, gens: list[str]) -> None:
@@ -517,6 +530,7 @@ class Keyring:
         """Drop every cached key (after a SnapStart restore, or to bound exposure)."""
         with self._lock:
             self._cache.clear()
+            self._wrapped.clear()
 
     def _cached(self, name: str) -> bytes | None:
         with self._lock:
@@ -530,9 +544,13 @@ class Keyring:
             self._cache.move_to_end(name)
             return material
 
-    def _remember(self, name: str, material: bytes) -> None:
+    def _remember(self, name: str, material: bytes, wrapped: bytes | None = None) -> None:
+        """Cache ``material``; ``wrapped``: it is a tenant key, stored wrapped as that."""
+        seconds = self.cache_seconds if wrapped is None else self.tenant_cache_seconds
         with self._lock:
-            self._cache[name] = (self.clock() + self.cache_seconds, material)
+            if wrapped is not None:
+                self._wrapped[name] = wrapped
+            self._cache[name] = (self.clock() + seconds, material)
             self._cache.move_to_end(name)
             while len(self._cache) > self.max_cached:
                 self._cache.popitem(last=False)
@@ -541,6 +559,7 @@ class Keyring:
         with self._lock:
             for name in names:
                 self._cache.pop(name, None)
+                self._wrapped.pop(name, None)
 
 
 def item_aad(pk: str, sk: str, attribute: str) -> bytes:
