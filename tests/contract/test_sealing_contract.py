@@ -280,3 +280,30 @@ def test_clear_text_items_of_before_still_read_and_are_sealed_when_next_written(
     assert [e.payload["content"] for e in events] == [SECRET, "answer", "again", "more"]
     after = raw_item(store, KEY, "E#000000000003")
     assert after is not None and after[codec.A_BODY].startswith(SEALED_VALUE)
+
+
+def test_delete_still_names_the_provider_responses_its_sealed_run_records_hold(
+    sealed: Sealed,
+) -> None:
+    """A purge destroys the keys first, yet still reads the stored provider responses
+    that the run records of what it deletes name (their keys are held for the purge), so
+    a DELETE forgets them at the provider as without encryption."""
+    store = sealed.store
+    turn = build_turn(KEY, None, [SECRET, "answer"])
+    run = {
+        "model": "m",
+        "provider": "openai-responses",
+        "latency_ms": 1,
+        "tokens_estimated": 1,
+        "budget_tokens": 1,
+        "messages_sent": 1,
+        "context_from": 1,
+        "context_sha256": "0" * 64,
+        "response_id": "resp_sealed_1",
+    }
+    answer = turn.events[1].model_copy(update={"payload": {"content": "answer", "run": run}})
+    store.commit(KEY, expected_version=None, head=turn.head, events=[turn.events[0], answer])
+
+    report = store.clear(KEY, FakeClock().now())
+
+    assert ("openai-responses", "resp_sealed_1") in report.provider_responses
