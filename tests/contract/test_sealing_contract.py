@@ -21,7 +21,7 @@ from mypy_boto3_kms.client import KMSClient
 from turnledger.core.exceptions import ContentUnreadable
 from turnledger.core.models import ConversationKey
 from turnledger.ops.sweep import Sweeper
-from turnledger.store import codec, keys
+from turnledger.store import codec, inbox, keys
 from turnledger.store.base import ConversationStore
 from turnledger.store.blobs import FileBlobStore, S3BlobStore
 from turnledger.store.codec import Item, SideItem
@@ -45,6 +45,7 @@ from tests.support.aws import (
     create_keys_table,
 )
 from tests.support.factories import (
+    START,
     FakeClock,
     build_turn,
     commit_turn,
@@ -307,3 +308,37 @@ def test_delete_still_names_the_provider_responses_its_sealed_run_records_hold(
     report = store.clear(KEY, FakeClock().now())
 
     assert ("openai-responses", "resp_sealed_1") in report.provider_responses
+
+
+def test_the_inbox_leaves_out_an_entry_restored_after_delete(sealed: Sealed) -> None:
+    """An approval-inbox entry is sealed (its arguments are content); restored after its
+    conversation's DELETE it no longer opens, and the inbox lists the other entries
+    without it instead of failing the page."""
+    erased, kept = make_key(TENANT, "sealed-inbox-1"), make_key(TENANT, "sealed-inbox-2")
+    entries = {}
+    for key in (erased, kept):
+        entries[key] = inbox.InboxEntry(
+            kind="input",
+            conversation_id=key.conversation_id,
+            call_id=f"call_{key.conversation_id}",
+            tool="ask_human",
+            arguments={"question": SECRET},
+            requested_by=None,
+            requested_at=START,
+            expires_at=None,
+        )
+        turn = build_turn(key, None, ["q"])
+        sealed.store.commit(
+            key,
+            expected_version=None,
+            head=turn.head,
+            events=turn.events,
+            inbox_changes=inbox.InboxChanges(puts=[entries[key]]),
+        )
+    backup = _backup(sealed.store, erased)
+    assert all(SECRET not in repr(item) for item in backup[0])
+    sealed.store.clear(erased, FakeClock().now())
+    _restore(sealed.store, backup)
+
+    page = sealed.store.inbox_page(TENANT, now=START, limit=10)
+    assert page.entries == [entries[kept]]
