@@ -244,6 +244,9 @@ class Conversation:
 
 
 def _kind(item: Item) -> str:
-    """The event kind of a legacy event item; ``turn`` for an item holding several events."""
+    """The event kind of a legacy event item; ``turn`` for an item holding several events,
+    ``sealed`` for one whose body is sealed (bench/crypto.py)."""
+    if isinstance(item[A_BODY], bytes):
+        return "sealed"
     body = json.loads(item[A_BODY])
     return str(body["kind"]) if isinstance(body, dict) and "kind" in body else "turn"

@@ -7,7 +7,8 @@ Backends of the ``store`` fixture:
 * ``dynamodb-local``: :class:`DynamoDBConversationStore` against the real engine
   (DynamoDB Local, one per xdist worker) with S3 on moto's threaded server;
 * ``sqlite``: :class:`SQLiteConversationStore` on a database file with a
-  :class:`FileBlobStore` next to it (what ``turnledger local --data-dir`` runs).
+  :class:`FileBlobStore` next to it (what ``turnledger local --data-dir`` runs);
+* ``sealed``: the in-process backend with a keyring: content sealed at rest (issue 24).
 
 Every store gets its own table and bucket, so tests are independent.
 """
@@ -27,6 +28,7 @@ from moto.server import ThreadedMotoServer
 from turnledger.store.base import ConversationStore
 from turnledger.store.blobs import FileBlobStore, S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.keyring import Keyring, LocalMasterKey, MemoryKeyItems
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.store.sqlite import SQLiteConversationStore
 
@@ -63,6 +65,7 @@ STORE_BACKENDS = [
     pytest.param("moto", id="moto"),
     pytest.param("dynamodb-local", id="dynamodb-local", marks=pytest.mark.integration),
     pytest.param("sqlite", id="sqlite"),
+    pytest.param("sealed", id="sealed"),
 ]
 
 
@@ -136,6 +139,12 @@ def memory_store() -> MemoryConversationStore:
     return MemoryConversationStore()
 
 
+@pytest.fixture
+def sealed_store() -> MemoryConversationStore:
+    """The in-process backend sealing content under a keyring (a local master key)."""
+    return MemoryConversationStore(keyring=Keyring(LocalMasterKey(), MemoryKeyItems()))
+
+
 def _one_request_at_a_time(clients: AwsClients) -> None:
     """Make moto apply each request atomically, as DynamoDB and S3 do.
 
@@ -196,11 +205,13 @@ _STORE_FIXTURES = {
     "moto": "moto_store",
     "dynamodb-local": "ddb_local_store",
     "sqlite": "sqlite_store",
+    "sealed": "sealed_store",
 }
 
 
 @pytest.fixture(params=STORE_BACKENDS)
 def store(request: pytest.FixtureRequest) -> ConversationStore:
-    """The same store contract on every backend (ids: memory, moto, dynamodb-local, sqlite)."""
+    """The same store contract on every backend (ids: memory, moto, dynamodb-local, sqlite,
+    sealed)."""
     backend: ConversationStore = request.getfixturevalue(_STORE_FIXTURES[request.param])
     return backend

@@ -61,6 +61,7 @@ from tests.support.factories import (
     interleave,
     make_head,
     make_key,
+    opened_item,
     put_raw_item,
     raw_item,
     raw_sort_keys,
@@ -126,7 +127,7 @@ def test_first_commit_creates_the_conversation(store: ConversationStore) -> None
     assert head_item[codec.A_VERSION] == 1
     assert head_item[codec.A_GEN] == turn.head.gen
     assert head_item[codec.A_TENANT] == "tenant-a"
-    event_item = raw_item(store, KEY, "E#000000000001")
+    event_item = opened_item(store, KEY, "E#000000000001")
     assert event_item is not None
     assert event_item[codec.A_GEN] == turn.head.gen
     assert event_item[codec.A_COUNT] == 2

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 TABLE_RESOURCE = "ConversationsTable"
+KEYS_RESOURCE = "KeysTable"
 REGION = "us-east-1"
 
 #: Local engines answer fast or not at all; fail a test instead of hanging it.
@@ -92,3 +93,13 @@ def create_bucket(client: S3Client, name: str | None = None) -> str:
     bucket = name or unique_name("artifacts")
     client.create_bucket(Bucket=bucket)
     return bucket
+
+
+def create_keys_table(client: DynamoDBClient, name: str | None = None) -> str:
+    """Create the keys table (wrapped data keys) as ``template.yaml`` defines it."""
+    table_name = name or unique_name("keys")
+    client.create_table(**table_definition(load_template(), KEYS_RESOURCE, table_name))
+    client.get_waiter("table_exists").wait(
+        TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 30}
+    )
+    return table_name

@@ -28,6 +28,7 @@ from turnledger.store.codec import BlobRef, Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.store.sqlite import SQLiteConversationStore
+from turnledger.store.sqlite import _decode as sqlite_item
 
 #: Where every fake clock starts.
 #: In the future on purpose: DynamoDB Local, like DynamoDB, deletes items whose TTL
@@ -224,10 +225,13 @@ def raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | 
         wire = response.get("Item")
         if wire is None:
             return None
-        return {name: _plain(_deserializer.deserialize(v)) for name, v in wire.items()}
+        return {
+            name: bytes(v["B"]) if "B" in v else _plain(_deserializer.deserialize(v))
+            for name, v in wire.items()
+        }
     if isinstance(store, SQLiteConversationStore):
         rows = _sqlite_rows(store, "SELECT item FROM items WHERE pk = ? AND sk = ?", pk, sk)
-        return dict(json.loads(rows[0][0])) if rows else None
+        return sqlite_item(rows[0][0]) if rows else None
     raise TypeError(f"no raw access to {type(store).__name__}")
 
 
@@ -333,12 +337,21 @@ def corrupt(store: ConversationStore, key: ConversationKey, sk: str, **changes: 
 def corrupt_body(
     store: ConversationStore, key: ConversationKey, sk: str, edit: Callable[[Any], None]
 ) -> Item:
-    """Parse an item's JSON body, let ``edit`` change it in place, and store it back."""
-    item = raw_item(store, key, sk)
+    """Parse an item's JSON body, let ``edit`` change it in place, and store it back (sealed
+    again when the store seals content)."""
+    item = opened_item(store, key, sk)
     assert item is not None, f"no item at {sk}"
     body = json.loads(item[codec.A_BODY])
     edit(body)
-    return corrupt(store, key, sk, **{codec.A_BODY: json.dumps(body)})
+    edited = store.sealer.seal({**item, codec.A_BODY: json.dumps(body)})
+    return corrupt(store, key, sk, **{codec.A_BODY: edited[codec.A_BODY]})
+
+
+def opened_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | None:
+    """The item at ``sk`` of ``key``'s partition as the backend holds it, its sealed content
+    opened (issue 24: a store with a keyring seals content at rest)."""
+    item = raw_item(store, key, sk)
+    return None if item is None else store.sealer.open(item)
 
 
 def holding(store: ConversationStore, key: ConversationKey, storage_sequence: int) -> str:
@@ -361,7 +374,7 @@ def stored_body(
 ) -> dict[str, Any]:
     """The stored body (JSON) of the event at ``storage_sequence``, whatever item holds it."""
     sort_key = holding(store, key, storage_sequence)
-    item = raw_item(store, key, sort_key)
+    item = opened_item(store, key, sort_key)
     assert item is not None
     body = json.loads(item[codec.A_BODY])
     if isinstance(body, list):

@@ -344,6 +344,9 @@ def from_wire(wire: dict[str, Any]) -> Item:
     """An item from DynamoDB's wire format (integral numbers as ``int``)."""
     item: Item = {}
     for name, value in wire.items():
+        if "B" in value:
+            item[name] = bytes(value["B"])  # sealed content (store/sealed.py)
+            continue
         plain = _deserializer.deserialize(value)
         if isinstance(plain, Decimal):
             plain = int(plain) if plain == plain.to_integral_value() else float(plain)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from turnledger.core.config import Settings
-from turnledger.runtime import Runtime
+from turnledger.runtime import LOCAL_KEYS_FILE, LOCAL_MASTER_KEY_FILE, Runtime
 from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.keyring import DynamoDBKeyItems, KmsMasterKey, LocalMasterKey, SQLiteKeyItems
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 from turnledger_local.cli import build_parser, config_from_args
 from turnledger_local.runner import LocalConfig, LocalRunner
@@ -52,3 +53,50 @@ def test_the_runner_sets_the_store_environment(tmp_path: Path) -> None:
     assert (env["STORE"], env["DATA_DIR"]) == ("sqlite", str((tmp_path / "rel").resolve()))
     plain = LocalRunner(LocalConfig(port=0, provision_storage=False))._base_environment()
     assert "STORE" not in plain and "DATA_DIR" not in plain
+
+
+# --- content encryption (issue 24) ---------------------------------------------------------
+
+
+def test_a_keys_table_makes_the_store_seal_under_kms() -> None:
+    settings = Settings.from_env(
+        {
+            "KEYS_TABLE_NAME": "keys",
+            "CONTENT_KMS_KEY_ID": "alias/content",
+            "TENANT_KMS_KEY_IDS": '{"acme": "arn:aws:kms:us-east-1:111122223333:key/a"}',
+            "KEY_CACHE_SECONDS": "60",
+        }
+    )
+    keyring = Runtime.from_settings(settings).store.sealer.keyring
+    assert keyring is not None and keyring.cache_seconds == 60
+    assert isinstance(keyring.master, KmsMasterKey)
+    assert keyring.master.default_key_id == "alias/content"
+    assert keyring.master.tenant_key_ids == {"acme": "arn:aws:kms:us-east-1:111122223333:key/a"}
+    assert isinstance(keyring.items, DynamoDBKeyItems) and keyring.items.table_name == "keys"
+    # Without a keys table content stays clear, as before.
+    assert Runtime.from_settings(Settings.from_env({})).store.sealer.keyring is None
+
+
+def test_the_sqlite_store_seals_under_a_key_file_beside_the_data(tmp_path: Path) -> None:
+    folder = tmp_path / "d"
+    store = Runtime.from_settings(
+        Settings.from_env({"STORE": "sqlite", "DATA_DIR": str(folder)})
+    ).store
+    keyring = store.sealer.keyring
+    assert keyring is not None and isinstance(keyring.master, LocalMasterKey)
+    assert (folder / LOCAL_MASTER_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert isinstance(keyring.items, SQLiteKeyItems)
+    assert keyring.items.path == folder / LOCAL_KEYS_FILE != folder / DATABASE_FILE
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"KEYS_TABLE_NAME": "keys"}, "needs CONTENT_KMS_KEY_ID"),
+        ({"TENANT_KMS_KEY_IDS": '{"acme": 1}'}, "TENANT_KMS_KEY_IDS must be"),
+    ],
+)
+def test_bad_key_settings_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings.from_env(env)

@@ -82,6 +82,9 @@ CONTRACT_ROUTES = {
 FUNCTION_ENVIRONMENT = {
     "TABLE_NAME",
     "BUCKET_NAME",
+    "KEYS_TABLE_NAME",
+    "CONTENT_KMS_KEY_ID",
+    "TENANT_KMS_KEY_IDS",
     "TTL_SECONDS",
     "TENANT_TTL_SECONDS",
     "TENANT_CLAIM",
@@ -856,3 +859,64 @@ def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any
             ], function
         else:
             assert publishing == [], function
+
+
+# --- content keys (issue 24) --------------------------------------------------------------
+
+
+def test_keys_table_has_no_point_in_time_recovery_and_is_protected(
+    template: dict[str, Any],
+) -> None:
+    """Erasure deletes keys so that backups of the conversations table stay ciphertext: the
+    keys table must have no restorable copy, said beside it (checkov skip with its reason),
+    and must not be lost by accident (that would make every conversation unreadable)."""
+    table = resource(template, "KeysTable")
+    properties = table["Properties"]
+    assert "PointInTimeRecoverySpecification" not in properties
+    [skip] = table["Metadata"]["checkov"]["skip"]
+    assert skip["id"] == "CKV_AWS_28" and "erasure" in skip["comment"]
+    assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
+    assert properties["DeletionProtectionEnabled"] is True
+    assert properties["SSESpecification"]["SSEEnabled"] is True
+    # The layout DynamoDBKeyItems reads and writes: ``name``, and ``owner`` indexed.
+    definition = table_definition(template, "KeysTable", "k")
+    assert definition["KeySchema"] == [{"AttributeName": "name", "KeyType": "HASH"}]
+    [index] = definition["GlobalSecondaryIndexes"]
+    assert index["IndexName"] == "by-owner"
+    assert index["KeySchema"][0] == {"AttributeName": "owner", "KeyType": "HASH"}
+
+
+def test_functions_get_the_content_keys_and_only_erasure_deletes_a_kms_key(
+    template: dict[str, Any],
+) -> None:
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["KEYS_TABLE_NAME"] == {"Ref": "KeysTable"}
+    assert variables["CONTENT_KMS_KEY_ID"] == {
+        "Fn::If": ["HasKmsKey", {"Ref": "KmsKeyArn"}, {"Fn::GetAtt": "ContentKey.Arn"}]
+    }
+    assert variables["TENANT_KMS_KEY_IDS"] == {"Ref": "TenantKmsKeyIds"}
+    policy = props(template, "ContentKeysPolicy")
+    functions = [
+        name
+        for name, res in template["Resources"].items()
+        if res["Type"] == "AWS::Serverless::Function"
+    ]
+    assert sorted(r["Ref"] for r in policy["Roles"]) == sorted(f"{f}Role" for f in functions)
+    kms = [st for st in policy["PolicyDocument"]["Statement"] if st["Sid"] == "TenantKeys"]
+    assert [sorted(actions(st)) for st in kms] == [["kms:Decrypt", "kms:GenerateDataKey"]]
+    # Only with the tenant's encryption context: no other data key of the account.
+    assert kms[0]["Condition"]["ForAllValues:StringEquals"] == {
+        "kms:EncryptionContextKeys": ["turnledger:tenant"]
+    }
+    deleting = [
+        (where, st)
+        for where, st in statements_of(template)
+        if "kms:ScheduleKeyDeletion" in actions(st)
+    ]
+    assert [where for where, _ in deleting] == ["TenantKeyDeletionPolicy"]
+    assert props(template, "TenantKeyDeletionPolicy")["Roles"] == [{"Ref": "ClearFunctionRole"}]
+    assert deleting[0][1]["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/turnledger:tenant-key": "true"}
+    }
+    key = resource(template, "ContentKey")
+    assert key["Condition"] == "NoKmsKey" and key["Properties"]["EnableKeyRotation"] is True

@@ -19,10 +19,15 @@ from .template import table_definition, ttl_attribute
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_kms import KMSClient
     from mypy_boto3_s3 import S3Client
 
 #: Logical id of the table in ``template.yaml``.
 CONVERSATIONS_TABLE = "ConversationsTable"
+#: Logical id of the table of wrapped content keys (turnledger/store/keyring.py).
+KEYS_TABLE = "KeysTable"
+#: The alias of the embedded storage's content key (moto's KMS).
+CONTENT_KEY_ALIAS = "alias/turnledger-content"
 
 
 @dataclass(frozen=True)
@@ -145,3 +150,29 @@ def provision(
     if _ensure_bucket(s3, names.bucket, region):
         created.append(names.bucket)
     return created
+
+
+def provision_keys(
+    template: dict[str, Any],
+    table: str,
+    *,
+    endpoint: str,
+    region: str,
+    credentials: Mapping[str, str] | None = None,
+) -> str:
+    """Create the keys table and the content key on the embedded server (moto's DynamoDB
+    and KMS), if missing: content is sealed as deployed (issue 24).
+
+    Returns:
+        The content key's id (for ``CONTENT_KMS_KEY_ID``).
+    """
+    session = _session(region, credentials)
+    dynamodb: DynamoDBClient = session.client("dynamodb", endpoint_url=endpoint)
+    _ensure_table(dynamodb, template, KEYS_TABLE, table)
+    kms: KMSClient = session.client("kms", endpoint_url=endpoint)
+    try:
+        return kms.describe_key(KeyId=CONTENT_KEY_ALIAS)["KeyMetadata"]["KeyId"]
+    except kms.exceptions.NotFoundException:
+        key_id = kms.create_key(Description="turnledger local content key")["KeyMetadata"]["KeyId"]
+        kms.create_alias(AliasName=CONTENT_KEY_ALIAS, TargetKeyId=key_id)
+        return key_id

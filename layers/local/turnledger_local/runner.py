@@ -52,7 +52,7 @@ import boto3
 from turnledger.core.config import Settings
 from turnledger.core.strict_json import BodyError, parse_object
 
-from .embedded import EmbeddedStorage, StorageNames, provision
+from .embedded import EmbeddedStorage, StorageNames, provision, provision_keys
 from .gateway import (
     MAX_BODY_BYTES,
     GatewayError,
@@ -422,6 +422,24 @@ class LocalRunner:
         )
         if created:
             logger.info("created %s", ", ".join(created))
+        if all_embedded:
+            # Content sealed as deployed: wrapped keys in their own table, tenant keys from
+            # moto's KMS on the same server (the SQLite store keeps a key file instead).
+            keys_table = f"{cfg.table}-keys"
+            key_id = provision_keys(
+                self._template,
+                keys_table,
+                endpoint=dynamodb,
+                region=cfg.region,
+                credentials=self._credentials(),
+            )
+            self.environment.update(
+                {
+                    "KEYS_TABLE_NAME": keys_table,
+                    "CONTENT_KMS_KEY_ID": key_id,
+                    "KMS_ENDPOINT": dynamodb,
+                }
+            )
 
     def _credentials(self) -> dict[str, str] | None:
         env = self.environment

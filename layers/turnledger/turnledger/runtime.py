@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, cached_property, partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -40,6 +41,7 @@ from .core.observability import logger, tracer
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
+from .store.keyring import DynamoDBKeyItems, Keyring, KmsMasterKey, LocalMasterKey, SQLiteKeyItems
 from .store.tenancy import (
     SESSION_SECONDS,
     TENANT_TAG,
@@ -55,6 +57,7 @@ from .turn.session import Clock, utc_now
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
+    from mypy_boto3_kms import KMSClient
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
@@ -256,7 +259,8 @@ class Runtime:
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
         clients: list[Any] = [dynamodb]
-        store = _build_store(settings, session, dynamodb, clients)
+        keyring = _keyring(settings, session, dynamodb)
+        store = _build_store(settings, session, dynamodb, clients, keyring)
         build = partial(_service_builder, settings, session, clock)
         if service:
             made = build()
@@ -280,7 +284,7 @@ class Runtime:
                 sts,
                 settings.tenant_role_arn,
                 bucket=settings.bucket_name,
-                build=partial(_tenant_scope, settings, session, clock, services),
+                build=partial(_tenant_scope, settings, session, clock, services, keyring),
             )
         runtime.clients = clients
         return runtime
@@ -365,6 +369,7 @@ def _tenant_scope(
     session: boto3.session.Session,
     clock: Clock,
     service: Callable[[ConversationStore], Conversations],
+    keyring: Keyring | None,
     tenant: str,
     credentials: TenantCredentials,
 ) -> TenantScope:
@@ -385,7 +390,9 @@ def _tenant_scope(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
         )
     s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
-    store = _dynamodb_store(settings, dynamodb, s3)
+    # The process's keyring: keys are read on the process's credentials, cached for all
+    # tenants; the content they open is read only through the tenant's own.
+    store = _dynamodb_store(settings, dynamodb, s3, keyring)
 
     def forget(responses: list[tuple[str, str]]) -> int:
         # A clear that must delete a provider's stored responses builds the tenant's service.
@@ -433,7 +440,7 @@ def store_from_settings(settings: Settings) -> ConversationStore:
     dynamodb: DynamoDBClient = session.client(
         "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
     )
-    return _build_store(settings, session, dynamodb)
+    return _build_store(settings, session, dynamodb, None, _keyring(settings, session, dynamodb))
 
 
 def _sqlite_store(settings: Settings) -> ConversationStore:
@@ -441,8 +448,40 @@ def _sqlite_store(settings: Settings) -> ConversationStore:
     from .store.sqlite import SQLiteConversationStore
 
     assert settings.data_dir is not None  # Settings refuses sqlite without a folder
+    folder = Path(settings.data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Content sealed as deployed, under a key file beside the data (never inside it): a
+    # copy of the data file alone holds only ciphertext.
+    keyring = Keyring(
+        LocalMasterKey.from_file(folder / LOCAL_MASTER_KEY_FILE),
+        SQLiteKeyItems(folder / LOCAL_KEYS_FILE),
+        cache_seconds=settings.key_cache_seconds,
+    )
     return SQLiteConversationStore.in_folder(
-        settings.data_dir, offload_threshold=settings.offload_threshold_bytes
+        settings.data_dir, offload_threshold=settings.offload_threshold_bytes, keyring=keyring
+    )
+
+
+#: The local runner's master key and wrapped keys, in ``--data-dir`` (SQLite store).
+LOCAL_MASTER_KEY_FILE = "master.key"
+LOCAL_KEYS_FILE = "keys.sqlite3"
+
+
+def _keyring(
+    settings: Settings, session: boto3.session.Session, dynamodb: DynamoDBClient
+) -> Keyring | None:
+    """The keyring of a DynamoDB store: wrapped keys in ``keys_table_name``, tenant keys
+    from KMS (``None``: no keys table configured, content stays clear). KMS's client is
+    built here but called only when a tenant key is first needed in this environment."""
+    if settings.store != "dynamodb" or not settings.keys_table_name:
+        return None
+    assert settings.content_kms_key_id is not None  # Settings refuses one without the other
+    kms: KMSClient = session.client("kms", endpoint_url=settings.kms_endpoint, config=_AWS_CONFIG)
+    master = KmsMasterKey(kms, settings.content_kms_key_id, settings.tenant_kms_key_ids)
+    return Keyring(
+        master,
+        DynamoDBKeyItems(dynamodb, settings.keys_table_name),
+        cache_seconds=settings.key_cache_seconds,
     )
 
 
@@ -451,6 +490,7 @@ def _build_store(
     session: boto3.session.Session,
     dynamodb: DynamoDBClient,
     clients: list[Any] | None = None,
+    keyring: Keyring | None = None,
 ) -> ConversationStore:
     """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files.
 
@@ -462,17 +502,21 @@ def _build_store(
         partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),
         clients,
     )
-    return _dynamodb_store(settings, dynamodb, s3)
+    return _dynamodb_store(settings, dynamodb, s3, keyring)
 
 
 def _dynamodb_store(
-    settings: Settings, dynamodb: DynamoDBClient, s3: Callable[[], S3Client]
+    settings: Settings,
+    dynamodb: DynamoDBClient,
+    s3: Callable[[], S3Client],
+    keyring: Keyring | None = None,
 ) -> DynamoDBConversationStore:
     return DynamoDBConversationStore(
         dynamodb,
         settings.table_name,
         S3BlobStore(s3, settings.bucket_name),
         offload_threshold=settings.offload_threshold_bytes,
+        keyring=keyring,
     )
 
 

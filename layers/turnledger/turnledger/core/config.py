@@ -181,6 +181,20 @@ def _tenant_ints(raw: str, name: str) -> dict[str, int]:
     return parsed
 
 
+def _tenant_strings(raw: str, name: str) -> dict[str, str]:
+    if not raw.strip():
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in parsed.items()
+    ):
+        raise ValueError(f"{name} must be a JSON object of tenant -> non-empty string")
+    return parsed
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the deployment knows of one model: its window, answer reserve and prices."""
@@ -284,6 +298,17 @@ class Settings:
     tool_timeout_seconds: int = 30
     dynamodb_endpoint: str | None = None
     s3_endpoint: str | None = None
+    # --- content encryption (store/keyring.py, issue 24) ---
+    #: The table of wrapped content keys (``None``: content is stored in clear, as before).
+    keys_table_name: str | None = None
+    #: The KMS key that wraps tenant keys (id, ARN or alias); needed with ``keys_table_name``.
+    content_kms_key_id: str | None = None
+    #: Tenants that name their own customer-managed KMS key (tenant -> key id or ARN).
+    tenant_kms_key_ids: dict[str, str] = field(default_factory=dict)
+    kms_endpoint: str | None = None
+    #: How long an execution environment reuses an unwrapped data key: after an erasure,
+    #: another environment that held the key may open a restored copy for at most this long.
+    key_cache_seconds: int = 300
     # --- the working context -------------------------------------------------------------
     #: ``None``: the model's window less its answer reserve.
     context_max_tokens: int | None = None
@@ -364,6 +389,8 @@ class Settings:
             raise ValueError(f"STORE must be one of {', '.join(STORES)}, got {self.store!r}")
         if self.store == "sqlite" and not self.data_dir:
             raise ValueError("STORE=sqlite needs DATA_DIR, the folder to keep conversations in")
+        if self.keys_table_name and not self.content_kms_key_id:
+            raise ValueError("KEYS_TABLE_NAME needs CONTENT_KMS_KEY_ID, the key that wraps keys")
 
     def ttl_for(self, tenant: str) -> int:
         """The idle TTL of ``tenant``'s conversations (``0``: never expire)."""
@@ -440,6 +467,13 @@ class Settings:
             tool_timeout_seconds=_int(env, "TOOL_TIMEOUT_SECONDS", cls.tool_timeout_seconds),
             dynamodb_endpoint=opt("DYNAMODB_ENDPOINT"),
             s3_endpoint=opt("S3_ENDPOINT"),
+            keys_table_name=opt("KEYS_TABLE_NAME"),
+            content_kms_key_id=opt("CONTENT_KMS_KEY_ID"),
+            tenant_kms_key_ids=_tenant_strings(
+                env.get("TENANT_KMS_KEY_IDS", ""), "TENANT_KMS_KEY_IDS"
+            ),
+            kms_endpoint=opt("KMS_ENDPOINT"),
+            key_cache_seconds=_int(env, "KEY_CACHE_SECONDS", cls.key_cache_seconds),
             context_max_tokens=_int(env, "CONTEXT_MAX_TOKENS", 0) or None,
             models=_models(env.get("MODELS", "")),
             conversation_token_budget=_int(env, "CONVERSATION_TOKEN_BUDGET", 0),

@@ -29,6 +29,7 @@ hierarchy to responses and never matches on message text::
     │   ├── CorruptedState           409 corrupted_state
     │   └── UnsupportedStateVersion  409 unsupported_state_version
     ├── CallbackInvalid              410 callback_invalid
+    ├── ContentUnreadable            410 content_unreadable
     ├── PayloadTooLarge              413 payload_too_large
     │   ├── ImportTooLarge           413 import_too_large
     │   └── ContextLengthExceeded    413 context_length_exceeded
@@ -384,6 +385,13 @@ class CallbackInvalid(TurnledgerError):
 
     status = 410
     code = "callback_invalid"
+
+
+class ContentUnreadable(TurnledgerError):
+    """Stored content whose key erasure destroyed (e.g. an item restored from a backup)."""
+
+    status = 410
+    code = "content_unreadable"
 
 
 class InvalidCursor(TurnledgerError):

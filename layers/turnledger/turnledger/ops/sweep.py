@@ -448,7 +448,8 @@ class Sweeper:
     # --- tenant erasure -----------------------------------------------------------------
 
     def erase(self, tenant: str, clear_with: ConversationStore | None = None) -> SweepReport:
-        """Clear every conversation of ``tenant``, in index order, until the deadline; once
+        """Destroy ``tenant``'s key (with a keyring), then clear every conversation of
+        ``tenant``, in index order, until the deadline; once
         all are, every user's memory partition (:mod:`turnledger.store.memories`, found
         through the users filed in the tenant's own partition), then the tenant's own side
         items (:func:`~turnledger.store.keys.tenant_items`).
@@ -461,6 +462,14 @@ class Sweeper:
         now = self.clock()
         target = self.store if clear_with is None else clear_with
         start = target.meter.snapshot()
+        # Keys first (issue 24): with the tenant key gone (and the tenant's own KMS key
+        # scheduled for deletion), every copy of its content, backups included, is
+        # ciphertext before the first item is deleted.
+        scheduled = target.sealer.destroy_tenant(tenant)
+        if scheduled is not None:
+            logger.info(
+                "tenant KMS key scheduled for deletion", extra={"tenant": tenant, "key": scheduled}
+            )
         if self._each(self.store.of_tenant(tenant), run, lambda k: target.clear(k, now)):
             for user in memory_users(target, tenant):
                 if self.deadline.reached():

@@ -90,6 +90,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core.exceptions import (
+    ContentUnreadable,
     ConversationBusy,
     ConversationExists,
     CorruptedState,
@@ -113,6 +114,8 @@ from .indexes import (
     cursor_bucket,
     cursor_item,
 )
+from .keyring import Keyring
+from .sealed import NO_LIFE, ItemSealer, SealedBlobStore
 
 #: Payloads at or over this size go to S3. DynamoDB's item limit is 400 KB; a
 #: 64 KiB threshold leaves wide margin for the item's other attributes and
@@ -253,14 +256,15 @@ def _identity(item: Item | None) -> Item | None:
     }
 
 
-def _turn_chunks(bodies: list[Item]) -> list[list[Item]]:
+def _turn_chunks(bodies: list[Item], limit: int = codec.MAX_ITEM_BYTES) -> list[list[Item]]:
     """``bodies`` (one commit's event items, oldest first) in runs that each fit one turn
-    item under the item size limit, as few as possible, in order."""
+    item under ``limit`` (the item size limit, less what sealing adds), as few as
+    possible, in order."""
     chunks: list[list[Item]] = []
     size = 0
     for body in bodies:
         grows = codec.item_size(body)
-        if chunks and size + grows <= codec.MAX_ITEM_BYTES:
+        if chunks and size + grows <= limit:
             chunks[-1].append(body)
             size += grows
         else:
@@ -515,8 +519,12 @@ class ConversationStore(ABC):
         *,
         offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD,
         meter: CapacityMeter | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
-        self.blobs = blobs
+        # With a keyring, content is sealed at rest (.sealed): items' content attributes
+        # and objects, under keys that erasure destroys first.
+        self.blobs = blobs if keyring is None else SealedBlobStore(blobs, keyring)
+        self.sealer = ItemSealer(keyring)
         self.offload_threshold = offload_threshold
         self.meter = meter or CapacityMeter()
         self._views: dict[str, _View] = {}
@@ -735,7 +743,9 @@ class ConversationStore(ABC):
                     reached_low = True
                     break
                 # A turn item holds a commit's events: newest first, down to ``low``.
-                for sequence, stored, chars in reversed(codec.decode_turn_item(item, piece.gen)):
+                for sequence, stored, chars in reversed(
+                    codec.decode_turn_item(self.sealer.open(item), piece.gen)
+                ):
                     if sequence < piece.base + low:
                         reached_low = True
                         break
@@ -841,7 +851,9 @@ class ConversationStore(ABC):
                 for item in items:
                     if _leftover(item, piece):
                         continue  # an earlier life's (a gap, if it hides an event)
-                    for sequence, stored, _ in codec.decode_turn_item(item, piece.gen):
+                    for sequence, stored, _ in codec.decode_turn_item(
+                        self.sealer.open(item), piece.gen
+                    ):
                         if low <= sequence <= high:
                             events.append(self._event(piece, sequence, stored))
                 if page.cursor is None:
@@ -932,7 +944,10 @@ class ConversationStore(ABC):
         # One item for the commit's events (docs/STORAGE.md): 1 WCU per started KiB of it
         # (more only when they would not fit one); with none, a marker. The first takes the
         # next slot; the newest holds the head's fast state.
-        turn_items = [codec.encode_turn_item(key, head, chunk) for chunk in _turn_chunks(items)]
+        turn_items = [
+            self.sealer.seal(codec.encode_turn_item(key, head, chunk))
+            for chunk in _turn_chunks(items, self.sealer.clear_limit(codec.MAX_ITEM_BYTES))
+        ]
         turn_items = turn_items or [codec.marker_item(key, head)]
         turn_items[-1] = codec.with_state(turn_items[-1], head)
         pk = keys.partition_key(key)
@@ -946,7 +961,7 @@ class ConversationStore(ABC):
         # slots): a plain turn is one conditional put.
         write_head = view.crowded or not codec.same_slow_state(view.head_item, head_item)
         changes = inbox_changes or inbox.InboxChanges()
-        puts = [inbox.entry_item(key, head.gen, entry) for entry in changes.puts]
+        puts = [self.sealer.seal(inbox.entry_item(key, head.gen, entry)) for entry in changes.puts]
         deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
         if len(events) + len(puts) + len(deletes) > MAX_EVENTS_PER_COMMIT:
             # One transaction holds 100 items; the inbox entries count with the events.
@@ -1261,6 +1276,13 @@ class ConversationStore(ABC):
         """
         events = 0
         cursor: Any = None
+        owner = keys.parse_partition_key(pk)
+        # Erasure destroys keys first (.sealed): the data keys of the lives whose items go
+        # are destroyed before their items are deleted, so a purge that dies halfway leaves
+        # only ciphertext. ``held``: those keys, kept in memory for this purge's own reads
+        # (the provider responses deleted answers name).
+        held = self.sealer.hold(owner, [NO_LIFE])
+        self.sealer.destroy(owner, [NO_LIFE])
         while True:
             page = self._query(
                 pk,
@@ -1273,6 +1295,13 @@ class ConversationStore(ABC):
             doomed: list[str] = []
             graves: list[Item] = []
             companions: list[str] = []
+            lives = {
+                str(item[codec.A_GEN])
+                for item in page.items
+                if item.get(codec.A_GEN) and item[codec.A_GEN] not in (tomb.gen, *kept, *held)
+            }
+            held.update(self.sealer.hold(owner, lives))
+            self.sealer.destroy(owner, lives)
             for item in page.items:
                 sort_key = str(item[codec.A_SK])
                 if sort_key == keys.HEAD_SK:
@@ -1289,7 +1318,9 @@ class ConversationStore(ABC):
                         continue  # it still holds the slot against late turns; TTL removes it
                     if sequence <= tomb.base and not read:
                         events += _events_in(item)
-                        report.provider_responses.extend(_stored_responses(item))
+                        with contextlib.suppress(ContentUnreadable):
+                            opened = self.sealer.open(item, held)
+                            report.provider_responses.extend(_stored_responses(opened))
                         if codec.keeps_slot(item, tomb.updated_at):
                             # A turn that read before the clear may still target this slot:
                             # a gravestone replaces the item (it is never absent meanwhile).
@@ -1407,7 +1438,7 @@ class ConversationStore(ABC):
         wanted = piece.base + sequence
         # The item holding it: the event item whose key is at or just below its sequence.
         for item in self._item_below(piece, wanted + 1):
-            for found, stored, _ in codec.decode_turn_item(item, piece.gen):
+            for found, stored, _ in codec.decode_turn_item(self.sealer.open(item), piece.gen):
                 if found == wanted:
                     return piece, stored
         raise _gaps(wanted, wanted)
@@ -1534,6 +1565,7 @@ class ConversationStore(ABC):
             if next(self._keys_between(pk, lower, upper), None) is not None:
                 return  # other forks still read it
             report.reclaimed_lives += 1
+            self.sealer.destroy(parent, [parent_gen])  # keys first, as a purge does
             report.objects += self.blobs.delete_keys(
                 self.blobs.list_keys(keys.blob_prefix(parent, parent_gen))
             )
@@ -1770,14 +1802,14 @@ class ConversationStore(ABC):
             PayloadTooLarge: the item is over the backend's item size limit.
             InternalError: not a side item's sort key, or a reserved attribute.
         """
-        item = codec.encode_side_item(key, side)
+        item = self.sealer.seal(codec.encode_side_item(key, side))
         codec.check_item_sizes([item])
         self._put_items([item])
 
     def get_side_item(self, key: ConversationKey, sort_key: str) -> SideItem | None:
         """The side item at ``sort_key`` of ``key``, read consistently, or ``None``."""
         item = self._get_item(keys.partition_key(key), _side_key(sort_key))
-        return None if item is None else codec.decode_side_item(item)
+        return None if item is None else codec.decode_side_item(self.sealer.open(item))
 
     def query_side_items(
         self,
@@ -1804,10 +1836,18 @@ class ConversationStore(ABC):
                 cursor=cursor,
                 consistent=consistent,
             )
-            found.extend(codec.decode_side_item(item) for item in page.items)
+            found.extend(codec.decode_side_item(self.sealer.open(item)) for item in page.items)
             if page.cursor is None:
                 return found
             cursor = page.cursor
+
+    def _readable(self, item: Item) -> list[Item]:
+        """``item`` opened, or nothing when its content is unreadable (erased: a listing
+        leaves such an item out rather than failing for every other one)."""
+        try:
+            return [self.sealer.open(item)]
+        except ContentUnreadable:
+            return []
 
     def delete_side_items(self, key: ConversationKey, sort_keys: list[str]) -> None:
         """Delete the side items of ``key`` at ``sort_keys`` (absent ones are fine)."""
@@ -1826,7 +1866,7 @@ class ConversationStore(ABC):
         """The idempotency record ``record_key`` of ``key``, read consistently, or ``None``
         (whether or not it has expired: the caller judges that)."""
         item = self._get_item(keys.partition_key(key), _record_key(record_key))
-        return None if item is None else records.decode_record(item)
+        return None if item is None else records.decode_record(self.sealer.open(item))
 
     def put_record(
         self, key: ConversationKey, record: records.Record, *, now: float
@@ -1843,10 +1883,12 @@ class ConversationStore(ABC):
         Raises:
             PayloadTooLarge: the record is over the backend's item size limit.
         """
-        item = records.record_item(keys.partition_key(key), _checked_record(record))
+        item = self.sealer.seal(
+            records.record_item(keys.partition_key(key), _checked_record(record))
+        )
         codec.check_item_sizes([item])
         stored = self._put_if_replaceable(item, now)
-        return None if stored is None else records.decode_record(stored)
+        return None if stored is None else records.decode_record(self.sealer.open(stored))
 
     def update_record(self, key: ConversationKey, record: records.Record) -> None:
         """Set ``record``'s status, expiry, answer and validation hash (when it has one),
@@ -1858,7 +1900,10 @@ class ConversationStore(ABC):
         """
         pk = keys.partition_key(key)
         codec.check_item_sizes([records.record_item(pk, _checked_record(record))])
-        self._set_attributes(pk, record.key, records.update_attributes(record))
+        attributes = records.update_attributes(record)
+        self._set_attributes(
+            pk, record.key, self.sealer.seal_attributes(pk, record.key, None, attributes)
+        )
 
     def delete_record(self, key: ConversationKey, record_key: str) -> None:
         """Delete the idempotency record ``record_key`` of ``key`` (absent is fine)."""
@@ -1984,7 +2029,9 @@ class ConversationStore(ABC):
             )
             for item in page.items:
                 chosen.extend(
-                    inbox.select([item], now=now, tool=tool, conversation_id=conversation_id)
+                    inbox.select(
+                        self._readable(item), now=now, tool=tool, conversation_id=conversation_id
+                    )
                 )
                 if len(chosen) > limit:
                     # The next page starts right after the last call shown.
@@ -2100,7 +2147,9 @@ class ConversationStore(ABC):
         for event in events:
             payload = codec.stored_payload(event)
             ref = self._offload(key, head, event.sequence, payload, attempt)
-            event_item = codec.encode_event(key, head, event, ref, payload=payload)
+            event_item = self.sealer.seal(
+                codec.encode_event(key, head, event, ref, payload=payload)
+            )
             item_bytes = codec.item_size(event_item)
             if chunk and (
                 len(chunk) >= MAX_EVENTS_PER_COMMIT or size + item_bytes > self.import_chunk_bytes

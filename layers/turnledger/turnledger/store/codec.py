@@ -1,9 +1,10 @@
 """Encode heads and events into table items and back, validating on every read.
 
-Items are plain dicts of ``str`` and ``int`` attributes; each backend turns
-them into its own wire format. Every item carries ``v`` (its schema version):
-an unknown version raises :class:`UnsupportedStateVersion`, anything that does
-not parse or fit raises :class:`CorruptedState`. Nothing is repaired.
+Items are plain dicts of ``str`` and ``int`` attributes (and ``bytes``: content sealed
+by :mod:`.sealed`); each backend turns them into its own wire format. Every item
+carries ``v`` (its schema version): an unknown version raises
+:class:`UnsupportedStateVersion`, anything that does not parse or fit raises
+:class:`CorruptedState`. Nothing is repaired.
 """
 
 from __future__ import annotations
@@ -651,14 +652,16 @@ def payload_bytes(payload: dict[str, Any]) -> bytes:
 def attribute_size(value: Any) -> int:
     """The bytes DynamoDB counts for one attribute value (its name is counted apart).
 
-    Strings count their UTF-8 bytes; numbers one byte per two significant digits
-    plus one.
+    Strings count their UTF-8 bytes, binary values their bytes; numbers one byte per two
+    significant digits plus one.
 
     Raises:
         TypeError: a type the store never writes.
     """
     if isinstance(value, str):
         return len(value.encode())
+    if isinstance(value, bytes):
+        return len(value)
     if isinstance(value, bool):
         return 1
     if isinstance(value, int | float | Decimal):

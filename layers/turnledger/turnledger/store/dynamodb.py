@@ -117,6 +117,9 @@ def _expect_head(expected: Item | None) -> dict[str, Any]:
 def _from_wire(wire: dict[str, Any]) -> Item:
     item: Item = {}
     for name, value in wire.items():
+        if "B" in value:
+            item[name] = bytes(value["B"])  # sealed content (store/sealed.py)
+            continue
         plain = _deserializer.deserialize(value)
         if isinstance(plain, Decimal):
             plain = int(plain) if plain == plain.to_integral_value() else float(plain)

@@ -21,6 +21,7 @@ turn refused in deployment is refused here too.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sqlite3
@@ -85,12 +86,25 @@ _UPGRADE_FROM_1 = (
 )
 
 
+#: How a binary value (sealed content, store/sealed.py) is kept in an item's JSON.
+_BINARY = "$b64"
+
+
+def _binary(value: object) -> dict[str, str]:
+    if isinstance(value, bytes):
+        return {_BINARY: base64.b64encode(value).decode("ascii")}
+    raise TypeError(f"no JSON for {type(value).__name__}")
+
+
 def _encode(item: Item) -> str:
-    return json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(item, ensure_ascii=False, separators=(",", ":"), default=_binary)
 
 
 def _decode(text: str) -> Item:
     item: Item = json.loads(text)
+    for name, value in item.items():
+        if isinstance(value, dict) and _BINARY in value:
+            item[name] = base64.b64decode(value[_BINARY])
     return item
 
 

@@ -1,0 +1,261 @@
+"""Content sealed at rest under conversation data keys (:mod:`.keyring`): the one seam.
+
+:class:`ItemSealer` seals the content attributes of table items
+(:func:`content_attributes`) on their way to the backend and opens them on the way
+back; :class:`~.base.ConversationStore` calls it where it encodes and decodes items,
+and destroys keys through it before a purge deletes what they sealed.
+
+Objects sealed under their conversation's data key on their way to S3:
+
+:class:`SealedBlobStore` wraps any :class:`.blobs.BlobStore`: every object a
+conversation life writes with :meth:`~SealedBlobStore.put` (offloaded payloads,
+draft chunks) is stored as ciphertext bound to its own object key, under the data
+key of the life its key names (``t/<tenant>/c/<conversation>/g/<gen>/...``). So an
+object restored from a bucket's old version after erasure, or copied to another
+key, does not open.
+
+Objects written before encryption was turned on carry no :data:`MAGIC` and are read
+as they are, so existing conversations keep working; they are sealed when next
+written. Streamed objects (:meth:`~SealedBlobStore.put_stream`: a large export, which
+its owner downloads by URL) are stored as given: the export is the one place content
+leaves in clear, by its owner's request, and it lives only until the conversation's
+next purge.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import unquote
+
+from ..core.exceptions import ContentUnreadable, CorruptedState, InternalError
+from ..core.models import ConversationKey
+from . import codec, inbox, keyring, keys, records
+from .blobs import BlobStore
+from .codec import Item
+from .keyring import DataKey, Keyring
+
+#: What a sealed object starts with (then :func:`.keyring.seal`'s format).
+MAGIC = b"TLSEAL1\n"
+
+
+def object_life(object_key: str) -> tuple[str, str, str] | None:
+    """The ``(tenant, conversation_id, gen)`` an object key of a conversation life names."""
+    parts = object_key.split("/")
+    if len(parts) < 7 or parts[0] != "t" or parts[2] != "c" or parts[4] != "g":
+        return None
+    return unquote(parts[1]), parts[3], parts[5]
+
+
+class SealedBlobStore(BlobStore):
+    """A :class:`BlobStore` that seals what conversation lives put into ``inner``."""
+
+    def __init__(self, inner: BlobStore, keyring: Keyring) -> None:
+        self.inner = inner
+        self.keyring = keyring
+        self.makes_urls = inner.makes_urls
+
+    def _key(self, object_key: str, *, create: bool) -> DataKey:
+        life = object_life(object_key)
+        if life is None:
+            raise InternalError(f"object {object_key!r} belongs to no conversation life")
+        return self.keyring.data_key(*life, create=create)
+
+    def put(self, key: str, data: bytes) -> None:
+        sealed = self._key(key, create=True).seal(data, key.encode())
+        self.inner.put(key, MAGIC + sealed)
+
+    def get(self, key: str) -> bytes:
+        data = self.inner.get(key)
+        if not data.startswith(MAGIC):
+            return data  # written before encryption was on
+        try:
+            return self._key(key, create=False).unseal(data[len(MAGIC) :], key.encode(), where=key)
+        except CorruptedState as exc:
+            raise ContentUnreadable(
+                "this object's content does not open here: it was sealed for another object",
+                details={"item": key},
+            ) from exc
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        return self.inner.list_keys(prefix)
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        return self.inner.delete_keys(keys)
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], content_type: str) -> int:
+        return self.inner.put_stream(key, chunks, content_type)
+
+    def download_url(self, key: str, expires_in: int) -> str | None:
+        return self.inner.download_url(key, expires_in)
+
+
+# --- table items --------------------------------------------------------------------------
+
+#: What a sealed attribute value starts with, then :func:`.keyring.seal`'s bytes. Sealed
+#: values are binary attributes (DynamoDB's ``B``): every clear value the store writes is
+#: a string or a number, so no clear value is ever taken for a sealed one, and a sealed
+#: value weighs its clear text plus 34 bytes (base64 text would weigh a third more: write
+#: units are paid per started KiB).
+SEALED_VALUE = b"\x1ftl1:"
+#: The life of an item that names none (idempotency records, side items without ``g``):
+#: they are sealed under the conversation's data key for this "life", destroyed with it.
+NO_LIFE = "-"
+
+
+def content_attributes(item: Item) -> list[str]:
+    """The attributes of ``item`` that hold content, by its kind (its sort key).
+
+    Events and inbox entries: the body (message texts, tool arguments and outputs, run
+    records, summaries, the arguments a person decides on); idempotency records: the
+    recorded answer; side items (drafts, memory records, the OpenAI face's index): every
+    text attribute of the caller's. Keys, kinds, sequence numbers, lives, expiries and
+    index attributes stay clear, so queries, conditions and the sweep work without keys.
+    """
+    sort_key = str(item.get(codec.A_SK, ""))
+    if sort_key.startswith((keys.EVENT_PREFIX, inbox.ENTRY_PREFIX)):
+        return [codec.A_BODY] if codec.A_BODY in item else []
+    if sort_key.startswith(keys.RECORD_PREFIX):
+        return [records.A_DATA] if records.A_DATA in item else []
+    if sort_key.startswith(keys.MEMORY_USER_PREFIX):
+        return []  # a user id (tenant erasure lists them after the tenant key is gone)
+    if sort_key.startswith(keys.SIDE_PREFIX):
+        return [
+            name
+            for name, value in item.items()
+            if name not in codec.RESERVED_ATTRIBUTES and isinstance(value, str)
+        ]
+    return []
+
+
+def _life(sort_key: str, gen: object) -> str:
+    """The life whose data key seals the item ``sort_key`` of life ``gen``: its own, but for
+    inbox entries (read from an index that projects no ``g``) and items without one."""
+    if not gen or sort_key.startswith(inbox.ENTRY_PREFIX):
+        return NO_LIFE
+    return str(gen)
+
+
+class ItemSealer:
+    """Seals the content attributes of table items (:func:`content_attributes`) on their
+    way to the backend, and opens them on the way back: the one seam of the store's
+    encryption at rest.
+
+    A value is sealed under the data key of its item's conversation life (``g``; else
+    :data:`NO_LIFE`) with ``(pk, sk, attribute)`` as associated data: a ciphertext copied
+    into another attribute, item, conversation or life does not open. Values written
+    before encryption was on (no :data:`SEALED_VALUE`) are read as they are and sealed
+    when next written.
+
+    Args:
+        keyring: the keys (``None``: nothing is sealed; a sealed value met is unreadable).
+    """
+
+    def __init__(self, keyring: Keyring | None) -> None:
+        self.keyring = keyring
+
+    def seal(self, item: Item) -> Item:
+        """``item`` with its content attributes sealed (``item`` itself with no keyring)."""
+        return self.seal_attributes(
+            str(item[codec.A_PK]), str(item[codec.A_SK]), item.get(codec.A_GEN), item
+        )
+
+    def seal_attributes(self, pk: str, sk: str, gen: object, attributes: Item) -> Item:
+        """``attributes`` of the item (``pk``, ``sk``) of life ``gen`` with those that hold
+        content sealed: a whole item, or the few an update sets."""
+        names = [
+            name
+            for name in content_attributes({codec.A_PK: pk, codec.A_SK: sk, **attributes})
+            if isinstance(attributes.get(name), str)
+        ]
+        if self.keyring is None or not names:
+            return attributes
+        life = _life(sk, gen)
+        # A life's key is never needed again once its purge began (its commits fail), but
+        # the conversation-wide one is: another environment may have destroyed it since
+        # this one cached it (a DELETE), so a write under it reads it afresh.
+        key = self._key(pk, life, create=True, recheck=life == NO_LIFE)
+        sealed = dict(attributes)
+        for name in names:
+            data = key.seal(str(attributes[name]).encode(), keyring.item_aad(pk, sk, name))
+            sealed[name] = SEALED_VALUE + data
+        return sealed
+
+    def clear_limit(self, limit: int) -> int:
+        """The clear bytes of an item that is at most ``limit`` bytes once sealed (the
+        marker, a nonce and a tag come on top of each sealed value)."""
+        return limit if self.keyring is None else limit - 1024
+
+    def open(self, item: Item, held: Mapping[str, DataKey] | None = None) -> Item:
+        """``item`` with its sealed values opened (``item`` itself when none is sealed).
+
+        Args:
+            held: data keys by life, taken before an erasure destroyed them (the purge
+                reads what its deleted items name: :meth:`hold`).
+
+        Raises:
+            ContentUnreadable: a value's key is destroyed (erased, or the item was restored
+                from a copy taken before), or it was sealed for another item.
+        """
+        sealed = [
+            name
+            for name, value in item.items()
+            if isinstance(value, bytes) and value.startswith(SEALED_VALUE)
+        ]
+        if not sealed:
+            return item
+        pk, sk = str(item[codec.A_PK]), str(item.get(codec.A_SK, ""))
+        life = _life(sk, item.get(codec.A_GEN))
+        key = (held or {}).get(life) or self._key(pk, life, create=False)
+        opened = dict(item)
+        for name in sealed:
+            try:
+                data = bytes(item[name][len(SEALED_VALUE) :])
+                opened[name] = key.unseal(data, keyring.item_aad(pk, sk, name), where=sk).decode()
+            except (ValueError, CorruptedState) as exc:
+                raise ContentUnreadable(
+                    "this item's content does not open here: it was sealed for another item",
+                    details={"item": sk},
+                ) from exc
+        return opened
+
+    def hold(self, key: ConversationKey, gens: Iterable[str]) -> dict[str, DataKey]:
+        """The data keys of ``key``'s lives ``gens`` that still exist, by life: what a
+        purge reads its items with once it destroyed them."""
+        held: dict[str, DataKey] = {}
+        if self.keyring is None:
+            return held
+        for gen in set(gens):
+            with contextlib.suppress(ContentUnreadable):
+                held[gen] = self.keyring.data_key(
+                    key.tenant, key.conversation_id, gen, create=False
+                )
+        return held
+
+    def destroy(self, key: ConversationKey, gens: Iterable[str]) -> None:
+        """Destroy the data keys of ``key``'s lives ``gens``: their content no longer
+        opens, in this table or in any copy of it."""
+        if self.keyring is not None:
+            self.keyring.destroy_conversation(key.tenant, key.conversation_id, sorted(set(gens)))
+
+    def destroy_tenant(self, tenant: str) -> str | None:
+        """Destroy ``tenant``'s key, then its data keys (:meth:`.keyring.Keyring.destroy_tenant`).
+
+        Returns:
+            The tenant's own KMS key scheduled for deletion, if it named one.
+        """
+        return None if self.keyring is None else self.keyring.destroy_tenant(tenant)
+
+    def _key(self, pk: str, life: str, *, create: bool, recheck: bool = False) -> DataKey:
+        if self.keyring is None:
+            raise ContentUnreadable(
+                "this item's content is sealed and this deployment has no keys",
+                details={"item": pk},
+            )
+        try:
+            owner = keys.parse_partition_key(pk)
+        except ValueError as exc:
+            raise InternalError(f"item of {pk!r} belongs to no conversation") from exc
+        return self.keyring.data_key(
+            owner.tenant, owner.conversation_id, life, create=create, recheck=recheck
+        )

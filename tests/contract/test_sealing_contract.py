@@ -1,0 +1,344 @@
+"""Content sealed at rest and erased by destroying its keys (issue 24), on real backends.
+
+Each store here seals with a keyring: on moto (DynamoDB, S3 and KMS in one mock), on
+DynamoDB Local with moto's KMS and S3 (its threaded server), and on SQLite with a local
+key file. A "backup" is what a test reads raw before an erasure and writes back after it,
+as a point-in-time restore of the table or an old version of an object would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+from mypy_boto3_dynamodb.client import DynamoDBClient
+from mypy_boto3_kms.client import KMSClient
+from turnledger.core.exceptions import ContentUnreadable
+from turnledger.core.models import ConversationKey
+from turnledger.ops.sweep import Sweeper
+from turnledger.store import codec, inbox, keys
+from turnledger.store.base import ConversationStore
+from turnledger.store.blobs import FileBlobStore, S3BlobStore
+from turnledger.store.codec import Item, SideItem
+from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.keyring import (
+    DynamoDBKeyItems,
+    Keyring,
+    KmsMasterKey,
+    LocalMasterKey,
+    SQLiteKeyItems,
+)
+from turnledger.store.records import Record
+from turnledger.store.sealed import SEALED_VALUE, SealedBlobStore
+from turnledger.store.sqlite import SQLiteConversationStore
+
+from tests.conftest import FAKE_ENVIRONMENT
+from tests.support.aws import (
+    aws_clients,
+    create_bucket,
+    create_conversations_table,
+    create_keys_table,
+)
+from tests.support.factories import (
+    START,
+    FakeClock,
+    build_turn,
+    commit_turn,
+    make_key,
+    put_raw_item,
+    raw_item,
+    raw_sort_keys,
+)
+
+from .test_store_contract import EVERYTHING
+
+SECRET = "the patient's diagnosis is confidential"
+#: Over the store's offload threshold (set low below): goes to the bucket.
+BIG = "payload " + "x" * 2_000 + SECRET
+TENANT = "tenant-a"
+OWN_KEY_TENANT = "tenant-own"
+KEY = make_key(TENANT, "sealed-1")
+
+
+@dataclass
+class Sealed:
+    """A sealing store, and its KMS (``None``: a local key file)."""
+
+    store: ConversationStore
+    kms: KMSClient | None = None
+    #: The customer-managed key :data:`OWN_KEY_TENANT` named (KMS only).
+    own_key: str | None = None
+
+
+def _kms_keyring(kms: KMSClient, dynamodb: DynamoDBClient) -> tuple[Keyring, str]:
+    shared = kms.create_key(Description="turnledger shared")["KeyMetadata"]["KeyId"]
+    own = kms.create_key(Description="a tenant's own")["KeyMetadata"]["KeyId"]
+    master = KmsMasterKey(kms, shared, {OWN_KEY_TENANT: own})
+    return Keyring(master, DynamoDBKeyItems(dynamodb, create_keys_table(dynamodb))), own
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("moto", id="moto"),
+        pytest.param("dynamodb-local", id="dynamodb-local", marks=pytest.mark.integration),
+        pytest.param("sqlite", id="sqlite"),
+    ]
+)
+def sealed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sealed]:
+    if request.param == "moto":
+        with mock_aws():
+            clients = aws_clients()
+            kms = boto3.client("kms", region_name=FAKE_ENVIRONMENT["AWS_REGION"])
+            keyring, own = _kms_keyring(kms, clients.dynamodb)
+            store = DynamoDBConversationStore(
+                clients.dynamodb,
+                create_conversations_table(clients.dynamodb),
+                S3BlobStore(clients.s3, create_bucket(clients.s3)),
+                offload_threshold=1_000,
+                keyring=keyring,
+            )
+            yield Sealed(store, kms, own)
+        return
+    if request.param == "dynamodb-local":
+        ddb = request.getfixturevalue("ddb_local_endpoint")
+        moto = request.getfixturevalue("moto_server_endpoint")
+        clients = aws_clients(ddb, s3_endpoint=moto)
+        kms = boto3.client("kms", region_name=FAKE_ENVIRONMENT["AWS_REGION"], endpoint_url=moto)
+        keyring, own = _kms_keyring(kms, clients.dynamodb)
+        store = DynamoDBConversationStore(
+            clients.dynamodb,
+            create_conversations_table(clients.dynamodb),
+            S3BlobStore(clients.s3, create_bucket(clients.s3)),
+            offload_threshold=1_000,
+            keyring=keyring,
+        )
+        yield Sealed(store, kms, own)
+        return
+    keyring = Keyring(
+        LocalMasterKey.from_file(tmp_path / "master.key"),
+        SQLiteKeyItems(tmp_path / "keys.sqlite3"),
+    )
+    sqlite = SQLiteConversationStore(
+        tmp_path / "turnledger.sqlite3",
+        FileBlobStore(tmp_path / "blobs"),
+        offload_threshold=1_000,
+        keyring=keyring,
+    )
+    yield Sealed(sqlite)
+    sqlite.close()
+
+
+def _backup(store: ConversationStore, key: ConversationKey) -> tuple[list[Item], dict[str, bytes]]:
+    """Every item of ``key``'s partition and every object of it, raw: a backup."""
+    items = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
+    blobs = store.blobs
+    assert isinstance(blobs, SealedBlobStore)
+    objects = {k: blobs.inner.get(k) for k in blobs.inner.list_keys(keys.blob_prefix(key))}
+    return [item for item in items if item is not None], objects
+
+
+def _restore(store: ConversationStore, backup: tuple[list[Item], dict[str, bytes]]) -> None:
+    items, objects = backup
+    for item in items:
+        put_raw_item(store, item)
+    blobs = store.blobs
+    assert isinstance(blobs, SealedBlobStore)
+    for object_key, data in objects.items():
+        blobs.inner.put(object_key, data)
+
+
+def _content_turn(store: ConversationStore, key: ConversationKey = KEY) -> None:
+    """A turn with content in an event, an offloaded payload, a side item and a record."""
+    turn = commit_turn(store, key, None, [SECRET, BIG])
+    store.put_side_item(key, SideItem("S#draft#1#c#000001", {"text": SECRET}, gen=turn.head.gen))
+    record = Record(key="I#req-1", status="COMPLETED", expires_at=2**31, data=SECRET)
+    assert store.put_record(key, record, now=0) is None
+
+
+def test_content_at_rest_is_ciphertext_and_reads_back(sealed: Sealed) -> None:
+    """Every item and object holding content is ciphertext at rest; ids, kinds, sequence
+    numbers and timestamps stay clear; the store reads the content back."""
+    store = sealed.store
+    _content_turn(store)
+
+    items, objects = _backup(store, KEY)
+    assert objects and all(SECRET.encode() not in data for data in objects.values())
+    assert all(SECRET not in repr(item) for item in items)
+    by_key = {str(item[codec.A_SK]): item for item in items}
+    assert by_key["E#000000000001"][codec.A_BODY].startswith(SEALED_VALUE)
+    assert by_key["S#draft#1#c#000001"]["text"].startswith(SEALED_VALUE)
+    assert by_key["I#req-1"]["data"].startswith(SEALED_VALUE)
+    assert by_key["I#req-1"]["status"] == "COMPLETED"  # conditions read it: clear
+    assert json.loads(by_key[keys.HEAD_SK][codec.A_BODY])["seq"] == 2  # the head: clear
+
+    snapshot = store.load(KEY, EVERYTHING)
+    assert [e.payload["content"] for e in snapshot.events] == [SECRET, BIG]
+    side = store.get_side_item(KEY, "S#draft#1#c#000001")
+    assert side is not None and side.attributes["text"] == SECRET
+    record = store.get_record(KEY, "I#req-1")
+    assert record is not None and record.data == SECRET
+
+
+def test_a_ciphertext_copied_to_another_item_is_refused(sealed: Sealed) -> None:
+    """A sealed body is bound to its item: copied into another conversation's event item
+    (same tenant, same shape), it does not open, and the read answers ContentUnreadable."""
+    store = sealed.store
+    other = make_key(TENANT, "sealed-2")
+    commit_turn(store, KEY, None, [SECRET, "answer"])
+    commit_turn(store, other, None, ["harmless", "answer"])
+    stolen = raw_item(store, KEY, "E#000000000001")
+    target = raw_item(store, other, "E#000000000001")
+    assert stolen is not None and target is not None
+    put_raw_item(store, {**target, codec.A_BODY: stolen[codec.A_BODY]})
+
+    with pytest.raises(ContentUnreadable) as caught:
+        store.load(other, EVERYTHING)
+    assert caught.value.status == 410 and caught.value.code == "content_unreadable"
+
+
+def test_a_backup_restored_after_delete_is_unreadable(sealed: Sealed) -> None:
+    """After a clear (DELETE), items and objects restored from a copy taken before it are
+    ciphertext under destroyed keys: every read answers ContentUnreadable (410), never
+    content, never a 500."""
+    store = sealed.store
+    _content_turn(store)
+    backup = _backup(store, KEY)
+
+    store.clear(KEY, FakeClock().now())
+    assert store.get_head(KEY) is None
+    _restore(store, backup)
+
+    with pytest.raises(ContentUnreadable):
+        store.load(KEY, EVERYTHING)
+    head = store.get_head(KEY)
+    assert head is not None
+    with pytest.raises(ContentUnreadable):
+        store.read_events(KEY, head, after=0, limit=10)
+    with pytest.raises(ContentUnreadable):
+        store.get_side_item(KEY, "S#draft#1#c#000001")
+    with pytest.raises(ContentUnreadable):
+        store.get_record(KEY, "I#req-1")
+    blobs = store.blobs
+    assert isinstance(blobs, SealedBlobStore)
+    for object_key in backup[1]:
+        with pytest.raises(ContentUnreadable):
+            blobs.get(object_key)
+    # The restored conversation can still be cleared, and a new one starts on its id.
+    store.clear(KEY, FakeClock().now())
+    commit_turn(store, KEY, None, ["fresh", "start"])
+    assert [e.payload["content"] for e in store.load(KEY, EVERYTHING).events] == [
+        "fresh",
+        "start",
+    ]
+
+
+def test_tenant_erasure_destroys_the_tenant_key_and_its_own_kms_key(sealed: Sealed) -> None:
+    """Tenant erasure destroys the tenant key first (scheduling deletion of the KMS key the
+    tenant named), then its items: a restored backup of them is unreadable; another
+    tenant's content is untouched."""
+    store = sealed.store
+    mine = make_key(OWN_KEY_TENANT, "sealed-3")
+    _content_turn(store, mine)
+    _content_turn(store, KEY)
+    backup = _backup(store, mine)
+
+    report = Sweeper(store, clock=FakeClock().now).erase(OWN_KEY_TENANT)
+    assert report.complete and report.conversations_removed == 1
+    if sealed.kms is not None:
+        state = sealed.kms.describe_key(KeyId=str(sealed.own_key))["KeyMetadata"]["KeyState"]
+        assert state == "PendingDeletion"
+    _restore(store, backup)
+
+    with pytest.raises(ContentUnreadable):
+        store.load(mine, EVERYTHING)
+    assert [e.payload["content"] for e in store.load(KEY, EVERYTHING).events] == [SECRET, BIG]
+
+
+def test_clear_text_items_of_before_still_read_and_are_sealed_when_next_written(
+    sealed: Sealed,
+) -> None:
+    """Migration: a conversation written before encryption was on reads as it is; its next
+    turn is sealed."""
+    store = sealed.store
+    keyring = store.sealer.keyring
+    store.sealer.keyring = None  # the build of before: writes clear text
+    first = commit_turn(store, KEY, None, [SECRET, "answer"])
+    store.sealer.keyring = keyring
+    before = raw_item(store, KEY, "E#000000000001")
+    assert before is not None and SECRET in str(before[codec.A_BODY])
+
+    second = build_turn(KEY, first.head, ["again", "more"])
+    store.commit(
+        KEY, expected_version=second.expected_version, head=second.head, events=second.events
+    )
+
+    events = store.load(KEY, EVERYTHING).events
+    assert [e.payload["content"] for e in events] == [SECRET, "answer", "again", "more"]
+    after = raw_item(store, KEY, "E#000000000003")
+    assert after is not None and after[codec.A_BODY].startswith(SEALED_VALUE)
+
+
+def test_delete_still_names_the_provider_responses_its_sealed_run_records_hold(
+    sealed: Sealed,
+) -> None:
+    """A purge destroys the keys first, yet still reads the stored provider responses
+    that the run records of what it deletes name (their keys are held for the purge), so
+    a DELETE forgets them at the provider as without encryption."""
+    store = sealed.store
+    turn = build_turn(KEY, None, [SECRET, "answer"])
+    run = {
+        "model": "m",
+        "provider": "openai-responses",
+        "latency_ms": 1,
+        "tokens_estimated": 1,
+        "budget_tokens": 1,
+        "messages_sent": 1,
+        "context_from": 1,
+        "context_sha256": "0" * 64,
+        "response_id": "resp_sealed_1",
+    }
+    answer = turn.events[1].model_copy(update={"payload": {"content": "answer", "run": run}})
+    store.commit(KEY, expected_version=None, head=turn.head, events=[turn.events[0], answer])
+
+    report = store.clear(KEY, FakeClock().now())
+
+    assert ("openai-responses", "resp_sealed_1") in report.provider_responses
+
+
+def test_the_inbox_leaves_out_an_entry_restored_after_delete(sealed: Sealed) -> None:
+    """An approval-inbox entry is sealed (its arguments are content); restored after its
+    conversation's DELETE it no longer opens, and the inbox lists the other entries
+    without it instead of failing the page."""
+    erased, kept = make_key(TENANT, "sealed-inbox-1"), make_key(TENANT, "sealed-inbox-2")
+    entries = {}
+    for key in (erased, kept):
+        entries[key] = inbox.InboxEntry(
+            kind="input",
+            conversation_id=key.conversation_id,
+            call_id=f"call_{key.conversation_id}",
+            tool="ask_human",
+            arguments={"question": SECRET},
+            requested_by=None,
+            requested_at=START,
+            expires_at=None,
+        )
+        turn = build_turn(key, None, ["q"])
+        sealed.store.commit(
+            key,
+            expected_version=None,
+            head=turn.head,
+            events=turn.events,
+            inbox_changes=inbox.InboxChanges(puts=[entries[key]]),
+        )
+    backup = _backup(sealed.store, erased)
+    assert all(SECRET not in repr(item) for item in backup[0])
+    sealed.store.clear(erased, FakeClock().now())
+    _restore(sealed.store, backup)
+
+    page = sealed.store.inbox_page(TENANT, now=START, limit=10)
+    assert page.entries == [entries[kept]]
