@@ -23,6 +23,7 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from tests.support.factories import (
     START,
     Turn,
+    another_environment,
     blob_keys,
     build_turn,
     commit_turn,
@@ -89,12 +90,14 @@ def test_consumed_capacity_is_metered(ddb_local_store: DynamoDBConversationStore
     """The store's meter records the capacity DynamoDB reports: a commit consumes write units,
     more for a larger turn, and a load consumes read units."""
     store = ddb_local_store
+    first = commit_turn(store, KEY, None, ["q1", "a1"])
+    # Plain turns, each one conditional put (DynamoDB Local misprices transactions).
     before = store.meter.snapshot()
-    small = commit_turn(store, KEY, None, ["q1", "a1"])
+    small = commit_turn(store, KEY, first.head, ["q2", "a2"])
     small_cost = store.meter.since(before)
 
     before = store.meter.snapshot()
-    commit_turn(store, KEY, small.head, ["q2", inline_content(store, "a2")])
+    commit_turn(store, KEY, small.head, ["q3", inline_content(store, "a3")])
     large_cost = store.meter.since(before)
 
     before = store.meter.snapshot()
@@ -129,9 +132,11 @@ def test_a_history_larger_than_one_query_page_is_read_whole(
     assert store.read_events(KEY, head, after=0, limit=1000) == every
     read_pages = store.meter.since(before).read_calls
 
-    before = store.meter.snapshot()
-    snapshot = store.load(KEY, EVERYTHING)
-    load_pages = store.meter.since(before).read_calls
+    # From an environment that kept nothing of it (this one kept what it wrote).
+    fresh = another_environment(store)
+    before = fresh.meter.snapshot()
+    snapshot = fresh.load(KEY, EVERYTHING)
+    load_pages = fresh.meter.since(before).read_calls
 
     assert snapshot.events == every
     assert snapshot.from_start
