@@ -39,6 +39,7 @@ from turnledger.store.sqlite import SQLiteConversationStore
 
 from tests.conftest import FAKE_ENVIRONMENT
 from tests.support.aws import (
+    AwsClients,
     aws_clients,
     create_bucket,
     create_conversations_table,
@@ -83,6 +84,19 @@ def _kms_keyring(kms: KMSClient, dynamodb: DynamoDBClient) -> tuple[Keyring, str
     return Keyring(master, DynamoDBKeyItems(dynamodb, create_keys_table(dynamodb))), own
 
 
+def _sealed_dynamodb(clients: AwsClients, kms: KMSClient) -> Sealed:
+    """A sealing DynamoDB store on ``clients``, its keys wrapped by ``kms``."""
+    keyring, own = _kms_keyring(kms, clients.dynamodb)
+    store = DynamoDBConversationStore(
+        clients.dynamodb,
+        create_conversations_table(clients.dynamodb),
+        S3BlobStore(clients.s3, create_bucket(clients.s3)),
+        offload_threshold=1_000,
+        keyring=keyring,
+    )
+    return Sealed(store, kms, own)
+
+
 @pytest.fixture(
     params=[
         pytest.param("moto", id="moto"),
@@ -95,30 +109,14 @@ def sealed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sealed]:
         with mock_aws():
             clients = aws_clients()
             kms = boto3.client("kms", region_name=FAKE_ENVIRONMENT["AWS_REGION"])
-            keyring, own = _kms_keyring(kms, clients.dynamodb)
-            store = DynamoDBConversationStore(
-                clients.dynamodb,
-                create_conversations_table(clients.dynamodb),
-                S3BlobStore(clients.s3, create_bucket(clients.s3)),
-                offload_threshold=1_000,
-                keyring=keyring,
-            )
-            yield Sealed(store, kms, own)
+            yield _sealed_dynamodb(clients, kms)
         return
     if request.param == "dynamodb-local":
         ddb = request.getfixturevalue("ddb_local_endpoint")
         moto = request.getfixturevalue("moto_server_endpoint")
         clients = aws_clients(ddb, s3_endpoint=moto)
         kms = boto3.client("kms", region_name=FAKE_ENVIRONMENT["AWS_REGION"], endpoint_url=moto)
-        keyring, own = _kms_keyring(kms, clients.dynamodb)
-        store = DynamoDBConversationStore(
-            clients.dynamodb,
-            create_conversations_table(clients.dynamodb),
-            S3BlobStore(clients.s3, create_bucket(clients.s3)),
-            offload_threshold=1_000,
-            keyring=keyring,
-        )
-        yield Sealed(store, kms, own)
+        yield _sealed_dynamodb(clients, kms)
         return
     keyring = Keyring(
         LocalMasterKey.from_file(tmp_path / "master.key"),

@@ -101,8 +101,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .models import Usage
 
@@ -167,7 +168,8 @@ def _share(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _tenant_ints(raw: str, name: str) -> dict[str, int]:
+def _tenant_map(raw: str, name: str, valid: Callable[[object], bool], what: str) -> dict[str, Any]:
+    """The JSON object ``raw`` of tenant -> value (empty: none), every value ``valid``."""
     if not raw.strip():
         return {}
     try:
@@ -175,24 +177,18 @@ def _tenant_ints(raw: str, name: str) -> dict[str, int]:
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and type(v) is int and v >= 0 for k, v in parsed.items()
+        isinstance(k, str) and valid(v) for k, v in parsed.items()
     ):
-        raise ValueError(f"{name} must be a JSON object of tenant -> integer >= 0")
+        raise ValueError(f"{name} must be a JSON object of tenant -> {what}")
     return parsed
+
+
+def _tenant_ints(raw: str, name: str) -> dict[str, int]:
+    return _tenant_map(raw, name, lambda v: type(v) is int and v >= 0, "integer >= 0")
 
 
 def _tenant_strings(raw: str, name: str) -> dict[str, str]:
-    if not raw.strip():
-        return {}
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and v for k, v in parsed.items()
-    ):
-        raise ValueError(f"{name} must be a JSON object of tenant -> non-empty string")
-    return parsed
+    return _tenant_map(raw, name, lambda v: isinstance(v, str) and bool(v), "non-empty string")
 
 
 @dataclass(frozen=True)
