@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +75,23 @@ def service(
         tools=tools,
         runner=runner,
     )
+
+
+@contextmanager
+def weather_service(
+    store: ConversationStore, clock: FakeClock, **settings: Any
+) -> Iterator[tuple[Conversations, HttpSink]]:
+    """A service whose one tool, ``get_weather``, posts to a real HTTP sink answering
+    ``{"temp": 21}`` on ``/weather``."""
+    with HttpSink() as sink, httpx.Client() as client:
+        sink.respond("/weather", Reply(body={"temp": 21}))
+        tool = {
+            "name": "get_weather",
+            "parameters": {"type": "object"},
+            "executor": {"type": "http", "url": sink.url("/weather")},
+        }
+        tools = ToolRegistry.from_json(json.dumps({"tools": [tool]}))
+        yield service(store, clock, tools=tools, runner=ToolRunner(client, None), **settings), sink
 
 
 def turn(svc: Conversations, text: str, conversation: str = "conv-1") -> TurnResponse:
@@ -260,28 +278,7 @@ def test_every_summary_carries_its_manifest_over_five_cycles(
 ) -> None:
     """Each context_compacted event says what it covers (sequences and turns), how many
     messages and tool calls, the tokens it replaced and its own, and who wrote it."""
-    with HttpSink() as sink, httpx.Client() as client:
-        sink.respond("/weather", Reply(body={"temp": 21}))
-        tools = ToolRegistry.from_json(
-            json.dumps(
-                {
-                    "tools": [
-                        {
-                            "name": "get_weather",
-                            "parameters": {"type": "object"},
-                            "executor": {"type": "http", "url": sink.url("/weather")},
-                        }
-                    ]
-                }
-            )
-        )
-        svc = service(
-            memory_store,
-            clock,
-            tools=tools,
-            runner=ToolRunner(client, None),
-            context_max_tokens=150,
-        )
+    with weather_service(memory_store, clock, context_max_tokens=150) as (svc, _):
         turn(svc, "my name is Ann")
         index = 1
         while len(summaries(transcript(svc))) < 5:
@@ -460,28 +457,7 @@ def test_the_turn_that_crosses_the_conversation_budget_is_delivered_the_next_is_
 def test_a_turn_budget_ends_a_tool_loop_cleanly(
     memory_store: ConversationStore, clock: FakeClock
 ) -> None:
-    with HttpSink() as sink, httpx.Client() as client:
-        sink.respond("/weather", Reply(body={"temp": 21}))
-        tools = ToolRegistry.from_json(
-            json.dumps(
-                {
-                    "tools": [
-                        {
-                            "name": "get_weather",
-                            "parameters": {"type": "object"},
-                            "executor": {"type": "http", "url": sink.url("/weather")},
-                        }
-                    ]
-                }
-            )
-        )
-        svc = service(
-            memory_store,
-            clock,
-            tools=tools,
-            runner=ToolRunner(client, None),
-            turn_token_budget=5,
-        )
+    with weather_service(memory_store, clock, turn_token_budget=5) as (svc, sink):
         reply = turn(svc, '/tool get_weather {"city": "Paris"}')
         assert (reply.status, reply.status_reason) == ("complete", "turn_budget")
         kinds = [e.kind for e in transcript(svc)]
