@@ -28,6 +28,8 @@ number of tokens.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -254,13 +256,56 @@ def running_turn(
     return None
 
 
+class _Timers:
+    """One daemon thread that runs callbacks when they are due (:meth:`DraftWriter.begin_after`).
+
+    One thread for the process, not one per turn: a store keeps a connection per thread
+    (SQLite), so a thread per turn would leave one behind for every long turn. Callbacks
+    run one after another, each a single quick write.
+    """
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` in the timers' thread ``seconds`` from now."""
+        with self._changed:
+            entry = (time.monotonic() + seconds, next(self._order), callback)
+            heapq.heappush(self._due, entry)
+            if self._thread is None or not self._thread.is_alive():
+                # None yet, or this is a child process (a fork keeps no other thread).
+                self._thread = threading.Thread(
+                    target=self._run, name="turnledger-draft-timers", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    wait = self._due[0][0] - time.monotonic() if self._due else None
+                    self._changed.wait(wait)
+                _, _, callback = heapq.heappop(self._due)
+            try:
+                callback()
+            except Exception:
+                logger.exception("a draft timer failed")
+
+
+_timers = _Timers()
+
+
 @dataclass
 class DraftWriter:
     """Writes one run of a turn's draft: batched chunks, then the final state.
 
     One turn runs in one worker, which alone calls :meth:`add`, :meth:`finish` and the
-    rest; the one other thread is :meth:`begin_after`'s timer, which only begins the
-    draft, under :attr:`_lock`.
+    rest; the one other thread is :meth:`begin_after`'s timer (:class:`_Timers`), which
+    only begins the draft, under :attr:`_lock`.
     """
 
     store: ConversationStore
@@ -288,7 +333,6 @@ class DraftWriter:
     _begun: bool = False
     #: Set once the run is over (finished, interrupted, restored): a late timer does nothing.
     _settled: bool = False
-    _timer: threading.Timer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -319,9 +363,7 @@ class DraftWriter:
         begins, the answer is only buffered: no chunk is stored and no cancel flag looked
         for (a cancel finds no running draft to flag)."""
         self._prepare(previous, known)
-        self._timer = threading.Timer(delay_ms / 1000, self._start_late)
-        self._timer.daemon = True
-        self._timer.start()
+        _timers.call_later(delay_ms / 1000, self._start_late)
 
     def _prepare(self, previous: DraftState | None, known: bool) -> None:
         if not known:
@@ -355,8 +397,6 @@ class DraftWriter:
         """Mark the run over (a timer not yet fired never begins it); whether it had begun."""
         with self._lock:
             self._settled = True
-            if self._timer is not None:
-                self._timer.cancel()
             return self._begun
 
     def add(self, text: str) -> None:
