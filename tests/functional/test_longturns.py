@@ -129,14 +129,19 @@ def test_a_run_that_went_stale_reads_as_worker_lost(clock: FakeClock) -> None:
 
 
 def test_reads_of_turns_without_a_draft(clock: FakeClock) -> None:
-    """A turn run with no draft reads back from the log; its stream has nothing to read."""
+    """A turn run with no draft reads back from the log; its stream reads as done, no
+    chunks, its result the answer (a quick synchronous turn writes no draft either); a
+    turn the log does not hold has neither."""
     conversations = service(clock)
     answer = edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
     assert edge.turn_view(conversations, ANN, "c1", 1) == (200, answer.model_dump(mode="json"))
     with pytest.raises(TurnNotFound):
         edge.turn_view(conversations, ANN, "c1", 2)
+    stream = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
+    assert (stream.done, stream.status, stream.chunks) == (True, "done", [])
+    assert stream.result == answer.model_dump(mode="json")
     with pytest.raises(TurnNotFound):
-        edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
+        edge.stream_page(conversations, ANN, "c1", 2, after=0, wait=0)
 
 
 def test_a_stray_event_is_refused(clock: FakeClock) -> None:
