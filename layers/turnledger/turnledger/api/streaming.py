@@ -19,6 +19,7 @@ from ..core.models import ConversationKey
 from ..runtime import get_runtime
 from ..turn import longturns
 from ..turn.commands import Decisions, TurnCommand
+from ..turn.lifecycle import logged_turn_draft_status
 from .idempotency import idempotent
 from .resolver import Caller, idempotency_key
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
@@ -216,7 +217,7 @@ def stream_page(
             chunks=[],
             next_after=after,
             done=True,
-            status="done",
+            status=logged_turn_draft_status(),
             reason=None,
             result=turn_response(answered.answer).model_dump(mode="json"),
         )

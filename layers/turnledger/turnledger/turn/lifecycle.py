@@ -356,6 +356,12 @@ DRAFT_MOVES: dict[DraftMove, tuple[frozenset[DraftStatus | None], DraftStatus]] 
 }
 
 
+def logged_turn_draft_status() -> DraftStatus:
+    """What the stream of a turn that wrote no draft shows once the log holds its answer
+    (a synchronous turn over within ``SYNC_DRAFT_AFTER_MS``): a draft that finished."""
+    return DRAFT_MOVES[DraftMove.FINISH][1]
+
+
 def draft_move(current: DraftStatus | None, how: DraftMove) -> DraftStatus:
     """The draft's status after ``how``.
 
