@@ -296,3 +296,47 @@ def test_the_read_and_clear_functions_load_no_provider_tool_or_pipeline(
         m for m in found["after_import"] if any(m == w or m.startswith(w + ".") for w in WRITE_SIDE)
     ]
     assert loaded == []
+
+
+_BODY_MODELS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+import pydantic
+from turnledger.api import schemas
+models = [
+    m for m in vars(schemas).values()
+    if isinstance(m, type) and issubclass(m, pydantic.BaseModel)
+    and m.__module__ == schemas.__name__
+]
+print(json.dumps({"models": len(models), "built": sum(m.__pydantic_complete__ for m in models)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("initialization", "expected"), [("snap-start", "all"), ("on-demand", "none")]
+)
+def test_the_api_bodies_are_built_by_their_routes_unless_init_runs_ahead(
+    tmp_path: Path, initialization: str, expected: str
+) -> None:
+    """The HTTP API's request and response models (``turnledger.api.schemas``) are
+    deferred: an on-demand init builds none of them (each route's first request builds
+    its own, about 1 ms a model), a SnapStart init builds them all into the snapshot."""
+    env = {
+        **_base_env(),
+        "STORE": "sqlite",
+        "DATA_DIR": str(tmp_path),
+        "AWS_LAMBDA_INITIALIZATION_TYPE": initialization,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _BODY_MODELS, str(_folders()["read"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["models"] > 30
+    assert found["built"] == (found["models"] if expected == "all" else 0)

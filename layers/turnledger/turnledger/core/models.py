@@ -55,6 +55,35 @@ def validate_conversation_id(value: str) -> str:
     return value
 
 
+class Deferred(BaseModel):
+    """A model whose validator and serializer pydantic builds on its first use, not when
+    its class is defined (``defer_build``).
+
+    For the models only some requests use (most request and response bodies of the
+    HTTP API): a function's init then builds none of those its requests never see,
+    about 1 ms a model; the first request of a route builds its own, as Powertools
+    builds the route's parameter models then (under SnapStart both are built at init:
+    :func:`turnledger.api.app.prepare_routes`). A model that a deferred one's fields
+    name must be deferred too: building a model builds what its fields name.
+    """
+
+    model_config = ConfigDict(defer_build=True)
+
+
+def build_deferred() -> int:
+    """Build every :class:`Deferred` model defined so far (those of the modules imported);
+    returns how many were not built yet. Where init runs ahead of requests (SnapStart)."""
+    pending: list[type[Deferred]] = [Deferred]
+    built = 0
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if model is not Deferred and not model.__pydantic_complete__:
+            model.model_rebuild()
+            built += 1
+    return built
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
