@@ -284,7 +284,7 @@ class Runtime:
                 sts,
                 settings.tenant_role_arn,
                 bucket=settings.bucket_name,
-                build=partial(_tenant_scope, settings, session, clock, services, keyring),
+                build=partial(_tenant_scope, settings, session, clock, services, keyring, dynamodb),
             )
         runtime.clients = clients
         return runtime
@@ -370,13 +370,16 @@ def _tenant_scope(
     clock: Clock,
     service: Callable[[ConversationStore], Conversations],
     keyring: Keyring | None,
+    process_dynamodb: DynamoDBClient,
     tenant: str,
     credentials: TenantCredentials,
 ) -> TenantScope:
     """Clients, store and service of ``tenant``, on its own credentials.
 
     Its clients come from the process's ``session`` (its models, parsed at init) with the
-    tenant's credentials: a tenant's first request builds no session of its own.
+    tenant's credentials: a tenant's first request builds no session of its own. Its
+    DynamoDB client sends over ``process_dynamodb``'s connection pool
+    (:func:`_share_connections`).
     """
     signed: dict[str, Any] = {
         "config": _AWS_CONFIG,
@@ -389,6 +392,7 @@ def _tenant_scope(
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
         )
+    _share_connections(dynamodb, process_dynamodb)
     s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     # The process's keyring: keys are read on the process's credentials, cached for all
     # tenants; the content they open is read only through the tenant's own.
@@ -404,6 +408,21 @@ def _tenant_scope(
 
 
 _session_lock = threading.Lock()
+
+
+def _share_connections(client: Any, like: Any) -> None:
+    """Send ``client``'s requests over ``like``'s connection pool (same endpoint, same
+    configuration): a tenant's first request reuses a connection the process (or an
+    earlier tenant) opened rather than opening its own, and :meth:`Runtime.close`
+    closes them all.
+
+    A connection carries no credentials: each request is signed by its own client
+    (``client``'s credentials) before it is sent. botocore offers no public way to give
+    a client a connection pool; its endpoint's ``http_session`` is where it keeps it.
+    """
+    if client.meta.endpoint_url != like.meta.endpoint_url:
+        return
+    client._endpoint.http_session = like._endpoint.http_session
 
 
 def _on_first_use[T](build: Callable[[], T], built: list[Any] | None = None) -> Callable[[], T]:
