@@ -309,19 +309,27 @@ models = [
     if isinstance(m, type) and issubclass(m, pydantic.BaseModel)
     and m.__module__ == schemas.__name__
 ]
-print(json.dumps({"models": len(models), "built": sum(m.__pydantic_complete__ for m in models)}))
+from turnledger.core.models import PAYLOAD_MODELS
+payloads = list(PAYLOAD_MODELS.values())
+print(json.dumps({
+    "models": len(models),
+    "built": sum(m.__pydantic_complete__ for m in models),
+    "payloads": len(payloads),
+    "payloads_built": sum(m.__pydantic_complete__ for m in payloads),
+}))
 """
 
 
 @pytest.mark.parametrize(
     ("initialization", "expected"), [("snap-start", "all"), ("on-demand", "none")]
 )
-def test_the_api_bodies_are_built_by_their_routes_unless_init_runs_ahead(
+def test_api_bodies_and_event_payloads_are_built_on_first_use_unless_init_runs_ahead(
     tmp_path: Path, initialization: str, expected: str
 ) -> None:
-    """The HTTP API's request and response models (``turnledger.api.schemas``) are
-    deferred: an on-demand init builds none of them (each route's first request builds
-    its own, about 1 ms a model), a SnapStart init builds them all into the snapshot."""
+    """The HTTP API's request and response models (``turnledger.api.schemas``) and the
+    events' payload models are deferred: an on-demand init builds none of them (each
+    route's first request builds its own, each kind's first event its payload's, about
+    1 ms a model), a SnapStart init builds them all into the snapshot."""
     env = {
         **_base_env(),
         "STORE": "sqlite",
@@ -340,3 +348,5 @@ def test_the_api_bodies_are_built_by_their_routes_unless_init_runs_ahead(
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["models"] > 30
     assert found["built"] == (found["models"] if expected == "all" else 0)
+    assert found["payloads"] > 10
+    assert found["payloads_built"] == (found["payloads"] if expected == "all" else 0)
