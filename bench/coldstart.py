@@ -9,7 +9,7 @@ function (parameters at their defaults, resources as placeholder names) plus wha
 the Lambda runtime sets, and only the modules the layer holds importable
 (:func:`not_in_layer`). Then, in the same interpreter, the handler answers its first
 request (its sample event from ``events/``) and a second one, against DynamoDB Local
-(S3 and STS on moto's server). Before each handler's sample, the same round samples
+(S3, STS and KMS on moto's server). Before each handler's sample, the same round samples
 the minimal handler (``bench/minimal/app.py``: Powertools' HTTP resolver and one
 ``GetItem`` through a boto3 DynamoDB resource) the same way, so the two alternate.
 
@@ -42,6 +42,7 @@ from importlib.metadata import PackageNotFoundError, distribution, packages_dist
 from pathlib import Path
 from typing import Any
 
+import boto3
 from moto.server import ThreadedMotoServer
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -49,7 +50,12 @@ from turnledger.api.functions import ROUTES
 from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
 from bench.results import command_line, machine_line, publish
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.aws import (
+    aws_clients,
+    create_bucket,
+    create_conversations_table,
+    create_keys_table,
+)
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar, free_port
 
 SECTION = "Cold start"
@@ -874,6 +880,13 @@ def _backend(stack: ExitStack) -> tuple[dict[str, str], str]:
     ddb = stack.enter_context(DynamoDBLocal(jar, shared_db=True))  # tenant credentials
     s3_endpoint = f"http://127.0.0.1:{s3_port}"
     clients = aws_clients(ddb.endpoint, s3_endpoint=s3_endpoint)
+    kms = boto3.client(
+        "kms",
+        endpoint_url=s3_endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     env = {
         "DYNAMODB_ENDPOINT": ddb.endpoint,
         "S3_ENDPOINT": s3_endpoint,
@@ -881,8 +894,13 @@ def _backend(stack: ExitStack) -> tuple[dict[str, str], str]:
         "AWS_ENDPOINT_URL_STS": s3_endpoint,
         "TABLE_NAME": create_conversations_table(clients.dynamodb),
         "BUCKET_NAME": create_bucket(clients.s3),
+        # Content sealed as the template deploys it: wrapped keys beside the table, the
+        # key that wraps them on moto's KMS.
+        "KEYS_TABLE_NAME": create_keys_table(clients.dynamodb),
+        "CONTENT_KMS_KEY_ID": kms.create_key(Description="bench")["KeyMetadata"]["KeyId"],
+        "KMS_ENDPOINT": s3_endpoint,
     }
-    return env, "DynamoDB Local (in memory, loopback), S3 and STS on moto's server"
+    return env, "DynamoDB Local (in memory, loopback), S3, STS and KMS on moto's server"
 
 
 def run(names: Sequence[str], runs: int) -> ColdStart:
