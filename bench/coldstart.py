@@ -684,10 +684,13 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     out.append(
         f"- init: {med(read.import_ms):.0f} ms against the minimal handler's "
         f"{med(minimal.import_ms):.0f} ms (+{med(read.import_ms) - med(minimal.import_ms):.0f}): "
-        "the layer's modules (pydantic: its first model class, the models of the events, "
-        "head and bodies; the store; the turn log and draft reads) and a second AWS client "
-        "(STS). The read function loads no provider, tool, httpx or turn pipeline "
-        "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`)."
+        "the layer's modules (pydantic and its first model class, the head's and the "
+        "events' models; the store, its keyring and codec; the resolver, views and route "
+        "modules) and two more AWS clients (STS for the tenants' roles, KMS for their "
+        "keys). The read function loads no provider, tool, httpx or turn pipeline "
+        "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`) and builds "
+        "no request or response body and no event payload model before its first use "
+        "(`turnledger.core.models.Deferred`)."
     )
     if traced_read is not None:
         out.append(
@@ -702,7 +705,7 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
             f"which {tenant:.0f} ms are the tenant's own set-up (the first request without "
             f"a tenant role takes {med(local.first_ms):.0f} ms): its role assumed on STS, one "
             "round trip that init cannot make for a tenant it does not know, and its "
-            "DynamoDB client with its first connection."
+            "DynamoDB client (which sends over the process's connection pool)."
         )
     out.append(
         f"- the minimal handler's own first request is {med(minimal.first_ms):.0f} ms "
@@ -721,7 +724,8 @@ def _restore_section(restored: Timing | None) -> list[str]:
         "### After a SnapStart restore (the read handler, same run)",
         "",
         "The init as SnapStart runs it (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`: "
-        "every route's request models are built too), then the hooks as Lambda runs them "
+        "every route's request models and every deferred model are built too), then the hooks "
+        "as Lambda runs them "
         "around a snapshot "
         "(`turnledger.runtime.before_snapshot`, then `after_restore`: a new random seed, "
         "cached secrets dropped, the runtime rebuilt on a new AWS session), then the two "
