@@ -483,7 +483,7 @@ BENCH_TENANT_ROLE = "arn:aws:iam::123456789012:role/bench-tenant"
 
 
 def handler_environment(handler: Handler, backend: Mapping[str, str]) -> dict[str, str]:
-    """The Lambda environment of ``handler`` with the local table, bucket and STS."""
+    """The Lambda environment of ``handler`` with the local table, bucket, keys and STS."""
     env = {**lambda_environment(handler), **backend}
     if "TENANT_ROLE_ARN" in handler.environment:
         # Deployed, a tenant's first request assumes its role: measured too, on moto's STS.
@@ -755,8 +755,9 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         f"Median of {runs} fresh interpreters each (`{Path(sys.executable).name}` of the "
         "project venv, bytecode caches warm as in a built layer): the handler's folder "
         "first on `sys.path`, the template's environment (parameter defaults; resource "
-        "names as placeholders, the table and bucket on "
-        f"{found.backend}) and what the Lambda runtime sets, with fake credentials. "
+        "names as placeholders, the table, bucket and keys table on "
+        f"{found.backend}: content sealed as deployed) and what the Lambda runtime sets, "
+        "with fake credentials. "
         "**init** is the handler module's import, Lambda's init phase: it builds the "
         "resolver, the settings, the clients and the service (`turnledger.runtime.prepare`; "
         "at the template's default `Tracing=Invocations` Lambda traces the invocation and "
@@ -764,7 +765,8 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "same interpreter answers the handler's sample event from `events/` twice (two "
         "conversations that do not exist yet, of one tenant: a first turn, a 404, a 204, a "
         "404, an empty sweep): **first request** includes what only a request can do (the "
-        "tenant's role assumed on moto's STS and its clients, the first connections); "
+        "tenant's role assumed on moto's STS and its clients, the first connections; a "
+        "turn, the new conversation's keys, on moto's KMS); "
         "**warm request** is the second; **first request's extra set-up** is their "
         "difference. **cold start** = init + first request, what a caller waits for "
         "without SnapStart (with it, a restore replaces the init). The **minimal** handler "
