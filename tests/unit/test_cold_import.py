@@ -350,3 +350,33 @@ def test_api_bodies_and_event_payloads_are_built_on_first_use_unless_init_runs_a
     assert found["built"] == (found["models"] if expected == "all" else 0)
     assert found["payloads"] > 10
     assert found["payloads_built"] == (found["payloads"] if expected == "all" else 0)
+
+
+_CLIENTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+import turnledger.runtime
+runtime = turnledger.runtime._runtime
+print(json.dumps(sorted(c.meta.service_model.service_name for c in runtime.clients)))
+"""
+
+
+@pytest.mark.parametrize(("name", "s3"), [("clear", True), ("read", False)])
+def test_the_clear_functions_init_builds_s3s_client(name: str, s3: bool) -> None:
+    """Every clear lists the conversation's blobs: the clear function's init builds S3's
+    client (its model parsed for the tenants' clients too); the read function, whose
+    requests seldom touch a blob, leaves it to the first that does."""
+    env = {**_base_env(), "TABLE_NAME": "t", "BUCKET_NAME": "b"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLIENTS, str(_folders()[name])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    services = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "dynamodb" in services
+    assert ("s3" in services) is s3

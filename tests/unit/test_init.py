@@ -319,3 +319,19 @@ def test_a_clear_without_the_service_still_forgets_the_providers_stored_response
     reads.clear(key)
     assert forgotten == [known]
     assert built.service_built is (role is None)  # a tenant's own service was built instead
+
+
+def test_the_clear_functions_s3_client_is_built_at_init_and_again_after_a_restore(
+    aws: None,
+) -> None:
+    """Every clear lists blobs: its init builds S3's client, and so does the rebuild of a
+    restored environment (not the first request after it)."""
+    load_function("clear")
+    built = runtime_module._runtime
+    assert built is not None and built.blobs_at_init
+    assert "S3" in {type(c).__name__ for c in built.clients}
+    before_snapshot()
+    after_restore()
+    restored = runtime_module._runtime
+    assert restored is not None and restored is not built
+    assert "S3" in {type(c).__name__ for c in restored.clients}

@@ -136,6 +136,8 @@ class Runtime:
         #: :meth:`close`); one built on first use (S3's) joins it then.
         self.clients: list[Any] = [] if clients is None else clients
         self._service_lock = threading.Lock()
+        #: Whether S3's client was built with the runtime (``from_settings(blobs=True)``).
+        self.blobs_at_init = False
         #: The reads and the clear on the process's store: the service itself once built
         #: with it, else reads that build it only to forget a provider's stored responses.
         self.reads = (
@@ -245,7 +247,12 @@ class Runtime:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, clock: Clock = utc_now, service: bool = True
+        cls,
+        settings: Settings,
+        *,
+        clock: Clock = utc_now,
+        service: bool = True,
+        blobs: bool = False,
     ) -> Runtime:
         """Build clients, store, provider, tools and the service for ``settings``.
 
@@ -253,6 +260,9 @@ class Runtime:
             service: build the whole service now (its provider, tools and the turn pipeline,
                 with their setting errors raised here); ``False`` leaves it to its first use,
                 for a function that only reads or clears (:meth:`reads_for`).
+            blobs: build S3's client now (its service model then parsed for the tenants'
+                S3 clients too), for a function whose every request reads or lists blobs;
+                ``False`` leaves it to the first blob.
         """
         session = aws_session()
         dynamodb: DynamoDBClient = session.client(
@@ -260,7 +270,7 @@ class Runtime:
         )
         clients: list[Any] = [dynamodb]
         keyring = _keyring(settings, session, dynamodb)
-        store = _build_store(settings, session, dynamodb, clients, keyring)
+        store = _build_store(settings, session, dynamodb, clients, keyring, blobs=blobs)
         build = partial(_service_builder, settings, session, clock)
         if service:
             made = build()
@@ -287,6 +297,7 @@ class Runtime:
                 build=partial(_tenant_scope, settings, session, clock, services, keyring, dynamodb),
             )
         runtime.clients = clients
+        runtime.blobs_at_init = blobs
         return runtime
 
 
@@ -510,10 +521,13 @@ def _build_store(
     dynamodb: DynamoDBClient,
     clients: list[Any] | None = None,
     keyring: Keyring | None = None,
+    *,
+    blobs: bool = False,
 ) -> ConversationStore:
     """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files.
 
-    S3's client is built on the store's first blob and then added to ``clients`` when given.
+    S3's client is built on the store's first blob (here with ``blobs``) and then added to
+    ``clients`` when given.
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
@@ -521,6 +535,8 @@ def _build_store(
         partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),
         clients,
     )
+    if blobs:
+        s3()
     return _dynamodb_store(settings, dynamodb, s3, keyring)
 
 
@@ -588,13 +604,13 @@ def get_runtime() -> Runtime:
     return _runtime_or_build(service=True)
 
 
-def _runtime_or_build(*, service: bool) -> Runtime:
+def _runtime_or_build(*, service: bool, blobs: bool = False) -> Runtime:
     """The process's runtime; the first call builds it (the whole service too with
-    ``service``, see :meth:`Runtime.from_settings`)."""
+    ``service``, S3's client with ``blobs``, see :meth:`Runtime.from_settings`)."""
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = Runtime.from_settings(Settings.from_env(), service=service)
+            _runtime = Runtime.from_settings(Settings.from_env(), service=service, blobs=blobs)
         return _runtime
 
 
@@ -605,13 +621,15 @@ def set_runtime(runtime: Runtime | None) -> None:
         _runtime = runtime
 
 
-def prepare(*, service: bool = True) -> Runtime | None:
+def prepare(*, service: bool = True, blobs: bool = False) -> Runtime | None:
     """Build, during Lambda's init phase, what every request needs: the runtime (settings,
-    clients, store and, with ``service``, the provider, tools and the whole service), its
-    AWS clients' first calls made without the network (:meth:`Runtime.prime`), and the
-    Tracer where tracing is on (``Tracing=Calls``); and register the SnapStart hooks. The
-    handler modules in ``functions/`` call it at import; the functions that only read or
-    clear pass ``service=False`` (their routes use :meth:`Runtime.reads_for`).
+    clients, store and, with ``service``, the provider, tools and the whole service; with
+    ``blobs``, S3's client), its AWS clients' first calls made without the network
+    (:meth:`Runtime.prime`), and the Tracer where tracing is on (``Tracing=Calls``); and
+    register the SnapStart hooks. The handler modules in ``functions/`` call it at import;
+    the functions that only read or clear pass ``service=False`` (their routes use
+    :meth:`Runtime.reads_for`), the one whose every request lists blobs (clear)
+    ``blobs=True``.
 
     Returns:
         The runtime, or ``None`` when the settings are invalid: the error is logged here
@@ -619,7 +637,7 @@ def prepare(*, service: bool = True) -> Runtime | None:
     """
     _register_snapshot_hooks()
     try:
-        built = _runtime_or_build(service=service)
+        built = _runtime_or_build(service=service, blobs=blobs)
     except Exception:
         logger.exception("the runtime could not be built at init")
         tracer()
@@ -662,6 +680,7 @@ def after_restore() -> None:
                 clock=_runtime.clock,
                 # A service init left to its first use stays so (reads and clears).
                 service=_runtime.service_built,
+                blobs=_runtime.blobs_at_init,
             )
 
 
