@@ -161,6 +161,50 @@ def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
     assert built.tenants is not None
 
 
+def test_with_sealed_content_init_also_makes_the_first_kms_decrypt_without_the_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Content sealed as deployed (``KEYS_TABLE_NAME``): the KMS ``Decrypt`` that opens a
+    tenant's key on its first request is made once at init too, answered in-process; the
+    KMS client is one of those closed before a snapshot."""
+    unreachable = "http://127.0.0.1:9"  # the discard port: nothing listens
+    for name, value in {
+        "TABLE_NAME": "init-priming",
+        "BUCKET_NAME": "init-priming",
+        "KEYS_TABLE_NAME": "init-priming-keys",
+        "CONTENT_KMS_KEY_ID": "alias/init-priming",
+        "CALLBACK_KEY": "00" * 32,
+        "TENANT_ROLE_ARN": TENANT_ROLE,
+        "DYNAMODB_ENDPOINT": unreachable,
+        "S3_ENDPOINT": unreachable,
+        "KMS_ENDPOINT": unreachable,
+        "AWS_ENDPOINT_URL_STS": unreachable,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    calls: list[str] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def spy(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        calls.append(operation)
+        return real(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+    set_runtime(None)
+    try:
+        with caplog.at_level("WARNING"):
+            load_function("read")
+        built = get_runtime()
+    finally:
+        set_runtime(None)
+
+    assert calls == ["GetItem", "Decrypt", "AssumeRole"]
+    assert not [r for r in caplog.records if "priming" in r.getMessage()]
+    assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "KMS", "STS"}
+
+
 def test_init_registers_the_snapstart_hooks_when_the_runtime_offers_them(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -138,6 +138,8 @@ class Runtime:
         self._service_lock = threading.Lock()
         #: Whether S3's client was built with the runtime (``from_settings(blobs=True)``).
         self.blobs_at_init = False
+        #: The process's keyring (``None``: content stays clear), shared by every tenant.
+        self.keyring: Keyring | None = None
         #: The reads and the clear on the process's store: the service itself once built
         #: with it, else reads that build it only to forget a provider's stored responses.
         self.reads = (
@@ -219,8 +221,9 @@ class Runtime:
 
     def prime(self) -> None:
         """Make the first call of each AWS call a request starts with, without the network:
-        a ``GetItem`` on the process's DynamoDB client and, with a tenant role, the
-        ``AssumeRole`` of a tenant's first request, each answered in-process.
+        a ``GetItem`` on the process's DynamoDB client, with sealed content the KMS
+        ``Decrypt`` that opens a tenant's key and, with a tenant role, the ``AssumeRole`` of
+        a tenant's first request, each answered in-process.
 
         A client's first call of an operation builds its models, resolves its endpoint
         and its credentials and signs; done here, during init, a request's first call
@@ -235,6 +238,14 @@ class Runtime:
                 Key={"pk": {"S": _PRIMING}, "sk": {"S": _PRIMING}},
                 ConsistentRead=True,
             )
+        master = self.keyring.master if self.keyring is not None else None
+        if isinstance(master, KmsMasterKey):
+            with _answered_in_process(master.client, _DECRYPTED):
+                master.client.decrypt(
+                    CiphertextBlob=_PRIMING.encode(),
+                    KeyId=master.default_key_id,
+                    EncryptionContext={"turnledger:tenant": _PRIMING},
+                )
         if self.tenants is not None:
             with _answered_in_process(self.tenants.sts, _ASSUMED_ROLE):
                 self.tenants.sts.assume_role(
@@ -270,6 +281,8 @@ class Runtime:
         )
         clients: list[Any] = [dynamodb]
         keyring = _keyring(settings, session, dynamodb)
+        if keyring is not None and isinstance(keyring.master, KmsMasterKey):
+            clients.append(keyring.master.client)  # closed before a snapshot with the rest
         store = _build_store(settings, session, dynamodb, clients, keyring, blobs=blobs)
         build = partial(_service_builder, settings, session, clock)
         if service:
@@ -298,6 +311,7 @@ class Runtime:
             )
         runtime.clients = clients
         runtime.blobs_at_init = blobs
+        runtime.keyring = keyring
         return runtime
 
 
@@ -557,6 +571,8 @@ def _dynamodb_store(
 
 #: The key and the tenant of :meth:`Runtime.prime`'s calls (never sent).
 _PRIMING = "turnledger-priming"
+#: What :meth:`Runtime.prime`'s KMS ``Decrypt`` is answered (no key anyone uses).
+_DECRYPTED = b'{"KeyId":"priming","Plaintext":"cHJpbWluZw=="}'
 #: What :meth:`Runtime.prime`'s ``AssumeRole`` is answered: STS's answer, with no credentials
 #: anyone could use.
 _ASSUMED_ROLE = (
