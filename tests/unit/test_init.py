@@ -12,6 +12,7 @@ connections, credentials and secrets. These tests run the hooks as Lambda would.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import sys
@@ -332,6 +333,22 @@ def test_a_read_or_clear_functions_init_and_reads_leave_the_service_unbuilt(
     context = LambdaContext(function_name=name, memory_limit_in_mb=512, timeout_seconds=29)
     answer = function.lambda_handler(event, context)
     assert answer["statusCode"] == (404 if name == "read" else 204)
+    assert not built.service_built
+
+
+def test_a_tenant_erasure_in_the_clear_function_leaves_the_service_unbuilt(
+    aws: None, load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """``DELETE /v1/conversations`` (the clear function) erases through the sweeper, which
+    builds the whole service only when a provider's stored responses must be deleted or a
+    wait recorded as expired: an erasure with neither loads no provider or pipeline."""
+    function = load_function("clear")
+    built = runtime_module._runtime
+    assert built is not None and not built.service_built
+    context = LambdaContext(function_name="clear", memory_limit_in_mb=512, timeout_seconds=29)
+    answer = function.lambda_handler(load_event("erase-tenant"), context)
+    assert answer["statusCode"] == 200, answer
+    assert json.loads(answer["body"])["complete"] is True
     assert not built.service_built
 
 

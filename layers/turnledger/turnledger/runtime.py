@@ -37,6 +37,7 @@ from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
 from .core.config import Settings
+from .core.models import ConversationKey
 from .core.observability import logger, tracer
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
@@ -191,16 +192,24 @@ class Runtime:
 
     def sweeper(self, context: RemainingTime | None) -> Sweeper:
         """The sweep, reclaim and tenant erasure over the process's store, within
-        ``context``'s time (``None``: no limit)."""
+        ``context``'s time (``None``: no limit); the whole service is built by the first
+        provider response to delete or wait to expire (a tenant erasure seldom has one)."""
         # Imported here: the API's cold start loads the sweep only for an erasure.
         from .ops.sweep import Deadline, Sweeper
+
+        def forget(responses: list[tuple[str, str]]) -> int:
+            # Nothing to delete at a provider: the service (providers, tools) stays unbuilt.
+            return self._forget(responses) if responses else 0
+
+        def expire_waits(key: ConversationKey) -> list[str]:
+            return self.conversations.expire_waits(key)
 
         return Sweeper(
             self.store,
             clock=self.clock,
             deadline=Deadline.of(context),
-            forget=self.conversations.forget_provider_state,
-            expire_waits=self.conversations.expire_waits,
+            forget=forget,
+            expire_waits=expire_waits,
         )
 
     def transfer_for(self, tenant: str) -> Transfer:
