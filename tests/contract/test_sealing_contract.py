@@ -400,8 +400,7 @@ def _state_items(store: ConversationStore, key: ConversationKey) -> list[Item]:
     return [
         item
         for item in items
-        if item is not None
-        and (item[codec.A_SK] == keys.HEAD_SK or codec.A_STATE in item)
+        if item is not None and (item[codec.A_SK] == keys.HEAD_SK or codec.A_STATE in item)
     ]
 
 
@@ -518,9 +517,7 @@ def test_clear_text_head_state_of_before_reads_and_is_sealed_when_next_written(
         status=ConversationStatus.AWAITING_APPROVAL,
         pending=first.head.pending,
     )
-    store.commit(
-        KEY, expected_version=still.expected_version, head=still.head, events=still.events
-    )
+    store.commit(KEY, expected_version=still.expected_version, head=still.head, events=still.events)
 
     written = [i for i in _state_items(store, KEY) if i[codec.A_SK] != "E#000000000001"]
     assert [i[codec.A_SK] for i in written] == ["E#000000000002", keys.HEAD_SK]
