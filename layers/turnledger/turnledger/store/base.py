@@ -350,6 +350,24 @@ def _stored_responses(item: Item) -> list[tuple[str, str]]:
     return found
 
 
+def _cursor_responses(item: Item) -> list[tuple[str, str]]:
+    """``(provider, response id)`` of the provider cursor that the head state of a turn item
+    (or ``HEAD``) names, if any: clear at rest (:data:`.codec.STATE_CONTENT`), so a purge
+    reads it after an erasure destroyed the keys that sealed the run records.
+
+    Best effort over whatever the item holds: a purge removes damaged items too.
+    """
+    name = codec.state_attribute(item)
+    state = None if name is None else item.get(name)
+    if not isinstance(state, str) or '"provider_cursor"' not in state:
+        return []
+    try:
+        cursor = json.loads(state)["provider_cursor"]
+        return [(str(cursor["provider"]), str(cursor["response_id"]))]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
 def _record_key(record_key: str) -> str:
     """``record_key`` if it names an idempotency record (never a head, an event or
     another kind of item).
@@ -1371,6 +1389,10 @@ class ConversationStore(ABC):
                         continue  # it still holds the slot against late turns; TTL removes it
                     if sequence <= tomb.base and not read:
                         events += _events_in(item)
+                        # Its stored provider responses: the cursor its head state names
+                        # (clear), and those its run records name (sealed: unless the
+                        # tenant's erasure destroyed their keys first).
+                        report.provider_responses.extend(_cursor_responses(item))
                         with contextlib.suppress(ContentUnreadable):
                             opened = self.sealer.open(item, held)
                             report.provider_responses.extend(_stored_responses(opened))
