@@ -523,3 +523,33 @@ def test_clear_text_head_state_of_before_reads_and_is_sealed_when_next_written(
     assert [i[codec.A_SK] for i in written] == ["E#000000000002", keys.HEAD_SK]
     _no_content(written)
     assert _waiting_call(another_environment(store).get_head(KEY)).arguments == CALL_ARGUMENTS
+
+
+def test_the_sweep_refiles_a_sealed_head_without_opening_its_content(sealed: Sealed) -> None:
+    """Re-filing a head under the hour it is now due in (the sweep) rewrites ``HEAD``'s
+    clear fields and keeps its sealed content as it was: the arguments still read back."""
+    store = sealed.store
+    epoch = int(START.timestamp())
+    _waiting_turn(store, ttl_seconds=5 * 3600, expires_at=epoch + 5 * 3600)
+    before = raw_item(store, KEY, keys.HEAD_SK)
+    assert before is not None
+    # As if filed under an hour that has come due while the conversation was in use.
+    put_raw_item(
+        store,
+        {
+            **before,
+            codec.A_BODY: json.dumps(
+                {**json.loads(before[codec.A_BODY]), "expiry_bucket": epoch // 3600 - 1}
+            ),
+        },
+    )
+
+    Sweeper(store, clock=FakeClock().now).conversations([KEY])
+
+    after = raw_item(store, KEY, keys.HEAD_SK)
+    assert after is not None
+    assert json.loads(after[codec.A_BODY])["expiry_bucket"] == (epoch + 5 * 3600) // 3600
+    assert after[codec.A_CONTENT] == before[codec.A_CONTENT]
+    _no_content([after])
+    call = _waiting_call(another_environment(store).get_head(KEY))
+    assert call.arguments == CALL_ARGUMENTS and call.reason == REASON
