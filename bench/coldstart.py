@@ -9,7 +9,7 @@ function (parameters at their defaults, resources as placeholder names) plus wha
 the Lambda runtime sets, and only the modules the layer holds importable
 (:func:`not_in_layer`). Then, in the same interpreter, the handler answers its first
 request (its sample event from ``events/``) and a second one, against DynamoDB Local
-(S3 and STS on moto's server). Before each handler's sample, the same round samples
+(S3, STS and KMS on moto's server). Before each handler's sample, the same round samples
 the minimal handler (``bench/minimal/app.py``: Powertools' HTTP resolver and one
 ``GetItem`` through a boto3 DynamoDB resource) the same way, so the two alternate.
 
@@ -42,6 +42,7 @@ from importlib.metadata import PackageNotFoundError, distribution, packages_dist
 from pathlib import Path
 from typing import Any
 
+import boto3
 from moto.server import ThreadedMotoServer
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -49,7 +50,12 @@ from turnledger.api.functions import ROUTES
 from turnledger_local.template import PROJECT_ROOT, functions, load_template
 
 from bench.results import command_line, machine_line, publish
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.aws import (
+    aws_clients,
+    create_bucket,
+    create_conversations_table,
+    create_keys_table,
+)
 from tests.support.dynamodb_local import DynamoDBLocal, DynamoDBLocalError, find_jar, free_port
 
 SECTION = "Cold start"
@@ -477,7 +483,7 @@ BENCH_TENANT_ROLE = "arn:aws:iam::123456789012:role/bench-tenant"
 
 
 def handler_environment(handler: Handler, backend: Mapping[str, str]) -> dict[str, str]:
-    """The Lambda environment of ``handler`` with the local table, bucket and STS."""
+    """The Lambda environment of ``handler`` with the local table, bucket, keys and STS."""
     env = {**lambda_environment(handler), **backend}
     if "TENANT_ROLE_ARN" in handler.environment:
         # Deployed, a tenant's first request assumes its role: measured too, on moto's STS.
@@ -678,10 +684,13 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     out.append(
         f"- init: {med(read.import_ms):.0f} ms against the minimal handler's "
         f"{med(minimal.import_ms):.0f} ms (+{med(read.import_ms) - med(minimal.import_ms):.0f}): "
-        "the layer's modules (pydantic: its first model class, the models of the events, "
-        "head and bodies; the store; the turn log and draft reads) and a second AWS client "
-        "(STS). The read function loads no provider, tool, httpx or turn pipeline "
-        "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`)."
+        "the layer's modules (pydantic and its first model class, the head's and the "
+        "events' models; the store, its keyring and codec; the resolver, views and route "
+        "modules) and two more AWS clients (STS for the tenants' roles, KMS for their "
+        "keys). The read function loads no provider, tool, httpx or turn pipeline "
+        "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`) and builds "
+        "no request or response body and no event payload model before its first use "
+        "(`turnledger.core.models.Deferred`)."
     )
     if traced_read is not None:
         out.append(
@@ -696,7 +705,7 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
             f"which {tenant:.0f} ms are the tenant's own set-up (the first request without "
             f"a tenant role takes {med(local.first_ms):.0f} ms): its role assumed on STS, one "
             "round trip that init cannot make for a tenant it does not know, and its "
-            "DynamoDB client with its first connection."
+            "DynamoDB client (which sends over the process's connection pool)."
         )
     out.append(
         f"- the minimal handler's own first request is {med(minimal.first_ms):.0f} ms "
@@ -715,7 +724,8 @@ def _restore_section(restored: Timing | None) -> list[str]:
         "### After a SnapStart restore (the read handler, same run)",
         "",
         "The init as SnapStart runs it (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`: "
-        "every route's request models are built too), then the hooks as Lambda runs them "
+        "every route's request models and every deferred model are built too), then the hooks "
+        "as Lambda runs them "
         "around a snapshot "
         "(`turnledger.runtime.before_snapshot`, then `after_restore`: a new random seed, "
         "cached secrets dropped, the runtime rebuilt on a new AWS session), then the two "
@@ -745,8 +755,9 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         f"Median of {runs} fresh interpreters each (`{Path(sys.executable).name}` of the "
         "project venv, bytecode caches warm as in a built layer): the handler's folder "
         "first on `sys.path`, the template's environment (parameter defaults; resource "
-        "names as placeholders, the table and bucket on "
-        f"{found.backend}) and what the Lambda runtime sets, with fake credentials. "
+        "names as placeholders, the table, bucket and keys table on "
+        f"{found.backend}: content sealed as deployed) and what the Lambda runtime sets, "
+        "with fake credentials. "
         "**init** is the handler module's import, Lambda's init phase: it builds the "
         "resolver, the settings, the clients and the service (`turnledger.runtime.prepare`; "
         "at the template's default `Tracing=Invocations` Lambda traces the invocation and "
@@ -754,7 +765,8 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "same interpreter answers the handler's sample event from `events/` twice (two "
         "conversations that do not exist yet, of one tenant: a first turn, a 404, a 204, a "
         "404, an empty sweep): **first request** includes what only a request can do (the "
-        "tenant's role assumed on moto's STS and its clients, the first connections); "
+        "tenant's role assumed on moto's STS and its clients, the first connections; a "
+        "turn, the new conversation's keys, on moto's KMS); "
         "**warm request** is the second; **first request's extra set-up** is their "
         "difference. **cold start** = init + first request, what a caller waits for "
         "without SnapStart (with it, a restore replaces the init). The **minimal** handler "
@@ -874,6 +886,13 @@ def _backend(stack: ExitStack) -> tuple[dict[str, str], str]:
     ddb = stack.enter_context(DynamoDBLocal(jar, shared_db=True))  # tenant credentials
     s3_endpoint = f"http://127.0.0.1:{s3_port}"
     clients = aws_clients(ddb.endpoint, s3_endpoint=s3_endpoint)
+    kms = boto3.client(
+        "kms",
+        endpoint_url=s3_endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     env = {
         "DYNAMODB_ENDPOINT": ddb.endpoint,
         "S3_ENDPOINT": s3_endpoint,
@@ -881,8 +900,13 @@ def _backend(stack: ExitStack) -> tuple[dict[str, str], str]:
         "AWS_ENDPOINT_URL_STS": s3_endpoint,
         "TABLE_NAME": create_conversations_table(clients.dynamodb),
         "BUCKET_NAME": create_bucket(clients.s3),
+        # Content sealed as the template deploys it: wrapped keys beside the table, the
+        # key that wraps them on moto's KMS.
+        "KEYS_TABLE_NAME": create_keys_table(clients.dynamodb),
+        "CONTENT_KMS_KEY_ID": kms.create_key(Description="bench")["KeyMetadata"]["KeyId"],
+        "KMS_ENDPOINT": s3_endpoint,
     }
-    return env, "DynamoDB Local (in memory, loopback), S3 and STS on moto's server"
+    return env, "DynamoDB Local (in memory, loopback), S3, STS and KMS on moto's server"
 
 
 def run(names: Sequence[str], runs: int) -> ColdStart:

@@ -11,6 +11,7 @@ from turnledger.runtime import prepare
 # This function's routes only (turnledger.api.functions.ROUTES["clear"]).
 lambda_handler = serve("clear")
 # Reads and clears only: the provider, tools and turn pipeline wait for a first use.
-prepare(service=False)
+# Every clear lists the conversation's blobs: S3's client is built now.
+prepare(service=False, blobs=True)
 
 __all__ = ["lambda_handler"]

@@ -19,7 +19,7 @@ from moto import mock_aws
 from mypy_boto3_dynamodb.client import DynamoDBClient
 from mypy_boto3_kms.client import KMSClient
 from turnledger.core.exceptions import ContentUnreadable
-from turnledger.core.models import ConversationKey
+from turnledger.core.models import ConversationKey, ConversationStatus, Head, PendingCall
 from turnledger.ops.sweep import Sweeper
 from turnledger.store import codec, inbox, keys
 from turnledger.store.base import ConversationStore
@@ -36,6 +36,7 @@ from turnledger.store.keyring import (
 from turnledger.store.records import Record
 from turnledger.store.sealed import SEALED_VALUE, SealedBlobStore
 from turnledger.store.sqlite import SQLiteConversationStore
+from turnledger.tools import arguments_sha256
 
 from tests.conftest import FAKE_ENVIRONMENT
 from tests.support.aws import (
@@ -48,6 +49,8 @@ from tests.support.aws import (
 from tests.support.factories import (
     START,
     FakeClock,
+    Turn,
+    another_environment,
     build_turn,
     commit_turn,
     delete_raw_item,
@@ -349,3 +352,204 @@ def test_the_inbox_leaves_out_an_entry_restored_after_delete(sealed: Sealed) -> 
 
     page = sealed.store.inbox_page(TENANT, now=START, limit=10)
     assert page.entries == [entries[kept]]
+
+
+#: A pending call's arguments and a person's reason: content of the head state.
+STATE_SECRET = "account 4711-0815 of Ann Example is overdrawn"
+CALL_ARGUMENTS = {"to": "ann@example.com", "body": STATE_SECRET}
+REASON = "the auditor wrote: " + STATE_SECRET
+
+
+def _holds(item: Item, text: str) -> bool:
+    """Whether a value of ``item`` (text, or bytes read as UTF-8) holds ``text``."""
+    return any(
+        text in (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+        for value in item.values()
+    )
+
+
+def _waiting_turn(store: ConversationStore, key: ConversationKey = KEY, **head: object) -> Turn:
+    """The first turn of ``key`` (so ``HEAD`` is written whole too), waiting for a person's
+    decision on a call whose arguments (and reason) are content."""
+    call = PendingCall(
+        id="call_sealed_1",
+        name="send_email",
+        arguments=CALL_ARGUMENTS,
+        requires="approval",
+        state="awaiting_approval",
+        idempotency_key="idem-sealed-1",
+        arguments_sha256=arguments_sha256(CALL_ARGUMENTS),
+        reason=REASON,
+        requested_at=START,
+        requested_by="ann",
+    )
+    return commit_turn(
+        store,
+        key,
+        None,
+        ["mail it"],
+        status=ConversationStatus.AWAITING_APPROVAL,
+        pending=[call],
+        **head,
+    )
+
+
+def _state_items(store: ConversationStore, key: ConversationKey) -> list[Item]:
+    """``HEAD`` and every turn item of ``key``, raw."""
+    items = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
+    return [
+        item
+        for item in items
+        if item is not None and (item[codec.A_SK] == keys.HEAD_SK or codec.A_STATE in item)
+    ]
+
+
+def _no_content(items: list[Item]) -> None:
+    digest = arguments_sha256(CALL_ARGUMENTS)
+    for item in items:
+        assert not _holds(item, STATE_SECRET), item[codec.A_SK]
+        assert not _holds(item, digest), item[codec.A_SK]
+
+
+def _waiting_call(head: Head | None) -> PendingCall:
+    assert head is not None and head.status is ConversationStatus.AWAITING_APPROVAL
+    [call] = head.pending
+    return call
+
+
+def test_the_head_state_holds_no_content_at_rest_and_reads_back(sealed: Sealed) -> None:
+    """A pending call's arguments (and a person's reason) are sealed in ``HEAD`` and in
+    the turn item's head state alike; ids, names, states and timestamps stay clear, and
+    the store reads the content back."""
+    store = sealed.store
+    _waiting_turn(store)
+
+    items = _state_items(store, KEY)
+    assert {str(item[codec.A_SK]) for item in items} == {keys.HEAD_SK, "E#000000000001"}
+    _no_content(items)
+    by_key = {str(item[codec.A_SK]): item for item in items}
+    head = json.loads(by_key[keys.HEAD_SK][codec.A_BODY])
+    state = json.loads(by_key["E#000000000001"][codec.A_STATE])
+    for clear in (head, state):
+        assert clear["status"] == "awaiting_approval"
+        assert clear["pending"][0]["id"] == "call_sealed_1"
+        assert clear["pending"][0]["name"] == "send_email"
+        assert clear["pending"][0]["state"] == "awaiting_approval"
+        assert "updated_at" in clear
+    for item in items:
+        assert item[codec.A_CONTENT].startswith(SEALED_VALUE)
+
+    call = _waiting_call(store.get_head(KEY))
+    assert call.arguments == CALL_ARGUMENTS and call.reason == REASON
+    loaded = _waiting_call(store.load(KEY, EVERYTHING).head)
+    assert loaded.arguments == CALL_ARGUMENTS
+    fresh = another_environment(store)
+    assert _waiting_call(fresh.get_head(KEY)).arguments == CALL_ARGUMENTS
+
+
+def test_a_head_state_ciphertext_copied_to_a_turn_item_does_not_open(sealed: Sealed) -> None:
+    """The sealed content of ``HEAD`` is bound to ``HEAD``: copied into the turn item's
+    head state it does not open, and the read answers ContentUnreadable."""
+    store = sealed.store
+    _waiting_turn(store)
+    head = raw_item(store, KEY, keys.HEAD_SK)
+    newest = raw_item(store, KEY, "E#000000000001")
+    assert head is not None and newest is not None
+    put_raw_item(store, {**newest, codec.A_CONTENT: head[codec.A_CONTENT]})
+
+    with pytest.raises(ContentUnreadable):
+        another_environment(store).get_head(KEY)
+
+
+def test_a_head_restored_after_delete_answers_content_unreadable(sealed: Sealed) -> None:
+    """After DELETE, a ``HEAD`` and turn item restored from a copy taken before it answer
+    ContentUnreadable (410) wherever pending calls are read, never their arguments and
+    never a 500; the sweep passes over it and purges it once expired; DELETE removes it."""
+    store = sealed.store
+    _waiting_turn(store, ttl_seconds=3600, expires_at=int(START.timestamp()) + 3600)
+    backup = _backup(store, KEY)
+    store.clear(KEY, FakeClock().now())
+    _restore(store, KEY, backup)
+
+    for reader in (store, another_environment(store)):
+        with pytest.raises(ContentUnreadable):
+            reader.get_head(KEY)
+        with pytest.raises(ContentUnreadable):
+            reader.load(KEY, EVERYTHING)
+    # The sweep reads no content: it passes over the live head, purges the expired one.
+    clock = FakeClock()
+    report = Sweeper(store, clock=clock.now).conversations([KEY])
+    assert report.conversations_removed == 0
+    assert raw_item(store, KEY, keys.HEAD_SK) is not None
+    clock.advance(7200)
+    report = Sweeper(store, clock=clock.now).conversations([KEY])
+    assert report.conversations_removed == 1
+    assert store.get_head(KEY) is None
+
+    _restore(store, KEY, backup)
+    store.clear(KEY, FakeClock().now())
+    assert store.get_head(KEY) is None
+    commit_turn(store, KEY, None, ["fresh", "start"])
+    assert store.get_head(KEY) is not None
+
+
+def test_clear_text_head_state_of_before_reads_and_is_sealed_when_next_written(
+    sealed: Sealed,
+) -> None:
+    """Migration: a head state written before encryption was on (arguments in clear in
+    ``HEAD`` and the turn item) reads as it is; the next commit seals both, ``HEAD``
+    included, even though its slow state did not change."""
+    store = sealed.store
+    keyring = store.sealer.keyring
+    store.sealer.keyring = None  # the build of before: writes clear text
+    first = _waiting_turn(store)
+    store.sealer.keyring = keyring
+    before = raw_item(store, KEY, keys.HEAD_SK)
+    assert before is not None and _holds(before, STATE_SECRET)
+    assert _waiting_call(store.get_head(KEY)).arguments == CALL_ARGUMENTS
+
+    # A commit of no event that keeps the call waiting (a marker, as a lease renewal is).
+    still = build_turn(
+        KEY,
+        first.head,
+        [],
+        continue_turn=True,
+        status=ConversationStatus.AWAITING_APPROVAL,
+        pending=first.head.pending,
+    )
+    store.commit(KEY, expected_version=still.expected_version, head=still.head, events=still.events)
+
+    written = [i for i in _state_items(store, KEY) if i[codec.A_SK] != "E#000000000001"]
+    assert [i[codec.A_SK] for i in written] == ["E#000000000002", keys.HEAD_SK]
+    _no_content(written)
+    assert _waiting_call(another_environment(store).get_head(KEY)).arguments == CALL_ARGUMENTS
+
+
+def test_the_sweep_refiles_a_sealed_head_without_opening_its_content(sealed: Sealed) -> None:
+    """Re-filing a head under the hour it is now due in (the sweep) rewrites ``HEAD``'s
+    clear fields and keeps its sealed content as it was: the arguments still read back."""
+    store = sealed.store
+    epoch = int(START.timestamp())
+    _waiting_turn(store, ttl_seconds=5 * 3600, expires_at=epoch + 5 * 3600)
+    before = raw_item(store, KEY, keys.HEAD_SK)
+    assert before is not None
+    # As if filed under an hour that has come due while the conversation was in use.
+    put_raw_item(
+        store,
+        {
+            **before,
+            codec.A_BODY: json.dumps(
+                {**json.loads(before[codec.A_BODY]), "expiry_bucket": epoch // 3600 - 1}
+            ),
+        },
+    )
+
+    Sweeper(store, clock=FakeClock().now).conversations([KEY])
+
+    after = raw_item(store, KEY, keys.HEAD_SK)
+    assert after is not None
+    assert json.loads(after[codec.A_BODY])["expiry_bucket"] == (epoch + 5 * 3600) // 3600
+    assert after[codec.A_CONTENT] == before[codec.A_CONTENT]
+    _no_content([after])
+    call = _waiting_call(another_environment(store).get_head(KEY))
+    assert call.arguments == CALL_ARGUMENTS and call.reason == REASON

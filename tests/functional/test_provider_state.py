@@ -28,6 +28,7 @@ from turnledger.providers.base import Message, ModelReply, ModelRequest
 from turnledger.providers.demo_stateful import RESPONSE_ID, DemoStatefulProvider
 from turnledger.providers.openai_responses import OpenAIResponsesProvider
 from turnledger.store.base import ConversationStore
+from turnledger.store.keyring import Keyring, LocalMasterKey, MemoryKeyItems
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn.pipeline import Conversations
@@ -557,3 +558,26 @@ def test_erasure_and_the_sweep_report_the_provider_state_they_deleted(
     assert fake.stored == {}
     # Nothing left to delete: a second run deletes (and reports) nothing.
     assert sweeper.expired().provider_state_deleted == 0
+
+
+def test_tenant_erasure_deletes_every_stored_response_though_it_destroys_keys_first(
+    clock: FakeClock, fake: FakeOpenAI
+) -> None:
+    """With content sealed, tenant erasure destroys the tenant's key before it deletes
+    anything, so the run records that name the stored responses no longer open: the
+    responses are found all the same (each turn item's head state names its provider
+    cursor in clear), every one is deleted, and ``provider_state_deleted`` counts them."""
+    store = MemoryConversationStore(keyring=Keyring(LocalMasterKey(), MemoryKeyItems()))
+    svc = service(store, clock, responses_provider(fake), model="gpt-test")
+    for conversation in ("conv-1", "conv-2"):
+        say(svc, "My name is Ann.", conversation)
+        assert say(svc, "What is my name?", conversation).context.provider_state == "continued"
+    stored = set(fake.stored)
+    assert len(stored) == 4
+
+    sweeper = Sweeper(store, clock=clock.now, forget=svc.forget_provider_state)
+    erased = sweeper.erase(ANN.tenant)
+
+    assert (erased.conversations_removed, erased.provider_state_deleted) == (2, 4)
+    assert sorted(deletes(fake)) == sorted(stored)
+    assert fake.stored == {}

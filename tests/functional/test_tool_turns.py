@@ -52,7 +52,7 @@ from tests.functional.http_sink import HttpSink, Reply
 from tests.support import edge
 from tests.support.concurrency import all_at_once
 from tests.support.edge import Caller
-from tests.support.factories import FakeClock, corrupt, raw_item, raw_sort_keys
+from tests.support.factories import FakeClock, corrupt, opened_item, raw_sort_keys
 from tests.support.providers import Recording
 
 ANN = Caller(tenant="tenant-a", actor="ann")
@@ -600,11 +600,16 @@ def test_approval_is_bound_to_the_exact_arguments(harness: Harness) -> None:
 
     # The pending calls are the newest turn item's head state (docs/STORAGE.md).
     newest = [sk for sk in raw_sort_keys(harness.store, key) if sk.startswith("E#")][-1]
-    state = raw_item(harness.store, key, newest)
+    # Its arguments are sealed apart (attribute c) by a store that seals: edited opened,
+    # then sealed again, as someone holding the key would.
+    state = opened_item(harness.store, key, newest)
     assert state is not None and codec.A_STATE in state
     body = json.loads(state[codec.A_STATE])
     redirect(body)
-    corrupt(harness.store, key, newest, **{codec.A_STATE: json.dumps(body)})
+    bare = {k: v for k, v in state.items() if k != codec.A_BODY}
+    edited = harness.store.sealer.seal({**bare, codec.A_STATE: json.dumps(body)})
+    names = (codec.A_STATE, codec.A_CONTENT)
+    corrupt(harness.store, key, newest, **{n: edited[n] for n in names if n in edited})
     with pytest.raises(InternalError):
         decide(svc, approve=["call_1"])
     assert harness.sink.requests == []

@@ -4,12 +4,16 @@ moto's KMS, and a backup restored after ``DELETE`` is answered ``410 content_unr
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import httpx
 import pytest
 from turnledger.core.models import ConversationKey
 from turnledger.store import codec, keys
+from turnledger.store.codec import Item
 from turnledger.store.sealed import SEALED_VALUE
+from turnledger.tools import arguments_sha256
 from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.support.factories import delete_raw_item, put_raw_item, raw_item, raw_sort_keys
@@ -17,13 +21,23 @@ from tests.support.factories import delete_raw_item, put_raw_item, raw_item, raw
 from .conftest import ANN, store_of
 
 SECRET = "my account number is 4711-0815"
+TOOLS = Path(__file__).resolve().parents[2] / "events" / "local-tools.json"
 
 
 @pytest.fixture
 def runner_config(runner_config: LocalConfig) -> LocalConfig:
     """No key cache: an environment that held a key before an erasure may open a restored
     copy only within KEY_CACHE_SECONDS of it (docs/API.md); here that window is closed."""
-    return dataclasses.replace(runner_config, env={"KEY_CACHE_SECONDS": "0"})
+    return dataclasses.replace(runner_config, env={"KEY_CACHE_SECONDS": "0"}, tools_file=TOOLS)
+
+
+def _holds(item: Item | None, text: str) -> bool:
+    """Whether a value of the raw ``item`` (text, or bytes read as UTF-8) holds ``text``."""
+    assert item is not None
+    return any(
+        text in (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+        for value in item.values()
+    )
 
 
 def test_a_backup_restored_after_delete_answers_410_content_unreadable(
@@ -73,3 +87,61 @@ def test_a_backup_restored_after_delete_answers_410_content_unreadable(
     )
     fresh = http.post(f"/v1/conversations/{conversation}/turns", json={"input": "hi"}, headers=ANN)
     assert fresh.status_code == 200, fresh.text
+
+
+def test_pending_call_arguments_are_sealed_and_a_restored_head_answers_410(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """A call waiting for approval keeps its arguments sealed in HEAD and the turn item
+    (no argument text, no hash of them at rest); after DELETE, HEAD and the turn item
+    restored from a copy answer 410 content_unreadable on every route that shows pending
+    calls (the conversation, the approval inbox, the decision), never the arguments."""
+    conversation = "crypto-erase-2"
+    arguments = {"to": "ann@example.com", "subject": SECRET}
+    asked = http.post(
+        f"/v1/conversations/{conversation}/turns",
+        json={"input": f"/tool send_email {json.dumps(arguments)}"},
+        headers=ANN,
+    )
+    assert asked.status_code == 200, asked.text
+    assert asked.json()["status"] == "awaiting_approval"
+    [call] = asked.json()["pending_tool_calls"]
+    assert call["arguments"] == arguments
+    store = store_of(served)
+    key = ConversationKey(tenant="acme", conversation_id=conversation)
+    backup = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
+    for item in backup:
+        assert not _holds(item, SECRET) and not _holds(item, arguments_sha256(arguments))
+    states = [i for i in backup if i is not None and codec.A_CONTENT in i]
+    assert {str(i[codec.A_SK]) for i in states} >= {keys.HEAD_SK}
+    shown = http.get(f"/v1/conversations/{conversation}", headers=ANN)
+    assert shown.status_code == 200 and SECRET in shown.text  # it reads back
+
+    deleted = http.delete(f"/v1/conversations/{conversation}", headers=ANN)
+    assert deleted.status_code in (200, 204), deleted.text
+    for sort_key in raw_sort_keys(store, key):
+        delete_raw_item(store, key, sort_key)
+    for item in backup:
+        assert item is not None
+        put_raw_item(store, item)
+
+    head = http.get(f"/v1/conversations/{conversation}", headers=ANN)
+    assert head.status_code == 410, head.text
+    assert head.json()["error"]["code"] == "content_unreadable"
+    listed = http.get("/v1/approvals", headers=ANN)
+    assert listed.status_code == 200, listed.text
+    assert SECRET not in listed.text
+    assert [i["conversation_id"] for i in listed.json()["items"]] == []
+    decided = http.post(
+        f"/v1/conversations/{conversation}/approvals",
+        json={"approve": [call["id"]]},
+        headers=ANN,
+    )
+    assert decided.status_code == 410, decided.text
+    assert decided.json()["error"]["code"] == "content_unreadable"
+    assert SECRET not in decided.text
+    assert http.delete(f"/v1/conversations/{conversation}", headers=ANN).status_code in (
+        200,
+        204,
+    )
+    assert http.get(f"/v1/conversations/{conversation}", headers=ANN).status_code == 404

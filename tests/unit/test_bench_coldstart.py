@@ -58,3 +58,18 @@ def test_the_paired_ratio_divides_each_sample_by_the_minimal_handlers_before_it(
     )
     assert paired_ratio(timing) == 2.0  # 200/100, 400/400, 1000/500
     assert paired_ratio(Timing("read", import_ms=[1.0], first_ms=[1.0])) is None
+
+
+def test_the_turn_handler_answers_its_sample_on_the_benchs_backend() -> None:
+    """The bench's backend holds every resource the template's default configuration
+    reads: with content sealed (``KEYS_TABLE_NAME``, ``CONTENT_KMS_KEY_ID``), a turn
+    reads and writes its keys, so the keys table and the KMS key must exist there."""
+    from contextlib import ExitStack
+
+    from bench.coldstart import _backend, _handler_steps, handler_environment
+
+    turn = handlers()["turn"]
+    with ExitStack() as stack:
+        backend, _ = _backend(stack)
+        spent, _ = probe(_handler_steps(turn, -3)[:2], handler_environment(turn, backend))
+    assert len(spent) == 2

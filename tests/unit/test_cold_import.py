@@ -296,3 +296,87 @@ def test_the_read_and_clear_functions_load_no_provider_tool_or_pipeline(
         m for m in found["after_import"] if any(m == w or m.startswith(w + ".") for w in WRITE_SIDE)
     ]
     assert loaded == []
+
+
+_BODY_MODELS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+import pydantic
+from turnledger.api import schemas
+models = [
+    m for m in vars(schemas).values()
+    if isinstance(m, type) and issubclass(m, pydantic.BaseModel)
+    and m.__module__ == schemas.__name__
+]
+from turnledger.core.models import PAYLOAD_MODELS
+payloads = list(PAYLOAD_MODELS.values())
+print(json.dumps({
+    "models": len(models),
+    "built": sum(m.__pydantic_complete__ for m in models),
+    "payloads": len(payloads),
+    "payloads_built": sum(m.__pydantic_complete__ for m in payloads),
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("initialization", "expected"), [("snap-start", "all"), ("on-demand", "none")]
+)
+def test_api_bodies_and_event_payloads_are_built_on_first_use_unless_init_runs_ahead(
+    tmp_path: Path, initialization: str, expected: str
+) -> None:
+    """The HTTP API's request and response models (``turnledger.api.schemas``) and the
+    events' payload models are deferred: an on-demand init builds none of them (each
+    route's first request builds its own, each kind's first event its payload's, about
+    1 ms a model), a SnapStart init builds them all into the snapshot."""
+    env = {
+        **_base_env(),
+        "STORE": "sqlite",
+        "DATA_DIR": str(tmp_path),
+        "AWS_LAMBDA_INITIALIZATION_TYPE": initialization,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _BODY_MODELS, str(_folders()["read"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["models"] > 30
+    assert found["built"] == (found["models"] if expected == "all" else 0)
+    assert found["payloads"] > 10
+    assert found["payloads_built"] == (found["payloads"] if expected == "all" else 0)
+
+
+_CLIENTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+import turnledger.runtime
+runtime = turnledger.runtime._runtime
+print(json.dumps(sorted(c.meta.service_model.service_name for c in runtime.clients)))
+"""
+
+
+@pytest.mark.parametrize(("name", "s3"), [("clear", True), ("read", False)])
+def test_the_clear_functions_init_builds_s3s_client(name: str, s3: bool) -> None:
+    """Every clear lists the conversation's blobs: the clear function's init builds S3's
+    client (its model parsed for the tenants' clients too); the read function, whose
+    requests seldom touch a blob, leaves it to the first that does."""
+    env = {**_base_env(), "TABLE_NAME": "t", "BUCKET_NAME": "b"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CLIENTS, str(_folders()[name])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    services = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "dynamodb" in services
+    assert ("s3" in services) is s3

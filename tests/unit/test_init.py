@@ -12,6 +12,7 @@ connections, credentials and secrets. These tests run the hooks as Lambda would.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import sys
@@ -161,6 +162,50 @@ def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
     assert built.tenants is not None
 
 
+def test_with_sealed_content_init_also_makes_the_first_kms_decrypt_without_the_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Content sealed as deployed (``KEYS_TABLE_NAME``): the KMS ``Decrypt`` that opens a
+    tenant's key on its first request is made once at init too, answered in-process; the
+    KMS client is one of those closed before a snapshot."""
+    unreachable = "http://127.0.0.1:9"  # the discard port: nothing listens
+    for name, value in {
+        "TABLE_NAME": "init-priming",
+        "BUCKET_NAME": "init-priming",
+        "KEYS_TABLE_NAME": "init-priming-keys",
+        "CONTENT_KMS_KEY_ID": "alias/init-priming",
+        "CALLBACK_KEY": "00" * 32,
+        "TENANT_ROLE_ARN": TENANT_ROLE,
+        "DYNAMODB_ENDPOINT": unreachable,
+        "S3_ENDPOINT": unreachable,
+        "KMS_ENDPOINT": unreachable,
+        "AWS_ENDPOINT_URL_STS": unreachable,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    calls: list[str] = []
+    real = botocore.client.BaseClient._make_api_call
+
+    def spy(client: Any, operation: str, params: dict[str, Any]) -> Any:
+        calls.append(operation)
+        return real(client, operation, params)
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
+    set_runtime(None)
+    try:
+        with caplog.at_level("WARNING"):
+            load_function("read")
+        built = get_runtime()
+    finally:
+        set_runtime(None)
+
+    assert calls == ["GetItem", "Decrypt", "AssumeRole"]
+    assert not [r for r in caplog.records if "priming" in r.getMessage()]
+    assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "KMS", "STS"}
+
+
 def test_init_registers_the_snapstart_hooks_when_the_runtime_offers_them(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,6 +336,22 @@ def test_a_read_or_clear_functions_init_and_reads_leave_the_service_unbuilt(
     assert not built.service_built
 
 
+def test_a_tenant_erasure_in_the_clear_function_leaves_the_service_unbuilt(
+    aws: None, load_event: Callable[[str], dict[str, Any]]
+) -> None:
+    """``DELETE /v1/conversations`` (the clear function) erases through the sweeper, which
+    builds the whole service only when a provider's stored responses must be deleted or a
+    wait recorded as expired: an erasure with neither loads no provider or pipeline."""
+    function = load_function("clear")
+    built = runtime_module._runtime
+    assert built is not None and not built.service_built
+    context = LambdaContext(function_name="clear", memory_limit_in_mb=512, timeout_seconds=29)
+    answer = function.lambda_handler(load_event("erase-tenant"), context)
+    assert answer["statusCode"] == 200, answer
+    assert json.loads(answer["body"])["complete"] is True
+    assert not built.service_built
+
+
 @pytest.mark.parametrize("role", [None, TENANT_ROLE])
 def test_a_clear_without_the_service_still_forgets_the_providers_stored_responses(
     aws: None, monkeypatch: pytest.MonkeyPatch, role: str | None
@@ -319,3 +380,19 @@ def test_a_clear_without_the_service_still_forgets_the_providers_stored_response
     reads.clear(key)
     assert forgotten == [known]
     assert built.service_built is (role is None)  # a tenant's own service was built instead
+
+
+def test_the_clear_functions_s3_client_is_built_at_init_and_again_after_a_restore(
+    aws: None,
+) -> None:
+    """Every clear lists blobs: its init builds S3's client, and so does the rebuild of a
+    restored environment (not the first request after it)."""
+    load_function("clear")
+    built = runtime_module._runtime
+    assert built is not None and built.blobs_at_init
+    assert "S3" in {type(c).__name__ for c in built.clients}
+    before_snapshot()
+    after_restore()
+    restored = runtime_module._runtime
+    assert restored is not None and restored is not built
+    assert "S3" in {type(c).__name__ for c in restored.clients}

@@ -248,3 +248,21 @@ def test_without_a_tenant_role_every_tenant_uses_the_process_credentials(aws: st
     assert runtime.tenants is None
     assert runtime.conversations_for("a") is runtime.conversations
     assert runtime.dynamodb_for("a") is runtime.dynamodb
+
+
+def test_tenant_clients_send_over_the_process_connections_with_their_own_credentials(
+    aws: str,
+) -> None:
+    """A tenant's DynamoDB client signs with the tenant's credentials but sends over the
+    process's connection pool: a tenant's first request opens no connection of its own
+    when the process already holds one, and closing the runtime (before a SnapStart
+    snapshot) closes the tenants' connections too."""
+    settings = Settings(table_name="t", bucket_name=BUCKET, tenant_role_arn=aws)
+    runtime = Runtime.from_settings(settings)
+    assert runtime.tenants is not None
+    pool = runtime.dynamodb._endpoint.http_session
+    one, other = runtime.dynamodb_for("a"), runtime.dynamodb_for("b")
+    assert one._endpoint.http_session is pool
+    assert other._endpoint.http_session is pool
+    keys_used = {access_key(one), access_key(other), access_key(runtime.dynamodb)}
+    assert len(keys_used) == 3

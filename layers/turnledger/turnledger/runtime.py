@@ -37,6 +37,7 @@ from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
 from .core.config import Settings
+from .core.models import ConversationKey
 from .core.observability import logger, tracer
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
@@ -136,6 +137,10 @@ class Runtime:
         #: :meth:`close`); one built on first use (S3's) joins it then.
         self.clients: list[Any] = [] if clients is None else clients
         self._service_lock = threading.Lock()
+        #: Whether S3's client was built with the runtime (``from_settings(blobs=True)``).
+        self.blobs_at_init = False
+        #: The process's keyring (``None``: content stays clear), shared by every tenant.
+        self.keyring: Keyring | None = None
         #: The reads and the clear on the process's store: the service itself once built
         #: with it, else reads that build it only to forget a provider's stored responses.
         self.reads = (
@@ -187,16 +192,24 @@ class Runtime:
 
     def sweeper(self, context: RemainingTime | None) -> Sweeper:
         """The sweep, reclaim and tenant erasure over the process's store, within
-        ``context``'s time (``None``: no limit)."""
+        ``context``'s time (``None``: no limit); the whole service is built by the first
+        provider response to delete or wait to expire (a tenant erasure seldom has one)."""
         # Imported here: the API's cold start loads the sweep only for an erasure.
         from .ops.sweep import Deadline, Sweeper
+
+        def forget(responses: list[tuple[str, str]]) -> int:
+            # Nothing to delete at a provider: the service (providers, tools) stays unbuilt.
+            return self._forget(responses) if responses else 0
+
+        def expire_waits(key: ConversationKey) -> list[str]:
+            return self.conversations.expire_waits(key)
 
         return Sweeper(
             self.store,
             clock=self.clock,
             deadline=Deadline.of(context),
-            forget=self.conversations.forget_provider_state,
-            expire_waits=self.conversations.expire_waits,
+            forget=forget,
+            expire_waits=expire_waits,
         )
 
     def transfer_for(self, tenant: str) -> Transfer:
@@ -217,8 +230,9 @@ class Runtime:
 
     def prime(self) -> None:
         """Make the first call of each AWS call a request starts with, without the network:
-        a ``GetItem`` on the process's DynamoDB client and, with a tenant role, the
-        ``AssumeRole`` of a tenant's first request, each answered in-process.
+        a ``GetItem`` on the process's DynamoDB client, with sealed content the KMS
+        ``Decrypt`` that opens a tenant's key and, with a tenant role, the ``AssumeRole`` of
+        a tenant's first request, each answered in-process.
 
         A client's first call of an operation builds its models, resolves its endpoint
         and its credentials and signs; done here, during init, a request's first call
@@ -233,6 +247,14 @@ class Runtime:
                 Key={"pk": {"S": _PRIMING}, "sk": {"S": _PRIMING}},
                 ConsistentRead=True,
             )
+        master = self.keyring.master if self.keyring is not None else None
+        if isinstance(master, KmsMasterKey):
+            with _answered_in_process(master.client, _DECRYPTED):
+                master.client.decrypt(
+                    CiphertextBlob=_PRIMING.encode(),
+                    KeyId=master.default_key_id,
+                    EncryptionContext={"turnledger:tenant": _PRIMING},
+                )
         if self.tenants is not None:
             with _answered_in_process(self.tenants.sts, _ASSUMED_ROLE):
                 self.tenants.sts.assume_role(
@@ -245,7 +267,12 @@ class Runtime:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, clock: Clock = utc_now, service: bool = True
+        cls,
+        settings: Settings,
+        *,
+        clock: Clock = utc_now,
+        service: bool = True,
+        blobs: bool = False,
     ) -> Runtime:
         """Build clients, store, provider, tools and the service for ``settings``.
 
@@ -253,6 +280,9 @@ class Runtime:
             service: build the whole service now (its provider, tools and the turn pipeline,
                 with their setting errors raised here); ``False`` leaves it to its first use,
                 for a function that only reads or clears (:meth:`reads_for`).
+            blobs: build S3's client now (its service model then parsed for the tenants'
+                S3 clients too), for a function whose every request reads or lists blobs;
+                ``False`` leaves it to the first blob.
         """
         session = aws_session()
         dynamodb: DynamoDBClient = session.client(
@@ -260,7 +290,9 @@ class Runtime:
         )
         clients: list[Any] = [dynamodb]
         keyring = _keyring(settings, session, dynamodb)
-        store = _build_store(settings, session, dynamodb, clients, keyring)
+        if keyring is not None and isinstance(keyring.master, KmsMasterKey):
+            clients.append(keyring.master.client)  # closed before a snapshot with the rest
+        store = _build_store(settings, session, dynamodb, clients, keyring, blobs=blobs)
         build = partial(_service_builder, settings, session, clock)
         if service:
             made = build()
@@ -284,9 +316,11 @@ class Runtime:
                 sts,
                 settings.tenant_role_arn,
                 bucket=settings.bucket_name,
-                build=partial(_tenant_scope, settings, session, clock, services, keyring),
+                build=partial(_tenant_scope, settings, session, clock, services, keyring, dynamodb),
             )
         runtime.clients = clients
+        runtime.blobs_at_init = blobs
+        runtime.keyring = keyring
         return runtime
 
 
@@ -370,13 +404,16 @@ def _tenant_scope(
     clock: Clock,
     service: Callable[[ConversationStore], Conversations],
     keyring: Keyring | None,
+    process_dynamodb: DynamoDBClient,
     tenant: str,
     credentials: TenantCredentials,
 ) -> TenantScope:
     """Clients, store and service of ``tenant``, on its own credentials.
 
     Its clients come from the process's ``session`` (its models, parsed at init) with the
-    tenant's credentials: a tenant's first request builds no session of its own.
+    tenant's credentials: a tenant's first request builds no session of its own. Its
+    DynamoDB client sends over ``process_dynamodb``'s connection pool
+    (:func:`_share_connections`).
     """
     signed: dict[str, Any] = {
         "config": _AWS_CONFIG,
@@ -389,6 +426,7 @@ def _tenant_scope(
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
         )
+    _share_connections(dynamodb, process_dynamodb)
     s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     # The process's keyring: keys are read on the process's credentials, cached for all
     # tenants; the content they open is read only through the tenant's own.
@@ -404,6 +442,21 @@ def _tenant_scope(
 
 
 _session_lock = threading.Lock()
+
+
+def _share_connections(client: Any, like: Any) -> None:
+    """Send ``client``'s requests over ``like``'s connection pool (same endpoint, same
+    configuration): a tenant's first request reuses a connection the process (or an
+    earlier tenant) opened rather than opening its own, and :meth:`Runtime.close`
+    closes them all.
+
+    A connection carries no credentials: each request is signed by its own client
+    (``client``'s credentials) before it is sent. botocore offers no public way to give
+    a client a connection pool; its endpoint's ``http_session`` is where it keeps it.
+    """
+    if client.meta.endpoint_url != like.meta.endpoint_url:
+        return
+    client._endpoint.http_session = like._endpoint.http_session
 
 
 def _on_first_use[T](build: Callable[[], T], built: list[Any] | None = None) -> Callable[[], T]:
@@ -491,10 +544,13 @@ def _build_store(
     dynamodb: DynamoDBClient,
     clients: list[Any] | None = None,
     keyring: Keyring | None = None,
+    *,
+    blobs: bool = False,
 ) -> ConversationStore:
     """The conversation store ``settings.store`` names: DynamoDB and S3, or SQLite and files.
 
-    S3's client is built on the store's first blob and then added to ``clients`` when given.
+    S3's client is built on the store's first blob (here with ``blobs``) and then added to
+    ``clients`` when given.
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
@@ -502,6 +558,8 @@ def _build_store(
         partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),
         clients,
     )
+    if blobs:
+        s3()
     return _dynamodb_store(settings, dynamodb, s3, keyring)
 
 
@@ -522,6 +580,8 @@ def _dynamodb_store(
 
 #: The key and the tenant of :meth:`Runtime.prime`'s calls (never sent).
 _PRIMING = "turnledger-priming"
+#: What :meth:`Runtime.prime`'s KMS ``Decrypt`` is answered (no key anyone uses).
+_DECRYPTED = b'{"KeyId":"priming","Plaintext":"cHJpbWluZw=="}'
 #: What :meth:`Runtime.prime`'s ``AssumeRole`` is answered: STS's answer, with no credentials
 #: anyone could use.
 _ASSUMED_ROLE = (
@@ -569,13 +629,13 @@ def get_runtime() -> Runtime:
     return _runtime_or_build(service=True)
 
 
-def _runtime_or_build(*, service: bool) -> Runtime:
+def _runtime_or_build(*, service: bool, blobs: bool = False) -> Runtime:
     """The process's runtime; the first call builds it (the whole service too with
-    ``service``, see :meth:`Runtime.from_settings`)."""
+    ``service``, S3's client with ``blobs``, see :meth:`Runtime.from_settings`)."""
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = Runtime.from_settings(Settings.from_env(), service=service)
+            _runtime = Runtime.from_settings(Settings.from_env(), service=service, blobs=blobs)
         return _runtime
 
 
@@ -586,13 +646,15 @@ def set_runtime(runtime: Runtime | None) -> None:
         _runtime = runtime
 
 
-def prepare(*, service: bool = True) -> Runtime | None:
+def prepare(*, service: bool = True, blobs: bool = False) -> Runtime | None:
     """Build, during Lambda's init phase, what every request needs: the runtime (settings,
-    clients, store and, with ``service``, the provider, tools and the whole service), its
-    AWS clients' first calls made without the network (:meth:`Runtime.prime`), and the
-    Tracer where tracing is on (``Tracing=Calls``); and register the SnapStart hooks. The
-    handler modules in ``functions/`` call it at import; the functions that only read or
-    clear pass ``service=False`` (their routes use :meth:`Runtime.reads_for`).
+    clients, store and, with ``service``, the provider, tools and the whole service; with
+    ``blobs``, S3's client), its AWS clients' first calls made without the network
+    (:meth:`Runtime.prime`), and the Tracer where tracing is on (``Tracing=Calls``); and
+    register the SnapStart hooks. The handler modules in ``functions/`` call it at import;
+    the functions that only read or clear pass ``service=False`` (their routes use
+    :meth:`Runtime.reads_for`), the one whose every request lists blobs (clear)
+    ``blobs=True``.
 
     Returns:
         The runtime, or ``None`` when the settings are invalid: the error is logged here
@@ -600,7 +662,7 @@ def prepare(*, service: bool = True) -> Runtime | None:
     """
     _register_snapshot_hooks()
     try:
-        built = _runtime_or_build(service=service)
+        built = _runtime_or_build(service=service, blobs=blobs)
     except Exception:
         logger.exception("the runtime could not be built at init")
         tracer()
@@ -643,6 +705,7 @@ def after_restore() -> None:
                 clock=_runtime.clock,
                 # A service init left to its first use stays so (reads and clears).
                 service=_runtime.service_built,
+                blobs=_runtime.blobs_at_init,
             )
 
 

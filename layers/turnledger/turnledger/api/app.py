@@ -19,7 +19,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from ..core.deadline import request_deadline
 from ..core.exceptions import InvalidRequest, PayloadTooLarge, TurnledgerError
-from ..core.models import CONVERSATION_ID_PATTERN
+from ..core.models import CONVERSATION_ID_PATTERN, build_deferred
 from ..core.observability import logger, metrics, traced
 from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
@@ -36,7 +36,9 @@ AHEAD_OF_REQUESTS = frozenset({"snap-start", "provisioned-concurrency"})
 
 
 def prepare_routes() -> int:
-    """Build every registered route's request models now; returns how many routes there are.
+    """Build every registered route's request models, and every deferred model of the
+    modules loaded (:class:`~turnledger.core.models.Deferred`), now; returns how many
+    routes there are.
 
     Powertools builds a route's parameter and body models (its ``dependant``) on the
     route's first request: about 8 ms a route, 0.2 s for all of them here. Where init
@@ -51,6 +53,8 @@ def prepare_routes() -> int:
     registered = [*getattr(app, "_static_routes", ()), *getattr(app, "_dynamic_routes", ())]
     for route in registered:
         _ = route.dependant, route.body_field
+    # The request and response bodies the routes build and validate themselves.
+    build_deferred()
     return len(registered)
 
 

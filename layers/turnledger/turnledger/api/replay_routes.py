@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ..context.assembly import SUMMARY_PREFIX
 from ..core.exceptions import ServiceUnavailable
+from ..core.models import Deferred
 from ..core.observability import logger
 from ..providers.base import Message, ToolSpec
 from ..runtime import get_runtime
@@ -34,7 +35,7 @@ ReplayId = Annotated[
 ]
 
 
-class CallContextView(BaseModel):
+class CallContextView(Deferred):
     """What one model call of the turn was sent, rebuilt from the log, and its hashes."""
 
     call: int = Field(description="The call's place in its turn (1, 2, ...)")
@@ -58,7 +59,7 @@ class CallContextView(BaseModel):
     )
 
 
-class TurnContextView(BaseModel):
+class TurnContextView(Deferred):
     """``GET .../turns/{n}/context``: every model call of the turn."""
 
     conversation_id: str
@@ -67,7 +68,7 @@ class TurnContextView(BaseModel):
     all_match: bool
 
 
-class ReplayRequest(BaseModel):
+class ReplayRequest(Deferred):
     """``POST .../replays``."""
 
     model_config = ConfigDict(extra="forbid")

@@ -11,7 +11,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -23,6 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from ..core.models import (
     CONVERSATION_ID_PATTERN,
+    Deferred,
     ImportMark,
     JsonObjectFormat,
     JsonSchemaFormat,
@@ -30,7 +30,7 @@ from ..core.models import (
 )
 
 
-class _Body(BaseModel):
+class _Body(Deferred):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -54,7 +54,9 @@ InputItem = Annotated[InputMessage | FunctionCallOutput, Field(discriminator="ty
 
 
 #: Validates ``input`` when it is a list (see :meth:`TurnRequest._input`).
-_INPUT_ITEMS: TypeAdapter[list[InputMessage | FunctionCallOutput]] = TypeAdapter(list[InputItem])
+_INPUT_ITEMS: TypeAdapter[list[InputMessage | FunctionCallOutput]] = TypeAdapter(
+    list[InputItem], config=ConfigDict(defer_build=True)
+)
 #: Text with something in it: what ``input`` must match when it is a string.
 _SOME_TEXT = r"\S"
 
@@ -190,7 +192,7 @@ class ApprovalRequest(_Body):
         }
 
 
-class PendingToolCallView(BaseModel):
+class PendingToolCallView(Deferred):
     """A tool call waiting for approval or for the client."""
 
     id: str
@@ -205,7 +207,7 @@ class PendingToolCallView(BaseModel):
     task_id: str | None = None
 
 
-class OutputMessage(BaseModel):
+class OutputMessage(Deferred):
     """An assistant message of this request."""
 
     type: Literal["message"] = "message"
@@ -213,7 +215,7 @@ class OutputMessage(BaseModel):
     content: str
 
 
-class OutputFunctionCall(BaseModel):
+class OutputFunctionCall(Deferred):
     """A tool call the model made during this request."""
 
     type: Literal["function_call"] = "function_call"
@@ -222,7 +224,7 @@ class OutputFunctionCall(BaseModel):
     arguments: dict[str, Any]
 
 
-class ContextInfo(BaseModel):
+class ContextInfo(Deferred):
     """How the working context of the turn's last model call was built and sent."""
 
     messages_sent: int
@@ -246,7 +248,7 @@ AnsweredStatus = Literal[
 ]
 
 
-class TurnResponse(BaseModel):
+class TurnResponse(Deferred):
     """Answer of a turn, and of an approval that decided the last pending call."""
 
     conversation_id: str
@@ -266,7 +268,7 @@ class TurnResponse(BaseModel):
     awaiting: list[Literal["approval", "input", "client", "async"]] = Field(default_factory=list)
 
 
-class ConversationView(BaseModel):
+class ConversationView(Deferred):
     """Answer of ``GET /v1/conversations/{id}``: the head.
 
     A call whose approval window closed is shown in ``expired_tool_calls`` at once,
@@ -309,7 +311,7 @@ class ConversationView(BaseModel):
     forks: int = 0
 
 
-class ForkParentView(BaseModel):
+class ForkParentView(Deferred):
     """Where a fork was made."""
 
     conversation_id: str
@@ -326,7 +328,7 @@ class ForkRequest(_Body):
     )
 
 
-class ForkView(BaseModel):
+class ForkView(Deferred):
     """One live fork, as ``GET .../forks`` lists it."""
 
     conversation_id: str
@@ -336,7 +338,7 @@ class ForkView(BaseModel):
     created_at: datetime
 
 
-class ForksPage(BaseModel):
+class ForksPage(Deferred):
     """Answer of ``GET /v1/conversations/{id}/forks``: live forks by id."""
 
     conversation_id: str
@@ -345,7 +347,7 @@ class ForksPage(BaseModel):
     next_after: str | None
 
 
-class EventView(BaseModel):
+class EventView(Deferred):
     """One canonical event."""
 
     event_id: str
@@ -362,7 +364,7 @@ class EventView(BaseModel):
     imported: ImportMark | None = None
 
 
-class ExportLink(BaseModel):
+class ExportLink(Deferred):
     """Answer of ``GET .../export`` (``303``, with ``Location``) when the export is larger
     than a response carries: where to fetch it, until when, and its size."""
 
@@ -371,7 +373,7 @@ class ExportLink(BaseModel):
     bytes: int
 
 
-class EventsPage(BaseModel):
+class EventsPage(Deferred):
     """Answer of ``GET /v1/conversations/{id}/events``."""
 
     conversation_id: str
@@ -380,7 +382,7 @@ class EventsPage(BaseModel):
     next_after: int | None
 
 
-class TurnError(BaseModel):
+class TurnError(Deferred):
     """Why a turn's last request failed: the error it answered (its code and status)."""
 
     code: str
@@ -388,7 +390,7 @@ class TurnError(BaseModel):
     message: str
 
 
-class TurnSummaryView(BaseModel):
+class TurnSummaryView(Deferred):
     """One turn of ``GET /v1/conversations/{id}/turns``, rebuilt from the log."""
 
     turn: int
@@ -417,7 +419,7 @@ class TurnSummaryView(BaseModel):
     error: TurnError | None = None
 
 
-class TurnsPage(BaseModel):
+class TurnsPage(Deferred):
     """Answer of ``GET /v1/conversations/{id}/turns``."""
 
     conversation_id: str
@@ -426,7 +428,7 @@ class TurnsPage(BaseModel):
     next_after: int | None
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(Deferred):
     """What went wrong: a stable ``code`` (see the README's error table), a message,
     and the details a caller needs next."""
 
@@ -435,13 +437,13 @@ class ErrorDetail(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(Deferred):
     """Every error answer: ``{"error": {"code", "message", "details"}}``."""
 
     error: ErrorDetail
 
 
-class PurgeReportView(BaseModel):
+class PurgeReportView(Deferred):
     """Answer of the sweep and of tenant-wide erasure."""
 
     conversations_removed: int
@@ -481,7 +483,7 @@ class CallbackRequest(_Body):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class CallbackResponse(BaseModel):
+class CallbackResponse(Deferred):
     """Answer of a callback: what was settled and where the conversation stands."""
 
     conversation_id: str
@@ -516,7 +518,7 @@ class CancelRequestBody(_Body):
     reason: str | None = Field(default=None, max_length=500)
 
 
-class CancelResponse(BaseModel):
+class CancelResponse(Deferred):
     """Answer of a cancel."""
 
     conversation_id: str
@@ -531,7 +533,7 @@ class CancelResponse(BaseModel):
     cancel_requested: bool = False
 
 
-class InboxItemView(BaseModel):
+class InboxItemView(Deferred):
     """One call waiting for a person."""
 
     kind: Literal["approval", "input"] = Field(
@@ -552,7 +554,7 @@ class InboxItemView(BaseModel):
     )
 
 
-class InboxPageView(BaseModel):
+class InboxPageView(Deferred):
     """A page of the tenant's approval inbox."""
 
     items: list[InboxItemView]
@@ -566,7 +568,7 @@ class InboxPageView(BaseModel):
 _MEMORY_KEY = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 
 
-class MemoryView(BaseModel):
+class MemoryView(Deferred):
     """One memory record of the caller's user."""
 
     id: str
@@ -580,7 +582,7 @@ class MemoryView(BaseModel):
     updated_at: datetime
 
 
-class MemoryPageView(BaseModel):
+class MemoryPageView(Deferred):
     """A page of the caller's user's memory records, oldest first."""
 
     items: list[MemoryView]
@@ -607,7 +609,7 @@ class MemoryPatch(_Body):
     key: str | None = Field(default=None, pattern=_MEMORY_KEY)
 
 
-class MemoriesDeleted(BaseModel):
+class MemoriesDeleted(Deferred):
     """Answer of ``DELETE /v1/memories``."""
 
     deleted: int

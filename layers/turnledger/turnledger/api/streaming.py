@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from ..core.models import ConversationKey
+from ..core.models import ConversationKey, Deferred
 from ..runtime import get_runtime
 from ..turn import longturns
 from ..turn.commands import Decisions, TurnCommand
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]
 
 
-class AsyncTurnAccepted(BaseModel):
+class AsyncTurnAccepted(Deferred):
     """The ``202`` answer of an accepted long turn."""
 
     model_config = ConfigDict(extra="forbid")
@@ -42,7 +42,7 @@ class AsyncTurnAccepted(BaseModel):
     stream_url: str
 
 
-class TurnProgress(BaseModel):
+class TurnProgress(Deferred):
     """``GET .../turns/{n}`` while the turn runs."""
 
     model_config = ConfigDict(extra="forbid")
@@ -53,14 +53,14 @@ class TurnProgress(BaseModel):
     draft_text: str
 
 
-class ChunkView(BaseModel):
+class ChunkView(Deferred):
     """One chunk of a draft."""
 
     seq: int
     text: str
 
 
-class StreamPage(BaseModel):
+class StreamPage(Deferred):
     """``GET .../turns/{n}/stream``: chunks after ``after``; ``result`` once ``done``."""
 
     model_config = ConfigDict(extra="forbid")

@@ -66,8 +66,42 @@ def validate_conversation_id(value: str) -> str:
     return value
 
 
+class Deferred(BaseModel):
+    """A model whose validator and serializer pydantic builds on its first use, not when
+    its class is defined (``defer_build``).
+
+    For the models only some requests use (most request and response bodies of the
+    HTTP API): a function's init then builds none of those its requests never see,
+    about 1 ms a model; the first request of a route builds its own, as Powertools
+    builds the route's parameter models then (under SnapStart both are built at init:
+    :func:`turnledger.api.app.prepare_routes`). A model that a deferred one's fields
+    name must be deferred too: building a model builds what its fields name.
+    """
+
+    model_config = ConfigDict(defer_build=True)
+
+
+def build_deferred() -> int:
+    """Build every :class:`Deferred` model defined so far (those of the modules imported);
+    returns how many were not built yet. Where init runs ahead of requests (SnapStart)."""
+    pending: list[type[Deferred]] = [Deferred]
+    built = 0
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if model is not Deferred and not model.__pydantic_complete__:
+            model.model_rebuild()
+            built += 1
+    return built
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Payload(_Strict, Deferred):
+    """An event's payload: validated by its kind's model (:data:`PAYLOAD_MODELS`), built
+    on the first event of that kind a process reads or writes."""
 
 
 class ConversationKey(_Strict):
@@ -162,7 +196,7 @@ class ToolCall(_Strict):
 # --- event payloads, one model per kind -------------------------------------------------
 
 
-class UserMessage(_Strict):
+class UserMessage(_Payload):
     """The caller's input message."""
 
     content: str
@@ -206,7 +240,7 @@ class RunRecord(_Strict):
     memory_usage: Usage | None = None
 
 
-class AssistantMessage(_Strict):
+class AssistantMessage(_Payload):
     """The model's answer: text, tool calls, or both.
 
     In JSON mode the answer is kept as a JSON value (``content_json``), and
@@ -251,7 +285,7 @@ class AssistantMessage(_Strict):
 Requirement = Literal["none", "approval", "client", "input", "async"]
 
 
-class ToolCallRequested(_Strict):
+class ToolCallRequested(_Payload):
     """Intent recorded before a tool runs (or pauses): the crash-safety anchor."""
 
     call_id: str
@@ -261,7 +295,7 @@ class ToolCallRequested(_Strict):
     idempotency_key: str
 
 
-class ApprovalRequested(_Strict):
+class ApprovalRequested(_Payload):
     """A call paused for a human decision."""
 
     call_id: str
@@ -269,7 +303,7 @@ class ApprovalRequested(_Strict):
     expires_at: datetime
 
 
-class ApprovalResolved(_Strict):
+class ApprovalResolved(_Payload):
     """A human (or the approval window) decided a paused call."""
 
     call_id: str
@@ -286,7 +320,7 @@ class ApprovalResolved(_Strict):
     approver_claims: dict[str, str] | None = None
 
 
-class ApprovalExpired(_Strict):
+class ApprovalExpired(_Payload):
     """A paused call's approval window closed with no decision (a rejection follows)."""
 
     call_id: str
@@ -294,7 +328,7 @@ class ApprovalExpired(_Strict):
     expires_at: datetime
 
 
-class ToolResult(_Strict):
+class ToolResult(_Payload):
     """The outcome of one tool call, exactly once per call."""
 
     call_id: str
@@ -303,7 +337,7 @@ class ToolResult(_Strict):
     is_error: bool = False
 
 
-class ContextCompacted(_Strict):
+class ContextCompacted(_Payload):
     """Older turns summarized once, for every later context: the transcript stays as it is.
 
     Covers public sequences ``from_sequence..to_sequence`` (whole turns, never a
@@ -339,7 +373,7 @@ class ContextCompacted(_Strict):
     replaces: int | None = None
 
 
-class TurnFailed(_Strict):
+class TurnFailed(_Payload):
     """A turn whose model call failed: shown in the transcript, never sent to a model."""
 
     code: str
@@ -349,7 +383,7 @@ class TurnFailed(_Strict):
     message: str = Field(max_length=500)
 
 
-class ToolCallDeferred(_Strict):
+class ToolCallDeferred(_Payload):
     """A tool accepted a call to finish it elsewhere (``202 {"task_id"}``): it is settled
     later by its signed callback, by ``outputs`` on the approvals route, or by its timeout."""
 
@@ -360,7 +394,7 @@ class ToolCallDeferred(_Strict):
     expires_at: datetime
 
 
-class ToolInputProvided(_Strict):
+class ToolInputProvided(_Payload):
     """A person supplied the output of a human-input (or deferred) call."""
 
     call_id: str
@@ -370,7 +404,7 @@ class ToolInputProvided(_Strict):
     via: Literal["approvals", "turn"]
 
 
-class ToolCallSettled(_Strict):
+class ToolCallSettled(_Payload):
     """A deferred call got its outcome: from its callback, its timeout, or a cancel."""
 
     call_id: str
@@ -380,7 +414,7 @@ class ToolCallSettled(_Strict):
     task_id: str | None = None
 
 
-class TurnInterrupted(_Strict):
+class TurnInterrupted(_Payload):
     """A turn was stopped (``POST .../cancel``): its pending calls were cancelled, every
     result recorded before stays."""
 
@@ -389,7 +423,7 @@ class TurnInterrupted(_Strict):
     reason: str | None = None
 
 
-class ConversationImported(_Strict):
+class ConversationImported(_Payload):
     """The conversation was created here from an export (``POST .../import``): the first
     event of an imported history (turn ``0``), written by the importer.
 

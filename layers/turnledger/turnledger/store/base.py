@@ -321,7 +321,7 @@ def _needs_more(items: Sequence[Item]) -> bool:
 def _tombstone_of(item: Item) -> Head | None:
     """The tombstone ``item`` holds, or ``None`` (a live head, or one that cannot be read)."""
     try:
-        head = codec.decode_head(item)
+        head = codec.decode_head(codec.without_content(item))
     except StateError:
         return None
     return head if head.status is ConversationStatus.CLEARED else None
@@ -348,6 +348,24 @@ def _stored_responses(item: Item) -> list[tuple[str, str]]:
         except (KeyError, TypeError):
             continue
     return found
+
+
+def _cursor_responses(item: Item) -> list[tuple[str, str]]:
+    """``(provider, response id)`` of the provider cursor that the head state of a turn item
+    (or ``HEAD``) names, if any: clear at rest (:data:`.codec.STATE_CONTENT`), so a purge
+    reads it after an erasure destroyed the keys that sealed the run records.
+
+    Best effort over whatever the item holds: a purge removes damaged items too.
+    """
+    name = codec.state_attribute(item)
+    state = None if name is None else item.get(name)
+    if not isinstance(state, str) or '"provider_cursor"' not in state:
+        return []
+    try:
+        cursor = json.loads(state)["provider_cursor"]
+        return [(str(cursor["provider"]), str(cursor["response_id"]))]
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 def _record_key(record_key: str) -> str:
@@ -584,20 +602,36 @@ class ConversationStore(ABC):
             self._keep_context(pk, None)  # another environment wrote meanwhile: read anew
         return self._from_head(pk, FIRST_PAGE)
 
-    def _effective(self, pk: str, items: Sequence[Item]) -> Head | None:
+    def _effective(self, pk: str, items: Sequence[Item], *, content: bool = True) -> Head | None:
         """The effective head from a descending read from ``HEAD`` (``items``: ``HEAD`` first,
-        then the newest event items), remembered for the next commit."""
+        then the newest event items), remembered for the next commit.
+
+        Args:
+            content: open the content of the head state (:mod:`.sealed`); ``False``: leave
+                it out (:func:`.codec.without_content`), for readers that use none.
+
+        Raises:
+            ContentUnreadable: ``content``, and it does not open (its key was destroyed).
+        """
         if not items or items[0].get(codec.A_SK) != keys.HEAD_SK:
             # No HEAD: items read are leftovers of a life whose HEAD TTL removed.
             self._remember(pk, _View(None, None, crowded=bool(items)))
             return None
-        head = codec.decode_head(items[0])
+        state = self._opened_state if content else codec.without_content
+        head = codec.decode_head(state(items[0]))
         # The newest item of this life: past another life's leftovers and gravestones.
         newest = next((i for i in items[1:] if i.get(codec.A_GEN) == head.gen), None)
-        effective = codec.effective_head(head, newest)
+        effective = codec.effective_head(head, None if newest is None else state(newest))
         crowded = len(items) > 1 and items[1].get(codec.A_GEN) != head.gen
         self._remember(pk, _View(items[0], effective.version, crowded))
         return effective
+
+    def _opened_state(self, item: Item) -> Item:
+        """``item`` (``HEAD`` or an event item) with its head state's content opened; a turn
+        item's events are left out (only its state is read here)."""
+        if codec.A_SK in item and item[codec.A_SK] != keys.HEAD_SK:
+            item = {name: value for name, value in item.items() if name != codec.A_BODY}
+        return self.sealer.open(item)
 
     def _from_head(self, pk: str, limit: int) -> Page:
         """The first ``limit`` items descending from ``HEAD``, consistently; at least ``HEAD``
@@ -621,10 +655,11 @@ class ConversationStore(ABC):
             items = [*items, *page.items]
         return Page(items, page.cursor)
 
-    def _read_view(self, pk: str) -> tuple[Head | None, _View]:
-        """The effective head and its view, read consistently: ``HEAD`` and the newest items."""
+    def _read_view(self, pk: str, *, content: bool = True) -> tuple[Head | None, _View]:
+        """The effective head and its view, read consistently: ``HEAD`` and the newest items
+        (``content``: as in :meth:`_effective`)."""
         items = self._from_head(pk, 2).items
-        head = self._effective(pk, items)
+        head = self._effective(pk, items, content=content)
         view = self._recalled(pk)
         assert view is not None
         return head, view
@@ -647,13 +682,20 @@ class ConversationStore(ABC):
 
     # --- reads --------------------------------------------------------------------------
 
-    def get_head(self, key: ConversationKey) -> Head | None:
+    def get_head(self, key: ConversationKey, *, content: bool = True) -> Head | None:
         """The stored head, whatever its state (``None`` when absent).
+
+        Args:
+            content: ``False``: the content of the head state is not opened but left out
+                (pending calls' arguments ``{}``: :func:`.codec.without_content`), for
+                readers that use none (the sweep); never to show or write it.
 
         Raises:
             CorruptedState, UnsupportedStateVersion: the head cannot be read.
+            ContentUnreadable: ``content``, and its content does not open (its key was
+                destroyed by an erasure: an item restored from a backup).
         """
-        return self._read_view(keys.partition_key(key))[0]
+        return self._read_view(keys.partition_key(key), content=content)[0]
 
     def load(self, key: ConversationKey, budget: ContextBudget) -> Snapshot:
         """The head and what the next context needs: the events after the newest summary.
@@ -945,21 +987,27 @@ class ConversationStore(ABC):
         # (more only when they would not fit one); with none, a marker. The first takes the
         # next slot; the newest holds the head's fast state.
         turn_items = [
-            self.sealer.seal(codec.encode_turn_item(key, head, chunk))
+            codec.encode_turn_item(key, head, chunk)
             for chunk in _turn_chunks(items, self.sealer.clear_limit(codec.MAX_ITEM_BYTES))
         ]
         turn_items = turn_items or [codec.marker_item(key, head)]
         turn_items[-1] = codec.with_state(turn_items[-1], head)
+        turn_items = [self.sealer.seal(item) for item in turn_items]
         pk = keys.partition_key(key)
         try:
             view = self._view_for(pk, expected_version)
         except BaseException:
             self._discard(written)
             raise
-        head_item = codec.encode_head(key, codec.head_of_record(head))
+        head_item = self.sealer.seal(codec.encode_head(key, codec.head_of_record(head)))
         # HEAD only when what it holds changes (or leftovers of another life crowd the next
-        # slots): a plain turn is one conditional put.
-        write_head = view.crowded or not codec.same_slow_state(view.head_item, head_item)
+        # slots, or it holds content a build that did not seal wrote there): a plain turn
+        # is one conditional put. Slow fields are never content: they compare in clear.
+        write_head = (
+            view.crowded
+            or not codec.same_slow_state(view.head_item, head_item)
+            or self.sealer.reseals(view.head_item)
+        )
         changes = inbox_changes or inbox.InboxChanges()
         puts = [self.sealer.seal(inbox.entry_item(key, head.gen, entry)) for entry in changes.puts]
         deletes = [inbox.entry_sort_key(call_id) for call_id in changes.deletes]
@@ -1082,24 +1130,40 @@ class ConversationStore(ABC):
         """
         pk = keys.partition_key(key)
         try:
-            codec.decode_head(item)
+            codec.decode_head(codec.without_content(item))
         except StateError:
             return self._fence_head(pk, token)
-        live, view = self._read_view(pk)
-        if live is None or not codec.same_head(view.head_item, _identity(item)):
+        view, claim = self._claim(key, now)
+        if claim is None or not codec.same_head(view.head_item, _identity(item)):
             return None
+        # HEAD as read (its sealed content as it is: bound to HEAD, it opens there).
         fenced = {**item, codec.A_FENCE: token}
         try:
             self._transact_commit(
                 fenced,
                 _identity(item),
-                [codec.gravestone(key, live, now)],
-                live.gen,
+                [claim],
+                str(claim[codec.A_GEN]),
                 marker_version=view.version,
             )
         except ConversationBusy:
             return None
         return fenced
+
+    def _claim(self, key: ConversationKey, now: datetime) -> tuple[_View, Item | None]:
+        """The view of the conversation as read now, and the gravestone that claims the next
+        slot of its effective head (``None``: no head): holding that head's state, its
+        content sealed again, when it opens; else no state at all (an erased life's content,
+        restored from a backup, is not written again, and no key is made for it)."""
+        pk = keys.partition_key(key)
+        try:
+            live, view = self._read_view(pk)
+        except ContentUnreadable:
+            live, view = self._read_view(pk, content=False)
+            return view, None if live is None else codec.gravestone(key, live, now, False)
+        if live is None:
+            return view, None
+        return view, self.sealer.seal(codec.gravestone(key, live, now))
 
     def purge_if_unchanged(
         self, key: ConversationKey, head: Head, now: datetime
@@ -1113,7 +1177,7 @@ class ConversationStore(ABC):
             # Finishing a tombstone's purge deletes only what lies below it and is not the
             # next life's: safe whatever happened since.
             return self._purge(key, codec.encode_head(key, head), now)
-        _, view = self._read_view(keys.partition_key(key))
+        _, view = self._read_view(keys.partition_key(key), content=False)
         item = view.head_item
         # ``head`` as read (the effective head: HEAD and the newest turn item).
         if item is None or item.get(codec.A_GEN) != head.gen or view.version != head.version:
@@ -1139,14 +1203,21 @@ class ConversationStore(ABC):
         item = self._get_item(keys.partition_key(key), keys.HEAD_SK)
         if item is None or item.get(codec.A_GEN) != head.gen or codec.A_FENCE in item:
             return False
-        moved = codec.decode_head(item).model_copy(
+        moved = codec.decode_head(codec.without_content(item)).model_copy(
             update={
                 "expiry_bucket": keys.bucket_of(head.expires_at),
                 "expires_at": codec.bucket_end(head.expires_at),
                 "wait_deadline": head.wait_deadline,
             }
         )
-        return self._replace_head(codec.encode_head(key, moved), item)
+        refiled = codec.encode_head(key, moved)
+        sealed = item.get(codec.A_CONTENT)
+        if isinstance(sealed, bytes):
+            # The content is unchanged and was not opened: HEAD keeps it as sealed.
+            refiled = {**codec.split_content(refiled), codec.A_CONTENT: sealed}
+        else:
+            refiled = self.sealer.seal(refiled)
+        return self._replace_head(refiled, item)
 
     def _purge(self, key: ConversationKey, item: Item | None, now: datetime) -> PurgeReport | None:
         """Purge the conversation whose head is ``item`` as read (``None``: no head).
@@ -1158,7 +1229,7 @@ class ConversationStore(ABC):
         old: Head | None = None
         if item is not None:
             try:
-                old = codec.decode_head(item)
+                old = codec.decode_head(codec.without_content(item))
             except StateError:
                 old = None  # damaged or from a newer build: replaced all the same
             # A purge that did not finish; a fenced tombstone is replaced like any fenced head.
@@ -1175,10 +1246,10 @@ class ConversationStore(ABC):
         # A fenced head's clear claimed it with its fence.
         claim: tuple[Item, int | None] | None = None
         if old is not None and item is not None and codec.A_FENCE not in item:
-            live, view = self._read_view(pk)
-            if live is None or not codec.same_head(view.head_item, _identity(item)):
+            view, grave = self._claim(key, now)
+            if grave is None or not codec.same_head(view.head_item, _identity(item)):
                 return None
-            claim = (codec.gravestone(key, live, now), view.version)
+            claim = (grave, view.version)
         top = max(old.seq if old else 0, self._highest_event_sequence(pk))
         if claim is not None:
             top = max(top, _storage_sequence(claim[0]))
@@ -1318,6 +1389,10 @@ class ConversationStore(ABC):
                         continue  # it still holds the slot against late turns; TTL removes it
                     if sequence <= tomb.base and not read:
                         events += _events_in(item)
+                        # Its stored provider responses: the cursor its head state names
+                        # (clear), and those its run records name (sealed: unless the
+                        # tenant's erasure destroyed their keys first).
+                        report.provider_responses.extend(_cursor_responses(item))
                         with contextlib.suppress(ContentUnreadable):
                             opened = self.sealer.open(item, held)
                             report.provider_responses.extend(_stored_responses(opened))
@@ -1401,7 +1476,7 @@ class ConversationStore(ABC):
             codec.A_VERSION: parent_head.version,
         }
         self._transact_commit(
-            codec.encode_head(target, head),
+            self.sealer.seal(codec.encode_head(target, head)),
             codec.expected_head(expected_version, head.gen),
             [],
             head.gen,
@@ -2090,7 +2165,7 @@ class ConversationStore(ABC):
         previous: Head | None = None
         if item is not None:
             try:
-                previous = codec.decode_head(item)
+                previous = codec.decode_head(codec.without_content(item))
             except StateError as exc:
                 raise ConversationExists(
                     f"conversation {key.conversation_id!r} exists (its head cannot be read)"
@@ -2133,7 +2208,7 @@ class ConversationStore(ABC):
                     raise
                 expected, version, written = staging_item, staging.version, written + len(chunk)
             final = final.model_copy(update={"version": version + 1, "seq": base + written})
-            if not self._replace_head(codec.encode_head(key, final), expected):
+            if not self._replace_head(self.sealer.seal(codec.encode_head(key, final)), expected):
                 raise ConversationBusy("the conversation changed during the import; retry")
         except TurnledgerError:
             if written:

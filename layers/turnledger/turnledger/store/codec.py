@@ -9,6 +9,7 @@ carries ``v`` (its schema version): an unknown version raises
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -71,6 +72,10 @@ A_COUNT = "n"
 #: On a turn item (and a marker): the fast part of the head as of its commit
 #: (docs/STORAGE.md, "the effective head"); its version is the item's ``ver``.
 A_STATE = "h"
+#: On ``HEAD`` and on a turn item (or marker) with a head state, when the store seals
+#: content: the content of that state (:data:`STATE_CONTENT`), split out of ``d`` / ``h``
+#: by :func:`split_content` and sealed by :mod:`.sealed`; absent when the state holds none.
+A_CONTENT = "c"
 
 
 #: Attributes the store writes on its own items (keys, bodies, lives, TTL, index keys; the
@@ -440,11 +445,14 @@ def marker_item(key: ConversationKey, head: Head) -> Item:
 GRAVESTONE_SECONDS = 24 * 3600
 
 
-def gravestone(key: ConversationKey, head: Head, now: datetime) -> Item:
+def gravestone(key: ConversationKey, head: Head, now: datetime, state: bool = True) -> Item:
     """The claim of the slot after ``head`` by a clear or purge: a marker of ``head``'s state
-    that no commit may replace (it carries an expiry, so :func:`slot_free` never holds for
-    its life), left by the purge for DynamoDB's TTL to remove."""
-    item = with_state(marker_item(key, head), head)
+    (``state=False``: of none, a bare gravestone) that no commit may replace (it carries an
+    expiry, so :func:`slot_free` never holds for its life), left by the purge for
+    DynamoDB's TTL to remove."""
+    item = marker_item(key, head)
+    if state:
+        item = with_state(item, head)
     item[A_EXPIRES] = int(now.timestamp()) + GRAVESTONE_SECONDS
     return item
 
@@ -502,6 +510,170 @@ def keeps_slot(item: Item, now: datetime) -> bool:
         return (now - written).total_seconds() < LATE_TURN_SECONDS
     except (KeyError, TypeError, ValueError):
         return True
+
+
+@dataclass(frozen=True)
+class _Content:
+    """A field of a head state that holds content; ``placeholder``: what a reader without
+    keys (:func:`without_content`) sees in its place (``None``: the field is left out)."""
+
+    placeholder: Any = None
+
+
+#: The fields of a head state that hold content (what a person, a model or a caller wrote,
+#: and the hash of a call's arguments), by where they sit in the state's JSON: a dict of
+#: fields, a one-element list for every element of a list. Everything else (ids, names,
+#: call states, statuses, counts, times, the request's fingerprint) stays clear: the
+#: sweep, purges and indexes read it.
+STATE_CONTENT: dict[str, Any] = {
+    "pending": [
+        {
+            "arguments": _Content(placeholder={}),
+            "arguments_sha256": _Content(placeholder=""),
+            "reason": _Content(),
+        }
+    ],
+    "cancel": {"reason": _Content()},
+    "options": {"response_format": _Content(), "client_tools": _Content()},
+}
+
+
+def _split(state: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """Move the content fields of ``spec`` out of ``state`` (in place); returns them."""
+    content: dict[str, Any] = {}
+    for name, sub in spec.items():
+        if name not in state:
+            continue
+        value = state[name]
+        if isinstance(sub, _Content):
+            content[name] = state.pop(name)
+        elif isinstance(sub, dict) and isinstance(value, dict):
+            inner = _split(value, sub)
+            if inner:
+                content[name] = inner
+        elif isinstance(sub, list) and isinstance(value, list):
+            parts = [
+                _split(element, sub[0]) if isinstance(element, dict) else {} for element in value
+            ]
+            if any(parts):
+                content[name] = parts
+    return content
+
+
+def _join(state: dict[str, Any], content: dict[str, Any] | None, spec: dict[str, Any]) -> None:
+    """Put ``content`` (:func:`_split`'s) back into ``state`` (in place); ``None``: withheld,
+    the required fields take their placeholders."""
+    for name, sub in spec.items():
+        part = None if content is None else content.get(name)
+        if isinstance(sub, _Content):
+            if content is not None:
+                if name in content:
+                    state[name] = content[name]
+            elif sub.placeholder is not None:
+                state[name] = copy.deepcopy(sub.placeholder)
+        elif isinstance(sub, dict):
+            if isinstance(state.get(name), dict):
+                _join(state[name], None if content is None else part or {}, sub)
+        elif isinstance(sub, list):
+            elements = state.get(name)
+            if isinstance(elements, list):
+                parts = part if isinstance(part, list) else []
+                for i, element in enumerate(elements):
+                    given = parts[i] if i < len(parts) and isinstance(parts[i], dict) else {}
+                    if isinstance(element, dict):
+                        _join(element, None if content is None else given, sub[0])
+
+
+def state_attribute(item: Item) -> str | None:
+    """The attribute of ``item`` that holds a head state: ``HEAD``'s body, a turn item's
+    ``h``; ``None`` for any other item."""
+    sort_key = str(item.get(A_SK, ""))
+    if sort_key == keys.HEAD_SK:
+        return A_BODY if A_BODY in item else None
+    if sort_key.startswith(keys.EVENT_PREFIX) and A_STATE in item:
+        return A_STATE
+    return None
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def split_content(item: Item) -> Item:
+    """``item`` (``HEAD`` or a turn item) with the content of its head state
+    (:data:`STATE_CONTENT`) moved into :data:`A_CONTENT` (clear text, for :mod:`.sealed` to
+    seal); ``item`` itself when it holds none, or was split already."""
+    name = state_attribute(item)
+    if name is None or A_CONTENT in item:
+        return item
+    try:
+        state = json.loads(str(item[name]))
+    except ValueError:
+        return item  # not a state this build reads: left as it is
+    if not isinstance(state, dict):
+        return item
+    content = _split(state, STATE_CONTENT)
+    if not content:
+        return item
+    return {**item, name: _dumps(state), A_CONTENT: _dumps(content)}
+
+
+def join_content(item: Item) -> Item:
+    """``item`` with the content of its head state (:data:`A_CONTENT`, opened: text) put
+    back into it, as :func:`split_content` found it; ``item`` itself when it has none.
+
+    Raises:
+        CorruptedState: the content does not parse.
+    """
+    content = item.get(A_CONTENT)
+    name = state_attribute(item)
+    if content is None or name is None:
+        return item
+    if not isinstance(content, str):
+        raise InternalError("a head state's content is joined once opened")
+    return _joined(item, name, content)
+
+
+def without_content(item: Item) -> Item:
+    """``item`` as a reader without keys sees it: content still sealed (not opened) is
+    left out, its required fields at placeholders (a pending call's ``arguments`` ``{}``).
+
+    For readers that use no content (the sweep, purges, re-filing), never to show
+    content or to write a head state: what is left out would be lost.
+
+    Raises:
+        CorruptedState: clear content that does not parse.
+    """
+    content = item.get(A_CONTENT)
+    name = state_attribute(item)
+    if content is None or name is None:
+        return item
+    if isinstance(content, str):
+        return _joined(item, name, content)
+    return _joined(item, name, None)
+
+
+def _joined(item: Item, name: str, content: str | None) -> Item:
+    where = f"head state of {item.get(A_SK, '?')}"
+    try:
+        state = json.loads(str(item[name]))
+        parts = None if content is None else json.loads(content)
+        if not isinstance(state, dict) or not isinstance(parts, dict | None):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise _corrupted(where, exc) from exc
+    _join(state, parts, STATE_CONTENT)
+    joined = {**item, name: _dumps(state)}
+    del joined[A_CONTENT]
+    return joined
+
+
+def holds_clear_content(item: Item | None) -> bool:
+    """Whether the head state of ``item`` holds content in clear (written by a build that
+    did not seal it): a store that seals rewrites it."""
+    if item is None or A_CONTENT in item:
+        return False
+    return split_content(item) is not item
 
 
 def with_state(item: Item, head: Head) -> Item:

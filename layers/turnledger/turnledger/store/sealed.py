@@ -107,13 +107,19 @@ def content_attributes(item: Item) -> list[str]:
     """The attributes of ``item`` that hold content, by its kind (its sort key).
 
     Events and inbox entries: the body (message texts, tool arguments and outputs, run
-    records, summaries, the arguments a person decides on); idempotency records: the
+    records, summaries, the arguments a person decides on); ``HEAD`` and turn items: the
+    content of their head state (:data:`.codec.A_CONTENT`: pending calls' arguments and
+    reasons, ...: :data:`.codec.STATE_CONTENT`); idempotency records: the
     recorded answer; side items (drafts, memory records, the OpenAI face's index): every
     text attribute of the caller's. Keys, kinds, sequence numbers, lives, expiries and
     index attributes stay clear, so queries, conditions and the sweep work without keys.
     """
     sort_key = str(item.get(codec.A_SK, ""))
-    if sort_key.startswith((keys.EVENT_PREFIX, inbox.ENTRY_PREFIX)):
+    if sort_key == keys.HEAD_SK or sort_key.startswith(keys.EVENT_PREFIX):
+        # A head state's content (codec.split_content): HEAD's and a turn item's alike.
+        held = [codec.A_BODY] if sort_key != keys.HEAD_SK else []
+        return [name for name in (*held, codec.A_CONTENT) if name in item]
+    if sort_key.startswith(inbox.ENTRY_PREFIX):
         return [codec.A_BODY] if codec.A_BODY in item else []
     if sort_key.startswith(keys.RECORD_PREFIX):
         return [records.A_DATA] if records.A_DATA in item else []
@@ -155,7 +161,11 @@ class ItemSealer:
         self.keyring = keyring
 
     def seal(self, item: Item) -> Item:
-        """``item`` with its content attributes sealed (``item`` itself with no keyring)."""
+        """``item`` with its content attributes sealed (``item`` itself with no keyring): the
+        content of a head state (``HEAD``'s, a turn item's) split out of it first
+        (:func:`.codec.split_content`), so that what the sweep and purges read stays clear."""
+        if self.keyring is not None:
+            item = codec.split_content(item)
         return self.seal_attributes(
             str(item[codec.A_PK]), str(item[codec.A_SK]), item.get(codec.A_GEN), item
         )
@@ -181,13 +191,19 @@ class ItemSealer:
             sealed[name] = SEALED_VALUE + data
         return sealed
 
+    def reseals(self, item: Item | None) -> bool:
+        """Whether ``item`` (``HEAD`` as stored) holds head-state content in clear that this
+        sealer would seal: written before encryption was on, it is rewritten sealed."""
+        return self.keyring is not None and codec.holds_clear_content(item)
+
     def clear_limit(self, limit: int) -> int:
         """The clear bytes of an item that is at most ``limit`` bytes once sealed (the
         marker, a nonce and a tag come on top of each sealed value)."""
         return limit if self.keyring is None else limit - 1024
 
     def open(self, item: Item, held: Mapping[str, DataKey] | None = None) -> Item:
-        """``item`` with its sealed values opened (``item`` itself when none is sealed).
+        """``item`` with its sealed values opened (``item`` itself when none is sealed), the
+        content of its head state put back (:func:`.codec.join_content`).
 
         Args:
             held: data keys by life, taken before an erasure destroyed them (the purge
@@ -203,7 +219,7 @@ class ItemSealer:
             if isinstance(value, bytes) and value.startswith(SEALED_VALUE)
         ]
         if not sealed:
-            return item
+            return codec.join_content(item)
         pk, sk = str(item[codec.A_PK]), str(item.get(codec.A_SK, ""))
         life = _life(sk, item.get(codec.A_GEN))
         key = (held or {}).get(life) or self._key(pk, life, create=False)
@@ -217,7 +233,7 @@ class ItemSealer:
                     "this item's content does not open here: it was sealed for another item",
                     details={"item": sk},
                 ) from exc
-        return opened
+        return codec.join_content(opened)
 
     def hold(self, key: ConversationKey, gens: Iterable[str]) -> dict[str, DataKey]:
         """The data keys of ``key``'s lives ``gens`` that still exist, by life: what a

@@ -36,12 +36,13 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ..core.exceptions import ProviderError, TurnledgerError
 from ..core.models import (
     AssistantMessage,
     ConversationKey,
+    Deferred,
     Head,
     ToolCall,
     ToolResult,
@@ -83,7 +84,7 @@ Status = Literal["running", "complete", "failed"]
 Match = Literal["same", "different", "missing", "extra"]
 
 
-class _Model(BaseModel):
+class _Model(Deferred):
     model_config = ConfigDict(extra="forbid")
 
 

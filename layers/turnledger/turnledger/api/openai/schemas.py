@@ -11,9 +11,9 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler.openapi.params import Path
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
-from ...core.models import CONVERSATION_ID_PATTERN
+from ...core.models import CONVERSATION_ID_PATTERN, Deferred
 
 __all__ = [
     "PREFIX",
@@ -35,7 +35,7 @@ def new_conversation_id() -> str:
     return f"conv_{secrets.token_hex(12)}"
 
 
-class _Open(BaseModel):
+class _Open(Deferred):
     model_config = ConfigDict(extra="allow")
 
 
