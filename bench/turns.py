@@ -180,9 +180,9 @@ def run(turns: int, parallel: int, parallel_turns: int, *, budget: int, http_tur
         blobs = S3BlobStore(clients.s3, settings.bucket_name)
         db = clients.dynamodb
 
-        def open_each(name: str) -> dict[str, Conversation]:
+        def open_each(name: str, chosen: Settings = settings) -> dict[str, Conversation]:
             return {
-                layout: Conversation.open(name, db, blobs, settings, indexes, layout=layout)
+                layout: Conversation.open(name, db, blobs, chosen, indexes, layout=layout)
                 for layout in LAYOUT_NAMES
             }
 
@@ -217,10 +217,13 @@ def run(turns: int, parallel: int, parallel_turns: int, *, budget: int, http_tur
             for layout, conversation in idles.items():
                 runs[layout].idle.append(conversation.turn(number, gap_seconds=3601))
         plain, drafted = open_each("bench-plain"), open_each("bench-http")
+        # The same path with the draft begun as the turn starts (before SYNC_DRAFT_AFTER_MS).
+        eager = open_each("bench-http-eager", replace(settings, sync_draft_after_ms=0))
         for number in range(1, http_turns + 1):
             for layout in LAYOUT_NAMES:
                 runs[layout].plain.append(plain[layout].turn(number))
                 runs[layout].http.append(drafted[layout].turn(number, through_drafts=True))
+                runs[layout].http_eager.append(eager[layout].turn(number, through_drafts=True))
 
         parallel_run = None
         if parallel > 0 and parallel_turns > 0:

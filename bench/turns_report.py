@@ -86,6 +86,8 @@ class LayoutRun:
     idle: list[TurnSample] = field(default_factory=list)
     plain: list[TurnSample] = field(default_factory=list)
     http: list[TurnSample] = field(default_factory=list)
+    #: The HTTP path with its draft begun as the turn starts (``SYNC_DRAFT_AFTER_MS=0``).
+    http_eager: list[TurnSample] = field(default_factory=list)
 
 
 @dataclass
@@ -727,17 +729,24 @@ def _through_http(results: Results) -> str:
         "### A plain turn through HTTP (synchronous-turn drafts)",
         "",
         "`POST .../turns` without an idempotency key runs "
-        "`longturns.run_synchronously`: with `SYNC_TURN_DRAFTS` on (the default) the turn "
-        "also writes its draft (side items `S#...`, followed by `GET .../turns/{n}`). "
-        "Two conversations per layout, the same messages, one through that path and one "
-        "through `Conversations.turn`; medians of turns 2..N, priced.",
+        "`longturns.run_synchronously`: with `SYNC_TURN_DRAFTS` on (the default) a turn "
+        "that runs longer than `SYNC_DRAFT_AFTER_MS` (1000 ms) also writes its draft (side "
+        "items `S#...`, followed by `GET .../turns/{n}`); these turns end sooner (the bench's "
+        "model answers at once), so they write none. Three conversations per layout, the "
+        "same messages: through `Conversations.turn`, through that path, and through it "
+        "with `SYNC_DRAFT_AFTER_MS=0` (the draft begun as the turn starts, as every "
+        "synchronous turn did before); medians of turns 2..N, priced.",
         "",
         "| layout | path | WCU | RCU | read / write requests | storage ms |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for layout in LAYOUT_NAMES:
         run = results.layouts[layout]
-        for path, samples in (("Conversations.turn", run.plain), ("POST .../turns", run.http)):
+        for path, samples in (
+            ("Conversations.turn", run.plain),
+            ("POST .../turns", run.http),
+            ("POST .../turns, `SYNC_DRAFT_AFTER_MS=0`", run.http_eager),
+        ):
             later = [s for s in samples if s.turn > 1]
             if not later:
                 continue

@@ -52,18 +52,21 @@ def ask(
         ["q"],
         pending=calls,
         status=ConversationStatus.AWAITING_APPROVAL if calls else ConversationStatus.COMPLETE,
-        # What the turn layer hands the store: the earliest wait's deadline and the
-        # inbox entries to write and delete (the store knows no turn rules).
-        wait_deadline=lifecycle.wait_deadline(calls),
+    )
+    # What the turn layer hands the store: the inbox entries to write and delete, and the
+    # deadline of the earliest wait no new entry files (the store knows no turn rules).
+    changes = lifecycle.inbox_changes(key, previous, turn.head)
+    head = turn.head.model_copy(
+        update={"wait_deadline": lifecycle.head_wait_deadline(calls, changes)}
     )
     store.commit(
         key,
         expected_version=turn.expected_version,
-        head=turn.head,
+        head=head,
         events=turn.events,
-        inbox_changes=lifecycle.inbox_changes(key, previous, turn.head),
+        inbox_changes=changes,
     )
-    return turn.head
+    return head
 
 
 def listed(store: ConversationStore, tenant: str, **options: object) -> list[tuple[str, str]]:
@@ -178,10 +181,10 @@ def test_cursors_round_trip_within_the_tenant() -> None:
     assert inbox.decode_cursor("globex", inbox.encode_cursor(position)).pk.startswith("T#globex#")
 
 
-def test_heads_with_a_closing_window_are_on_by_wait(store: ConversationStore) -> None:
-    """A head with a decision whose window closes is listed under the hour of its earliest
-    window, once; it leaves the index when nothing waits any more; heads without such a
-    call are never listed."""
+def test_waits_with_a_closing_window_are_on_by_wait(store: ConversationStore) -> None:
+    """A conversation with decisions whose windows close is listed under the hour of each
+    window (each entry files its own), once per hour; it leaves the index when nothing
+    waits any more; conversations without such a call are never listed."""
     early = make_key("acme", "early")
     head = ask(
         store,
@@ -205,9 +208,82 @@ def test_heads_with_a_closing_window_are_on_by_wait(store: ConversationStore) ->
         return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)}
 
     assert listed_in(bucket) == {early}
-    assert listed_in(bucket + 3) == set()
+    assert listed_in(bucket + 3) == {early}
+    assert [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(bucket, shard)] == [
+        early
+    ]
     ask(store, early, head, [])
     assert listed_in(bucket) == set()
+    assert listed_in(bucket + 3) == set()
+
+
+def test_an_entry_files_its_wait_so_head_is_left_alone(store: ConversationStore) -> None:
+    """The commit that starts a person's wait files it on ``by-wait`` through the wait's
+    inbox entry: ``HEAD`` carries no ``wb`` and is not rewritten (it is the first commit's
+    ``HEAD``, byte for byte); the decision's commit removes the filing with the entry."""
+    key = make_key("acme", "filed")
+    head = ask(store, key, None, [])
+    stored = store.head_item(key)
+    head = ask(store, key, head, [waiting("call_1")])
+    assert store.head_item(key) == stored
+    bucket = keys.bucket_of(int(DEADLINE.timestamp()))
+
+    def listed_in(hour: int) -> list[ConversationKey]:
+        return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)]
+
+    assert listed_in(bucket) == [key]
+    assert listed(store, "acme") == [("filed", "call_1")]
+    ask(store, key, head, [waiting("call_1").model_copy(update={"state": "ready"})])
+    assert listed_in(bucket) == []
+    assert listed(store, "acme") == []
+    assert store.head_item(key) == stored
+
+
+def test_entries_of_an_older_build_list_and_go(
+    store: ConversationStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries written before entries filed their own waits (no ``wb``; their ``HEAD`` was
+    filed) still list, keep their conversation on ``by-wait`` through ``HEAD`` while they
+    wait (a partial decision keeps it there), and are removed when decided: no migration."""
+    written_before = inbox.entry_item
+
+    def older_build(key: ConversationKey, gen: str, entry: inbox.InboxEntry) -> dict[str, object]:
+        item = written_before(key, gen, entry)
+        item.pop("wb", None)
+        return item
+
+    key = make_key("acme", "older")
+    calls = [waiting("call_1"), waiting("call_2", minute=1)]
+    with monkeypatch.context() as patch:
+        patch.setattr(inbox, "entry_item", older_build)
+        turn = build_turn(
+            key,
+            None,
+            ["q"],
+            pending=calls,
+            status=ConversationStatus.AWAITING_APPROVAL,
+            wait_deadline=lifecycle.wait_deadline(calls),  # the older build's rule
+        )
+        store.commit(
+            key,
+            expected_version=None,
+            head=turn.head,
+            events=turn.events,
+            inbox_changes=lifecycle.inbox_changes(key, None, turn.head),
+        )
+    bucket = keys.bucket_of(int(DEADLINE.timestamp()))
+
+    def listed_in(hour: int) -> list[ConversationKey]:
+        return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)]
+
+    assert listed(store, "acme") == [("older", "call_1"), ("older", "call_2")]
+    assert listed_in(bucket) == [key]
+    head = ask(store, key, turn.head, [waiting("call_1", state="ready"), calls[1]])
+    assert listed(store, "acme") == [("older", "call_2")]
+    assert listed_in(bucket) == [key]
+    ask(store, key, head, [])
+    assert listed(store, "acme") == []
+    assert listed_in(bucket) == []
 
 
 def test_a_very_long_call_id_still_gets_an_entry(store: ConversationStore) -> None:

@@ -6,6 +6,7 @@ local runner; these pin the edges that are hard to reach there.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -13,9 +14,11 @@ import pytest
 from turnledger.api.schemas import TurnRequest
 from turnledger.api.streaming import StreamPage, prefers_async, sse_text
 from turnledger.core.config import Settings
-from turnledger.core.exceptions import ServiceUnavailable
+from turnledger.core.exceptions import ConversationBusy, ProviderError, ServiceUnavailable
 from turnledger.core.models import ConversationKey
+from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
+from turnledger.store import keys
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.turn import drafts, longturns
 from turnledger.turn.commands import TurnCommand
@@ -126,14 +129,19 @@ def test_a_run_that_went_stale_reads_as_worker_lost(clock: FakeClock) -> None:
 
 
 def test_reads_of_turns_without_a_draft(clock: FakeClock) -> None:
-    """A turn run with no draft reads back from the log; its stream has nothing to read."""
+    """A turn run with no draft reads back from the log; its stream reads as done, no
+    chunks, its result the answer (a quick synchronous turn writes no draft either); a
+    turn the log does not hold has neither."""
     conversations = service(clock)
     answer = edge.turn(conversations, ANN, "c1", TurnRequest(input="hi"))
     assert edge.turn_view(conversations, ANN, "c1", 1) == (200, answer.model_dump(mode="json"))
     with pytest.raises(TurnNotFound):
         edge.turn_view(conversations, ANN, "c1", 2)
+    stream = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
+    assert (stream.done, stream.status, stream.chunks) == (True, "done", [])
+    assert stream.result == answer.model_dump(mode="json")
     with pytest.raises(TurnNotFound):
-        edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
+        edge.stream_page(conversations, ANN, "c1", 2, after=0, wait=0)
 
 
 def test_a_stray_event_is_refused(clock: FakeClock) -> None:
@@ -247,3 +255,68 @@ def test_a_draft_whose_end_was_lost_never_blocks_its_conversation(
         conversations, key, ANN.actor, TurnCommand(messages=[]), answer=None, read_back=False
     )
     assert again.turn == 1
+
+
+def test_a_quick_synchronous_turn_writes_no_draft(clock: FakeClock) -> None:
+    """A synchronous turn (``POST .../turns``) that ends before ``SYNC_DRAFT_AFTER_MS``
+    writes no draft item at all (its commit is its only write), and still reads back
+    from the log; a failed one writes its draft, interrupted, so readers learn the error."""
+    conversations = service(clock)
+    for text in ("hi", "again"):
+        result = longturns.run_synchronously(
+            conversations, KEY, ANN.actor, TurnCommand(messages=[text])
+        )
+        assert result.status == "complete"
+    store = conversations.store
+    assert isinstance(store, MemoryConversationStore)
+    partition = store.items[keys.partition_key(KEY)]
+    assert [sk for sk in partition if sk.startswith(drafts.DRAFT_PREFIX)] == []
+    status, body = edge.turn_view(conversations, ANN, "c1", 2)
+    assert (status, body["output_text"]) == (200, "Noted (2 user messages so far).")
+
+    failing = service(clock, sync_draft_after_ms=60_000)
+    failing.provider = _Failing()
+    with pytest.raises(ProviderError):
+        longturns.run_synchronously(failing, KEY, ANN.actor, TurnCommand(messages=["hi"]))
+    state = drafts.read_state(failing.store, KEY, 1)
+    assert state is not None and (state.status, state.reason) == ("interrupted", "provider_error")
+
+
+def test_a_synchronous_turn_that_runs_on_begins_its_draft(clock: FakeClock) -> None:
+    """Once a synchronous turn has run ``SYNC_DRAFT_AFTER_MS``, its draft is begun while
+    it runs: a reader follows it (``in_progress``), a second turn request is refused busy
+    at once, and the draft ends done."""
+    conversations = service(clock, sync_draft_after_ms=20)
+    seen: list[object] = []
+
+    class _Slow(DemoProvider):
+        def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+            waited = 0.0
+            while (state := drafts.read_state(conversations.store, KEY, 1)) is None:
+                assert waited < 10, "the draft never began"
+                time.sleep(0.01)
+                waited += 0.01
+            seen.append(state.status)
+            with pytest.raises(ConversationBusy):
+                longturns.run_synchronously(
+                    conversations, KEY, "ben", TurnCommand(messages=["me too"])
+                )
+            return super().stream(request, on_text)
+
+    conversations.provider = _Slow()
+    result = longturns.run_synchronously(
+        conversations, KEY, ANN.actor, TurnCommand(messages=["hi"])
+    )
+    assert result.status == "complete"
+    assert seen == ["in_progress"]
+    assert drafts.read_state(conversations.store, KEY, 1).status == "done"  # type: ignore[union-attr]
+
+
+class _Failing(DemoProvider):
+    """A model that fails at once."""
+
+    def stream(self, request: ModelRequest, on_text: TextSink) -> ModelReply:
+        raise ProviderError("the model is down")
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        raise ProviderError("the model is down")

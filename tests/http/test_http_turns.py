@@ -24,7 +24,7 @@ from turnledger.turn import drafts
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner
 
-from tests.http.conftest import ANN, BOB
+from tests.http.conftest import ANN, BOB, store_of
 from tests.support.worker_hooks import FAIL_MID_STREAM
 
 pytestmark = pytest.mark.http
@@ -49,7 +49,9 @@ def runner(
         clock_file=runner_clock.path,
         tools_file=ROOT / "events" / "local-tools.json",
         worker_hook="tests.support.worker_hooks:demo_fails_mid_stream",
-        env={"DEMO_TOKEN_DELAY_MS": "20", "DRAFT_FLUSH_MS": "100"},
+        # Drafts begin after 200 ms: these turns (60 words, 20 ms each) are followed, and
+        # cancelled, through drafts begun while they run (SYNC_DRAFT_AFTER_MS).
+        env={"DEMO_TOKEN_DELAY_MS": "20", "DRAFT_FLUSH_MS": "100", "SYNC_DRAFT_AFTER_MS": "200"},
     )
     if request.param == "sqlite":
         config = dataclasses.replace(config, data_dir=tmp_path / "data")
@@ -262,3 +264,25 @@ def test_without_sync_drafts_finished_turns_read_back_from_the_log_alone(
         store = Runtime.from_settings(Settings.from_env(served.environment)).store
         key = ConversationKey(tenant="acme", conversation_id="nodraft-1")
         assert [drafts.read_state(store, key, n) for n in (1, 2)] == [None, None]
+
+
+def test_a_quick_synchronous_turn_writes_no_draft(served: LocalRunner, http: httpx.Client) -> None:
+    """Plain synchronous turns that end within ``SYNC_DRAFT_AFTER_MS`` (the default second)
+    write no draft item: their commit is their only write; they still read back (from the
+    log), on the turn route and the turns page."""
+    for text in ("My name is Ann.", "What is my name?"):
+        answer = http.post("/v1/conversations/quick-1/turns", json={"input": text}, headers=ANN)
+        assert answer.status_code == 200, answer.text
+    store = store_of(served)
+    key = ConversationKey(tenant="acme", conversation_id="quick-1")
+    for turn in (1, 2):
+        assert drafts.read_state(store, key, turn) is None
+        assert store.get_side_item(key, drafts.chunk_key(turn, 1)) is None
+    second = http.get("/v1/conversations/quick-1/turns/2", headers=ANN)
+    assert second.status_code == 200, second.text
+    assert (second.json()["status"], second.json()["output_text"]) == (
+        "complete",
+        answer.json()["output_text"],
+    )
+    listed = http.get("/v1/conversations/quick-1/turns", headers=ANN).json()["turns"]
+    assert [(t["turn"], t["status"]) for t in listed] == [(1, "complete"), (2, "complete")]

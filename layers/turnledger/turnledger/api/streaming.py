@@ -19,6 +19,7 @@ from ..core.models import ConversationKey, Deferred
 from ..runtime import get_runtime
 from ..turn import longturns
 from ..turn.commands import Decisions, TurnCommand
+from ..turn.lifecycle import logged_turn_draft_status
 from .idempotency import idempotent
 from .resolver import Caller, idempotency_key
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
@@ -197,8 +198,29 @@ def stream_page(
     gather: bool = False,
 ) -> StreamPage:
     """``GET .../turns/{n}/stream``: the chunks after ``after``, waiting up to ``wait`` s
-    (see :func:`turnledger.turn.longturns.follow`)."""
-    read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
+    (see :func:`turnledger.turn.longturns.follow`). A turn that wrote no draft (a
+    synchronous turn over within ``SYNC_DRAFT_AFTER_MS``) reads as a stream already done,
+    its result rebuilt from the log.
+
+    Raises:
+        ConversationNotFound, TurnNotFound: no draft, and the log holds no answer of it.
+    """
+    try:
+        read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
+    except longturns.TurnNotFound:
+        answered = longturns.read_any_turn(service, key, turn).logged
+        if answered is None or answered.answer is None:
+            raise
+        return StreamPage(
+            conversation_id=key.conversation_id,
+            turn=turn,
+            chunks=[],
+            next_after=after,
+            done=True,
+            status=logged_turn_draft_status(),
+            reason=None,
+            result=turn_response(answered.answer).model_dump(mode="json"),
+        )
     state = read.state
     result = state.result if state.done else None
     if state.status == "done" and result is None:

@@ -83,6 +83,7 @@ Long and streamed turns (``Prefer: respond-async``):
 | ``TURN_WORKER_ENDPOINT`` | (AWS) | the Lambda endpoint that starts it (local runner) |
 | ``DRAFT_FLUSH_MS``, ``_CHARS`` | ``250``, ``400`` | a draft chunk at most this often, or size |
 | ``SYNC_TURN_DRAFTS`` | ``true`` | synchronous turns write a draft (followed while they run) |
+| ``SYNC_DRAFT_AFTER_MS`` | ``1000`` | ... once they have run this long (``0``: from the start) |
 | ``DEMO_TOKEN_DELAY_MS`` | ``0`` | the demo models wait this long before each streamed word |
 
 Long-term memory per user (:mod:`turnledger.store.memories`, :mod:`turnledger.context.memory`):
@@ -349,6 +350,9 @@ class Settings:
     #: Synchronous turns run through their draft, so any client follows them while they
     #: run (``GET .../turns/{n}``); off: they write none (finished turns still read back).
     sync_turn_drafts: bool = True
+    #: ... begun only once the turn has run this long: a quicker one writes no draft
+    #: (``0``: begun as the turn starts).
+    sync_draft_after_ms: int = 1000
     #: The function that runs ``Prefer: respond-async`` turns (invoked asynchronously).
     turn_worker_function: str | None = None
     #: Another Lambda endpoint to start it at (the local runner's own Invoke API).
@@ -505,6 +509,7 @@ class Settings:
             draft_flush_ms=_int(env, "DRAFT_FLUSH_MS", cls.draft_flush_ms),
             draft_flush_chars=_int(env, "DRAFT_FLUSH_CHARS", cls.draft_flush_chars),
             sync_turn_drafts=_bool(env, "SYNC_TURN_DRAFTS", cls.sync_turn_drafts),
+            sync_draft_after_ms=_int(env, "SYNC_DRAFT_AFTER_MS", cls.sync_draft_after_ms),
             turn_worker_function=opt("TURN_WORKER_FUNCTION"),
             turn_worker_endpoint=opt("TURN_WORKER_ENDPOINT"),
             memory_enabled=_bool(env, "MEMORY_ENABLED", cls.memory_enabled),

@@ -14,12 +14,23 @@ reported as corrupted instead of being guessed at.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from .exceptions import InvalidConversationId
 
@@ -540,6 +551,21 @@ CallState = Literal[
 ]
 
 
+def arguments_sha256(arguments: Mapping[str, Any]) -> str:
+    """The SHA-256 (hex) of ``arguments`` as canonical JSON; an approval covers exactly these.
+
+    Canonical: keys sorted, no whitespace, non-ASCII kept as UTF-8, so the hash does
+    not depend on key order or on how a client escaped its text.
+    """
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+#: Hex characters of a SHA-256 kept where a hash only identifies (128 bits): a stored
+#: call's ``arguments_sha256``, a turn's ``request_sha256``.
+STORED_HASH_CHARS = 32
+
+
 class PendingCall(_Strict):
     """A tool call of the current turn that has no result yet.
 
@@ -570,6 +596,33 @@ class PendingCall(_Strict):
     #: (``None`` on calls stored before these were recorded): the approval inbox shows them.
     requested_at: datetime | None = None
     requested_by: str | None = None
+
+    # Stored (serialized) calls keep the first half of ``arguments_sha256`` when it is the
+    # hash of their ``arguments`` (an edit replaces both), and parsing one whose arguments
+    # still hash to it restores the whole: 32 bytes less per call in the head state every
+    # approval and decision writes (docs/STORAGE.md). Arguments changed since (a damaged
+    # item) do not hash to it, so the call keeps the half and never runs under the
+    # approval (its hash no longer matches its arguments: ``turn/execution.py``).
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_hash(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            stored, arguments = data.get("arguments_sha256"), data.get("arguments")
+            short = isinstance(stored, str) and len(stored) == STORED_HASH_CHARS
+            if short and isinstance(arguments, dict):
+                whole = arguments_sha256(arguments)
+                if whole.startswith(str(stored)):
+                    return {**data, "arguments_sha256": whole}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _half_hash(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("arguments_sha256") == arguments_sha256(
+            self.arguments
+        ):
+            data["arguments_sha256"] = self.arguments_sha256[:STORED_HASH_CHARS]
+        return data
 
 
 class CancelRequest(_Strict):
@@ -681,7 +734,8 @@ class TurnOptions(_Strict):
     require_approval: list[str] = Field(default_factory=list)
     #: Tools the request declared that the registry lacks (the client runs them).
     client_tools: list[ClientTool] = Field(default_factory=list)
-    #: Who began the turn: a sha256 of its ``Idempotency-Key`` (if any) and body, so a
+    #: Who began the turn: a sha256 of its ``Idempotency-Key`` (if any) and body (its
+    #: first :data:`STORED_HASH_CHARS` hex characters; older heads hold all 64), so a
     #: retry of that request resumes the turn instead of beginning another.
     request_sha256: str | None = None
     #: The user whose long-term memory the turn recalls and writes back (``None``: off).
@@ -777,9 +831,10 @@ class Head(_Strict):
     #: Set (with ``running_tools`` only) when a cancel asks the running request to stop.
     cancel: CancelRequest | None = None
     #: The earliest deadline of a wait that expires (a decision's window, a deferred
-    #: call's deadline), computed from ``pending`` by the turn layer
-    #: (:func:`turnledger.turn.lifecycle.wait_deadline`): the store files the head under its
-    #: hour on the ``by-wait`` index. ``None``: no such wait.
+    #: call's deadline) and that no inbox entry written with this head files itself,
+    #: computed by the turn layer (:func:`turnledger.turn.lifecycle.head_wait_deadline`):
+    #: the store files the head under its hour on the ``by-wait`` index. ``None``: no
+    #: such wait.
     wait_deadline: datetime | None = None
     #: The conversation opted out of long-term memory (a turn sent ``"memory": false``).
     memory_off: bool = False

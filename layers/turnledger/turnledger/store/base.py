@@ -2005,9 +2005,15 @@ class ConversationStore(ABC):
         """Conversations whose earliest wait (a decision's window, a deferred call's deadline)
         closes in ``bucket`` (``by-wait``).
 
-        Pages lazily; the index may lag behind the table: re-read before acting.
+        Pages lazily; the index may lag behind the table: re-read before acting. A
+        conversation is named once even when its head and inbox entries are all filed
+        there (entries file their own waits: :mod:`.inbox`).
         """
-        return self._index_keys(WAIT_INDEX, keys.expiry_partition(bucket, shard))
+        seen: set[ConversationKey] = set()
+        for key in self._index_keys(WAIT_INDEX, keys.expiry_partition(bucket, shard)):
+            if key not in seen:
+                seen.add(key)
+                yield key
 
     def of_tenant(self, tenant: str) -> Iterator[ConversationKey]:
         """Every conversation of ``tenant`` that has a head, tombstones included (``by-tenant``).

@@ -9,6 +9,7 @@ partition::
     g   = the life that wrote it                  (a purge removes it with the rest)
     ib  = "T#<tenant>#C#"                         by-inbox partition: the tenant
     is  = "<requested_at>#<conversation_id>#<call id>"   by-inbox sort: oldest first
+    wb  = the by-wait partition of the hour its window closes (calls with a window)
     d   = the entry (JSON): kind, call, tool, arguments, who asked, when, until when
 
 Entries are written in the *same* transaction that records the request and
@@ -18,6 +19,11 @@ head a commit replaces with those of the head it writes) and hands the commit an
 :class:`InboxChanges`; this module only encodes, decodes and lists entries. So
 the index never holds an entry for a decided call that the table does not (the
 global index itself lags the table by its usual fraction of a second).
+
+An entry files its own wait on the ``by-wait`` index (``wb``), so the commit that
+starts a person's wait leaves ``HEAD`` alone: ``HEAD``'s ``wb`` files only the waits
+no entry of this build files (:func:`turnledger.turn.lifecycle.head_wait_deadline`).
+Entries written before carry no ``wb`` (their ``HEAD`` did); they list and go alike.
 
 ``"W#"`` sorts after ``"HEAD"``, so no read of the head and events meets an
 entry, and a clear, an erasure or a sweep (which delete every item of the
@@ -122,8 +128,9 @@ def entry_item(key: ConversationKey, gen: str, entry: InboxEntry) -> Item:
         "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
         "reason": entry.reason,
     }
-    return {
-        codec.A_PK: keys.partition_key(key),
+    pk = keys.partition_key(key)
+    item: Item = {
+        codec.A_PK: pk,
         codec.A_SK: entry_sort_key(entry.call_id),
         codec.A_SCHEMA: ENTRY_SCHEMA_VERSION,
         codec.A_GEN: gen,
@@ -133,6 +140,11 @@ def entry_item(key: ConversationKey, gen: str, entry: InboxEntry) -> Item:
         ),
         codec.A_BODY: json.dumps(body, ensure_ascii=False, separators=(",", ":")),
     }
+    if entry.expires_at is not None:
+        # Filed for the sweep's expiry pass under the hour its window closes, as a head is.
+        due = int(entry.expires_at.timestamp())
+        item[codec.A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(due), pk)
+    return item
 
 
 @dataclass(frozen=True)

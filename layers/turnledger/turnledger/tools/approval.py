@@ -18,14 +18,13 @@ A turn's own ``require_approval`` list can only add requirements: nothing in
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, StrictBool, Tag
 
 from ..core.models import Requirement
+from ..core.models import arguments_sha256 as arguments_sha256  # its home before core
 
 if TYPE_CHECKING:
     from .registry import ToolDefinition
@@ -239,13 +238,3 @@ def requirement(
     if approval_required(tool.require_approval, arguments) or tool.name in extra_approval:
         return "approval"
     return "none"
-
-
-def arguments_sha256(arguments: Mapping[str, Any]) -> str:
-    """The SHA-256 (hex) of ``arguments`` as canonical JSON; an approval covers exactly these.
-
-    Canonical: keys sorted, no whitespace, non-ASCII kept as UTF-8, so the hash does
-    not depend on key order or on how a client escaped its text.
-    """
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

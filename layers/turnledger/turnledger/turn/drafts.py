@@ -28,6 +28,10 @@ number of tokens.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +47,8 @@ from ..store import keys
 from ..store.base import ConversationStore
 from ..store.codec import SideItem
 from .lifecycle import DraftMove, DraftStatus, draft_move
+
+logger = logging.getLogger(__name__)
 
 #: Draft items are the store's side items (:meth:`ConversationStore.put_side_item`).
 DRAFT_PREFIX = keys.SIDE_PREFIX
@@ -250,11 +256,56 @@ def running_turn(
     return None
 
 
+class _Timers:
+    """One daemon thread that runs callbacks when they are due (:meth:`DraftWriter.begin_after`).
+
+    One thread for the process, not one per turn: a store keeps a connection per thread
+    (SQLite), so a thread per turn would leave one behind for every long turn. Callbacks
+    run one after another, each a single quick write.
+    """
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def call_later(self, seconds: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` in the timers' thread ``seconds`` from now."""
+        with self._changed:
+            entry = (time.monotonic() + seconds, next(self._order), callback)
+            heapq.heappush(self._due, entry)
+            if self._thread is None or not self._thread.is_alive():
+                # None yet, or this is a child process (a fork keeps no other thread).
+                self._thread = threading.Thread(
+                    target=self._run, name="turnledger-draft-timers", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    wait = self._due[0][0] - time.monotonic() if self._due else None
+                    self._changed.wait(wait)
+                _, _, callback = heapq.heappop(self._due)
+            try:
+                callback()
+            except Exception:
+                logger.exception("a draft timer failed")
+
+
+_timers = _Timers()
+
+
 @dataclass
 class DraftWriter:
     """Writes one run of a turn's draft: batched chunks, then the final state.
 
-    Not thread-safe: one turn runs in one worker.
+    One turn runs in one worker, which alone calls :meth:`add`, :meth:`finish` and the
+    rest; the one other thread is :meth:`begin_after`'s timer (:class:`_Timers`), which
+    only begins the draft, under :attr:`_lock`.
     """
 
     store: ConversationStore
@@ -278,6 +329,16 @@ class DraftWriter:
     _buffer: list[str] = field(default_factory=list)
     _buffered: int = 0
     _last_flush: float = 0.0
+    #: Whether this run wrote its draft's begin (its later writes follow only then).
+    _begun: bool = False
+    #: Set once the run is over (finished, interrupted, restored): a late timer does nothing.
+    _settled: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def begun(self) -> bool:
+        """Whether this run wrote its draft's begin (:meth:`begin_after` may not have yet)."""
+        return self._begun
 
     @property
     def pk(self) -> str:
@@ -290,18 +351,53 @@ class DraftWriter:
         ``known``: ``previous`` is the state just read (saves reading it again).
         A stale cancel flag of an earlier run of the same turn is removed first.
         """
+        self._prepare(previous, known)
+        self._start()
+
+    def begin_after(
+        self, delay_ms: int, previous: DraftState | None = None, *, known: bool = False
+    ) -> None:
+        """Begin the draft (as :meth:`begin`) only once the run has gone on ``delay_ms``: a
+        run that is over sooner writes no draft at all (:meth:`finish`, :meth:`restore`),
+        one that fails sooner writes it then, interrupted (:meth:`interrupt`). Until it
+        begins, the answer is only buffered: no chunk is stored and no cancel flag looked
+        for (a cancel finds no running draft to flag)."""
+        self._prepare(previous, known)
+        _timers.call_later(delay_ms / 1000, self._start_late)
+
+    def _prepare(self, previous: DraftState | None, known: bool) -> None:
         if not known:
             previous = read_state(self.store, self.key, self.turn)
         self.previous = previous
         self.next_seq = previous.next_seq if previous is not None else 1
         self.status = previous.status if previous is not None else None
-        if previous is not None:
+        self.started_at = self.now().isoformat()
+
+    def _start(self) -> None:
+        if self.previous is not None:
             # Only an earlier run of the turn can have left a flag (a cancel is set only
             # on a running draft): a new turn's begin saves the delete (1 WCU).
             self.store.delete_side_items(self.key, [cancel_key(self.turn)])
-        self.started_at = self.now().isoformat()
         self._last_flush = self.monotonic()
+        self._begun = True
         self._put_state(DraftMove.BEGIN, None, None)
+
+    def _start_late(self) -> None:
+        """:meth:`begin_after`'s timer: begin the draft of a run still going."""
+        with self._lock:
+            if self._settled or self._begun:
+                return
+            try:
+                self._start()
+            except Exception:
+                # The run goes on without a draft to follow, as a quick one does.
+                logger.exception("could not begin a turn's draft")
+
+    def _settle(self) -> bool:
+        """Mark the run over (a timer not yet fired never begins it); whether it had begun."""
+        with self._lock:
+            self._settled = True
+            return self._begun
 
     def add(self, text: str) -> None:
         """Take a piece of the answer; store it once enough is buffered or time passed.
@@ -313,6 +409,8 @@ class DraftWriter:
             return
         self._buffer.append(text)
         self._buffered += len(text)
+        if not self._begun:
+            return  # no draft yet: the text waits in the buffer
         elapsed_ms = (self.monotonic() - self._last_flush) * 1000
         if self._buffered >= self.flush_chars or elapsed_ms >= self.flush_ms:
             self.flush()
@@ -357,17 +455,24 @@ class DraftWriter:
         if result is None:
             self._buffer.clear()
             self._buffered = 0
+        if not self._settle():
+            return  # over before its draft began: nothing to mark (the log tells the rest)
         self.flush(check_cancel=False)
         self._put_state(DraftMove.FINISH, None, result)
 
     def interrupt(self, reason: str, result: dict[str, Any] | None) -> None:
-        """Store what is buffered and mark the draft interrupted, with why."""
+        """Store what is buffered and mark the draft interrupted, with why (a draft that
+        had not begun yet begins now, so readers learn how the turn ended)."""
+        if not self._settle():
+            self._start()
         self.flush(check_cancel=False)
         self._put_state(DraftMove.INTERRUPT, reason, result)
 
     def restore(self) -> None:
         """Put back the state an earlier run of the turn left (none: remove this run's):
         a request refused before it changed the turn leaves the turn's draft as it was."""
+        if not self._settle():
+            return  # this run wrote nothing
         previous = self.previous
         if previous is None:
             self.store.delete_side_items(self.key, [state_key(self.turn)])

@@ -247,6 +247,17 @@ def wait_deadline(pending: Iterable[PendingCall]) -> datetime | None:
     return min(due) if due else None
 
 
+def head_wait_deadline(pending: Iterable[PendingCall], changes: InboxChanges) -> datetime | None:
+    """The wait deadline a commit's head carries (``HEAD`` is filed on ``by-wait`` under its
+    hour): :func:`wait_deadline` of ``pending`` but the calls whose inbox entry the commit
+    puts (``changes``) with a window, as such an entry files its own wait. So the commit
+    that starts a person's wait does not rewrite ``HEAD`` (docs/STORAGE.md). A wait whose
+    entry an earlier commit wrote stays on ``HEAD``'s deadline: an entry of an older build
+    carries no filing of its own."""
+    filed = {entry.call_id for entry in changes.puts if entry.expires_at is not None}
+    return wait_deadline(p for p in pending if p.id not in filed)
+
+
 def inbox_changes(key: ConversationKey, before: Head | None, after: Head) -> InboxChanges:
     """The inbox entries a commit replacing ``before`` by ``after`` writes, and those it
     deletes (the store writes them in the commit's transaction).
@@ -343,6 +354,12 @@ DRAFT_MOVES: dict[DraftMove, tuple[frozenset[DraftStatus | None], DraftStatus]] 
     DraftMove.FINISH: (frozenset({"in_progress"}), "done"),
     DraftMove.INTERRUPT: (frozenset({"in_progress"}), "interrupted"),
 }
+
+
+def logged_turn_draft_status() -> DraftStatus:
+    """What the stream of a turn that wrote no draft shows once the log holds its answer
+    (a synchronous turn over within ``SYNC_DRAFT_AFTER_MS``): a draft that finished."""
+    return DRAFT_MOVES[DraftMove.FINISH][1]
 
 
 def draft_move(current: DraftStatus | None, how: DraftMove) -> DraftStatus:

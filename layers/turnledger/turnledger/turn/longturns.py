@@ -170,8 +170,11 @@ def _overtaken(state: DraftState, head: Head | None, now: datetime) -> bool:
     return head.updated_at > started
 
 
-def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
-    """The begun draft of ``turn``, run in this request or by the worker.
+def _begin_draft(
+    service: Conversations, key: ConversationKey, turn: int, kind: str, *, after_ms: int = 0
+) -> DraftWriter:
+    """The begun draft of ``turn``, run in this request or by the worker (``after_ms``: begun
+    only if the run goes on that long, :meth:`~.drafts.DraftWriter.begin_after`).
 
     Raises:
         ConversationBusy: a run of that turn is still going.
@@ -188,6 +191,9 @@ def _begin_draft(service: Conversations, key: ConversationKey, turn: int, kind: 
             details={"turn": turn, "retry_after_seconds": 1},
         )
     writer = _writer(service, key, turn, kind)
+    if after_ms > 0:
+        writer.begin_after(after_ms, state, known=True)
+        return writer
     try:
         writer.begin(state, known=True)
     except Exception:
@@ -417,13 +423,24 @@ def run_synchronously(
 ) -> TurnResult:
     """Run a synchronous turn (or decisions) through the turn's draft: any client can
     follow it while it runs (``GET .../turns/{n}``), even if this request's client is gone.
-    The draft keeps no copy of the answer: a read rebuilds it from the log. Without
-    ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no draft."""
+    The draft keeps no copy of the answer: a read rebuilds it from the log. It is begun
+    only once the turn has run ``SYNC_DRAFT_AFTER_MS``: a quicker turn writes none (its
+    busy check, the one read of the draft's state, still refuses a second turn while a
+    longer one runs). Without ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no
+    draft."""
     if not service.settings.sync_turn_drafts:
         if isinstance(command, TurnCommand):
             return service.turn(key, actor, command)
         return service.approve(key, actor, command)
-    result, _ = run_drafted(service, key, actor, command, answer=None, read_back=False)
+    result, _ = run_drafted(
+        service,
+        key,
+        actor,
+        command,
+        answer=None,
+        read_back=False,
+        draft_after_ms=service.settings.sync_draft_after_ms,
+    )
     return result
 
 
@@ -435,6 +452,7 @@ def run_drafted(
     *,
     answer: Callable[[TurnResult], dict[str, Any]] | None,
     read_back: bool = True,
+    draft_after_ms: int = 0,
 ) -> tuple[TurnResult, list[str]]:
     """Run a turn (or decisions) in this request, its model calls streaming into the turn's
     draft exactly as the worker's do, so any reader follows it (``GET .../turns/{n}/stream``);
@@ -442,7 +460,8 @@ def run_drafted(
     it is done; readers rebuild the answer from the log, :mod:`.turn_log`), or the error.
 
     A new turn that would be refused at once (calls await a decision, a run holds the
-    lease, the budget is spent) is refused before its draft is written.
+    lease, the budget is spent) is refused before its draft is written. ``draft_after_ms``:
+    the draft is begun only if the run goes on that long (a quicker one writes none).
 
     Returns:
         The result, and the draft's chunks' texts, read back after the commit (none
@@ -461,7 +480,7 @@ def run_drafted(
         _check_command(service, command)
         service.check_input_fits(command, head.token_scale if head is not None else None)
         _check_startable(service, head, key)
-    writer = _begin_draft(service, key, turn, kind)
+    writer = _begin_draft(service, key, turn, kind, after_ms=draft_after_ms)
     first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs
     try:
         with drafts.streaming_into(writer):
@@ -481,7 +500,8 @@ def run_drafted(
             _quietly(writer.restore)
         raise
     try:
-        written = service.store.get_head(key)
+        # A run whose draft never began writes nothing more: no need of the life either.
+        written = service.store.get_head(key) if writer.begun else None
         if written is not None:
             writer.gen = written.gen  # a first turn created the conversation's life just now
         writer.finish(answer(result) if answer is not None else None)

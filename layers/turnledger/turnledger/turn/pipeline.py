@@ -73,6 +73,7 @@ from ..core.exceptions import (
     UnknownToolCall,
 )
 from ..core.models import (
+    STORED_HASH_CHARS,
     ApprovalResolved,
     AssistantMessage,
     CancelRequest,
@@ -279,8 +280,9 @@ class Conversations(Reads):
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
         # Who began a turn: its command, Idempotency-Key included, hashed as approvals hash
         # arguments. Kept with the turn's options, so a retry knows the turn as its own.
-        identity = arguments_sha256(command.model_dump(mode="json"))
-        retried = resuming and bool(messages) and session.options.request_sha256 == identity
+        identity = arguments_sha256(command.model_dump(mode="json"))[:STORED_HASH_CHARS]
+        began = (session.options.request_sha256 or "")[:STORED_HASH_CHARS]
+        retried = resuming and bool(messages) and began == identity
         if resuming or not awaiting:
             # Finish what an earlier request left half done (expired or rejected calls,
             # calls recorded but never run) in *its* turn, before anything of this one is

@@ -38,7 +38,7 @@ from ..core.models import (
 from ..core.observability import metrics
 from ..store import keys
 from ..store.base import ConversationStore, new_generation
-from .lifecycle import TurnLife, inbox_changes, is_tombstone, wait_deadline
+from .lifecycle import TurnLife, head_wait_deadline, inbox_changes, is_tombstone
 
 Clock = Callable[[], datetime]
 #: Told of each commit that landed: the key, the pending calls before it, the head it
@@ -232,16 +232,17 @@ class Session:
             provider_cursor=self.provider_cursor,
             lease=lease,
             cancel=cancel,
-            wait_deadline=wait_deadline(self.pending),
             fork=self.head.fork if self.head else None,
             memory_off=self.memory_off,
         )
+        changes = inbox_changes(self.key, previous, head)
+        head = head.model_copy(update={"wait_deadline": head_wait_deadline(self.pending, changes)})
         written = self.store.commit(
             self.key,
             expected_version=previous.version if previous else None,
             head=head,
             events=self.staged,
-            inbox_changes=inbox_changes(self.key, previous, head),
+            inbox_changes=changes,
         )
         metrics.add_metric("BytesWritten", MetricUnit.Bytes, written)
         committed = self.staged
