@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
 import threading
 import time
@@ -489,8 +490,6 @@ class DraftWriter:
 
     def _put_state(self, how: DraftMove, reason: str | None, result: dict[str, Any] | None) -> None:
         status = self.status = draft_move(self.status, how)
-        import json
-
         item: dict[str, Any] = {
             A_STATUS: status,
             A_NEXT: self.next_seq,
