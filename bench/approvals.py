@@ -52,6 +52,8 @@ from turnledger.store import codec, inbox
 from turnledger.store.blobs import BlobStore, S3BlobStore
 from turnledger.store.codec import Item
 from turnledger.store.indexes import WAIT_INDEX
+from turnledger.store.keyring import Keyring, LocalMasterKey, MemoryKeyItems
+from turnledger.store.sealed import ItemSealer, SealedBlobStore
 from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn.approvals import DEFAULT_LIMIT, list_inbox
 from turnledger.turn.pipeline import Conversations
@@ -221,6 +223,18 @@ class LegacyInboxMeteredStore(InboxMeteredStore, LegacyDynamoDBStore):
     """:class:`InboxMeteredStore` over the legacy layout (before issue 21): the baseline."""
 
 
+class SealedInboxMeteredStore(InboxMeteredStore):
+    """:class:`InboxMeteredStore` sealing content as the template deploys it by default
+    (issue 24): under a local master key, so items weigh what they weigh deployed (the
+    same ciphertext format) and no KMS round trip is timed."""
+
+    def __init__(self, client: DynamoDBClient, table_name: str, blobs: BlobStore) -> None:
+        super().__init__(client, table_name, blobs)
+        keyring = Keyring(LocalMasterKey(), MemoryKeyItems())
+        self.sealer = ItemSealer(keyring)
+        self.blobs = SealedBlobStore(blobs, keyring)
+
+
 @dataclass(frozen=True)
 class Sample:
     """Text turns, approval turns and their decisions: as a conversation's first turn,
@@ -347,16 +361,18 @@ def _listing(service: Conversations, store: InboxMeteredStore, tenant: str) -> L
 
 
 #: Each layout's samples run in a tenant of its own, of the same length (the same item sizes).
-LAYOUT_TENANTS = {"legacy": "base", "current": TENANTS[0]}
-#: The layouts measured: the baseline before issue 21, and the current store.
+LAYOUT_TENANTS = {"legacy": "base", "sealed": "vault", "current": TENANTS[0]}
+#: The layouts measured: the baseline before issue 21, the current store sealing content
+#: (the deployed default), and the current store in clear (last: the listings use it).
 LAYOUT_STORES: dict[str, type[InboxMeteredStore]] = {
     "legacy": LegacyInboxMeteredStore,
+    "sealed": SealedInboxMeteredStore,
     "current": InboxMeteredStore,
 }
 
 
 def run(samples: int, pending: int) -> tuple[dict[str, list[Sample]], list[Listing]]:
-    """Run the samples on both layouts and the listings (current layout) on DynamoDB Local."""
+    """Run the samples on every layout and the listings (current layout) on DynamoDB Local."""
     with local_engines() as engines, HttpSink() as sink, httpx.Client() as http:
         clients, settings = engines.clients, engines.settings
         sink.respond("/email", Reply(body={"sent": True}))
@@ -402,42 +418,47 @@ DECIDE_TARGET_WCU = 8
 
 
 def _layouts(by_layout: dict[str, list[Sample]]) -> list[str]:
-    """The section's table of both layouts side by side, with the issue's targets."""
+    """The section's table of the layouts side by side, with the issue's targets."""
 
     def m(samples: list[Sample], kind: str, pick: str) -> float:
         return float(statistics.median([getattr(getattr(s, kind), pick) for s in samples]))
 
-    legacy, current = by_layout["legacy"], by_layout["current"]
+    legacy, current, sealed = by_layout["legacy"], by_layout["current"], by_layout["sealed"]
     lines = [
         "### Legacy layout beside the current one",
         "",
         "The same samples, in the same run, on the layout before issue 21 "
         "(`tests/support/legacy_layout.py`: one item per event, the whole head on every "
-        "commit, one `TransactWriteItems` per commit) and on the current store. Medians, "
-        "priced.",
+        "commit, one `TransactWriteItems` per commit) and on the current store, in clear "
+        "and sealing content as the template deploys it by default (issue 24: each sealed "
+        "value 34 bytes longer, a head state's content in an attribute of its own). "
+        "Medians, priced.",
         "",
-        "| | legacy WCU | current WCU | current / legacy | legacy RCU | current RCU | "
-        "legacy / current write requests |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| | legacy WCU | current WCU | current, sealed WCU | current / legacy | legacy RCU "
+        "| current RCU | legacy / current write requests |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, kind in KINDS:
         old, new = m(legacy, kind, "wcu"), m(current, kind, "wcu")
         lines.append(
-            f"| {label} | {old:.1f} | {new:.1f} | {new / old:.2f} | "
+            f"| {label} | {old:.1f} | {new:.1f} | {m(sealed, kind, 'wcu'):.1f} | {new / old:.2f} | "
             f"{m(legacy, kind, 'rcu'):.1f} | {m(current, kind, 'rcu'):.1f} | "
             f"{m(legacy, kind, 'writes'):.0f} / {m(current, kind, 'writes'):.0f} |"
         )
     verdict = {True: "met", False: "**missed**"}
     lines += [
         "",
-        "| target (issue 21) | where | measured (current) | verdict |",
-        "| --- | --- | ---: | --- |",
+        "| target (issue 21) | where | store | measured | verdict |",
+        "| --- | --- | --- | ---: | --- |",
     ]
-    for where, ask_kind, decide_kind in (
-        ("a turn of an existing conversation (the target's case)", "ask_mid", "decide_mid"),
-        ("a conversation's first turn (it also creates the conversation)", "ask", "decide"),
+    for where, ask_kind, decide_kind, store, samples in (
+        ("a turn of an existing conversation", "ask_mid", "decide_mid", "clear", current),
+        ("a turn of an existing conversation", "ask_mid", "decide_mid", "sealed", sealed),
+        ("a conversation's first turn (it also creates it)", "ask", "decide", "clear", current),
+        ("a conversation's first turn (it also creates it)", "ask", "decide", "sealed", sealed),
     ):
-        ask, decide = m(current, ask_kind, "wcu"), m(current, decide_kind, "wcu")
+        ask, decide = m(samples, ask_kind, "wcu"), m(samples, decide_kind, "wcu")
+        where = f"{where} | {store}"
         lines += [
             f"| a turn that requests one approval <= {ASK_TARGET_WCU} WCU | {where} | "
             f"{ask:.1f} | {verdict[ask <= ASK_TARGET_WCU]} |",
