@@ -80,16 +80,24 @@ def _folders() -> dict[str, Path]:
 def _probe(
     folder: Path, env: dict[str, str], event: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    base = _base_env()
-    args = [sys.executable, "-c", _PROBE, str(folder)]
-    if event is not None:
-        args.append(json.dumps(event))
+    args = [str(folder)] if event is None else [str(folder), json.dumps(event)]
+    result: dict[str, Any] = _run(_PROBE, args, {**_base_env(), **env})
+    return result
+
+
+def _run(script: str, args: list[str], env: dict[str, str]) -> Any:
+    """Run ``script`` with ``args`` in a fresh interpreter under ``env``: the JSON of the
+    last line it printed."""
     done = subprocess.run(
-        args, env={**base, **env}, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _base_env() -> dict[str, str]:
@@ -169,16 +177,7 @@ def test_an_api_function_registers_every_route_the_template_gives_it(
     assert given
     paths = sorted({_sample(r.path) for r in given})
     env = {**_base_env(), "STORE": "sqlite", "DATA_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", _ROUTED, str(_folders()[name]), json.dumps(paths)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _run(_ROUTED, [str(_folders()[name]), json.dumps(paths)], env)
     missing = [r.route_key for r in given if r.method not in found["methods"][_sample(r.path)]]
     assert missing == []
     loaded = set(found["modules"])
@@ -254,16 +253,7 @@ def test_a_snapshot_init_builds_every_routes_models(
         "AWS_LAMBDA_INITIALIZATION_TYPE": initialization,
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
-    done = subprocess.run(
-        [sys.executable, "-c", _ROUTE_MODELS, str(_folders()["read"])],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _run(_ROUTE_MODELS, [str(_folders()["read"])], env)
     assert found["routes"] > 20
     assert found["built"] == (found["routes"] if expected == "all" else 0)
 
@@ -336,16 +326,7 @@ def test_api_bodies_and_event_payloads_are_built_on_first_use_unless_init_runs_a
         "DATA_DIR": str(tmp_path),
         "AWS_LAMBDA_INITIALIZATION_TYPE": initialization,
     }
-    done = subprocess.run(
-        [sys.executable, "-c", _BODY_MODELS, str(_folders()["read"])],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _run(_BODY_MODELS, [str(_folders()["read"])], env)
     assert found["models"] > 30
     assert found["built"] == (found["models"] if expected == "all" else 0)
     assert found["payloads"] > 10
@@ -368,15 +349,6 @@ def test_the_clear_functions_init_builds_s3s_client(name: str, s3: bool) -> None
     client (its model parsed for the tenants' clients too); the read function, whose
     requests seldom touch a blob, leaves it to the first that does."""
     env = {**_base_env(), "TABLE_NAME": "t", "BUCKET_NAME": "b"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CLIENTS, str(_folders()[name])],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    services = json.loads(done.stdout.strip().splitlines()[-1])
+    services = _run(_CLIENTS, [str(_folders()[name])], env)
     assert "dynamodb" in services
     assert ("s3" in services) is s3

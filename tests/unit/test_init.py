@@ -121,24 +121,26 @@ def test_init_builds_no_http_client_until_a_tool_call_or_webhook_needs_one(
     assert made.calls == 1
 
 
-def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The DynamoDB read and the tenant role's AssumeRole a first request starts with are
-    made once at init and answered in-process: with every AWS endpoint unreachable, both
-    still succeed."""
-    unreachable = "http://127.0.0.1:9"  # the discard port: nothing listens
+_UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens
+
+
+def _init_read_offline(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, env: dict[str, str]
+) -> tuple[list[str], Runtime]:
+    """The read function's init with every AWS endpoint unreachable (plus ``env``): the AWS
+    operations it called, and the runtime it built. No priming warning may be logged."""
     for name, value in {
         "TABLE_NAME": "init-priming",
         "BUCKET_NAME": "init-priming",
         "CALLBACK_KEY": "00" * 32,
         "TENANT_ROLE_ARN": TENANT_ROLE,
-        "DYNAMODB_ENDPOINT": unreachable,
-        "S3_ENDPOINT": unreachable,
-        "AWS_ENDPOINT_URL_STS": unreachable,
+        "DYNAMODB_ENDPOINT": _UNREACHABLE,
+        "S3_ENDPOINT": _UNREACHABLE,
+        "AWS_ENDPOINT_URL_STS": _UNREACHABLE,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
+        **env,
     }.items():
         monkeypatch.setenv(name, value)
     calls: list[str] = []
@@ -156,9 +158,19 @@ def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
         built = get_runtime()
     finally:
         set_runtime(None)
+    assert not [r for r in caplog.records if "priming" in r.getMessage()]
+    return calls, built
+
+
+def test_init_makes_the_first_aws_calls_of_a_request_without_the_network(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The DynamoDB read and the tenant role's AssumeRole a first request starts with are
+    made once at init and answered in-process: with every AWS endpoint unreachable, both
+    still succeed."""
+    calls, built = _init_read_offline(monkeypatch, caplog, {})
 
     assert calls == ["GetItem", "AssumeRole"]
-    assert not [r for r in caplog.records if "priming" in r.getMessage()]
     assert built.tenants is not None
 
 
@@ -168,41 +180,14 @@ def test_with_sealed_content_init_also_makes_the_first_kms_decrypt_without_the_n
     """Content sealed as deployed (``KEYS_TABLE_NAME``): the KMS ``Decrypt`` that opens a
     tenant's key on its first request is made once at init too, answered in-process; the
     KMS client is one of those closed before a snapshot."""
-    unreachable = "http://127.0.0.1:9"  # the discard port: nothing listens
-    for name, value in {
-        "TABLE_NAME": "init-priming",
-        "BUCKET_NAME": "init-priming",
+    sealed = {
         "KEYS_TABLE_NAME": "init-priming-keys",
         "CONTENT_KMS_KEY_ID": "alias/init-priming",
-        "CALLBACK_KEY": "00" * 32,
-        "TENANT_ROLE_ARN": TENANT_ROLE,
-        "DYNAMODB_ENDPOINT": unreachable,
-        "S3_ENDPOINT": unreachable,
-        "KMS_ENDPOINT": unreachable,
-        "AWS_ENDPOINT_URL_STS": unreachable,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    calls: list[str] = []
-    real = botocore.client.BaseClient._make_api_call
-
-    def spy(client: Any, operation: str, params: dict[str, Any]) -> Any:
-        calls.append(operation)
-        return real(client, operation, params)
-
-    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", spy)
-    set_runtime(None)
-    try:
-        with caplog.at_level("WARNING"):
-            load_function("read")
-        built = get_runtime()
-    finally:
-        set_runtime(None)
+        "KMS_ENDPOINT": _UNREACHABLE,
+    }
+    calls, built = _init_read_offline(monkeypatch, caplog, sealed)
 
     assert calls == ["GetItem", "Decrypt", "AssumeRole"]
-    assert not [r for r in caplog.records if "priming" in r.getMessage()]
     assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "KMS", "STS"}
 
 
