@@ -54,6 +54,7 @@ from tests.support.factories import (
     build_turn,
     commit_turn,
     delete_raw_item,
+    holds_text,
     make_key,
     put_raw_item,
     raw_item,
@@ -178,7 +179,7 @@ def test_content_at_rest_is_ciphertext_and_reads_back(sealed: Sealed) -> None:
 
     items, objects = _backup(store, KEY)
     assert objects and all(SECRET.encode() not in data for data in objects.values())
-    assert all(SECRET not in repr(item) for item in items)
+    assert not any(holds_text(item, SECRET) for item in items)
     by_key = {str(item[codec.A_SK]): item for item in items}
     assert by_key["E#000000000001"][codec.A_BODY].startswith(SEALED_VALUE)
     assert by_key["S#draft#1#c#000001"]["text"].startswith(SEALED_VALUE)
@@ -346,7 +347,7 @@ def test_the_inbox_leaves_out_an_entry_restored_after_delete(sealed: Sealed) -> 
             inbox_changes=inbox.InboxChanges(puts=[entries[key]]),
         )
     backup = _backup(sealed.store, erased)
-    assert all(SECRET not in repr(item) for item in backup[0])
+    assert not any(holds_text(item, SECRET) for item in backup[0])
     sealed.store.clear(erased, FakeClock().now())
     _restore(sealed.store, erased, backup)
 
@@ -358,14 +359,6 @@ def test_the_inbox_leaves_out_an_entry_restored_after_delete(sealed: Sealed) -> 
 STATE_SECRET = "account 4711-0815 of Ann Example is overdrawn"
 CALL_ARGUMENTS = {"to": "ann@example.com", "body": STATE_SECRET}
 REASON = "the auditor wrote: " + STATE_SECRET
-
-
-def _holds(item: Item, text: str) -> bool:
-    """Whether a value of ``item`` (text, or bytes read as UTF-8) holds ``text``."""
-    return any(
-        text in (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
-        for value in item.values()
-    )
 
 
 def _waiting_turn(store: ConversationStore, key: ConversationKey = KEY, **head: object) -> Turn:
@@ -407,8 +400,8 @@ def _state_items(store: ConversationStore, key: ConversationKey) -> list[Item]:
 def _no_content(items: list[Item]) -> None:
     digest = arguments_sha256(CALL_ARGUMENTS)
     for item in items:
-        assert not _holds(item, STATE_SECRET), item[codec.A_SK]
-        assert not _holds(item, digest), item[codec.A_SK]
+        assert not holds_text(item, STATE_SECRET), item[codec.A_SK]
+        assert not holds_text(item, digest), item[codec.A_SK]
 
 
 def _waiting_call(head: Head | None) -> PendingCall:
@@ -505,7 +498,7 @@ def test_clear_text_head_state_of_before_reads_and_is_sealed_when_next_written(
     first = _waiting_turn(store)
     store.sealer.keyring = keyring
     before = raw_item(store, KEY, keys.HEAD_SK)
-    assert before is not None and _holds(before, STATE_SECRET)
+    assert before is not None and holds_text(before, STATE_SECRET)
     assert _waiting_call(store.get_head(KEY)).arguments == CALL_ARGUMENTS
 
     # A commit of no event that keeps the call waiting (a marker, as a lease renewal is).

@@ -11,12 +11,17 @@ import httpx
 import pytest
 from turnledger.core.models import ConversationKey
 from turnledger.store import codec, keys
-from turnledger.store.codec import Item
 from turnledger.store.sealed import SEALED_VALUE
 from turnledger.tools import arguments_sha256
 from turnledger_local.runner import LocalConfig, LocalRunner
 
-from tests.support.factories import delete_raw_item, put_raw_item, raw_item, raw_sort_keys
+from tests.support.factories import (
+    delete_raw_item,
+    holds_text,
+    put_raw_item,
+    raw_item,
+    raw_sort_keys,
+)
 
 from .conftest import ANN, store_of
 
@@ -29,15 +34,6 @@ def runner_config(runner_config: LocalConfig) -> LocalConfig:
     """No key cache: an environment that held a key before an erasure may open a restored
     copy only within KEY_CACHE_SECONDS of it (docs/API.md); here that window is closed."""
     return dataclasses.replace(runner_config, env={"KEY_CACHE_SECONDS": "0"}, tools_file=TOOLS)
-
-
-def _holds(item: Item | None, text: str) -> bool:
-    """Whether a value of the raw ``item`` (text, or bytes read as UTF-8) holds ``text``."""
-    assert item is not None
-    return any(
-        text in (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
-        for value in item.values()
-    )
 
 
 def test_a_backup_restored_after_delete_answers_410_content_unreadable(
@@ -54,7 +50,7 @@ def test_a_backup_restored_after_delete_answers_410_content_unreadable(
     store = store_of(served)
     key = ConversationKey(tenant="acme", conversation_id=conversation)
     backup = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
-    assert backup and all(SECRET not in repr(item) for item in backup)
+    assert backup and not any(holds_text(item, SECRET) for item in backup)
     bodies = [
         item[codec.A_BODY]
         for item in backup
@@ -111,7 +107,7 @@ def test_pending_call_arguments_are_sealed_and_a_restored_head_answers_410(
     key = ConversationKey(tenant="acme", conversation_id=conversation)
     backup = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
     for item in backup:
-        assert not _holds(item, SECRET) and not _holds(item, arguments_sha256(arguments))
+        assert not holds_text(item, SECRET) and not holds_text(item, arguments_sha256(arguments))
     states = [i for i in backup if i is not None and codec.A_CONTENT in i]
     assert {str(i[codec.A_SK]) for i in states} >= {keys.HEAD_SK}
     shown = http.get(f"/v1/conversations/{conversation}", headers=ANN)

@@ -210,6 +210,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def holds_text(item: Item | None, text: str) -> bool:
+    """Whether a value of the raw ``item`` (text, or bytes read as UTF-8) holds ``text``
+    as it was written (a ``repr`` of the item would escape its quotes)."""
+    assert item is not None
+    return any(
+        text in (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+        for value in item.values()
+    )
+
+
 def raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | None:
     """The item at ``sk`` of ``key``'s partition exactly as the backend holds it."""
     pk = keys.partition_key(key)
