@@ -546,3 +546,141 @@ def test_the_sweep_refiles_a_sealed_head_without_opening_its_content(sealed: Sea
     _no_content([after])
     call = _waiting_call(another_environment(store).get_head(KEY))
     assert call.arguments == CALL_ARGUMENTS and call.reason == REASON
+
+
+# --- the migration's one-off command (turnledger seal-existing) ----------------------------
+
+WAITING = make_key(TENANT, "sealed-before-2")
+ASKING = make_key(TENANT, "sealed-before-3")
+
+
+def _written_before(store: ConversationStore) -> None:
+    """Conversations of :data:`TENANT` written by the build of before (no keys): events, an
+    offloaded payload, a side item, an idempotency record, a head state with a pending
+    call's arguments, an inbox entry."""
+    keyring = store.sealer.keyring
+    store.sealer.keyring = None
+    _content_turn(store)
+    _waiting_turn(store, WAITING)
+    entry = inbox.InboxEntry(
+        kind="input",
+        conversation_id=ASKING.conversation_id,
+        call_id="call_before_3",
+        tool="ask_human",
+        arguments={"question": SECRET},
+        requested_by=None,
+        requested_at=START,
+        expires_at=None,
+    )
+    turn = build_turn(ASKING, None, ["q"])
+    store.commit(
+        ASKING,
+        expected_version=None,
+        head=turn.head,
+        events=turn.events,
+        inbox_changes=inbox.InboxChanges(puts=[entry]),
+    )
+    store.sealer.keyring = keyring
+
+
+def _clear_items(store: ConversationStore) -> list[str]:
+    """The sort keys of :data:`TENANT`'s items that hold a secret in clear."""
+    return [
+        f"{key.conversation_id}/{item[codec.A_SK]}"
+        for key in (KEY, WAITING, ASKING)
+        for item in _backup(store, key)[0]
+        if _holds(item, SECRET) or _holds(item, STATE_SECRET)
+    ]
+
+
+def _reading(store: ConversationStore) -> list[object]:
+    """What the store answers for :func:`_written_before`'s conversations."""
+    reader = another_environment(store)
+    return [
+        reader.load(KEY, EVERYTHING),
+        reader.load(WAITING, EVERYTHING),
+        reader.load(ASKING, EVERYTHING),
+        reader.get_side_item(KEY, "S#draft#1#c#000001"),
+        reader.get_record(KEY, "I#req-1"),
+        reader.inbox_page(TENANT, now=START, limit=10).entries,
+    ]
+
+
+def test_seal_existing_seals_what_was_written_before_and_erasure_reaches_it(
+    sealed: Sealed,
+) -> None:
+    """Migration: ``seal-existing`` rewrites sealed every item written in clear before keys
+    were on (events, head states, side items, records, inbox entries); the conversations
+    read back the same; a second run seals nothing; after DELETE, a copy of the sealed
+    items restored answers 410."""
+    from turnledger.ops.reseal import seal_tenant
+
+    store = sealed.store
+    _written_before(store)
+    before = _reading(store)
+    assert len(_clear_items(store)) >= 6
+
+    first = seal_tenant(store, TENANT)
+
+    assert _clear_items(store) == []
+    assert first.sealed >= 6 and first.skipped == 0
+    assert _reading(store) == before
+    second = seal_tenant(store, TENANT)
+    assert second.sealed == 0 and second.skipped == 0
+    assert second.already_sealed == first.sealed + first.already_sealed
+
+    backups = {key: _backup(store, key) for key in (KEY, WAITING, ASKING)}
+    for key, backup in backups.items():
+        store.clear(key, FakeClock().now())
+        _restore(store, key, backup)
+        with pytest.raises(ContentUnreadable) as caught:
+            another_environment(store).load(key, EVERYTHING)
+        assert caught.value.status == 410
+    assert store.inbox_page(TENANT, now=START, limit=10).entries == []
+
+
+def test_seal_existing_never_overwrites_an_item_changed_after_it_read_it(
+    sealed: Sealed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item that changes between the command's read and its rewrite (a concurrent
+    writer) keeps the change: the rewrite is conditional, the item is counted skipped, and
+    the next run seals what is clear then."""
+    store = sealed.store
+    _written_before(store)
+    changed = {**_backup(store, KEY)[0][0]}
+    assert changed[codec.A_SK] == "E#000000000001"
+    # Another writer rewrote its content meanwhile (the build of before, still running).
+    changed[codec.A_BODY] = str(changed[codec.A_BODY]).replace(SECRET, "rewritten meanwhile")
+    query = store._query
+
+    def query_then_change(*args: object, **kwargs: object) -> object:
+        page = query(*args, **kwargs)  # type: ignore[arg-type]
+        if any(item[codec.A_SK] == changed[codec.A_SK] for item in page.items):
+            put_raw_item(store, changed)
+        return page
+
+    monkeypatch.setattr(store, "_query", query_then_change)
+    report = store.seal_existing(KEY)
+    monkeypatch.undo()
+
+    assert report.skipped == 1 and report.sealed >= 1
+    assert raw_item(store, KEY, changed[codec.A_SK]) == changed
+    assert store.seal_existing(KEY).sealed == 1
+    assert not [i for i in _backup(store, KEY)[0] if _holds(i, SECRET) or _holds(i, "meanwhile")]
+    events = another_environment(store).load(KEY, EVERYTHING).events
+    assert [e.payload["content"] for e in events] == ["rewritten meanwhile", BIG]
+
+
+def test_seal_existing_leaves_a_conversation_being_purged_alone(sealed: Sealed) -> None:
+    """A conversation whose head is fenced (a DELETE under way) is not sealed: its items
+    are skipped, never rewritten under a new key."""
+    store = sealed.store
+    _written_before(store)
+    pk = keys.partition_key(KEY)
+    assert store._fence_head(pk, "fence-1") is not None
+    before = _backup(store, KEY)[0]
+
+    report = store.seal_existing(KEY)
+
+    assert report.sealed == 0 and report.skipped >= 3
+    assert _backup(store, KEY)[0] == before

@@ -1351,3 +1351,25 @@ def test_a_load_after_its_own_commit_is_one_read_and_never_stale(store: Conversa
     assert seen.head == theirs.head and seen.events[-2:] == theirs.events
     assert seen == another_environment(store).load(KEY, EVERYTHING)
     assert len(seen.events) == 28
+
+
+def test_set_if_unchanged_writes_only_over_what_it_read(store: ConversationStore) -> None:
+    """``_set_if_unchanged`` (the migration's sealing write) sets its attributes when the
+    item still holds the values named (absent ones absent), keeps the item's other
+    attributes, and never writes over a change or creates an item."""
+    key = make_key("t1", "set-if-unchanged-1")
+    pk = keys.partition_key(key)
+    put_raw_item(store, {codec.A_PK: pk, codec.A_SK: "S#x", "a": "one", "other": 7})
+
+    assert not store._set_if_unchanged(pk, "S#x", {"a": "two"}, {"a": "changed"})
+    assert not store._set_if_unchanged(pk, "S#x", {"b": "new"}, {"other": None})
+    assert not store._set_if_unchanged(pk, "S#absent", {"a": "two"}, {"a": None})
+    assert raw_item(store, key, "S#absent") is None
+    assert store._set_if_unchanged(pk, "S#x", {"a": b"two", "b": "x"}, {"a": "one", "b": None})
+    assert raw_item(store, key, "S#x") == {
+        codec.A_PK: pk,
+        codec.A_SK: "S#x",
+        "a": b"two",
+        "b": "x",
+        "other": 7,
+    }

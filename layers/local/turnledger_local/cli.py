@@ -212,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="turns recall and write back each user's long-term memory (MEMORY_ENABLED)",
     )
     from .replay_cli import add_command
-    from .transfer_cli import add_commands
+    from .transfer_cli import add_commands, add_seal_command
 
     add_commands(commands)
+    add_seal_command(commands)
     add_command(commands)
     return parser
 
@@ -312,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``turnledger`` command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in {"export", "import", "replay"}:
+    if args.command in {"export", "import", "replay", "seal-existing"}:
         from .transfer_cli import run
 
         return run(args)

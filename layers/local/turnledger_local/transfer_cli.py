@@ -6,15 +6,21 @@ The format and its checks are :mod:`turnledger.ops.transfer`'s, the same as
 
     turnledger export --table T --bucket B --tenant acme user-123 > user-123.ndjson
     turnledger import --table T2 --bucket B2 --tenant acme user-123 < user-123.ndjson
+
+``turnledger seal-existing`` seals what was written before content sealing was on
+(:mod:`turnledger.ops.reseal`), on the same table and bucket (or folder)::
+
+    turnledger seal-existing --table T --bucket B --tenant acme
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
@@ -62,6 +68,21 @@ def add_commands(commands: Any) -> None:
             )
 
 
+def add_seal_command(commands: Any) -> None:
+    """Add the ``seal-existing`` sub-command to ``commands`` (argparse subparsers)."""
+    summary = "seal the content written before content sealing was on; print a JSON report"
+    command = commands.add_parser("seal-existing", help=summary, description=summary)
+    command.add_argument(
+        "conversation_id",
+        metavar="ID",
+        nargs="*",
+        help="the conversations to seal (default: every conversation of the tenant, its "
+        "own items and its users' memory)",
+    )
+    command.add_argument("--tenant", required=True, help="the conversations' tenant")
+    add_store_arguments(command)
+
+
 def add_store_arguments(command: argparse.ArgumentParser) -> None:
     """The flags that name the store a command works on (table and bucket, or a folder)."""
     defaults = Settings()
@@ -98,7 +119,7 @@ def store_settings(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``export``, ``import`` or ``replay``; returns the exit status.
+    """Run ``export``, ``import``, ``replay`` or ``seal-existing``; returns the exit status.
 
     Every failure is one line on stderr, ``turnledger <command>: <code>: <message>``, and
     exit status 1: the store's errors with their API code, an unusable setting
@@ -137,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
         from .replay_cli import run_command
 
         return run_command(args, settings)
+    if args.command == "seal-existing":
+        return _seal(args, settings)
     key = ConversationKey(
         tenant=args.tenant, conversation_id=validate_conversation_id(args.conversation_id)
     )
@@ -175,4 +198,21 @@ def _run(args: argparse.Namespace) -> int:
         f"imported {key.conversation_id}: {head.turn} turns, {head.event_count} events",
         file=sys.stderr,
     )
+    return 0
+
+
+def _seal(args: argparse.Namespace, settings: Settings) -> int:
+    from turnledger.ops.reseal import seal_conversations, seal_tenant
+    from turnledger.runtime import store_from_settings
+
+    store = store_from_settings(settings)
+    if args.conversation_id:
+        conversations = [
+            ConversationKey(tenant=args.tenant, conversation_id=validate_conversation_id(c))
+            for c in args.conversation_id
+        ]
+        report = seal_conversations(store, conversations)
+    else:
+        report = seal_tenant(store, args.tenant)
+    print(json.dumps(asdict(report)))
     return 0

@@ -95,6 +95,7 @@ from ..core.exceptions import (
     ConversationExists,
     CorruptedState,
     InternalError,
+    InvalidRequest,
     StateError,
     TurnledgerError,
 )
@@ -219,6 +220,26 @@ class PurgeReport:
         self.objects += other.objects
         self.reclaimed_lives += other.reclaimed_lives
         self.provider_responses.extend(other.provider_responses)
+        return self
+
+
+@dataclass
+class SealReport:
+    """What :meth:`ConversationStore.seal_existing` did to the items it walked."""
+
+    #: Items whose clear content it rewrote sealed.
+    sealed: int = 0
+    #: Items that held no clear content (sealed before, or holding none).
+    already_sealed: int = 0
+    #: Items left as they were: of a life being purged (a fenced head, a tombstone, no
+    #: head), changed while being sealed (the writer that changed them sealed them), or too
+    #: large once sealed.
+    skipped: int = 0
+
+    def __iadd__(self, other: SealReport) -> SealReport:
+        self.sealed += other.sealed
+        self.already_sealed += other.already_sealed
+        self.skipped += other.skipped
         return self
 
 
@@ -1849,6 +1870,12 @@ class ConversationStore(ABC):
         """
 
     @abstractmethod
+    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
+        """Set ``attributes`` on the item at ``(pk, sk)`` if it exists and each attribute
+        named in ``expected`` still holds that value (``None``: is absent), atomically;
+        its other attributes stay. Returns whether it was written (it never creates one)."""
+
+    @abstractmethod
     def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
         """Set ``attributes`` on the item at ``(pk, sk)``, unconditionally, creating it
         (with just its keys and ``attributes``) when absent; its other attributes stay."""
@@ -1992,6 +2019,62 @@ class ConversationStore(ABC):
     def head_item(self, key: ConversationKey) -> Item | None:
         """The raw head item, read consistently (``None`` when absent); nothing is decoded."""
         return self._get_item(keys.partition_key(key), keys.HEAD_SK)
+
+    def seal_existing(self, key: ConversationKey) -> SealReport:
+        """Rewrite sealed every item of ``key``'s partition whose content is still clear
+        (written before encryption was on), as a write would seal it (:class:`.sealed.ItemSealer`):
+        the migration's one-off command (``turnledger seal-existing``).
+
+        Each rewrite is conditional on the item being unchanged since it was read, so a
+        concurrent commit, clear or erasure is never overwritten. Items of a life being
+        purged are left alone: all of them when the head is fenced or absent, those of
+        other lives than the tombstone's when it is a tombstone. Idempotent: a second run
+        seals nothing.
+
+        Also works on the partitions that hold no head (:func:`.keys.tenant_items`,
+        :func:`.keys.memory_items`): their items belong to no life.
+        """
+        if self.sealer.keyring is None:
+            raise InvalidRequest("this store has no keys: content sealing is not configured")
+        pk = keys.partition_key(key)
+        report = SealReport()
+        headless = key.conversation_id == keys.TENANT_ITEMS_ID or key.conversation_id.startswith(
+            keys.MEMORY_ITEMS_PREFIX
+        )
+        head = None if headless else self._get_item(pk, keys.HEAD_SK)
+        purging: str | None = None  # the one life whose items may be sealed, if any
+        if not headless:
+            tomb = None if head is None else _tombstone_of(head)
+            if head is None or codec.A_FENCE in head:
+                purging = ""  # no life
+            elif tomb is not None:
+                purging = tomb.gen
+        cursor: Any = None
+        while True:
+            page = self._query(
+                pk, lower=None, upper=None, descending=False, limit=1000, cursor=cursor
+            )
+            for item in page.items:
+                sealed = self.sealer.seal(item)
+                if sealed is item or sealed == item:
+                    report.already_sealed += 1
+                elif purging is not None and item.get(codec.A_GEN) != purging:
+                    report.skipped += 1
+                elif codec.item_size(sealed) > codec.MAX_ITEM_BYTES:
+                    report.skipped += 1  # read with its content clear, as it was written
+                else:
+                    # Only what sealing changes is set, on the condition that it is still
+                    # as read: a concurrent writer's change (a fence, a gravestone) stays.
+                    changed = {n: v for n, v in sealed.items() if item.get(n) != v}
+                    expected = {n: item.get(n) for n in changed}
+                    pk_sk = (str(item[codec.A_PK]), str(item[codec.A_SK]))
+                    if self._set_if_unchanged(*pk_sk, changed, expected):
+                        report.sealed += 1
+                    else:
+                        report.skipped += 1
+            if page.cursor is None:
+                return report
+            cursor = page.cursor
 
     def expiring_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
         """Conversations whose head is filed under one shard of expiry ``bucket`` (``by-expiry``).

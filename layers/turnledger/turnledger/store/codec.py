@@ -856,6 +856,12 @@ MAX_ITEM_BYTES = 400 * 1024
 _HEAD_IDENTITY = (A_VERSION, A_GEN, A_FENCE)
 
 
+def unchanged(stored: Item, expected: Item) -> bool:
+    """Whether ``stored`` still holds each attribute of ``expected`` with that value
+    (``None``: absent): the condition of ``ConversationStore._set_if_unchanged``."""
+    return all(stored.get(name) == value for name, value in expected.items())
+
+
 def check_item_sizes(items: list[Item]) -> None:
     """Refuse a write holding an item over :data:`MAX_ITEM_BYTES`.
 

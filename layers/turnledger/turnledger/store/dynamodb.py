@@ -595,6 +595,38 @@ class DynamoDBConversationStore(ConversationStore):
             details={"retry_after_seconds": RETRY_AFTER_SECONDS},
         )
 
+    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
+        names = {"#pk": codec.A_PK}
+        values: dict[str, Any] = {}
+        clauses = ["attribute_exists(#pk)"]
+        for n, (name, value) in enumerate(expected.items()):
+            names[f"#e{n}"] = name
+            if value is None:
+                clauses.append(f"attribute_not_exists(#e{n})")
+            else:
+                values[f":e{n}"] = _wire_value(value)
+                clauses.append(f"#e{n} = :e{n}")
+        sets = []
+        for n, (name, value) in enumerate(attributes.items()):
+            names[f"#a{n}"] = name
+            values[f":a{n}"] = _wire_value(value)
+            sets.append(f"#a{n} = :a{n}")
+        try:
+            with _guarded():
+                response = self.client.update_item(
+                    TableName=self.table_name,
+                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                    UpdateExpression="SET " + ", ".join(sets),
+                    ConditionExpression=" AND ".join(clauses),
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                    ReturnConsumedCapacity="TOTAL",
+                )
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        return True
+
     def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
         names = {f"#a{n}": name for n, name in enumerate(attributes)}
         values = {f":a{n}": value for n, value in enumerate(attributes.values())}

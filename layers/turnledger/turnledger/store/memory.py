@@ -216,6 +216,15 @@ class MemoryConversationStore(ConversationStore):
             self.items.setdefault(pk, {})[sk] = dict(item)
             return None
 
+    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
+        with self._lock:
+            stored = self.items.get(pk, {}).get(sk)
+            if stored is None or not codec.unchanged(stored, expected):
+                return False
+            self.meter.write(0)
+            stored.update(attributes)
+            return True
+
     def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
         with self._lock:
             self.meter.write(0)

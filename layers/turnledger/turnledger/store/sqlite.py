@@ -446,6 +446,15 @@ class SQLiteConversationStore(ConversationStore):
         self.meter.write(0)
         return None
 
+    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
+        with self._writing() as db:
+            stored = self._stored(db, pk, sk)
+            if stored is None or not codec.unchanged(stored, expected):
+                return False
+            self._put(db, [{**stored, **attributes}])
+        self.meter.write(0)
+        return True
+
     def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
         with self._writing() as db:
             stored = self._stored(db, pk, sk) or {codec.A_PK: pk, codec.A_SK: sk}
