@@ -589,7 +589,7 @@ def _clear_items(store: ConversationStore) -> list[str]:
         f"{key.conversation_id}/{item[codec.A_SK]}"
         for key in (KEY, WAITING, ASKING)
         for item in _backup(store, key)[0]
-        if _holds(item, SECRET) or _holds(item, STATE_SECRET)
+        if holds_text(item, SECRET) or holds_text(item, STATE_SECRET)
     ]
 
 
@@ -666,7 +666,8 @@ def test_seal_existing_never_overwrites_an_item_changed_after_it_read_it(
     assert report.skipped == 1 and report.sealed >= 1
     assert raw_item(store, KEY, changed[codec.A_SK]) == changed
     assert store.seal_existing(KEY).sealed == 1
-    assert not [i for i in _backup(store, KEY)[0] if _holds(i, SECRET) or _holds(i, "meanwhile")]
+    items = _backup(store, KEY)[0]
+    assert not [i for i in items if holds_text(i, SECRET) or holds_text(i, "meanwhile")]
     events = another_environment(store).load(KEY, EVERYTHING).events
     assert [e.payload["content"] for e in events] == ["rewritten meanwhile", BIG]
 
