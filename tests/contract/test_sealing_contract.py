@@ -34,7 +34,7 @@ from turnledger.store.keyring import (
     SQLiteKeyItems,
 )
 from turnledger.store.records import Record
-from turnledger.store.sealed import SEALED_VALUE, SealedBlobStore
+from turnledger.store.sealed import MAGIC, SEALED_VALUE, SealedBlobStore
 from turnledger.store.sqlite import SQLiteConversationStore
 from turnledger.tools import arguments_sha256
 
@@ -558,8 +558,9 @@ def _written_before(store: ConversationStore) -> None:
     """Conversations of :data:`TENANT` written by the build of before (no keys): events, an
     offloaded payload, a side item, an idempotency record, a head state with a pending
     call's arguments, an inbox entry."""
-    keyring = store.sealer.keyring
-    store.sealer.keyring = None
+    keyring, blobs = store.sealer.keyring, store.blobs
+    assert isinstance(blobs, SealedBlobStore)
+    store.sealer.keyring, store.blobs = None, blobs.inner
     _content_turn(store)
     _waiting_turn(store, WAITING)
     entry = inbox.InboxEntry(
@@ -580,7 +581,7 @@ def _written_before(store: ConversationStore) -> None:
         events=turn.events,
         inbox_changes=inbox.InboxChanges(puts=[entry]),
     )
-    store.sealer.keyring = keyring
+    store.sealer.keyring, store.blobs = keyring, blobs
 
 
 def _clear_items(store: ConversationStore) -> list[str]:
@@ -610,19 +611,25 @@ def test_seal_existing_seals_what_was_written_before_and_erasure_reaches_it(
     sealed: Sealed,
 ) -> None:
     """Migration: ``seal-existing`` rewrites sealed every item written in clear before keys
-    were on (events, head states, side items, records, inbox entries); the conversations
-    read back the same; a second run seals nothing; after DELETE, a copy of the sealed
-    items restored answers 410."""
+    were on (events, head states, side items, records, inbox entries) and the objects of
+    the live lives (an offloaded payload); the conversations read back the same; a second
+    run seals nothing; after DELETE, a copy of the sealed items and objects restored
+    answers 410."""
     from turnledger.ops.reseal import seal_tenant
 
     store = sealed.store
     _written_before(store)
     before = _reading(store)
     assert len(_clear_items(store)) >= 6
+    objects = _backup(store, KEY)[1]
+    assert [k for k, data in objects.items() if SECRET.encode() in data]  # offloaded, clear
 
     first = seal_tenant(store, TENANT)
 
     assert _clear_items(store) == []
+    objects = _backup(store, KEY)[1]
+    assert objects and all(data.startswith(MAGIC) for data in objects.values())
+    assert not [k for k, data in objects.items() if SECRET.encode() in data]
     assert first.sealed >= 6 and first.skipped == 0
     assert _reading(store) == before
     second = seal_tenant(store, TENANT)

@@ -225,9 +225,9 @@ class PurgeReport:
 
 @dataclass
 class SealReport:
-    """What :meth:`ConversationStore.seal_existing` did to the items it walked."""
+    """What :meth:`ConversationStore.seal_existing` did to the items and objects it walked."""
 
-    #: Items whose clear content it rewrote sealed.
+    #: Items (and objects) whose clear content it rewrote sealed.
     sealed: int = 0
     #: Items that held no clear content (sealed before, or holding none).
     already_sealed: int = 0
@@ -2022,7 +2022,8 @@ class ConversationStore(ABC):
 
     def seal_existing(self, key: ConversationKey) -> SealReport:
         """Rewrite sealed every item of ``key``'s partition whose content is still clear
-        (written before encryption was on), as a write would seal it (:class:`.sealed.ItemSealer`):
+        (written before encryption was on), as a write would seal it (:class:`.sealed.ItemSealer`),
+        then the objects of its live life (:meth:`.sealed.SealedBlobStore.seal_existing`):
         the migration's one-off command (``turnledger seal-existing``).
 
         Each rewrite is conditional on the item being unchanged since it was read, so a
@@ -2073,8 +2074,19 @@ class ConversationStore(ABC):
                     else:
                         report.skipped += 1
             if page.cursor is None:
-                return report
+                break
             cursor = page.cursor
+        if head is not None and purging is None and isinstance(self.blobs, SealedBlobStore):
+            # The live life's objects, once its items are sealed (so its key exists).
+            for object_key in list(self.blobs.list_keys(keys.blob_prefix(key, head[codec.A_GEN]))):
+                done = self.blobs.seal_existing(object_key)
+                if done is None:
+                    report.skipped += 1
+                elif done:
+                    report.sealed += 1
+                else:
+                    report.already_sealed += 1
+        return report
 
     def expiring_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
         """Conversations whose head is filed under one shard of expiry ``bucket`` (``by-expiry``).

@@ -77,6 +77,24 @@ class SealedBlobStore(BlobStore):
                 details={"item": key},
             ) from exc
 
+    def seal_existing(self, key: str) -> bool | None:
+        """Seal the object ``key`` if it was stored in clear (before encryption was on),
+        under the data key its life already has: ``True`` sealed, ``False`` sealed before,
+        ``None`` left as it was (its life has no key: erased, or never sealed anything).
+
+        Never makes a key: a copy sealed under a key that an erasure destroyed meanwhile
+        (and put back after the erasure deleted the object) opens nowhere.
+        """
+        data = self.inner.get(key)
+        if data.startswith(MAGIC):
+            return False
+        try:
+            data_key = self._key(key, create=False)
+        except ContentUnreadable:
+            return None
+        self.inner.put(key, MAGIC + data_key.seal(data, key.encode()))
+        return True
+
     def list_keys(self, prefix: str) -> Iterator[str]:
         return self.inner.list_keys(prefix)
 
