@@ -11,6 +11,8 @@ import httpx
 import pytest
 from turnledger.core.models import ConversationKey
 from turnledger.store import codec, keys
+from turnledger.store.base import ConversationStore
+from turnledger.store.codec import Item
 from turnledger.store.sealed import SEALED_VALUE
 from turnledger.tools import arguments_sha256
 from turnledger_local.runner import LocalConfig, LocalRunner
@@ -36,6 +38,20 @@ def runner_config(runner_config: LocalConfig) -> LocalConfig:
     return dataclasses.replace(runner_config, env={"KEY_CACHE_SECONDS": "0"}, tools_file=TOOLS)
 
 
+def _delete_then_restore(
+    http: httpx.Client, store: ConversationStore, key: ConversationKey, backup: list[Item | None]
+) -> None:
+    """``DELETE`` the conversation, then put back the raw ``backup`` taken before, as a
+    restore does: a new table holding exactly the copy (none of the clear's gravestones)."""
+    deleted = http.delete(f"/v1/conversations/{key.conversation_id}", headers=ANN)
+    assert deleted.status_code in (200, 204), deleted.text
+    for sort_key in raw_sort_keys(store, key):
+        delete_raw_item(store, key, sort_key)
+    for item in backup:
+        assert item is not None
+        put_raw_item(store, item)
+
+
 def test_a_backup_restored_after_delete_answers_410_content_unreadable(
     served: LocalRunner, http: httpx.Client
 ) -> None:
@@ -58,14 +74,7 @@ def test_a_backup_restored_after_delete_answers_410_content_unreadable(
     ]
     assert bodies and all(body.startswith(SEALED_VALUE) for body in bodies)
 
-    deleted = http.delete(f"/v1/conversations/{conversation}", headers=ANN)
-    assert deleted.status_code in (200, 204), deleted.text
-    # A restore is a new table holding exactly the copy (none of the clear's gravestones).
-    for sort_key in raw_sort_keys(store, key):
-        delete_raw_item(store, key, sort_key)
-    for item in backup:
-        assert item is not None
-        put_raw_item(store, item)
+    _delete_then_restore(http, store, key, backup)
 
     events = http.get(f"/v1/conversations/{conversation}/events", headers=ANN)
     assert events.status_code == 410, events.text
@@ -113,13 +122,7 @@ def test_pending_call_arguments_are_sealed_and_a_restored_head_answers_410(
     shown = http.get(f"/v1/conversations/{conversation}", headers=ANN)
     assert shown.status_code == 200 and SECRET in shown.text  # it reads back
 
-    deleted = http.delete(f"/v1/conversations/{conversation}", headers=ANN)
-    assert deleted.status_code in (200, 204), deleted.text
-    for sort_key in raw_sort_keys(store, key):
-        delete_raw_item(store, key, sort_key)
-    for item in backup:
-        assert item is not None
-        put_raw_item(store, item)
+    _delete_then_restore(http, store, key, backup)
 
     head = http.get(f"/v1/conversations/{conversation}", headers=ANN)
     assert head.status_code == 410, head.text
