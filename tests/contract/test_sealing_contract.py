@@ -59,6 +59,7 @@ from tests.support.factories import (
     put_raw_item,
     raw_item,
     raw_sort_keys,
+    stored_uncompressed,
 )
 
 from .test_store_contract import EVERYTHING
@@ -278,7 +279,8 @@ def test_clear_text_items_of_before_still_read_and_are_sealed_when_next_written(
     store = sealed.store
     keyring = store.sealer.keyring
     store.sealer.keyring = None  # the build of before: writes clear text
-    first = commit_turn(store, KEY, None, [SECRET, "answer"])
+    with stored_uncompressed():
+        first = commit_turn(store, KEY, None, [SECRET, "answer"])
     store.sealer.keyring = keyring
     before = raw_item(store, KEY, "E#000000000001")
     assert before is not None and SECRET in str(before[codec.A_BODY])
@@ -495,7 +497,8 @@ def test_clear_text_head_state_of_before_reads_and_is_sealed_when_next_written(
     store = sealed.store
     keyring = store.sealer.keyring
     store.sealer.keyring = None  # the build of before: writes clear text
-    first = _waiting_turn(store)
+    with stored_uncompressed():
+        first = _waiting_turn(store)
     store.sealer.keyring = keyring
     before = raw_item(store, KEY, keys.HEAD_SK)
     assert before is not None and holds_text(before, STATE_SECRET)
@@ -561,6 +564,12 @@ def _written_before(store: ConversationStore) -> None:
     keyring, blobs = store.sealer.keyring, store.blobs
     assert isinstance(blobs, SealedBlobStore)
     store.sealer.keyring, store.blobs = None, blobs.inner
+    with stored_uncompressed():
+        _written_in_clear(store)
+    store.sealer.keyring, store.blobs = keyring, blobs
+
+
+def _written_in_clear(store: ConversationStore) -> None:
     _content_turn(store)
     _waiting_turn(store, WAITING)
     entry = inbox.InboxEntry(
@@ -581,7 +590,6 @@ def _written_before(store: ConversationStore) -> None:
         events=turn.events,
         inbox_changes=inbox.InboxChanges(puts=[entry]),
     )
-    store.sealer.keyring, store.blobs = keyring, blobs
 
 
 def _clear_items(store: ConversationStore) -> list[str]:

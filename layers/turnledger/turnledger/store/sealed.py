@@ -181,8 +181,8 @@ def deflate(text: bytes) -> bytes | None:
     """``text`` as a raw DEFLATE stream (:mod:`zlib`, level 9, no header or checksum: the
     seal's tag, or the item's own integrity, already covers it), or ``None`` when that
     would not save bytes: under :data:`COMPRESS_MIN_BYTES`, or not shorter than ``text``
-    by more than a marker."""
-    if len(text) < COMPRESS_MIN_BYTES:
+    by more than a marker; or over :data:`MAX_INFLATED_BYTES`, which no reader inflates."""
+    if not COMPRESS_MIN_BYTES <= len(text) <= MAX_INFLATED_BYTES:
         return None
     packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
     packed = packer.compress(text) + packer.flush()
