@@ -222,6 +222,9 @@ def test_the_deflate_marker_is_bound_to_the_seal() -> None:
 def test_a_value_that_inflates_beyond_the_bound_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    stored = ItemSealer(None).seal(_EVENT)
     monkeypatch.setattr(sealed_module, "MAX_INFLATED_BYTES", 100)
     with pytest.raises(CorruptedState):
-        ItemSealer(None).open(ItemSealer(None).seal(_EVENT))
+        ItemSealer(None).open(stored)
+    # ... and a value over it is never deflated, so every value stored deflated reads back.
+    assert ItemSealer(None).seal(_EVENT) == _EVENT
