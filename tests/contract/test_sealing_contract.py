@@ -34,7 +34,7 @@ from turnledger.store.keyring import (
     SQLiteKeyItems,
 )
 from turnledger.store.records import Record
-from turnledger.store.sealed import MAGIC, SEALED_VALUE, SealedBlobStore
+from turnledger.store.sealed import DEFLATED, DEFLATED_VALUE, MAGIC, SEALED_VALUE, SealedBlobStore
 from turnledger.store.sqlite import SQLiteConversationStore
 from turnledger.tools import arguments_sha256
 
@@ -700,3 +700,25 @@ def test_seal_existing_leaves_a_conversation_being_purged_alone(sealed: Sealed) 
 
     assert report.sealed == 0 and report.skipped >= 3
     assert _backup(store, KEY)[0] == before
+
+
+def test_seal_existing_seals_content_deflated_in_clear(sealed: Sealed) -> None:
+    """Content a store without keys stored deflated in clear (issue 21) is sealed by the
+    command, still deflated, and reads back as written everywhere."""
+    store = sealed.store
+    keyring = store.sealer.keyring
+    store.sealer.keyring = None  # this build without keys: deflates, does not seal
+    text = f"{SECRET}; " * 20
+    commit_turn(store, KEY, None, [text, "answer"])
+    store.sealer.keyring = keyring
+    before = raw_item(store, KEY, "E#000000000001")
+    assert before is not None and before[codec.A_BODY].startswith(DEFLATED_VALUE)
+    assert holds_text(before, SECRET)
+
+    assert store.seal_existing(KEY).sealed == 1
+
+    after = raw_item(store, KEY, "E#000000000001")
+    assert after is not None and after[codec.A_BODY].startswith(SEALED_VALUE + DEFLATED)
+    assert not holds_text(after, SECRET)
+    events = another_environment(store).load(KEY, EVERYTHING).events
+    assert [e.payload["content"] for e in events] == [text, "answer"]

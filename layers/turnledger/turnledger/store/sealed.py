@@ -232,25 +232,28 @@ def _unknown(where: str) -> CorruptedState:
 class ItemSealer:
     """Seals the content attributes of table items (:func:`content_attributes`) on their
     way to the backend, and opens them on the way back: the one seam of the store's
-    encryption at rest.
+    encryption and compression at rest.
 
     A value is sealed under the data key of its item's conversation life (``g``; else
     :data:`NO_LIFE`) with ``(pk, sk, attribute)`` as associated data: a ciphertext copied
-    into another attribute, item, conversation or life does not open. Values written
-    before encryption was on (no :data:`SEALED_VALUE`) are read as they are and sealed
-    when next written.
+    into another attribute, item, conversation or life does not open. A value of at least
+    :data:`COMPRESS_MIN_BYTES` is deflated first when that makes it shorter (its marker
+    :data:`DEFLATED` is in the associated data too); without keys it is stored deflated in
+    clear (:data:`DEFLATED_VALUE`). Values written before (clear text, sealed without
+    compression) are read as they are and sealed when next written.
 
     Args:
-        keyring: the keys (``None``: nothing is sealed; a sealed value met is unreadable).
+        keyring: the keys (``None``: nothing is sealed, long values are deflated in clear;
+            a sealed value met is unreadable).
     """
 
     def __init__(self, keyring: Keyring | None) -> None:
         self.keyring = keyring
 
     def seal(self, item: Item) -> Item:
-        """``item`` with its content attributes sealed (``item`` itself with no keyring): the
-        content of a head state (``HEAD``'s, a turn item's) split out of it first
-        (:func:`.codec.split_content`), so that what the sweep and purges read stays clear."""
+        """``item`` with its content attributes as :meth:`seal_attributes` stores them: the
+        content of a head state (``HEAD``'s, a turn item's) split out of it first when
+        sealing (:func:`.codec.split_content`), so what the sweep and purges read stays clear."""
         if self.keyring is not None:
             item = codec.split_content(item)
         return self.seal_attributes(
