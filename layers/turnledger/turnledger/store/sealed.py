@@ -119,7 +119,7 @@ class SealedBlobStore(BlobStore):
 SEALED_VALUE = b"\x1ftl1:"
 #: After :data:`SEALED_VALUE`, instead of :func:`.keyring.seal`'s format byte: the clear
 #: text was deflated before it was sealed (then :func:`.keyring.seal`'s bytes, bound to the
-#: item's attribute *and* to this encoding: :func:`_aad`).
+#: item's attribute *and* to this encoding: :func:`.keyring.item_aad`).
 DEFLATED = b"z"
 #: What a content value stored in clear but deflated starts with (a store without keys),
 #: then the raw DEFLATE stream (:mod:`zlib`, no header) of its UTF-8 text.
@@ -315,8 +315,8 @@ class ItemSealer:
 
     def open(self, item: Item, held: Mapping[str, DataKey] | None = None) -> Item:
         """``item`` with its stored values opened (sealed ones unsealed, deflated ones
-        inflated: :meth:`seal_attributes`), the content of its head state put back
-        (:func:`.codec.join_content`); ``item`` itself's content when none is either.
+        inflated: :meth:`seal_attributes`; text values as they are), the content of its head
+        state put back (:func:`.codec.join_content`).
 
         Args:
             held: data keys by life, taken before an erasure destroyed them (the purge
