@@ -431,7 +431,9 @@ def _layouts(by_layout: dict[str, list[Sample]]) -> list[str]:
         "(`tests/support/legacy_layout.py`: one item per event, the whole head on every "
         "commit, one `TransactWriteItems` per commit) and on the current store, in clear "
         "and sealing content as the template deploys it by default (issue 24: each sealed "
-        "value 34 bytes longer, a head state's content in an attribute of its own). "
+        "value 34 bytes longer, a head state's content in an attribute of its own); on "
+        "both, content values of 128 bytes or more are deflated first (issue 21, "
+        "docs/STORAGE.md, *Compression*). "
         "Medians, priced.",
         "",
         "| | legacy WCU | current WCU | current, sealed WCU | current / legacy | legacy RCU "
@@ -465,6 +467,15 @@ def _layouts(by_layout: dict[str, list[Sample]]) -> list[str]:
             f"| its decision <= {DECIDE_TARGET_WCU} WCU | {where} | {decide:.1f} | "
             f"{verdict[decide <= DECIDE_TARGET_WCU]} |",
         ]
+    lines += [
+        "",
+        "A conversation's first turn also creates it, in the same transaction: `HEAD` (x2) "
+        "with its `by-expiry` and `by-tenant` entries, beside the inbox entry (x2) with its "
+        "`by-inbox` and `by-wait` entries and the turn item (x2): at least 2 + 2 + 2 + 2 + 2 "
+        "= 10 WCU with every item under 1 KiB, so an approval as a first turn cannot meet "
+        f"<= {ASK_TARGET_WCU} in this layout (docs/STORAGE.md, *Approval and decision*); "
+        "issue 21 judges per-turn targets on turns of an existing conversation.",
+    ]
     return lines
 
 

@@ -41,7 +41,8 @@ LAYOUT_TENANTS = {"current": TENANT, "legacy": "basis"}
 _ATTEMPTS = 3
 
 
-_WORDS = (
+#: The words of the bench's texts (:func:`text_of`).
+WORDS = (
     "ledger", "turn", "state", "head", "event", "commit", "durable", "context", "window",
     "model", "reply", "user", "conversation", "storage", "partition", "query", "capacity",
     "append", "record", "offload", "payload", "tenant", "lambda", "table", "bucket",
@@ -55,7 +56,7 @@ def text_of(seed: str, chars: int) -> str:
     words: list[str] = []
     length = 0
     while length < chars:
-        word = rng.choice(_WORDS)
+        word = rng.choice(WORDS)
         words.append(word)
         length += len(word) + 1
     return " ".join(words)[: chars - 1].rstrip().ljust(chars - 1, "x") + "."

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 from turnledger.core.config import Settings
 from turnledger.store.base import FIRST_PAGE
+from turnledger.store.sealed import deflate
+from turnledger_local.template import PROJECT_ROOT
 
-from bench.conversation import REPLY_CHARS, USER_CHARS, TurnSample
+from bench.conversation import REPLY_CHARS, USER_CHARS, WORDS, TurnSample, text_of
 from bench.pricing import TRANSACTION_FACTOR, US_EAST_1, write_units
 from bench.results import machine_line
 
@@ -370,6 +372,47 @@ def _legacy_samples(results: Results) -> list[TurnSample]:
     return legacy.samples if legacy is not None else results.samples
 
 
+#: Prose to compare the bench's texts with: the paragraphs of a document of this repository.
+PROSE = PROJECT_ROOT / "docs" / "DESIGN.md"
+#: Characters of one turn's text (a message and its reply).
+TURN_CHARS = USER_CHARS + REPLY_CHARS
+
+
+def _deflated(text: str) -> int:
+    packed = deflate(text.encode())
+    return len(text.encode()) if packed is None else len(packed)
+
+
+def deflated_sizes() -> tuple[int, int]:
+    """Bytes that :data:`TURN_CHARS` characters take deflated as the store deflates content
+    (:func:`turnledger.store.sealed.deflate`): of the bench's own text, and of English prose
+    (windows of :data:`PROSE`'s paragraphs, median)."""
+    bench = _deflated(text_of("reply:bench", TURN_CHARS))
+    paragraphs = [
+        line.strip()
+        for line in PROSE.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "|", "`", "-", "*", ">"))
+    ]
+    prose = " ".join(paragraphs)
+    windows = [prose[i : i + TURN_CHARS] for i in range(0, len(prose) - TURN_CHARS, TURN_CHARS)]
+    return bench, round(statistics.median(_deflated(w) for w in windows))
+
+
+def _text_note(item_bytes: int) -> str:
+    bench, prose = deflated_sizes()
+    estimate = item_bytes + prose - bench
+    return (
+        "Content of 128 bytes or more is stored deflated (docs/STORAGE.md, *Compression*). "
+        f"The bench's texts are drawn from a {len(WORDS)}-word vocabulary: deflated, "
+        f"{TURN_CHARS} of their characters take {bench} bytes; {TURN_CHARS} characters of "
+        f"English prose (the paragraphs of `docs/DESIGN.md`, median) take {prose}. With such "
+        f"text a plain turn's item would be about {estimate} bytes: {write_units(estimate)} "
+        "WCU (an estimate from these sizes, not a measured run). This run's stores hold "
+        "content in clear; sealed, the deployed default, every content value is 35 bytes "
+        "longer (*Content encryption*, `bench.crypto`, measures both)."
+    )
+
+
 def _item_sizes(results: Results) -> str:
     samples = _legacy_samples(results)
     current = [s.transcript_bytes for s in results.samples if not s.compacted]
@@ -380,6 +423,8 @@ def _item_sizes(results: Results) -> str:
         "",
         "The current layout's transcript items written by a plain turn: "
         f"{round(_median(current))} bytes in all, median.",
+        "",
+        _text_note(round(_median(current))),
         "",
         "| item | bytes | WCU of one PutItem | WCU in the commit transaction |",
         "| --- | ---: | ---: | ---: |",

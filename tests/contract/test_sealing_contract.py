@@ -34,7 +34,7 @@ from turnledger.store.keyring import (
     SQLiteKeyItems,
 )
 from turnledger.store.records import Record
-from turnledger.store.sealed import MAGIC, SEALED_VALUE, SealedBlobStore
+from turnledger.store.sealed import DEFLATED, DEFLATED_VALUE, MAGIC, SEALED_VALUE, SealedBlobStore
 from turnledger.store.sqlite import SQLiteConversationStore
 from turnledger.tools import arguments_sha256
 
@@ -59,6 +59,7 @@ from tests.support.factories import (
     put_raw_item,
     raw_item,
     raw_sort_keys,
+    stored_uncompressed,
 )
 
 from .test_store_contract import EVERYTHING
@@ -278,7 +279,8 @@ def test_clear_text_items_of_before_still_read_and_are_sealed_when_next_written(
     store = sealed.store
     keyring = store.sealer.keyring
     store.sealer.keyring = None  # the build of before: writes clear text
-    first = commit_turn(store, KEY, None, [SECRET, "answer"])
+    with stored_uncompressed():
+        first = commit_turn(store, KEY, None, [SECRET, "answer"])
     store.sealer.keyring = keyring
     before = raw_item(store, KEY, "E#000000000001")
     assert before is not None and SECRET in str(before[codec.A_BODY])
@@ -495,7 +497,8 @@ def test_clear_text_head_state_of_before_reads_and_is_sealed_when_next_written(
     store = sealed.store
     keyring = store.sealer.keyring
     store.sealer.keyring = None  # the build of before: writes clear text
-    first = _waiting_turn(store)
+    with stored_uncompressed():
+        first = _waiting_turn(store)
     store.sealer.keyring = keyring
     before = raw_item(store, KEY, keys.HEAD_SK)
     assert before is not None and holds_text(before, STATE_SECRET)
@@ -561,6 +564,12 @@ def _written_before(store: ConversationStore) -> None:
     keyring, blobs = store.sealer.keyring, store.blobs
     assert isinstance(blobs, SealedBlobStore)
     store.sealer.keyring, store.blobs = None, blobs.inner
+    with stored_uncompressed():
+        _written_in_clear(store)
+    store.sealer.keyring, store.blobs = keyring, blobs
+
+
+def _written_in_clear(store: ConversationStore) -> None:
     _content_turn(store)
     _waiting_turn(store, WAITING)
     entry = inbox.InboxEntry(
@@ -581,7 +590,6 @@ def _written_before(store: ConversationStore) -> None:
         events=turn.events,
         inbox_changes=inbox.InboxChanges(puts=[entry]),
     )
-    store.sealer.keyring, store.blobs = keyring, blobs
 
 
 def _clear_items(store: ConversationStore) -> list[str]:
@@ -692,3 +700,25 @@ def test_seal_existing_leaves_a_conversation_being_purged_alone(sealed: Sealed) 
 
     assert report.sealed == 0 and report.skipped >= 3
     assert _backup(store, KEY)[0] == before
+
+
+def test_seal_existing_seals_content_deflated_in_clear(sealed: Sealed) -> None:
+    """Content a store without keys stored deflated in clear (issue 21) is sealed by the
+    command, still deflated, and reads back as written everywhere."""
+    store = sealed.store
+    keyring = store.sealer.keyring
+    store.sealer.keyring = None  # this build without keys: deflates, does not seal
+    text = f"{SECRET}; " * 20
+    commit_turn(store, KEY, None, [text, "answer"])
+    store.sealer.keyring = keyring
+    before = raw_item(store, KEY, "E#000000000001")
+    assert before is not None and before[codec.A_BODY].startswith(DEFLATED_VALUE)
+    assert holds_text(before, SECRET)
+
+    assert store.seal_existing(KEY).sealed == 1
+
+    after = raw_item(store, KEY, "E#000000000001")
+    assert after is not None and after[codec.A_BODY].startswith(SEALED_VALUE + DEFLATED)
+    assert not holds_text(after, SECRET)
+    events = another_environment(store).load(KEY, EVERYTHING).events
+    assert [e.payload["content"] for e in events] == [text, "answer"]

@@ -15,7 +15,7 @@ from turnledger.store import keys
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.store.codec import MAX_ITEM_BYTES, SideItem
 
-from tests.support.factories import START, build_turn, make_key
+from tests.support.factories import START, build_turn, incompressible, make_key
 
 KEY = make_key("acme", "conv-1")
 
@@ -103,10 +103,21 @@ def test_reserved_attributes_are_refused(store: ConversationStore, attribute: st
 
 
 def test_an_item_over_the_size_limit_is_refused(store: ConversationStore) -> None:
-    """DynamoDB's item limit holds on every backend: nothing is written."""
+    """DynamoDB's item limit holds on every backend, on the bytes stored: nothing is
+    written."""
     with pytest.raises(PayloadTooLarge):
-        store.put_side_item(KEY, side("big", tx="x" * MAX_ITEM_BYTES))
+        store.put_side_item(KEY, side("big", tx=incompressible(MAX_ITEM_BYTES * 2)))
     assert store.get_side_item(KEY, "S#big") is None
+
+
+def test_text_over_the_size_limit_that_deflates_under_it_is_stored(
+    store: ConversationStore,
+) -> None:
+    """The limit is on what the backend holds: content deflated under it (issue 21) is
+    stored, as binary, and reads back as it was written, on every backend."""
+    text = "a line that repeats; " * (MAX_ITEM_BYTES // 10)
+    store.put_side_item(KEY, side("long", tx=text))
+    assert store.get_side_item(KEY, "S#long") == side("long", tx=text)
 
 
 def test_a_purge_deletes_a_side_item_s_companion(store: ConversationStore) -> None:

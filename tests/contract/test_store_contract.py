@@ -58,6 +58,7 @@ from tests.support.factories import (
     data_sort_keys,
     delete_raw_item,
     holding,
+    incompressible,
     interleave,
     make_head,
     make_key,
@@ -240,7 +241,10 @@ def test_an_item_over_the_size_limit_is_payload_too_large(store: ConversationSto
     internal error), and nothing of the commit is stored, not even its objects."""
     first = commit_turn(store, KEY, None, ["q1"])
     huge = build_turn(
-        KEY, first.head, ["q2", BIG], pending=[_pending_call(arguments={"blob": "x" * 420_000})]
+        KEY,
+        first.head,
+        ["q2", BIG],
+        pending=[_pending_call(arguments={"blob": incompressible(700_000)})],
     )
 
     with pytest.raises(PayloadTooLarge):

@@ -4,7 +4,9 @@ The approval benchmark's metered store (``bench/approvals.py``, every request pr
 the wire by ``bench/pricing.py``) over moto, with the benchmark's own conversation shape:
 a text turn, then a turn whose call waits for approval, then its approval. Counts write
 requests and the items each one writes, never times. Issue 21's targets: a turn that
-requests one approval <= 8 WCU and its decision <= 8, in an existing conversation.
+requests one approval <= 8 WCU and its decision <= 8, in an existing conversation, with
+content in clear and sealed (issue 24, the deployed default: each sealed value weighs its
+clear text plus a nonce and a tag, which compressing it before sealing pays for).
 """
 
 from __future__ import annotations
@@ -39,8 +41,15 @@ class _Recording(approvals.InboxMeteredStore):
         self.requests.append(write)
 
 
-@pytest.fixture
-def sample() -> Iterator[tuple[approvals.Sample, dict[str, list[PricedWrite]]]]:
+class _SealedRecording(_Recording, approvals.SealedInboxMeteredStore):
+    """:class:`_Recording` sealing content as the template deploys it by default."""
+
+
+@pytest.fixture(params=[_Recording, _SealedRecording], ids=["clear", "sealed"])
+def sample(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[approvals.Sample, dict[str, list[PricedWrite]]]]:
+    recording: type[_Recording] = request.param
     with mock_aws(), HttpSink() as sink, httpx.Client() as http:
         sink.respond("/email", Reply(body={"sent": True}))
         clients = aws_clients()
@@ -49,7 +58,7 @@ def sample() -> Iterator[tuple[approvals.Sample, dict[str, list[PricedWrite]]]]:
             table_name=create_conversations_table(clients.dynamodb),
             bucket_name=create_bucket(clients.s3),
         )
-        store = _Recording(
+        store = recording(
             clients.dynamodb,
             settings.table_name,
             S3BlobStore(clients.s3, settings.bucket_name),

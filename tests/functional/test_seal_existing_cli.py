@@ -14,7 +14,7 @@ from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 from turnledger_local.cli import main
 
 from tests.contract.test_store_contract import EVERYTHING
-from tests.support.factories import commit_turn, make_key
+from tests.support.factories import commit_turn, make_key, stored_uncompressed
 
 SECRET = "the migration's secret: Ada's blood type is AB"
 
@@ -33,8 +33,9 @@ def test_seal_existing_seals_a_data_folder_written_in_clear(
     run seals nothing; the conversations read back as before."""
     data = tmp_path / "data"
     before = SQLiteConversationStore.in_folder(data)  # no keys: the build of before
-    for name in ("seal-cli-1", "seal-cli-2"):
-        commit_turn(before, make_key("acme", name), None, [SECRET, "noted"])
+    with stored_uncompressed():
+        for name in ("seal-cli-1", "seal-cli-2"):
+            commit_turn(before, make_key("acme", name), None, [SECRET, "noted"])
     before.close()
     assert _clear_rows(data) == 2  # each conversation's turn item
 

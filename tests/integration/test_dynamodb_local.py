@@ -28,6 +28,7 @@ from tests.support.factories import (
     build_turn,
     commit_turn,
     data_sort_keys,
+    incompressible,
     make_key,
     raw_sort_keys,
 )
@@ -39,10 +40,11 @@ EVERYTHING = ContextBudget(max_events=10_000, max_chars=100_000_000)
 
 
 def inline_content(store: DynamoDBConversationStore, tag: str) -> str:
-    """Message text whose payload stays inline, as large as that allows (an item of ~64 KB)."""
+    """Message text whose payload stays inline, as large as that allows (~64 KB), and that
+    DEFLATE does not shrink much (an item of ~48 KB stored: content is stored deflated)."""
     envelope = len(json.dumps({"content": ""}, separators=(",", ":")))
     room = store.offload_threshold - envelope - 1
-    return (tag + ":" + "x" * room)[:room]
+    return (tag + ":" + incompressible(room))[:room]
 
 
 def test_an_item_over_400_kb_is_payload_too_large(
@@ -77,7 +79,7 @@ def test_a_commit_over_the_transaction_size_limit_is_payload_too_large(
     internal error, and nothing is stored."""
     store = ddb_local_store
     first = commit_turn(store, KEY, None, ["q1"])
-    bulky = build_turn(KEY, first.head, [inline_content(store, str(n)) for n in range(70)])
+    bulky = build_turn(KEY, first.head, [inline_content(store, str(n)) for n in range(90)])
 
     with pytest.raises(PayloadTooLarge):
         store.commit(KEY, expected_version=1, head=bulky.head, events=bulky.events)
@@ -118,7 +120,7 @@ def test_a_history_larger_than_one_query_page_is_read_whole(
     store = ddb_local_store
     committed: list[Turn] = []
     head: Head | None = None
-    for turn_number in range(4):
+    for turn_number in range(7):
         turn = commit_turn(
             store, KEY, head, [inline_content(store, f"{turn_number}.{n}") for n in range(10)]
         )
@@ -126,7 +128,7 @@ def test_a_history_larger_than_one_query_page_is_read_whole(
         head = turn.head
     assert head is not None
     every = [event for turn in committed for event in turn.events]
-    assert len(every) == 40
+    assert len(every) == 70
 
     before = store.meter.snapshot()
     assert store.read_events(KEY, head, after=0, limit=1000) == every
@@ -140,7 +142,7 @@ def test_a_history_larger_than_one_query_page_is_read_whole(
 
     assert snapshot.events == every
     assert snapshot.from_start
-    # ~2.5 MB of items: the engine really cut the answer into 1 MB pages (the load reads
+    # ~3.3 MB of items stored: the engine really cut the answer into 1 MB pages (the load reads
     # turn items of up to 400 KB, several events each: fewer, larger pages).
     assert read_pages >= 3
     assert load_pages >= 2

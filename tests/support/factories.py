@@ -7,8 +7,10 @@ the stored layout and damage it on purpose.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import os
 import sqlite3
 import threading
 import uuid
@@ -22,7 +24,7 @@ from unittest import mock
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from turnledger.core.models import ConversationKey, ConversationStatus, Event, EventKind, Head
-from turnledger.store import codec, keys
+from turnledger.store import codec, keys, sealed
 from turnledger.store.base import ConversationStore, new_generation
 from turnledger.store.codec import BlobRef, Item
 from turnledger.store.dynamodb import DynamoDBConversationStore
@@ -212,12 +214,33 @@ def _plain(value: Any) -> Any:
 
 def holds_text(item: Item | None, text: str) -> bool:
     """Whether a value of the raw ``item`` (text, or bytes read as UTF-8) holds ``text``
-    as it was written (a ``repr`` of the item would escape its quotes)."""
+    as it was written (a ``repr`` of the item would escape its quotes), as anyone who reads
+    the table without keys would see it: a value stored deflated in clear is inflated."""
     assert item is not None
-    return any(
-        text in (value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
-        for value in item.values()
-    )
+    return any(text in _as_read_without_keys(value) for value in item.values())
+
+
+def _as_read_without_keys(value: Any) -> str:
+    if not isinstance(value, bytes):
+        return str(value)
+    if value.startswith(sealed.DEFLATED_VALUE):
+        value = sealed.inflate(value[len(sealed.DEFLATED_VALUE) :], where="test")
+    return value.decode("utf-8", "replace")
+
+
+def incompressible(length: int) -> str:
+    """``length`` characters that DEFLATE does not shrink below ``length * 3 / 4`` bytes
+    (random bytes as base64): a value whose stored size is near its clear size."""
+    return base64.b64encode(os.urandom(length))[:length].decode()
+
+
+@contextmanager
+def stored_uncompressed() -> Iterator[None]:
+    """Within it, stores write content values as every build before compression did
+    (issue 21: :data:`turnledger.store.sealed.COMPRESS_MIN_BYTES`): with no keys, in clear
+    text. For tests of what such builds left in a table."""
+    with mock.patch.object(sealed, "COMPRESS_MIN_BYTES", codec.MAX_ITEM_BYTES):
+        yield
 
 
 def raw_item(store: ConversationStore, key: ConversationKey, sk: str) -> Item | None:

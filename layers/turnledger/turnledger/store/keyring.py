@@ -61,7 +61,7 @@ DEFAULT_MAX_CACHED = 4096
 KMS_PENDING_DAYS = 7
 
 #: The first byte of a sealed value: the format (nonce, then AES-GCM's ciphertext and tag).
-_FORMAT = b"\x01"
+FORMAT = b"\x01"
 _NONCE_BYTES = 12
 _KEY_BYTES = 32
 
@@ -69,7 +69,7 @@ _KEY_BYTES = 32
 def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
     """``plaintext`` sealed under ``key``, bound to ``aad`` (the item it belongs in)."""
     nonce = secrets.token_bytes(_NONCE_BYTES)
-    return _FORMAT + nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
+    return FORMAT + nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
 
 
 def unseal(key: bytes, sealed: bytes, aad: bytes, *, where: str) -> bytes:
@@ -79,7 +79,7 @@ def unseal(key: bytes, sealed: bytes, aad: bytes, *, where: str) -> bytes:
         CorruptedState: ``sealed`` is not of this format, or was sealed for another
             item or under another key (AES-GCM's tag does not verify).
     """
-    if sealed[:1] != _FORMAT or len(sealed) < 1 + _NONCE_BYTES + 16:
+    if sealed[:1] != FORMAT or len(sealed) < 1 + _NONCE_BYTES + 16:
         raise CorruptedState("a sealed value is not in a known format", details={"item": where})
     nonce, body = sealed[1 : 1 + _NONCE_BYTES], sealed[1 + _NONCE_BYTES :]
     try:
@@ -562,6 +562,9 @@ class Keyring:
                 self._wrapped.pop(name, None)
 
 
-def item_aad(pk: str, sk: str, attribute: str) -> bytes:
-    """The associated data of a value sealed into attribute ``attribute`` of item (pk, sk)."""
-    return json.dumps(["item", pk, sk, attribute]).encode()
+def item_aad(pk: str, sk: str, attribute: str, *, deflated: bool = False) -> bytes:
+    """The associated data of a value sealed into attribute ``attribute`` of item (pk, sk);
+    ``deflated``: of its clear text deflated (:data:`.sealed.DEFLATED`), so that a reader
+    never takes one encoding for the other."""
+    named = ["item", pk, sk, attribute, *(["deflate"] if deflated else [])]
+    return json.dumps(named).encode()

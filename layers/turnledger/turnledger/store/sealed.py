@@ -25,6 +25,7 @@ next purge.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from urllib.parse import unquote
 
@@ -116,6 +117,22 @@ class SealedBlobStore(BlobStore):
 #: value weighs its clear text plus 34 bytes (base64 text would weigh a third more: write
 #: units are paid per started KiB).
 SEALED_VALUE = b"\x1ftl1:"
+#: After :data:`SEALED_VALUE`, instead of :func:`.keyring.seal`'s format byte: the clear
+#: text was deflated before it was sealed (then :func:`.keyring.seal`'s bytes, bound to the
+#: item's attribute *and* to this encoding: :func:`.keyring.item_aad`).
+DEFLATED = b"z"
+#: What a content value stored in clear but deflated starts with (a store without keys),
+#: then the raw DEFLATE stream (:mod:`zlib`, no header) of its UTF-8 text.
+DEFLATED_VALUE = b"\x1ftlz:"
+#: What every value in one of the formats above starts with: a binary value that starts
+#: with it and is in none of them was written by a newer build (or damaged) and is refused.
+STORE_VALUE = b"\x1ftl"
+#: Content values of fewer UTF-8 bytes are stored as they are: DEFLATE saves little below
+#: (an event body of ~130 bytes shrinks by ~20), and every started KiB of an item is paid.
+COMPRESS_MIN_BYTES = 128
+#: The most a deflated value may inflate to: well over any item DynamoDB holds, so a
+#: damaged or forged value cannot make a reader allocate without bound.
+MAX_INFLATED_BYTES = 64 * 1024 * 1024
 #: The life of an item that names none (idempotency records, side items without ``g``):
 #: they are sealed under the conversation's data key for this "life", destroyed with it.
 NO_LIFE = "-"
@@ -160,28 +177,83 @@ def _life(sort_key: str, gen: object) -> str:
     return str(gen)
 
 
+def deflate(text: bytes) -> bytes | None:
+    """``text`` as a raw DEFLATE stream (:mod:`zlib`, level 9, no header or checksum: the
+    seal's tag, or the item's own integrity, already covers it), or ``None`` when that
+    would not save bytes: under :data:`COMPRESS_MIN_BYTES`, or not shorter than ``text``
+    by more than a marker; or over :data:`MAX_INFLATED_BYTES`, which no reader inflates."""
+    if not COMPRESS_MIN_BYTES <= len(text) <= MAX_INFLATED_BYTES:
+        return None
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    packed = packer.compress(text) + packer.flush()
+    return packed if len(packed) + len(DEFLATED_VALUE) < len(text) else None
+
+
+def inflate(packed: bytes, *, where: str) -> bytes:
+    """What :func:`deflate` packed.
+
+    Raises:
+        CorruptedState: ``packed`` is no whole DEFLATE stream, or inflates to more than
+            :data:`MAX_INFLATED_BYTES`.
+    """
+    unpacker = zlib.decompressobj(-zlib.MAX_WBITS)
+    try:
+        text = unpacker.decompress(packed, MAX_INFLATED_BYTES)
+    except zlib.error as exc:
+        raise CorruptedState(
+            "a stored value does not inflate", details={"item": where, "reason": str(exc)}
+        ) from exc
+    if not unpacker.eof or unpacker.unconsumed_tail or unpacker.unused_data:
+        raise CorruptedState(
+            "a stored value does not inflate", details={"item": where, "reason": "not whole"}
+        )
+    return text
+
+
+def _text(clear: bytes, where: str) -> str:
+    try:
+        return clear.decode()
+    except UnicodeDecodeError as exc:
+        raise CorruptedState(
+            "a stored value is not text", details={"item": where, "reason": str(exc)}
+        ) from exc
+
+
+def _deflated_in_clear(value: object) -> bool:
+    return isinstance(value, bytes) and value.startswith(DEFLATED_VALUE)
+
+
+def _unknown(where: str) -> CorruptedState:
+    return CorruptedState(
+        "a stored value is in no format this build reads", details={"item": where}
+    )
+
+
 class ItemSealer:
     """Seals the content attributes of table items (:func:`content_attributes`) on their
     way to the backend, and opens them on the way back: the one seam of the store's
-    encryption at rest.
+    encryption and compression at rest.
 
     A value is sealed under the data key of its item's conversation life (``g``; else
     :data:`NO_LIFE`) with ``(pk, sk, attribute)`` as associated data: a ciphertext copied
-    into another attribute, item, conversation or life does not open. Values written
-    before encryption was on (no :data:`SEALED_VALUE`) are read as they are and sealed
-    when next written.
+    into another attribute, item, conversation or life does not open. A value of at least
+    :data:`COMPRESS_MIN_BYTES` is deflated first when that makes it shorter (its marker
+    :data:`DEFLATED` is in the associated data too); without keys it is stored deflated in
+    clear (:data:`DEFLATED_VALUE`). Values written before (clear text, sealed without
+    compression) are read as they are and sealed when next written.
 
     Args:
-        keyring: the keys (``None``: nothing is sealed; a sealed value met is unreadable).
+        keyring: the keys (``None``: nothing is sealed, long values are deflated in clear;
+            a sealed value met is unreadable).
     """
 
     def __init__(self, keyring: Keyring | None) -> None:
         self.keyring = keyring
 
     def seal(self, item: Item) -> Item:
-        """``item`` with its content attributes sealed (``item`` itself with no keyring): the
-        content of a head state (``HEAD``'s, a turn item's) split out of it first
-        (:func:`.codec.split_content`), so that what the sweep and purges read stays clear."""
+        """``item`` with its content attributes as :meth:`seal_attributes` stores them: the
+        content of a head state (``HEAD``'s, a turn item's) split out of it first when
+        sealing (:func:`.codec.split_content`), so what the sweep and purges read stays clear."""
         if self.keyring is not None:
             item = codec.split_content(item)
         return self.seal_attributes(
@@ -190,24 +262,46 @@ class ItemSealer:
 
     def seal_attributes(self, pk: str, sk: str, gen: object, attributes: Item) -> Item:
         """``attributes`` of the item (``pk``, ``sk``) of life ``gen`` with those that hold
-        content sealed: a whole item, or the few an update sets."""
+        content stored as the backend keeps them: a whole item, or the few an update sets.
+
+        A content value of at least :data:`COMPRESS_MIN_BYTES` is deflated when that makes
+        it shorter (:func:`deflate`); then, with keys, sealed (its marker saying which);
+        without keys, stored deflated in clear (:data:`DEFLATED_VALUE`). A value a store
+        without keys deflated is sealed as it is by one with keys (``seal-existing``).
+        """
         names = [
             name
             for name in content_attributes({codec.A_PK: pk, codec.A_SK: sk, **attributes})
             if isinstance(attributes.get(name), str)
+            or (self.keyring is not None and _deflated_in_clear(attributes.get(name)))
         ]
-        if self.keyring is None or not names:
+        if not names:
             return attributes
-        life = _life(sk, gen)
-        # A life's key is never needed again once its purge began (its commits fail), but
-        # the conversation-wide one is: another environment may have destroyed it since
-        # this one cached it (a DELETE), so a write under it reads it afresh.
-        key = self._key(pk, life, create=True, recheck=life == NO_LIFE)
-        sealed = dict(attributes)
+        key: DataKey | None = None
+        if self.keyring is not None:
+            life = _life(sk, gen)
+            # A life's key is never needed again once its purge began (its commits fail),
+            # but the conversation-wide one is: another environment may have destroyed it
+            # since this one cached it (a DELETE), so a write under it reads it afresh.
+            key = self._key(pk, life, create=True, recheck=life == NO_LIFE)
+        stored = dict(attributes)
         for name in names:
-            data = key.seal(str(attributes[name]).encode(), keyring.item_aad(pk, sk, name))
-            sealed[name] = SEALED_VALUE + data
-        return sealed
+            value = attributes[name]
+            deflated = (
+                bytes(value[len(DEFLATED_VALUE) :])
+                if isinstance(value, bytes)
+                else deflate(str(value).encode())
+            )
+            if key is None:
+                if deflated is not None:
+                    stored[name] = DEFLATED_VALUE + deflated
+            elif deflated is not None:
+                aad = keyring.item_aad(pk, sk, name, deflated=True)
+                stored[name] = SEALED_VALUE + DEFLATED + key.seal(deflated, aad)
+            else:
+                aad = keyring.item_aad(pk, sk, name)
+                stored[name] = SEALED_VALUE + key.seal(str(value).encode(), aad)
+        return stored
 
     def reseals(self, item: Item | None) -> bool:
         """Whether ``item`` (``HEAD`` as stored) holds head-state content in clear that this
@@ -220,8 +314,9 @@ class ItemSealer:
         return limit if self.keyring is None else limit - 1024
 
     def open(self, item: Item, held: Mapping[str, DataKey] | None = None) -> Item:
-        """``item`` with its sealed values opened (``item`` itself when none is sealed), the
-        content of its head state put back (:func:`.codec.join_content`).
+        """``item`` with its stored values opened (sealed ones unsealed, deflated ones
+        inflated: :meth:`seal_attributes`; text values as they are), the content of its head
+        state put back (:func:`.codec.join_content`).
 
         Args:
             held: data keys by life, taken before an erasure destroyed them (the purge
@@ -230,27 +325,47 @@ class ItemSealer:
         Raises:
             ContentUnreadable: a value's key is destroyed (erased, or the item was restored
                 from a copy taken before), or it was sealed for another item.
+            CorruptedState: a value in no format this build reads (:data:`STORE_VALUE`
+                followed by an unknown marker), or one that does not inflate.
         """
-        sealed = [
+        stored = [
             name
             for name, value in item.items()
-            if isinstance(value, bytes) and value.startswith(SEALED_VALUE)
+            if isinstance(value, bytes) and value.startswith(STORE_VALUE)
         ]
-        if not sealed:
+        if not stored:
             return codec.join_content(item)
         pk, sk = str(item[codec.A_PK]), str(item.get(codec.A_SK, ""))
-        life = _life(sk, item.get(codec.A_GEN))
-        key = (held or {}).get(life) or self._key(pk, life, create=False)
+        key: DataKey | None = None
         opened = dict(item)
-        for name in sealed:
+        for name in stored:
+            value = bytes(item[name])
+            if value.startswith(DEFLATED_VALUE):
+                opened[name] = _text(inflate(value[len(DEFLATED_VALUE) :], where=sk), sk)
+                continue
+            if not value.startswith(SEALED_VALUE):
+                raise _unknown(sk)
+            body = value[len(SEALED_VALUE) :]
+            deflated = body[:1] == DEFLATED
+            if deflated:
+                body = body[1:]
+            if body[:1] != keyring.FORMAT:
+                raise _unknown(sk)
+            if key is None:
+                life = _life(sk, item.get(codec.A_GEN))
+                key = (held or {}).get(life) or self._key(pk, life, create=False)
             try:
-                data = bytes(item[name][len(SEALED_VALUE) :])
-                opened[name] = key.unseal(data, keyring.item_aad(pk, sk, name), where=sk).decode()
+                aad = keyring.item_aad(pk, sk, name, deflated=deflated)
+                clear = key.unseal(body, aad, where=sk)
+                if not deflated:
+                    opened[name] = clear.decode()
             except (ValueError, CorruptedState) as exc:
                 raise ContentUnreadable(
                     "this item's content does not open here: it was sealed for another item",
                     details={"item": sk},
                 ) from exc
+            if deflated:
+                opened[name] = _text(inflate(clear, where=sk), sk)
         return codec.join_content(opened)
 
     def hold(self, key: ConversationKey, gens: Iterable[str]) -> dict[str, DataKey]:
