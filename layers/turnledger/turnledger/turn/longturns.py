@@ -171,10 +171,19 @@ def _overtaken(state: DraftState, head: Head | None, now: datetime) -> bool:
 
 
 def _begin_draft(
-    service: Conversations, key: ConversationKey, turn: int, kind: str, *, after_ms: int = 0
+    service: Conversations,
+    key: ConversationKey,
+    turn: int,
+    kind: str,
+    head: Head | None,
+    *,
+    after_ms: int = 0,
+    writer: DraftWriter | None = None,
 ) -> DraftWriter:
     """The begun draft of ``turn``, run in this request or by the worker (``after_ms``: begun
-    only if the run goes on that long, :meth:`~.drafts.DraftWriter.begin_after`).
+    only if the run goes on that long, :meth:`~.drafts.DraftWriter.begin_after`); ``head``
+    is the conversation's as just read. ``writer``: the one to begin (aimed at ``turn``
+    here), else a new one.
 
     Raises:
         ConversationBusy: a run of that turn is still going.
@@ -190,7 +199,10 @@ def _begin_draft(
             "a turn of this conversation is running; follow it or wait for it",
             details={"turn": turn, "retry_after_seconds": 1},
         )
-    writer = _writer(service, key, turn, kind)
+    if writer is None:
+        writer = _writer(service, key, turn, kind, head)
+    else:
+        _aim(writer, service, key, turn, head)
     if after_ms > 0:
         writer.begin_after(after_ms, state, known=True)
         return writer
@@ -213,8 +225,44 @@ def _quietly(step: Callable[[], None]) -> None:
         logger.exception("could not write a turn's draft state")
 
 
-def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
-    head = service.store.get_head(key)
+def _turn_of(head: Head | None, command: TurnCommand) -> int:
+    """The number of the turn ``command`` runs on a conversation whose visible head is
+    ``head``: the next one when it starts a turn, else the head's (at least 1)."""
+    current = head.turn if head is not None else 0
+    return max(current + (1 if command.starts_turn else 0), 1)
+
+
+def _aim_late(
+    writer: DraftWriter, service: Conversations, key: ConversationKey, command: TurnCommand
+) -> None:
+    """Aim ``writer`` at the turn ``command`` would have run, from the head as read now."""
+    head = _visible(service, key)
+    _aim(writer, service, key, _turn_of(head, command), head)
+
+
+def _writer(
+    service: Conversations, key: ConversationKey, turn: int, kind: str, head: Head | None
+) -> DraftWriter:
+    """A draft writer of ``turn``, for the conversation whose head was just read as ``head``."""
+    writer = DraftWriter(
+        store=service.store,
+        key=key,
+        turn=turn,
+        expires_at=None,
+        now=service.clock,
+        kind=kind,
+        flush_ms=service.settings.draft_flush_ms,
+        flush_chars=service.settings.draft_flush_chars,
+    )
+    _aim(writer, service, key, turn, head)
+    return writer
+
+
+def _aim(
+    writer: DraftWriter, service: Conversations, key: ConversationKey, turn: int, head: Head | None
+) -> None:
+    """Point ``writer`` at ``turn`` of the life ``head`` (just read) is of, its items expiring
+    no sooner than the conversation."""
     ttl = service.settings.ttl_for(key.tenant)
     expires_at = head.expires_at if head is not None else None
     if expires_at is None and ttl:
@@ -222,17 +270,9 @@ def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) 
     if expires_at is not None and ttl:
         # A turn renews the conversation's expiry; the draft must outlive this run.
         expires_at = max(expires_at, int(service.clock().timestamp()) + ttl)
-    return DraftWriter(
-        store=service.store,
-        key=key,
-        turn=turn,
-        expires_at=expires_at,
-        now=service.clock,
-        kind=kind,
-        gen=head.gen if head is not None and not is_tombstone(head) else None,
-        flush_ms=service.settings.draft_flush_ms,
-        flush_chars=service.settings.draft_flush_chars,
-    )
+    writer.turn = turn
+    writer.expires_at = expires_at
+    writer.gen = head.gen if head is not None and not is_tombstone(head) else None
 
 
 def accept(
@@ -305,7 +345,7 @@ def accept(
             "in the turn worker's event); send it synchronously",
             details={"limit": MAX_EVENT_BYTES, "size": size},
         )
-    writer = _begin_draft(service, key, turn, kind)
+    writer = _begin_draft(service, key, turn, kind, head)
     try:
         invoke(payload)
     except Exception as exc:
@@ -376,7 +416,7 @@ def run_worker(
     state = drafts.read_state(service.store, key, turn)
     if state is not None and state.done:
         return {"turn": turn, "status": state.status, "skipped": True}
-    writer = _writer(service, key, turn, kind)
+    writer = _writer(service, key, turn, kind, service.store.get_head(key))
     writer.begin()
     try:
         if kind == "turn":
@@ -471,34 +511,67 @@ def run_drafted(
         ConversationBusy: a turn of this conversation is running.
         TurnledgerError: whatever the turn or the decisions raise (recorded in the draft).
     """
-    head = _visible(service, key)
-    current = head.turn if head is not None else 0
     kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
-    starts = isinstance(command, TurnCommand) and command.starts_turn
-    turn = max(current + (1 if starts else 0), 1)
-    if isinstance(command, TurnCommand) and command.starts_turn:
-        _check_command(service, command)
-        service.check_input_fits(command, head.token_scale if head is not None else None)
-        _check_startable(service, head, key)
-    writer = _begin_draft(service, key, turn, kind, after_ms=draft_after_ms)
-    first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs
+    if isinstance(command, TurnCommand):
+        # The turn's own load is the one read: its head numbers the draft and is checked
+        # (below, in ``admitted``) before the busy check and before anything is written.
+        writer = _writer(service, key, 0, kind, None)
+        aimed = False
+
+        def admitted(head: Head | None) -> None:
+            nonlocal aimed
+            visible = head if head is not None and head.is_visible(service.clock()) else None
+            if command.starts_turn:
+                _check_startable(service, visible, key)
+            _begin_draft(
+                service,
+                key,
+                _turn_of(visible, command),
+                kind,
+                visible,
+                after_ms=draft_after_ms,
+                writer=writer,
+            )
+            aimed = True
+
+        def run() -> TurnResult:
+            return service.turn(key, actor, command, admitted=admitted)
+    else:
+        head = _visible(service, key)
+        writer = _begin_draft(
+            service,
+            key,
+            max(head.turn if head is not None else 0, 1),
+            kind,
+            head,
+            after_ms=draft_after_ms,
+        )
+        aimed = True
+
+        def run() -> TurnResult:
+            return service.approve(key, actor, command)
+
     try:
         with drafts.streaming_into(writer):
-            if isinstance(command, TurnCommand):
-                result = service.turn(key, actor, command)
-            else:
-                result = service.approve(key, actor, command)
+            result = run()
     except Exception as exc:
         failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
         if isinstance(failure, ProviderError) or failure.status >= 500:
             body = failure.to_body()
             body["error"]["status"] = failure.status
+            if not aimed and isinstance(command, TurnCommand):
+                # Failed before its load was done (the store's own failure): the turn it
+                # would have been is read now, so its draft still tells how it ended.
+                _quietly(lambda: _aim_late(writer, service, key, command))
             _quietly(lambda: writer.interrupt(failure.code, body))
         else:
             # Refused (a stale decision, an unknown call, a lost race): the turn is as it
             # was, and so is its draft; the caller has the error.
             _quietly(writer.restore)
         raise
+    turn = writer.turn
+    # A continued turn's draft numbers on after its earlier runs: read back from there.
+    first = writer.previous.next_seq if writer.previous is not None else 1
     try:
         # A run whose draft never began writes nothing more: no need of the life either.
         written = service.store.get_head(key) if writer.begun else None

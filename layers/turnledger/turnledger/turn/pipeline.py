@@ -250,8 +250,21 @@ class Conversations(Reads):
 
     # --- routes ---------------------------------------------------------------------------
 
-    def turn(self, key: ConversationKey, actor: str, command: TurnCommand) -> TurnResult:
+    def turn(
+        self,
+        key: ConversationKey,
+        actor: str,
+        command: TurnCommand,
+        *,
+        admitted: Callable[[Head | None], None] | None = None,
+    ) -> TurnResult:
         """Run one turn (``POST .../turns``) of ``key`` for ``actor``.
+
+        ``admitted(head)`` is called once the turn's load is read and its input fits,
+        before anything of the turn runs or is written (``head``: the live head loaded,
+        ``None`` for a new life); what it raises ends the turn there. The synchronous
+        route's draft (:func:`turnledger.turn.longturns.run_drafted`) checks and begins
+        from it, so the turn's load is the request's one read.
 
         A request that finds the turn it began interrupted (its run died holding the
         tool lease, e.g. a Lambda timeout) is recognised by the hash of its command kept
@@ -273,6 +286,8 @@ class Conversations(Reads):
         messages, outputs = command.messages, command.outputs
         session = self._open(key)
         self.check_input_fits(command, session.token_scale)
+        if admitted is not None:
+            admitted(session.head)
         session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
         resuming = session.life.resuming()
         work = self._work(session)
