@@ -2,9 +2,10 @@
 as Lambda invokes it (API Gateway's event, ``lambda_handler``) on moto, over the
 benchmark's metered store (``bench/metered.py``: every DynamoDB request priced on the wire
 by ``bench/pricing.py``, whichever store method sent it). Counts requests and priced units,
-never times. Issue 21's target: at most 3 RCU per turn at steady state. Before, the route
-read 4 RCU in 4 requests (the head twice, the draft's state, the turn's load); it now reads
-the turn's load and the draft's state (the busy check)."""
+never times. Issue 21's target: at most 3 RCU per turn at steady state, one read round trip
+on most turns. Before, the route read 4 RCU in 4 requests (the head twice, the draft's
+state for the busy check, the turn's load); it now reads the turn's load alone, whose one
+query also reads the run flag (``HEAD#run``) that tells the busy check no draft runs."""
 
 from __future__ import annotations
 
@@ -30,8 +31,6 @@ from tests.support.aws import aws_clients, create_bucket, create_conversations_t
 
 #: The read target of issue 21 for a turn at steady state.
 MAX_RCU = 3
-#: The turn's load (one query: its head and context) and the busy check (the draft's state).
-READ_REQUESTS = 2
 
 
 @dataclass
@@ -83,15 +82,15 @@ def api(load_event: Callable[[str], dict[str, Any]]) -> Iterator[Api]:
             set_runtime(None)
 
 
-def test_a_second_plain_turn_through_http_reads_its_load_and_the_busy_check(api: Api) -> None:
+def test_a_second_plain_turn_through_http_reads_once(api: Api) -> None:
     """The second turn of a conversation (and the ones after it) through ``POST .../turns``:
-    two read requests (the turn's own load, whose head numbers and checks the turn, and the
-    draft's state), 2 RCU, and its one conditional write."""
+    one read request (the turn's own load: its head numbers and checks the turn, its run
+    flag clears the busy check), 1 RCU, and its one conditional write."""
     status, _ = api.post("hello 1")
     assert status == 200
     for n in (2, 3):
         status, work = api.post(f"hello {n}")
         assert status == 200
-        assert work.read_requests == READ_REQUESTS, f"turn {n}: {work.read_requests} reads"
-        assert work.priced_rcu == READ_REQUESTS <= MAX_RCU
+        assert work.read_requests == 1, f"turn {n}: {work.read_requests} read requests"
+        assert work.priced_rcu == 1 <= MAX_RCU
         assert work.write_requests == 1 and work.priced_wcu <= 2

@@ -61,6 +61,7 @@ from .results import TurnResult
 from .turn_log import LoggedTurn
 
 if TYPE_CHECKING:
+    from ..store.base import Snapshot
     from .pipeline import Conversations
     from .reads import Reads
 
@@ -179,16 +180,19 @@ def _begin_draft(
     *,
     after_ms: int = 0,
     writer: DraftWriter | None = None,
+    loaded: Snapshot | None = None,
 ) -> DraftWriter:
     """The begun draft of ``turn``, run in this request or by the worker (``after_ms``: begun
     only if the run goes on that long, :meth:`~.drafts.DraftWriter.begin_after`); ``head``
     is the conversation's as just read. ``writer``: the one to begin (aimed at ``turn``
-    here), else a new one.
+    here), else a new one. ``loaded``: the turn's load, whose run flag may tell that no
+    run of ``turn`` is going (then the draft's state is not read: the busy check is free).
 
     Raises:
         ConversationBusy: a run of that turn is still going.
     """
-    state = drafts.read_state(service.store, key, turn)
+    checked = loaded is None or _may_run(loaded, turn)
+    state = drafts.read_state(service.store, key, turn) if checked else None
     now = service.clock()
     if (
         state is not None
@@ -203,17 +207,26 @@ def _begin_draft(
         writer = _writer(service, key, turn, kind, head)
     else:
         _aim(writer, service, key, turn, head)
+    # Unread (the flag said no run): the state an earlier run left is read if the draft begins.
+    later = not checked
     if after_ms > 0:
-        writer.begin_after(after_ms, state, known=True)
+        writer.begin_after(after_ms, state, known=checked, read_later=later)
         return writer
     try:
-        writer.begin(state, known=True)
+        writer.begin(state, known=checked, read_later=later)
     except Exception:
         # The begin may have landed though its answer was lost: undo it (best effort),
         # or the turn would read as running until the draft goes stale.
         _quietly(writer.restore)
         raise
     return writer
+
+
+def _may_run(loaded: Snapshot, turn: int) -> bool:
+    """Whether a run of ``turn`` may be going, as the run flag read by the load says: every
+    turn's draft puts the flag, naming its turn, before its state, so a flag that names
+    another turn (or none) says none is. A store that did not read the flag says nothing."""
+    return not loaded.run_read or (loaded.run is not None and loaded.run.turn == turn)
 
 
 def _quietly(step: Callable[[], None]) -> None:
@@ -518,7 +531,7 @@ def run_drafted(
         writer = _writer(service, key, 0, kind, None)
         aimed = False
 
-        def admitted(head: Head | None) -> None:
+        def admitted(head: Head | None, loaded: Snapshot) -> None:
             nonlocal aimed
             visible = head if head is not None and head.is_visible(service.clock()) else None
             if command.starts_turn:
@@ -531,6 +544,7 @@ def run_drafted(
                 visible,
                 after_ms=draft_after_ms,
                 writer=writer,
+                loaded=loaded,
             )
             aimed = True
 
