@@ -197,10 +197,10 @@ class Snapshot:
 class RunFlag:
     """The partition's run flag: the turn whose draft began last, when, and in what life.
 
-    Every draft's begin puts it before the draft's state (:mod:`turnledger.turn.drafts`),
-    so a turn whose number the flag does not name, or that began longer ago than a run
-    lasts, has no draft running: the load's one read tells a new turn it need not read
-    the draft's state (the busy check)."""
+    Every begin of a turn's draft puts it before the draft's state
+    (:mod:`turnledger.turn.drafts`), so no draft of a turn the flag does not name is
+    running: the load's one read tells a new turn whether it must read its draft's state
+    (the busy check)."""
 
     turn: int
     #: When the run began (epoch seconds).

@@ -478,9 +478,9 @@ def run_synchronously(
     follow it while it runs (``GET .../turns/{n}``), even if this request's client is gone.
     The draft keeps no copy of the answer: a read rebuilds it from the log. It is begun
     only once the turn has run ``SYNC_DRAFT_AFTER_MS``: a quicker turn writes none (its
-    busy check, the one read of the draft's state, still refuses a second turn while a
-    longer one runs). Without ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no
-    draft."""
+    busy check still refuses a second turn while a longer one runs: the run flag its
+    load reads names the longer one's turn, whose draft's state is then read). Without
+    ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no draft."""
     if not service.settings.sync_turn_drafts:
         if isinstance(command, TurnCommand):
             return service.turn(key, actor, command)

@@ -261,11 +261,11 @@ class Conversations(Reads):
         """Run one turn (``POST .../turns``) of ``key`` for ``actor``.
 
         ``admitted(head, loaded)`` is called once the turn's load is read and its input
-        fits, before anything of the turn runs or is written (``head``: the live head
-        loaded, ``None`` for a new life; ``loaded``: what the load read, its run flag
-        included); what it raises ends the turn there. The synchronous
-        route's draft (:func:`turnledger.turn.longturns.run_drafted`) checks and begins
-        from it, so the turn's load is the request's one read.
+        fits, before anything of the turn runs or is written but an expired conversation's
+        purge (``head``: the live head loaded, ``None`` for a new life; ``loaded``: what the
+        load read, its run flag included); what it raises ends the turn there. The
+        synchronous route's draft (:func:`turnledger.turn.longturns.run_drafted`) checks
+        and begins from it, so the turn's load is the request's one read.
 
         A request that finds the turn it began interrupted (its run died holding the
         tool lease, e.g. a Lambda timeout) is recognised by the hash of its command kept
