@@ -776,11 +776,15 @@ def _through_http(results: Results) -> str:
         "`POST .../turns` without an idempotency key runs "
         "`longturns.run_synchronously`: with `SYNC_TURN_DRAFTS` on (the default) a turn "
         "that runs longer than `SYNC_DRAFT_AFTER_MS` (1000 ms) also writes its draft (side "
-        "items `S#...`, followed by `GET .../turns/{n}`); these turns end sooner (the bench's "
-        "model answers at once), so they write none. Three conversations per layout, the "
+        "items `S#...`, and the run flag `HEAD#run` first, followed by `GET .../turns/{n}`); "
+        "these turns end sooner (the bench's model answers at once), so they write none. Its "
+        "reads: the turn's own load, whose one query reads the run flag with the head, so the "
+        "busy check reads the draft's state only when the flag names the turn (docs/STORAGE.md, "
+        "*Synchronous HTTP turns and drafts*). Three conversations per layout, the "
         "same messages: through `Conversations.turn`, through that path, and through it "
-        "with `SYNC_DRAFT_AFTER_MS=0` (the draft begun as the turn starts, as every "
-        "synchronous turn did before); medians of turns 2..N, priced.",
+        "with `SYNC_DRAFT_AFTER_MS=0` (the draft begun as the turn starts); medians of turns "
+        "2..N, priced. The legacy store's load reads no run flag: its busy check reads the "
+        "draft's state on every turn.",
         "",
         "| layout | path | WCU | RCU | read / write requests | storage ms |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
@@ -803,4 +807,18 @@ def _through_http(results: Results) -> str:
                 f"{_num(_median([s.write_calls for s in later]))} | "
                 f"{_median([s.storage_ms for s in later]):.1f} |"
             )
+    later = [s for s in results.layouts["current"].http if s.turn > 1]
+    if later:
+        rcu = _median([s.priced_rcu for s in later])
+        share = _one_read_share(later)
+        lines += [
+            "",
+            "| target (current layout, `POST .../turns`, the default path) | measured | verdict |",
+            "| --- | ---: | --- |",
+            f"| <= {RCU_TARGET:g} RCU per turn at steady state (median, turns "
+            f"2..{later[-1].turn}) | {_num(rcu)} (max {_num(max(s.priced_rcu for s in later))}) "
+            f"| {_verdict(rcu <= RCU_TARGET)} |",
+            f"| one read round trip on most turns (share of turns 2..{later[-1].turn} with one "
+            f"read request) | {share:.0%} | {_verdict(share > 0.5)} |",
+        ]
     return "\n".join(lines)

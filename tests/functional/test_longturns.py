@@ -19,6 +19,7 @@ from turnledger.core.models import ConversationKey
 from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
 from turnledger.store import keys
+from turnledger.store.codec import SideItem
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.turn import drafts, longturns
 from turnledger.turn.commands import TurnCommand
@@ -320,3 +321,76 @@ class _Failing(DemoProvider):
 
     def complete(self, request: ModelRequest) -> ModelReply:
         raise ProviderError("the model is down")
+
+
+def _state_reads(store: MemoryConversationStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sort keys of the draft states ``store`` is asked for from now on."""
+    asked: list[str] = []
+    get = store.get_side_item
+
+    def counted(key: ConversationKey, sort_key: str) -> Any:
+        if sort_key.endswith("#~"):
+            asked.append(sort_key)
+        return get(key, sort_key)
+
+    monkeypatch.setattr(store, "get_side_item", counted)
+    return asked
+
+
+def test_the_busy_check_reads_the_draft_only_when_the_run_flag_names_its_turn(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synchronous turn's busy check comes from its own load: the run flag, read with the
+    head, names the turn whose draft began last, so a turn the flag does not name reads no
+    draft state (one read per turn: its load). Once a long turn's draft began (here an
+    accepted one, not yet run), the next turn's flag names it: the state is read, and the
+    request refused busy at once."""
+    conversations = service(clock)
+    store = conversations.store
+    assert isinstance(store, MemoryConversationStore)
+    asked = _state_reads(store, monkeypatch)
+    for text in ("hi", "again"):
+        longturns.run_synchronously(conversations, KEY, ANN.actor, TurnCommand(messages=[text]))
+    assert asked == []
+    loaded = store.load(KEY, conversations.budget)
+    assert loaded.run_read and loaded.run is None
+
+    edge.accept(conversations, ANN, "c1", TurnRequest(input="long"), Invocations())
+    loaded = store.load(KEY, conversations.budget)
+    assert loaded.run is not None and loaded.run.turn == 3
+    asked.clear()
+    with pytest.raises(ConversationBusy) as busy:
+        longturns.run_synchronously(conversations, KEY, "ben", TurnCommand(messages=["me too"]))
+    assert busy.value.details == {"turn": 3, "retry_after_seconds": 1}
+    assert asked[-1:] == [drafts.state_key(3)]
+    head = store.get_head(KEY)
+    assert head is not None and head.turn == 2  # nothing of it stored
+
+
+def test_a_run_whose_busy_check_read_no_state_still_numbers_on_and_drops_an_old_cancel(
+    clock: FakeClock,
+) -> None:
+    """A draft left by code older than the run flag (its state, no flag) and a cancel flag
+    its run never saw: a new run of that turn reads no state up front (no flag names it),
+    so its draft reads the earlier state as it begins: it numbers on after the earlier
+    run's chunks and removes the stale cancel instead of obeying it."""
+    conversations = service(clock, sync_draft_after_ms=0)
+    store = conversations.store
+    assert isinstance(store, MemoryConversationStore)
+    old = drafts.DraftWriter(store=store, key=KEY, turn=1, expires_at=None, now=clock.now)
+    old.begin()
+    old.add("an earlier run's words")
+    old.flush(check_cancel=False)
+    old.interrupt("provider_error", None)
+    # A cancel flag its run never saw (the run ended first): a stray one.
+    store.put_side_item(KEY, SideItem(drafts.cancel_key(1), {drafts.A_CANCELLED_BY: "ann"}))
+    del store.items[keys.partition_key(KEY)][keys.RUN_FLAG_SK]
+    assert store.load(KEY, conversations.budget).run is None
+
+    result = longturns.run_synchronously(
+        conversations, KEY, ANN.actor, TurnCommand(messages=["echo: fresh"])
+    )
+    assert result.status == "complete"
+    state = drafts.read_state(store, KEY, 1)
+    assert state is not None and state.status == "done" and state.next_seq >= 2
+    assert store.get_side_item(KEY, drafts.cancel_key(1)) is None

@@ -185,6 +185,27 @@ class Snapshot:
     events: list[Event]
     #: True when ``events`` start at the conversation's first event.
     from_start: bool
+    #: The run flag read with the head (:meth:`ConversationStore.put_run_flag`), ``None``
+    #: when there is none; says something only when :attr:`run_read`. Not part of what
+    #: the snapshot compares equal by (the transcript's state).
+    run: RunFlag | None = field(default=None, compare=False)
+    #: Whether the load read the run flag (a store that does not says nothing of runs).
+    run_read: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RunFlag:
+    """The partition's run flag: the turn whose draft began last, when, and in what life.
+
+    Every begin of a turn's draft puts it before the draft's state
+    (:mod:`turnledger.turn.drafts`), so no draft of a turn the flag does not name is
+    running: the load's one read tells a new turn whether it must read its draft's state
+    (the busy check)."""
+
+    turn: int
+    #: When the run began (epoch seconds).
+    started_at: int
+    gen: str | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +358,30 @@ def _needs_more(items: Sequence[Item]) -> bool:
         return False
     # A tombstone's life has no item yet; the items below it are the purge's to delete.
     return len(items) == 1 or _tombstone_of(items[0]) is None
+
+
+def _run_flag_off(page: Page) -> tuple[Item | None, Page]:
+    """The run flag's item, when ``page`` (descending from it) begins with it, and the page
+    without it."""
+    items = page.items
+    if items and items[0].get(codec.A_SK) == keys.RUN_FLAG_SK:
+        return items[0], Page(items[1:], page.cursor)
+    return None, page
+
+
+#: Attributes of the run flag (numbers: it holds no content, so nothing of it is sealed).
+_A_RUN_TURN = "rt"
+_A_RUN_AT = "ra"
+
+
+def _run_flag(item: Item | None) -> RunFlag | None:
+    """The run flag ``item`` holds (``None``: none, or one this code cannot read)."""
+    if item is None:
+        return None
+    turn, at, gen = item.get(_A_RUN_TURN), item.get(_A_RUN_AT), item.get(codec.A_GEN)
+    if not isinstance(turn, int | float) or not isinstance(at, int | float):
+        return None
+    return RunFlag(turn=int(turn), started_at=int(at), gen=str(gen) if gen else None)
 
 
 def _tombstone_of(item: Item) -> Head | None:
@@ -593,21 +638,26 @@ class ConversationStore(ABC):
         with self._views_lock:
             return self._contexts.get(pk)
 
-    def _first_page(self, pk: str) -> Page:
-        """The load's first read: ``HEAD`` and the newest items, consistently. When this
-        environment kept the newest items of its last read (or commit) and the newest of
-        them is still the newest item, only ``HEAD`` and what lies above it are read, and
-        the kept items follow (one round trip of about 1 RCU on most turns)."""
+    def _first_page(self, pk: str) -> tuple[Page, Item | None]:
+        """The load's first read: the run flag, ``HEAD`` and the newest items, consistently.
+        When this environment kept the newest items of its last read (or commit) and the
+        newest of them is still the newest item, only ``HEAD`` and what lies above it are
+        read, and the kept items follow (one round trip of about 1 RCU on most turns).
+
+        Returns:
+            The page from ``HEAD`` down (the flag taken out), and the run flag's item."""
         kept = self._kept_context(pk)
         if kept is not None:
             newest = kept.items[0]
-            page = self._query(
-                pk,
-                upper=keys.HEAD_SK,
-                lower=str(newest[codec.A_SK]),
-                descending=True,
-                limit=FIRST_PAGE,
-                cursor=None,
+            flag, page = _run_flag_off(
+                self._query(
+                    pk,
+                    upper=keys.RUN_FLAG_SK,
+                    lower=str(newest[codec.A_SK]),
+                    descending=True,
+                    limit=FIRST_PAGE,
+                    cursor=None,
+                )
             )
             items = page.items
             if (
@@ -619,9 +669,11 @@ class ConversationStore(ABC):
             ):
                 # The newest item as just read (its head state is what counts), then the
                 # kept ones below it, never rewritten; older ones may follow (a cursor).
-                return Page([*items, *kept.items[1:]], cursor=True)
+                return Page([*items, *kept.items[1:]], cursor=True), flag
             self._keep_context(pk, None)  # another environment wrote meanwhile: read anew
-        return self._from_head(pk, FIRST_PAGE)
+        page = self._from_head(pk, FIRST_PAGE, upper=keys.RUN_FLAG_SK)
+        flag, page = _run_flag_off(page)
+        return page, flag
 
     def _effective(self, pk: str, items: Sequence[Item], *, content: bool = True) -> Head | None:
         """The effective head from a descending read from ``HEAD`` (``items``: ``HEAD`` first,
@@ -654,15 +706,14 @@ class ConversationStore(ABC):
             item = {name: value for name, value in item.items() if name != codec.A_BODY}
         return self.sealer.open(item)
 
-    def _from_head(self, pk: str, limit: int) -> Page:
+    def _from_head(self, pk: str, limit: int, *, upper: str = keys.HEAD_SK) -> Page:
         """The first ``limit`` items descending from ``HEAD``, consistently; at least ``HEAD``
         and the newest item of ``HEAD``'s life below it when there is one, however the
-        backend pages and however many leftovers of other lives lie above it."""
-        page = self._query(
-            pk, upper=keys.HEAD_SK, lower=None, descending=True, limit=limit, cursor=None
-        )
+        backend pages and however many leftovers of other lives lie above it.
+        ``upper=keys.RUN_FLAG_SK``: the run flag first, when there is one."""
+        page = self._query(pk, upper=upper, lower=None, descending=True, limit=limit, cursor=None)
         items = page.items
-        while page.cursor is not None and _needs_more(items):
+        while page.cursor is not None and _needs_more(_run_flag_off(Page(items))[1].items):
             # Only past leftovers (a life that began after TTL removed the last HEAD, before
             # the stream's reclaim) or a page of HEAD alone: rare, and bounded by them.
             page = self._query(
@@ -739,15 +790,16 @@ class ConversationStore(ABC):
             CorruptedState, UnsupportedStateVersion: an item read cannot be used.
         """
         pk = keys.partition_key(key)
-        page = self._first_page(pk)
+        page, flag = self._first_page(pk)
+        run = _run_flag(flag)
         head = self._effective(pk, page.items)
         view = self._recalled(pk)
         if head is None or head.status is ConversationStatus.CLEARED or (view and view.crowded):
             self._keep_context(pk, None)
         if head is None:
-            return Snapshot(head=None, events=[], from_start=True)
+            return Snapshot(head=None, events=[], from_start=True, run=run, run_read=True)
         if head.status is ConversationStatus.CLEARED:
-            return Snapshot(head=head, events=[], from_start=True)
+            return Snapshot(head=head, events=[], from_start=True, run=run, run_read=True)
         floor = head.summary.through if head.summary is not None else 0
         window = _Window(budget)
         complete = True
@@ -768,7 +820,7 @@ class ConversationStore(ABC):
         events = [
             self._event(piece, seq, stored) for (piece, seq), stored in reversed(window.taken)
         ]
-        return Snapshot(head=head, events=events, from_start=from_start)
+        return Snapshot(head=head, events=events, from_start=from_start, run=run, run_read=True)
 
     def _read_back(
         self,
@@ -1887,6 +1939,26 @@ class ConversationStore(ABC):
         Written when no cursor is stored, or when the stored one has the same
         schema version ``v`` and a ``bucket`` below ``item``'s; returns whether it was.
         """
+
+    # --- the run flag (drafts: turnledger/turn/drafts.py) ----------------------------------
+
+    def put_run_flag(
+        self, key: ConversationKey, flag: RunFlag, *, expires_at: int | None = None
+    ) -> None:
+        """Put ``key``'s run flag (``HEAD#run``, replacing the one there): what :meth:`load`
+        reads with the head (:attr:`Snapshot.run`). ``expires_at``: its TTL (epoch seconds).
+        A purge deletes it with the partition (a flag of another life than the next)."""
+        item: Item = {
+            codec.A_PK: keys.partition_key(key),
+            codec.A_SK: keys.RUN_FLAG_SK,
+            _A_RUN_TURN: flag.turn,
+            _A_RUN_AT: flag.started_at,
+        }
+        if flag.gen is not None:
+            item[codec.A_GEN] = flag.gen
+        if expires_at is not None:
+            item[codec.A_EXPIRES] = expires_at
+        self._put_items([item])
 
     # --- side items (drafts: turnledger/turn/drafts.py; api/openai/matching.py) ----------------
     #

@@ -4,6 +4,8 @@ Table layout (one partition per conversation)::
 
     pk = "T#<tenant>#C#<conversation_id>"
     sk = "HEAD"                      the head: status, version, TTL, pending calls
+    sk = "HEAD#run"                  the run flag: the turn whose draft began last
+                                     (turnledger/turn/drafts.py); read with the head
     sk = "E#<storage sequence:012>"  one item per canonical event, append-only
     sk = "I#<hash>"                  a request's idempotency record (.records)
     sk = "S#..."                     a side item: a long turn's draft (turnledger/turn/drafts.py)
@@ -45,6 +47,10 @@ from ..core.models import EXPIRY_BUCKET_SECONDS as EXPIRY_BUCKET_SECONDS
 from ..core.models import ConversationKey
 
 HEAD_SK = "HEAD"
+#: The run flag (:meth:`.base.BaseConversationStore.put_run_flag`): right after ``"HEAD"``
+#: (before every other kind), so the load's one query reads it with the head, and no other
+#: read of the head and events (bounded by ``"HEAD"``) ever meets it.
+RUN_FLAG_SK = "HEAD#run"
 EVENT_PREFIX = "E#"
 #: Powertools idempotency records of the conversation's keyed requests; after ``"HEAD"``,
 #: so no read of the head and events ever meets one, and a purge deletes them.

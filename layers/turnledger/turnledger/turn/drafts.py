@@ -45,7 +45,7 @@ from ..core.exceptions import ProviderError
 from ..core.models import ConversationKey
 from ..providers.base import ModelReply, ModelRequest, Provider
 from ..store import keys
-from ..store.base import ConversationStore
+from ..store.base import ConversationStore, RunFlag
 from ..store.codec import SideItem
 from .lifecycle import DraftMove, DraftStatus, draft_move
 
@@ -327,6 +327,8 @@ class DraftWriter:
     status: DraftStatus | None = None
     #: The state an earlier run of the turn left, read by :meth:`begin`.
     previous: DraftState | None = None
+    #: :attr:`previous` is not read yet: the draft's begin reads it (``read_later``).
+    _unread: bool = False
     _buffer: list[str] = field(default_factory=list)
     _buffered: int = 0
     _last_flush: float = 0.0
@@ -346,35 +348,63 @@ class DraftWriter:
         """The conversation's partition key."""
         return keys.partition_key(self.key)
 
-    def begin(self, previous: DraftState | None = None, *, known: bool = False) -> None:
+    def begin(
+        self, previous: DraftState | None = None, *, known: bool = False, read_later: bool = False
+    ) -> None:
         """Mark the draft in progress; a continued turn (an approval) numbers on.
 
         ``known``: ``previous`` is the state just read (saves reading it again).
-        A stale cancel flag of an earlier run of the same turn is removed first.
+        ``read_later``: not read yet (the busy check read none, the run flag said no run
+        of the turn is going); read as the draft begins.
+        A stale cancel flag of an earlier run of the same turn is removed first. A turn's
+        draft (kind ``turn``) puts the run flag first (:meth:`ConversationStore.put_run_flag`):
+        a draft's state is never written without the flag naming its turn before it.
         """
-        self._prepare(previous, known)
+        self._prepare(previous, known, read_later)
         self._start()
 
     def begin_after(
-        self, delay_ms: int, previous: DraftState | None = None, *, known: bool = False
+        self,
+        delay_ms: int,
+        previous: DraftState | None = None,
+        *,
+        known: bool = False,
+        read_later: bool = False,
     ) -> None:
         """Begin the draft (as :meth:`begin`) only once the run has gone on ``delay_ms``: a
         run that is over sooner writes no draft at all (:meth:`finish`, :meth:`restore`),
         one that fails sooner writes it then, interrupted (:meth:`interrupt`). Until it
         begins, the answer is only buffered: no chunk is stored and no cancel flag looked
         for (a cancel finds no running draft to flag)."""
-        self._prepare(previous, known)
+        self._prepare(previous, known, read_later)
         _timers.call_later(delay_ms / 1000, self._start_late)
 
-    def _prepare(self, previous: DraftState | None, known: bool) -> None:
-        if not known:
+    def _prepare(self, previous: DraftState | None, known: bool, read_later: bool) -> None:
+        self._unread = read_later and not known
+        if not known and not read_later:
             previous = read_state(self.store, self.key, self.turn)
+        self._earlier(previous)
+        self.started_at = self.now().isoformat()
+
+    def _earlier(self, previous: DraftState | None) -> None:
+        """Number on after ``previous``, the state an earlier run of the turn left."""
         self.previous = previous
         self.next_seq = previous.next_seq if previous is not None else 1
         self.status = previous.status if previous is not None else None
-        self.started_at = self.now().isoformat()
 
-    def _start(self) -> None:
+    def _start(self, *, running: bool = True) -> None:
+        """Write the draft's begin (``running=False``: only to record a run already over)."""
+        if self._unread:
+            self._earlier(read_state(self.store, self.key, self.turn))
+            self._unread = False
+        if running and self.kind == "turn":
+            # Before the state: a draft running is always named by the flag (the busy check
+            # of the next turn reads the state only when the flag names its turn).
+            self.store.put_run_flag(
+                self.key,
+                RunFlag(turn=self.turn, started_at=_ceil_seconds(self.started_at), gen=self.gen),
+                expires_at=self.expires_at,
+            )
         if self.previous is not None:
             # Only an earlier run of the turn can have left a flag (a cancel is set only
             # on a running draft): a new turn's begin saves the delete (1 WCU).
@@ -465,7 +495,7 @@ class DraftWriter:
         """Store what is buffered and mark the draft interrupted, with why (a draft that
         had not begun yet begins now, so readers learn how the turn ended)."""
         if not self._settle():
-            self._start()
+            self._start(running=False)  # over already: no run to flag
         self.flush(check_cancel=False)
         self._put_state(DraftMove.INTERRUPT, reason, result)
 
@@ -505,6 +535,12 @@ class DraftWriter:
             self.key,
             SideItem(state_key(self.turn), item, expires_at=self.expires_at, gen=self.gen or None),
         )
+
+
+def _ceil_seconds(iso: str) -> int:
+    """Epoch seconds of ``iso``, rounded up (never before the run began)."""
+    moment = datetime.fromisoformat(iso).timestamp()
+    return int(moment) + (moment > int(moment))
 
 
 #: The writer of the turn this context runs, if it streams (see :func:`streaming_into`).

@@ -61,6 +61,7 @@ from .results import TurnResult
 from .turn_log import LoggedTurn
 
 if TYPE_CHECKING:
+    from ..store.base import Snapshot
     from .pipeline import Conversations
     from .reads import Reads
 
@@ -171,15 +172,27 @@ def _overtaken(state: DraftState, head: Head | None, now: datetime) -> bool:
 
 
 def _begin_draft(
-    service: Conversations, key: ConversationKey, turn: int, kind: str, *, after_ms: int = 0
+    service: Conversations,
+    key: ConversationKey,
+    turn: int,
+    kind: str,
+    head: Head | None,
+    *,
+    after_ms: int = 0,
+    writer: DraftWriter | None = None,
+    loaded: Snapshot | None = None,
 ) -> DraftWriter:
     """The begun draft of ``turn``, run in this request or by the worker (``after_ms``: begun
-    only if the run goes on that long, :meth:`~.drafts.DraftWriter.begin_after`).
+    only if the run goes on that long, :meth:`~.drafts.DraftWriter.begin_after`); ``head``
+    is the conversation's as just read. ``writer``: the one to begin (aimed at ``turn``
+    here), else a new one. ``loaded``: the turn's load, whose run flag may tell that no
+    run of ``turn`` is going (then the draft's state is not read: the busy check is free).
 
     Raises:
         ConversationBusy: a run of that turn is still going.
     """
-    state = drafts.read_state(service.store, key, turn)
+    checked = loaded is None or _may_run(loaded, turn)
+    state = drafts.read_state(service.store, key, turn) if checked else None
     now = service.clock()
     if (
         state is not None
@@ -190,18 +203,30 @@ def _begin_draft(
             "a turn of this conversation is running; follow it or wait for it",
             details={"turn": turn, "retry_after_seconds": 1},
         )
-    writer = _writer(service, key, turn, kind)
+    if writer is None:
+        writer = _writer(service, key, turn, kind, head)
+    else:
+        _aim(writer, service, key, turn, head)
+    # Unread (the flag said no run): the state an earlier run left is read if the draft begins.
+    later = not checked
     if after_ms > 0:
-        writer.begin_after(after_ms, state, known=True)
+        writer.begin_after(after_ms, state, known=checked, read_later=later)
         return writer
     try:
-        writer.begin(state, known=True)
+        writer.begin(state, known=checked, read_later=later)
     except Exception:
         # The begin may have landed though its answer was lost: undo it (best effort),
         # or the turn would read as running until the draft goes stale.
         _quietly(writer.restore)
         raise
     return writer
+
+
+def _may_run(loaded: Snapshot, turn: int) -> bool:
+    """Whether a run of ``turn`` may be going, as the run flag read by the load says: every
+    turn's draft puts the flag, naming its turn, before its state, so a flag that names
+    another turn (or none) says none is. A store that did not read the flag says nothing."""
+    return not loaded.run_read or (loaded.run is not None and loaded.run.turn == turn)
 
 
 def _quietly(step: Callable[[], None]) -> None:
@@ -213,8 +238,44 @@ def _quietly(step: Callable[[], None]) -> None:
         logger.exception("could not write a turn's draft state")
 
 
-def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) -> DraftWriter:
-    head = service.store.get_head(key)
+def _turn_of(head: Head | None, command: TurnCommand) -> int:
+    """The number of the turn ``command`` runs on a conversation whose visible head is
+    ``head``: the next one when it starts a turn, else the head's (at least 1)."""
+    current = head.turn if head is not None else 0
+    return max(current + (1 if command.starts_turn else 0), 1)
+
+
+def _aim_late(
+    writer: DraftWriter, service: Conversations, key: ConversationKey, command: TurnCommand
+) -> None:
+    """Aim ``writer`` at the turn ``command`` would have run, from the head as read now."""
+    head = _visible(service, key)
+    _aim(writer, service, key, _turn_of(head, command), head)
+
+
+def _writer(
+    service: Conversations, key: ConversationKey, turn: int, kind: str, head: Head | None
+) -> DraftWriter:
+    """A draft writer of ``turn``, for the conversation whose head was just read as ``head``."""
+    writer = DraftWriter(
+        store=service.store,
+        key=key,
+        turn=turn,
+        expires_at=None,
+        now=service.clock,
+        kind=kind,
+        flush_ms=service.settings.draft_flush_ms,
+        flush_chars=service.settings.draft_flush_chars,
+    )
+    _aim(writer, service, key, turn, head)
+    return writer
+
+
+def _aim(
+    writer: DraftWriter, service: Conversations, key: ConversationKey, turn: int, head: Head | None
+) -> None:
+    """Point ``writer`` at ``turn`` of the life ``head`` (just read) is of, its items expiring
+    no sooner than the conversation."""
     ttl = service.settings.ttl_for(key.tenant)
     expires_at = head.expires_at if head is not None else None
     if expires_at is None and ttl:
@@ -222,17 +283,9 @@ def _writer(service: Conversations, key: ConversationKey, turn: int, kind: str) 
     if expires_at is not None and ttl:
         # A turn renews the conversation's expiry; the draft must outlive this run.
         expires_at = max(expires_at, int(service.clock().timestamp()) + ttl)
-    return DraftWriter(
-        store=service.store,
-        key=key,
-        turn=turn,
-        expires_at=expires_at,
-        now=service.clock,
-        kind=kind,
-        gen=head.gen if head is not None and not is_tombstone(head) else None,
-        flush_ms=service.settings.draft_flush_ms,
-        flush_chars=service.settings.draft_flush_chars,
-    )
+    writer.turn = turn
+    writer.expires_at = expires_at
+    writer.gen = head.gen if head is not None and not is_tombstone(head) else None
 
 
 def accept(
@@ -305,7 +358,7 @@ def accept(
             "in the turn worker's event); send it synchronously",
             details={"limit": MAX_EVENT_BYTES, "size": size},
         )
-    writer = _begin_draft(service, key, turn, kind)
+    writer = _begin_draft(service, key, turn, kind, head)
     try:
         invoke(payload)
     except Exception as exc:
@@ -376,7 +429,7 @@ def run_worker(
     state = drafts.read_state(service.store, key, turn)
     if state is not None and state.done:
         return {"turn": turn, "status": state.status, "skipped": True}
-    writer = _writer(service, key, turn, kind)
+    writer = _writer(service, key, turn, kind, service.store.get_head(key))
     writer.begin()
     try:
         if kind == "turn":
@@ -425,9 +478,9 @@ def run_synchronously(
     follow it while it runs (``GET .../turns/{n}``), even if this request's client is gone.
     The draft keeps no copy of the answer: a read rebuilds it from the log. It is begun
     only once the turn has run ``SYNC_DRAFT_AFTER_MS``: a quicker turn writes none (its
-    busy check, the one read of the draft's state, still refuses a second turn while a
-    longer one runs). Without ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no
-    draft."""
+    busy check still refuses a second turn while a longer one runs: the run flag its
+    load reads names the longer one's turn, whose draft's state is then read). Without
+    ``SYNC_TURN_DRAFTS`` the turn runs as it is, writing no draft."""
     if not service.settings.sync_turn_drafts:
         if isinstance(command, TurnCommand):
             return service.turn(key, actor, command)
@@ -471,34 +524,68 @@ def run_drafted(
         ConversationBusy: a turn of this conversation is running.
         TurnledgerError: whatever the turn or the decisions raise (recorded in the draft).
     """
-    head = _visible(service, key)
-    current = head.turn if head is not None else 0
     kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
-    starts = isinstance(command, TurnCommand) and command.starts_turn
-    turn = max(current + (1 if starts else 0), 1)
-    if isinstance(command, TurnCommand) and command.starts_turn:
-        _check_command(service, command)
-        service.check_input_fits(command, head.token_scale if head is not None else None)
-        _check_startable(service, head, key)
-    writer = _begin_draft(service, key, turn, kind, after_ms=draft_after_ms)
-    first = writer.next_seq  # a continued turn's draft numbers on after its earlier runs
+    if isinstance(command, TurnCommand):
+        # The turn's own load is the one read: its head numbers the draft and is checked
+        # (below, in ``admitted``) before the busy check and before anything is written.
+        writer = _writer(service, key, 0, kind, None)
+        aimed = False
+
+        def admitted(head: Head | None, loaded: Snapshot) -> None:
+            nonlocal aimed
+            visible = head if head is not None and head.is_visible(service.clock()) else None
+            if command.starts_turn:
+                _check_startable(service, visible, key)
+            _begin_draft(
+                service,
+                key,
+                _turn_of(visible, command),
+                kind,
+                visible,
+                after_ms=draft_after_ms,
+                writer=writer,
+                loaded=loaded,
+            )
+            aimed = True
+
+        def run() -> TurnResult:
+            return service.turn(key, actor, command, admitted=admitted)
+    else:
+        head = _visible(service, key)
+        writer = _begin_draft(
+            service,
+            key,
+            max(head.turn if head is not None else 0, 1),
+            kind,
+            head,
+            after_ms=draft_after_ms,
+        )
+        aimed = True
+
+        def run() -> TurnResult:
+            return service.approve(key, actor, command)
+
     try:
         with drafts.streaming_into(writer):
-            if isinstance(command, TurnCommand):
-                result = service.turn(key, actor, command)
-            else:
-                result = service.approve(key, actor, command)
+            result = run()
     except Exception as exc:
         failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
         if isinstance(failure, ProviderError) or failure.status >= 500:
             body = failure.to_body()
             body["error"]["status"] = failure.status
+            if not aimed and isinstance(command, TurnCommand):
+                # Failed before its load was done (the store's own failure): the turn it
+                # would have been is read now, so its draft still tells how it ended.
+                _quietly(lambda: _aim_late(writer, service, key, command))
             _quietly(lambda: writer.interrupt(failure.code, body))
         else:
             # Refused (a stale decision, an unknown call, a lost race): the turn is as it
             # was, and so is its draft; the caller has the error.
             _quietly(writer.restore)
         raise
+    turn = writer.turn
+    # A continued turn's draft numbers on after its earlier runs: read back from there.
+    first = writer.previous.next_seq if writer.previous is not None else 1
     try:
         # A run whose draft never began writes nothing more: no need of the life either.
         written = service.store.get_head(key) if writer.begun else None

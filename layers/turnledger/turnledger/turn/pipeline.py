@@ -103,7 +103,7 @@ from ..providers.base import (
     ToolSpec,
 )
 from ..providers.embeddings import Embedder, decode_vector, encode_vector
-from ..store.base import ContextBudget, ConversationStore
+from ..store.base import ContextBudget, ConversationStore, Snapshot
 from ..store.memories import MemoryBook, MemoryRecord
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
@@ -250,8 +250,22 @@ class Conversations(Reads):
 
     # --- routes ---------------------------------------------------------------------------
 
-    def turn(self, key: ConversationKey, actor: str, command: TurnCommand) -> TurnResult:
+    def turn(
+        self,
+        key: ConversationKey,
+        actor: str,
+        command: TurnCommand,
+        *,
+        admitted: Callable[[Head | None, Snapshot], None] | None = None,
+    ) -> TurnResult:
         """Run one turn (``POST .../turns``) of ``key`` for ``actor``.
+
+        ``admitted(head, loaded)`` is called once the turn's load is read and its input
+        fits, before anything of the turn runs or is written but an expired conversation's
+        purge (``head``: the live head loaded, ``None`` for a new life; ``loaded``: what the
+        load read, its run flag included); what it raises ends the turn there. The
+        synchronous route's draft (:func:`turnledger.turn.longturns.run_drafted`) checks
+        and begins from it, so the turn's load is the request's one read.
 
         A request that finds the turn it began interrupted (its run died holding the
         tool lease, e.g. a Lambda timeout) is recognised by the hash of its command kept
@@ -271,8 +285,10 @@ class Conversations(Reads):
         for name in command.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
-        session = self._open(key)
+        session, loaded = self._opened(key)
         self.check_input_fits(command, session.token_scale)
+        if admitted is not None:
+            admitted(session.head, loaded)
         session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
         resuming = session.life.resuming()
         work = self._work(session)
@@ -1363,13 +1379,17 @@ class Conversations(Reads):
 
     def _open(self, key: ConversationKey) -> Session:
         """Load a session for a turn: expired conversations are purged and start fresh."""
+        return self._opened(key)[0]
+
+    def _opened(self, key: ConversationKey) -> tuple[Session, Snapshot]:
+        """:meth:`_open`, and the snapshot the session was opened from."""
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
         if head is not None and not is_tombstone(head) and head.is_expired(self.clock()):
             if self.store.purge_if_unchanged(key, head, self.clock()) is None:
                 raise ConversationBusy("the conversation changed while it expired; retry")
-            return self._open(key)
-        return self._session(key, head, snapshot.events)
+            return self._opened(key)
+        return self._session(key, head, snapshot.events), snapshot
 
     def _session(self, key: ConversationKey, head: Head | None, events: list[Event]) -> Session:
         session = Session.open(
