@@ -168,6 +168,11 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
         "session.client('dynamodb')\nsession.client('s3')",
     ),
     (
+        "botocore DynamoDB + S3 clients (import and create; the layer's, no boto3)",
+        "import botocore.session\nsession = botocore.session.Session()\n"
+        "session.create_client('dynamodb')\nsession.create_client('s3')",
+    ),
+    (
         "Powertools `Tracer()` (import and create; X-Ray SDK, patches boto3 and httpx)",
         "from aws_lambda_powertools import Tracer\nTracer()",
     ),
@@ -687,7 +692,9 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
         "the layer's modules (pydantic and its first model class, the head's and the "
         "events' models; the store, its keyring and codec; the resolver, views and route "
         "modules) and two more AWS clients (STS for the tenants' roles, KMS for their "
-        "keys). The read function loads no provider, tool, httpx or turn pipeline "
+        "keys); its clients are botocore's (`turnledger.core.aws`): no function imports "
+        "boto3, whose import the minimal handler pays (see below). The read function "
+        "loads no provider, tool, httpx or turn pipeline "
         "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`) and builds "
         "no request or response body and no event payload model before its first use "
         "(`turnledger.core.models.Deferred`)."

@@ -33,10 +33,10 @@ from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
+from .core.aws import AwsSession
 from .core.config import Settings
 from .core.models import ConversationKey
 from .core.observability import logger, tracer
-from .store.aws import AwsSession
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
@@ -74,7 +74,7 @@ _AWS_CONFIG = Config(
 
 def aws_session() -> AwsSession:
     """A new AWS session (its own credentials) over the process's parsed service models
-    (botocore's: see :mod:`.store.aws`)."""
+    (botocore's: see :mod:`.core.aws`)."""
     return AwsSession()
 
 

@@ -2,8 +2,8 @@
 
 The conversions of boto3's ``boto3.dynamodb.types`` (the same types, the same number
 context, the same errors), without importing boto3, whose import loads s3transfer: the
-store's clients are botocore's (:mod:`.aws`). One difference: a binary value reads back
-as ``bytes`` (boto3 wraps it in its ``Binary``).
+store's clients are botocore's (:mod:`turnledger.core.aws`). One difference: a binary
+value reads back as ``bytes`` (boto3 wraps it in its ``Binary``).
 """
 
 from __future__ import annotations

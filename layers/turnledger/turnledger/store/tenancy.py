@@ -46,9 +46,9 @@ from typing import Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ..core.aws import AwsSession
 from ..core.exceptions import ServiceUnavailable
 from . import keys
-from .aws import AwsSession
 
 
 class STSClient(Protocol):
