@@ -356,6 +356,39 @@ def test_the_clear_functions_init_builds_s3s_client(name: str, s3: bool) -> None
     assert ("s3" in services) is s3
 
 
+_IDEMPOTENCY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+print(json.dumps("aws_lambda_powertools.utilities.idempotency" in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "initialization", "loaded"),
+    [
+        ("turn", "snap-start", True),
+        ("approve", "snap-start", True),
+        ("read", "snap-start", False),
+        ("turn", "on-demand", False),
+        ("approve", "on-demand", False),
+    ],
+)
+def test_a_snapshot_init_of_a_keyed_function_loads_the_idempotency_module(
+    tmp_path: Path, name: str, initialization: str, loaded: bool
+) -> None:
+    """A turn or an approval with an ``Idempotency-Key`` loads Powertools' idempotency
+    (which imports boto3, about 35 ms): under SnapStart the turn and approve functions'
+    snapshot holds it; an on-demand init leaves it to the first keyed request."""
+    env = {
+        **_base_env(),
+        "STORE": "sqlite",
+        "DATA_DIR": str(tmp_path),
+        "AWS_LAMBDA_INITIALIZATION_TYPE": initialization,
+    }
+    assert _run(_IDEMPOTENCY, [str(_folders()[name])], env) is loaded
+
+
 #: What no function loads, at init or on its first request: boto3 (its import loads
 #: s3transfer's transfer manager, a fifth of a cold start; the clients are botocore's).
 BOTO3 = ("boto3", "s3transfer")
