@@ -168,6 +168,11 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
         "session.client('dynamodb')\nsession.client('s3')",
     ),
     (
+        "botocore DynamoDB + S3 clients (import and create; the layer's, no boto3)",
+        "import botocore.session\nsession = botocore.session.Session()\n"
+        "session.create_client('dynamodb')\nsession.create_client('s3')",
+    ),
+    (
         "Powertools `Tracer()` (import and create; X-Ray SDK, patches boto3 and httpx)",
         "from aws_lambda_powertools import Tracer\nTracer()",
     ),
@@ -535,10 +540,10 @@ def measure(
     comparisons: Sequence[tuple[str, str]],
     runs: int,
     backend: Mapping[str, str],
-    restored: Handler | None = None,
-) -> tuple[list[Timing], Timing, list[Timing], Timing | None]:
-    """Time every handler, the minimal handler, ``restored`` after SnapStart's hooks and
-    the comparisons ``runs`` times, one fresh interpreter each.
+    restored: Sequence[Handler] = (),
+) -> tuple[list[Timing], Timing, list[Timing], list[Timing]]:
+    """Time every handler, the minimal handler, each of ``restored`` after SnapStart's hooks
+    and the comparisons ``runs`` times, one fresh interpreter each.
 
     The minimal handler is sampled right before each handler's sample, so the two
     alternate; the rounds go over all of them in turn, so a burst of load on the
@@ -547,7 +552,7 @@ def measure(
     handler_timings = [Timing(h.label or h.name) for h in chosen]
     minimal, minimal_timing = minimal_handler(), Timing(MINIMAL)
     snippet_timings = [Timing(label) for label, _ in comparisons]
-    restore_timing = None if restored is None else Timing(restored.name)
+    restore_timings = [Timing(h.name) for h in restored]
     sample = 0
     for round_number in range(runs):
         print(f"  round {round_number + 1}/{runs}", flush=True)
@@ -559,13 +564,14 @@ def measure(
                 _sample_handler(handler, timing, backend, sample)
             if timing.error is None and minimal_timing.error is None and minimal_timing.import_ms:
                 timing.paired_ms.append(minimal_timing.import_ms[-1] + minimal_timing.first_ms[-1])
-        if restored is not None and restore_timing is not None and restore_timing.error is None:
-            sample += 1
-            _sample_restore(restored, restore_timing, backend, sample)
+        for handler, timing in zip(restored, restore_timings, strict=True):
+            if timing.error is None:
+                sample += 1
+                _sample_restore(handler, timing, backend, sample)
         for (_, code), timing in zip(comparisons, snippet_timings, strict=True):
             if timing.error is None:
                 _sample_snippet(code, timing)
-    return handler_timings, minimal_timing, snippet_timings, restore_timing
+    return handler_timings, minimal_timing, snippet_timings, restore_timings
 
 
 @dataclass(frozen=True)
@@ -687,7 +693,9 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
         "the layer's modules (pydantic and its first model class, the head's and the "
         "events' models; the store, its keyring and codec; the resolver, views and route "
         "modules) and two more AWS clients (STS for the tenants' roles, KMS for their "
-        "keys). The read function loads no provider, tool, httpx or turn pipeline "
+        "keys); its clients are botocore's (`turnledger.core.aws`): no function imports "
+        "boto3, whose import the minimal handler pays (see below). The read function "
+        "loads no provider, tool, httpx or turn pipeline "
         "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`) and builds "
         "no request or response body and no event payload model before its first use "
         "(`turnledger.core.models.Deferred`)."
@@ -715,16 +723,18 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     return out
 
 
-def _restore_section(restored: Timing | None) -> list[str]:
+def _restore_section(restored: Sequence[Timing]) -> list[str]:
     """What Python runs of a SnapStart start: the after-restore hook and the first request."""
-    if restored is None:
+    if not restored:
         return []
     out = [
         "",
-        "### After a SnapStart restore (the read handler, same run)",
+        "### After a SnapStart restore (the read and turn handlers, same run)",
         "",
         "The init as SnapStart runs it (`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`: "
-        "every route's request models and every deferred model are built too), then the hooks "
+        "every route's request models and every deferred model are built too, and the turn "
+        "and approve functions load the idempotency module a keyed request uses), then the "
+        "hooks "
         "as Lambda runs them "
         "around a snapshot "
         "(`turnledger.runtime.before_snapshot`, then `after_restore`: a new random seed, "
@@ -736,13 +746,15 @@ def _restore_section(restored: Timing | None) -> list[str]:
         "hook + first request ms |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    if restored.error is not None or not restored.import_ms:
-        return [*out, f"| `{restored.label}` | failed: {restored.error} | | | |"]
-    return [
-        *out,
-        f"| `{restored.label}` | {_ms(restored.import_ms)} | {_ms(restored.first_ms)} | "
-        f"{_ms(restored.warm_ms)} | {_cold_ms(restored):.0f} |",
-    ]
+    for timing in restored:
+        if timing.error is not None or not timing.import_ms:
+            out.append(f"| `{timing.label}` | failed: {timing.error} | | | |")
+        else:
+            out.append(
+                f"| `{timing.label}` | {_ms(timing.import_ms)} | {_ms(timing.first_ms)} | "
+                f"{_ms(timing.warm_ms)} | {_cold_ms(timing):.0f} |"
+            )
+    return out
 
 
 def render(found: ColdStart, runs: int, command: str) -> str:
@@ -871,8 +883,9 @@ class ColdStart:
     twins: list[tuple[list[str], tuple[str, ...]]]
     #: Where the requests' table and bucket were.
     backend: str = "DynamoDB Local"
-    #: The read handler after SnapStart's hooks (``import_ms``: the after-restore hook).
-    restored: Timing | None = None
+    #: The read and turn handlers after SnapStart's hooks (``import_ms``: the after-restore
+    #: hook).
+    restored: list[Timing] = field(default_factory=list)
 
 
 def _backend(stack: ExitStack) -> tuple[dict[str, str], str]:
@@ -935,7 +948,11 @@ def run(names: Sequence[str], runs: int) -> ColdStart:
             else []
         )
         timings, minimal, comparisons, restored = measure(
-            [*chosen, *variants], COMPARISONS, runs, backend, found.get("read")
+            [*chosen, *variants],
+            COMPARISONS,
+            runs,
+            backend,
+            [found[n] for n in ("read", "turn") if n in names and n in found],
         )
         tree: list[ImportLine] | str
         try:

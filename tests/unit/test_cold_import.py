@@ -14,6 +14,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +132,7 @@ def test_every_function_of_the_template_is_checked() -> None:
 
 #: What every function's init loads, whatever it serves.
 EVERY_INIT = (
-    "boto3",
+    "botocore",
     "pydantic",
     "aws_lambda_powertools",
     "turnledger.runtime",
@@ -352,3 +354,105 @@ def test_the_clear_functions_init_builds_s3s_client(name: str, s3: bool) -> None
     services = _run(_CLIENTS, [str(_folders()[name])], env)
     assert "dynamodb" in services
     assert ("s3" in services) is s3
+
+
+_IDEMPOTENCY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+print(json.dumps("aws_lambda_powertools.utilities.idempotency" in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "initialization", "loaded"),
+    [
+        ("turn", "snap-start", True),
+        ("approve", "snap-start", True),
+        ("read", "snap-start", False),
+        ("turn", "on-demand", False),
+        ("approve", "on-demand", False),
+    ],
+)
+def test_a_snapshot_init_of_a_keyed_function_loads_the_idempotency_module(
+    tmp_path: Path, name: str, initialization: str, loaded: bool
+) -> None:
+    """A turn or an approval with an ``Idempotency-Key`` loads Powertools' idempotency
+    (which imports boto3, about 35 ms): under SnapStart the turn and approve functions'
+    snapshot holds it; an on-demand init leaves it to the first keyed request."""
+    env = {
+        **_base_env(),
+        "STORE": "sqlite",
+        "DATA_DIR": str(tmp_path),
+        "AWS_LAMBDA_INITIALIZATION_TYPE": initialization,
+    }
+    assert _run(_IDEMPOTENCY, [str(_folders()[name])], env) is loaded
+
+
+#: What no function loads, at init or on its first request: boto3 (its import loads
+#: s3transfer's transfer manager, a fifth of a cold start; the clients are botocore's).
+BOTO3 = ("boto3", "s3transfer")
+
+_NO_BOTO3 = """
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in {names!r})
+assert not loaded, f"loaded {{loaded[:8]}}"
+"""
+
+
+@pytest.fixture(scope="module")
+def bench_backend() -> Iterator[dict[str, str]]:
+    """The bench's backend (DynamoDB Local; S3, STS and KMS on moto's server): the
+    template's default configuration, with content sealed and a tenant role."""
+    from bench.coldstart import _backend
+
+    with ExitStack() as stack:
+        backend, _ = _backend(stack)
+        yield backend
+
+
+@pytest.mark.parametrize(
+    ("name", "idempotency_key"),
+    [
+        ("turn", False),
+        pytest.param(
+            "turn",
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="Powertools' idempotency package imports its DynamoDB layer, boto3",
+            ),
+        ),
+        ("read", False),
+        ("clear", False),
+        ("approve", False),
+        ("sweep", False),
+    ],
+)
+def test_no_function_imports_boto3_at_init_or_on_its_first_request(
+    name: str, idempotency_key: bool, bench_backend: dict[str, str]
+) -> None:
+    """Each function's init and first request (its sample event, as ``make bench`` sends
+    it; a turn with and without its ``Idempotency-Key``) in a fresh interpreter holding
+    only what the layer holds."""
+    from bench.coldstart import (
+        _CONTEXT,
+        _handler_steps,
+        _request_step,
+        handler_environment,
+        handlers,
+        probe,
+        sample_event,
+    )
+
+    handler = handlers()[name]
+    init, _, _ = _handler_steps(handler, -4)
+    event = sample_event(handler, f"no-boto3-{name}-{idempotency_key}")
+    if not idempotency_key:
+        event["headers"] = {
+            k: v for k, v in (event.get("headers") or {}).items() if k != "idempotency-key"
+        }
+    spent, _ = probe(
+        [init, _CONTEXT + _request_step(event), _NO_BOTO3.format(names=set(BOTO3))],
+        handler_environment(handler, bench_backend),
+    )
+    assert len(spent) == 3

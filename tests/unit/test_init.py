@@ -93,11 +93,11 @@ def test_the_first_request_builds_no_client_runtime_or_provider(
     clients = Counter(botocore.session.Session.create_client)
     runtimes = Counter(Runtime.from_settings)
     providers = Counter(factory.build_provider)
-    sessions = Counter(boto3.session.Session.__init__)
+    sessions = Counter(botocore.session.Session.__init__)
     monkeypatch.setattr(botocore.session.Session, "create_client", clients)
     monkeypatch.setattr(Runtime, "from_settings", runtimes)
     monkeypatch.setattr(factory, "build_provider", providers)
-    monkeypatch.setattr(boto3.session.Session, "__init__", sessions)
+    monkeypatch.setattr(botocore.session.Session, "__init__", sessions)
 
     context = LambdaContext(function_name="read", memory_limit_in_mb=512, timeout_seconds=29)
     answer = function.lambda_handler(load_event("get-conversation"), context)

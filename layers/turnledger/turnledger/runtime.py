@@ -20,6 +20,7 @@ reusing what init made.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,14 +29,11 @@ from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
-import botocore.loaders
-import botocore.session
-from aws_lambda_powertools.utilities import parameters
 from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
+from .core.aws import AwsSession
 from .core.config import Settings
 from .core.models import ConversationKey
 from .core.observability import logger, tracer
@@ -73,16 +71,11 @@ _AWS_CONFIG = Config(
     connect_timeout=3, read_timeout=10, retries={"max_attempts": 3, "mode": "standard"}
 )
 
-#: The parsed service models (JSON read from botocore's data), shared by every session of
-#: the process: a tenant's session then builds its clients without reading them again.
-_MODELS = botocore.loaders.create_loader()
 
-
-def aws_session() -> boto3.session.Session:
-    """A new boto3 session (its own credentials) over the process's parsed service models."""
-    core = botocore.session.Session()
-    core.register_component("data_loader", _MODELS)
-    return boto3.session.Session(botocore_session=core)
+def aws_session() -> AwsSession:
+    """A new AWS session (its own credentials) over the process's parsed service models
+    (botocore's: see :mod:`.core.aws`)."""
+    return AwsSession()
 
 
 @dataclass
@@ -325,7 +318,7 @@ class Runtime:
 
 
 def _service_builder(
-    settings: Settings, session: boto3.session.Session, clock: Clock
+    settings: Settings, session: AwsSession, clock: Clock
 ) -> Callable[[ConversationStore], Conversations]:
     """Build the provider, the tool runner, the redaction, the notifications and the
     embedder of ``settings``; returns what builds the service over a store with them.
@@ -349,7 +342,8 @@ def _service_builder(
     http = LazyHttpClient(partial(tool_http_client, settings.tool_timeout_seconds))
 
     def lambda_client(config: Config) -> LambdaClient:
-        return session.client("lambda", config=config)
+        client: LambdaClient = session.client("lambda", config=config)
+        return client
 
     redactor: Redactor | Callable[[], Redactor | None] | None = None
     if settings.redaction_file:
@@ -400,7 +394,7 @@ def _service_builder(
 
 def _tenant_scope(
     settings: Settings,
-    session: boto3.session.Session,
+    session: AwsSession,
     clock: Clock,
     service: Callable[[ConversationStore], Conversations],
     keyring: Keyring | None,
@@ -421,11 +415,9 @@ def _tenant_scope(
         "aws_secret_access_key": credentials.secret_access_key,
         "aws_session_token": credentials.session_token,
     }
-    # A boto3 session is not thread-safe: two tenants' first requests take turns.
-    with _session_lock:
-        dynamodb: DynamoDBClient = session.client(
-            "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
-        )
+    dynamodb: DynamoDBClient = session.client(
+        "dynamodb", endpoint_url=settings.dynamodb_endpoint, **signed
+    )
     _share_connections(dynamodb, process_dynamodb)
     s3 = _on_first_use(partial(session.client, "s3", endpoint_url=settings.s3_endpoint, **signed))
     # The process's keyring: keys are read on the process's credentials, cached for all
@@ -464,7 +456,7 @@ def _on_first_use[T](build: Callable[[], T], built: list[Any] | None = None) -> 
     or write no blob: S3's client, whose model alone takes about 40 ms to load, is built
     by the first that does); the client joins ``built`` then, when given.
 
-    ``build`` runs under the session lock: a boto3 session is not thread-safe.
+    Two threads' first calls build it once.
     """
     made: list[T] = []
 
@@ -520,9 +512,7 @@ LOCAL_MASTER_KEY_FILE = "master.key"
 LOCAL_KEYS_FILE = "keys.sqlite3"
 
 
-def _keyring(
-    settings: Settings, session: boto3.session.Session, dynamodb: DynamoDBClient
-) -> Keyring | None:
+def _keyring(settings: Settings, session: AwsSession, dynamodb: DynamoDBClient) -> Keyring | None:
     """The keyring of a DynamoDB store: wrapped keys in ``keys_table_name``, tenant keys
     from KMS (``None``: no keys table configured, content stays clear). KMS's client is
     built here but called only when a tenant key is first needed in this environment."""
@@ -540,7 +530,7 @@ def _keyring(
 
 def _build_store(
     settings: Settings,
-    session: boto3.session.Session,
+    session: AwsSession,
     dynamodb: DynamoDBClient,
     clients: list[Any] | None = None,
     keyring: Keyring | None = None,
@@ -694,7 +684,11 @@ def after_restore() -> None:
     with the settings and clock init built it with; the parsed service models are kept.
     """
     random.seed()
-    parameters.clear_caches()  # type: ignore[no-untyped-call]  # Powertools leaves it untyped
+    # Powertools' parameters (they import boto3) are loaded only by what reads one: without
+    # them nothing is cached.
+    parameters = sys.modules.get("aws_lambda_powertools.utilities.parameters")
+    if parameters is not None:
+        parameters.clear_caches()
     callbacks.clear_key_cache()
     global _runtime
     with _lock:

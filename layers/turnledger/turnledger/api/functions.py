@@ -44,6 +44,10 @@ ROUTES: dict[str, tuple[str, ...]] = {
     ),
     "clear": ("routes", "openai.conversations", "memory_routes"),
 }
+#: The API functions whose routes take an ``Idempotency-Key`` (a turn, an approval): where
+#: init runs ahead of requests, it loads the idempotency module (Powertools' idempotency,
+#: which imports boto3) that a keyed request would otherwise load on its first.
+KEYED = frozenset({"turn", "approve"})
 #: Every route module: the local runner's and the OpenAPI document's.
 EVERY_ROUTE = tuple(sorted({module for modules in ROUTES.values() for module in modules}))
 
@@ -59,7 +63,8 @@ def register(modules: tuple[str, ...]) -> None:
 def serve(function: str) -> Handler:
     """The entry point of the API function ``function`` (a key of :data:`ROUTES`), its
     routes registered; where init runs ahead of requests (SnapStart, provisioned
-    concurrency) their request models are built too (:func:`.app.prepare_routes`).
+    concurrency) their request models are built too (:func:`.app.prepare_routes`), and
+    the :data:`KEYED` functions load the idempotency module.
 
     Raises:
         KeyError: ``function`` is no API function.
@@ -67,6 +72,8 @@ def serve(function: str) -> Handler:
     register(ROUTES[function])
     if os.environ.get("AWS_LAMBDA_INITIALIZATION_TYPE") in AHEAD_OF_REQUESTS:
         prepare_routes()
+        if function in KEYED:
+            importlib.import_module(f"{__package__}.idempotency_records")
     return lambda_handler
 
 

@@ -1,4 +1,4 @@
-"""Amazon Bedrock's Converse API over boto3 (``bedrock-runtime`` ``converse``).
+"""Amazon Bedrock's Converse API over botocore (``bedrock-runtime`` ``converse``).
 
 The working context maps to Converse as a team moving an assistant between
 OpenAI and Bedrock would expect, with no vendor leftovers:
@@ -44,7 +44,7 @@ retry policy, here)::
     ValidationException, AccessDeniedException, others    -> ProviderError (502) at once
     an answer botocore or we cannot read                  -> ProviderError (502) at once
 
-The boto3 client is built on the first call (creating it loads the service
+The botocore client is built on the first call (creating it loads the service
 model, which a cold start should not pay for a provider it may never use).
 """
 
@@ -446,7 +446,7 @@ class BedrockConverseProvider(Provider):
             region: the AWS region of Bedrock (default: the environment's).
             endpoint_url: another endpoint (tests, VPC endpoints).
             client: a ready ``bedrock-runtime`` client (tests: a Stubber's).
-            client_factory: builds the client on the first call (default: boto3,
+            client_factory: builds the client on the first call (default: botocore,
                 with ``region``, ``endpoint_url``, the timeouts and no retries).
             timeout_seconds: per attempt (botocore's read timeout).
             max_retries: attempts after the first, for retryable failures only.
@@ -466,7 +466,7 @@ class BedrockConverseProvider(Provider):
         self.max_tokens = max_tokens
         self.json_mode: JsonMode = json_mode
         self._client = client
-        self._client_factory = client_factory or self._boto3_client
+        self._client_factory = client_factory or self._aws_client
         self._client_lock = threading.Lock()
         # botocore fixes a client's read timeout when it is built; an attempt that must end
         # sooner (the request's deadline) takes a client built for that many whole seconds.
@@ -484,9 +484,10 @@ class BedrockConverseProvider(Provider):
                     self._client = self._client_factory()
         return self._client
 
-    def _boto3_client(self, timeout_seconds: float | None = None) -> BedrockRuntimeClient:
-        import boto3
+    def _aws_client(self, timeout_seconds: float | None = None) -> BedrockRuntimeClient:
         from botocore.config import Config
+
+        from ..core.aws import AwsSession
 
         timeout = self.timeout_seconds if timeout_seconds is None else timeout_seconds
         config = Config(
@@ -495,12 +496,13 @@ class BedrockConverseProvider(Provider):
             # One retry policy, ours: botocore's would multiply the attempts.
             retries={"total_max_attempts": 1, "mode": "standard"},
         )
-        return boto3.client(
+        client: BedrockRuntimeClient = AwsSession().client(
             "bedrock-runtime",
             region_name=self.region,
             endpoint_url=self.endpoint_url,
             config=config,
         )
+        return client
 
     def complete(self, request: ModelRequest) -> ModelReply:
         """Send ``request`` to ``converse`` and return the model's reply.
@@ -605,7 +607,7 @@ class BedrockConverseProvider(Provider):
             if client is None:
                 if len(self._timed_clients) >= MAX_TIMED_CLIENTS:
                     self._timed_clients.pop(next(iter(self._timed_clients)))
-                client = self._boto3_client(float(seconds))
+                client = self._aws_client(float(seconds))
                 self._timed_clients[seconds] = client
             return client
 

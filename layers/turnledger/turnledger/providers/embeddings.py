@@ -142,15 +142,16 @@ class BedrockEmbedder(Embedder):
         self.model = model
         self.region = region
         self.endpoint_url = endpoint_url
-        self._factory = client_factory or self._boto3_client
+        self._factory = client_factory or self._aws_client
         self._client: BedrockRuntimeClient | None = None
 
-    def _boto3_client(self) -> BedrockRuntimeClient:
-        import boto3
+    def _aws_client(self) -> BedrockRuntimeClient:
+        from ..core.aws import AwsSession
 
-        return boto3.client(
+        client: BedrockRuntimeClient = AwsSession().client(
             "bedrock-runtime", region_name=self.region, endpoint_url=self.endpoint_url
         )
+        return client
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """One ``InvokeModel`` a text (see :meth:`Embedder.embed`)."""

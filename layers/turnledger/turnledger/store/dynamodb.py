@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from ..core.exceptions import (
@@ -25,6 +24,7 @@ from ..core.exceptions import (
     TurnledgerError,
 )
 from . import codec, keys, records
+from .attributes import deserialize, serialize
 from .base import ConversationStore, Page
 from .blobs import BlobStore
 from .codec import Item
@@ -36,9 +36,6 @@ from .indexes import TENANT_INDEX as TENANT_INDEX
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
     from mypy_boto3_dynamodb.type_defs import ConsumedCapacityTypeDef
-
-_serializer = TypeSerializer()
-_deserializer = TypeDeserializer()
 
 #: BatchWriteItem takes at most 25 requests a call.
 _BATCH = 25
@@ -57,7 +54,7 @@ def _slot_condition(
     there, another life's gravestone, or this life's marker (no gravestone) of the version
     the commit read; with ``head_locked``, any item of another life."""
     names = {"#pk": codec.A_PK, "#g": codec.A_GEN}
-    values: dict[str, Any] = {":g": _serializer.serialize(gen)}
+    values: dict[str, Any] = {":g": serialize(gen)}
     if head_locked:
         expression = "attribute_not_exists(#pk) OR #g <> :g"
     else:
@@ -66,11 +63,11 @@ def _slot_condition(
         )
     if marker_version is not None:
         names["#ver"] = codec.A_VERSION
-        values[":mv"] = _serializer.serialize(marker_version)
+        values[":mv"] = serialize(marker_version)
         expression += " OR (#n = :zero AND #g = :g AND #ver = :mv AND attribute_not_exists(#x))"
     if "#n" in expression:
         names |= {"#n": codec.A_COUNT, "#x": codec.A_EXPIRES}
-        values[":zero"] = _serializer.serialize(0)
+        values[":zero"] = serialize(0)
     return {
         "ConditionExpression": expression,
         "ExpressionAttributeNames": names,
@@ -80,7 +77,7 @@ def _slot_condition(
 
 def _wire_value(value: Any) -> Any:
     # _from_wire turns non-integral numbers into floats, which the serializer refuses.
-    return _serializer.serialize(Decimal(str(value)) if isinstance(value, float) else value)
+    return serialize(Decimal(str(value)) if isinstance(value, float) else value)
 
 
 def _to_wire(item: Item) -> dict[str, Any]:
@@ -120,7 +117,7 @@ def _from_wire(wire: dict[str, Any]) -> Item:
         if "B" in value:
             item[name] = bytes(value["B"])  # sealed content (store/sealed.py)
             continue
-        plain = _deserializer.deserialize(value)
+        plain = deserialize(value)
         if isinstance(plain, Decimal):
             plain = int(plain) if plain == plain.to_integral_value() else float(plain)
         item[name] = plain
@@ -471,7 +468,7 @@ class DynamoDBConversationStore(ConversationStore):
                     UpdateExpression="SET #fx = :fx",
                     ConditionExpression="attribute_exists(#pk) AND attribute_not_exists(#fx)",
                     ExpressionAttributeNames={"#pk": codec.A_PK, "#fx": codec.A_FENCE},
-                    ExpressionAttributeValues={":fx": _serializer.serialize(token)},
+                    ExpressionAttributeValues={":fx": serialize(token)},
                     ReturnValues="ALL_NEW",
                     ReturnConsumedCapacity="TOTAL",
                 )
@@ -486,7 +483,7 @@ class DynamoDBConversationStore(ConversationStore):
             "IndexName": index,
             "KeyConditionExpression": "#a = :v",
             "ExpressionAttributeNames": {"#a": INDEX_ATTRIBUTES[index]},
-            "ExpressionAttributeValues": {":v": _serializer.serialize(value)},
+            "ExpressionAttributeValues": {":v": serialize(value)},
             "Limit": limit,
             "ReturnConsumedCapacity": "TOTAL",
         }
@@ -506,7 +503,7 @@ class DynamoDBConversationStore(ConversationStore):
             "IndexName": INBOX_INDEX,
             "KeyConditionExpression": "#ib = :ib",
             "ExpressionAttributeNames": {"#ib": A_INBOX},
-            "ExpressionAttributeValues": {":ib": _serializer.serialize(partition)},
+            "ExpressionAttributeValues": {":ib": serialize(partition)},
             "Limit": limit,
             "ReturnConsumedCapacity": "TOTAL",
         }
@@ -537,7 +534,7 @@ class DynamoDBConversationStore(ConversationStore):
             condition = {
                 "ConditionExpression": "#g = :g",
                 "ExpressionAttributeNames": {"#g": codec.A_GEN},
-                "ExpressionAttributeValues": {":g": _serializer.serialize(gen)},
+                "ExpressionAttributeValues": {":g": serialize(gen)},
             }
         try:
             with _guarded():

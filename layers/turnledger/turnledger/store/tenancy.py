@@ -44,15 +44,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ..core.aws import AwsSession
 from ..core.exceptions import ServiceUnavailable
 from . import keys
 
 
 class STSClient(Protocol):
-    """The one STS call this module makes (a boto3 ``sts`` client)."""
+    """The one STS call this module makes (a botocore ``sts`` client)."""
 
     def assume_role(self, **kwargs: Any) -> Any:
         """``sts:AssumeRole``."""
@@ -168,9 +168,9 @@ class TenantCredentials:
     #: When they expire, in epoch seconds.
     expires_at: float
 
-    def session(self) -> boto3.session.Session:
-        """A boto3 session signing with these credentials."""
-        return boto3.session.Session(
+    def session(self) -> AwsSession:
+        """An AWS session signing with these credentials."""
+        return AwsSession(
             aws_access_key_id=self.access_key_id,
             aws_secret_access_key=self.secret_access_key,
             aws_session_token=self.session_token,
