@@ -12,12 +12,10 @@ clear text plus a nonce and a tag, which compressing it before sealing pays for)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import httpx
 import pytest
 from moto import mock_aws
-from turnledger.core.config import Settings
 from turnledger.providers.demo import DemoProvider
 from turnledger.store import inbox
 from turnledger.store.blobs import S3BlobStore
@@ -28,7 +26,7 @@ from bench import approvals
 from bench.conversation import BenchClock
 from bench.metered import HEAD_SK, PricedWrite
 from tests.functional.http_sink import HttpSink, Reply
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.aws import aws_clients, settings_on
 
 
 class _Recording(approvals.InboxMeteredStore):
@@ -53,11 +51,7 @@ def sample(
     with mock_aws(), HttpSink() as sink, httpx.Client() as http:
         sink.respond("/email", Reply(body={"sent": True}))
         clients = aws_clients()
-        settings = replace(
-            Settings(),
-            table_name=create_conversations_table(clients.dynamodb),
-            bucket_name=create_bucket(clients.s3),
-        )
+        settings = settings_on(clients)
         store = recording(
             clients.dynamodb,
             settings.table_name,

@@ -12,13 +12,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from moto import mock_aws
 from turnledger.api import lambda_handler
-from turnledger.core.config import Settings
 from turnledger.providers.demo import DemoProvider
 from turnledger.runtime import Runtime, set_runtime
 from turnledger.store.blobs import S3BlobStore
@@ -27,7 +26,7 @@ from turnledger_local.gateway import LambdaContext
 
 from bench.metered import MeteredStore, StorageWork
 from bench.pricing import index_specs
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.aws import aws_clients, settings_on
 
 #: The read target of issue 21 for a turn at steady state.
 MAX_RCU = 3
@@ -47,11 +46,7 @@ def api(load_event: Callable[[str], dict[str, Any]]) -> Iterator[Api]:
     template = load_event("turn")
     with mock_aws():
         clients = aws_clients()
-        settings = replace(
-            Settings(),
-            table_name=create_conversations_table(clients.dynamodb),
-            bucket_name=create_bucket(clients.s3),
-        )
+        settings = settings_on(clients)
         store = MeteredStore(
             clients.dynamodb,
             settings.table_name,

@@ -21,14 +21,13 @@ from botocore.exceptions import EndpointConnectionError
 from botocore.stub import Stubber
 from moto import mock_aws
 from turnledger.api import lambda_handler
-from turnledger.core.config import Settings
 from turnledger.core.exceptions import ServiceUnavailable
 from turnledger.runtime import Runtime, set_runtime
 from turnledger.store.tenancy import STS_REFUSED_RETRY_AFTER_SECONDS, TenantAccess
 from turnledger_local.gateway import LambdaContext
 from turnledger_local.template import PROJECT_ROOT
 
-from tests.support.aws import aws_clients, create_bucket, create_conversations_table
+from tests.support.aws import aws_clients, settings_on
 
 ROLE = "arn:aws:iam::123456789012:role/tenant-access"
 EVENT = json.loads((PROJECT_ROOT / "events" / "get-conversation.json").read_text())
@@ -60,11 +59,7 @@ def stubbed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubber]:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         clients = aws_clients()
-        settings = Settings(
-            table_name=create_conversations_table(clients.dynamodb),
-            bucket_name=create_bucket(clients.s3),
-            tenant_role_arn=ROLE,
-        )
+        settings = settings_on(clients, tenant_role_arn=ROLE)
         runtime = Runtime.from_settings(settings)
         assert isinstance(runtime.tenants, TenantAccess)
         sts = _sts()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
+from turnledger.core.config import Settings
 from turnledger_local.template import load_template, table_definition, ttl_attribute
 
 if TYPE_CHECKING:
@@ -103,3 +104,13 @@ def create_keys_table(client: DynamoDBClient, name: str | None = None) -> str:
         TableName=table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 30}
     )
     return table_name
+
+
+def settings_on(clients: AwsClients, **changes: Any) -> Settings:
+    """Default settings (and ``changes``) naming a new conversations table and bucket made
+    through ``clients``."""
+    return Settings(
+        table_name=create_conversations_table(clients.dynamodb),
+        bucket_name=create_bucket(clients.s3),
+        **changes,
+    )
