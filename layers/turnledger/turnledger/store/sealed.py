@@ -63,8 +63,11 @@ class SealedBlobStore(BlobStore):
         return self.keyring.data_key(*life, create=create)
 
     def put(self, key: str, data: bytes) -> None:
-        sealed = self._key(key, create=True).seal(data, key.encode())
-        self.inner.put(key, MAGIC + sealed)
+        self._put_sealed(key, self._key(key, create=True), data)
+
+    def _put_sealed(self, key: str, data_key: DataKey, data: bytes) -> None:
+        """Store ``data`` at ``key`` sealed under ``data_key``, bound to ``key``."""
+        self.inner.put(key, MAGIC + data_key.seal(data, key.encode()))
 
     def get(self, key: str) -> bytes:
         data = self.inner.get(key)
@@ -93,7 +96,7 @@ class SealedBlobStore(BlobStore):
             data_key = self._key(key, create=False)
         except ContentUnreadable:
             return None
-        self.inner.put(key, MAGIC + data_key.seal(data, key.encode()))
+        self._put_sealed(key, data_key, data)
         return True
 
     def list_keys(self, prefix: str) -> Iterator[str]:
