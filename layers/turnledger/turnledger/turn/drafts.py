@@ -32,6 +32,7 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -539,8 +540,7 @@ class DraftWriter:
 
 def _ceil_seconds(iso: str) -> int:
     """Epoch seconds of ``iso``, rounded up (never before the run began)."""
-    moment = datetime.fromisoformat(iso).timestamp()
-    return int(moment) + (moment > int(moment))
+    return math.ceil(datetime.fromisoformat(iso).timestamp())
 
 
 #: The writer of the turn this context runs, if it streams (see :func:`streaming_into`).
