@@ -5,11 +5,15 @@ registers only the route modules of those paths. The import is Lambda's init pha
 builds what every request needs (see :func:`turnledger.runtime.prepare`).
 """
 
-from turnledger.api.functions import serve
-from turnledger.runtime import prepare
+from turnledger.core.initphase import init_phase
 
-# This function's routes only (turnledger.api.functions.ROUTES["approve"]).
-lambda_handler = serve("approve")
-prepare()
+# The init: no garbage collection while it loads and builds (turnledger.core.initphase).
+with init_phase():
+    from turnledger.api.functions import serve
+    from turnledger.runtime import prepare
+
+    # This function's routes only (turnledger.api.functions.ROUTES["approve"]).
+    lambda_handler = serve("approve")
+    prepare()
 
 __all__ = ["lambda_handler"]

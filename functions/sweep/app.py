@@ -4,9 +4,13 @@ The import is Lambda's init phase: it builds what every event needs (see
 :func:`turnledger.runtime.prepare`).
 """
 
-from turnledger.handlers import sweep_handler as lambda_handler
-from turnledger.runtime import prepare
+from turnledger.core.initphase import init_phase
 
-prepare()
+# The init: no garbage collection while it loads and builds (turnledger.core.initphase).
+with init_phase():
+    from turnledger.handlers import sweep_handler as lambda_handler
+    from turnledger.runtime import prepare
+
+    prepare()
 
 __all__ = ["lambda_handler"]

@@ -4,9 +4,13 @@ Invoked asynchronously by the turn and approval functions. The import is Lambda'
 phase: it builds what every event needs (see :func:`turnledger.runtime.prepare`).
 """
 
-from turnledger.api.worker import worker_handler as lambda_handler
-from turnledger.runtime import prepare
+from turnledger.core.initphase import init_phase
 
-prepare()
+# The init: no garbage collection while it loads and builds (turnledger.core.initphase).
+with init_phase():
+    from turnledger.api.worker import worker_handler as lambda_handler
+    from turnledger.runtime import prepare
+
+    prepare()
 
 __all__ = ["lambda_handler"]

@@ -48,10 +48,11 @@ HEAVY = (
 )
 
 _PROBE = """
-import json, sys
+import gc, json, sys
 sys.path.insert(0, sys.argv[1])
 import app
 assert callable(app.lambda_handler)
+collector = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
 import turnledger.runtime
 built = turnledger.runtime._runtime is not None
 loaded = sorted(sys.modules)
@@ -67,7 +68,13 @@ if len(sys.argv) > 2:
             return 30000
     answer = app.lambda_handler(json.loads(sys.argv[2]), Context())
 after = sorted(sys.modules)
-result = {"after_import": loaded, "built": built, "answer": answer, "after_request": after}
+result = {
+    "after_import": loaded,
+    "built": built,
+    "answer": answer,
+    "after_request": after,
+    "collector": collector,
+}
 print(json.dumps(result))
 """
 
@@ -146,6 +153,10 @@ def test_a_cold_import_builds_the_runtime(name: str, tmp_path: Path) -> None:
     assert found["built"] is True
     heavy = _heavy(found["after_import"])
     assert all(module in heavy for module in EVERY_INIT)
+    # The init ran with the collector paused (turnledger.core.initphase): it is on again,
+    # and what the init built (well over 100,000 objects) is frozen, out of its reach.
+    assert found["collector"]["enabled"] is True
+    assert found["collector"]["frozen"] > 100_000
 
 
 _ROUTED = """
