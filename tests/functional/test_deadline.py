@@ -21,7 +21,7 @@ from turnledger.core.deadline import cap, remaining, request_deadline
 from turnledger.core.exceptions import ProviderTimeout
 from turnledger.providers.openai_chat import OpenAIChatProvider
 from turnledger.runtime import set_runtime
-from turnledger.tools.executors import HttpExecutor
+from turnledger.tools.http import HttpExecutor
 from turnledger_local.gateway import LambdaContext
 
 from tests.functional.http_sink import HttpSink, Reply

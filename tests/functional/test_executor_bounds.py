@@ -24,10 +24,9 @@ from turnledger.tools import ToolDefinition, ToolInvocation, ToolOutcome, ToolRu
 from turnledger.tools.executors import (
     LAMBDA_TIMEOUT_MARGIN_SECONDS,
     MAX_RESPONSE_BYTES,
-    HttpExecutor,
     idempotency_key,
-    tool_http_client,
 )
+from turnledger.tools.http import HttpExecutor, tool_http_client
 
 from .http_sink import HttpSink, Reply
 

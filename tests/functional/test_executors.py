@@ -23,7 +23,8 @@ from turnledger.tools import (
     ToolRunner,
     idempotency_key,
 )
-from turnledger.tools.executors import HttpExecutor, LambdaExecutor, tool_http_client
+from turnledger.tools.executors import LambdaExecutor
+from turnledger.tools.http import HttpExecutor, tool_http_client
 
 from .http_sink import HttpSink, Reply
 

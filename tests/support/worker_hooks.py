@@ -140,7 +140,8 @@ def tools_outlast_deadline() -> None:
     the function's timeout keeps the invocation running until the runner stops it (as
     Lambda stops a function whose tool, storage or memory outran what its code foresaw)."""
     from turnledger.core.deadline import request_deadline
-    from turnledger.tools.executors import HttpExecutor, ToolInvocation, ToolOutcome
+    from turnledger.tools.executors import ToolInvocation, ToolOutcome
+    from turnledger.tools.http import HttpExecutor
 
     original = HttpExecutor.execute
 

@@ -301,6 +301,23 @@ def test_the_read_and_clear_functions_load_no_provider_tool_or_pipeline(
     assert loaded == []
 
 
+#: What only an ``http`` tool call or a webhook loads (turnledger.tools.http).
+HTTP_SIDE = ("httpx", "httpcore", "turnledger.tools.http")
+
+
+@pytest.mark.parametrize("name", ["turn", "approve", "worker"])
+def test_a_function_whose_deployment_has_no_http_tool_loads_no_httpx(
+    name: str, tmp_path: Path
+) -> None:
+    # The template's defaults: the demo model, no tool registry.
+    found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
+    assert found["built"] is True
+    loaded = [
+        m for m in found["after_import"] if any(m == w or m.startswith(w + ".") for w in HTTP_SIDE)
+    ]
+    assert loaded == []
+
+
 _BODY_MODELS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])

@@ -33,7 +33,7 @@ from turnledger.core.models import ConversationKey
 from turnledger.providers import factory
 from turnledger.runtime import Runtime, after_restore, before_snapshot, get_runtime, set_runtime
 from turnledger.store.base import PurgeReport
-from turnledger.tools import executors
+from turnledger.tools import http as tool_http
 from turnledger.turn import callbacks
 from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
@@ -109,9 +109,9 @@ def test_the_first_request_builds_no_client_runtime_or_provider(
 def test_init_builds_no_http_client_until_a_tool_call_or_webhook_needs_one(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made = Counter(executors.tool_http_client)
-    # The runtime imports it when it builds the service (turnledger.runtime._service_builder).
-    monkeypatch.setattr(executors, "tool_http_client", made)
+    made = Counter(tool_http.tool_http_client)
+    # Imported by the first http tool call (turnledger.tools.executors.lazy_tool_http_client).
+    monkeypatch.setattr(tool_http, "tool_http_client", made)
     load_function("turn")
     assert made.calls == 0  # its CA bundle alone is ~40 ms of init
 

@@ -334,12 +334,12 @@ def _service_builder(
     from .ops.notifications import environment, publisher_from_env
     from .providers.embeddings import build_embedder
     from .providers.factory import PROVIDERS, api_key_source, build_provider
-    from .tools.executors import LazyHttpClient, ToolRunner, tool_http_client
+    from .tools.executors import ToolRunner, lazy_tool_http_client
     from .tools.registry import ToolRegistry
     from .turn.pipeline import Conversations
 
     # Built on the first http tool call or webhook: most requests make neither.
-    http = LazyHttpClient(partial(tool_http_client, settings.tool_timeout_seconds))
+    http = lazy_tool_http_client(settings.tool_timeout_seconds)
 
     def lambda_client(config: Config) -> LambdaClient:
         client: LambdaClient = session.client("lambda", config=config)

@@ -20,13 +20,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from ..core.config import Settings
 from ..core.exceptions import ProviderError
 from .base import ApiKeyProvider
 
 if TYPE_CHECKING:
+    import httpx
     from mypy_boto3_bedrock_runtime import BedrockRuntimeClient
 
 #: The model of each kind when ``MEMORY_EMBEDDING_MODEL`` is unset.
@@ -80,6 +79,9 @@ class OpenAIEmbedder(Embedder):
         timeout_seconds: float = 10.0,
     ) -> None:
         """Nothing is sent until :meth:`embed`; ``client``: tests pass a mock transport's."""
+        # Here: only a deployment with MEMORY_EMBEDDINGS=openai loads httpx for it.
+        import httpx
+
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._api_key = api_key

@@ -12,7 +12,7 @@ Every call is bounded in wall-clock time by the tool's ``timeout_seconds`` and b
 the request's remaining time (:mod:`turnledger.core.deadline`), whichever is sooner:
 
 * ``http``: one deadline for the whole call (connect, send, every read), enforced
-  by :func:`tool_http_client`'s transport on every socket operation and checked
+  by :func:`.http.tool_http_client`'s transport on every socket operation and checked
   between the chunks of the streamed body; a body over
   :data:`MAX_RESPONSE_BYTES` is an error and is never buffered past the cap.
 * ``lambda``: a single attempt (the invoke client never retries: a retried Invoke
@@ -23,20 +23,14 @@ the request's remaining time (:mod:`turnledger.core.deadline`), whichever is soo
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import json
 import math
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-import httpcore
-import httpx
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -46,22 +40,43 @@ from botocore.exceptions import (
 )
 
 from ..core import deadline
-from ..core.models import ToolCall
 from ..core.observability import logger
-from .registry import HttpExecutorConfig, LambdaExecutorConfig, ToolDefinition
+from .calls import (
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_RESPONSE_BYTES,
+    HttpClientSource,
+    LazyHttpClient,
+    ToolInvocation,
+    ToolOutcome,
+    as_output,
+    encode,
+    idempotency_key,
+    request_body,
+    short,
+    unreachable,
+)
+from .registry import LambdaExecutorConfig
+
+#: Imported from here by callers that run tools (re-exported from :mod:`.calls`).
+__all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "MAX_RESPONSE_BYTES",
+    "HttpClientSource",
+    "LambdaExecutor",
+    "LazyHttpClient",
+    "ToolInvocation",
+    "ToolOutcome",
+    "ToolRunner",
+    "idempotency_key",
+    "invoke_config",
+    "lazy_tool_http_client",
+]
 
 if TYPE_CHECKING:
+    import httpx
     from mypy_boto3_lambda import LambdaClient
 
-#: Characters of a failing tool's response body quoted in the error text.
-_SHORT_BODY = 200
-
-#: Per-call timeout when neither the tool nor the runner sets one (seconds).
-DEFAULT_TIMEOUT_SECONDS = 30.0
-
-#: The largest ``http`` tool response body read (bytes, after any content decoding):
-#: a longer one is an error, and nothing past the cap is kept in memory.
-MAX_RESPONSE_BYTES = 1024 * 1024
+    from .http import HttpExecutor
 
 #: How much longer than its timeout a ``lambda`` tool's Invoke is awaited (seconds): a
 #: function whose own timeout is the tool's gets to answer "Task timed out" itself.
@@ -78,373 +93,16 @@ _LAMBDA_CLIENTS = 8
 _LAMBDA_CONNECT_TIMEOUT = 3.0
 
 
-@dataclass(frozen=True)
-class ToolInvocation:
-    """One tool call to run, with where it belongs."""
+def lazy_tool_http_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> LazyHttpClient:
+    """A :class:`LazyHttpClient` of :func:`.http.tool_http_client`: the client, and httpx
+    with it, are loaded by the first ``http`` tool call or webhook."""
 
-    tool: ToolDefinition
-    call: ToolCall
-    tenant: str
-    conversation_id: str
-    idempotency_key: str
-    #: Where a tool that finishes the call later (``202``) reports its outcome.
-    callback_url: str | None = None
+    def build() -> httpx.Client:
+        from .http import tool_http_client
 
+        return tool_http_client(timeout)
 
-@dataclass(frozen=True)
-class ToolOutcome:
-    """What a tool call produced: its output, or the error text when ``is_error``.
-
-    ``task_id`` set: the tool accepted the call to finish it elsewhere (deferred);
-    ``output`` is then empty and the outcome comes later, through its callback.
-    """
-
-    output: str
-    is_error: bool = False
-    task_id: str | None = None
-
-
-class Executor(Protocol):
-    """Runs one kind of tool call; never raises for a failure of the tool itself."""
-
-    def execute(self, invocation: ToolInvocation) -> ToolOutcome:
-        """Run ``invocation`` and report its outcome."""
-        ...
-
-
-def idempotency_key(
-    tenant: str, conversation_id: str, gen: str, call_id: str, sequence: int
-) -> str:
-    """The idempotency key of one recorded tool call: 32 hex characters.
-
-    The same parts always give the same key, so a call run again (a retried
-    request, a resumed crash) is recognisable by the tool; ``gen`` and
-    ``sequence`` keep a provider's reused call ids apart across lives and turns.
-    """
-    # A JSON array is an unambiguous encoding of the parts (no separator collisions).
-    parts = json.dumps([tenant, conversation_id, gen, call_id, sequence], ensure_ascii=False)
-    return hashlib.sha256(parts.encode("utf-8")).hexdigest()[:32]
-
-
-def _as_output(value: Any) -> str:
-    """A tool's JSON answer as text: a JSON string as itself, anything else as compact JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _short(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= _SHORT_BODY else flat[:_SHORT_BODY] + "..."
-
-
-def _request_body(invocation: ToolInvocation) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "tool": invocation.tool.name,
-        "call_id": invocation.call.id,
-        "conversation_id": invocation.conversation_id,
-        "arguments": invocation.call.arguments,
-    }
-    if invocation.callback_url is not None:
-        body["callback_url"] = invocation.callback_url
-    return body
-
-
-def _deferred(name: str, body: bytes) -> ToolOutcome:
-    """A ``202`` answer: deferred with its ``task_id``, or an error the model can read."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        value = None
-    task_id = value.get("task_id") if isinstance(value, dict) else None
-    if not isinstance(task_id, str) or not task_id or len(task_id) > 256:
-        return ToolOutcome(
-            f"tool {name} answered 202 without a task_id (a string of 1-256 characters)",
-            is_error=True,
-        )
-    return ToolOutcome("", task_id=task_id)
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-# --- a deadline for the whole HTTP call ---------------------------------------------
-#
-# httpx's timeouts are per operation: a server that sends a byte before each read
-# timeout keeps a call alive for ever. httpcore reads its read timeout once per
-# response, so it cannot be shortened between chunks either; instead the tool client's
-# network streams cut every connect, read and write to the time left before the
-# current call's end, which the executor sets in this context variable.
-
-#: ``time.monotonic()`` by which the running ``http`` tool call must be over.
-_call_end: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "turnledger_tool_call_end", default=None
-)
-
-
-@contextmanager
-def _ends_at(end: float) -> Iterator[None]:
-    token = _call_end.set(end)
-    try:
-        yield
-    finally:
-        _call_end.reset(token)
-
-
-def _left(timeout: float | None) -> float | None:
-    """``timeout``, or the time left in the current call when that is sooner."""
-    end = _call_end.get()
-    if end is None:
-        return timeout
-    # A positive floor: a socket timeout of 0 would make it non-blocking (an error other
-    # than a timeout) instead of timing out at once.
-    left = max(end - time.monotonic(), 0.001)
-    return left if timeout is None else min(timeout, left)
-
-
-class _BoundedStream(httpcore.NetworkStream):
-    """A network stream whose every operation ends by the current call's end."""
-
-    def __init__(self, stream: httpcore.NetworkStream) -> None:
-        self._stream = stream
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _left(timeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _left(timeout))
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def start_tls(
-        self,
-        ssl_context: Any,
-        server_hostname: str | None = None,
-        timeout: float | None = None,
-    ) -> httpcore.NetworkStream:
-        return _BoundedStream(self._stream.start_tls(ssl_context, server_hostname, _left(timeout)))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
-
-
-class _BoundedBackend(httpcore.NetworkBackend):
-    """httpcore's socket backend, with streams and connects cut to the call's end."""
-
-    def __init__(self) -> None:
-        self._backend = httpcore.SyncBackend()
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = self._backend.connect_tcp(
-            host, port, _left(timeout), local_address, socket_options
-        )
-        return _BoundedStream(stream)
-
-    def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = self._backend.connect_unix_socket(path, _left(timeout), socket_options)
-        return _BoundedStream(stream)
-
-    def sleep(self, seconds: float) -> None:
-        self._backend.sleep(seconds)
-
-
-class LazyHttpClient:
-    """An HTTP client built on first use, once (thread-safe): what an ``http`` tool call or a
-    webhook needs, kept out of the init of a function that never makes one (its CA
-    bundle alone takes about 40 ms to load)."""
-
-    def __init__(self, build: Callable[[], httpx.Client]) -> None:
-        self._build = build
-        self._client: httpx.Client | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> httpx.Client:
-        """The client, built by the first call."""
-        with self._lock:
-            if self._client is None:
-                self._client = self._build()
-            return self._client
-
-    @property
-    def built(self) -> bool:
-        """Whether the client has been built."""
-        return self._client is not None
-
-    def post(self, *args: Any, **kwargs: Any) -> httpx.Response:
-        """``httpx.Client.post`` on the client (built now if need be)."""
-        return self().post(*args, **kwargs)
-
-
-#: An HTTP client, or what builds it on first use.
-type HttpClientSource = httpx.Client | Callable[[], httpx.Client]
-
-
-def tool_http_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> httpx.Client:
-    """An HTTP client whose ``http`` tool calls end by their deadline, read by read.
-
-    Other requests made with it (webhooks) behave as with a plain client.
-    """
-    # One SSL context for the transport and its pool: loading the CA bundle is most of
-    # the client's construction time, paid during init.
-    ssl_context = httpx.create_ssl_context()
-    transport = httpx.HTTPTransport(verify=ssl_context)
-    # httpx's transport takes no network backend; its pool is replaced by the same
-    # pool on the bounded backend (tests/functional/test_executor_bounds.py fails if
-    # httpx stops using it).
-    transport._pool = httpcore.ConnectionPool(
-        ssl_context=ssl_context,
-        max_connections=100,
-        max_keepalive_connections=20,
-        keepalive_expiry=5.0,
-        network_backend=_BoundedBackend(),
-    )
-    return httpx.Client(timeout=timeout, transport=transport)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _read_body(response: httpx.Response, end: float, cap: int) -> bytes:
-    """The response body, read chunk by chunk until ``end``.
-
-    Raises:
-        httpx.ReadTimeout: ``end`` passed before the body ended.
-        _TooLarge: the body is longer than ``cap`` bytes (nothing past it was kept).
-    """
-    declared = response.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise _TooLarge
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        size += len(chunk)
-        if size > cap:
-            raise _TooLarge
-        chunks.append(chunk)
-        if time.monotonic() >= end:
-            # A client without the bounded transport still stops here, between chunks.
-            raise httpx.ReadTimeout("the call's deadline passed while reading its body")
-    return b"".join(chunks)
-
-
-class HttpExecutor:
-    """POSTs the call to the tool's URL and takes the JSON response body as its output.
-
-    The whole call (connect, send, every read) ends within the tool's timeout cut to
-    the request's remaining time: exactly with a :func:`tool_http_client`, between
-    body chunks with any other client.
-    """
-
-    def __init__(
-        self,
-        client: HttpClientSource,
-        *,
-        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-    ) -> None:
-        """Create the executor.
-
-        Args:
-            client: the shared HTTP client (connection pooling across calls), best
-                made by :func:`tool_http_client`; or what builds it, called on the first
-                call (:class:`LazyHttpClient`).
-            timeout_seconds: per-call timeout for tools that do not set their own.
-            max_response_bytes: the longest response body accepted.
-        """
-        self._client = (
-            client if isinstance(client, httpx.Client | LazyHttpClient) else LazyHttpClient(client)
-        )
-        self.timeout_seconds = timeout_seconds
-        self.max_response_bytes = max_response_bytes
-
-    @property
-    def client(self) -> httpx.Client:
-        """The HTTP client (built now if it was given as a factory and not built yet)."""
-        return self._client if isinstance(self._client, httpx.Client) else self._client()
-
-    def execute(self, invocation: ToolInvocation) -> ToolOutcome:
-        """POST the call; see the module docstring for how failures are reported."""
-        config = invocation.tool.executor
-        if not isinstance(config, HttpExecutorConfig):
-            raise ValueError(f"tool {invocation.tool.name} is not an http tool")
-        name = invocation.tool.name
-        configured = config.timeout_seconds or self.timeout_seconds
-        # Cut to the request's remaining time: a tool never outlives the function.
-        timeout = deadline.cap(configured) or 0.0
-        if timeout <= 0:
-            return ToolOutcome(
-                f"tool {name} was not run: the request ran out of time", is_error=True
-            )
-        headers = {
-            **config.headers,
-            "Content-Type": "application/json",
-            # The size cap counts decoded bytes: ask for a body that is not compressed.
-            "Accept-Encoding": "identity",
-            "Idempotency-Key": invocation.idempotency_key,
-        }
-        end = time.monotonic() + timeout
-        try:
-            with (
-                _ends_at(end),
-                self.client.stream(
-                    "POST",
-                    config.url,
-                    content=_encode(_request_body(invocation)),
-                    headers=headers,
-                    timeout=timeout,
-                ) as response,
-            ):
-                body = _read_body(response, end, self.max_response_bytes)
-        except _TooLarge:
-            return ToolOutcome(
-                f"tool {name} answered more than {self.max_response_bytes} bytes",
-                is_error=True,
-            )
-        except httpx.TimeoutException as exc:
-            _unreachable(name, exc)
-            return ToolOutcome(f"tool {name} timed out after {timeout:g}s", is_error=True)
-        except httpx.ConnectError as exc:
-            _unreachable(name, exc)
-            return ToolOutcome(f"tool {name} is unreachable", is_error=True)
-        except httpx.TransportError as exc:
-            _unreachable(name, exc)
-            return ToolOutcome(f"tool {name} failed: {type(exc).__name__}", is_error=True)
-        if response.status_code == 202:
-            return _deferred(name, body)
-        if not response.is_success:
-            text = body.decode(response.encoding or "utf-8", errors="replace")
-            return ToolOutcome(
-                f"tool {name} failed: HTTP {response.status_code}: {_short(text)}",
-                is_error=True,
-            )
-        try:
-            value = json.loads(body)
-        except ValueError:
-            return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
-        return ToolOutcome(_as_output(value))
-
-
-def _unreachable(tool: str, exc: Exception) -> None:
-    # The model only reads "unreachable"; whoever runs the service must see it too. The
-    # tool's name and the error's type only: arguments and URLs may carry personal data.
-    logger.warning(
-        "a tool could not be reached", extra={"tool": tool, "error_type": type(exc).__name__}
-    )
+    return LazyHttpClient(build)
 
 
 def invoke_config(read_timeout: float) -> Config:
@@ -532,16 +190,16 @@ class LambdaExecutor:
             return ToolOutcome(
                 f"tool {name} was not run: the request ran out of time", is_error=True
             )
-        payload = {**_request_body(invocation), "idempotency_key": invocation.idempotency_key}
+        payload = {**request_body(invocation), "idempotency_key": invocation.idempotency_key}
         try:
             response = self.client(read_timeout).invoke(
                 FunctionName=config.function_name,
                 InvocationType="RequestResponse",
-                Payload=_encode(payload),
+                Payload=encode(payload),
             )
             raw = response["Payload"].read()
         except (ReadTimeoutError, ConnectTimeoutError) as exc:
-            _unreachable(name, exc)
+            unreachable(name, exc)
             return ToolOutcome(f"tool {name} timed out after {read_timeout:g}s", is_error=True)
         except (ClientError, BotoCoreError) as exc:
             # AWS's message names the account, the role and the function's ARN: it goes
@@ -565,7 +223,7 @@ class LambdaExecutor:
             value = json.loads(raw)
         except ValueError:
             return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
-        return ToolOutcome(_as_output(value))
+        return ToolOutcome(as_output(value))
 
 
 def _function_error(name: str, raw: bytes, kind: str) -> str:
@@ -584,12 +242,12 @@ def _function_error(name: str, raw: bytes, kind: str) -> str:
         error_type = str(report.get("errorType", "Error"))
         if not error_type.startswith(_LAMBDA_ERROR_TYPES):
             detail = f"{error_type}: {report.get('errorMessage', '')}"
-            return _short(f"Lambda function error ({kind}): {detail}")
+            return short(f"Lambda function error ({kind}): {detail}")
     else:
         error_type = "unreadable report"
     logger.warning(
         "a lambda tool's function failed",
-        extra={"tool": name, "kind": kind, "detail": _short(raw.decode("utf-8", "replace"))},
+        extra={"tool": name, "kind": kind, "detail": short(raw.decode("utf-8", "replace"))},
     )
     return f"Lambda function error ({kind}): {error_type}"
 
@@ -613,7 +271,7 @@ class ToolRunner:
 
         Args:
             http: the shared HTTP client for ``http`` tools, best made by
-                :func:`tool_http_client` (it ends each call by its deadline, read by read),
+                :func:`.http.tool_http_client` (it ends each call by its deadline, read by read),
                 or what builds it on the first ``http`` call (:class:`LazyHttpClient`).
             lambda_client_factory: builds a Lambda client with the botocore config it
                 is given (:func:`invoke_config`), on the first ``lambda`` call (kept out
@@ -627,7 +285,10 @@ class ToolRunner:
         """
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
-        self.http = HttpExecutor(http, timeout_seconds=timeout_seconds)
+        self._http_client = http
+        self._timeout_seconds = timeout_seconds
+        self._http: HttpExecutor | None = None
+        self._http_lock = threading.Lock()
         self.max_workers = max_workers
         # Builds no client until the first lambda call.
         self.lambda_executor = (
@@ -635,6 +296,17 @@ class ToolRunner:
             if lambda_client_factory is None
             else LambdaExecutor(lambda_client_factory, timeout_seconds=timeout_seconds)
         )
+
+    @property
+    def http(self) -> HttpExecutor:
+        """The executor of ``http`` tools, built on the first use: it loads httpx
+        (:mod:`.http`), which a function whose calls never use it does not load."""
+        with self._http_lock:
+            if self._http is None:
+                from .http import HttpExecutor
+
+                self._http = HttpExecutor(self._http_client, timeout_seconds=self._timeout_seconds)
+            return self._http
 
     def run_one(self, invocation: ToolInvocation) -> ToolOutcome:
         """Validate and run one call.

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import fastjsonschema
-import httpx
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -74,6 +73,8 @@ class HttpExecutorConfig(_Config):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
+        import httpx  # here: only a registry with an http tool needs it
+
         try:
             url = httpx.URL(value)
         except httpx.InvalidURL as exc:
