@@ -291,6 +291,13 @@ def minimal_handler() -> Handler:
     )
 
 
+def validated_minimal() -> Handler:
+    """The minimal handler with the resolver's validation on and a pydantic answer
+    (``bench/minimal/validated.py``): what the stack the handlers share costs by itself.
+    A comparison, sampled as a handler; the verdicts stay against :func:`minimal_handler`."""
+    return replace(minimal_handler(), module="validated", label=f"{MINIMAL}, with validation")
+
+
 def traced(handler: Handler) -> Handler:
     """``handler`` deployed with ``Tracing=Calls`` (``POWERTOOLS_TRACE_DISABLED=false``: the
     X-Ray SDK created at init, patching botocore and httpx): what the SDK costs."""
@@ -673,6 +680,23 @@ def _verdicts(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     return out
 
 
+def _against_validated(timings: Sequence[Timing]) -> list[str]:
+    """Each handler's cold start against the minimal handler with validation (same run):
+    what is the handlers' own beyond the validated stack (a comparison, no target)."""
+    by_label = {t.label: t for t in timings if t.error is None and t.import_ms}
+    validated = by_label.pop(validated_minimal().label, None)
+    if validated is None or not by_label:
+        return []
+    base = _cold_ms(validated)
+    ratios = ", ".join(f"`{label}` {_cold_ms(t) / base:.2f}" for label, t in by_label.items())
+    return [
+        "",
+        f"Against the minimal handler with validation ({base:.0f} ms: pydantic and the "
+        f"resolver's validation, which every route of the API uses), init + first request is: "
+        f"{ratios}.",
+    ]
+
+
 def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     """Where the read handler's cold start goes beyond the minimal handler's, from this run's
     medians: what the targets would need, in numbers."""
@@ -789,7 +813,12 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "SDK's Tracer created at init); **read, no tenant "
         "role** is the read handler without `TENANT_ROLE_ARN` (its first request assumes no "
         "role and builds no client: the difference is a tenant's first request's own "
-        "set-up, once per tenant and environment). Interpreter start-up "
+        "set-up, once per tenant and environment); **minimal, with validation** is the "
+        "minimal handler with the resolver's validation on and a pydantic answer "
+        "(`bench/minimal/validated.py`), as every route of the API has them: what the "
+        "validated stack costs by itself (a comparison; the verdicts stay against the "
+        "minimal handler). The handlers' init runs with the garbage collector paused "
+        "(`turnledger.core.initphase`); the minimal handlers' as written. Interpreter start-up "
         "itself is not counted. Every interpreter sees only what the layer holds: the "
         "modules of the venv's other distributions (the tests' `click`, `rich`, `moto`...: "
         "`bench.coldstart.not_in_layer`) are made unimportable, so an optional import (httpx "
@@ -828,6 +857,7 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "",
     ]
     out += _verdicts(timings, minimal)
+    out += _against_validated(timings)
     out += _why(timings, minimal)
     out += _restore_section(found.restored)
     out += [
@@ -947,6 +977,7 @@ def run(names: Sequence[str], runs: int) -> ColdStart:
             if "read" in names and "read" in found
             else []
         )
+        variants.append(validated_minimal())
         timings, minimal, comparisons, restored = measure(
             [*chosen, *variants],
             COMPARISONS,

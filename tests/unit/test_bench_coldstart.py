@@ -73,3 +73,28 @@ def test_the_turn_handler_answers_its_sample_on_the_benchs_backend() -> None:
         backend, _ = _backend(stack)
         spent, _ = probe(_handler_steps(turn, -3)[:2], handler_environment(turn, backend))
     assert len(spent) == 2
+
+
+def test_both_minimal_handlers_answer_their_sample_on_the_benchs_backend() -> None:
+    """The minimal handler and its validated twin (``bench/minimal/validated.py``) each
+    answer the read sample (a missing conversation: 404); only the twin loads pydantic."""
+    from contextlib import ExitStack
+
+    from bench.coldstart import (
+        _backend,
+        _handler_steps,
+        handler_environment,
+        minimal_handler,
+        validated_minimal,
+    )
+
+    with ExitStack() as stack:
+        backend, _ = _backend(stack)
+        for handler, validates in ((minimal_handler(), False), (validated_minimal(), True)):
+            init, first, _ = _handler_steps(handler, -4)
+            check = (
+                "assert answer['statusCode'] == 404, answer\n"
+                f"assert ('pydantic' in sys.modules) is {validates}"
+            )
+            spent, _ = probe([init, f"{first}\n{check}"], handler_environment(handler, backend))
+            assert len(spent) == 2
