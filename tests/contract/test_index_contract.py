@@ -267,6 +267,16 @@ def test_the_sweep_cursor_only_moves_forward(store: ConversationStore) -> None:
     assert everything_in(store, 101) == set()
 
 
+def test_the_sweeps_two_passes_keep_cursors_of_their_own(store: ConversationStore) -> None:
+    """The ``by-wait`` pass's cursor and the ``by-expiry`` pass's move apart."""
+    assert store.read_sweep_cursor("waits") is None
+    assert store.advance_sweep_cursor(300, "waits")
+    assert store.read_sweep_cursor("expiry") is None
+    assert store.advance_sweep_cursor(100)
+    assert not store.advance_sweep_cursor(299, "waits")
+    assert (store.read_sweep_cursor(), store.read_sweep_cursor("waits")) == (100, 300)
+
+
 def test_a_cursor_of_an_unknown_schema_is_neither_trusted_nor_overwritten(
     store: ConversationStore,
 ) -> None:

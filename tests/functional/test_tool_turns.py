@@ -976,6 +976,81 @@ def test_the_sweep_records_expired_approvals_nobody_touches(
     assert harness.store.inbox_page(ANN.tenant, now=clock.now(), limit=9).entries == []
 
 
+def _counting_wait_queries(
+    store: ConversationStore, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, int]]:
+    """The ``by-wait`` queries (bucket, shard) the store answers from now on."""
+    asked: list[tuple[int, int]] = []
+    waiting_in = store.waiting_in
+
+    def counted(bucket: int, shard: int) -> Iterator[ConversationKey]:
+        asked.append((bucket, shard))
+        return waiting_in(bucket, shard)
+
+    monkeypatch.setattr(store, "waiting_in", counted)
+    return asked
+
+
+def _hour(clock: FakeClock, *, settled: bool = False) -> int:
+    """The clock's hour bucket; with ``settled``, the last one the sweep may move past (it
+    ended a minute ago: ``turnledger.ops.sweep.INDEX_SETTLE_SECONDS``)."""
+    return (int(clock.now().timestamp()) - (60 if settled else 0)) // 3600
+
+
+def test_the_sweeps_waits_pass_reads_from_its_cursor_not_the_whole_look_back(
+    harness: Harness, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first run reads 48 hours of ``by-wait`` buckets and leaves the pass's cursor at
+    the last settled hour; the next runs read from the cursor on (a bucket or two), and
+    still record a window that closes in a later hour."""
+    svc = harness.service(approval_ttl_seconds=7200)
+    turn(svc, lines(tool_line("send_email", to="a@x")), conversation="waiting")
+    sweeper = Sweeper(harness.store, clock=clock.now, expire_waits=svc.expire_waits)
+    asked = _counting_wait_queries(harness.store, monkeypatch)
+
+    assert sweeper.expired().waits_expired == 0
+    assert len({bucket for bucket, _ in asked}) == 49
+    cursor = harness.store.read_sweep_cursor("waits")
+    assert cursor == _hour(clock, settled=True)
+
+    asked.clear()
+    clock.advance(1800)
+    assert sweeper.expired().waits_expired == 0
+    assert {bucket for bucket, _ in asked} == set(range(cursor, _hour(clock) + 1))
+    assert len(asked) <= 2 * 4  # two buckets of four shards, at most
+
+    clock.advance(7200)  # the window closed, in a later hour
+    cursor = harness.store.read_sweep_cursor("waits")
+    assert cursor is not None
+    asked.clear()
+    assert sweeper.expired().waits_expired == 1
+    assert {bucket for bucket, _ in asked} == set(range(cursor, _hour(clock) + 1))
+    assert harness.store.read_sweep_cursor("waits") == _hour(clock, settled=True)
+
+
+def test_a_conversation_whose_expiry_fails_holds_the_waits_cursor_until_it_is_recorded(
+    harness: Harness, clock: FakeClock
+) -> None:
+    """A failure is retried by the next run: the cursor stays at its bucket meanwhile."""
+    svc = harness.service(approval_ttl_seconds=600)
+    turn(svc, lines(tool_line("send_email", to="a@x")), conversation="stuck")
+    filed = int(clock.now().timestamp() + 600) // 3600
+    failures = iter([RuntimeError("the store hiccupped")])
+
+    def flaky(key: ConversationKey) -> list[str]:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return svc.expire_waits(key)
+
+    sweeper = Sweeper(harness.store, clock=clock.now, expire_waits=flaky)
+    clock.advance(3 * 3600)
+    assert sweeper.expired().waits_expired == 0
+    assert harness.store.read_sweep_cursor("waits") == filed
+    assert sweeper.expired().waits_expired == 1
+    assert harness.store.read_sweep_cursor("waits") == _hour(clock, settled=True)
+
+
 def test_a_targeted_sweep_records_expired_approvals_as_the_full_sweep_does(
     harness: Harness, clock: FakeClock
 ) -> None:

@@ -7,9 +7,9 @@ the composition root builds (:meth:`~turnledger.runtime.Runtime.sweeper`); each 
 
 **The scheduled sweep** (EventBridge, hourly by default) first records the
 approvals whose window closed in conversations nobody touches: the heads the
-``by-wait`` index files under the hours up to now get their expiry committed by
-the service (``Conversations.expire_waits``, which the composition root hands the
-sweeper), so they leave the approval inbox. It then finds expired heads
+``by-wait`` index files under the hours from its own cursor up to now get their
+expiry committed by the service (``Conversations.expire_waits``, which the composition
+root hands the sweeper), so they leave the approval inbox. It then finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
 carries ``xb = "<bucket>#<shard>"`` (:func:`turnledger.store.keys.expiry_bucket`), the hour
 it is filed under, so one hour's expiries are :data:`~turnledger.store.keys.EXPIRY_SHARDS`
@@ -24,14 +24,15 @@ got a turn after it was selected survives whole, and of two sweeps racing on
 one conversation exactly one counts it. The cost grows with the number of
 buckets walked and of heads in them, not with the table.
 
-* Cursor: the first bucket not yet fully swept
-  (:meth:`~turnledger.store.base.ConversationStore.read_sweep_cursor`). It
+* Cursors (:meth:`~turnledger.store.base.ConversationStore.read_sweep_cursor`), one per
+  pass: the first bucket not yet fully swept. A cursor
   moves past a bucket only once every candidate in it was handled and the
   bucket ended :data:`INDEX_SETTLE_SECONDS` ago (so the index has caught up
   with heads written just before it ended), and only forward: concurrent
-  sweeps are fine. Without a cursor (first run) the sweep starts
-  :data:`SWEEP_LOOKBACK_BUCKETS` (7 days) back; anything older is left to
-  DynamoDB's TTL and the stream below.
+  sweeps are fine. Without a cursor (first run) the expiry pass starts
+  :data:`SWEEP_LOOKBACK_BUCKETS` (7 days) back, anything older left to DynamoDB's TTL
+  and the stream below; the waits' pass reads :data:`WAIT_LOOKBACK_BUCKETS` (48 hours)
+  back at most.
 * Time budget: the sweep stops when the Lambda has less than its margin left
   (:class:`Deadline`) and reports ``complete: false``; the next run resumes at
   the cursor. A conversation that fails is logged, keeps the cursor at its
@@ -128,10 +129,12 @@ TIME_MARGIN_MS = 10_000
 TIME_MARGIN_FRACTION = 0.25
 #: Times a reclaim re-reads a conversation whose head keeps changing under it.
 RECLAIM_ATTEMPTS = 5
-#: Hours of ``by-wait`` buckets the expiry pass reads back from the current one. A head
-#: leaves the index once its expired calls are recorded, so only the failures of earlier
-#: passes sit further back; past this, the conversation's own TTL (never shorter than its
-#: approval windows) ends it, and the next request on it records the expiry.
+#: Hours of ``by-wait`` buckets the expiry pass reads back from the current one at most
+#: (from its cursor when that is later: the first run, or one whose cursor a failing
+#: conversation held for this long). A head leaves the index once its expired calls are
+#: recorded, so only the failures of earlier passes sit further back; past this, the
+#: conversation's own TTL (never shorter than its approval windows) ends it, and the next
+#: request on it records the expiry.
 WAIT_LOOKBACK_BUCKETS = 48
 
 
@@ -276,32 +279,53 @@ class Sweeper:
     def _expire_waits(self, now: datetime, run: _Run) -> None:
         """The expiry pass: every conversation whose earliest decision window closed by
         ``now`` gets ``approval_expired``, its rejections and the model's error results
-        recorded (and leaves the approval inbox), though nobody touches it."""
+        recorded (and leaves the approval inbox), though nobody touches it.
+
+        It walks ``by-wait`` from its own cursor (the first bucket not fully handled) to
+        the current bucket, at most :data:`WAIT_LOOKBACK_BUCKETS` back, and moves the cursor
+        as the expiry pass moves its own: past a bucket once every conversation in it was
+        handled and the bucket ended :data:`INDEX_SETTLE_SECONDS` ago. A new wait is filed
+        under the hour its window closes, never before the current one, so it is never
+        behind the cursor; a run at steady state reads the current bucket or two, not the
+        whole look-back.
+        """
         if self.expire_waits is None:
             return
-        current = int(now.timestamp()) // keys.EXPIRY_BUCKET_SECONDS
-        for bucket in range(current - WAIT_LOOKBACK_BUCKETS, current + 1):
+        epoch = int(now.timestamp())
+        current = epoch // keys.EXPIRY_BUCKET_SECONDS
+        settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
+        oldest = current - WAIT_LOOKBACK_BUCKETS
+        cursor = self.store.read_sweep_cursor("waits")
+        may_advance = True
+        for bucket in range(oldest if cursor is None else max(cursor, oldest), current + 1):
+            handled = True
             for shard in range(keys.EXPIRY_SHARDS):
                 if self.deadline.reached():
                     run.complete = False
                     return
                 for key in self.store.waiting_in(bucket, shard):
-                    self._expire_waits_of(key, run)
+                    handled = self._expire_waits_of(key, run) and handled
+            may_advance = may_advance and handled and bucket < settled
+            if may_advance:
+                self.store.advance_sweep_cursor(bucket + 1, "waits")
 
-    def _expire_waits_of(self, key: ConversationKey, run: _Run) -> None:
-        """The expiry pass's work on one conversation (nothing when none is due)."""
+    def _expire_waits_of(self, key: ConversationKey, run: _Run) -> bool:
+        """The expiry pass's work on one conversation (nothing when none is due); whether
+        it was handled (``False``: a request held it, or it failed: a later run retries)."""
         if self.expire_waits is None:
-            return
+            return True
         try:
             run.waits_expired += len(self.expire_waits(key))
         except ConversationBusy:
-            return  # a request got there first: it records the expiry itself
+            return False  # a request got there first: it records the expiry itself
         except Exception:
             # One conversation must not stop the pass; the next run retries it.
             logger.exception(
                 "could not record expired approvals",
                 extra={"tenant": key.tenant, "conversation_id": key.conversation_id},
             )
+            return False
+        return True
 
     # --- on demand ----------------------------------------------------------------------
 

@@ -106,14 +106,15 @@ from .codec import BlobRef, Item, SideItem, StoredEvent
 from .inbox import EntryKey
 from .indexes import (
     CURSOR_PK,
-    CURSOR_SK,
     EXPIRY_INDEX,
     INDEX_PAGE_SIZE,
     TENANT_INDEX,
     WAIT_INDEX,
     EventStamp,
+    SweepPass,
     cursor_bucket,
     cursor_item,
+    cursor_sort_key,
 )
 from .keyring import Keyring
 from .sealed import NO_LIFE, ItemSealer, SealedBlobStore
@@ -2227,18 +2228,20 @@ class ConversationStore(ABC):
         """
         return self._delete_if_gen(keys.partition_key(key), stamp.sort_key, stamp.gen)
 
-    def read_sweep_cursor(self) -> int | None:
-        """The first expiry bucket not yet fully swept (``None``: none stored, or of an
-        unknown schema version)."""
-        return cursor_bucket(self._get_item(CURSOR_PK, CURSOR_SK))
+    def read_sweep_cursor(self, of: SweepPass = "expiry") -> int | None:
+        """The first bucket the sweep's pass ``of`` has not fully swept (``"expiry"``: of
+        ``by-expiry``; ``"waits"``: of ``by-wait``); ``None``: none stored, or of an unknown
+        schema version."""
+        return cursor_bucket(self._get_item(CURSOR_PK, cursor_sort_key(of)))
 
-    def advance_sweep_cursor(self, bucket: int) -> bool:
-        """Move the sweep cursor to ``bucket`` if that is forward; returns whether it moved.
+    def advance_sweep_cursor(self, bucket: int, of: SweepPass = "expiry") -> bool:
+        """Move the cursor of the sweep's pass ``of`` to ``bucket`` if that is forward;
+        returns whether it moved.
 
-        Concurrent sweeps may both call this: the cursor never goes back, and a
-        cursor of an unknown schema version is never overwritten.
+        Concurrent sweeps may both call this: a cursor never goes back, and one of an
+        unknown schema version is never overwritten.
         """
-        return self._advance_cursor(cursor_item(bucket))
+        return self._advance_cursor(cursor_item(bucket, of))
 
     # --- the approval inbox --------------------------------------------------------------
 

@@ -21,15 +21,17 @@ what it returns, never to the table:
 DynamoDB all are global secondary indexes, so they are eventually consistent:
 callers re-read the head consistently before acting on an entry.
 
-The sweep cursor is one item at ``pk="#SWEEP"``, ``sk="CURSOR"`` in the same
-table, holding the first expiry bucket not yet fully swept. It has no ``tn``
-or ``xb`` attribute, so neither index ever lists it, and ``#`` can never
-start a conversation's partition key.
+The sweep's two passes each keep a cursor, one item in the same table under
+``pk="#SWEEP"``: ``sk="CURSOR"`` holds the first ``by-expiry`` bucket not yet fully
+swept, ``sk="WAITS"`` the first ``by-wait`` bucket. A cursor item has no ``tn``, ``xb``
+or ``wb`` attribute, so no index ever lists it, and ``#`` can never start a
+conversation's partition key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from . import codec
 from .codec import Item
@@ -48,9 +50,13 @@ INDEX_ATTRIBUTES = {
     WAIT_INDEX: codec.A_WAIT_BUCKET,
 }
 
-#: Where the sweep cursor lives.
+#: Where the sweep's cursors live: one item per pass (:data:`SweepPass`).
 CURSOR_PK = "#SWEEP"
 CURSOR_SK = "CURSOR"
+WAIT_CURSOR_SK = "WAITS"
+#: The sweep's passes that keep a cursor: over ``by-expiry`` and over ``by-wait``.
+type SweepPass = Literal["expiry", "waits"]
+_CURSOR_SKS: dict[SweepPass, str] = {"expiry": CURSOR_SK, "waits": WAIT_CURSOR_SK}
 CURSOR_SCHEMA_VERSION = 1
 #: The cursor item's attribute holding the bucket (its schema version is ``v``).
 A_BUCKET = "bucket"
@@ -69,11 +75,16 @@ class EventStamp:
     events: int = 1
 
 
-def cursor_item(bucket: int) -> Item:
-    """The sweep cursor's item holding ``bucket``."""
+def cursor_sort_key(of: SweepPass) -> str:
+    """The sort key of the cursor of the sweep's pass ``of``."""
+    return _CURSOR_SKS[of]
+
+
+def cursor_item(bucket: int, of: SweepPass = "expiry") -> Item:
+    """The item of the cursor of the sweep's pass ``of``, holding ``bucket``."""
     return {
         codec.A_PK: CURSOR_PK,
-        codec.A_SK: CURSOR_SK,
+        codec.A_SK: cursor_sort_key(of),
         codec.A_SCHEMA: CURSOR_SCHEMA_VERSION,
         A_BUCKET: bucket,
     }
