@@ -192,10 +192,19 @@ class S3BlobStore(BlobStore):
         return response["Body"].read()
 
     def list_keys(self, prefix: str) -> Iterator[str]:
-        paginator = self._client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self._bucket, Prefix=prefix):
+        # The continuation token by hand, not botocore's paginator: its first use in a
+        # process loads the paginators' model (about 9 ms of a clear's first request).
+        client = self._client
+        page = client.list_objects_v2(Bucket=self._bucket, Prefix=prefix)
+        while True:
             for obj in page.get("Contents", []):
                 yield obj["Key"]
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            page = client.list_objects_v2(
+                Bucket=self._bucket, Prefix=prefix, ContinuationToken=token
+            )
 
     def delete_keys(self, keys: Iterable[str]) -> int:
         batch: list[str] = []
