@@ -129,8 +129,13 @@ def _base_env() -> dict[str, str]:
     }
 
 
+def _of(modules: list[str], packages: tuple[str, ...]) -> list[str]:
+    """The ``modules`` that are one of ``packages`` or in one of them."""
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
+
+
 def _heavy(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    return _of(modules, HEAVY)
 
 
 def test_every_function_of_the_template_is_checked() -> None:
@@ -295,10 +300,7 @@ def test_the_read_and_clear_functions_load_no_provider_tool_or_pipeline(
 ) -> None:
     found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
     assert found["built"] is True
-    loaded = [
-        m for m in found["after_import"] if any(m == w or m.startswith(w + ".") for w in WRITE_SIDE)
-    ]
-    assert loaded == []
+    assert _of(found["after_import"], WRITE_SIDE) == []
 
 
 #: What only an ``http`` tool call or a webhook loads (turnledger.tools.http).
@@ -312,10 +314,7 @@ def test_a_function_whose_deployment_has_no_http_tool_loads_no_httpx(
     # The template's defaults: the demo model, no tool registry.
     found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
     assert found["built"] is True
-    loaded = [
-        m for m in found["after_import"] if any(m == w or m.startswith(w + ".") for w in HTTP_SIDE)
-    ]
-    assert loaded == []
+    assert _of(found["after_import"], HTTP_SIDE) == []
 
 
 _BODY_MODELS = """

@@ -88,6 +88,16 @@ def as_output(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def answered(name: str, body: bytes) -> ToolOutcome:
+    """The outcome of tool ``name`` that answered ``body``: its JSON as text
+    (:func:`as_output`), or an error the model can read when it is no JSON."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
+    return ToolOutcome(as_output(value))
+
+
 def short(text: str) -> str:
     """``text`` on one line, cut to a quotable length."""
     flat = " ".join(text.split())

@@ -48,7 +48,7 @@ from .calls import (
     LazyHttpClient,
     ToolInvocation,
     ToolOutcome,
-    as_output,
+    answered,
     encode,
     idempotency_key,
     request_body,
@@ -219,11 +219,7 @@ class LambdaExecutor:
                 f"tool {name} failed: {_function_error(name, raw, response['FunctionError'])}",
                 is_error=True,
             )
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
-        return ToolOutcome(as_output(value))
+        return answered(name, raw)
 
 
 def _function_error(name: str, raw: bytes, kind: str) -> str:

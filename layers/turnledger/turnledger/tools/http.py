@@ -10,7 +10,6 @@ outcomes) is :mod:`.calls`'; this module sends it over HTTP within the call's de
 from __future__ import annotations
 
 import contextvars
-import json
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from .calls import (
     LazyHttpClient,
     ToolInvocation,
     ToolOutcome,
-    as_output,
+    answered,
     deferred,
     encode,
     request_body,
@@ -268,8 +267,4 @@ class HttpExecutor:
                 f"tool {name} failed: HTTP {response.status_code}: {short(text)}",
                 is_error=True,
             )
-        try:
-            value = json.loads(body)
-        except ValueError:
-            return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
-        return ToolOutcome(as_output(value))
+        return answered(name, body)
