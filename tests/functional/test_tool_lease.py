@@ -468,3 +468,49 @@ def test_a_cancel_taken_in_while_a_request_resumes_a_crashed_run_stops_that_turn
     assert kinds.index("turn_interrupted") < kinds.index("user_message", 1)
     # The first round ran in the crashed request and again on resume; the rest once.
     assert runs_per_call(sink) == {1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
+
+
+def test_recording_a_closed_wait_under_a_live_lease_is_busy(
+    store: ConversationStore, clock: FakeClock, sink: HttpSink
+) -> None:
+    """``expire_waits`` (the sweep's waits pass) on a conversation whose run holds the lease
+    is ``ConversationBusy``, not "nothing due": the pass keeps its cursor and retries it."""
+    registry = {
+        "tools": [
+            {
+                "name": "lookup",
+                "parameters": {"type": "object"},
+                "executor": {"type": "http", "url": sink.url("/lookup")},
+            },
+            {
+                "name": "send_email",
+                "parameters": {"type": "object"},
+                "require_approval": True,
+                "executor": {"type": "http", "url": sink.url("/email")},
+            },
+        ]
+    }
+
+    def asking(runner: ToolRunner) -> Conversations:
+        return Conversations(
+            store=store,
+            provider=Recording(),
+            settings=replace(Settings(), approval_ttl_seconds=5),
+            tools=ToolRegistry.from_json(json.dumps(registry)),
+            runner=runner,
+            clock=clock.now,
+        )
+
+    key = ConversationKey(tenant=ANN.tenant, conversation_id="c1")
+    with httpx.Client() as client:
+        with pytest.raises(Died):
+            edge.turn(
+                asking(DyingRunner(client, None)),
+                ANN,
+                "c1",
+                TurnRequest(input='/tool send_email {"to": "a"}\n/tool lookup {"q": "x"}'),
+            )
+        svc = asking(ToolRunner(client, None))
+        clock.advance(10)  # the approval's window closed; the crashed run's lease lives on
+        with pytest.raises(ConversationBusy):
+            svc.expire_waits(key)

@@ -1028,14 +1028,20 @@ def test_the_sweeps_waits_pass_reads_from_its_cursor_not_the_whole_look_back(
     assert harness.store.read_sweep_cursor("waits") == _hour(clock, settled=True)
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [RuntimeError("the store hiccupped"), ConversationBusy("a run holds its lease")],
+    ids=["failed", "busy"],
+)
 def test_a_conversation_whose_expiry_fails_holds_the_waits_cursor_until_it_is_recorded(
-    harness: Harness, clock: FakeClock
+    harness: Harness, clock: FakeClock, failure: Exception
 ) -> None:
-    """A failure is retried by the next run: the cursor stays at its bucket meanwhile."""
+    """A failure, or a request holding the conversation, is retried by the next run: the
+    cursor stays at its bucket meanwhile."""
     svc = harness.service(approval_ttl_seconds=600)
     turn(svc, lines(tool_line("send_email", to="a@x")), conversation="stuck")
     filed = int(clock.now().timestamp() + 600) // 3600
-    failures = iter([RuntimeError("the store hiccupped")])
+    failures = iter([failure])
 
     def flaky(key: ConversationKey) -> list[str]:
         failure = next(failures, None)

@@ -124,6 +124,7 @@ from .lifecycle import (
     is_tombstone,
     lapsed,
     public_status,
+    refuse_if_running,
     require_settled,
     waiting,
 )
@@ -559,17 +560,19 @@ class Conversations(Reads):
         model sees with the next turn, in one commit that also takes them out of the inbox.
 
         Returns:
-            The ids of the calls expired (none: nothing was due, the conversation is gone,
-            or a run holds its lease).
+            The ids of the calls expired (none: nothing was due, or the conversation is
+            gone).
 
         Raises:
-            ConversationBusy: another request committed first (the next pass retries).
+            ConversationBusy: a run holds the conversation's lease, or another request
+                committed first: the sweep's next pass retries (its cursor waits).
         """
         snapshot = self.store.load(key, self.budget)
         head = snapshot.head
         now = self.clock()
-        if head is None or not head.is_visible(now) or head.live_lease(now) is not None:
+        if head is None or not head.is_visible(now):
             return []
+        refuse_if_running(head, now)
         session = self._session(key, head, snapshot.events)
         expired = self.calls.expire_due(session)
         if not expired:
