@@ -72,12 +72,6 @@ _AWS_CONFIG = Config(
 )
 
 
-def aws_session() -> AwsSession:
-    """A new AWS session (its own credentials) over the process's parsed service models
-    (botocore's: see :mod:`.core.aws`)."""
-    return AwsSession()
-
-
 @dataclass
 class TenantScope:
     """What one tenant's requests use, on that tenant's credentials (see :mod:`.store.tenancy`)."""
@@ -277,7 +271,7 @@ class Runtime:
                 S3 clients too), for a function whose every request reads or lists blobs;
                 ``False`` leaves it to the first blob.
         """
-        session = aws_session()
+        session = AwsSession()
         dynamodb: DynamoDBClient = session.client(
             "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
         )
@@ -433,9 +427,6 @@ def _tenant_scope(
     return scope
 
 
-_session_lock = threading.Lock()
-
-
 def _share_connections(client: Any, like: Any) -> None:
     """Send ``client``'s requests over ``like``'s connection pool (same endpoint, same
     configuration): a tenant's first request reuses a connection the process (or an
@@ -459,9 +450,10 @@ def _on_first_use[T](build: Callable[[], T], built: list[Any] | None = None) -> 
     Two threads' first calls build it once.
     """
     made: list[T] = []
+    lock = threading.Lock()
 
     def client() -> T:
-        with _session_lock:
+        with lock:
             if not made:
                 made.append(build())
                 if built is not None:
@@ -481,7 +473,7 @@ def store_from_settings(settings: Settings) -> ConversationStore:
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
-    session = aws_session()
+    session = AwsSession()
     dynamodb: DynamoDBClient = session.client(
         "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
     )
