@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
@@ -78,12 +79,16 @@ def tools(sink: HttpSink) -> ToolRegistry:
 
 
 def service(
-    store: ConversationStore, clock: FakeClock, sink: HttpSink, runner: ToolRunner
+    store: ConversationStore,
+    clock: FakeClock,
+    sink: HttpSink,
+    runner: ToolRunner,
+    **settings: Any,
 ) -> Conversations:
     return Conversations(
         store=store,
         provider=Recording(),
-        settings=replace(Settings()),
+        settings=replace(Settings(), **settings),
         tools=tools(sink),
         runner=runner,
         clock=clock.now,
@@ -475,42 +480,20 @@ def test_recording_a_closed_wait_under_a_live_lease_is_busy(
 ) -> None:
     """``expire_waits`` (the sweep's waits pass) on a conversation whose run holds the lease
     is ``ConversationBusy``, not "nothing due": the pass keeps its cursor and retries it."""
-    registry = {
-        "tools": [
-            {
-                "name": "lookup",
-                "parameters": {"type": "object"},
-                "executor": {"type": "http", "url": sink.url("/lookup")},
-            },
-            {
-                "name": "send_email",
-                "parameters": {"type": "object"},
-                "require_approval": True,
-                "executor": {"type": "http", "url": sink.url("/email")},
-            },
-        ]
-    }
-
-    def asking(runner: ToolRunner) -> Conversations:
-        return Conversations(
-            store=store,
-            provider=Recording(),
-            settings=replace(Settings(), approval_ttl_seconds=5),
-            tools=ToolRegistry.from_json(json.dumps(registry)),
-            runner=runner,
-            clock=clock.now,
-        )
-
     key = ConversationKey(tenant=ANN.tenant, conversation_id="c1")
+    asks = TurnRequest(
+        input='/tool charge_card {}\n/tool lookup {"q": "x"}', require_approval=["charge_card"]
+    )
     with httpx.Client() as client:
+        dying = service(store, clock, sink, DyingRunner(client, None), approval_ttl_seconds=5)
         with pytest.raises(Died):
-            edge.turn(
-                asking(DyingRunner(client, None)),
-                ANN,
-                "c1",
-                TurnRequest(input='/tool send_email {"to": "a"}\n/tool lookup {"q": "x"}'),
-            )
-        svc = asking(ToolRunner(client, None))
+            edge.turn(dying, ANN, "c1", asks)
+        svc = service(store, clock, sink, ToolRunner(client, None), approval_ttl_seconds=5)
+        view = edge.get(svc, ANN, "c1")
+        assert view.status == "running_tools"
+        assert [c.name for c in view.pending_tool_calls if c.requires == "approval"] == [
+            "charge_card"
+        ]
         clock.advance(10)  # the approval's window closed; the crashed run's lease lives on
         with pytest.raises(ConversationBusy):
             svc.expire_waits(key)
