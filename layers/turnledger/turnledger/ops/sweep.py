@@ -113,7 +113,7 @@ from ..core.observability import logger
 from ..store import codec, forks, keys
 from ..store.base import CapacityMeter, ConversationStore, PurgeReport
 from ..store.codec import Item
-from ..store.indexes import EventStamp
+from ..store.indexes import EventStamp, SweepPass
 from ..store.memories import memory_users
 from ..turn import lifecycle
 from ..turn.results import SweepReport
@@ -245,24 +245,51 @@ class Sweeper:
 
     def expired(self) -> SweepReport:
         """Record the approvals whose window closed (``by-wait``), then purge every expired
-        conversation the expiry index lists from the cursor on."""
+        conversation the expiry index lists, each pass from its own cursor on."""
         run = _Run(self)
         now = self.clock()
-        self._expire_waits(now, run)
+        if self.expire_waits is not None:
+            self._walk(
+                "waits",
+                now,
+                WAIT_LOOKBACK_BUCKETS,
+                lambda b: self._expire_waits(b, run),
+                bounded=True,
+            )
+        self._walk("expiry", now, SWEEP_LOOKBACK_BUCKETS, lambda b: self._sweep_bucket(b, now, run))
+        return run.report()
+
+    def _walk(
+        self,
+        of: SweepPass,
+        now: datetime,
+        lookback: int,
+        sweep: Callable[[int], bool],
+        *,
+        bounded: bool = False,
+    ) -> None:
+        """Run ``sweep`` on each bucket of the pass ``of``, from its cursor to the current
+        bucket, and move the cursor past a bucket once ``sweep`` handled every candidate in
+        it and it ended :data:`INDEX_SETTLE_SECONDS` ago. Without a cursor the walk starts
+        ``lookback`` buckets back; ``bounded``: never further back, even from a cursor a
+        failing conversation held there (the waits' pass), else from wherever the cursor is
+        (the expiry pass). Stops at the deadline."""
         epoch = int(now.timestamp())
         current = epoch // keys.EXPIRY_BUCKET_SECONDS
         settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
-        cursor = self.store.read_sweep_cursor()
-        first = current - SWEEP_LOOKBACK_BUCKETS if cursor is None else cursor
+        oldest = current - lookback
+        cursor = self.store.read_sweep_cursor(of)
+        first = oldest if cursor is None else cursor
+        if bounded:
+            first = max(first, oldest)
         may_advance = True
         for bucket in range(first, current + 1):
-            handled = self._sweep_bucket(bucket, now, run)
+            handled = sweep(bucket)
             may_advance = may_advance and handled and bucket < settled
             if may_advance:
-                self.store.advance_sweep_cursor(bucket + 1)
+                self.store.advance_sweep_cursor(bucket + 1, of)
             if not handled and self.deadline.reached():
-                break
-        return run.report()
+                return
 
     def _sweep_bucket(self, bucket: int, now: datetime, run: _Run) -> bool:
         """Sweep one bucket's shards; True when every candidate in it was handled."""
@@ -276,38 +303,24 @@ class Sweeper:
                 handled = False
         return handled
 
-    def _expire_waits(self, now: datetime, run: _Run) -> None:
-        """The expiry pass: every conversation whose earliest decision window closed by
-        ``now`` gets ``approval_expired``, its rejections and the model's error results
-        recorded (and leaves the approval inbox), though nobody touches it.
+    def _expire_waits(self, bucket: int, run: _Run) -> bool:
+        """The expiry pass on one ``by-wait`` bucket: every conversation filed there (its
+        earliest decision window closed in that hour) gets ``approval_expired``, its
+        rejections and the model's error results recorded (and leaves the approval inbox),
+        though nobody touches it; True when every one was handled.
 
-        It walks ``by-wait`` from its own cursor (the first bucket not fully handled) to
-        the current bucket, at most :data:`WAIT_LOOKBACK_BUCKETS` back, and moves the cursor
-        as the expiry pass moves its own: past a bucket once every conversation in it was
-        handled and the bucket ended :data:`INDEX_SETTLE_SECONDS` ago. A new wait is filed
-        under the hour its window closes, never before the current one, so it is never
-        behind the cursor; a run at steady state reads the current bucket or two, not the
-        whole look-back.
+        :meth:`_walk` runs it from the pass's own cursor. A new wait is filed under the hour
+        its window closes, never before the current one, so it is never behind the cursor;
+        a run at steady state reads the current bucket or two, not the whole look-back.
         """
-        if self.expire_waits is None:
-            return
-        epoch = int(now.timestamp())
-        current = epoch // keys.EXPIRY_BUCKET_SECONDS
-        settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
-        oldest = current - WAIT_LOOKBACK_BUCKETS
-        cursor = self.store.read_sweep_cursor("waits")
-        may_advance = True
-        for bucket in range(oldest if cursor is None else max(cursor, oldest), current + 1):
-            handled = True
-            for shard in range(keys.EXPIRY_SHARDS):
-                if self.deadline.reached():
-                    run.complete = False
-                    return
-                for key in self.store.waiting_in(bucket, shard):
-                    handled = self._expire_waits_of(key, run) and handled
-            may_advance = may_advance and handled and bucket < settled
-            if may_advance:
-                self.store.advance_sweep_cursor(bucket + 1, "waits")
+        handled = True
+        for shard in range(keys.EXPIRY_SHARDS):
+            if self.deadline.reached():
+                run.complete = False
+                return False
+            for key in self.store.waiting_in(bucket, shard):
+                handled = self._expire_waits_of(key, run) and handled
+        return handled
 
     def _expire_waits_of(self, key: ConversationKey, run: _Run) -> bool:
         """The expiry pass's work on one conversation (nothing when none is due); whether
