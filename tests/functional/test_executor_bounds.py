@@ -21,12 +21,8 @@ from botocore.config import Config
 from turnledger.core import deadline
 from turnledger.core.models import ToolCall
 from turnledger.tools import ToolDefinition, ToolInvocation, ToolOutcome, ToolRunner
-from turnledger.tools.executors import (
-    LAMBDA_TIMEOUT_MARGIN_SECONDS,
-    MAX_RESPONSE_BYTES,
-    idempotency_key,
-)
-from turnledger.tools.http import HttpExecutor, tool_http_client
+from turnledger.tools.executors import LAMBDA_TIMEOUT_MARGIN_SECONDS, idempotency_key
+from turnledger.tools.http import MAX_RESPONSE_BYTES, HttpExecutor, tool_http_client
 
 from .http_sink import HttpSink, Reply
 

@@ -28,10 +28,6 @@ _SHORT_BODY = 200
 #: Per-call timeout when neither the tool nor the runner sets one (seconds).
 DEFAULT_TIMEOUT_SECONDS = 30.0
 
-#: The largest ``http`` tool response body read (bytes, after any content decoding):
-#: a longer one is an error, and nothing past the cap is kept in memory.
-MAX_RESPONSE_BYTES = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class ToolInvocation:

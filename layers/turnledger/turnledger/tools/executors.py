@@ -14,7 +14,7 @@ the request's remaining time (:mod:`turnledger.core.deadline`), whichever is soo
 * ``http``: one deadline for the whole call (connect, send, every read), enforced
   by :func:`.http.tool_http_client`'s transport on every socket operation and checked
   between the chunks of the streamed body; a body over
-  :data:`MAX_RESPONSE_BYTES` is an error and is never buffered past the cap.
+  :data:`.http.MAX_RESPONSE_BYTES` is an error and is never buffered past the cap.
 * ``lambda``: a single attempt (the invoke client never retries: a retried Invoke
   runs the function again) whose read timeout is the tool's timeout plus
   :data:`LAMBDA_TIMEOUT_MARGIN_SECONDS`, cut to the request's remaining time.
@@ -43,7 +43,6 @@ from ..core import deadline
 from ..core.observability import logger
 from .calls import (
     DEFAULT_TIMEOUT_SECONDS,
-    MAX_RESPONSE_BYTES,
     HttpClientSource,
     LazyHttpClient,
     ToolInvocation,
@@ -60,7 +59,6 @@ from .registry import LambdaExecutorConfig
 #: Imported from here by callers that run tools (re-exported from :mod:`.calls`).
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
-    "MAX_RESPONSE_BYTES",
     "HttpClientSource",
     "LambdaExecutor",
     "LazyHttpClient",

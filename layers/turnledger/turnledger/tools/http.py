@@ -21,7 +21,6 @@ import httpx
 from ..core import deadline
 from .calls import (
     DEFAULT_TIMEOUT_SECONDS,
-    MAX_RESPONSE_BYTES,
     HttpClientSource,
     LazyHttpClient,
     ToolInvocation,
@@ -34,6 +33,11 @@ from .calls import (
     unreachable,
 )
 from .registry import HttpExecutorConfig
+
+#: The largest ``http`` tool response body read (bytes, after any content decoding):
+#: a longer one is an error, and nothing past the cap is kept in memory.
+MAX_RESPONSE_BYTES = 1024 * 1024
+
 
 # --- a deadline for the whole HTTP call ---------------------------------------------
 #
