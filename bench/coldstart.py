@@ -34,6 +34,8 @@ import os
 import statistics
 import subprocess
 import sys
+import sysconfig
+import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -315,6 +317,39 @@ def untenanted(handler: Handler) -> Handler:
         handler,
         label=f"{handler.name}, no tenant role",
         environment={k: v for k, v in handler.environment.items() if k != "TENANT_ROLE_ARN"},
+    )
+
+
+def stdlib_bytecode(prefix: Path) -> Path:
+    """The standard library's bytecode alone, compiled under ``prefix`` (a
+    ``PYTHONPYCACHEPREFIX``): Lambda's runtime ships it, a layer built without bytecode
+    does not."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "-j", "0", "-x", _NOT_STDLIB, str(stdlib)],
+        env={**os.environ, "PYTHONPYCACHEPREFIX": str(prefix)},
+        capture_output=True,
+        check=False,  # a test module that does not compile is no module a handler imports
+    )
+    return prefix
+
+
+#: What ``stdlib_bytecode`` leaves out: other packages, and what no handler imports.
+_NOT_STDLIB = r"/(site-packages|test|idlelib|tkinter|turtledemo)/"
+
+
+def uncompiled(handler: Handler, stdlib_cache: Path) -> Handler:
+    """``handler`` on a layer without bytecode, as ``BuildMethod: python3.13`` built it: each
+    module of the layer compiled at every cold start (Lambda's ``/opt`` is read-only, so
+    nothing is kept), the standard library's bytecode there (``stdlib_bytecode``)."""
+    return replace(
+        handler,
+        label=f"{handler.name}, no bytecode",
+        environment={
+            **handler.environment,
+            "PYTHONPYCACHEPREFIX": str(stdlib_cache),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },
     )
 
 
@@ -704,6 +739,7 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
     read = by_label.get("read")
     traced_read = by_label.get("read, Tracing=Calls")
     local = by_label.get("read, no tenant role")
+    uncompiled_read = by_label.get("read, no bytecode")
     if read is None or minimal.error is not None or not minimal.import_ms:
         return []
 
@@ -724,6 +760,15 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
         "no request or response body and no event payload model before its first use "
         "(`turnledger.core.models.Deferred`)."
     )
+    if uncompiled_read is not None:
+        out.append(
+            f"- the layer's bytecode: init {med(uncompiled_read.import_ms):.0f} ms when the "
+            f"layer ships none (+{med(uncompiled_read.import_ms) - med(read.import_ms):.0f}), "
+            "as `BuildMethod: python3.13` built it: Lambda's `/opt` is read-only, so every "
+            "cold start compiled each module it imported. `layers/turnledger/Makefile` "
+            "ships every module compiled (`--invalidation-mode unchecked-hash`), which is "
+            "what every other row measures."
+        )
     if traced_read is not None:
         out.append(
             f"- the X-Ray SDK's Tracer (`Tracing=Calls`): init {med(traced_read.import_ms):.0f} "
@@ -789,7 +834,8 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         f"Command: {command}. Run: {machine_line()}.",
         "",
         f"Median of {runs} fresh interpreters each (`{Path(sys.executable).name}` of the "
-        "project venv, bytecode caches warm as in a built layer): the handler's folder "
+        "project venv, every module's bytecode there, as the layer ships it: "
+        "`layers/turnledger/Makefile`): the handler's folder "
         "first on `sys.path`, the template's environment (parameter defaults; resource "
         "names as placeholders, the table, bucket and keys table on "
         f"{found.backend}: content sealed as deployed) and what the Lambda runtime sets, "
@@ -813,7 +859,11 @@ def render(found: ColdStart, runs: int, command: str) -> str:
         "SDK's Tracer created at init); **read, no tenant "
         "role** is the read handler without `TENANT_ROLE_ARN` (its first request assumes no "
         "role and builds no client: the difference is a tenant's first request's own "
-        "set-up, once per tenant and environment); **minimal, with validation** is the "
+        "set-up, once per tenant and environment); **read, no bytecode** is the read "
+        "handler on a layer without bytecode, as `BuildMethod: python3.13` built it (each "
+        "of the layer's modules compiled, the standard library's bytecode kept, as "
+        "Lambda's runtime has it: `bench.coldstart.uncompiled`); **minimal, with "
+        "validation** is the "
         "minimal handler with the resolver's validation on and a pydantic answer "
         "(`bench/minimal/validated.py`), as every route of the API has them: what the "
         "validated stack costs by itself (a comparison; the verdicts stay against the "
@@ -972,8 +1022,13 @@ def run(names: Sequence[str], runs: int) -> ColdStart:
                     _handler_steps(found["sweep"], -2)[:2],
                     handler_environment(found["sweep"], backend),
                 )
+        stdlib_cache = stdlib_bytecode(Path(stack.enter_context(tempfile.TemporaryDirectory())))
         variants = (
-            [traced(found["read"]), untenanted(found["read"])]
+            [
+                traced(found["read"]),
+                untenanted(found["read"]),
+                uncompiled(found["read"], stdlib_cache),
+            ]
             if "read" in names and "read" in found
             else []
         )

@@ -7,6 +7,11 @@ see them, or every handler's init pays for a command line that Lambda never load
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bench.coldstart import (
@@ -18,7 +23,9 @@ from bench.coldstart import (
     not_in_layer,
     paired_ratio,
     probe,
+    stdlib_bytecode,
     traced,
+    uncompiled,
 )
 
 
@@ -98,3 +105,26 @@ def test_both_minimal_handlers_answer_their_sample_on_the_benchs_backend() -> No
             )
             spent, _ = probe([init, f"{first}\n{check}"], handler_environment(handler, backend))
             assert len(spent) == 2
+
+
+def test_the_no_bytecode_variant_compiles_the_layer_and_keeps_the_stdlibs(
+    tmp_path: Path,
+) -> None:
+    # What the variant stands for: the layer's modules compiled at import, nothing written,
+    # the standard library's bytecode read as Lambda's runtime reads it.
+    variant = uncompiled(handlers()["read"], stdlib_bytecode(tmp_path / "stdlib"))
+    assert variant.label == "read, no bytecode"
+    check = (
+        "import importlib.util, json, os, sys\n"
+        "import turnledger.core.config as layer, json.decoder as std\n"
+        "cached = lambda m: os.path.exists(importlib.util.cache_from_source(m.__file__))\n"
+        "print(json.dumps([sys.dont_write_bytecode, cached(layer), cached(std)]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        env=lambda_environment(variant),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == [True, False, True]

@@ -249,7 +249,10 @@ def test_layer_is_built_for_the_functions_runtime(template: dict[str, Any]) -> N
     layer = resource(template, "TurnledgerLayer")
     assert layer["Type"] == "AWS::Serverless::LayerVersion"
     assert layer["Properties"]["ContentUri"] == "layers/turnledger/"
-    assert layer["Metadata"] == {"BuildMethod": "python3.13", "BuildArchitecture": "arm64"}
+    # Built by layers/turnledger/Makefile: the arm64 wheels and every module's bytecode.
+    assert layer["Metadata"] == {"BuildMethod": "makefile", "BuildArchitecture": "arm64"}
+    makefile = (PROJECT_ROOT / "layers" / "turnledger" / "Makefile").read_text(encoding="utf-8")
+    assert "\nbuild-TurnledgerLayer:" in makefile
     assert layer["Properties"]["CompatibleRuntimes"] == ["python3.13"]
     assert layer["Properties"]["CompatibleArchitectures"] == ["arm64"]
 
