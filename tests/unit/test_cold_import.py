@@ -483,3 +483,34 @@ def test_no_function_imports_boto3_at_init_or_on_its_first_request(
         handler_environment(handler, bench_backend),
     )
     assert len(spent) == 3
+
+
+_PLUGIN_SCAN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import app
+from pydantic.plugin import _loader
+print(json.dumps({"scanned": _loader._plugins is not None}))
+"""
+
+
+@pytest.mark.parametrize("name", ["read", "turn", "sweep"])
+def test_no_function_scans_the_installed_distributions_for_pydantic_plugins(
+    name: str, tmp_path: Path
+) -> None:
+    # pydantic looks for plugins in every distribution's entry points when it builds its
+    # first model (a few ms of every cold start) unless the environment turns them off:
+    # the template's Globals do, and none is deployed.
+    template = load_template()
+    deployed = template["Globals"]["Function"]["Environment"]["Variables"]
+    env = {
+        **_base_env(),
+        "STORE": "sqlite",
+        "DATA_DIR": str(tmp_path),
+        "PYDANTIC_DISABLE_PLUGINS": deployed["PYDANTIC_DISABLE_PLUGINS"],
+    }
+    found = _run(_PLUGIN_SCAN, [str(_folders()[name])], env)
+    assert found == {"scanned": False}
+    # The check can fail: the same init without the setting scans.
+    env.pop("PYDANTIC_DISABLE_PLUGINS")
+    assert _run(_PLUGIN_SCAN, [str(_folders()[name])], env) == {"scanned": True}
