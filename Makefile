@@ -87,8 +87,8 @@ $(SAM_VENV)/bin/sam:
 	$(PYTHON) -m venv $(SAM_VENV)
 	$(SAM_VENV)/bin/pip install --quiet aws-sam-cli
 
-## Check the SAM template without an AWS account: lint and a full build (needs python3.13 on PATH), whose
-## layer must ship every module's bytecode (layers/turnledger/Makefile).
+## Check the SAM template without an AWS account: lint and a full build (needs python3.13
+## on PATH), whose layer must ship every module's bytecode (layers/turnledger/Makefile).
 template: $(SAM_VENV)/bin/sam
 	$(SAM_VENV)/bin/sam validate --lint
 	PATH="$(dir $(PYTHON)):$$PATH" $(SAM_VENV)/bin/sam build --no-cached
