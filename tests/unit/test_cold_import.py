@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from turnledger.api.functions import ROUTES
+from turnledger.api.functions import EVERY_ROUTE, ROUTES
 from turnledger_local.template import PROJECT_ROOT, functions, load_template, routes
 
 #: Modules a handler's import loads and its first request must not (each also covers its
@@ -219,11 +219,13 @@ def test_the_openapi_document_lists_the_routes_of_every_function(tmp_path: Path)
     assert {"/v1/memories", "/v1/conversations/{conversation_id}/turns/{turn}"} <= set(paths)
 
 
-def test_the_approve_function_loads_no_other_functions_route_modules(tmp_path: Path) -> None:
-    found = _probe(_folders()["approve"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
-    loaded = set(found["after_import"])
-    for module in ("openai", "memory_routes", "streaming_routes"):
-        assert f"turnledger.api.{module}" not in loaded
+@pytest.mark.parametrize("name", ["turn", "read", "clear", "approve"])
+def test_an_api_function_loads_no_other_functions_route_modules(name: str, tmp_path: Path) -> None:
+    # The entry point checks an open callback's token (callback_gate) without the route
+    # module that serves it: the approve function's ``waits``.
+    found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
+    loaded = {m.removeprefix("turnledger.api.") for m in found["after_import"]}
+    assert {m for m in EVERY_ROUTE if m in loaded} == set(ROUTES[name])
 
 
 def test_the_first_request_answers_and_imports_nothing_heavy(tmp_path: Path) -> None:

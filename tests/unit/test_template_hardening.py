@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from turnledger.api.waits import CALLBACK_ROUTE
+from turnledger.api.callback_gate import CALLBACK_ROUTE
 from turnledger.turn import callbacks
 from turnledger_local.template import functions, load_template
 

@@ -1,10 +1,10 @@
 """The Lambda entry point of every API function, over the resolver and its routes.
 
 The resolver (:mod:`.resolver`) answers; this module checks a request's body
-before routing and decodes its path as API Gateway does. It imports no route module
-but :mod:`.waits` (whose token check comes before the body is read): each function
-imports its own (:mod:`.functions`), and each registers its routes on the resolver.
-No route module imports this one.
+before routing and decodes its path as API Gateway does (an open callback's token first:
+:mod:`.callback_gate`). It imports no route module: each function imports its own
+(:mod:`.functions`), and each registers its routes on the resolver. No route module
+imports this one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..core.models import CONVERSATION_ID_PATTERN, build_deferred
 from ..core.observability import logger, metrics, traced
 from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
-from . import waits
+from .callback_gate import refuse_early
 from .errors import body_for
 from .resolver import app, json_text, methods_of, raw_body
 
@@ -129,7 +129,7 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
     """The Lambda entry point of every API function."""
     try:
         # The open callback route: its token and its own limit first, the body unread.
-        callback_limit = waits.refuse_early(event)
+        callback_limit = refuse_early(event)
         limit = get_runtime().settings.max_input_bytes
         _check_body(event, limit if callback_limit is None else min(limit, callback_limit))
     except TurnledgerError as exc:

@@ -23,7 +23,7 @@ approvals route) and every callback is refused.
 
 A callback's body may hold at most ``CALLBACK_MAX_INPUT_BYTES`` (default
 :data:`DEFAULT_MAX_INPUT_BYTES`); the API checks the token, then that limit, before
-it reads the body (:func:`turnledger.api.waits.refuse_early`).
+it reads the body (:func:`turnledger.api.callback_gate.refuse_early`).
 """
 
 from __future__ import annotations
