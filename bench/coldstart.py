@@ -320,6 +320,10 @@ def untenanted(handler: Handler) -> Handler:
     )
 
 
+#: What ``stdlib_bytecode`` leaves out: other packages, and what no handler imports.
+_NOT_STDLIB = r"/(site-packages|test|idlelib|tkinter|turtledemo)/"
+
+
 def stdlib_bytecode(prefix: Path) -> Path:
     """The standard library's bytecode alone, compiled under ``prefix`` (a
     ``PYTHONPYCACHEPREFIX``): Lambda's runtime ships it, a layer built without bytecode
@@ -332,10 +336,6 @@ def stdlib_bytecode(prefix: Path) -> Path:
         check=False,  # a test module that does not compile is no module a handler imports
     )
     return prefix
-
-
-#: What ``stdlib_bytecode`` leaves out: other packages, and what no handler imports.
-_NOT_STDLIB = r"/(site-packages|test|idlelib|tkinter|turtledemo)/"
 
 
 def uncompiled(handler: Handler, stdlib_cache: Path) -> Handler:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from turnledger_local.template import PROJECT_ROOT
 
-from tests.support.layer_bytecode import main, problems
+from tests.support.layer_bytecode import UNCHECKED_HASH, main, problems
 
 LAYER_SOURCE = PROJECT_ROOT / "layers" / "turnledger"
 
@@ -49,7 +49,7 @@ def test_every_module_of_the_library_ships_bytecode_that_never_checks_its_source
 def test_a_checkouts_own_caches_are_not_shipped(built: Path) -> None:
     # Compiled afresh: a developer's timestamp-checked .pyc would be recompiled on Lambda.
     for compiled in built.rglob("*.pyc"):
-        assert Path(compiled).read_bytes()[4:8] == (1).to_bytes(4, "little"), compiled
+        assert compiled.read_bytes()[4:8] == UNCHECKED_HASH.to_bytes(4, "little"), compiled
 
 
 def test_lambdas_python_runs_the_shipped_bytecode_not_the_source(
@@ -77,11 +77,15 @@ def _module(root: Path, source: str = "ANSWER = 42\n") -> Path:
     return path
 
 
-def test_the_check_passes_a_module_compiled_as_the_layer_compiles(tmp_path: Path) -> None:
-    path = _module(tmp_path)
+def _compile_as_the_layer_does(path: Path) -> None:
     py_compile.compile(
         str(path), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True
     )
+
+
+def test_the_check_passes_a_module_compiled_as_the_layer_compiles(tmp_path: Path) -> None:
+    path = _module(tmp_path)
+    _compile_as_the_layer_does(path)
     assert problems(tmp_path) == []
     assert main([str(tmp_path)]) == 0
 
@@ -102,18 +106,14 @@ def test_the_check_finds_bytecode_that_checks_its_source_time(tmp_path: Path) ->
 
 def test_the_check_finds_bytecode_of_another_source(tmp_path: Path) -> None:
     path = _module(tmp_path)
-    py_compile.compile(
-        str(path), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True
-    )
+    _compile_as_the_layer_does(path)
     _module(tmp_path, "ANSWER = 43\n")
     assert problems(tmp_path) == ["mod.py: mod.cpython-313.pyc was compiled from another source"]
 
 
 def test_the_check_finds_bytecode_of_another_python(tmp_path: Path) -> None:
     path = _module(tmp_path)
-    py_compile.compile(
-        str(path), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True
-    )
+    _compile_as_the_layer_does(path)
     compiled = Path(importlib.util.cache_from_source(str(path)))
     compiled.write_bytes(b"\x00\x00\r\n" + compiled.read_bytes()[4:])
     assert problems(tmp_path) == ["mod.py: mod.cpython-313.pyc is not Python 3.13's"]

@@ -3,8 +3,8 @@
 ``POST /v1/callbacks/{token}`` has no authorizer (the template opens it with ``Auth:
 NONE``): the signed token is the credential (:mod:`turnledger.turn.callbacks`). Being
 open, it is refused cheaply: the entry point (:mod:`.app`) calls :func:`refuse_early`
-on every event before it reads a body. Apart from the route module (:mod:`.waits`), so
-that only the function serving the route registers it.
+on every event before it reads a body. The check lives apart from the route module
+(:mod:`.waits`), so that only the function serving the route registers the route.
 """
 
 from __future__ import annotations
