@@ -10,15 +10,55 @@ per process, whichever session or tenant builds a client next).
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import botocore.loaders
 import botocore.session
+from botocore.exceptions import DataNotFoundError
+
+
+class ModelLoader(botocore.loaders.Loader):
+    """botocore's loader, checking a service's name against that service's own folder.
+
+    botocore checks the name against :meth:`list_available_services` before it loads a
+    model: a walk over the folders of all its ~450 services, once per model type, and a
+    client needs two (its API, its endpoint rules). That is ~15 ms of every cold start
+    (bench/RESULTS.md, *Cold start*) for a check that one folder answers. A name with no
+    model still gets botocore's own check and its ``UnknownServiceError``.
+    """
+
+    @botocore.loaders.instance_cache
+    def load_service_model(
+        self, service_name: str, type_name: str, api_version: str | None = None
+    ) -> Any:
+        """The model ``type_name`` of ``service_name`` (latest API version by default),
+        with its extras merged, as botocore's
+        :meth:`~botocore.loaders.Loader.load_service_model` loads it."""
+        try:
+            version = api_version or self.determine_latest_version(service_name, type_name)
+            path = os.path.join(service_name, version, type_name)
+            model = self.load_data(path)
+        except DataNotFoundError:
+            return super().load_service_model(service_name, type_name, api_version)
+        _EXTRAS.process(model, self._extras(path))
+        return model
+
+    def _extras(self, path: str) -> Iterator[Any]:
+        for kind in self.extras_types:
+            try:
+                yield self.load_data(f"{path}.{kind}-extras")
+            except DataNotFoundError:
+                continue
+
+
+_EXTRAS = botocore.loaders.ExtrasProcessor()
 
 #: The parsed service models (JSON read from botocore's data), shared by every session of
 #: the process.
-MODELS = botocore.loaders.create_loader()
+MODELS = ModelLoader()
 
 
 class AwsSession:
