@@ -305,6 +305,25 @@ def test_the_read_and_clear_functions_load_no_provider_tool_or_pipeline(
     assert _of(found["after_import"], WRITE_SIDE) == []
 
 
+#: What only the routes that run a turn (``api/turn_routes.py``) or follow one
+#: (``api/streaming_routes.py``) load: long turns and their drafts, the 202 answer, the
+#: idempotency layer.
+TURN_RUNNING = (
+    "turnledger.turn.longturns",
+    "turnledger.turn.drafts",
+    "turnledger.api.streaming",
+    "turnledger.api.idempotency",
+)
+
+
+def test_the_clear_functions_init_loads_nothing_that_runs_or_follows_a_turn(
+    tmp_path: Path,
+) -> None:
+    found = _probe(_folders()["clear"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
+    assert found["built"] is True
+    assert _of(found["after_import"], TURN_RUNNING) == []
+
+
 #: What only an ``http`` tool call or a webhook loads (turnledger.tools.http).
 HTTP_SIDE = ("httpx", "httpcore", "turnledger.tools.http")
 

@@ -27,13 +27,14 @@ from .app import AHEAD_OF_REQUESTS, lambda_handler, prepare_routes
 ROUTES: dict[str, tuple[str, ...]] = {
     "turn": (
         "routes",
+        "turn_routes",
         "openai.conversations",
         "openai.responses",
         "memory_routes",
         "replay_routes",
         "compact_routes",
     ),
-    "approve": ("routes", "waits"),
+    "approve": ("routes", "turn_routes", "waits"),
     # The OpenAI face's reads, deletes and catch-all need its Conversations API only.
     "read": (
         "routes",

@@ -1,6 +1,6 @@
-"""The ``/v1`` routes of conversations (turns, approvals, reads, clear, export and
-import, tenant erasure), the approval inbox (and its page, ``GET /approvals``) and the
-OpenAPI document.
+"""The ``/v1`` routes of conversations (reads, forks, clear, export and import, tenant
+erasure), the approval inbox (and its page, ``GET /approvals``) and the OpenAPI
+document. The routes that run a turn are in :mod:`.turn_routes`.
 
 Each route parses (Powertools validates path, query and body against the
 pydantic models of :mod:`.schemas`, which also make the OpenAPI document), maps
@@ -11,7 +11,6 @@ root's sweeper and transfer) with the request's one
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated
 
 from aws_lambda_powertools.event_handler import Response, content_types
@@ -20,27 +19,20 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from .. import __version__
 from ..core.exceptions import InvalidRequest
-from ..core.models import CONVERSATION_ID_PATTERN, ConversationKey
-from ..core.observability import timed
+from ..core.models import CONVERSATION_ID_PATTERN
 from ..runtime import get_runtime
-from ..turn import longturns
 from ..turn.approvals import DEFAULT_LIMIT, MAX_LIMIT, list_inbox
-from ..turn.results import TurnResult
-from .idempotency import idempotent
 from .resolver import (
     ConversationId,
     app,
     approver,
     caller,
     conversation,
-    idempotency_key,
     json_response,
-    memory_user,
     raw_body,
     responses,
 )
 from .schemas import (
-    ApprovalRequest,
     ConversationView,
     EventsPage,
     ExportLink,
@@ -48,94 +40,12 @@ from .schemas import (
     ForksPage,
     InboxPageView,
     PurgeReportView,
-    TurnRequest,
-    TurnResponse,
 )
-from .streaming import ASYNC_ANSWER, AsyncTurnAccepted, accept_async, prefers_async
-from .views import (
-    conversation_view,
-    decisions,
-    events_page,
-    forks_page,
-    inbox_page,
-    purge_report,
-    turn_command,
-    turn_response,
-)
+from .views import conversation_view, events_page, forks_page, inbox_page, purge_report
 
 #: The media type of an export (``turnledger.ops.transfer.NDJSON``; not imported here, so the
 #: handler's cold start does not load the transfer module).
 NDJSON = "application/x-ndjson"
-
-
-def _answer_turn(
-    key: ConversationKey,
-    route: str,
-    request: TurnRequest | ApprovalRequest,
-    run: Callable[[], TurnResult],
-) -> Response[TurnResponse | AsyncTurnAccepted]:
-    """Run a request that answers a turn: timed, and idempotent under its key."""
-    with timed("TurnLatency"):
-        answer = idempotent(
-            key=idempotency_key(),
-            conversation=key,
-            route=route,
-            body=request.model_dump(mode="json"),
-            run=lambda: turn_response(run()),
-            parse=TurnResponse.model_validate,
-        )
-    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
-
-
-@app.post(
-    "/v1/conversations/<conversation_id>/turns",
-    responses=responses(TurnResponse, 400, 401, 403, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
-)
-def post_turn(
-    conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
-) -> Response[TurnResponse | AsyncTurnAccepted]:
-    """Run one turn: append the input, call the model, run or pause tools, persist, answer.
-
-    With ``Prefer: respond-async``: ``202`` at once, the turn runs in the turn worker.
-    """
-    who, key = conversation(conversation_id)
-    command = turn_command(request, idempotency_key())
-    named = memory_user()
-    if named is not None:
-        command = command.model_copy(update={"memory_user": named})
-    if prefers_async(app.current_event.headers.get("prefer")):
-        return accept_async(who, key, request, command)
-    service = get_runtime().conversations_for(key.tenant)
-    return _answer_turn(
-        key, "turns", request, lambda: longturns.run_synchronously(service, key, who.actor, command)
-    )
-
-
-@app.post(
-    "/v1/conversations/<conversation_id>/approvals",
-    responses=responses(TurnResponse, 400, 401, 403, 404, 409, 413, 422, 502, 503, 504)
-    | ASYNC_ANSWER,
-)
-def post_approvals(
-    conversation_id: ConversationId, request: Annotated[ApprovalRequest, Body()]
-) -> Response[TurnResponse | AsyncTurnAccepted]:
-    """Decide pending tool calls; continue the turn when none is left undecided.
-
-    Only a caller with the approver scope decides (:func:`.resolver.approver`).
-    With ``Prefer: respond-async``: ``202`` at once, the turn goes on in the turn worker.
-    """
-    who = approver(conversation_id)
-    key = who.key(conversation_id)
-    decided = decisions(request, who.approver_claims)
-    if prefers_async(app.current_event.headers.get("prefer")):
-        return accept_async(who, key, request, decided)
-    service = get_runtime().conversations_for(key.tenant)
-    return _answer_turn(
-        key,
-        "approvals",
-        request,
-        lambda: longturns.run_synchronously(service, key, who.actor, decided),
-    )
 
 
 @app.get(

@@ -6,13 +6,12 @@ The only place the HTTP shapes of :mod:`.schemas` meet the service's commands
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.models import PendingCall, Usage
 from ..turn.approvals import InboxListing
 from ..turn.commands import CallbackOutcome, ClientOutput, Decisions, TurnCommand
 from ..turn.lifecycle import WAIT_OF_STATE, logged_status, shown_reason
-from ..turn.longturns import TurnEntry, TurnsListing
 from ..turn.results import (
     CallbackResult,
     CancelResult,
@@ -49,6 +48,10 @@ from .schemas import (
     TurnsPage,
     TurnSummaryView,
 )
+
+if TYPE_CHECKING:
+    # Annotations only: the read and clear functions never load the long turns' module.
+    from ..turn.longturns import TurnEntry, TurnsListing
 
 # --- requests -> commands -----------------------------------------------------------------
 
