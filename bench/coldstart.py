@@ -170,9 +170,15 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
         "session.client('dynamodb')\nsession.client('s3')",
     ),
     (
-        "botocore DynamoDB + S3 clients (import and create; the layer's, no boto3)",
+        "botocore DynamoDB + S3 clients (import and create; no boto3, botocore's own loader)",
         "import botocore.session\nsession = botocore.session.Session()\n"
         "session.create_client('dynamodb')\nsession.create_client('s3')",
+    ),
+    (
+        "the layer's DynamoDB + S3 clients (import and create: `turnledger.core.aws`, its "
+        "`ModelLoader`)",
+        "from turnledger.core.aws import AwsSession\nsession = AwsSession()\n"
+        "session.client('dynamodb')\nsession.client('s3')",
     ),
     (
         "Powertools `Tracer()` (import and create; X-Ray SDK, patches boto3 and httpx)",
@@ -754,7 +760,9 @@ def _why(timings: Sequence[Timing], minimal: Timing) -> list[str]:
         "events' models; the store, its keyring and codec; the resolver, views and route "
         "modules) and two more AWS clients (STS for the tenants' roles, KMS for their "
         "keys); its clients are botocore's (`turnledger.core.aws`): no function imports "
-        "boto3, whose import the minimal handler pays (see below). The read function "
+        "boto3, whose import the minimal handler pays, and their models are read by the "
+        "layer's `ModelLoader` (plain dicts, no walk over every service's folder; botocore's "
+        "own loader, which the minimal handler uses, against it: see below). The read function "
         "loads no provider, tool, httpx or turn pipeline "
         "(`turnledger.runtime.prepare(service=False)`, `turnledger.turn.reads`) and builds "
         "no request or response body and no event payload model before its first use "
