@@ -28,9 +28,9 @@ class PlainJSONFiles(botocore.loaders.JSONFileLoader):
     """botocore's data files (``.json`` or ``.json.gz``), parsed into plain dicts.
 
     botocore parses them with ``object_pairs_hook=OrderedDict``, three times slower than
-    plain dicts, which keep the files' order as well: the models, endpoint rules and
-    ``endpoints.json`` a function's clients read took ~45 ms of its cold start, ~15 ms
-    this way (bench/RESULTS.md, *Cold start*).
+    plain dicts, which keep the files' order as well: for the DynamoDB, S3, STS, KMS and
+    Lambda clients (their models, endpoint rules and ``endpoints.json``) about 28 ms of a
+    cold start, measured on the bench's machine.
     """
 
     def load_file(self, file_path: str) -> Any:
@@ -50,7 +50,7 @@ class ModelLoader(botocore.loaders.Loader):
 
     botocore checks the name against :meth:`list_available_services` before it loads a
     model: a walk over the folders of all its ~450 services, once per model type, and a
-    client needs two (its API, its endpoint rules). That is ~15 ms of every cold start
+    client needs two (its API, its endpoint rules). That is about 20 ms of a cold start
     for a check that one folder answers. A name with no model still gets botocore's own
     check and its ``UnknownServiceError``.
     """
