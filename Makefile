@@ -14,6 +14,9 @@ LOCAL_STAMP := $(VENV)/.installed-local
 DEV_STAMP := $(VENV)/.installed-dev
 DDB_VERSION := 2.9.30
 DDB_DIR := .tools/dynamodb-local
+# The IAM policy simulator of tests/http/test_http_permissions.py (pinned, as DynamoDB Local).
+IAM_SIMULATE_VERSION := 0.1.173
+IAM_SIMULATE_DIR := .tools/iam-simulate
 SAM_VENV := .tools/sam
 # checkov pins its own dependencies: a venv of its own, never the project's. Pinned: a
 # newer checkov adds checks, which should be a change of ours, not a surprise in CI.
@@ -50,6 +53,13 @@ $(DDB_DIR)/DynamoDBLocal.jar:
 	  && tar xzf amplify-dynamodb-simulator-$(DDB_VERSION).tgz --strip-components=2 package/emulator \
 	  && rm -f amplify-dynamodb-simulator-$(DDB_VERSION).tgz
 
+## @cloud-copilot/iam-simulate from the npm registry: evaluates each AWS call the functions
+## make against their roles (tests/support/iam_policies.py).
+$(IAM_SIMULATE_DIR)/node_modules/@cloud-copilot/iam-simulate/package.json:
+	mkdir -p $(IAM_SIMULATE_DIR)
+	npm install --silent --no-audit --no-fund --no-save --prefix $(IAM_SIMULATE_DIR) \
+	  @cloud-copilot/iam-simulate@$(IAM_SIMULATE_VERSION)
+
 ## Debian's Chromium for the approval page's browser test (tests/http/test_approvals_page.py),
 ## launched by path through the playwright package; installed once, skipped when present.
 chromium:
@@ -64,7 +74,7 @@ run: $(LOCAL_STAMP)
 	$(BIN)/turnledger local --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(ARGS)
 
 ## Run every test: unit, functional (moto), contract, integration (DynamoDB Local), HTTP.
-test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar chromium
+test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar $(IAM_SIMULATE_DIR)/node_modules/@cloud-copilot/iam-simulate/package.json chromium
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/pytest -n 2 $(ARGS)
 
 ## Code style, and the template's security scan: every checkov check passes or is skipped in

@@ -349,22 +349,27 @@ def test_optional_parameters_default_to_off(template: dict[str, Any]) -> None:
 # --- least privilege -----------------------------------------------------------------------
 
 
-def test_only_turn_and_approve_reach_secrets_and_tools(
+def test_only_the_functions_whose_code_reads_them_reach_secrets_and_parameters(
     template: dict[str, Any],
 ) -> None:
+    """Least privilege, and enough (tests/http/test_http_permissions.py proves the second
+    from the code): the model callers read keys, the tool registry and the redaction rules;
+    the read function the parameters its context route rebuilds with; clear, erasure and
+    the sweep the provider's key to delete stored responses; the sweep the notify key and
+    the registry naming the webhooks it tells of expiries."""
+    model_callers = {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}
     for function in functions(template):
         names = policy_names(template, function)
-        model_caller = function in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}
-        # The sweep reads one secret: the notify webhooks' (it tells of expiries it records).
-        reads_secret = model_caller or function == "SweepFunction"
+        reads_secret = function in model_callers | {"SweepFunction", "ClearFunction"}
+        reads_parameter = function in model_callers | {"ReadFunction", "SweepFunction"}
         assert ("AWSSecretsManagerGetSecretValuePolicy" in names) is reads_secret, function
-        assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is model_caller, function
+        assert ("SSMParameterWithSlashPrefixReadPolicy" in names) is reads_parameter, function
     sweep_secrets = [
         policy["Fn::If"][1]["AWSSecretsManagerGetSecretValuePolicy"]["SecretArn"]
         for policy in props(template, "SweepFunction")["Policies"]
-        if "Fn::If" in policy
+        if "Fn::If" in policy and "AWSSecretsManagerGetSecretValuePolicy" in policy["Fn::If"][1]
     ]
-    assert sweep_secrets == [{"Ref": "NotifySecretArn"}]
+    assert sweep_secrets == [{"Ref": "NotifySecretArn"}, {"Ref": "OpenAIApiKeySecretArn"}]
 
 
 def test_optional_permissions_exist_only_when_their_parameter_is_set(
@@ -384,7 +389,7 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
     assert conditions["HasBedrockModelIds"] == {
         "Fn::Not": [{"Fn::Equals": [{"Fn::Join": ["", {"Ref": "BedrockModelIds"}]}, ""]}]
     }
-    expected["HasBedrockModelIds"] = "BedrockModelIds"
+    assert resource(template, "BedrockModelsPolicy")["Condition"] == "HasBedrockModelIds"
     conditional = [
         policy["Fn::If"]
         for policy in props(template, "TurnFunction")["Policies"]
@@ -396,6 +401,7 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
     )
     assert invoke["Statement"] == [
         {
+            "Sid": "InvokeLambdaTools",
             "Effect": "Allow",
             "Action": "lambda:InvokeFunction",
             "Resource": {"Ref": "ToolLambdaArnPattern"},
@@ -403,36 +409,80 @@ def test_optional_permissions_exist_only_when_their_parameter_is_set(
     ]
 
 
-def test_bedrock_may_invoke_only_the_configured_foundation_models(
+def _conditional_policies(template: dict[str, Any], function: str) -> dict[str, set[str]]:
+    """Condition -> the parameters the ``function``'s conditional policy templates name."""
+    found: dict[str, set[str]] = {}
+    for policy in props(template, function).get("Policies") or []:
+        if "Fn::If" not in policy:
+            continue
+        condition, when_set, _ = policy["Fn::If"]
+        for argument in when_set.values():
+            if isinstance(argument, dict):
+                refs = {v["Ref"] for v in argument.values() if isinstance(v, dict) and "Ref" in v}
+                found.setdefault(condition, set()).update(refs)
+    return found
+
+
+def test_the_context_route_may_read_the_tools_and_redaction_parameters(
     template: dict[str, Any],
 ) -> None:
-    arn = "arn:${AWS::Partition}:bedrock:${AWS::Region}::foundation-model/"
+    """Issue 47, point 4: GET .../turns/{n}/context (the read function) rebuilds what each
+    model call was sent, with the tool registry and the redaction rules: without
+    ssm:GetParameter on their parameters it answered 500 when either was set."""
+    [route] = [r for r in routes(template) if r.path.endswith("/turns/{turn}/context")]
+    conditional = _conditional_policies(template, route.function)
+    assert "SSMParameterWithSlashPrefixReadPolicy" in policy_names(template, route.function)
+    assert conditional["HasToolsParameter"] == {"ToolsParameterName"}
+    assert conditional["HasRedactionParameter"] == {"RedactionParameterName"}
+
+
+def test_what_deletes_stored_responses_may_read_the_providers_key(
+    template: dict[str, Any],
+) -> None:
+    """Issue 47, points 6 and 7: clear and erasure (the clear function) and the sweep delete
+    openai-responses' stored responses with the provider's key; the sweep tells expiries to
+    the notify webhooks the tool registry names."""
+    for function in ("ClearFunction", "SweepFunction"):
+        conditional = _conditional_policies(template, function)
+        assert conditional["HasOpenAIApiKeySecret"] == {"OpenAIApiKeySecretArn"}, function
+    assert _conditional_policies(template, "SweepFunction")["HasToolsParameter"] == {
+        "ToolsParameterName"
+    }
+
+
+def test_bedrock_may_invoke_only_the_configured_models_and_profiles(
+    template: dict[str, Any],
+) -> None:
+    """Issue 47, point 8: an id may be a foundation model or a cross-Region inference
+    profile (``us.``...), whose calls are authorized on the profile and on the model in
+    each Region it routes to, allowed only through the configured profiles."""
     for function in functions(template):
-        conditional = [
-            policy["Fn::If"]
-            for policy in props(template, function).get("Policies") or []
-            if "Fn::If" in policy and policy["Fn::If"][0] == "HasBedrockModelIds"
-        ]
-        if function not in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}:
-            assert conditional == [], function
-            continue
-        [(_, when, otherwise)] = conditional
-        assert otherwise == {"Ref": "AWS::NoValue"}
-        [statement] = when["Statement"]
-        # Every turn streams into its draft (ConverseStream is InvokeModelWithResponseStream).
-        expected = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
-        assert (statement["Effect"], statement["Action"]) == ("Allow", expected)
-        assert statement["Resource"] == {
-            "Fn::Split": [
-                ",",
-                {
-                    "Fn::Sub": [
-                        arn + "${Ids}",
-                        {"Ids": {"Fn::Join": [{"Fn::Sub": "," + arn}, {"Ref": "BedrockModelIds"}]}},
-                    ]
-                },
-            ]
-        }
+        assert "HasBedrockModelIds" not in _conditional_policies(template, function), function
+    policy = resource(template, "BedrockModelsPolicy")
+    assert policy["Condition"] == "HasBedrockModelIds"
+    assert {role["Ref"] for role in policy["Properties"]["Roles"]} == {
+        "TurnFunctionRole",
+        "ApproveFunctionRole",
+        "TurnWorkerFunctionRole",
+    }
+    models, through = policy["Properties"]["PolicyDocument"]["Statement"]
+    # Every turn streams into its draft (ConverseStream is InvokeModelWithResponseStream).
+    expected = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
+    assert models["Action"] == expected == through["Action"]
+    model = "arn:${AWS::Partition}:bedrock:${AWS::Region}::foundation-model/"
+    profile = "arn:${AWS::Partition}:bedrock:${AWS::Region}:${AWS::AccountId}:inference-profile/"
+
+    def each(prefix: str) -> dict[str, Any]:
+        ids = {"Fn::Join": [{"Fn::Sub": "," + prefix}, {"Ref": "BedrockModelIds"}]}
+        return {"Fn::Sub": [prefix + "${Ids}", {"Ids": ids}]}
+
+    assert models["Resource"] == {
+        "Fn::Split": [",", {"Fn::Join": [",", [each(model), each(profile)]]}]
+    }
+    assert through["Resource"] == {"Fn::Sub": "arn:${AWS::Partition}:bedrock:*::foundation-model/*"}
+    assert through["Condition"] == {
+        "StringLike": {"bedrock:InferenceProfileArn": {"Fn::Split": [",", each(profile)]}}
+    }
 
 
 # --- tenant isolation ----------------------------------------------------------------------
@@ -586,7 +636,8 @@ def test_api_functions_reach_data_only_through_the_tenant_role(
             assert {st["Sid"] for st in data} == {"ListTenantConversations"}
         else:
             assert data == [], function
-    assert props(template, "ReadFunction").get("Policies") is None
+    # The read function's own policies read the context route's parameters only.
+    assert set(policy_names(template, "ReadFunction")) == {"SSMParameterWithSlashPrefixReadPolicy"}
 
 
 def test_system_functions_query_only_their_index(template: dict[str, Any]) -> None:

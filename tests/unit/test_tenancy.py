@@ -203,7 +203,7 @@ def test_session_names_and_tags_tell_tenants_apart() -> None:
 def test_session_policy_matches_its_tenants_keys_and_no_others(tenant: str) -> None:
     text = session_policy(tenant, bucket="b" * 63)
     assert len(text) <= 2048  # STS's limit on an inline session policy
-    items, objects, listing = json.loads(text)["Statement"]
+    items, objects, listing, _ = json.loads(text)["Statement"]
     assert tuple(items["Action"]) == TENANT_DYNAMODB_ACTIONS
     [pattern] = items["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
     assert items["Condition"]["Null"] == {"dynamodb:LeadingKeys": "false"}
@@ -217,6 +217,20 @@ def test_session_policy_matches_its_tenants_keys_and_no_others(tenant: str) -> N
         assert string_like(listing["Condition"]["StringLike"]["s3:prefix"], prefix) is own, other
     assert not string_like(pattern, "#SWEEP")
     assert listing["Action"] == "s3:ListBucket"
+
+
+def test_session_policy_lets_s3_use_the_buckets_customer_key() -> None:
+    """Issue 47, point 3: with KmsKeyArn the bucket is SSE-KMS, and S3 uses the key as the
+    tenant's session: a session policy without KMS actions refuses every offloaded payload
+    and export. Only through S3; the role's policy names the key."""
+    statements = json.loads(session_policy("acme", bucket=BUCKET))["Statement"]
+    [key] = [s for s in statements if any(str(a).startswith("kms:") for a in s["Action"])]
+    assert sorted(key["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey"]
+    assert key["Condition"] == {"StringLike": {"kms:ViaService": "s3.*"}}
+    assert string_like(
+        key["Condition"]["StringLike"]["kms:ViaService"], "s3.us-east-1.amazonaws.com"
+    )
+    assert not string_like(key["Condition"]["StringLike"]["kms:ViaService"], "dynamodb.x")
 
 
 def test_runtime_serves_each_tenant_on_its_own_credentials(aws: str) -> None:

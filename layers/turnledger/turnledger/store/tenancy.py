@@ -71,6 +71,8 @@ TENANT_DYNAMODB_ACTIONS = (
 )
 #: Object actions on the tenant's prefix (``DeleteObjects`` is authorized as DeleteObject).
 TENANT_S3_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
+#: What S3 asks of the caller under a customer key (SSE-KMS): a put, a get.
+TENANT_S3_KMS_ACTIONS = ("kms:GenerateDataKey", "kms:Decrypt")
 #: The session tag naming the tenant (required by the role's trust policy).
 TENANT_TAG = "tenant"
 #: Credentials are renewed this long before they expire: a request never starts on
@@ -127,6 +129,11 @@ def session_policy(tenant: str, *, bucket: str) -> str:
     prefixes (the ``#`` and ``/`` after the tenant keep ``a`` from matching ``ab``).
     ``Null: false`` refuses any request without leading keys, which
     ``ForAllValues`` alone would let through.
+
+    With a customer key on the bucket (SSE-KMS, the template's ``KmsKeyArn``) S3 uses the
+    key as the caller: a put needs ``kms:GenerateDataKey`` and a get ``kms:Decrypt``, which
+    the session must grant as well as the role. Its last statement grants them only
+    through S3 (``kms:ViaService``); the role's policy names the key.
     """
     prefix = keys.tenant_partition_prefix(tenant)
     objects = keys.tenant_blob_prefix(tenant)
@@ -152,6 +159,12 @@ def session_policy(tenant: str, *, bucket: str) -> str:
                 "Action": "s3:ListBucket",
                 "Resource": f"arn:*:s3:::{bucket}",
                 "Condition": {"StringLike": {"s3:prefix": f"{objects}*"}},
+            },
+            {
+                "Effect": "Allow",
+                "Action": list(TENANT_S3_KMS_ACTIONS),
+                "Resource": "*",
+                "Condition": {"StringLike": {"kms:ViaService": "s3.*"}},
             },
         ],
     }
