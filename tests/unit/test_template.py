@@ -469,20 +469,35 @@ def test_bedrock_may_invoke_only_the_configured_models_and_profiles(
     # Every turn streams into its draft (ConverseStream is InvokeModelWithResponseStream).
     expected = ["bedrock:InvokeModel", "bedrock:InvokeModelWithResponseStream"]
     assert models["Action"] == expected == through["Action"]
-    model = "arn:${AWS::Partition}:bedrock:${AWS::Region}::foundation-model/"
-    profile = "arn:${AWS::Partition}:bedrock:${AWS::Region}:${AWS::AccountId}:inference-profile/"
+    # Fn::Join takes no function as its delimiter: CloudFormation refuses a stack whose
+    # delimiter is a Fn::Sub (cfn-lint's E1018), so the prefixes are literals.
+    model = "arn:*:bedrock:*::foundation-model/"
+    profile = "arn:*:bedrock:*:*:inference-profile/"
 
-    def each(prefix: str) -> dict[str, Any]:
-        ids = {"Fn::Join": [{"Fn::Sub": "," + prefix}, {"Ref": "BedrockModelIds"}]}
-        return {"Fn::Sub": [prefix + "${Ids}", {"Ids": ids}]}
+    def each(prefix: str) -> list[Any]:
+        return [prefix, {"Fn::Join": ["," + prefix, {"Ref": "BedrockModelIds"}]}]
 
     assert models["Resource"] == {
-        "Fn::Split": [",", {"Fn::Join": [",", [each(model), each(profile)]]}]
+        "Fn::Split": [",", {"Fn::Join": ["", [*each(model), "," + profile, each(profile)[1]]]}]
     }
     assert through["Resource"] == {"Fn::Sub": "arn:${AWS::Partition}:bedrock:*::foundation-model/*"}
     assert through["Condition"] == {
-        "StringLike": {"bedrock:InferenceProfileArn": {"Fn::Split": [",", each(profile)]}}
+        "StringLike": {
+            "bedrock:InferenceProfileArn": {"Fn::Split": [",", {"Fn::Join": ["", each(profile)]}]}
+        }
     }
+    for join in _joins(template):
+        assert isinstance(join[0], str), f"a Fn::Join delimiter must be a literal: {join[0]}"
+
+
+def _joins(node: Any) -> list[list[Any]]:
+    """Every Fn::Join's arguments in a part of the template."""
+    if isinstance(node, dict):
+        found = [node["Fn::Join"]] if "Fn::Join" in node else []
+        return found + [join for value in node.values() for join in _joins(value)]
+    if isinstance(node, list):
+        return [join for value in node for join in _joins(value)]
+    return []
 
 
 # --- tenant isolation ----------------------------------------------------------------------
