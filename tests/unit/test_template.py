@@ -679,7 +679,9 @@ def test_no_separate_idempotency_table(template: dict[str, Any]) -> None:
 
 def test_bucket_is_private_encrypted_and_retained(template: dict[str, Any]) -> None:
     bucket = resource(template, "ArtifactsBucket")
-    assert bucket["DeletionPolicy"] == bucket["UpdateReplacePolicy"] == "Retain"
+    # Retained once created; a failed first create (issue 47, point 5) leaves none behind.
+    assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
+    assert bucket["UpdateReplacePolicy"] == "Retain"
     properties = bucket["Properties"]
     assert properties["PublicAccessBlockConfiguration"] == {
         "BlockPublicAcls": True,

@@ -162,3 +162,11 @@ def test_the_table_cannot_be_deleted_by_accident(template: dict[str, Any]) -> No
     table = template["Resources"]["ConversationsTable"]
     assert table["Properties"]["DeletionProtectionEnabled"] is True
     assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
+
+
+def test_a_failed_first_create_leaves_no_key_or_bucket_behind(template: dict[str, Any]) -> None:
+    """Issue 47, point 5: RetainExceptOnCreate deletes them on a failed first create. The
+    tables stay Retain: their deletion protection would make that rollback fail."""
+    for name in ("ContentKey", "ArtifactsBucket"):
+        assert template["Resources"][name]["DeletionPolicy"] == "RetainExceptOnCreate", name
+        assert template["Resources"][name]["UpdateReplacePolicy"] == "Retain", name
