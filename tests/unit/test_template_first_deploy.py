@@ -1,0 +1,117 @@
+"""What a first ``sam deploy`` meets that no linter sees (issue 47, points 9 to 15): the
+customer key's policy, the Region, an upgrade across new indexes, a key of another account,
+the open routes' OpenAPI. Each on the template as CloudFormation receives it, translated
+offline (``tests/support/sam.py``), and on docs/DEPLOY.md where the operator must act.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from turnledger_local.template import (
+    NO_VALUE,
+    PROJECT_ROOT,
+    load_template,
+    parameter_values,
+    resolve,
+)
+
+from tests.support.sam import REQUIRED_PARAMETERS, of_type, translate
+
+DEPLOY_MD = PROJECT_ROOT / "docs" / "DEPLOY.md"
+CUSTOMER_KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+#: What CloudWatch Logs needs of a key that encrypts a log group (its developer guide).
+LOGS_KEY_ACTIONS = {
+    "kms:Encrypt*",
+    "kms:Decrypt*",
+    "kms:ReEncrypt*",
+    "kms:GenerateDataKey*",
+    "kms:Describe*",
+}
+LOGS_CONTEXT_KEY = "kms:EncryptionContext:aws:logs:arn"
+
+
+@pytest.fixture(scope="module")
+def translated() -> dict[str, Any]:
+    return translate()
+
+
+def _values(translated: dict[str, Any], **overrides: str) -> dict[str, str]:
+    return parameter_values(translated, {**REQUIRED_PARAMETERS, **overrides})
+
+
+def _deploy_md() -> str:
+    return DEPLOY_MD.read_text(encoding="utf-8")
+
+
+# --- point 9: a customer key must let CloudWatch Logs use it --------------------------------
+
+
+def _lets_logs_use(statement: dict[str, Any]) -> bool:
+    principal = statement.get("Principal") or {}
+    service = principal.get("Service") if isinstance(principal, dict) else None
+    actions = statement.get("Action")
+    actions = {actions} if isinstance(actions, str) else set(actions or ())
+    condition = (statement.get("Condition") or {}).get("ArnLike") or {}
+    return (
+        statement.get("Effect") == "Allow"
+        and isinstance(service, str)
+        and re.fullmatch(r"logs\.[^.]+\.amazonaws\.com", service) is not None
+        and actions >= LOGS_KEY_ACTIONS
+        and str(condition.get(LOGS_CONTEXT_KEY, "")).endswith(":log-group:*")
+    )
+
+
+@pytest.mark.parametrize(("key", "expected"), [("", NO_VALUE), (CUSTOMER_KEY, CUSTOMER_KEY)])
+def test_every_log_group_is_encrypted_by_the_customer_key_or_by_logs_own(
+    translated: dict[str, Any], key: str, expected: Any
+) -> None:
+    """Never by a key the stack creates without a statement for CloudWatch Logs: the log
+    group's creation would fail on the first deploy."""
+    values = _values(translated, KmsKeyArn=key)
+    groups = of_type(translated, "AWS::Logs::LogGroup")
+    assert len(groups) == 7
+    for name, group in groups.items():
+        assert resolve(translated, group["Properties"].get("KmsKeyId"), values) == expected, name
+
+
+def test_a_key_the_stack_creates_for_a_log_group_lets_cloudwatch_logs_use_it(
+    translated: dict[str, Any],
+) -> None:
+    """ContentKey wraps tenant keys and encrypts no log group; should one ever name a key of
+    the stack, that key's policy must carry the statement DEPLOY.md gives operators."""
+    created = of_type(translated, "AWS::KMS::Key")
+    assert set(created) == {"ContentKey"}
+    for key in ("", CUSTOMER_KEY):
+        values = _values(translated, KmsKeyArn=key)
+        for group in of_type(translated, "AWS::Logs::LogGroup").values():
+            named = resolve(translated, group["Properties"].get("KmsKeyId"), values)
+            if named is NO_VALUE:
+                continue
+            named = json.dumps(named)
+            for name, resource in created.items():
+                if name in named:
+                    statements = resource["Properties"]["KeyPolicy"]["Statement"]
+                    assert any(_lets_logs_use(s) for s in statements), name
+
+
+def test_deploy_md_gives_the_key_policy_statement_cloudwatch_logs_needs() -> None:
+    """Issue 47, point 9: the operator's key policy, as DEPLOY.md gives it to copy."""
+    section = _deploy_md().split("## Customer key (`KmsKeyArn`)", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```json\n(.*?)```", section, flags=re.DOTALL)
+    statement = json.loads(block)
+    assert _lets_logs_use(statement)
+    assert statement["Principal"] == {"Service": "logs.<region>.amazonaws.com"}
+    assert statement["Condition"]["ArnLike"][LOGS_CONTEXT_KEY] == (
+        "arn:aws:logs:<region>:<account>:log-group:*"
+    )
+
+
+@pytest.mark.parametrize("parameter", ["KmsKeyArn", "AlarmTopicArn"])
+def test_deploy_md_lists_the_first_deploy_parameters(parameter: str) -> None:
+    assert parameter in load_template()["Parameters"]
+    rows = [line for line in _deploy_md().splitlines() if line.startswith(f"| `{parameter}`")]
+    assert len(rows) == 1, parameter
