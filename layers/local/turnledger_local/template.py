@@ -29,7 +29,8 @@ def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any
         value = loader.construct_sequence(node, deep=True)
     else:
         value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    # !Ref and !Condition are the long forms' Ref and Condition; every other tag an Fn::.
+    name = suffix if suffix in {"Ref", "Condition"} else f"Fn::{suffix}"
     return {name: value}
 
 
@@ -256,7 +257,8 @@ def _text(value: Any) -> Any:
 
 def resolve(template: dict[str, Any], value: Any, values: dict[str, str]) -> Any:
     """``value`` with its parameter references and ``Fn::If`` resolved under parameter
-    ``values``; :data:`NO_VALUE` for ``AWS::NoValue`` (left out of a list). Anything only a
+    ``values`` (which may name pseudo parameters too, ``AWS::Region`` say);
+    :data:`NO_VALUE` for ``AWS::NoValue`` (left out of a list). Anything only a
     deployment knows (a resource's name or attribute, ``Fn::Sub``) is left as is."""
     if isinstance(value, list):
         return [
@@ -268,6 +270,9 @@ def resolve(template: dict[str, Any], value: Any, values: dict[str, str]) -> Any
         name = value["Ref"]
         if name == "AWS::NoValue":
             return NO_VALUE
+        if name.startswith("AWS::") and name in values:
+            # A pseudo parameter the caller names (``AWS::Region``: a deployment's Region).
+            return values[name]
         specs = template.get("Parameters") or {}
         if name in specs:
             if name not in values:
