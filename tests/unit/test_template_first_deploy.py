@@ -6,6 +6,7 @@ offline (``tests/support/sam.py``), and on docs/DEPLOY.md where the operator mus
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -158,3 +159,51 @@ def test_the_default_snapstarts_the_api_functions_where_the_region_offers_it(
 ) -> None:
     assert _snapstarted(translated, region) == SNAPSTARTED
     assert _snapstarted(translated, region, SnapStart="None") == set()
+
+
+# --- point 12: one new index per update -----------------------------------------------------
+
+#: The conversations table's indexes before the approval inbox (issue 47: a stack deployed
+#: then must gain by-inbox and by-wait).
+INDEXES_BEFORE_THE_INBOX = {"by-expiry", "by-tenant"}
+
+
+def _table(translated: dict[str, Any], **overrides: str) -> dict[str, Any]:
+    properties = translated["Resources"]["ConversationsTable"]["Properties"]
+    resolved: dict[str, Any] = resolve(translated, properties, _values(translated, **overrides))
+    return resolved
+
+
+def _indexes(translated: dict[str, Any], **overrides: str) -> set[str]:
+    return {
+        index["IndexName"]
+        for index in _table(translated, **overrides).get("GlobalSecondaryIndexes", [])
+    }
+
+
+@pytest.mark.parametrize("indexes", ["all", "without-by-wait"])
+def test_every_attribute_definition_is_a_key_of_the_table_or_an_index(
+    translated: dict[str, Any], indexes: str
+) -> None:
+    """DynamoDB refuses an attribute definition that no key schema uses."""
+    table = _table(translated, TableIndexes=indexes)
+    keys = {key["AttributeName"] for key in table["KeySchema"]} | {
+        key["AttributeName"]
+        for index in table.get("GlobalSecondaryIndexes", [])
+        for key in index["KeySchema"]
+    }
+    assert {a["AttributeName"] for a in table["AttributeDefinitions"]} == keys
+
+
+def test_a_stack_from_before_the_new_indexes_upgrades_one_index_per_update(
+    translated: dict[str, Any],
+) -> None:
+    """Issue 47, point 12: CloudFormation (DynamoDB) creates one global secondary index per
+    table update; DEPLOY.md's two steps each add one, and end at the default."""
+    assert len(_indexes(translated) - INDEXES_BEFORE_THE_INBOX) == 2
+    steps = [INDEXES_BEFORE_THE_INBOX]
+    steps += [_indexes(translated, TableIndexes=value) for value in ("without-by-wait", "all")]
+    for before, after in itertools.pairwise(steps):
+        assert before <= after and len(after - before) == 1, (before, after)
+    assert steps[-1] == _indexes(translated) == {"by-expiry", "by-tenant", "by-inbox", "by-wait"}
+    assert "TableIndexes=without-by-wait" in _deploy_md()

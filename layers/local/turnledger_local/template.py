@@ -47,23 +47,31 @@ def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
     return loaded
 
 
-def table_definition(template: dict[str, Any], resource: str, table_name: str) -> dict[str, Any]:
+def table_definition(
+    template: dict[str, Any],
+    resource: str,
+    table_name: str,
+    parameters: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """``create_table`` arguments for the table ``resource`` of ``template``, named ``table_name``.
 
     Keeps what both DynamoDB Local and moto understand: attribute definitions,
-    key schema, indexes and billing mode.
+    key schema, indexes and billing mode; an index or attribute behind a condition is
+    there as the template's ``parameters`` (default: the parameters' defaults) decide.
     """
     props = template["Resources"][resource]["Properties"]
+    values = parameter_values(template, parameters or {})
     definition: dict[str, Any] = {
         "TableName": table_name,
-        "AttributeDefinitions": props["AttributeDefinitions"],
+        "AttributeDefinitions": resolve(template, props["AttributeDefinitions"], values),
         "KeySchema": props["KeySchema"],
         "BillingMode": props.get("BillingMode", "PAY_PER_REQUEST"),
     }
-    if props.get("GlobalSecondaryIndexes"):
+    indexes = resolve(template, props.get("GlobalSecondaryIndexes") or [], values)
+    if indexes:
         definition["GlobalSecondaryIndexes"] = [
             {k: v for k, v in index.items() if k in {"IndexName", "KeySchema", "Projection"}}
-            for index in props["GlobalSecondaryIndexes"]
+            for index in indexes
         ]
     return definition
 
