@@ -207,3 +207,36 @@ def test_a_stack_from_before_the_new_indexes_upgrades_one_index_per_update(
         assert before <= after and len(after - before) == 1, (before, after)
     assert steps[-1] == _indexes(translated) == {"by-expiry", "by-tenant", "by-inbox", "by-wait"}
     assert "TableIndexes=without-by-wait" in _deploy_md()
+
+
+# --- point 15: the open routes in the OpenAPI body API Gateway imports -----------------------
+
+#: The routes without the JWT authorizer (tests/unit/test_template.py: why each is open).
+OPEN_ROUTES = {
+    ("post", "/v1/callbacks/{token}"),
+    ("get", "/v1/openapi.json"),
+    ("get", "/approvals"),
+}
+
+
+def test_the_imported_body_opens_exactly_the_open_routes_and_guards_the_rest(
+    translated: dict[str, Any],
+) -> None:
+    """What FailOnWarnings judges: the body SAM writes. Every route names the JWT authorizer,
+    which the body defines, but for the three open ones, which name SAM's built-in NONE (a
+    scheme the body does not define: DEPLOY.md, "The open routes and FailOnWarnings")."""
+    (api,) = of_type(translated, "AWS::ApiGatewayV2::Api").values()
+    assert api["Properties"]["FailOnWarnings"] is True
+    body = api["Properties"]["Body"]
+    assert set(body["components"]["securitySchemes"]) == {"JwtAuthorizer"}
+    assert "security" not in body  # no API-wide default an open route would inherit
+    found: dict[tuple[str, str], Any] = {
+        (method, path): operation.get("security")
+        for path, operations in body["paths"].items()
+        for method, operation in operations.items()
+    }
+    assert {route for route, security in found.items() if security == [{"NONE": []}]} == (
+        OPEN_ROUTES
+    )
+    guarded = {route: security for route, security in found.items() if route not in OPEN_ROUTES}
+    assert guarded and all(s == [{"JwtAuthorizer": []}] for s in guarded.values()), guarded
