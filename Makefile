@@ -27,7 +27,7 @@ PORT ?= 3000
 DATA_DIR ?= .data
 ARGS ?=
 
-.PHONY: run test lint typecheck template bench clean chromium
+.PHONY: run test lint typecheck template quota bench clean chromium
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "python3.13 not found (pyenv install 3.13 or put it on PATH)"; exit 1; }
@@ -103,6 +103,11 @@ template: $(SAM_VENV)/bin/sam
 	$(SAM_VENV)/bin/sam validate --lint
 	PATH="$(dir $(PYTHON)):$$PATH" $(SAM_VENV)/bin/sam build --no-cached
 	$(PYTHON) tests/support/layer_bytecode.py .aws-sam/build/TurnledgerLayer/python
+
+## The account concurrency quota a deployment needs: make quota ARGS='ReservedConcurrency=on'
+## (ARGS: sam deploy's --parameter-overrides pairs; docs/DEPLOY.md, First deploy).
+quota: $(LOCAL_STAMP)
+	$(BIN)/turnledger quota $(ARGS)
 
 bench: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/python -m bench $(ARGS)

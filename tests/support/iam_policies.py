@@ -333,13 +333,14 @@ class Request:
     session: str | None
 
 
-def _hash_keys(template: dict[str, Any]) -> dict[tuple[str, str | None], str]:
-    """(table, index or ``None``) -> its partition key attribute."""
+def _hash_keys(deployment: Deployment) -> dict[tuple[str, str | None], str]:
+    """(table, index or ``None``) -> its partition key attribute, in this deployment (an
+    index may be conditional: ``TableIndexes``)."""
     found: dict[tuple[str, str | None], str] = {}
-    for logical, resource in template["Resources"].items():
+    for logical, resource in deployment.resources.items():
         if resource["Type"] != "AWS::DynamoDB::Table":
             continue
-        props = resource["Properties"]
+        props = deployment.resolve(resource["Properties"])
         [hash_key] = [k["AttributeName"] for k in props["KeySchema"] if k["KeyType"] == "HASH"]
         found[(logical, None)] = hash_key
         for index in props.get("GlobalSecondaryIndexes") or []:
@@ -374,7 +375,7 @@ def requests_of(call: Call, deployment: Deployment, template: dict[str, Any]) ->
         return deployment.attribute(symbol, "Arn")
 
     if service == "dynamodb":
-        keys = _hash_keys(template)
+        keys = _hash_keys(deployment)
         ops = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem"}
         ops["ConditionCheck"] = "ConditionCheckItem"
         items: list[tuple[str, str, str | None, list[str]]] = []

@@ -86,7 +86,6 @@ FUNCTION_ENVIRONMENT = {
     "CONTENT_KMS_KEY_ID",
     "TENANT_KMS_KEY_IDS",
     "TTL_SECONDS",
-    "TENANT_TTL_SECONDS",
     "TENANT_CLAIM",
     "PROVIDER",
     "MODEL",
@@ -299,6 +298,28 @@ def test_functions_get_every_setting_they_read(template: dict[str, Any]) -> None
     # Idempotency records live in the conversations table (api/idempotency.py).
     assert "IDEMPOTENCY_TABLE_NAME" not in variables
     assert variables["POWERTOOLS_SERVICE_NAME"] == "turnledger"
+
+
+#: The JSON maps, given only to the functions that use them (Lambda's 4 KB of environment).
+MAP_ENVIRONMENT = {
+    "TENANT_TTL_SECONDS": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"},
+    "TENANT_CONVERSATION_TOKEN_BUDGET": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"},
+    "TENANT_TURN_TOKEN_BUDGET": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"},
+    "MODELS": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction", "ReadFunction"},
+}
+
+
+def test_json_maps_go_only_to_the_functions_that_use_them(template: dict[str, Any]) -> None:
+    assert not set(MAP_ENVIRONMENT) & set(
+        template["Globals"]["Function"]["Environment"]["Variables"]
+    )
+    for variable, users in MAP_ENVIRONMENT.items():
+        given = {
+            name
+            for name in functions(template)
+            if variable in (props(template, name).get("Environment") or {}).get("Variables", {})
+        }
+        assert given == users, variable
 
 
 def test_parameter_defaults_are_the_settings_defaults(template: dict[str, Any]) -> None:
@@ -724,7 +745,9 @@ def test_no_separate_idempotency_table(template: dict[str, Any]) -> None:
 
 def test_bucket_is_private_encrypted_and_retained(template: dict[str, Any]) -> None:
     bucket = resource(template, "ArtifactsBucket")
-    assert bucket["DeletionPolicy"] == bucket["UpdateReplacePolicy"] == "Retain"
+    # Retained once created; a failed first create (issue 47, point 5) leaves none behind.
+    assert bucket["DeletionPolicy"] == "RetainExceptOnCreate"
+    assert bucket["UpdateReplacePolicy"] == "Retain"
     properties = bucket["Properties"]
     assert properties["PublicAccessBlockConfiguration"] == {
         "BlockPublicAcls": True,

@@ -1,6 +1,6 @@
 """What ``template.yaml`` holds against floods and scanners (issue 22, findings 5 and 7):
-throttling on the HTTP API, reserved concurrency on every function, the callback
-route's own limits."""
+throttling on the HTTP API, reserved concurrency on every function (when
+``ReservedConcurrency=on``: issue 47), the callback route's own limits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 from turnledger.api.callback_gate import CALLBACK_ROUTE
 from turnledger.turn import callbacks
-from turnledger_local.template import functions, load_template
+from turnledger_local.template import (
+    NO_VALUE,
+    functions,
+    load_template,
+    parameter_values,
+    resolve,
+)
+
+from tests.support.sam import of_type, translate
 
 #: The functions behind the HTTP API's routes.
 API_FUNCTIONS = ("TurnFunction", "ApproveFunction", "ReadFunction", "ClearFunction")
@@ -29,23 +37,56 @@ def parameter_default(template: dict[str, Any], value: Any) -> int:
     return int(value)
 
 
-def test_every_api_function_reserves_concurrency_from_a_parameter(
+def test_every_function_reserves_concurrency_from_its_parameter_only_when_on(
     template: dict[str, Any],
 ) -> None:
-    for name in API_FUNCTIONS:
+    """No hard-coded reservation: each is its own parameter's, behind ReservedConcurrency."""
+    for name in functions(template):
         reserved = template["Resources"][name]["Properties"]["ReservedConcurrentExecutions"]
-        assert set(reserved) == {"Ref"}, name
-        parameter = template["Parameters"][reserved["Ref"]]
+        condition, when_on, when_off = reserved["Fn::If"]
+        assert condition == "ReservesConcurrency", name
+        assert when_off == {"Ref": "AWS::NoValue"}, name
+        parameter = template["Parameters"][when_on["Ref"]]
+        # 0 would not mean "no reservation" but "never runs": off is the switch's.
         assert parameter["Type"] == "Number" and parameter["MinValue"] >= 1, name
+    assert template["Conditions"]["ReservesConcurrency"] == {
+        "Fn::Equals": [{"Ref": "ReservedConcurrency"}, "on"]
+    }
 
 
-def test_reservations_leave_the_account_its_unreserved_share(template: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("switch", "reserving"), [("off", set()), ("on", set(functions(load_template())))]
+)
+def test_the_switch_decides_whether_any_deployed_function_reserves(
+    switch: str, reserving: set[str]
+) -> None:
+    """Issue 47, point 2: a new account's quota (10 or 50) refuses any reservation; with the
+    switch off no function of the translated template reserves, on every one does."""
+    translated = translate(parameters={"ReservedConcurrency": switch})
+    values = parameter_values(translated, {"ReservedConcurrency": switch})
+    found = {
+        name
+        for name, function in of_type(translated, "AWS::Lambda::Function").items()
+        if resolve(translated, function["Properties"].get("ReservedConcurrentExecutions"), values)
+        not in (None, NO_VALUE)
+    }
+    assert found == reserving
+
+
+def test_reservations_are_off_by_default(template: dict[str, Any]) -> None:
+    parameter = template["Parameters"]["ReservedConcurrency"]
+    assert parameter["Default"] == "off"
+    assert set(parameter["AllowedValues"]) == {"off", "on"}
+
+
+def test_reservations_when_on_leave_the_account_its_unreserved_share(
+    template: dict[str, Any],
+) -> None:
     """Every function reserves some, and the defaults together fit a default account."""
     total = 0
     for name in functions(template):
-        value = template["Resources"][name]["Properties"].get("ReservedConcurrentExecutions")
-        assert value is not None, f"{name} reserves no concurrency"
-        total += parameter_default(template, value)
+        value = template["Resources"][name]["Properties"]["ReservedConcurrentExecutions"]
+        total += parameter_default(template, value["Fn::If"][1])
     assert total <= ACCOUNT_CONCURRENCY - UNRESERVED_MINIMUM
 
 
@@ -121,3 +162,11 @@ def test_the_table_cannot_be_deleted_by_accident(template: dict[str, Any]) -> No
     table = template["Resources"]["ConversationsTable"]
     assert table["Properties"]["DeletionProtectionEnabled"] is True
     assert table["DeletionPolicy"] == table["UpdateReplacePolicy"] == "Retain"
+
+
+def test_a_failed_first_create_leaves_no_key_or_bucket_behind(template: dict[str, Any]) -> None:
+    """Issue 47, point 5: RetainExceptOnCreate deletes them on a failed first create. The
+    tables stay Retain: their deletion protection would make that rollback fail."""
+    for name in ("ContentKey", "ArtifactsBucket"):
+        assert template["Resources"][name]["DeletionPolicy"] == "RetainExceptOnCreate", name
+        assert template["Resources"][name]["UpdateReplacePolicy"] == "Retain", name

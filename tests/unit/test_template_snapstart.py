@@ -39,15 +39,19 @@ def test_an_api_function_publishes_versions_behind_an_alias(
 def test_an_api_function_applies_snapstart_as_the_parameter_says(
     template: dict[str, Any], name: str
 ) -> None:
-    assert _properties(template, name)["SnapStart"] == {"ApplyOn": {"Ref": "SnapStart"}}
+    assert _properties(template, name)["SnapStart"] == {
+        "ApplyOn": {"Fn::If": ["SnapStarts", "PublishedVersions", "None"]}
+    }
 
 
-def test_the_parameter_turns_snapstart_on_by_default_and_off_with_none(
+def test_the_parameter_turns_snapstart_on_where_offered_by_default(
     template: dict[str, Any],
 ) -> None:
+    """Auto (the default) - where the Region offers it; PublishedVersions and None force it
+    on and off (issue 47, point 11: tests/unit/test_template_first_deploy.py deploys it)."""
     parameter = template["Parameters"]["SnapStart"]
-    assert parameter["Default"] == "PublishedVersions"
-    assert set(parameter["AllowedValues"]) == {"PublishedVersions", "None"}
+    assert parameter["Default"] == "Auto"
+    assert set(parameter["AllowedValues"]) == {"Auto", "PublishedVersions", "None"}
 
 
 def test_every_route_is_served_by_a_function_behind_the_alias(template: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """``turnledger`` command line: ``turnledger local`` serves the API on this machine;
-``turnledger export`` and ``import`` are :mod:`.transfer_cli`'s.
+``turnledger export`` and ``import`` are :mod:`.transfer_cli`'s, ``turnledger quota``
+:mod:`.quota`'s.
 
 Flags, defaults and behaviour are those of the "Local runner" section of the
 HTTP contract; ``turnledger local --help`` lists them.
@@ -211,12 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="turns recall and write back each user's long-term memory (MEMORY_ENABLED)",
     )
+    from . import quota
     from .replay_cli import add_command
     from .transfer_cli import add_commands, add_seal_command
 
     add_commands(commands)
     add_seal_command(commands)
     add_command(commands)
+    quota.add_command(commands)
     return parser
 
 
@@ -317,6 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .transfer_cli import run
 
         return run(args)
+    if args.command == "quota":
+        from . import quota
+
+        return quota.run(args)
     if args.command != "local":
         parser.print_help(sys.stderr)
         return 2

@@ -6,6 +6,7 @@ template itself, so they cannot drift from what is deployed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any
         value = loader.construct_sequence(node, deep=True)
     else:
         value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    name = "Ref" if suffix == "Ref" else f"Fn::{suffix}"
+    # !Ref and !Condition are the long forms' Ref and Condition; every other tag an Fn::.
+    name = suffix if suffix in {"Ref", "Condition"} else f"Fn::{suffix}"
     return {name: value}
 
 
@@ -45,23 +47,31 @@ def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
     return loaded
 
 
-def table_definition(template: dict[str, Any], resource: str, table_name: str) -> dict[str, Any]:
+def table_definition(
+    template: dict[str, Any],
+    resource: str,
+    table_name: str,
+    parameters: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """``create_table`` arguments for the table ``resource`` of ``template``, named ``table_name``.
 
     Keeps what both DynamoDB Local and moto understand: attribute definitions,
-    key schema, indexes and billing mode.
+    key schema, indexes and billing mode; an index or attribute behind a condition is
+    there as the template's ``parameters`` (default: the parameters' defaults) decide.
     """
     props = template["Resources"][resource]["Properties"]
+    values = parameter_values(template, parameters or {})
     definition: dict[str, Any] = {
         "TableName": table_name,
-        "AttributeDefinitions": props["AttributeDefinitions"],
+        "AttributeDefinitions": resolve(template, props["AttributeDefinitions"], values),
         "KeySchema": props["KeySchema"],
         "BillingMode": props.get("BillingMode", "PAY_PER_REQUEST"),
     }
-    if props.get("GlobalSecondaryIndexes"):
+    indexes = resolve(template, props.get("GlobalSecondaryIndexes") or [], values)
+    if indexes:
         definition["GlobalSecondaryIndexes"] = [
             {k: v for k, v in index.items() if k in {"IndexName", "KeySchema", "Projection"}}
-            for index in props["GlobalSecondaryIndexes"]
+            for index in indexes
         ]
     return definition
 
@@ -169,3 +179,131 @@ def scheduled_function(template: dict[str, Any]) -> FunctionSpec | None:
         if {"Schedule", "ScheduleV2"} & set(spec.event_types):
             return spec
     return None
+
+
+# --- parameters and conditions: what a deployment with given parameter values gets ---------
+
+
+class ParameterError(ValueError):
+    """A parameter value CloudFormation would refuse, or a parameter the template lacks."""
+
+
+#: What ``!Ref AWS::NoValue`` resolves to: the property is left out.
+NO_VALUE: Any = object()
+
+
+def _check_parameter(name: str, spec: dict[str, Any], value: str) -> None:
+    # The checks CloudFormation makes before it creates anything (AllowedPattern must match
+    # the whole value).
+    allowed = spec.get("AllowedValues")
+    if allowed is not None and value not in {str(option) for option in allowed}:
+        raise ParameterError(f"{name}={value!r} is not one of {[str(a) for a in allowed]}")
+    if spec.get("Type") == "Number":
+        try:
+            number = float(value)
+        except ValueError:
+            raise ParameterError(f"{name}={value!r} is not a number") from None
+        if "MinValue" in spec and number < float(spec["MinValue"]):
+            raise ParameterError(f"{name}={value} is below its MinValue {spec['MinValue']}")
+        if "MaxValue" in spec and number > float(spec["MaxValue"]):
+            raise ParameterError(f"{name}={value} is above its MaxValue {spec['MaxValue']}")
+        return
+    if "MaxLength" in spec and len(value) > int(spec["MaxLength"]):
+        raise ParameterError(f"{name} is {len(value)} characters, over its MaxLength")
+    pattern = spec.get("AllowedPattern")
+    if pattern is not None and re.fullmatch(pattern, value) is None:
+        raise ParameterError(f"{name}={value!r} does not match {pattern}")
+
+
+def parameter_values(template: dict[str, Any], overrides: dict[str, str]) -> dict[str, str]:
+    """Each parameter's value: its override, else its default (parameters without either
+    are left out); an unknown name or a value CloudFormation would refuse raises
+    :class:`ParameterError`."""
+    specs: dict[str, dict[str, Any]] = template.get("Parameters") or {}
+    unknown = sorted(set(overrides) - set(specs))
+    if unknown:
+        raise ParameterError(f"the template has no parameter {', '.join(unknown)}")
+    values: dict[str, str] = {}
+    for name, spec in specs.items():
+        if name in overrides:
+            value = overrides[name]
+        elif "Default" in spec:
+            value = str(spec["Default"])
+        else:
+            continue
+        _check_parameter(name, spec, value)
+        values[name] = value
+    return values
+
+
+def condition(template: dict[str, Any], name: str, values: dict[str, str]) -> bool:
+    """Whether the template's condition ``name`` holds under parameter ``values``."""
+    return _truth(template, template["Conditions"][name], values)
+
+
+def _truth(template: dict[str, Any], node: Any, values: dict[str, str]) -> bool:
+    if isinstance(node, dict) and len(node) == 1:
+        ((function, argument),) = node.items()
+        if function == "Condition":
+            return condition(template, argument, values)
+        if function == "Fn::Equals":
+            left, right = (resolve(template, side, values) for side in argument)
+            return bool(_text(left) == _text(right))
+        if function == "Fn::Not":
+            return not _truth(template, argument[0], values)
+        if function == "Fn::And":
+            return all(_truth(template, part, values) for part in argument)
+        if function == "Fn::Or":
+            return any(_truth(template, part, values) for part in argument)
+    raise ParameterError(f"cannot evaluate the condition {node!r}")
+
+
+def _text(value: Any) -> Any:
+    # Fn::Equals compares strings; a list parameter joined (HasBedrockModelIds).
+    return ",".join(value) if isinstance(value, list) else str(value)
+
+
+def resolve(template: dict[str, Any], value: Any, values: dict[str, str]) -> Any:
+    """``value`` with its parameter references and ``Fn::If`` resolved under parameter
+    ``values`` (which may name pseudo parameters too, ``AWS::Region`` say);
+    :data:`NO_VALUE` for ``AWS::NoValue`` (left out of a list). Anything only a
+    deployment knows (a resource's name or attribute, ``Fn::Sub``) is left as is."""
+    if isinstance(value, list):
+        return [
+            item for item in (resolve(template, v, values) for v in value) if item is not NO_VALUE
+        ]
+    if not isinstance(value, dict):
+        return value
+    if set(value) == {"Ref"}:
+        name = value["Ref"]
+        if name == "AWS::NoValue":
+            return NO_VALUE
+        if name.startswith("AWS::") and name in values:
+            # A pseudo parameter the caller names (``AWS::Region``: a deployment's Region).
+            return values[name]
+        specs = template.get("Parameters") or {}
+        if name in specs:
+            if name not in values:
+                raise ParameterError(f"the parameter {name} has no value and no default")
+            raw = values[name]
+            return raw.split(",") if specs[name].get("Type") == "CommaDelimitedList" else raw
+        return value
+    if set(value) == {"Fn::If"}:
+        name, when_true, when_false = value["Fn::If"]
+        chosen = when_true if condition(template, name, values) else when_false
+        return resolve(template, chosen, values)
+    return {key: resolve(template, item, values) for key, item in value.items()}
+
+
+def function_property(
+    template: dict[str, Any], function: str, name: str, values: dict[str, str]
+) -> Any:
+    """The property ``name`` of ``function`` (``Globals.Function``'s when it sets none)
+    resolved under parameter ``values``; :data:`NO_VALUE` when neither sets it."""
+    defaults = (template.get("Globals") or {}).get("Function") or {}
+    properties = template["Resources"][function].get("Properties") or {}
+    if name in properties:
+        return resolve(template, properties[name], values)
+    if name in defaults:
+        return resolve(template, defaults[name], values)
+    return NO_VALUE
