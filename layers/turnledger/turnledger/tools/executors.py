@@ -23,7 +23,6 @@ the request's remaining time (:mod:`turnledger.core.deadline`), whichever is soo
 from __future__ import annotations
 
 import contextvars
-import json
 import math
 import threading
 from collections import OrderedDict
@@ -41,6 +40,7 @@ from botocore.exceptions import (
 
 from ..core import deadline
 from ..core.observability import logger
+from ..core.strict_json import BodyError, parse
 from .calls import (
     DEFAULT_TIMEOUT_SECONDS,
     HttpClientSource,
@@ -229,8 +229,8 @@ def _function_error(name: str, raw: bytes, kind: str) -> str:
     ids, paths): they are logged, and the model reads only their type.
     """
     try:
-        report = json.loads(raw)
-    except ValueError:
+        report = parse(raw, "the report")
+    except BodyError:
         report = None
     if isinstance(report, dict) and ("errorType" in report or "errorMessage" in report):
         error_type = str(report.get("errorType", "Error"))
