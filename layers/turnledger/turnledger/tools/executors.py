@@ -314,15 +314,25 @@ class ToolRunner:
         invalid = tool.validate_call(invocation.call)
         if invalid is not None:
             return ToolOutcome(invalid, is_error=True)
-        if tool.executor.type == "http":
-            return self.http.execute(invocation)
-        executor = self.lambda_executor
+        executor: HttpExecutor | LambdaExecutor | None = (
+            self.http if tool.executor.type == "http" else self.lambda_executor
+        )
         if executor is None:
             return ToolOutcome(
                 f"tool {tool.name} cannot run: Lambda tools are not available here",
                 is_error=True,
             )
-        return executor.execute(invocation)
+        try:
+            return executor.execute(invocation)
+        except Exception:
+            # An executor answers every failure of the tool; this is a bug of ours. The call
+            # may have been sent: it is answered once with an error, as a timeout is, never
+            # run again by a resume (a 500 here would repeat on every request after it).
+            logger.exception("a tool's executor failed", extra={"tool": tool.name})
+            return ToolOutcome(
+                f"tool {tool.name} failed: an internal error (see the service's logs)",
+                is_error=True,
+            )
 
     def run(self, invocations: list[ToolInvocation]) -> list[ToolOutcome]:
         """Run ``invocations`` concurrently.
