@@ -100,6 +100,7 @@ from ..core.models import (
     UserMessage,
 )
 from ..core.observability import logger, timed
+from ..core.strict_json import BodyError, parse
 from ..providers.base import (
     Continuation,
     Message,
@@ -1562,11 +1563,12 @@ def _json_answer(reply: ModelReply) -> Any:
     """A JSON-mode answer as a JSON value.
 
     Raises:
-        ProviderError: the answer is not JSON.
+        ProviderError: the answer is not JSON the ledger keeps (the strict parser's: no
+            lone surrogate, no nesting past its limit, no key twice).
     """
     try:
-        return json.loads(reply.text or "")
-    except ValueError:
+        return parse(reply.text or "", "the answer")
+    except BodyError:
         raise ProviderError(
             "the model's answer in JSON mode is not JSON",
             details={"reason": "invalid_json"},
