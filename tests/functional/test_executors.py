@@ -227,7 +227,7 @@ def test_a_body_that_is_not_json_is_an_error(
     outcome = HttpExecutor(http).execute(invocation(http_tool(sink.url("/weather"))))
 
     assert outcome.is_error
-    assert outcome.output == "tool weather returned invalid JSON"
+    assert outcome.output.startswith("tool weather returned malformed JSON: the answer is not JSON")
 
 
 def test_an_unreachable_tool_is_an_error(http: httpx.Client) -> None:
@@ -414,7 +414,41 @@ def test_lambda_payload_that_is_not_json_is_an_error() -> None:
         outcome = LambdaExecutor(lambda _config: client).execute(invocation(lambda_tool()))
 
     assert outcome.is_error
-    assert outcome.output == "tool weather returned invalid JSON"
+    assert outcome.output == (
+        "tool weather returned malformed JSON: the answer is not JSON: "
+        "expecting value at line 1, column 1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'{"x": "\\ud800"}', "a string holds a lone surrogate (invalid Unicode)"),
+        (b"[" * 100_000, "the answer nests deeper than 64 levels"),
+        (b'{"x": 1, "x": 2}', "the key 'x' appears twice in one object"),
+    ],
+    ids=["surrogate", "deep", "duplicate-key"],
+)
+@pytest.mark.parametrize("function_error", [False, True], ids=["result", "error-report"])
+def test_a_lambda_payload_is_read_strictly(raw: bytes, reason: str, function_error: bool) -> None:
+    """What the function returned is held to the strict parser's limits: an error the model
+    reads, never a crash (its error report too, which is then no report)."""
+    client = make_lambda_client()
+    answer: dict[str, Any] = {"StatusCode": 200, "Payload": payload(raw)}
+    if function_error:
+        answer["FunctionError"] = "Unhandled"
+    with Stubber(client) as stubber:
+        stubber.add_response("invoke", answer, EXPECTED_INVOKE)
+
+        outcome = LambdaExecutor(lambda _config: client).execute(invocation(lambda_tool()))
+
+    assert outcome.is_error
+    expected = (
+        "tool weather failed: Lambda function error (Unhandled): unreadable report"
+        if function_error
+        else f"tool weather returned malformed JSON: {reason}"
+    )
+    assert outcome.output == expected
 
 
 def test_lambda_service_error_is_an_error_outcome() -> None:

@@ -135,6 +135,32 @@ def test_a_non_json_answer_in_json_mode_is_a_provider_error_recorded_as_turn_fai
     assert say(svc, "What is my name?").output_text == "Your name is Ann."
 
 
+class Malformed(Recording):
+    """A model answering JSON that no store keeps, or that nests past the limit."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        return ModelReply(text=self.text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"x": "\\ud800"}', "[" * 100_000, '{"a": 1, "a": 2}'],
+    ids=["surrogate", "deep", "twice"],
+)
+def test_a_json_answer_no_store_keeps_is_a_provider_error_never_a_crash(
+    store: ConversationStore, clock: FakeClock, text: str
+) -> None:
+    broken = service(store, clock, Malformed(text))
+    with pytest.raises(ProviderError) as failed:
+        say(broken, "Answer in JSON.", response_format=json_mode(JSON_OBJECT))
+    assert failed.value.details["reason"] == "invalid_json"
+    assert say(service(store, clock, Recording()), "Hello.").status == "complete"
+
+
 @pytest.fixture
 def sink() -> Iterator[HttpSink]:
     with HttpSink() as server:

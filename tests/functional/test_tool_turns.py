@@ -837,7 +837,11 @@ def test_an_invalid_call_needing_approval_never_asks_for_it(harness: Harness) ->
     [
         (Reply(status=503, body={"error": "down"}), "tool get_weather failed: HTTP 503"),
         (Reply(delay=30, body={}), "tool get_weather timed out after 0.5s"),
-        (Reply(raw=b"<html>oops</html>"), "tool get_weather returned invalid JSON"),
+        (
+            Reply(raw=b"<html>oops</html>"),
+            "tool get_weather returned malformed JSON: the answer is not JSON: "
+            "expecting value at line 1, column 1",
+        ),
     ],
     ids=["5xx", "timeout", "bad-json"],
 )

@@ -309,7 +309,11 @@ def _validation_error(exc: RequestValidationError) -> Response[str]:
 @app.exception_handler(Exception)
 def _unexpected(exc: Exception) -> Response[str]:
     logger.exception("unexpected failure")
-    return _error(TurnledgerError("internal error; the request left no partial state"))
+    return _error(
+        TurnledgerError(
+            "internal error; the conversation is as the request's last commit left it, and not held"
+        )
+    )
 
 
 class RouteNotFound(TurnledgerError):

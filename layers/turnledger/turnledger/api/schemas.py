@@ -22,12 +22,16 @@ from pydantic_core import PydanticCustomError
 
 from ..core.models import (
     CONVERSATION_ID_PATTERN,
+    MAX_CALL_ID_CHARS,
     Deferred,
     ImportMark,
     JsonObjectFormat,
     JsonSchemaFormat,
     Usage,
 )
+
+#: A call id a request names: 1 to :data:`MAX_CALL_ID_CHARS` characters.
+CallId = Annotated[str, Field(min_length=1, max_length=MAX_CALL_ID_CHARS)]
 
 
 class _Body(Deferred):
@@ -46,7 +50,7 @@ class FunctionCallOutput(_Body):
     """The result of a client-side tool call."""
 
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
+    call_id: CallId
     output: str
 
 
@@ -119,21 +123,21 @@ class TurnRequest(_Body):
 class Rejection(_Body):
     """A rejected call with an optional reason."""
 
-    id: str = Field(min_length=1)
+    id: CallId
     reason: str | None = None
 
 
 class CallOutput(_Body):
     """The output a person (or the application) supplies for a waiting call."""
 
-    id: str = Field(min_length=1)
+    id: CallId
     output: str
 
 
 class ApprovalEdit(_Body):
     """An approval that runs edited arguments instead of the requested ones."""
 
-    id: str = Field(min_length=1)
+    id: CallId
     arguments: dict[str, Any] = Field(
         description="Validated against the tool's parameters; these run, not the requested ones."
     )
@@ -154,10 +158,10 @@ class ApprovalRequest(_Body):
         },
     )
 
-    approve: list[str | ApprovalEdit] = Field(
+    approve: list[CallId | ApprovalEdit] = Field(
         default_factory=list, json_schema_extra={"uniqueItems": True}
     )
-    reject: list[str | Rejection] = Field(default_factory=list)
+    reject: list[CallId | Rejection] = Field(default_factory=list)
     outputs: list[CallOutput] = Field(
         default_factory=list,
         description="Outputs of human-input calls (or of deferred calls the application "

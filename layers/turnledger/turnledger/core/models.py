@@ -704,6 +704,11 @@ class ProviderCursor(_Strict):
 #: Tool names as OpenAI (and most providers) accept them: 1-64 of ``A-Z a-z 0-9 _ -``.
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
+#: The longest call id a request (or an import) may name: twice Bedrock's 64, well over
+#: the ids providers make (OpenAI's ``call_...`` about 30, Anthropic's ``toolu_...`` about
+#: 30); an id a provider refuses is mapped on the wire (:mod:`turnledger.providers.call_ids`).
+MAX_CALL_ID_CHARS = 128
+
 
 class ClientTool(_Strict):
     """A function tool the request declares and the registry lacks: the client runs it.

@@ -1,18 +1,22 @@
-"""Strict parsing of JSON from outside (request bodies, a model's tool arguments): any
-bytes get a clear answer, never a crash.
+"""Strict parsing of JSON from outside: any bytes get a clear answer, never a crash.
 
-A body (and a model's tool arguments, :func:`tool_arguments`) must be UTF-8 JSON
-(RFC 8259 section 8.1) holding an object, within these limits:
+Every byte that crosses into the ledger from outside is read here: request bodies
+(callbacks' too), a model's tool arguments (:func:`tool_arguments`), a tool's answer
+and the ``202`` body of a deferred one (:mod:`turnledger.tools.calls`, a ``lambda``
+tool's payload too), and the lines of an import (:mod:`turnledger.ops.transfer`).
+A document must be UTF-8 JSON (RFC 8259 section 8.1) within these limits:
 
 - nesting at most :data:`MAX_DEPTH` arrays and objects deep;
 - every number at most :data:`MAX_NUMBER_CHARS` characters long and finite as
   a double (``1e400``, ``NaN`` and ``Infinity`` are refused);
 - every string (keys too) valid Unicode: no lone surrogate such as ``"\\ud800"``,
-  which no UTF-8 encoder can store.
+  which no UTF-8 encoder can store;
+- no key twice in one object (RFC 8259 section 4 leaves its meaning to each
+  parser: one reader would take the first, another the last).
 
 Python's own parser would instead raise ``RecursionError`` on deep nesting,
-``ValueError`` on integers over 4,300 digits, and accept lone surrogates and
-``NaN`` that break later, far from the request.
+``ValueError`` on integers over 4,300 digits, keep the last of two equal keys, and
+accept lone surrogates and ``NaN`` that break later, far from the request.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ MAX_NUMBER_CHARS = 64
 
 #: How messages name a model's tool arguments.
 _ARGUMENTS = "the arguments' JSON"
+#: Characters of a repeated key quoted in the refusal (the rest is cut).
+_QUOTED_KEY_CHARS = 40
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -59,7 +65,22 @@ def _constant(name: str) -> Any:
     raise BodyError(f"{name} is not JSON")
 
 
-def _check(document: Any, what: str = "the body") -> None:
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members, refused when a key comes twice."""
+    document = dict(pairs)
+    if len(document) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                # Cut, and escaped by repr: the refusal never echoes unbounded input.
+                cut = key[:_QUOTED_KEY_CHARS] + ("..." if len(key) > _QUOTED_KEY_CHARS else "")
+                quoted = repr(cut)
+                raise BodyError(f"the key {quoted} appears twice in one object")
+            seen.add(key)
+    return document
+
+
+def _check(document: Any, what: str = "the body", max_depth: int = MAX_DEPTH) -> None:
     """Walk ``document`` without recursion: depth and strings."""
     stack: list[tuple[Any, int]] = [(document, 1)]
     while stack:
@@ -70,8 +91,8 @@ def _check(document: Any, what: str = "the body") -> None:
             continue
         if not isinstance(value, dict | list):
             continue
-        if depth > MAX_DEPTH:
-            raise BodyError(f"{what} nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH)
+        if depth > max_depth:
+            raise BodyError(f"{what} nests deeper than {max_depth} levels", limit=max_depth)
         if isinstance(value, dict):
             for key, item in value.items():
                 stack.append((key, depth))
@@ -80,9 +101,10 @@ def _check(document: Any, what: str = "the body") -> None:
             stack.extend((item, depth + 1) for item in value)
 
 
-def parse(body: bytes | str, what: str = "the body") -> Any:
+def parse(body: bytes | str, what: str = "the body", *, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON document in ``body``, checked against the limits above (``what`` names it
-    in the messages).
+    in the messages; ``max_depth`` replaces :data:`MAX_DEPTH` for a document that wraps
+    others, as an import's line wraps an event).
 
     Raises:
         BodyError: not UTF-8, not JSON, or over a limit.
@@ -96,24 +118,28 @@ def parse(body: bytes | str, what: str = "the body") -> Any:
         text = body
     try:
         document = json.loads(
-            text, parse_int=_number, parse_float=_number, parse_constant=_constant
+            text,
+            parse_int=_number,
+            parse_float=_number,
+            parse_constant=_constant,
+            object_pairs_hook=_object,
         )
     except RecursionError as exc:
-        raise BodyError(f"{what} nests deeper than {MAX_DEPTH} levels", limit=MAX_DEPTH) from exc
+        raise BodyError(f"{what} nests deeper than {max_depth} levels", limit=max_depth) from exc
     except BodyError:
         raise
     except json.JSONDecodeError as exc:
         # Where it broke, in the editor's terms (line and column from 1) and as an offset.
         reason = exc.msg[:1].lower() + exc.msg[1:]
         raise BodyError(
-            f"the body is not JSON: {reason} at line {exc.lineno}, column {exc.colno}",
+            f"{what} is not JSON: {reason} at line {exc.lineno}, column {exc.colno}",
             line=exc.lineno,
             column=exc.colno,
             position=exc.pos,
         ) from exc
     except ValueError as exc:
         raise BodyError(f"{what} is not JSON") from exc
-    _check(document, what)
+    _check(document, what, max_depth)
     return document
 
 

@@ -45,6 +45,7 @@ from ..core.exceptions import (
     RequestValidationFailed,
 )
 from ..core.models import (
+    MAX_CALL_ID_CHARS,
     SCHEMA_VERSION,
     SUPPORTED_SCHEMA_VERSIONS,
     AssistantMessage,
@@ -56,10 +57,13 @@ from ..core.models import (
     Head,
     ImportMark,
     SummaryRef,
+    ToolCallRequested,
+    ToolResult,
     TurnOptions,
     Usage,
     _Strict,
 )
+from ..core.strict_json import MAX_DEPTH, BodyError, parse
 from ..providers.base import Message
 from ..providers.history import build_strict_history, check_strict_history
 from ..store import keys
@@ -75,6 +79,9 @@ NDJSON = "application/x-ndjson"
 IMPORT_ACTOR = "import"
 #: Events read per page while exporting.
 _PAGE = 500
+#: How many levels an export line adds above what a request body held (line, event,
+#: payload, tool calls, call, arguments), with a margin.
+_LINE_WRAPPING = 8
 
 
 class ExportHead(_Strict):
@@ -241,10 +248,13 @@ def _invalid(line: int, reason: str) -> RequestValidationFailed:
 
 def _parse_line(number: int, raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
+        # Strictly, as a request body: no lone surrogate (which no store can write), no
+        # key twice; a line wraps its event's payload a few levels deeper than a body.
+        value = parse(raw, f"import line {number}", max_depth=MAX_DEPTH + _LINE_WRAPPING)
+    except BodyError as exc:
         raise InvalidRequest(
-            f"import line {number} is not JSON", details={"line": number, "reason": str(exc)}
+            f"import line {number} is not JSON the ledger accepts: {exc}",
+            details={"line": number, "reason": str(exc)},
         ) from exc
     if not isinstance(value, dict):
         raise InvalidRequest(f"import line {number} is not a JSON object", details={"line": number})
@@ -252,6 +262,27 @@ def _parse_line(number: int, raw: str) -> dict[str, Any]:
     if version != EXPORT_SCHEMA_VERSION:
         raise _invalid(number, f"schema_version {version!r} is not supported (this build reads 1)")
     return value
+
+
+def _check_calls(number: int, event: Event, asked: set[str]) -> None:
+    """Refuse a call id over :data:`MAX_CALL_ID_CHARS`, and a result of a call no earlier
+    event asked for; note the calls ``event`` asks for in ``asked``.
+
+    Raises:
+        RequestValidationFailed: either.
+    """
+    body = event.body()
+    named: list[str] = []
+    if isinstance(body, AssistantMessage):
+        named = [call.id for call in body.tool_calls]
+    elif isinstance(body, ToolCallRequested | ToolResult):
+        named = [body.call_id]
+    if any(len(call_id) > MAX_CALL_ID_CHARS for call_id in named):
+        raise _invalid(number, f"a call id is longer than {MAX_CALL_ID_CHARS} characters")
+    if isinstance(body, ToolResult) and body.call_id not in asked:
+        raise _invalid(number, f"a tool_result of call {body.call_id!r}, which no call asked for")
+    if not isinstance(body, ToolResult):
+        asked.update(named)
 
 
 def parse_import(
@@ -291,6 +322,7 @@ def parse_import(
         )
     events: list[Event] = []
     seen: set[str] = set()
+    asked: set[str] = set()
     for number, raw in lines[1:]:
         try:
             line = ExportEvent.model_validate(_parse_line(number, raw))
@@ -312,6 +344,7 @@ def parse_import(
             raise _invalid(number, f"turn {event.turn} after turn {events[-1].turn}")
         if event.event_id in seen:
             raise _invalid(number, f"event_id {event.event_id!r} is repeated")
+        _check_calls(number, event, asked)
         if len(json.dumps(event.payload).encode()) > max_bytes:
             raise PayloadTooLarge(
                 f"import line {number}: the payload is over the limit of {max_bytes} bytes",

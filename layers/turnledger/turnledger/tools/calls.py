@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.models import ToolCall
 from ..core.observability import logger
+from ..core.strict_json import BodyError, parse
 from .registry import ToolDefinition
 
 if TYPE_CHECKING:
@@ -84,13 +85,18 @@ def as_output(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+#: How refusals name a tool's answer.
+_ANSWER = "the answer"
+
+
 def answered(name: str, body: bytes) -> ToolOutcome:
     """The outcome of tool ``name`` that answered ``body``: its JSON as text
-    (:func:`as_output`), or an error the model can read when it is no JSON."""
+    (:func:`as_output`), or an error the model can read when it is no JSON the ledger
+    keeps (the strict parser's: :mod:`turnledger.core.strict_json`)."""
     try:
-        value = json.loads(body)
-    except ValueError:
-        return ToolOutcome(f"tool {name} returned invalid JSON", is_error=True)
+        value = parse(body, _ANSWER)
+    except BodyError as exc:
+        return ToolOutcome(f"tool {name} returned malformed JSON: {exc}", is_error=True)
     return ToolOutcome(as_output(value))
 
 
@@ -114,11 +120,12 @@ def request_body(invocation: ToolInvocation) -> dict[str, Any]:
 
 
 def deferred(name: str, body: bytes) -> ToolOutcome:
-    """A ``202`` answer: deferred with its ``task_id``, or an error the model can read."""
+    """A ``202`` answer: deferred with its ``task_id``, or an error the model can read
+    (its body read as strictly as any answer)."""
     try:
-        value = json.loads(body)
-    except ValueError:
-        value = None
+        value = parse(body, _ANSWER)
+    except BodyError as exc:
+        return ToolOutcome(f"tool {name} answered 202 with malformed JSON: {exc}", is_error=True)
     task_id = value.get("task_id") if isinstance(value, dict) else None
     if not isinstance(task_id, str) or not task_id or len(task_id) > 256:
         return ToolOutcome(

@@ -23,7 +23,6 @@ the request's remaining time (:mod:`turnledger.core.deadline`), whichever is soo
 from __future__ import annotations
 
 import contextvars
-import json
 import math
 import threading
 from collections import OrderedDict
@@ -41,6 +40,7 @@ from botocore.exceptions import (
 
 from ..core import deadline
 from ..core.observability import logger
+from ..core.strict_json import BodyError, parse
 from .calls import (
     DEFAULT_TIMEOUT_SECONDS,
     HttpClientSource,
@@ -229,8 +229,8 @@ def _function_error(name: str, raw: bytes, kind: str) -> str:
     ids, paths): they are logged, and the model reads only their type.
     """
     try:
-        report = json.loads(raw)
-    except ValueError:
+        report = parse(raw, "the report")
+    except BodyError:
         report = None
     if isinstance(report, dict) and ("errorType" in report or "errorMessage" in report):
         error_type = str(report.get("errorType", "Error"))
@@ -314,15 +314,25 @@ class ToolRunner:
         invalid = tool.validate_call(invocation.call)
         if invalid is not None:
             return ToolOutcome(invalid, is_error=True)
-        if tool.executor.type == "http":
-            return self.http.execute(invocation)
-        executor = self.lambda_executor
+        executor: HttpExecutor | LambdaExecutor | None = (
+            self.http if tool.executor.type == "http" else self.lambda_executor
+        )
         if executor is None:
             return ToolOutcome(
                 f"tool {tool.name} cannot run: Lambda tools are not available here",
                 is_error=True,
             )
-        return executor.execute(invocation)
+        try:
+            return executor.execute(invocation)
+        except Exception:
+            # An executor answers every failure of the tool; this is a bug of ours. The call
+            # may have been sent: it is answered once with an error, as a timeout is, never
+            # run again by a resume (a 500 here would repeat on every request after it).
+            logger.exception("a tool's executor failed", extra={"tool": tool.name})
+            return ToolOutcome(
+                f"tool {tool.name} failed: an internal error (see the service's logs)",
+                is_error=True,
+            )
 
     def run(self, invocations: list[ToolInvocation]) -> list[ToolOutcome]:
         """Run ``invocations`` concurrently.

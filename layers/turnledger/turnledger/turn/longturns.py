@@ -459,7 +459,9 @@ def run_worker(
         return {"turn": turn, "status": writer.status, "reason": exc.code}
     except Exception:
         logger.exception("long turn failed")
-        error = TurnledgerError("internal error; the turn left no partial state")
+        error = TurnledgerError(
+            "internal error; the conversation is as the turn's last commit left it, and not held"
+        )
         body = error_body(error)
         body["error"]["status"] = error.status
         writer.interrupt(error.code, body)

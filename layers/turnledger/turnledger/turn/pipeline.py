@@ -23,14 +23,21 @@ invariants:
 * **A failed model call is recorded, never sent.** A ``turn_failed`` event
   (with nothing else of the turn, unless tools already acted) is committed and
   the error answered; the caller simply sends again.
+* **A failure nobody foresaw holds nothing.** Whatever a turn, an approval or a
+  callback raises (a bug: a ``500``), the conversation is left as the request's last
+  commit left it, and a lease that commit holds is released at once
+  (:func:`_lets_go_on_failure`): the next request resumes the run as it would a
+  crashed one's (:mod:`turnledger.turn.execution`), without waiting out the lease.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -93,6 +100,7 @@ from ..core.models import (
     UserMessage,
 )
 from ..core.observability import logger, timed
+from ..core.strict_json import BodyError, parse
 from ..providers.base import (
     Continuation,
     Message,
@@ -138,6 +146,72 @@ from .results import (
     TurnResult,
 )
 from .session import Clock, CommitHook, Session, utc_now
+
+#: The sessions the running request opened, each with the head it was opened on
+#: (``None`` outside a method under :func:`_lets_go_on_failure`).
+_opened: ContextVar[list[tuple[Session, Head | None]] | None] = ContextVar(
+    "turnledger_opened_sessions", default=None
+)
+
+
+def _lets_go_on_failure[**P, R](method: Callable[P, R]) -> Callable[P, R]:
+    """Make whatever ``method`` raises leave no conversation held: each session it
+    opened and committed while holding a lease is let go (:func:`_let_go`) before the
+    error goes on (a domain error as it was, anything else as a ``500``)."""
+
+    @functools.wraps(method)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        opened: list[tuple[Session, Head | None]] = []
+        token = _opened.set(opened)
+        try:
+            return method(*args, **kwargs)
+        except Exception:
+            for session, head in opened:
+                _let_go(session, head)
+            raise
+        finally:
+            _opened.reset(token)
+
+    return run
+
+
+def _let_go(session: Session, opened_on: Head | None) -> None:
+    """After ``session``'s request failed: if the stored head holds a lease this request
+    took (its run did not reach the end of its step), release it with a commit of that
+    head and nothing else, marked interrupted. What the failed step staged is dropped:
+    the next request resumes the run from the log under the same idempotency keys, and
+    a call of a tool that cannot deduplicate becomes ``outcome_unknown`` (it may have
+    run), as after a crash.
+
+    The head is read again: a commit may have landed and still raised (an answer lost
+    on the way back). A lease this request never took (a crashed run's, found on
+    ``opened_on``) is left to run out. Never raises: when the release itself fails, the
+    lease runs out as a crashed run's would.
+    """
+    head = session.head
+    taken = [session.lease, head.lease if head is not None and head is not opened_on else None]
+    mine = {lease.owner for lease in taken if lease is not None}
+    if not mine:
+        return
+    try:
+        stored = session.store.get_head(session.key)
+        if (
+            stored is None
+            or not is_running(stored)
+            or stored.lease is None
+            or stored.lease.owner not in mine
+        ):
+            return
+        session.head = stored
+        session.rollback()
+        session.cancel = stored.cancel  # a cancel asked meanwhile: the next request honours it
+        session.life.interrupt()
+        session.commit()
+    except Exception as exc:
+        logger.warning(
+            "could not release the lease of a failed request; it runs out instead",
+            extra={"error_type": type(exc).__name__},
+        )
 
 
 class Conversations(Reads):
@@ -251,6 +325,7 @@ class Conversations(Reads):
 
     # --- routes ---------------------------------------------------------------------------
 
+    @_lets_go_on_failure
     def turn(
         self,
         key: ConversationKey,
@@ -443,6 +518,7 @@ class Conversations(Reads):
             self._advance(work)
         return self._response(work)
 
+    @_lets_go_on_failure
     def approve(self, key: ConversationKey, actor: str, decisions: Decisions) -> TurnResult:
         """Decide pending calls of ``key`` as ``actor`` (``POST .../approvals``); continue
         the turn when none is left.
@@ -775,6 +851,7 @@ class Conversations(Reads):
         )
         return running if asked else None
 
+    @_lets_go_on_failure
     def settle_callback(self, claims: CallbackClaims, outcome: CallbackOutcome) -> CallbackResult:
         """Settle the deferred call a verified callback token names (``POST /v1/callbacks``).
 
@@ -1404,6 +1481,9 @@ class Conversations(Reads):
             ttl_seconds=self.settings.ttl_for(key.tenant),
         )
         session.on_commit = self.on_commit
+        opened = _opened.get()
+        if opened is not None:
+            opened.append((session, session.head))
         return session
 
     def _work(self, session: Session) -> TurnWork:
@@ -1483,11 +1563,12 @@ def _json_answer(reply: ModelReply) -> Any:
     """A JSON-mode answer as a JSON value.
 
     Raises:
-        ProviderError: the answer is not JSON.
+        ProviderError: the answer is not JSON the ledger keeps (the strict parser's: no
+            lone surrogate, no nesting past its limit, no key twice).
     """
     try:
-        return json.loads(reply.text or "")
-    except ValueError:
+        return parse(reply.text or "", "the answer")
+    except BodyError:
         raise ProviderError(
             "the model's answer in JSON mode is not JSON",
             details={"reason": "invalid_json"},

@@ -16,12 +16,14 @@ from typing import Any, Literal
 
 from ...core.exceptions import InvalidRequest
 from ...core.models import (
+    MAX_CALL_ID_CHARS,
     AssistantMessage,
     Event,
     ToolCall,
     ToolResult,
     UserMessage,
 )
+from ...core.strict_json import tool_arguments
 
 __all__ = [
     "Canon",
@@ -179,6 +181,19 @@ def _content_text(content: object, what: str) -> str:
     raise InvalidRequest(f"{what} content must be text or a list of text parts")
 
 
+def _check_call_id(call_id: str) -> None:
+    """Refuse a call id over :data:`MAX_CALL_ID_CHARS` (it is never quoted back).
+
+    Raises:
+        InvalidRequest: it is longer.
+    """
+    if len(call_id) > MAX_CALL_ID_CHARS:
+        raise InvalidRequest(
+            f"a call id may be at most {MAX_CALL_ID_CHARS} characters",
+            details={"limit": MAX_CALL_ID_CHARS},
+        )
+
+
 def _read(item: dict[str, Any]) -> InputItem | None:
     kind = item.get("type", "message")
     sent_id = item.get("id") if isinstance(item.get("id"), str) else None
@@ -194,20 +209,17 @@ def _read(item: dict[str, Any]) -> InputItem | None:
         call_id, name = item.get("call_id"), item.get("name")
         if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
             raise InvalidRequest("a function_call item needs call_id and name")
+        _check_call_id(call_id)
         raw = item.get("arguments") or ""
         arguments: dict[str, Any] | None = {}
         raw_arguments: str | None = None
         if isinstance(raw, dict):
             arguments = raw
-        elif str(raw).strip():
-            try:
-                parsed = json.loads(str(raw))
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, dict):
-                arguments = parsed
-            else:
-                arguments, raw_arguments = None, str(raw)
+        else:
+            # Held to a body's limits, as a model's arguments are (the text is inside
+            # the body, unread by the body's own check).
+            parsed, refused = tool_arguments(str(raw))
+            arguments, raw_arguments = (parsed, None) if refused is None else (None, refused)
         return InputItem(
             kind="function_call",
             call_id=call_id,
@@ -220,6 +232,7 @@ def _read(item: dict[str, Any]) -> InputItem | None:
         call_id = item.get("call_id")
         if not isinstance(call_id, str) or not call_id:
             raise InvalidRequest("a function_call_output item needs call_id")
+        _check_call_id(call_id)
         output = item.get("output")
         text = (
             output
@@ -233,6 +246,7 @@ def _read(item: dict[str, Any]) -> InputItem | None:
         call_id = item.get("approval_request_id")
         if not isinstance(call_id, str) or not isinstance(item.get("approve"), bool):
             raise InvalidRequest("mcp_approval_response needs approval_request_id and approve")
+        _check_call_id(call_id)
         reason = item.get("reason")
         return InputItem(
             kind="approval",
