@@ -1093,6 +1093,7 @@ class Conversations(Reads):
                 self.settings, [tool.spec() for tool in work.tools], self.redactor
             ),
             sequence=sequence,
+            conversation_id=session.key.conversation_id,
         )
 
     @staticmethod
