@@ -142,6 +142,7 @@ def test_demo_stateful_continues_falls_back_and_keeps_the_cursor_on_the_head(
         tenant="tenant-a",
         context_sha256=cursor.context_sha256,
         sequence=2,
+        conversation_id="conv-1",  # its owner: only its own purge deletes the response
     )
     assert RESPONSE_ID.fullmatch(cursor.response_id)
     assert len(cursor.context_sha256) == 64 and int(cursor.context_sha256, 16) >= 0

@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 from turnledger.core.config import Settings
 from turnledger.core.models import ConversationKey
-from turnledger.runtime import Runtime
+from turnledger.runtime import LOCAL_KEYS_FILE, LOCAL_MASTER_KEY_FILE, Runtime
 from turnledger.store import keys
+from turnledger.store.keyring import data_key_name
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 from turnledger_local.runner import LocalConfig, LocalRunner
 
@@ -26,8 +27,9 @@ ANN = {"Authorization": "Bearer local:acme:ann"}
 
 
 @contextmanager
-def served(data_dir: Path) -> Iterator[str]:
-    """``turnledger local --data-dir`` in its own process; stopped with Ctrl-C at the end."""
+def served(data_dir: Path, expect: str | None = None) -> Iterator[str]:
+    """``turnledger local --data-dir`` in its own process; stopped with Ctrl-C at the end.
+    ``expect``: a line its banner must hold."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -48,6 +50,7 @@ def served(data_dir: Path) -> Iterator[str]:
         url = re.search(r"serving (http://127\.0\.0\.1:\d+)", banner)
         assert url is not None, banner
         assert str(data_dir.resolve()) in banner
+        assert expect is None or expect in banner, banner
         yield url.group(1)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) == 0
@@ -194,3 +197,69 @@ def test_clear_and_erasure_remove_the_idempotency_records(tmp_path: Path) -> Non
         assert rerun.status_code == 200
         assert rerun.json()["turn"] == 1
         assert len(idempotency_records(data_dir)) == 1
+
+
+# --- erasure by key destruction: nothing in the folder undoes it (issue 39) ---------------
+
+
+def wrapped_keys(data_dir: Path, conversation_id: str) -> list[bytes]:
+    """The wrapped data keys of ``conversation_id`` (acme) in the folder's key file."""
+    with closing(sqlite3.connect(data_dir / LOCAL_KEYS_FILE)) as db:
+        rows = db.execute(
+            "SELECT key FROM keys WHERE name LIKE ?",
+            (data_key_name("acme", conversation_id, "%"),),
+        ).fetchall()
+    return [bytes(row[0]) for row in rows]
+
+
+def test_a_delete_leaves_no_wrapped_key_of_the_conversation_in_any_file(tmp_path: Path) -> None:
+    """After DELETE, no byte of any file in the live data folder (the key file, its WAL,
+    shared memory or journal, the database) holds a wrapped key of the conversation, and
+    the master key is not in the folder: a copy of the folder taken after the delete
+    cannot open the deleted conversation."""
+    data_dir = tmp_path / "data"
+    with LocalRunner(LocalConfig(port=0, data_dir=data_dir)) as runner:
+        # Neighbours before and after it: its key shares pages with keys that stay.
+        for conversation in ("c1", "doomed", "c3"):
+            answer = post_turn(runner.url, conversation, f"My name is {conversation}.")
+            assert answer.status_code == 200, answer.text
+        # A second life too: both lives' keys must go.
+        doomed = wrapped_keys(data_dir, "doomed")
+        cleared = httpx.delete(f"{runner.url}/v1/conversations/doomed", headers=ANN)
+        assert cleared.status_code == 204
+        assert post_turn(runner.url, "doomed", "My name is Eve.").status_code == 200
+        doomed += wrapped_keys(data_dir, "doomed")
+        assert len(set(doomed)) == 2 and all(len(key) > 32 for key in doomed)
+
+        deleted = httpx.delete(f"{runner.url}/v1/conversations/doomed", headers=ANN)
+        assert deleted.status_code == 204, deleted.text
+
+        files = [path for path in data_dir.rglob("*") if path.is_file()]
+        assert data_dir / LOCAL_KEYS_FILE in files
+        for path in files:
+            content = path.read_bytes()
+            assert not any(key in content for key in doomed), path.name
+        assert wrapped_keys(data_dir, "doomed") == []
+        # The others still read back: only the deleted conversation's keys went.
+        kept = httpx.get(f"{runner.url}/v1/conversations/c1/events", headers=ANN)
+        assert kept.status_code == 200 and "My name is c1." in kept.text
+    assert not [path for path in data_dir.rglob("*") if path.name == LOCAL_MASTER_KEY_FILE]
+    state = Path(os.environ["XDG_STATE_HOME"]) / "turnledger" / LOCAL_MASTER_KEY_FILE
+    assert state.is_file() and state.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_master_key_an_older_version_left_in_the_folder_still_opens_it_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A folder whose ``master.key`` lies inside it (as older versions kept it) keeps its
+    conversations readable; the runner says at start that the key is in the folder."""
+    data_dir = tmp_path / "data"
+    inside = data_dir / LOCAL_MASTER_KEY_FILE
+    with LocalRunner(LocalConfig(port=0, data_dir=data_dir, master_key_file=inside)) as runner:
+        assert post_turn(runner.url, "user-1", "My name is Ann.").status_code == 200
+    assert inside.is_file()
+
+    with served(data_dir, expect="warning: the master key is inside the data folder") as url:
+        again = post_turn(url, "user-1", "What is my name?")
+        assert again.status_code == 200, again.text
+        assert again.json()["output_text"] == "Your name is Ann."

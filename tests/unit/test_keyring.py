@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 import stat
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import boto3
@@ -270,3 +272,54 @@ def test_a_tenant_key_bound_to_another_tenant_does_not_open(aws: None) -> None:
     _, wrapped = master.new_tenant_key("acme")
     with pytest.raises(CorruptedState):
         master.unwrap("beta", wrapped)
+
+
+def _files_of(path: Path) -> bytes:
+    """Every byte of a SQLite file and of its journal, WAL and shared memory beside it."""
+    found = [path.with_name(path.name + suffix) for suffix in ("", "-journal", "-wal", "-shm")]
+    return b"".join(file.read_bytes() for file in found if file.is_file())
+
+
+def test_a_destroyed_key_leaves_no_copy_in_the_key_files(tmp_path: Path) -> None:
+    """``secure_delete`` and a rollback journal: once destroyed, no byte of the key file or
+    of a journal beside it holds the wrapped key, while the others still open."""
+    path = tmp_path / "keys.sqlite3"
+    items = SQLiteKeyItems(path)
+    keyring = Keyring(LocalMasterKey(), items)
+    for n in range(50):
+        keyring.data_key("acme", f"c{n}", "g1", create=True)
+    doomed = [items.get(data_key_name("acme", f"c{n}", "g1")) for n in range(0, 50, 7)]
+    assert all(doomed)
+    for n in range(0, 50, 7):
+        keyring.destroy_conversation("acme", f"c{n}", ["g1"])
+    content = _files_of(path)
+    assert not any(key is not None and key in content for key in doomed)
+    assert keyring.data_key("acme", "c1", "g1", create=False)
+
+
+def test_a_key_file_an_older_build_left_in_wal_mode_is_moved_out_of_it_and_vacuumed(
+    tmp_path: Path,
+) -> None:
+    """Opened alone, a WAL-mode key file (what older builds wrote) leaves WAL, and the keys
+    its earlier deletes left in free pages are overwritten."""
+    path = tmp_path / "keys.sqlite3"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA secure_delete=OFF")  # SQLite's own default; some builds change it
+        db.execute("CREATE TABLE keys (name TEXT PRIMARY KEY, owner TEXT NOT NULL, key BLOB)")
+        with db:
+            db.executemany(
+                "INSERT INTO keys VALUES (?, 'acme', ?)",
+                [(f"k{n}", bytes([n]) * 61) for n in range(1, 40)],
+            )
+        with db:
+            db.execute("DELETE FROM keys WHERE name = 'k7'")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert bytes([7]) * 61 in _files_of(path)  # what an older build left behind
+
+    items = SQLiteKeyItems(path)
+    assert items.get("k8") == bytes([8]) * 61
+    assert not path.with_name("keys.sqlite3-wal").exists()
+    assert bytes([7]) * 61 not in _files_of(path)
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"

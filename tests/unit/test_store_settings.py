@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 from turnledger.core.config import Settings
-from turnledger.runtime import LOCAL_KEYS_FILE, LOCAL_MASTER_KEY_FILE, Runtime
+from turnledger.runtime import (
+    LOCAL_KEYS_FILE,
+    LOCAL_MASTER_KEY_FILE,
+    Runtime,
+    local_master_key_file,
+    master_key_in_data_dir,
+)
 from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.keyring import DynamoDBKeyItems, KmsMasterKey, LocalMasterKey, SQLiteKeyItems
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
@@ -77,17 +83,43 @@ def test_a_keys_table_makes_the_store_seal_under_kms() -> None:
     assert Runtime.from_settings(Settings.from_env({})).store.sealer.keyring is None
 
 
-def test_the_sqlite_store_seals_under_a_key_file_beside_the_data(tmp_path: Path) -> None:
+def test_the_sqlite_store_seals_under_a_master_key_outside_the_data_folder(
+    tmp_path: Path,
+) -> None:
+    """By default the master key is in the user's state folder, never in the data folder;
+    the wrapped keys are in their own file beside the data file."""
     folder = tmp_path / "d"
-    store = Runtime.from_settings(
-        Settings.from_env({"STORE": "sqlite", "DATA_DIR": str(folder)})
-    ).store
+    env = {"STORE": "sqlite", "DATA_DIR": str(folder), "XDG_STATE_HOME": str(tmp_path / "s")}
+    settings = Settings.from_env(env)
+    master = local_master_key_file(settings, env)
+    assert master == tmp_path / "s" / "turnledger" / LOCAL_MASTER_KEY_FILE
+    assert local_master_key_file(settings, {"HOME": str(tmp_path / "h")}) == (
+        tmp_path / "h" / ".local" / "state" / "turnledger" / LOCAL_MASTER_KEY_FILE
+    )
+    given = Settings.from_env({**env, "MASTER_KEY_FILE": str(tmp_path / "k" / "m.key")})
+    assert local_master_key_file(given, env) == tmp_path / "k" / "m.key"
+    assert not master_key_in_data_dir(given)
+
+    store = Runtime.from_settings(Settings.from_env({**env, "MASTER_KEY_FILE": str(master)})).store
     keyring = store.sealer.keyring
     assert keyring is not None and isinstance(keyring.master, LocalMasterKey)
-    assert (folder / LOCAL_MASTER_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert master.stat().st_mode & 0o777 == 0o600
+    assert not (folder / LOCAL_MASTER_KEY_FILE).exists()
     assert isinstance(keyring.items, SQLiteKeyItems)
     assert keyring.items.path == folder / LOCAL_KEYS_FILE != folder / DATABASE_FILE
     store.close()
+
+
+def test_a_master_key_left_in_the_data_folder_is_used_and_reported(tmp_path: Path) -> None:
+    """An older build's ``master.key`` inside the data folder keeps opening it (unless
+    ``MASTER_KEY_FILE`` names another); :func:`master_key_in_data_dir` says so."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / LOCAL_MASTER_KEY_FILE).write_bytes(bytes(32))
+    env = {"STORE": "sqlite", "DATA_DIR": str(folder), "XDG_STATE_HOME": str(tmp_path / "s")}
+    settings = Settings.from_env(env)
+    assert local_master_key_file(settings, env) == folder / LOCAL_MASTER_KEY_FILE
+    assert master_key_in_data_dir(settings)
 
 
 @pytest.mark.parametrize(

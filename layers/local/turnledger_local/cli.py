@@ -120,8 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help=(
-            "keep conversations in DIR (a SQLite database and payload files), across "
-            "restarts; without it they live in the embedded storage and go when it stops"
+            "keep conversations in DIR (a SQLite database, payload files and the wrapped "
+            "content keys), across restarts; without it they live in the embedded storage "
+            "and go when it stops. A copy of DIR keeps every conversation that was in it, "
+            "sealed, even one deleted since: it opens with the master key only, kept "
+            "outside DIR (--master-key)"
+        ),
+    )
+    local.add_argument(
+        "--master-key",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "the master key of --data-dir's content, created if missing (default: "
+            "$XDG_STATE_HOME/turnledger/master.key, ~/.local/state/turnledger/master.key "
+            "without it; a master.key an older version left in DIR is used, with a warning)"
         ),
     )
     local.add_argument(
@@ -255,6 +268,7 @@ def config_from_args(args: argparse.Namespace) -> LocalConfig:
         region=args.region,
         log_level=args.log_level,
         data_dir=args.data_dir,
+        master_key_file=args.master_key,
         print_metrics=args.print_metrics,
         max_workers=args.max_workers,
         function_timeout_seconds=args.function_timeout,
@@ -263,12 +277,25 @@ def config_from_args(args: argparse.Namespace) -> LocalConfig:
 
 def _banner(url: str, runner: LocalRunner) -> str:
     places = [f"{name} {endpoint}" for name, endpoint in runner.endpoints.items()]
+    warning = ""
     if runner.config.data_dir is not None:
+        from turnledger.core.config import Settings
+        from turnledger.runtime import local_master_key_file, master_key_in_data_dir
+
+        settings = Settings.from_env(runner.environment)
+        master = local_master_key_file(settings, runner.environment)
         places.insert(0, f"conversations in {runner.config.data_dir.resolve()}")
+        places.insert(1, f"master key {master}")
+        if master_key_in_data_dir(settings):
+            warning = (
+                f"warning: the master key is inside the data folder ({master}): a copy of "
+                "the folder opens every conversation it holds, deleted ones too. Move it "
+                "out and pass --master-key (docs/OPERATIONS.md, 'Local data folder').\n"
+            )
     storage = ", ".join(places) or "none"
     body = shlex.quote('{"input": "My name is Ada."}')
     return (
-        f"turnledger local: serving {url} (storage: {storage})\n"
+        f"{warning}turnledger local: serving {url} (storage: {storage})\n"
         "try:\n"
         f"  curl -s -X POST {url}/v1/conversations/demo-1/turns \\\n"
         "    -H 'Authorization: Bearer local:acme' -H 'Content-Type: application/json' \\\n"

@@ -151,6 +151,9 @@ class LocalConfig:
     #: ``None``: in the DynamoDB table and bucket (embedded: gone when the runner stops).
     #: Idempotency records live with the conversations either way (the store's records).
     data_dir: Path | None = None
+    #: The master key of ``data_dir``'s content (``None``: outside the folder, in the
+    #: user's state folder; see :func:`turnledger.runtime.local_master_key_file`).
+    master_key_file: Path | None = None
     #: Execution environments (worker processes) per function; more requests queue.
     max_workers: int = 8
     #: Every function's timeout in seconds instead of its template ``Timeout`` (tests:
@@ -245,6 +248,11 @@ class LocalRunner:
             self.environment.update(self._local_files())
             self.environment["NOTIFICATIONS_LOCAL_URL"] = self.url + NOTIFICATIONS_PATH
             self.environment.update(self.config.env)
+            if self.config.data_dir is not None:
+                # Opened here first, by this process alone (the key file's journal mode).
+                from turnledger.runtime import prepare_local_store
+
+                prepare_local_store(Settings.from_env(self.environment))
             self._start_workers(boots)
             self._serve(server)
         except BaseException:
@@ -337,6 +345,9 @@ class LocalRunner:
             "TOOLS_FILE": None if cfg.tools_file is None else str(cfg.tools_file.resolve()),
             "STORE": None if cfg.data_dir is None else "sqlite",
             "DATA_DIR": None if cfg.data_dir is None else str(cfg.data_dir.resolve()),
+            "MASTER_KEY_FILE": None
+            if cfg.master_key_file is None
+            else str(cfg.master_key_file.expanduser().resolve()),
         }
         env.update({name: value for name, value in optional.items() if value is not None})
         return env

@@ -19,10 +19,11 @@ reusing what init made.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, cached_property, partial
@@ -487,10 +488,10 @@ def _sqlite_store(settings: Settings) -> ConversationStore:
     assert settings.data_dir is not None  # Settings refuses sqlite without a folder
     folder = Path(settings.data_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    # Content sealed as deployed, under a key file beside the data (never inside it): a
-    # copy of the data file alone holds only ciphertext.
+    # Content sealed as deployed: wrapped keys in a file beside the data file (a copy of
+    # the data file alone holds only ciphertext), the master key outside the folder.
     keyring = Keyring(
-        LocalMasterKey.from_file(folder / LOCAL_MASTER_KEY_FILE),
+        LocalMasterKey.from_file(local_master_key_file(settings)),
         SQLiteKeyItems(folder / LOCAL_KEYS_FILE),
         cache_seconds=settings.key_cache_seconds,
     )
@@ -499,9 +500,57 @@ def _sqlite_store(settings: Settings) -> ConversationStore:
     )
 
 
-#: The local runner's master key and wrapped keys, in ``--data-dir`` (SQLite store).
-LOCAL_MASTER_KEY_FILE = "master.key"
+#: The SQLite store's wrapped keys, in its data folder (``--data-dir``).
 LOCAL_KEYS_FILE = "keys.sqlite3"
+#: The name of its master key's file (:func:`local_master_key_file`).
+LOCAL_MASTER_KEY_FILE = "master.key"
+
+
+def local_master_key_file(settings: Settings, env: Mapping[str, str] | None = None) -> Path:
+    """Where the SQLite store's master key is kept (created there on first use).
+
+    ``MASTER_KEY_FILE`` when set; else a ``master.key`` an older build left in the data
+    folder (still used, so its conversations stay readable: :func:`master_key_in_data_dir`
+    tells the runner to warn); else ``master.key`` in the user's state folder,
+    ``$XDG_STATE_HOME/turnledger`` (``~/.local/state/turnledger`` without it), one key for
+    every data folder of the user. Outside the folder, a copy of it (a backup) holds
+    wrapped keys that nothing in it opens.
+
+    Args:
+        env: the environment to read ``XDG_STATE_HOME`` and ``HOME`` from (default: this
+            process's).
+    """
+    if settings.master_key_file:
+        return Path(settings.master_key_file).expanduser().resolve()
+    assert settings.data_dir is not None  # Settings refuses sqlite without a folder
+    left = Path(settings.data_dir) / LOCAL_MASTER_KEY_FILE
+    if left.is_file():
+        return left.resolve()
+    given = os.environ if env is None else env
+    state = given.get("XDG_STATE_HOME") or str(
+        Path(given.get("HOME") or Path.home()) / ".local" / "state"
+    )
+    return (Path(state) / "turnledger" / LOCAL_MASTER_KEY_FILE).resolve()
+
+
+def master_key_in_data_dir(settings: Settings) -> bool:
+    """Whether the SQLite store's master key lies in its data folder: a copy of the folder
+    then opens every conversation that was in it, deleted or not."""
+    assert settings.data_dir is not None
+    folder = Path(settings.data_dir).resolve()
+    return folder in local_master_key_file(settings).parents
+
+
+def prepare_local_store(settings: Settings) -> None:
+    """Open the SQLite store's files once (the master key made if missing, the key file
+    moved out of an older build's WAL mode, which only an opener alone can do:
+    :class:`~turnledger.store.keyring.SQLiteKeyItems`), before any function's process
+    opens them; the connections are closed again."""
+    from .store.sqlite import SQLiteConversationStore
+
+    store = _sqlite_store(settings)
+    assert isinstance(store, SQLiteConversationStore)
+    store.close()
 
 
 def _keyring(settings: Settings, session: AwsSession, dynamodb: DynamoDBClient) -> Keyring | None:

@@ -74,6 +74,7 @@ Providers (``PROVIDER`` also takes ``openai-responses``, ``bedrock-converse``, `
 | ``DEMO_STATE_DIR`` | (none: memory) | where ``demo-stateful`` keeps state (shared by processes) |
 | ``STORE`` | ``dynamodb`` | ``sqlite``: conversations in ``DATA_DIR`` (``local --data-dir``) |
 | ``DATA_DIR`` | (none) | the folder of the SQLite store: database file and offloaded payloads |
+| ``MASTER_KEY_FILE`` | (state folder) | the SQLite store's master key (outside ``DATA_DIR``) |
 
 Long and streamed turns (``Prefer: respond-async``):
 
@@ -336,6 +337,9 @@ class Settings:
     #: ``dynamodb`` (table and bucket) or ``sqlite`` (a database file and objects in ``data_dir``).
     store: str = "dynamodb"
     data_dir: str | None = None
+    #: The file of the SQLite store's master key
+    #: (``None``: :func:`turnledger.runtime.local_master_key_file`).
+    master_key_file: str | None = None
     # --- tenant isolation (store/tenancy.py) ---
     #: Role assumed per tenant, with the tenant's session policy and tag, for every
     #: table and bucket access of that tenant's requests (``None``: the process's own
@@ -504,6 +508,7 @@ class Settings:
             demo_state_dir=opt("DEMO_STATE_DIR"),
             store=env.get("STORE") or cls.store,
             data_dir=opt("DATA_DIR"),
+            master_key_file=opt("MASTER_KEY_FILE"),
             tenant_role_arn=opt("TENANT_ROLE_ARN"),
             demo_token_delay_ms=_int(env, "DEMO_TOKEN_DELAY_MS", cls.demo_token_delay_ms),
             draft_flush_ms=_int(env, "DRAFT_FLUSH_MS", cls.draft_flush_ms),

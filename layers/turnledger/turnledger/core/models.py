@@ -699,6 +699,14 @@ class ProviderCursor(_Strict):
     context_sha256: str
     #: The public sequence of the ``assistant_message`` the stored response holds.
     sequence: int = Field(ge=1)
+    #: The conversation whose turn stored the response: its owner, the only one whose
+    #: purge deletes it (a fork holds its parent's; ``None``: a cursor written before
+    #: this field, the holder's own).
+    conversation_id: str | None = None
+
+    def owned_by(self, conversation_id: str) -> bool:
+        """Whether a purge of ``conversation_id`` deletes the stored response."""
+        return self.conversation_id in (None, conversation_id)
 
 
 #: Tool names as OpenAI (and most providers) accept them: 1-64 of ``A-Z a-z 0-9 _ -``.

@@ -395,7 +395,9 @@ def _tombstone_of(item: Item) -> Head | None:
 
 
 def _stored_responses(item: Item) -> list[tuple[str, str]]:
-    """``(provider, response id)`` named by the run record of an answer's item, if any.
+    """``(provider, response id)`` named by the run record of an answer's item, if any:
+    answers of this conversation's own turns only (an imported answer's response is its
+    source's, which a purge here never deletes).
 
     Best effort over whatever the item holds: a purge removes damaged items too.
     """
@@ -410,17 +412,21 @@ def _stored_responses(item: Item) -> list[tuple[str, str]]:
     # A turn item's body is the list of its events' bodies; an older item's, one body.
     for event in parsed if isinstance(parsed, list) else [parsed]:
         try:
+            if event.get("imported"):
+                continue
             run = event["payload"]["run"]
             found.append((str(run["provider"]), str(run["response_id"])))
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             continue
     return found
 
 
-def _cursor_responses(item: Item) -> list[tuple[str, str]]:
+def _cursor_responses(item: Item, owner: str) -> list[tuple[str, str]]:
     """``(provider, response id)`` of the provider cursor that the head state of a turn item
     (or ``HEAD``) names, if any: clear at rest (:data:`.codec.STATE_CONTENT`), so a purge
-    reads it after an erasure destroyed the keys that sealed the run records.
+    reads it after an erasure destroyed the keys that sealed the run records. Only a cursor
+    ``owner`` (the conversation purged) owns: a fork's inherited one is its parent's
+    (:meth:`~turnledger.core.models.ProviderCursor.owned_by`).
 
     Best effort over whatever the item holds: a purge removes damaged items too.
     """
@@ -430,8 +436,10 @@ def _cursor_responses(item: Item) -> list[tuple[str, str]]:
         return []
     try:
         cursor = json.loads(state)["provider_cursor"]
+        if cursor.get("conversation_id") not in (None, owner):
+            return []
         return [(str(cursor["provider"]), str(cursor["response_id"]))]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return []
 
 
@@ -1360,8 +1368,8 @@ class ConversationStore(ABC):
         elif not self._replace_head(codec.encode_head(key, tomb), item):
             return None
         report.conversations = 0 if item is None else 1
-        if old is not None and old.provider_cursor is not None:
-            cursor = old.provider_cursor
+        cursor = old.provider_cursor if old is not None else None
+        if cursor is not None and cursor.owned_by(key.conversation_id):
             report.provider_responses.append((cursor.provider, cursor.response_id))
         return self._finish_purge(key, tomb, report)
 
@@ -1466,7 +1474,9 @@ class ConversationStore(ABC):
                         # Its stored provider responses: the cursor its head state names
                         # (clear), and those its run records name (sealed: unless the
                         # tenant's erasure destroyed their keys first).
-                        report.provider_responses.extend(_cursor_responses(item))
+                        report.provider_responses.extend(
+                            _cursor_responses(item, owner.conversation_id)
+                        )
                         with contextlib.suppress(ContentUnreadable):
                             opened = self.sealer.open(item, held)
                             report.provider_responses.extend(_stored_responses(opened))

@@ -63,6 +63,8 @@ KMS_PENDING_DAYS = 7
 #: The first byte of a sealed value: the format (nonce, then AES-GCM's ciphertext and tag).
 FORMAT = b"\x01"
 _NONCE_BYTES = 12
+#: How long a key store's write waits for another process's (SQLiteKeyItems).
+_KEYS_BUSY_TIMEOUT_SECONDS = 30.0
 _KEY_BYTES = 32
 
 
@@ -215,13 +217,33 @@ class SQLiteKeyItems(KeyItems):
     """Wrapped keys in their own SQLite file, beside (never inside) the data file.
 
     A copy of the data file (a backup) then holds no key: deleting a key here
-    makes what it protected unreadable in every copy, as the keys table does.
+    makes what it protected unreadable in every copy of the data file, as the keys
+    table does.
+
+    A deleted key leaves no copy in the key files (``keys.sqlite3`` and its journal):
+    the file has ``secure_delete`` on (SQLite overwrites what a delete frees with
+    zeros) and a rollback journal (``journal_mode=DELETE``), whose copy of the pages
+    a delete changes is removed with the transaction. A WAL would keep the page that
+    held a deleted key until a checkpoint overwrote it, which a reader can hold off.
+    A file an older build left in WAL mode is moved to this mode and vacuumed (what its
+    earlier deletes left in free pages is overwritten) by the first process to open it
+    while no other has it open (:meth:`__init__`; the local runner opens it before it
+    starts its functions).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        with self._connection() as db:
+        db = self._connection()
+        if db.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            # Leaving WAL needs the file to itself; another process holding it (an older
+            # runner) keeps it in WAL until a later open finds it free.
+            with contextlib.suppress(sqlite3.OperationalError):
+                db.execute("PRAGMA busy_timeout=0")
+                if db.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete":
+                    db.execute("VACUUM")
+            db.execute(f"PRAGMA busy_timeout={int(_KEYS_BUSY_TIMEOUT_SECONDS * 1000)}")
+        with db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS keys (name TEXT PRIMARY KEY, owner TEXT NOT NULL,"
                 " key BLOB NOT NULL)"
@@ -229,11 +251,15 @@ class SQLiteKeyItems(KeyItems):
             db.execute("CREATE INDEX IF NOT EXISTS keys_owner ON keys (owner)")
 
     def _connection(self) -> sqlite3.Connection:
+        # One connection per thread and process: one inherited through fork() is never used.
+        pid = os.getpid()
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=30.0)
-            db.execute("PRAGMA journal_mode=WAL")
-            self._local.db = db
+        if db is None or getattr(self._local, "pid", None) != pid:
+            db = sqlite3.connect(self.path, timeout=_KEYS_BUSY_TIMEOUT_SECONDS)
+            # Per connection: every one that deletes must zero what it frees.
+            db.execute("PRAGMA secure_delete=ON")
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db, self._local.pid = db, pid
         return db
 
     def get(self, name: str) -> bytes | None:
@@ -359,9 +385,10 @@ class KmsMasterKey(MasterKey):
 class LocalMasterKey(MasterKey):
     """A master key this process holds: where there is no KMS.
 
-    :meth:`from_file` keeps it in a file of the local runner's data folder
-    (``turnledger local --data-dir``), readable by its owner only; without a file
-    (tests) it lives in memory.
+    :meth:`from_file` keeps it in a file readable by its owner only, outside the local
+    runner's data folder by default (:func:`turnledger.runtime.local_master_key_file`):
+    a copy of the folder then holds wrapped keys that nothing in it opens. Without a
+    file (tests) it lives in memory.
     """
 
     def __init__(self, material: bytes | None = None) -> None:
@@ -372,7 +399,9 @@ class LocalMasterKey(MasterKey):
 
     @classmethod
     def from_file(cls, path: Path) -> LocalMasterKey:
-        """The key in ``path``, created there (mode 0600) when the file does not exist."""
+        """The key in ``path``, created there (mode 0600, its folder 0700 when created too)
+        when the file does not exist."""
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:

@@ -123,6 +123,9 @@ def inherited_cursor(
     """
     cursor = head.provider_cursor
     if cursor is not None and cursor.sequence == point.seq:
+        # Still the parent's (or its own parent's): deleting the fork never deletes it.
+        if cursor.conversation_id is None:
+            return cursor.model_copy(update={"conversation_id": key.conversation_id})
         return cursor
     if point.seq == 0:
         return None
@@ -143,6 +146,7 @@ def inherited_cursor(
         tenant=key.tenant,
         context_sha256=run.made_with,
         sequence=point.seq,
+        conversation_id=key.conversation_id,
     )
 
 

@@ -1170,6 +1170,7 @@ class Conversations(Reads):
                 self.settings, [tool.spec() for tool in work.tools], self.redactor
             ),
             sequence=sequence,
+            conversation_id=session.key.conversation_id,
         )
 
     @staticmethod
@@ -1487,11 +1488,19 @@ class Conversations(Reads):
         return session
 
     def _work(self, session: Session) -> TurnWork:
-        """The work of a request on the turn ``session`` is in, with that turn's options."""
+        """The work of a request on the turn ``session`` is in, with that turn's options.
+
+        Stored options may name tools the registry no longer has (removed since, or named
+        by an imported head): those are not offered, never an error. A conversation never
+        depends on a tool that is gone; a request naming one is refused before (:meth:`turn`).
+        """
         options = session.options
+        registered = (
+            None if options.tools is None else [n for n in options.tools if n in self.tools]
+        )
         return TurnWork(
             session=session,
-            tools=[*self.tools.select(options.tools), *map(client_tool, options.client_tools)],
+            tools=[*self.tools.select(registered), *map(client_tool, options.client_tools)],
             model=options.model or self.settings.model,
             provider=self._provider_of(options.provider),
             response_format=options.response_format,
