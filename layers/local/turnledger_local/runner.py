@@ -162,6 +162,10 @@ class LocalConfig:
     #: Local-only, for tests: ``module:function`` called once before any environment
     #: starts (fault injection; see ``workers.py``).
     worker_hook: str | None = None
+    #: Seconds the runner waits for each read of a request (its line, headers, a piece of
+    #: its body) before it answers ``408`` and closes; also how long an idle connection
+    #: is kept open between requests.
+    read_timeout_seconds: float = 10.0
     #: Extra environment variables for the functions, applied last.
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -825,6 +829,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "turnledger-local"
 
+    def setup(self) -> None:
+        super().setup()
+        # Bounds every read of the connection: a client that stops sending holds its
+        # thread no longer than this (``handle_one_request`` closes an idle one).
+        self.connection.settimeout(self.server.runner.config.read_timeout_seconds)
+
     def __getattr__(self, name: str) -> Any:
         # Every method reaches the route table (``do_GET``, ``do_TRACE``, ``do_BREW``...): a
         # known path answers 405 with ``Allow`` for a method it lacks, as JSON, never the
@@ -883,23 +893,61 @@ class _RequestHandler(BaseHTTPRequestHandler):
         )
 
     def _read_body(self) -> bytes:
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            return self._read_chunked()
-        raw_length = self.headers.get("content-length", "0") or "0"
         try:
-            length = int(raw_length)
-        except ValueError:
+            return self._framed_body()
+        except TimeoutError:
             self.close_connection = True
-            raise GatewayError(400, "invalid_request", "bad Content-Length") from None
-        if length < 0:
+            seconds = self.server.runner.config.read_timeout_seconds
+            raise GatewayError(
+                408,
+                "request_timeout",
+                f"the request body stalled: nothing arrived for {seconds:g} seconds",
+                details={"read_timeout_seconds": seconds},
+            ) from None
+
+    def _framed_body(self) -> bytes:
+        """The body as its one ``Content-Length`` or ``Transfer-Encoding: chunked`` frames it.
+
+        Two lengths, or a length and a coding, would let a proxy in front and this server
+        split the stream differently (request smuggling): refused, and the connection
+        closed, as is every refusal after which the rest of the stream cannot be trusted.
+        """
+        lengths = self.headers.get_all("content-length") or []
+        codings = self.headers.get_all("transfer-encoding") or []
+        if len(lengths) + len(codings) > 1:
+            self.close_connection = True
+            raise GatewayError(
+                400,
+                "invalid_request",
+                "the body's length is given more than once (Content-Length, Transfer-Encoding)",
+            )
+        if codings:
+            if codings[0].strip().lower() != "chunked":
+                self.close_connection = True
+                raise GatewayError(
+                    400, "invalid_request", "the only Transfer-Encoding taken is chunked"
+                )
+            return self._read_chunked()
+        raw_length = lengths[0].strip() if lengths else "0"
+        if not raw_length.isascii() or not raw_length.isdigit():
             self.close_connection = True
             raise GatewayError(400, "invalid_request", "bad Content-Length")
+        length = int(raw_length)
         if length > MAX_BODY_BYTES:
             self._discard(length)
             raise _too_large()
         return self.rfile.read(length)
 
     def _read_chunked(self) -> bytes:
+        try:
+            return self._chunks()
+        except GatewayError:
+            # Where the refused body ends is unknown (or not worth reading to): what
+            # follows on the connection cannot be taken for a next request.
+            self.close_connection = True
+            raise
+
+    def _chunks(self) -> bytes:
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -907,22 +955,26 @@ class _RequestHandler(BaseHTTPRequestHandler):
             try:
                 size = int(size_line.split(b";", 1)[0].strip(), 16)
             except ValueError:
-                self.close_connection = True
                 raise GatewayError(400, "invalid_request", "bad chunked body") from None
+            if size < 0:
+                raise GatewayError(400, "invalid_request", "bad chunked body")
             if size == 0:
                 while self.rfile.readline(1024) not in {b"\r\n", b"\n", b""}:
                     pass  # trailers
                 break
             total += size
             if total > _DRAIN_LIMIT_BYTES:
-                self.close_connection = True
                 raise _too_large()
             if total > MAX_BODY_BYTES:
+                # Read and dropped, so that the client, still sending, gets the answer.
                 self._discard(size)
                 chunks.clear()
             else:
                 chunks.append(self.rfile.read(size))
-            self.rfile.readline(1024)
+            if self.rfile.readline(1024) not in {b"\r\n", b"\n"}:
+                raise GatewayError(
+                    400, "invalid_request", "bad chunked body: a chunk is longer than its size"
+                )
         if total > MAX_BODY_BYTES:
             raise _too_large()
         return b"".join(chunks)
