@@ -524,7 +524,7 @@ class LocalRunner:
             event = build_event(request, route, path_parameters, claims)
             return to_http(self._invoke(route.function, event))
         except GatewayError as exc:
-            return exc.to_response()
+            return exc.to_response(request.raw_path)
 
     def _approver(self) -> tuple[str, str] | None:
         """The claim and value the functions require to decide approvals (``None``: none),
@@ -784,8 +784,8 @@ class FunctionTimedOut(GatewayError):
             500, "Sandbox.Timedout", f"Task timed out after {timeout_seconds:.2f} seconds"
         )
 
-    def to_response(self) -> HttpResponse:
-        """API Gateway's own answer to a Lambda integration that timed out."""
+    def to_response(self, path: str = "") -> HttpResponse:
+        """API Gateway's own answer to a Lambda integration that timed out (on any path)."""
         return HttpResponse.json(500, {"message": "Internal Server Error"})
 
 
@@ -854,7 +854,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         try:
             request = self._read_request()
         except GatewayError as exc:
-            self._write(exc.to_response())
+            self._write(exc.to_response(urlsplit(self.path).path))
             return
         live = self.server.runner.live_events(request)
         if isinstance(live, HttpResponse):
