@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import httpx
 import pytest
 from turnledger_local.cli import build_parser, config_from_args, main
 from turnledger_local.embedded import EmbeddedStorage, StorageNames, provision
-from turnledger_local.gateway import MAX_BODY_BYTES
+from turnledger_local.gateway import MAX_BODY_BYTES, HttpRequest
 from turnledger_local.runner import LocalConfig, LocalRunner
 from turnledger_local.template import load_template, ttl_attribute
 
@@ -975,6 +976,40 @@ def test_local_sweep_rejects_bad_bodies(
 def test_local_sweep_is_post_only_and_other_local_paths_are_404(client: httpx.Client) -> None:
     assert client.get("/_local/sweep", headers=TENANT).status_code == 405
     assert client.post("/_local/other", headers=TENANT).status_code == 404
+
+
+def notification(tenant: str, call_id: str) -> dict[str, Any]:
+    """A notification as the functions send it (turnledger/ops/notifications.py)."""
+    detail = {"tenant": tenant, "conversation_id": "c1", "call_id": call_id, "tool": "t"}
+    return {"source": "turnledger", "detail-type": "approval.requested", "detail": detail}
+
+
+def test_local_notifications_are_read_by_their_own_tenant_only(client: httpx.Client) -> None:
+    """Like ``/_local/sweep``: a local token (else ``401``), and a tenant sees only the
+    notifications of its own conversations."""
+    for tenant, call_id in (("acme", "call_a"), ("globex", "call_g"), ("acme", "call_b")):
+        sent = client.post("/_local/notifications", json=notification(tenant, call_id))
+        assert sent.status_code == 202
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        refused = client.get("/_local/notifications", headers=headers)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "unauthorized"
+    listed = client.get("/_local/notifications", headers=TENANT).json()["notifications"]
+    assert [n["detail"]["call_id"] for n in listed] == ["call_a", "call_b"]
+    theirs = client.get("/_local/notifications", headers={"Authorization": "Bearer local:globex"})
+    assert [n["detail"]["call_id"] for n in theirs.json()["notifications"]] == ["call_g"]
+
+
+def test_local_notifications_are_taken_from_this_machine_only(runner: LocalRunner) -> None:
+    """The functions send them from this machine; another host (a runner listening on
+    0.0.0.0) could otherwise put words in any tenant's list."""
+    body = json.dumps(notification("acme", "call_x")).encode()
+    remote = HttpRequest("POST", "/_local/notifications", body=body, source_ip="10.0.0.9")
+    answer = runner.handle(remote)
+    assert answer.status == 403
+    assert json.loads(answer.body)["error"]["code"] == "forbidden"
+    local = runner.handle(replace(remote, source_ip="127.0.0.1"))
+    assert local.status == 202
 
 
 # --- lifecycle and command line ------------------------------------------------------------

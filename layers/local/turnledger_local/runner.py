@@ -686,7 +686,7 @@ class LocalRunner:
         if request.raw_path == ECHO_PATH and request.method.upper() == "POST":
             return self._echo(request)
         if request.raw_path == NOTIFICATIONS_PATH and request.method.upper() in {"GET", "POST"}:
-            return self._notification(request)
+            return self._notifications_route(request)
         known = {SWEEP_PATH, FORGET_PATH} if self._sweep is not None else {FORGET_PATH}
         if request.raw_path not in known:
             raise GatewayError(404, "not_found", f"no route for {request.raw_path}")
@@ -720,11 +720,22 @@ class LocalRunner:
         state = demo_state_store(self.environment.get("DEMO_STATE_DIR"))
         return HttpResponse.json(200, {"forgotten": state.clear()})
 
-    def _notification(self, request: HttpRequest) -> HttpResponse:
-        """Keep (and print) one notification the functions sent, or list the kept ones,
-        newest last: the local stand-in for the deployment's EventBridge bus."""
+    def _notifications_route(self, request: HttpRequest) -> HttpResponse:
+        """Keep (and print) one notification the functions sent, or list the caller's
+        tenant's kept ones, newest last: the local stand-in for the deployment's
+        EventBridge bus. Listing needs a local token, as ``/_local/sweep`` does; only
+        this machine (where the functions run) may send one."""
         if request.method.upper() == "GET":
-            return HttpResponse.json(200, {"notifications": list(self._notifications)})
+            claims = authenticate(
+                request.header("authorization"), self.config.tenant_claim, self._approver()
+            )
+            tenant = claims[self.config.tenant_claim]
+            kept = [note for note in self._notifications if _tenant_of(note) == tenant]
+            return HttpResponse.json(200, {"notifications": kept})
+        if request.source_ip not in {"127.0.0.1", "::1"}:
+            raise GatewayError(
+                403, "forbidden", "notifications are taken from this machine's functions only"
+            )
         note = _json_object(request.body or b"{}")
         self._notifications.append(note)
         raw = note.get("detail")
@@ -787,6 +798,13 @@ class FunctionTimedOut(GatewayError):
     def to_response(self, path: str = "") -> HttpResponse:
         """API Gateway's own answer to a Lambda integration that timed out (on any path)."""
         return HttpResponse.json(500, {"message": "Internal Server Error"})
+
+
+def _tenant_of(note: dict[str, Any]) -> str | None:
+    """The tenant a kept notification is about (``detail.tenant``)."""
+    detail = note.get("detail")
+    tenant = detail.get("tenant") if isinstance(detail, dict) else None
+    return tenant if isinstance(tenant, str) else None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
