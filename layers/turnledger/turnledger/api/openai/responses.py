@@ -1,14 +1,15 @@
 """``POST /openai/v1/responses``: one turn (or one decision on pending calls) of a ledger
 conversation, as an OpenAI ``response``.
 
-Which conversation: the one ``conversation`` names; the one ``previous_response_id``
-belongs to when it is that conversation's latest response, else a new fork of it after that
-response's turn (:func:`continued_from`: a chain continues from any response, as on OpenAI);
-or, with neither, the one whose transcript, up to its latest response, the input's leading
-items repeat in canonical form, whatever their ids (:mod:`.matching`), else a new one whose
-history is the given items, recorded with the client as their source. After a stored
-response, the conversation's transcript chain is brought up to date
-(:func:`.matching.record`). A response id is ``resp_<turn>_<conversation id>``.
+Which conversation: the one ``conversation`` names (which must exist, as on OpenAI); the one
+``previous_response_id`` belongs to when it is that conversation's latest response, else a
+new fork of it after that response's turn (:func:`continued_from`: a chain continues from
+any response, as on OpenAI); or, with neither, the one whose transcript, up to its latest
+response, the input's leading items repeat in canonical form, whatever their ids
+(:mod:`.matching`), else a new one whose history is the given items, recorded with the
+client as their source. After a stored response, the conversation's transcript chain is
+brought up to date (:func:`.matching.record`). A response id is
+``resp_<turn>_<conversation id>``.
 
 ``tools``: function tools the registry has keep its executors and approval rules; the others
 are the client's for this request (:class:`~turnledger.core.models.ClientTool`).
