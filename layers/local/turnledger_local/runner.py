@@ -22,8 +22,9 @@ Local-only routes: ``POST /_local/sweep`` invokes the scheduled function on
 demand (it needs a local token like every API route), ``POST
 /_local/provider/forget`` drops the ``demo-stateful`` provider's state (a token
 too), ``POST /_local/echo`` is a stand-in tool endpoint that answers what it was sent,
-and ``/_local/notifications`` takes the functions' notifications (``POST``) and lists
-the last ones (``GET``). Lambda's Invoke API
+and ``/_local/notifications`` takes the functions' notifications (``POST``, from this
+machine) and lists the last ones of the caller's tenant (``GET``, a local token too).
+Lambda's Invoke API
 (``POST /2015-03-31/functions/<name>/invocations``, loopback only) starts the turn
 worker for long turns, as Lambda does deployed.
 """
