@@ -76,7 +76,7 @@ class DeferredWorld(World):
         tool = {
             "name": "run_report",
             "parameters": {"type": "object"},
-            "executor": {"type": "http", "url": self.sink.url("/report")},
+            "executor": {"type": "http", "url": self.sink.url("/report"), "deferred": True},
         }
         tools = ToolRegistry.from_json(json.dumps({"tools": [tool]}))
         return Conversations(

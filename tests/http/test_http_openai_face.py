@@ -219,3 +219,88 @@ def test_errors_have_openai_s_shape(client: OpenAI, served: LocalRunner) -> None
     assert set(raised.value.body) == {"message", "type", "param", "code"}  # type: ignore[arg-type]
     assert raised.value.body["code"] == "invalid_request"  # type: ignore[index]
     assert raised.value.body["param"] == "tools.0"  # type: ignore[index]
+
+
+def test_a_401_under_openai_v1_is_in_openai_s_shape(
+    served: LocalRunner, http: httpx.Client
+) -> None:
+    """Refused before any function runs (no token, another scheme, a token the runner cannot
+    use) or by the function (an unusable tenant): under ``/openai/v1`` always OpenAI's error
+    shape, as every other error there; the native routes keep the contract's."""
+    for headers in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer nope"}):
+        for method, path in (
+            ("POST", "/openai/v1/responses"),
+            ("GET", "/openai/v1/conversations/conv_1"),
+            ("GET", "/openai/v1/models"),
+        ):
+            answer = http.request(method, path, headers=headers, json={})
+            assert answer.status_code == 401, (path, answer.text)
+            error = answer.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}, answer.text
+            assert (error["type"], error["param"], error["code"]) == (
+                "authentication_error",
+                None,
+                "unauthorized",
+            )
+    by_function = http.get(
+        "/openai/v1/conversations/conv_1", headers={"Authorization": "Bearer local:a b"}
+    )
+    assert by_function.status_code == 401
+    assert set(by_function.json()["error"]) == {"message", "type", "param", "code"}
+    native = http.get("/v1/conversations/c1")
+    assert native.status_code == 401
+    assert set(native.json()["error"]) == {"code", "message", "details"}
+    with pytest.raises(openai.AuthenticationError) as raised:
+        OpenAI(base_url=f"{served.url}/openai/v1", api_key="nope", max_retries=0).responses.create(
+            model="demo-1", input="Hi."
+        )
+    assert raised.value.body["type"] == "authentication_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("turn", ["01", "+1", "0", "1 ", "\u0661", "\u00b2", "1_"])
+def test_a_response_id_is_read_only_in_its_canonical_form(
+    client: OpenAI, http: httpx.Client, turn: str
+) -> None:
+    """``resp_<turn>_<conversation>`` with the turn as this service writes it: ``resp_01_X``
+    is not ``resp_1_X`` (nor are other spellings of a number): ``400``, ``param``
+    ``previous_response_id``, nothing stored."""
+    first = client.responses.create(model="demo-1", input="My name is Ada.")
+    conversation_id = first.conversation.id  # type: ignore[union-attr]
+    assert first.id == f"resp_1_{conversation_id}"
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(
+            model="demo-1",
+            input="What is my name?",
+            previous_response_id=f"resp_{turn}_{conversation_id}",
+        )
+    assert raised.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert len(events_of(http, conversation_id)) == 2
+
+
+def test_an_unknown_conversation_is_404(client: OpenAI, http: httpx.Client) -> None:
+    """As OpenAI answers: a ``conversation`` that does not exist (never made, deleted, or
+    another tenant's) is ``404``, never a conversation made on the spot."""
+    for named in ("conv_never_made", {"id": "conv_never_made"}):
+        answer = http.post(
+            "/openai/v1/responses",
+            json={"model": "demo-1", "input": "Hi.", "conversation": named},
+            headers=ANN,
+        )
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"] == {
+            "message": answer.json()["error"]["message"],
+            "type": "not_found_error",
+            "param": "conversation",
+            "code": "conversation_not_found",
+        }
+    assert http.get("/v1/conversations/conv_never_made", headers=ANN).status_code == 404
+    theirs = client.conversations.create()
+    with (
+        OpenAI(base_url=str(client.base_url), api_key="local:globex:bob", max_retries=0) as other,
+        pytest.raises(openai.NotFoundError),
+    ):
+        other.responses.create(model="demo-1", input="Hi.", conversation=theirs.id)
+    client.conversations.delete(theirs.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="demo-1", input="Hi.", conversation=theirs.id)
+    assert http.get(f"/v1/conversations/{theirs.id}", headers=ANN).status_code == 404

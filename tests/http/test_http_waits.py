@@ -53,8 +53,15 @@ def registry(sink: HttpSink) -> list[dict[str, Any]]:
             "executor": {
                 "type": "http",
                 "url": sink.url("/report"),
+                "deferred": True,
                 "deferred_ttl_seconds": DEFERRED_TTL,
             },
+        },
+        {
+            "name": "surprise_job",
+            "description": "Answers 202 without being declared deferred.",
+            "parameters": {"type": "object"},
+            "executor": {"type": "http", "url": sink.url("/surprise")},
         },
         {
             "name": "send_email",
@@ -83,6 +90,7 @@ def sink() -> Iterator[HttpSink]:
         server.respond("/email", Reply(body={"sent": True}))
         server.respond("/slow", Reply(body={"slow": "done"}, delay=3.0))
         server.respond("/quick", Reply(body={"quick": True}))
+        server.respond("/surprise", Reply(status=202, body={"task_id": "job-9"}))
         yield server
 
 
@@ -285,6 +293,31 @@ def test_deferred_tool_is_settled_by_its_signed_callback(
     replay = error_of(anonymous.post(url, json={"status": "failed", "output": "again"}), 410)
     assert replay["code"] == "callback_invalid"
     assert events(client, conversation) == transcript
+
+
+def test_only_a_tool_declared_deferred_is_sent_a_callback_url(
+    client: httpx.Client, sink: HttpSink, conversation: str
+) -> None:
+    """A ``callback_url`` is a credential that settles the call: a synchronous tool (or a
+    Lambda one) is never sent one. A tool not declared ``"deferred": true`` that answers
+    ``202`` gets an error result the model reads; the turn goes on, nothing waits."""
+    ok(turn(client, conversation, tool_line("run_report", month="11")))
+    assert "callback_url" in report_request(sink, conversation).json()
+    # Nothing left waiting for the sweeps of later tests.
+    ok(client.post(f"/v1/conversations/{conversation}/cancel", json={}))
+    second = f"{conversation}-sync"
+    done = ok(turn(client, second, tool_line("quick_step")))
+    assert done["status"] == "complete"
+    [quick] = [r for r in sink.requests_for("/quick") if r.json()["conversation_id"] == second]
+    assert "callback_url" not in quick.json()
+    third = f"{conversation}-surprise"
+    answered = ok(turn(client, third, tool_line("surprise_job")))
+    assert (answered["status"], answered["pending_tool_calls"]) == ("complete", [])
+    [result] = [e for e in events(client, third) if e["kind"] == "tool_result"]
+    assert result["payload"]["is_error"] is True
+    assert "deferred" in result["payload"]["output"]
+    [surprise] = [r for r in sink.requests_for("/surprise") if r.json()["conversation_id"] == third]
+    assert "callback_url" not in surprise.json()
 
 
 def test_callback_without_continue_reaches_the_model_with_the_next_turn(
@@ -516,7 +549,7 @@ def test_cancel_decides_the_approvals_a_turn_waits_for(
     # People are told once per call: cancelled (not also "decided").
     told = [
         (n["detail-type"], n["detail"]["call_id"])
-        for n in ok(client.get("/_local/notifications"))["notifications"]
+        for n in ok(client.get("/_local/notifications", headers=ANN))["notifications"]
         if n["detail"]["conversation_id"] == conversation
     ]
     assert told[-2:] == [("approval.cancelled", "call_1"), ("input.cancelled", "call_2")]

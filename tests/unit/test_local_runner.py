@@ -14,6 +14,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import httpx
 import pytest
 from turnledger_local.cli import build_parser, config_from_args, main
 from turnledger_local.embedded import EmbeddedStorage, StorageNames, provision
-from turnledger_local.gateway import MAX_BODY_BYTES
+from turnledger_local.gateway import MAX_BODY_BYTES, HttpRequest
 from turnledger_local.runner import LocalConfig, LocalRunner
 from turnledger_local.template import load_template, table_definition, ttl_attribute
 
@@ -608,6 +610,133 @@ def test_chunked_body_is_reassembled(client: httpx.Client) -> None:
     assert echoed(response)["body"] == '{"a": 1}'
 
 
+def raw_connection(runner: LocalRunner) -> socket.socket:
+    """A plain socket to ``runner``: requests no client library would send."""
+    host, port = runner.url.removeprefix("http://").rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def read_answer(connection: socket.socket) -> tuple[bytes, bytes, bool]:
+    """One answer off ``connection``: its head, its body, and whether the server then closed
+    the connection (``False``: it stayed open for another request)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        assert chunk, f"closed before an answer: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    match = re.search(rb"(?im)^content-length: *(\d+)\r?$", head)
+    assert match is not None, head
+    while len(body) < int(match[1]):
+        chunk = connection.recv(65536)
+        assert chunk, "closed mid-answer"
+        body += chunk
+    connection.settimeout(2)
+    try:
+        closed = connection.recv(1) == b""
+    except TimeoutError:
+        closed = False
+    return head, body, closed
+
+
+def refused(answer: tuple[bytes, bytes, bool], status: int, code: str) -> None:
+    head, body, closed = answer
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+    assert json.loads(body)["error"]["code"] == code
+    assert b"connection: close" in head.lower()
+    assert closed, "the connection stayed open after a refused body"
+
+
+POST_PART = b"POST /v1/things/x/parts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer local:acme\r\n"
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        b"Content-Length: 2\r\nContent-Length: 12\r\n",
+        b"Content-Length: 12\r\nContent-Length: 12\r\n",
+        b"Content-Length: 2, 12\r\n",
+        b"Content-Length: 12\r\nTransfer-Encoding: chunked\r\n",
+        b"Transfer-Encoding: gzip, chunked\r\n",
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+    ],
+    ids=["conflicting", "repeated", "listed", "with-chunked", "other-coding", "chunked-twice"],
+)
+def test_ambiguous_body_framing_is_400_and_closes(
+    runner: LocalRunner, call_log: Path, lengths: bytes
+) -> None:
+    """Two lengths, or a length and a coding, could frame the body two ways (request
+    smuggling behind a proxy): refused, the function not run, the connection closed."""
+    with raw_connection(runner) as connection:
+        connection.sendall(POST_PART + lengths + b"\r\n" + b'{"a": 1}' + b"GET /v1/things/y")
+        refused(read_answer(connection), 400, "invalid_request")
+    assert calls(call_log) == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"zz\r\nab\r\n0\r\n\r\n",
+        b"2\r\nabcd\r\n0\r\n\r\n",
+        b"%x\r\n" % (MAX_BODY_BYTES + 1) + b"z" * (MAX_BODY_BYTES + 1) + b"\r\n0\r\n\r\n",
+    ],
+    ids=["bad-size", "longer-than-its-size", "over-the-ceiling"],
+)
+def test_a_refused_chunked_body_closes_the_connection(
+    runner: LocalRunner, call_log: Path, body: bytes
+) -> None:
+    """Whatever the server read of a chunked body it refused, the rest cannot be told
+    from a next request: the answer says ``connection: close``, and it closes."""
+    status, code = (413, "payload_too_large") if len(body) > 100 else (400, "invalid_request")
+    with raw_connection(runner) as connection:
+        connection.sendall(POST_PART + b"Transfer-Encoding: chunked\r\n\r\n" + body)
+        refused(read_answer(connection), status, code)
+    assert calls(call_log) == []
+
+
+def test_a_well_framed_connection_stays_open(runner: LocalRunner) -> None:
+    """The refusals above are about framing: a good request keeps its connection."""
+    with raw_connection(runner) as connection:
+        connection.sendall(POST_PART + b"Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n")
+        head, body, closed = read_answer(connection)
+        assert head.startswith(b"HTTP/1.1 201 ") and json.loads(body)["body"] == "ab"
+        assert not closed
+
+
+def test_a_stalled_body_is_408_after_the_read_timeout(
+    project: Path, call_log: Path, hang_dir: Path
+) -> None:
+    """A client that stops sending mid-body no longer holds its thread for ever: after
+    ``read_timeout_seconds`` without a byte it gets ``408`` and the connection closes."""
+    config = LocalConfig(
+        port=0,
+        template_path=project / "template.yaml",
+        provision_storage=False,
+        read_timeout_seconds=0.5,
+        env={"FAKE_CALL_LOG": str(call_log), "HANG_DIR": str(hang_dir)},
+    )
+    with LocalRunner(config) as running, raw_connection(running) as connection:
+        connection.sendall(POST_PART + b'Content-Length: 10\r\n\r\n{"a"')
+        began = time.monotonic()
+        refused(read_answer(connection), 408, "request_timeout")
+        assert time.monotonic() - began < 0.5 + 2
+        # A slow client that keeps sending within the timeout is served.
+        with raw_connection(running) as slow:
+            slow.sendall(POST_PART + b"Content-Length: 8\r\n\r\n")
+            for piece in (b'{"a"', b": 1}"):
+                time.sleep(0.3)
+                slow.sendall(piece)
+            head, body, _ = read_answer(slow)
+            assert head.startswith(b"HTTP/1.1 201 ") and json.loads(body)["body"] == '{"a": 1}'
+    assert calls(call_log) == ["POST /v1/things/{id}/parts"]
+
+
+def test_the_read_timeout_has_a_default_and_a_flag() -> None:
+    assert LocalConfig().read_timeout_seconds == 10
+    config = config_from_args(build_parser().parse_args(["local", "--read-timeout", "2.5"]))
+    assert config.read_timeout_seconds == 2.5
+
+
 def test_requests_are_served_concurrently(runner: LocalRunner) -> None:
     """Two requests meet inside the function: served one at a time, both would time out."""
 
@@ -847,6 +976,40 @@ def test_local_sweep_rejects_bad_bodies(
 def test_local_sweep_is_post_only_and_other_local_paths_are_404(client: httpx.Client) -> None:
     assert client.get("/_local/sweep", headers=TENANT).status_code == 405
     assert client.post("/_local/other", headers=TENANT).status_code == 404
+
+
+def notification(tenant: str, call_id: str) -> dict[str, Any]:
+    """A notification as the functions send it (turnledger/ops/notifications.py)."""
+    detail = {"tenant": tenant, "conversation_id": "c1", "call_id": call_id, "tool": "t"}
+    return {"source": "turnledger", "detail-type": "approval.requested", "detail": detail}
+
+
+def test_local_notifications_are_read_by_their_own_tenant_only(client: httpx.Client) -> None:
+    """Like ``/_local/sweep``: a local token (else ``401``), and a tenant sees only the
+    notifications of its own conversations."""
+    for tenant, call_id in (("acme", "call_a"), ("globex", "call_g"), ("acme", "call_b")):
+        sent = client.post("/_local/notifications", json=notification(tenant, call_id))
+        assert sent.status_code == 202
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        refused = client.get("/_local/notifications", headers=headers)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["code"] == "unauthorized"
+    listed = client.get("/_local/notifications", headers=TENANT).json()["notifications"]
+    assert [n["detail"]["call_id"] for n in listed] == ["call_a", "call_b"]
+    theirs = client.get("/_local/notifications", headers={"Authorization": "Bearer local:globex"})
+    assert [n["detail"]["call_id"] for n in theirs.json()["notifications"]] == ["call_g"]
+
+
+def test_local_notifications_are_taken_from_this_machine_only(runner: LocalRunner) -> None:
+    """The functions send them from this machine; another host (a runner listening on
+    0.0.0.0) could otherwise put words in any tenant's list."""
+    body = json.dumps(notification("acme", "call_x")).encode()
+    remote = HttpRequest("POST", "/_local/notifications", body=body, source_ip="10.0.0.9")
+    answer = runner.handle(remote)
+    assert answer.status == 403
+    assert json.loads(answer.body)["error"]["code"] == "forbidden"
+    local = runner.handle(replace(remote, source_ip="127.0.0.1"))
+    assert local.status == 202
 
 
 # --- lifecycle and command line ------------------------------------------------------------

@@ -185,6 +185,17 @@ def test_parameters_default_to_any_object() -> None:
             id="zero-timeout",
         ),
         pytest.param(
+            [
+                tool(
+                    name="bad",
+                    executor={"type": "http", "url": "http://x", "deferred_ttl_seconds": 60},
+                )
+            ],
+            "tool 'bad': executor.http: deferred_ttl_seconds is for a tool declared "
+            '"deferred": true',
+            id="ttl-of-a-tool-not-deferred",
+        ),
+        pytest.param(
             [tool(name="bad", executor={"type": "lambda", "function_name": "f", "url": "u"})],
             "tool 'bad': executor.lambda.url: Extra inputs are not permitted",
             id="extra-key-in-executor",

@@ -212,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
             "reports the same, and the killed environment is replaced"
         ),
     )
+    local.add_argument(
+        "--read-timeout",
+        type=_seconds,
+        default=defaults.read_timeout_seconds,
+        metavar="SECONDS",
+        help=(
+            "wait at most SECONDS for each read of a request (a stalled body gets 408 and "
+            "the connection closes); also how long an idle connection stays open (%(default)s)"
+        ),
+    )
     streaming = local.add_argument_group("long and streamed turns (Prefer: respond-async)")
     streaming.add_argument(
         "--demo-token-delay-ms",
@@ -272,6 +282,7 @@ def config_from_args(args: argparse.Namespace) -> LocalConfig:
         print_metrics=args.print_metrics,
         max_workers=args.max_workers,
         function_timeout_seconds=args.function_timeout,
+        read_timeout_seconds=args.read_timeout,
     )
 
 

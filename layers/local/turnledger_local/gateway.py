@@ -30,6 +30,12 @@ MAX_BODY_BYTES = 10 * 1024 * 1024 + 1024
 #: The ``sub`` claim of a local token that names no user.
 DEFAULT_USER = "local-user"
 
+#: Where the OpenAI-compatible face's routes live: errors there are in OpenAI's shape.
+OPENAI_PREFIX = "/openai/"
+#: OpenAI's error ``type`` of a status, where it is not ``invalid_request_error`` (4xx)
+#: or ``server_error`` (5xx).
+_OPENAI_ERROR_TYPES = {401: "authentication_error", 404: "not_found_error"}
+
 ACCOUNT_ID = "123456789012"
 API_ID = "local"
 
@@ -47,9 +53,22 @@ class GatewayError(Exception):
         self.details: dict[str, Any] = details or {}
         self.headers: dict[str, str] = {}
 
-    def to_response(self) -> HttpResponse:
-        """The error as the contract's ``{"error": {code, message, details}}`` response."""
-        body = {"error": {"code": self.code, "message": self.message, "details": self.details}}
+    def to_response(self, path: str = "") -> HttpResponse:
+        """The error as the contract's ``{"error": {code, message, details}}`` response; for a
+        request to ``path`` under :data:`OPENAI_PREFIX`, in OpenAI's shape, as the functions
+        answer there (``turnledger/api/errors.py``), so the SDKs raise their typed errors."""
+        if path.startswith(OPENAI_PREFIX):
+            body: dict[str, Any] = {
+                "error": {
+                    "message": self.message,
+                    "type": _OPENAI_ERROR_TYPES.get(self.status)
+                    or ("server_error" if self.status >= 500 else "invalid_request_error"),
+                    "param": None,
+                    "code": self.code,
+                }
+            }
+        else:
+            body = {"error": {"code": self.code, "message": self.message, "details": self.details}}
         return HttpResponse.json(self.status, body, headers=self.headers)
 
 

@@ -22,8 +22,9 @@ Local-only routes: ``POST /_local/sweep`` invokes the scheduled function on
 demand (it needs a local token like every API route), ``POST
 /_local/provider/forget`` drops the ``demo-stateful`` provider's state (a token
 too), ``POST /_local/echo`` is a stand-in tool endpoint that answers what it was sent,
-and ``/_local/notifications`` takes the functions' notifications (``POST``) and lists
-the last ones (``GET``). Lambda's Invoke API
+and ``/_local/notifications`` takes the functions' notifications (``POST``, from this
+machine) and lists the last ones of the caller's tenant (``GET``, a local token too).
+Lambda's Invoke API
 (``POST /2015-03-31/functions/<name>/invocations``, loopback only) starts the turn
 worker for long turns, as Lambda does deployed.
 """
@@ -165,6 +166,10 @@ class LocalConfig:
     #: Local-only, for tests: ``module:function`` called once before any environment
     #: starts (fault injection; see ``workers.py``).
     worker_hook: str | None = None
+    #: Seconds the runner waits for each read of a request (its line, headers, a piece of
+    #: its body) before it answers ``408`` and closes; also how long an idle connection
+    #: is kept open between requests.
+    read_timeout_seconds: float = 10.0
     #: Extra environment variables for the functions, applied last.
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -531,7 +536,7 @@ class LocalRunner:
             event = build_event(request, route, path_parameters, claims)
             return to_http(self._invoke(route.function, event))
         except GatewayError as exc:
-            return exc.to_response()
+            return exc.to_response(request.raw_path)
 
     def _approver(self) -> tuple[str, str] | None:
         """The claim and value the functions require to decide approvals (``None``: none),
@@ -693,7 +698,7 @@ class LocalRunner:
         if request.raw_path == ECHO_PATH and request.method.upper() == "POST":
             return self._echo(request)
         if request.raw_path == NOTIFICATIONS_PATH and request.method.upper() in {"GET", "POST"}:
-            return self._notification(request)
+            return self._notifications_route(request)
         known = {SWEEP_PATH, FORGET_PATH} if self._sweep is not None else {FORGET_PATH}
         if request.raw_path not in known:
             raise GatewayError(404, "not_found", f"no route for {request.raw_path}")
@@ -727,11 +732,22 @@ class LocalRunner:
         state = demo_state_store(self.environment.get("DEMO_STATE_DIR"))
         return HttpResponse.json(200, {"forgotten": state.clear()})
 
-    def _notification(self, request: HttpRequest) -> HttpResponse:
-        """Keep (and print) one notification the functions sent, or list the kept ones,
-        newest last: the local stand-in for the deployment's EventBridge bus."""
+    def _notifications_route(self, request: HttpRequest) -> HttpResponse:
+        """Keep (and print) one notification the functions sent, or list the caller's
+        tenant's kept ones, newest last: the local stand-in for the deployment's
+        EventBridge bus. Listing needs a local token, as ``/_local/sweep`` does; only
+        this machine (where the functions run) may send one."""
         if request.method.upper() == "GET":
-            return HttpResponse.json(200, {"notifications": list(self._notifications)})
+            claims = authenticate(
+                request.header("authorization"), self.config.tenant_claim, self._approver()
+            )
+            tenant = claims[self.config.tenant_claim]
+            kept = [note for note in self._notifications if _tenant_of(note) == tenant]
+            return HttpResponse.json(200, {"notifications": kept})
+        if request.source_ip not in {"127.0.0.1", "::1"}:
+            raise GatewayError(
+                403, "forbidden", "notifications are taken from this machine's functions only"
+            )
         note = _json_object(request.body or b"{}")
         self._notifications.append(note)
         raw = note.get("detail")
@@ -791,9 +807,16 @@ class FunctionTimedOut(GatewayError):
             500, "Sandbox.Timedout", f"Task timed out after {timeout_seconds:.2f} seconds"
         )
 
-    def to_response(self) -> HttpResponse:
-        """API Gateway's own answer to a Lambda integration that timed out."""
+    def to_response(self, path: str = "") -> HttpResponse:
+        """API Gateway's own answer to a Lambda integration that timed out (on any path)."""
         return HttpResponse.json(500, {"message": "Internal Server Error"})
+
+
+def _tenant_of(note: dict[str, Any]) -> str | None:
+    """The tenant a kept notification is about (``detail.tenant``)."""
+    detail = note.get("detail")
+    tenant = detail.get("tenant") if isinstance(detail, dict) else None
+    return tenant if isinstance(tenant, str) else None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -836,6 +859,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "turnledger-local"
 
+    def setup(self) -> None:
+        super().setup()
+        # Bounds every read of the connection: a client that stops sending holds its
+        # thread no longer than this (``handle_one_request`` closes an idle one).
+        self.connection.settimeout(self.server.runner.config.read_timeout_seconds)
+
     def __getattr__(self, name: str) -> Any:
         # Every method reaches the route table (``do_GET``, ``do_TRACE``, ``do_BREW``...): a
         # known path answers 405 with ``Allow`` for a method it lacks, as JSON, never the
@@ -855,7 +884,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         try:
             request = self._read_request()
         except GatewayError as exc:
-            self._write(exc.to_response())
+            self._write(exc.to_response(urlsplit(self.path).path))
             return
         live = self.server.runner.live_events(request)
         if isinstance(live, HttpResponse):
@@ -894,23 +923,61 @@ class _RequestHandler(BaseHTTPRequestHandler):
         )
 
     def _read_body(self) -> bytes:
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            return self._read_chunked()
-        raw_length = self.headers.get("content-length", "0") or "0"
         try:
-            length = int(raw_length)
-        except ValueError:
+            return self._framed_body()
+        except TimeoutError:
             self.close_connection = True
-            raise GatewayError(400, "invalid_request", "bad Content-Length") from None
-        if length < 0:
+            seconds = self.server.runner.config.read_timeout_seconds
+            raise GatewayError(
+                408,
+                "request_timeout",
+                f"the request body stalled: nothing arrived for {seconds:g} seconds",
+                details={"read_timeout_seconds": seconds},
+            ) from None
+
+    def _framed_body(self) -> bytes:
+        """The body as its one ``Content-Length`` or ``Transfer-Encoding: chunked`` frames it.
+
+        Two lengths, or a length and a coding, would let a proxy in front and this server
+        split the stream differently (request smuggling): refused, and the connection
+        closed, as is every refusal after which the rest of the stream cannot be trusted.
+        """
+        lengths = self.headers.get_all("content-length") or []
+        codings = self.headers.get_all("transfer-encoding") or []
+        if len(lengths) + len(codings) > 1:
+            self.close_connection = True
+            raise GatewayError(
+                400,
+                "invalid_request",
+                "the body's length is given more than once (Content-Length, Transfer-Encoding)",
+            )
+        if codings:
+            if codings[0].strip().lower() != "chunked":
+                self.close_connection = True
+                raise GatewayError(
+                    400, "invalid_request", "the only Transfer-Encoding taken is chunked"
+                )
+            return self._read_chunked()
+        raw_length = lengths[0].strip() if lengths else "0"
+        if not raw_length.isascii() or not raw_length.isdigit():
             self.close_connection = True
             raise GatewayError(400, "invalid_request", "bad Content-Length")
+        length = int(raw_length)
         if length > MAX_BODY_BYTES:
             self._discard(length)
             raise _too_large()
         return self.rfile.read(length)
 
     def _read_chunked(self) -> bytes:
+        try:
+            return self._chunks()
+        except GatewayError:
+            # Where the refused body ends is unknown (or not worth reading to): what
+            # follows on the connection cannot be taken for a next request.
+            self.close_connection = True
+            raise
+
+    def _chunks(self) -> bytes:
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -918,22 +985,26 @@ class _RequestHandler(BaseHTTPRequestHandler):
             try:
                 size = int(size_line.split(b";", 1)[0].strip(), 16)
             except ValueError:
-                self.close_connection = True
                 raise GatewayError(400, "invalid_request", "bad chunked body") from None
+            if size < 0:
+                raise GatewayError(400, "invalid_request", "bad chunked body")
             if size == 0:
                 while self.rfile.readline(1024) not in {b"\r\n", b"\n", b""}:
                     pass  # trailers
                 break
             total += size
             if total > _DRAIN_LIMIT_BYTES:
-                self.close_connection = True
                 raise _too_large()
             if total > MAX_BODY_BYTES:
+                # Read and dropped, so that the client, still sending, gets the answer.
                 self._discard(size)
                 chunks.clear()
             else:
                 chunks.append(self.rfile.read(size))
-            self.rfile.readline(1024)
+            if self.rfile.readline(1024) not in {b"\r\n", b"\n"}:
+                raise GatewayError(
+                    400, "invalid_request", "bad chunked body: a chunk is longer than its size"
+                )
         if total > MAX_BODY_BYTES:
             raise _too_large()
         return b"".join(chunks)

@@ -264,6 +264,13 @@ class HttpExecutor:
             unreachable(name, exc)
             return ToolOutcome(f"tool {name} failed: {type(exc).__name__}", is_error=True)
         if response.status_code == 202:
+            if not config.deferred:
+                # It was sent no callback_url: nothing could ever settle the call.
+                return ToolOutcome(
+                    f"tool {name} answered 202, but it is not declared deferred "
+                    '("deferred": true in its registry entry)',
+                    is_error=True,
+                )
             return deferred(name, body)
         if not response.is_success:
             text = body.decode(response.encoding or "utf-8", errors="replace")

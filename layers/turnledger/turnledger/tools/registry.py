@@ -65,10 +65,20 @@ class HttpExecutorConfig(_Config):
     #: The whole call's bound (connect, send and every read), cut to the request's
     #: remaining time; the deployment's ``TOOL_TIMEOUT_SECONDS`` when ``None``.
     timeout_seconds: float | None = Field(default=None, gt=0)
-    #: How long a deferred call (the endpoint answered ``202 {"task_id"}``) may wait for
-    #: its callback before it is recorded as failed; ``APPROVAL_TTL_SECONDS`` when
-    #: ``None``, and never past the conversation's TTL.
+    #: The endpoint may answer ``202 {"task_id"}`` and finish the call elsewhere: only
+    #: such a tool is sent a ``callback_url`` (a credential that settles the call), and
+    #: a ``202`` from any other is an error result.
+    deferred: bool = False
+    #: How long a deferred call may wait for its callback before it is recorded as
+    #: failed (``turnledger.turn.callbacks.DEFAULT_LIFE_SECONDS`` when ``None``), never
+    #: past the conversation's TTL. Only with ``deferred``.
     deferred_ttl_seconds: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _ttl_of_a_deferred_tool(self) -> HttpExecutorConfig:
+        if self.deferred_ttl_seconds is not None and not self.deferred:
+            raise ValueError('deferred_ttl_seconds is for a tool declared "deferred": true')
+        return self
 
     @field_validator("url")
     @classmethod

@@ -1,7 +1,8 @@
 """Signed callback tokens of deferred tool calls.
 
-A deferred call's executor request carries ``callback_url`` =
-``<PUBLIC_BASE_URL>/v1/callbacks/<token>``. The token is its own credential (the
+The executor request of a call whose tool is declared ``deferred`` (only those: a
+synchronous tool is never handed a credential that settles its call) carries
+``callback_url`` = ``<PUBLIC_BASE_URL>/v1/callbacks/<token>``. The token is its own credential (the
 route has no authorizer), so it says everything the settle needs, and is opaque:
 a Fernet token (AES-128-CBC, then HMAC-SHA256 over the ciphertext) of the claims
 JSON, its ``=`` padding dropped. Its HMAC is checked (constant time) before anything

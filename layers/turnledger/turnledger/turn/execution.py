@@ -255,7 +255,9 @@ class ToolCalls:
                     tenant=session.key.tenant,
                     conversation_id=session.key.conversation_id,
                     idempotency_key=pending.idempotency_key,
-                    callback_url=self._callback_url(session, pending, deadlines[pending.id]),
+                    callback_url=self._callback_url(session, pending, deadlines[pending.id])
+                    if self._defers(pending)
+                    else None,
                 )
             )
         outcomes = self._run_in_rounds(work, ready, invocations)
@@ -316,6 +318,12 @@ class ToolCalls:
     def _tool(self, name: str) -> ToolDefinition:
         return self.tools.get(name)
 
+    def _defers(self, pending: PendingCall) -> bool:
+        """Whether ``pending``'s tool may defer it: an ``http`` tool declared ``deferred``,
+        the only kind sent a ``callback_url``."""
+        executor = self._tool(pending.name).executor
+        return isinstance(executor, HttpExecutorConfig) and executor.deferred
+
     def _deferred_deadline(self, session: Session, pending: PendingCall, now: datetime) -> datetime:
         """Until when a call, if its tool defers it, may wait for its callback (and its
         token lives): the tool's ``deferred_ttl_seconds`` (else
@@ -333,7 +341,7 @@ class ToolCalls:
 
     @staticmethod
     def _callback_url(session: Session, pending: PendingCall, deadline: datetime) -> str | None:
-        """The signed callback URL of ``pending`` (http tools only; ``None``: none configured)."""
+        """The signed callback URL of ``pending`` (``None``: none configured)."""
         assert session.head is not None
         return callbacks.callback_url(
             callbacks.CallbackClaims(

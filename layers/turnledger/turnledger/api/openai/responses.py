@@ -1,14 +1,15 @@
 """``POST /openai/v1/responses``: one turn (or one decision on pending calls) of a ledger
 conversation, as an OpenAI ``response``.
 
-Which conversation: the one ``conversation`` names; the one ``previous_response_id``
-belongs to when it is that conversation's latest response, else a new fork of it after that
-response's turn (:func:`continued_from`: a chain continues from any response, as on OpenAI);
-or, with neither, the one whose transcript, up to its latest response, the input's leading
-items repeat in canonical form, whatever their ids (:mod:`.matching`), else a new one whose
-history is the given items, recorded with the client as their source. After a stored
-response, the conversation's transcript chain is brought up to date
-(:func:`.matching.record`). A response id is ``resp_<turn>_<conversation id>``.
+Which conversation: the one ``conversation`` names (which must exist, as on OpenAI); the one
+``previous_response_id`` belongs to when it is that conversation's latest response, else a
+new fork of it after that response's turn (:func:`continued_from`: a chain continues from
+any response, as on OpenAI); or, with neither, the one whose transcript, up to its latest
+response, the input's leading items repeat in canonical form, whatever their ids
+(:mod:`.matching`), else a new one whose history is the given items, recorded with the
+client as their source. After a stored response, the conversation's transcript chain is
+brought up to date (:func:`.matching.record`). A response id is
+``resp_<turn>_<conversation id>``.
 
 ``tools``: function tools the registry has keep its executors and approval rules; the others
 are the client's for this request (:class:`~turnledger.core.models.ClientTool`).
@@ -20,13 +21,25 @@ is cleared at once).
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
-from ...core.exceptions import ForkPointOpen, ForkTooDeep, InvalidRequest
-from ...core.models import ClientTool, ConversationKey, validate_conversation_id
+from ...core.exceptions import (
+    ConversationNotFound,
+    ForkPointOpen,
+    ForkTooDeep,
+    InvalidConversationId,
+    InvalidRequest,
+)
+from ...core.models import (
+    CONVERSATION_ID_PATTERN,
+    ClientTool,
+    ConversationKey,
+    validate_conversation_id,
+)
 from ...runtime import get_runtime
 from ...tools.registry import client_tool
 from ...turn import longturns
@@ -47,6 +60,10 @@ __all__ = ["SERVER_LABEL", "continued_from", "parse_response_id", "response_id"]
 SERVER_LABEL = "turnledger"
 #: Kept of ``instructions`` (and system/developer messages) on the turn's metadata.
 INSTRUCTIONS_CHARS = 1000
+#: A response id as :func:`response_id` writes it: the turn in ASCII digits, no leading
+#: zero, far below any turn count (an unbounded run of digits is no number Python reads).
+_RESPONSE_ID = re.compile(r"resp_(?P<turn>[1-9][0-9]{0,17})_(?P<conversation>.+)", re.ASCII)
+_CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 
 
 def response_id(conversation_id: str, turn: int) -> str:
@@ -55,16 +72,20 @@ def response_id(conversation_id: str, turn: int) -> str:
 
 
 def parse_response_id(value: str) -> tuple[str, int]:
-    """``(conversation id, turn)`` of a :func:`response_id`.
+    """``(conversation id, turn)`` of a :func:`response_id`, read only as written: one id
+    per response (``resp_01_c`` or ``resp_\u0661_c`` is not ``resp_1_c``).
 
     Raises:
-        InvalidRequest: not a response id of this service.
+        InvalidRequest: not a response id of this service (``param``
+            ``previous_response_id``).
     """
-    prefix, _, rest = value.partition("_")
-    turn, _, conversation_id = rest.partition("_")
-    if prefix != "resp" or not turn.isdigit() or not conversation_id:
-        raise InvalidRequest(f"previous_response_id {value!r} is not a response of this service")
-    return validate_conversation_id(conversation_id), int(turn)
+    parsed = _RESPONSE_ID.fullmatch(value)
+    if parsed is None or not _CONVERSATION_ID.fullmatch(parsed["conversation"]):
+        raise InvalidRequest(
+            f"previous_response_id {value[:200]!r} is not a response of this service",
+            details={"param": "previous_response_id"},
+        )
+    return parsed["conversation"], int(parsed["turn"])
 
 
 def continued_from(
@@ -102,6 +123,30 @@ def continued_from(
         exc.details["param"] = "previous_response_id"
         raise
     return fork, True
+
+
+def _named_conversation(service: Conversations, who: Caller, named: Any) -> ConversationKey:
+    """The key of the conversation ``conversation`` names, which must exist, as on OpenAI
+    (a request never makes one by naming it: ``POST /openai/v1/conversations`` does).
+
+    Raises:
+        InvalidRequest: not an id or ``{"id": ...}``.
+        InvalidConversationId: the id breaks the id rule.
+        ConversationNotFound: no such conversation of the caller's tenant (absent,
+            expired, deleted or another tenant's).
+    """
+    value = named.get("id") if isinstance(named, dict) else named
+    if not isinstance(value, str):
+        raise InvalidRequest(
+            "conversation must be an id or {'id': ...}", details={"param": "conversation"}
+        )
+    try:
+        key = who.key(validate_conversation_id(value))
+        service.get(key)
+    except (InvalidConversationId, ConversationNotFound) as exc:
+        exc.details["param"] = "conversation"
+        raise
+    return key
 
 
 def _tools(
@@ -258,11 +303,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
             )
         key = who.key(new_conversation_id())
     elif request.conversation is not None:
-        named = request.conversation
-        value = named.get("id") if isinstance(named, dict) else named
-        if not isinstance(value, str):
-            raise InvalidRequest("conversation must be an id or {'id': ...}")
-        key = who.key(validate_conversation_id(value))
+        key = _named_conversation(service, who, request.conversation)
     elif request.previous_response_id is not None:
         if not items:
             raise InvalidRequest("input holds no item", details={"param": "input"})
