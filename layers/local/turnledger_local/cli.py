@@ -20,6 +20,7 @@ from typing import NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 from turnledger.context.redaction import Redactor
+from turnledger.providers.factory import PROVIDERS
 
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH
@@ -29,11 +30,19 @@ _EPILOG = """\
 authentication: send 'Authorization: Bearer local:<tenant>' or
 'Bearer local:<tenant>:<user>'; anything else is 401.
 local routes:
-  POST /_local/sweep  runs the expired-conversation sweep now (needs the same
-                      Authorization header); a body of {"conversation_ids": [...]}
-                      sweeps those conversations of your tenant only.
-  POST /_local/echo   a stand-in tool endpoint: answers the tool, arguments and
-                      Idempotency-Key it was sent (events/local-tools.json uses it).
+  POST /_local/sweep            runs the expired-conversation sweep now (needs the same
+                                Authorization header); a body of {"conversation_ids":
+                                [...]} sweeps those conversations of your tenant only.
+  POST /_local/provider/forget  drops the demo-stateful provider's stored responses
+                                (needs the Authorization header).
+  POST /_local/echo             a stand-in tool endpoint: answers the tool, arguments and
+                                Idempotency-Key it was sent (events/local-tools.json).
+  POST /_local/notifications    where the functions send approval notifications;
+  GET /_local/notifications     lists the last 100.
+  POST /_local/job              a sample job for deferred tools: answers 202 {"task_id"},
+                                then POSTs its result to the call's callback_url.
+  GET /_local/jobs              the sample jobs and their callbacks' answers
+                                (?conversation_id=ID&wait=S).
 In a tools file, ${LOCAL_URL} stands for this server's own base URL.
 timeouts: an invocation that outruns its function's Timeout (or --function-timeout)
 is killed with its environment, as Lambda does; the client gets API Gateway's
@@ -111,9 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument("--tools", type=Path, metavar="FILE", help="tool registry JSON file")
     local.add_argument(
-        "--provider", metavar="NAME", help="model provider: demo or openai-chat (default: demo)"
+        "--provider",
+        metavar="NAME",
+        help=f"default model provider: {', '.join(PROVIDERS)} (default: demo)",
     )
-    local.add_argument("--model", help="default model name")
+    local.add_argument("--model", metavar="NAME", help="default model name (default: demo-1)")
     local.add_argument(
         "--data-dir",
         type=Path,
