@@ -13,18 +13,22 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 from turnledger.context.redaction import Redactor
-from turnledger.providers.factory import PROVIDERS
+from turnledger.core.config import Settings
+from turnledger.providers.factory import PROVIDERS, api_key_source
 
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH
 from .transfer_cli import fail
+
+#: The providers that send a key (``OPENAI_API_KEY`` or where it is kept).
+KEYED_PROVIDERS = ("openai-chat", "openai-responses")
 
 _EPILOG = """\
 authentication: send 'Authorization: Bearer local:<tenant>' or
@@ -285,6 +289,24 @@ def _banner(url: str, runner: LocalRunner) -> str:
     )
 
 
+def key_warnings(environment: Mapping[str, str]) -> list[str]:
+    """What the functions' ``environment`` lacks for its providers to answer: the key of
+    each OpenAI-style provider it enables (a turn would fail with ``502``)."""
+    try:
+        settings = Settings.from_env(environment)
+    except ValueError:
+        return []  # a setting the functions refuse: each request answers it
+    if api_key_source(settings) is not None:
+        return []
+    return [
+        f"provider {name} has no key (OPENAI_API_KEY, OPENAI_API_KEY_SECRET or "
+        "OPENAI_API_KEY_PARAMETER): its turns fail with 502 unless its server "
+        "(OPENAI_BASE_URL) needs none"
+        for name in settings.allowed_providers
+        if name in KEYED_PROVIDERS
+    ]
+
+
 def _serve(config: LocalConfig) -> int:
     if config.tools_file is not None and not config.tools_file.is_file():
         return fail("local", "invalid_setting", f"no such tools file: {config.tools_file}", 2)
@@ -311,6 +333,8 @@ def _serve(config: LocalConfig) -> int:
         except (BotoCoreError, ClientError) as exc:
             return fail("local", "aws_error", f"cannot prepare storage: {exc}")
         print(_banner(url, runner), flush=True)
+        for warning in key_warnings(runner.environment):
+            print(f"turnledger local: warning: {warning}", file=sys.stderr, flush=True)
         stop.wait()
         print("turnledger local: stopping", flush=True)
         return 0
