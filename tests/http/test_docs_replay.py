@@ -288,8 +288,11 @@ def test_the_replay_examples_answer_as_written_and_the_cli_on_the_data_dir_needs
     """docs/API.md's replay section on a runner started with ``args`` (``--memory``: the
     calls carry the user's memory block, and their contexts still rebuild and match), then
     its ``turnledger replay --data-dir`` command on the runner's folder, as written, with
-    no AWS configuration."""
+    no AWS configuration (the runner too: no AWS variable, a home without ``~/.aws``)."""
     monkeypatch.chdir(ROOT)
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "runner-home"))
     api = ROOT / "docs" / "API.md"
     lines = section(api, "## What a call saw, and replays")
     data = tmp_path / "data"
