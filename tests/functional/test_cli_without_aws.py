@@ -3,6 +3,7 @@ configuration at all, and the command line's errors: one line ``code: message``,
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +83,27 @@ def test_every_cli_error_is_one_line_with_a_code(tmp_path: Path, no_aws: dict[st
     for args, prefix in cases:
         codes.append(one_error_line(cli(no_aws, *args), prefix).split(": ")[1])
     assert codes[:3] == ["conversation_not_found", "invalid_conversation_id", "validation_error"]
+
+
+def test_the_docs_replay_command_with_a_data_dir_needs_no_aws(
+    tmp_path: Path, no_aws: dict[str, str]
+):
+    """docs/API.md's ``turnledger replay --data-dir`` example, as written, on a folder a
+    runner filled: the store is SQLite, so no AWS client (and no region) is needed."""
+    data = tmp_path / "data"
+    runtime = Runtime.from_settings(Settings(store="sqlite", data_dir=str(data)))
+    for text in ("My name is Ada.", "What is my name?"):
+        edge.turn(runtime.conversations, ANN, "replay-1", TurnRequest(input=text))
+    out = tmp_path / "replay.json"
+    args = ("--provider", "demo-stateful", "--model", "demo-1", "--sample", "50", "--seed", "1")
+    run = cli(
+        no_aws,
+        *("replay", "--data-dir", str(data), "--tenant", "acme", *args),
+        *("--concurrency", "4", "--json", str(out), "--csv", str(tmp_path / "replay.csv")),
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert [row["conversation_id"] for row in report["conversations"]] == ["replay-1"]
+    assert report["total"]["calls"] == 2
+    assert report["total"]["context_mismatches"] == 0
+    assert report["total"]["text_similarity"] == 1.0

@@ -19,6 +19,7 @@ import pytest
 from turnledger.api.replay_routes import turn_context_view
 from turnledger.api.schemas import TurnRequest
 from turnledger.context.assembly import SUMMARY_PREFIX, messages_sha256
+from turnledger.context.memory import MEMORY_PREFIX
 from turnledger.core.config import Settings
 from turnledger.core.exceptions import ConversationNotFound, UnknownModel, UnknownProvider
 from turnledger.core.models import ConversationKey
@@ -26,8 +27,10 @@ from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.store.base import ConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn import replays
+from turnledger.turn.commands import TurnCommand
 from turnledger.turn.contexts import turn_calls
 from turnledger.turn.longturns import TurnNotFound
+from turnledger.turn.memories import MemoryControl
 from turnledger.turn.pipeline import Conversations
 from turnledger.turn.replays import (
     NO_RECORDED_OUTPUT,
@@ -160,6 +163,34 @@ def test_a_changed_system_prompt_is_reported_as_a_mismatch(
     assert not view.all_match and not call.matches
     assert call.sha256 != call.recorded_sha256
     assert call.mismatch_causes == ["system_prompt_or_log_changed"]
+
+
+def test_a_call_that_carried_memory_rebuilds_with_it_until_a_record_changes(
+    store: ConversationStore, clock: FakeClock, sink: HttpSink, http: httpx.Client
+) -> None:
+    """A call whose context carried the user's memory block (here a trusted caller's named
+    user, not the actor) rebuilds with the block read back from that user's records, to the
+    recorded hash; once a record it carried is edited, the mismatch says so."""
+    recording = Recording()
+    svc = service(store, clock, sink, http, recording, memory_enabled=True)
+    key = ANN.key("conv-1")
+    for text in ("My name is Ada.", "What is my name?"):
+        svc.turn(key, "ann", TurnCommand(messages=[text], memory_user="carol"))
+        clock.advance(1)
+    view = turn_context_view(svc, "conv-1", 2, turn_calls(svc, key, 2))
+    [call] = view.calls
+    [sent] = [r for r in recording.requests if r.purpose == "turn"][1:]
+    assert call.messages == sent.messages
+    assert call.messages[1].content == f"{MEMORY_PREFIX}\n- My name is Ada."
+    assert view.all_match and call.mismatch_causes == []
+
+    control = MemoryControl(store, clock.now, cap=10)
+    [record] = control.page("tenant-a", "carol", after=None, limit=10).items
+    control.edit("tenant-a", "carol", record.id, {"text": "My name is Bea."})
+    view = turn_context_view(svc, "conv-1", 2, turn_calls(svc, key, 2))
+    [call] = view.calls
+    assert not view.all_match and call.mismatch_causes == ["memory_changed"]
+    assert call.messages[1].content == f"{MEMORY_PREFIX}\n- My name is Bea."
 
 
 def test_the_context_of_a_missing_turn_or_conversation_is_not_found(

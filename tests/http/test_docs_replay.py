@@ -22,13 +22,16 @@ Each file starts on a runner as ``make run`` starts it (no flags).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 from turnledger_local.cli import build_parser, config_from_args
 from turnledger_local.runner import LocalRunner
@@ -55,6 +58,11 @@ class Step:
     where: str
     command: str
     expected: list[str]
+
+    @property
+    def line(self) -> int:
+        """The line number of the command in its file."""
+        return int(self.where.rsplit(":", 1)[1])
 
 
 def blocks(path: Path) -> Iterator[tuple[int, list[str]]]:
@@ -147,10 +155,16 @@ class Replay:
             self.runner.stop()
             self.runner = None
 
-    def file(self, path: Path) -> None:
-        self.start([])
+    def file(self, path: Path, args: Sequence[str] = (), lines: range | None = None) -> None:
+        """Replay ``path`` on a runner started with ``args``; with ``lines``, only the
+        commands of those lines (and every assignment before them) are run."""
+        self.start(list(args))
         prelude: list[str] = []
         for step in steps(path):
+            if lines is not None and step.line not in lines:
+                if step.line < lines.start and _is_assignment(step.command):
+                    prelude.append(step.command)
+                continue
             made = _MAKE_RUN.match(step.command)
             if made is not None:
                 self.start(shlex.split(shlex.split(made["args"])[0]) if made["args"] else [])
@@ -241,3 +255,80 @@ def test_the_parser_reads_sessions_plain_commands_and_skips() -> None:
     ]
     assert shown(['{"a":1,', ' "b": ...}'], '{"a":1,"b":{"x":[1]}}', headers=False)
     assert not shown(['{"a":1}'], '{"a":1,"b":2}', headers=False)
+
+
+def section(path: Path, heading: str) -> range:
+    """The line numbers of the section of ``path`` that ``heading`` opens (to the next
+    heading of its level or above)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    level = len(heading) - len(heading.lstrip("#"))
+    start = lines.index(heading) + 1
+    end = next(
+        (
+            number
+            for number, line in enumerate(lines[start:], start + 1)
+            if line.startswith("#") and len(line) - len(line.lstrip("#")) <= level
+        ),
+        len(lines) + 1,
+    )
+    return range(start, end)
+
+
+def no_aws_environment(home: Path) -> dict[str, str]:
+    """The process environment without any AWS variable, with an empty home (no ``~/.aws``)."""
+    home.mkdir(exist_ok=True)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    return {**env, "HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+@pytest.mark.parametrize("args", [[], ["--memory"]], ids=["plain", "memory"])
+def test_the_replay_examples_answer_as_written_and_the_cli_on_the_data_dir_needs_no_aws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """docs/API.md's replay section on a runner started with ``args`` (``--memory``: the
+    calls carry the user's memory block, and their contexts still rebuild and match), then
+    its ``turnledger replay --data-dir`` command on the runner's folder, as written, with
+    no AWS configuration (the runner too: no AWS variable, a home without ``~/.aws``)."""
+    monkeypatch.chdir(ROOT)
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path / "runner-home"))
+    api = ROOT / "docs" / "API.md"
+    lines = section(api, "## What a call saw, and replays")
+    data = tmp_path / "data"
+    replay = Replay(data)
+    try:
+        replay.file(api, args, lines)
+        assert replay.ran >= 6, "the replay examples were not found"
+        assert not replay.failures, "\n\n".join(replay.failures)
+        assert replay.runner is not None
+        context = httpx.get(
+            f"{replay.runner.url}/v1/conversations/api-replay-1/turns/2/context",
+            headers={"Authorization": "Bearer local:acme:ann"},
+        ).json()
+        carried = [c for c in context["calls"] if c["messages"][0]["role"] == "system"]
+        assert len(carried) == (1 if args else 0)  # the memory block, rebuilt
+        assert context["all_match"] is True, context
+
+        [command] = [
+            s.command for s in steps(api) if s.line in lines and s.command.startswith("turnledger ")
+        ]
+        words = shlex.split(command)
+        words[words.index("--data-dir") + 1] = str(data)
+        done = subprocess.run(
+            [sys.executable, "-m", "turnledger_local.cli", *words[1:]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=no_aws_environment(tmp_path / "home"),
+        )
+    finally:
+        replay.stop()
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "replay.json").read_text(encoding="utf-8"))
+    assert (tmp_path / "replay.csv").is_file()
+    row = next(r for r in report["conversations"] if r["conversation_id"] == "api-replay-1")
+    assert row["status"] == "complete"
+    assert row["context_mismatches"] == 0
+    assert report["total"]["context_mismatches"] == 0

@@ -14,27 +14,40 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
 from turnledger.context.redaction import Redactor
+from turnledger.core.config import Settings
+from turnledger.providers.factory import PROVIDERS, api_key_source
 
 from .runner import LocalConfig, LocalRunner
 from .template import TEMPLATE_PATH
 from .transfer_cli import fail
 
+#: The providers that send a key (``OPENAI_API_KEY`` or where it is kept).
+KEYED_PROVIDERS = ("openai-chat", "openai-responses")
+
 _EPILOG = """\
 authentication: send 'Authorization: Bearer local:<tenant>' or
 'Bearer local:<tenant>:<user>'; anything else is 401.
 local routes:
-  POST /_local/sweep  runs the expired-conversation sweep now (needs the same
-                      Authorization header); a body of {"conversation_ids": [...]}
-                      sweeps those conversations of your tenant only.
-  POST /_local/echo   a stand-in tool endpoint: answers the tool, arguments and
-                      Idempotency-Key it was sent (events/local-tools.json uses it).
+  POST /_local/sweep            runs the expired-conversation sweep now (needs the same
+                                Authorization header); a body of {"conversation_ids":
+                                [...]} sweeps those conversations of your tenant only.
+  POST /_local/provider/forget  drops the demo-stateful provider's stored responses
+                                (needs the Authorization header).
+  POST /_local/echo             a stand-in tool endpoint: answers the tool, arguments and
+                                Idempotency-Key it was sent (events/local-tools.json).
+  POST /_local/notifications    where the functions send approval notifications;
+  GET /_local/notifications     lists the last 100.
+  POST /_local/job              a sample job for deferred tools: answers 202 {"task_id"},
+                                then POSTs its result to the call's callback_url.
+  GET /_local/jobs              the sample jobs and their callbacks' answers
+                                (?conversation_id=ID&wait=S).
 In a tools file, ${LOCAL_URL} stands for this server's own base URL.
 timeouts: an invocation that outruns its function's Timeout (or --function-timeout)
 is killed with its environment, as Lambda does; the client gets API Gateway's
@@ -112,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.add_argument("--tools", type=Path, metavar="FILE", help="tool registry JSON file")
     local.add_argument(
-        "--provider", metavar="NAME", help="model provider: demo or openai-chat (default: demo)"
+        "--provider",
+        metavar="NAME",
+        help=f"default model provider: {', '.join(PROVIDERS)} (default: demo)",
     )
-    local.add_argument("--model", help="default model name")
+    local.add_argument("--model", metavar="NAME", help="default model name (default: demo-1)")
     local.add_argument(
         "--data-dir",
         type=Path,
@@ -315,6 +330,24 @@ def _banner(url: str, runner: LocalRunner) -> str:
     )
 
 
+def key_warnings(environment: Mapping[str, str]) -> list[str]:
+    """What the functions' ``environment`` lacks for its providers to answer: the key of
+    each OpenAI-style provider it enables (a turn would fail with ``502``)."""
+    try:
+        settings = Settings.from_env(environment)
+    except ValueError:
+        return []  # a setting the functions refuse: each request answers it
+    if api_key_source(settings) is not None:
+        return []
+    return [
+        f"provider {name} has no key (OPENAI_API_KEY, OPENAI_API_KEY_SECRET or "
+        "OPENAI_API_KEY_PARAMETER): its turns fail with 502 unless its server "
+        "(OPENAI_BASE_URL) needs none"
+        for name in settings.allowed_providers
+        if name in KEYED_PROVIDERS
+    ]
+
+
 def _serve(config: LocalConfig) -> int:
     if config.tools_file is not None and not config.tools_file.is_file():
         return fail("local", "invalid_setting", f"no such tools file: {config.tools_file}", 2)
@@ -341,6 +374,8 @@ def _serve(config: LocalConfig) -> int:
         except (BotoCoreError, ClientError) as exc:
             return fail("local", "aws_error", f"cannot prepare storage: {exc}")
         print(_banner(url, runner), flush=True)
+        for warning in key_warnings(runner.environment):
+            print(f"turnledger local: warning: {warning}", file=sys.stderr, flush=True)
         stop.wait()
         print("turnledger local: stopping", flush=True)
         return 0

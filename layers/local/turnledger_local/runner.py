@@ -23,8 +23,9 @@ demand (it needs a local token like every API route), ``POST
 /_local/provider/forget`` drops the ``demo-stateful`` provider's state (a token
 too), ``POST /_local/echo`` is a stand-in tool endpoint that answers what it was sent,
 and ``/_local/notifications`` takes the functions' notifications (``POST``, from this
-machine) and lists the last ones of the caller's tenant (``GET``, a local token too).
-Lambda's Invoke API
+machine) and lists the last ones of the caller's tenant (``GET``, a local token too),
+and ``POST /_local/job`` with ``GET /_local/jobs`` is a sample job server for deferred
+tools (:mod:`.jobs`). Lambda's Invoke API
 (``POST /2015-03-31/functions/<name>/invocations``, loopback only) starts the turn
 worker for long turns, as Lambda does deployed.
 """
@@ -65,6 +66,7 @@ from .gateway import (
     scheduled_event,
     to_http,
 )
+from .jobs import JOB_PATH, JOBS_PATH, SampleJobs
 from .template import (
     TEMPLATE_PATH,
     FunctionSpec,
@@ -107,6 +109,16 @@ SWEEP_PATH = "/_local/sweep"
 #: Drops the ``demo-stateful`` provider's stored responses, so the next turn falls back.
 FORGET_PATH = "/_local/provider/forget"
 _LOCAL_PREFIX = "/_local/"
+#: Every local-only route, as ``METHOD path`` (the docs' route lists name exactly these).
+LOCAL_ROUTES = (
+    f"POST {SWEEP_PATH}",
+    f"POST {FORGET_PATH}",
+    f"POST {ECHO_PATH}",
+    f"GET {NOTIFICATIONS_PATH}",
+    f"POST {NOTIFICATIONS_PATH}",
+    f"POST {JOB_PATH}",
+    f"GET {JOBS_PATH}",
+)
 #: In a tools file, stands for the runner's own base URL (``http://127.0.0.1:<port>``).
 LOCAL_URL_PLACEHOLDER = "${LOCAL_URL}"
 #: Over-limit bodies up to this size are read and dropped; larger ones close the connection.
@@ -210,6 +222,7 @@ class LocalRunner:
         self._pools: dict[str, FunctionPool] = {}
         self._scratch: Path | None = None
         self._notifications: deque[Any] = deque(maxlen=NOTIFICATIONS_KEPT)
+        self._jobs = SampleJobs()
         self.endpoints: dict[str, str] = {}
         #: The functions' environment variables (complete once started).
         self.environment: dict[str, str] = {}
@@ -267,6 +280,7 @@ class LocalRunner:
 
     def stop(self) -> None:
         """Stop serving, stop the functions' processes and embedded storage, remove scratch."""
+        self._jobs.stop()
         if self._server is not None and self._thread is not None:
             self._server.shutdown()
         if self._server is not None:
@@ -699,6 +713,8 @@ class LocalRunner:
             return self._echo(request)
         if request.raw_path == NOTIFICATIONS_PATH and request.method.upper() in {"GET", "POST"}:
             return self._notifications_route(request)
+        if request.raw_path in {JOB_PATH, JOBS_PATH}:
+            return self._jobs.handle(request)
         known = {SWEEP_PATH, FORGET_PATH} if self._sweep is not None else {FORGET_PATH}
         if request.raw_path not in known:
             raise GatewayError(404, "not_found", f"no route for {request.raw_path}")

@@ -104,7 +104,7 @@ class Runtime:
         settings: Settings,
         conversations: Conversations | Callable[[], Conversations],
         store: ConversationStore,
-        dynamodb: DynamoDBClient,
+        dynamodb: DynamoDBClient | None,
         clock: Clock | None = None,
         tenants: TenantAccess[TenantScope] | None = None,
         clients: list[Any] | None = None,
@@ -113,7 +113,7 @@ class Runtime:
         # The service on the process's credentials (:attr:`conversations`), or what builds it.
         self._conversations = conversations
         self.store = store
-        #: The DynamoDB client the store was built on (with ``STORE=dynamodb``).
+        #: The DynamoDB client the store was built on (``None`` with ``STORE=sqlite``).
         self.dynamodb = dynamodb
         if clock is None:
             clock = utc_now if callable(conversations) else conversations.clock
@@ -174,8 +174,9 @@ class Runtime:
             else self.tenants.for_tenant(tenant).conversations
         )
 
-    def dynamodb_for(self, tenant: str) -> DynamoDBClient:
-        """The DynamoDB client of ``tenant``'s requests (its own partitions)."""
+    def dynamodb_for(self, tenant: str) -> DynamoDBClient | None:
+        """The DynamoDB client of ``tenant``'s requests (its own partitions; ``None`` with
+        ``STORE=sqlite``)."""
         return self.dynamodb if self.tenants is None else self.tenants.for_tenant(tenant).dynamodb
 
     def sweeper(self, context: RemainingTime | None) -> Sweeper:
@@ -227,7 +228,7 @@ class Runtime:
         costs what a later one does (a tenant's own clients, built on its first request,
         still make their own first call then).
         """
-        if self.settings.store != "dynamodb":
+        if self.dynamodb is None:
             return
         with _answered_in_process(self.dynamodb, b"{}"):
             self.dynamodb.get_item(
@@ -273,11 +274,17 @@ class Runtime:
                 ``False`` leaves it to the first blob.
         """
         session = AwsSession()
-        dynamodb: DynamoDBClient = session.client(
-            "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
-        )
-        clients: list[Any] = [dynamodb]
-        keyring = _keyring(settings, session, dynamodb)
+        clients: list[Any] = []
+        dynamodb: DynamoDBClient | None = None
+        keyring: Keyring | None = None
+        if settings.store == "dynamodb":
+            # Not with the SQLite store: a client needs a region, and a data folder
+            # (``turnledger replay --data-dir``) needs no AWS configuration at all.
+            dynamodb = session.client(
+                "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
+            )
+            clients.append(dynamodb)
+            keyring = _keyring(settings, session, dynamodb)
         if keyring is not None and isinstance(keyring.master, KmsMasterKey):
             clients.append(keyring.master.client)  # closed before a snapshot with the rest
         store = _build_store(settings, session, dynamodb, clients, keyring, blobs=blobs)
@@ -297,7 +304,7 @@ class Runtime:
             dynamodb=dynamodb,
             clock=clock,
         )
-        if settings.tenant_role_arn and settings.store == "dynamodb":
+        if settings.tenant_role_arn and dynamodb is not None:
             sts = session.client("sts", config=_AWS_CONFIG)
             clients.append(sts)
             runtime.tenants = TenantAccess(
@@ -572,7 +579,7 @@ def _keyring(settings: Settings, session: AwsSession, dynamodb: DynamoDBClient) 
 def _build_store(
     settings: Settings,
     session: AwsSession,
-    dynamodb: DynamoDBClient,
+    dynamodb: DynamoDBClient | None,
     clients: list[Any] | None = None,
     keyring: Keyring | None = None,
     *,
@@ -585,6 +592,7 @@ def _build_store(
     """
     if settings.store == "sqlite":
         return _sqlite_store(settings)
+    assert dynamodb is not None  # built for every store but SQLite
     s3 = _on_first_use(
         partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),
         clients,

@@ -28,6 +28,7 @@ from ..core.exceptions import (
     InvalidConversationId,
     InvalidRequest,
     MemoryUserNotAllowed,
+    ProviderError,
     RequestValidationFailed,
     ServiceUnavailable,
     TurnledgerError,
@@ -271,7 +272,12 @@ def _current_path() -> str:
 
 @app.exception_handler(TurnledgerError)
 def _domain_error(exc: TurnledgerError) -> Response[str]:
-    if exc.status >= 500:
+    if isinstance(exc, ProviderError):
+        # Expected (a provider down, a key refused): one line with the cause, no traceback.
+        logger.error(
+            f"the model provider failed: {exc}", extra={"code": exc.code, "details": exc.details}
+        )
+    elif exc.status >= 500:
         logger.exception("request failed", extra={"code": exc.code})
     return _error(exc)
 

@@ -235,6 +235,8 @@ class RunRecord(_Strict):
     cost_usd: float = 0.0
     #: The user's memory records the context carried (``turnledger.context.memory``).
     memory_ids: list[str] = Field(default_factory=list)
+    #: Whose records ``memory_ids`` are (set with them), so a rebuild reads them back.
+    memory_user: str | None = None
     #: What the memory extraction after this answer used (its cost is in ``cost_usd``'s
     #: head rollup, not in ``cost_usd``); ``None``: none ran.
     memory_usage: Usage | None = None

@@ -8,9 +8,11 @@ recomputes the hash and sets it beside the recorded one: a mismatch is reported 
 what differs, never hidden. Replays (:mod:`.replays`) send exactly these contexts.
 
 What is not in the log is taken from the deployment as it is now: the system prompt,
-the redaction rule set and the tool registry. A call whose context was built with
-another system prompt or rule set, or with the user's long-term memory records (not in
-the log), rebuilds to another hash, and the mismatch says which of these may explain it.
+the redaction rule set and the tool registry. The user's long-term memory records a call
+carried (``run.memory_ids``, of ``run.memory_user``) are read back from the user's memory
+and set in the rebuilt context as the call had them. A call whose context was built with
+another system prompt or rule set, or with records since edited or deleted, rebuilds to
+another hash, and the mismatch says which of these may explain it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..context.assembly import MESSAGE_OVERHEAD_TOKENS, rebuild
+from ..context.memory import memory_message
 from ..core.exceptions import ConversationNotFound, UnknownProvider
 from ..core.models import (
     AssistantMessage,
@@ -30,8 +33,10 @@ from ..core.models import (
     Head,
     RunRecord,
     ToolResult,
+    UserMessage,
 )
 from ..providers.base import Message, Provider, ToolSpec
+from ..store.memories import MemoryBook, MemoryRecord
 from .longturns import TurnNotFound
 
 if TYPE_CHECKING:
@@ -140,6 +145,7 @@ def call_contexts(
     events = log.events
     sequences = [event.sequence for event in events]
     newest: int | None = None  # the position of the newest summary's event so far
+    memories = _Memories(service, log)
     for position, event in enumerate(events):
         if event.turn > last:
             break
@@ -152,6 +158,7 @@ def call_contexts(
             continue
         run = body.run
         provider = _provider(service, run.provider)
+        memory, memory_changed = memories.block(run, event)
         assembly = rebuild(
             _window(events, sequences, newest, position),
             run,
@@ -159,11 +166,12 @@ def call_contexts(
             per_message=0 if provider.estimate_is_exact else MESSAGE_OVERHEAD_TOKENS,
             system_prompt=system_prompt,
             redactor=redactor,
+            memory=memory,
         )
         index_in_turn[event.turn] = index_in_turn.get(event.turn, 0) + 1
         causes: list[str] = []
         if assembly.sha256 != run.context_sha256:
-            causes = _causes(service, run, provider)
+            causes = _causes(service, run, provider, memory_changed=memory_changed)
         calls.append(
             CallContext(
                 turn=event.turn,
@@ -205,7 +213,57 @@ def _provider(service: Conversations, name: str) -> Provider:
         return service.provider
 
 
-def _causes(service: Conversations, run: RunRecord, provider: Provider) -> list[str]:
+class _Memories:
+    """The memory blocks of a log's calls, read back from their users' records (each
+    user's records read once)."""
+
+    def __init__(self, service: Conversations, log: ConversationLog) -> None:
+        self.service = service
+        self.log = log
+        self._records: dict[str, dict[str, MemoryRecord]] = {}
+
+    def block(self, run: RunRecord, answer: Event) -> tuple[Message | None, bool]:
+        """The memory block ``run``'s call carried, rebuilt from the records it names as
+        they read now, and whether any of them changed since the call (edited after it,
+        or gone: the block then holds what is left, and cannot match)."""
+        if not run.memory_ids:
+            return None, False
+        user = run.memory_user or self._turn_actor(answer.turn)
+        if user is None:
+            return None, True
+        if user not in self._records:
+            book = MemoryBook(self.service.store, self.log.key.tenant, user)
+            self._records[user] = {record.id: record for record in book.records()}
+        found = [self._records[user].get(record_id) for record_id in run.memory_ids]
+        kept = [record for record in found if record is not None]
+        changed = len(kept) < len(found) or any(
+            record.updated_at > answer.occurred_at for record in kept
+        )
+        if not kept:
+            return None, changed
+        message = memory_message(kept)
+        redactor = self.service.redactor
+        if redactor is not None:
+            # As the turn did: everything a model sees is redacted.
+            message = Message(role="system", content=redactor.text(message.content or ""))
+        return message, changed
+
+    def _turn_actor(self, turn: int) -> str | None:
+        """Who sent ``turn``'s message: the memory user of a run recorded before run
+        records named it (a trusted caller's named user was not kept then)."""
+        return next(
+            (
+                event.actor
+                for event in self.log.events
+                if event.turn == turn and isinstance(event.body(), UserMessage)
+            ),
+            None,
+        )
+
+
+def _causes(
+    service: Conversations, run: RunRecord, provider: Provider, *, memory_changed: bool
+) -> list[str]:
     """What may explain a mismatch: what the log does not hold and has changed, or may."""
     causes: list[str] = []
     if provider.name != run.provider:
@@ -213,8 +271,8 @@ def _causes(service: Conversations, run: RunRecord, provider: Provider) -> list[
     redactor = service.redactor
     if (redactor.version if redactor is not None else None) != run.redaction_version:
         causes.append("redaction_changed")
-    if run.memory_ids:
-        causes.append("memory_not_in_log")
+    if memory_changed:
+        causes.append("memory_changed")
     if not causes:
         causes.append("system_prompt_or_log_changed")
     return causes

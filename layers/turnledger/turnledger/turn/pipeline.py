@@ -1089,6 +1089,8 @@ class Conversations(Reads):
         work.tokens_estimated = estimator.tokens(sent)
         self._calibrate(provider, session, assembly, estimator, reply)
         model = reply.model or work.model
+        # The recalled block, when it fitted in the context (the run record names it).
+        carried = recall if recall is not None and recall.message in assembly.messages else None
         return reply, RunRecord(
             model=model,
             provider=provider.name,
@@ -1108,11 +1110,8 @@ class Conversations(Reads):
             if reply.response_id is not None
             else None,
             cost_usd=self.settings.model_spec(model).cost(reply.usage),
-            memory_ids=recall.ids
-            if recall is not None
-            and recall.message is not None
-            and recall.message in assembly.messages
-            else [],
+            memory_ids=carried.ids if carried is not None else [],
+            memory_user=carried.user if carried is not None else None,
         )
 
     def _continuation(
