@@ -35,6 +35,7 @@ from turnledger.core.models import (
     SummaryRef,
 )
 from turnledger.store import codec, keys
+from turnledger.store import purge as purge_protocol
 from turnledger.store.base import (
     DEFAULT_OFFLOAD_THRESHOLD,
     MAX_EVENTS_PER_COMMIT,
@@ -753,7 +754,7 @@ def test_clear_wins_against_turns_that_keep_committing(store: ConversationStore)
             outcomes.append("landed")
 
     with (
-        interleave(store, "_fence", a_turn) as before_fence,
+        interleave(purge_protocol, "_fence", a_turn) as before_fence,
         interleave(store, "_replace_head", a_turn) as before_tombstone,
     ):
         report = store.clear(KEY, START)
@@ -879,7 +880,7 @@ def test_clear_finishes_a_tombstone_written_before_its_fence(store: Conversation
             blocked.append("busy")
 
     with (
-        interleave(store, "_fence", another_purge_writes_its_tombstone) as staged,
+        interleave(purge_protocol, "_fence", another_purge_writes_its_tombstone) as staged,
         interleave(store, "_replace_head", a_new_life_on_the_tombstone) as racing,
     ):
         report = store.clear(KEY, START)
