@@ -34,7 +34,7 @@ from turnledger.core.models import (
     Head,
     SummaryRef,
 )
-from turnledger.store import codec, keys
+from turnledger.store import codec, keys, slots
 from turnledger.store import purge as purge_protocol
 from turnledger.store.base import (
     DEFAULT_OFFLOAD_THRESHOLD,
@@ -1303,7 +1303,7 @@ def test_a_purge_deletes_what_no_late_turn_can_target(store: ConversationStore) 
     first = commit_turn(store, KEY, None, ["q1", "a1"])
     second = commit_turn(store, KEY, first.head, ["q2", "a2"])
 
-    store.clear(KEY, START + timedelta(seconds=codec.LATE_TURN_SECONDS + 1))
+    store.clear(KEY, START + timedelta(seconds=slots.LATE_TURN_SECONDS + 1))
 
     (grave,) = raw_sort_keys(store, KEY)
     assert grave == keys.event_sort_key(second.head.seq + 1)

@@ -147,7 +147,7 @@ class Backend(ABC):
 
         Conditions: the stored head is still ``expected`` (as in :meth:`_replace_head`:
         ``ver``, ``g`` and ``fx``; ``None``: no head exists), when ``head`` is given; each
-        event item's key is a free slot for the life ``gen`` (:func:`.codec.slot_free`
+        event item's key is a free slot for the life ``gen`` (:func:`.slots.slot_free`
         with ``marker_version`` and ``head_locked``: nothing, another life's gravestone, the
         marker of that version; with ``head_locked``, any item of another life); the head
         of each of ``checks``' partitions is still that head item; the key of each of
@@ -163,7 +163,7 @@ class Backend(ABC):
     @abstractmethod
     def _put_turn(self, item: Item, marker_version: int | None) -> None:
         """Put the turn item (or marker) ``item`` if its key is a free slot for its life
-        (:func:`.codec.slot_free` with ``marker_version``): one conditional write, the
+        (:func:`.slots.slot_free` with ``marker_version``): one conditional write, the
         optimistic lock of a plain turn (docs/STORAGE.md).
 
         Raises:

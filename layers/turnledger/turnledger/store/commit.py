@@ -3,7 +3,7 @@
 A commit puts its events in one *turn item* at the life's next *slot* (the storage
 sequence after the newest item: docs/STORAGE.md, "One item per turn"); the newest turn
 item also holds the head's *fast state*. The slot's condition is the optimistic lock
-(:func:`.codec.slot_free`): free, another life's gravestone, or this life's *marker* of
+(:func:`.slots.slot_free`): free, another life's gravestone, or this life's *marker* of
 the version the turn read. ``HEAD`` (the *slow state*) is put in the same transaction
 only when what it holds changes, when inbox entries change, when the events need more
 than one item, or when the conversation is *crowded* (leftovers of another life lie

@@ -4,13 +4,13 @@ The purge protocol (clear, sweep, a turn on an expired conversation)
     1. Replace the head with a *tombstone*, in one transaction with a *gravestone* that
        claims the life's next *slot* (the *claim*), on the condition that the head is
        still the one read (absent, when there was none but leftovers remain): a commit
-       that read before can no longer land (its slot is taken, :func:`.codec.slot_free`),
+       that read before can no longer land (its slot is taken, :func:`.slots.slot_free`),
        and readers see nothing. The tombstone names the next life (a new ``gen``) and
        keeps the storage sequence's high-water mark as its base, so a turn that starts
        during the purge writes above every old item and can never be mixed with them.
     2. Delete every item of the conversation's partition except the head and what the
        next life may have written: event items up to the tombstone's base (those that a
-       late turn could still target become gravestones, :func:`.codec.keeps_slot`), and
+       late turn could still target become gravestones, :func:`.slots.keeps_slot`), and
        items of any other kind (idempotency records ``I#``, side items ``S#``...) unless
        they carry the next life's ``g``; then every object of the conversation that is
        not the next life's. The events forks still read stay (:func:`retention`), and
@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.exceptions import ContentUnreadable, ConversationBusy, InternalError, StateError
 from ..core.models import MAX_FORK_DEPTH, ConversationKey, ConversationStatus, Head
-from . import codec, forks, keys, views
+from . import codec, forks, keys, slots, views
 from .codec import Item
 from .commit import new_generation
 from .indexes import EventStamp
@@ -222,10 +222,10 @@ def _claim(
         live, view = views.read_view(store, pk)
     except ContentUnreadable:
         live, view = views.read_view(store, pk, content=False)
-        return view, None if live is None else codec.gravestone(key, live, now, False)
+        return view, None if live is None else slots.gravestone(key, live, now, False)
     if live is None:
         return view, None
-    return view, store.sealer.seal(codec.gravestone(key, live, now))
+    return view, store.sealer.seal(slots.gravestone(key, live, now))
 
 
 def purge_if_unchanged(
@@ -459,7 +459,7 @@ def _delete_partition(
                 except ValueError:
                     sequence = 0  # not an event key of any life: garbage
                 read = forks.reads(kept, item.get(codec.A_GEN), sequence)
-                if codec.is_gravestone(item, tomb.updated_at):
+                if slots.is_gravestone(item, tomb.updated_at):
                     continue  # it still holds the slot against late turns; TTL removes it
                 if sequence <= tomb.base and not read:
                     events += events_in(item)
@@ -470,10 +470,10 @@ def _delete_partition(
                     with contextlib.suppress(ContentUnreadable):
                         opened = store.sealer.open(item, held)
                         report.provider_responses.extend(_stored_responses(opened))
-                    if codec.keeps_slot(item, tomb.updated_at):
+                    if slots.keeps_slot(item, tomb.updated_at):
                         # A turn that read before the clear may still target this slot:
                         # a gravestone replaces the item (it is never absent meanwhile).
-                        graves.append(codec.bare_gravestone(item, tomb.updated_at))
+                        graves.append(slots.bare_gravestone(item, tomb.updated_at))
                     else:
                         doomed.append(sort_key)
             elif item.get(codec.A_GEN) != tomb.gen:
