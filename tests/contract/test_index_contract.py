@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from turnledger.core.models import ConversationKey, ConversationStatus
-from turnledger.store import codec, keys
+from turnledger.store import codec, keys, slots
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.store.indexes import CURSOR_PK, CURSOR_SK, EventStamp
 
@@ -225,7 +225,7 @@ def test_delete_event_holds_only_for_the_life_read(store: ConversationStore) -> 
     stamps = store.event_stamps(key)
     # The old items go (written longer ago than any request runs: no gravestone stays at
     # their slots, docs/STORAGE.md); a new life rewrites sequence 1.
-    store.clear(key, START + timedelta(seconds=codec.LATE_TURN_SECONDS + 1))
+    store.clear(key, START + timedelta(seconds=slots.LATE_TURN_SECONDS + 1))
     new = commit_turn(store, key, None, ["new 1"])
 
     assert not store.delete_event(key, stamps[0]), "overwritten by the new life"

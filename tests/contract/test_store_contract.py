@@ -34,7 +34,8 @@ from turnledger.core.models import (
     Head,
     SummaryRef,
 )
-from turnledger.store import codec, keys
+from turnledger.store import codec, keys, slots
+from turnledger.store import purge as purge_protocol
 from turnledger.store.base import (
     DEFAULT_OFFLOAD_THRESHOLD,
     MAX_EVENTS_PER_COMMIT,
@@ -753,7 +754,7 @@ def test_clear_wins_against_turns_that_keep_committing(store: ConversationStore)
             outcomes.append("landed")
 
     with (
-        interleave(store, "_fence", a_turn) as before_fence,
+        interleave(purge_protocol, "_fence", a_turn) as before_fence,
         interleave(store, "_replace_head", a_turn) as before_tombstone,
     ):
         report = store.clear(KEY, START)
@@ -879,7 +880,7 @@ def test_clear_finishes_a_tombstone_written_before_its_fence(store: Conversation
             blocked.append("busy")
 
     with (
-        interleave(store, "_fence", another_purge_writes_its_tombstone) as staged,
+        interleave(purge_protocol, "_fence", another_purge_writes_its_tombstone) as staged,
         interleave(store, "_replace_head", a_new_life_on_the_tombstone) as racing,
     ):
         report = store.clear(KEY, START)
@@ -1302,7 +1303,7 @@ def test_a_purge_deletes_what_no_late_turn_can_target(store: ConversationStore) 
     first = commit_turn(store, KEY, None, ["q1", "a1"])
     second = commit_turn(store, KEY, first.head, ["q2", "a2"])
 
-    store.clear(KEY, START + timedelta(seconds=codec.LATE_TURN_SECONDS + 1))
+    store.clear(KEY, START + timedelta(seconds=slots.LATE_TURN_SECONDS + 1))
 
     (grave,) = raw_sort_keys(store, KEY)
     assert grave == keys.event_sort_key(second.head.seq + 1)

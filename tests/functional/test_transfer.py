@@ -37,6 +37,7 @@ from turnledger.ops.transfer import export as export_answer
 from turnledger.providers.base import Message
 from turnledger.providers.history import build_strict_history, check_strict_history
 from turnledger.store import keys
+from turnledger.store import purge as purge_protocol
 from turnledger.store.base import ConversationStore
 from turnledger.store.blobs import S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
@@ -373,7 +374,7 @@ def test_an_import_that_fails_midway_leaves_nothing_visible(
         lambda: Sweeper(store, clock=clock.now).reclaim([key]),
     ):
         monkeypatch.setattr(store, "_replace_head", lambda head, expected: False)
-        monkeypatch.setattr(store, "_purge", lambda key, item, now: None)
+        monkeypatch.setattr(purge_protocol, "purge", lambda store, key, item, now: None)
         with pytest.raises(TurnledgerError):
             load(service, "dst", text)
         monkeypatch.undo()

@@ -12,7 +12,6 @@ import copy
 import json
 import os
 import sqlite3
-import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -31,6 +30,7 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.store.sqlite import SQLiteConversationStore
 from turnledger.store.sqlite import _decode as sqlite_item
+from turnledger.store.views import ViewCache
 
 #: Where every fake clock starts.
 #: In the future on purpose: DynamoDB Local, like DynamoDB, deletes items whose TTL
@@ -295,9 +295,7 @@ def another_environment(store: ConversationStore) -> ConversationStore:
     """``store`` as another execution environment sees it: the same table (or file, or
     dict) and objects, none of what ``store`` remembers of the conversations it read."""
     twin = copy.copy(store)
-    twin._views = {}
-    twin._contexts = {}
-    twin._views_lock = threading.Lock()
+    twin.views = ViewCache()
     return twin
 
 
@@ -473,14 +471,16 @@ class Interleaving:
 
 @contextmanager
 def interleave(
-    store: ConversationStore,
+    store: object,
     primitive: str,
     action: Callable[[], None],
     *,
     call: int = 1,
     after: bool = False,
 ) -> Iterator[Interleaving]:
-    """Run ``action`` once, just before (or after) the ``call``-th call of a backend primitive.
+    """Run ``action`` once, just before (or after) the ``call``-th call of a backend primitive
+    (``store``: the store) or of a step of a protocol (``store``: its module, e.g.
+    :func:`turnledger.store.purge._fence`).
 
     This stages a concurrent writer at an exact point of a store operation
     (between reading the head and writing the tombstone, in the middle of a

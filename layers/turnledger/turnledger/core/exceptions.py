@@ -23,6 +23,8 @@ hierarchy to responses and never matches on message text::
     ├── NotAwaitingApproval          409 not_awaiting_approval
     ├── BudgetExceeded               409 budget_exceeded
     ├── ConversationExists           409 conversation_exists
+    ├── ForkPointOpen                409 fork_point_open
+    ├── ForkTooDeep                  409 fork_too_deep
     ├── MemoryFull                   409 memory_full
     ├── NothingToCompact             409 nothing_to_compact
     ├── StateError
@@ -34,6 +36,7 @@ hierarchy to responses and never matches on message text::
     │   ├── ImportTooLarge           413 import_too_large
     │   └── ContextLengthExceeded    413 context_length_exceeded
     ├── RequestValidationFailed      422 validation_error
+    ├── InvalidForkPoint             422 invalid_fork_point
     ├── UnknownToolCall              422 unknown_tool_call
     ├── UnknownTool                  422 unknown_tool
     ├── UnknownProvider              422 unknown_provider

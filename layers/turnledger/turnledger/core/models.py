@@ -798,11 +798,14 @@ class ForkOrigin(_Strict):
 
 
 class Head(_Strict):
-    """The conversation's head: one small item, rewritten (conditionally) by every commit.
+    """The conversation's effective head: its state as every layer above the store sees it.
 
-    ``version`` is the optimistic lock: each commit expects the version it
-    read and writes ``version + 1``. ``seq`` is the last stored sequence
-    (storage numbering); ``base`` is the storage sequence just before this
+    Stored in two parts (docs/STORAGE.md, "The effective head"): the *slow state* in the
+    ``HEAD`` item, written only when it changes, and the *fast state* in the newest turn
+    item of the life, written by every commit; a read merges them. ``version`` counts
+    commits: each commit expects the version it read and writes ``version + 1`` (the
+    slot it writes at is the lock: :mod:`turnledger.store.commit`). ``seq`` is the last
+    stored sequence (storage numbering); ``base`` is the storage sequence just before this
     life of the conversation began, so the public ``sequence`` of an event is
     its storage sequence minus ``base``. ``gen`` names this life: events and
     S3 objects carry it, so leftovers of an earlier life are never read as

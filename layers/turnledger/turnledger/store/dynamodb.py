@@ -50,7 +50,7 @@ _HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FEN
 def _slot_condition(
     gen: str, marker_version: int | None, *, head_locked: bool = False
 ) -> dict[str, Any]:
-    """Condition arguments of a write at a turn slot (:func:`.codec.slot_free`): nothing
+    """Condition arguments of a write at a turn slot (:func:`.slots.slot_free`): nothing
     there, another life's gravestone, or this life's marker (no gravestone) of the version
     the commit read; with ``head_locked``, any item of another life."""
     names = {"#pk": codec.A_PK, "#g": codec.A_GEN}

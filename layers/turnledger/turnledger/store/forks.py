@@ -22,12 +22,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.exceptions import CorruptedState
-from ..core.models import ConversationKey, ForkOrigin
-from . import codec, keys
+from ..core.exceptions import CorruptedState, InternalError
+from ..core.models import ConversationKey, ForkOrigin, Head
+from . import codec, keys, views
 from .codec import Item
+
+if TYPE_CHECKING:
+    from .base import ConversationStore
+
 
 #: Schema version of both kinds of item.
 SCHEMA_VERSION = 1
@@ -155,3 +159,86 @@ def object_read(key: ConversationKey, object_key: str, kept: dict[str, int]) -> 
         and reads(kept, gen, keys.blob_sequence(object_key) or 0)
         for gen in kept
     )
+
+
+# --- the fork protocol -------------------------------------------------------------------
+
+
+def fork(
+    store: ConversationStore,
+    parent: ConversationKey,
+    parent_head: Head,
+    target: ConversationKey,
+    head: Head,
+    *,
+    expected_version: int | None,
+    now: datetime,
+) -> None:
+    """Create the fork ``head`` at ``target``: its head, its reference in the parent's
+    partition and its origin in its own, atomically, whatever the parent's length (no
+    event is copied: ``head.fork`` says where the inherited ones are).
+
+    Conditions: ``parent``'s head is still ``parent_head`` (same version and life, no
+    clear's fence), and ``target`` has no head (``expected_version`` ``None``) or the
+    tombstone of that version whose next life is ``head.gen``.
+
+    Raises:
+        ConversationBusy: a condition failed; nothing was written.
+        InternalError: ``head`` is not a fork.
+    """
+    origin = head.fork
+    if origin is None:
+        raise InternalError("a fork's head names its origin")
+    ref = ForkRef(
+        parent_gen=parent_head.gen,
+        fork_id=target.conversation_id,
+        fork_gen=head.gen,
+        live=True,
+        turn=origin.turn,
+        seq=origin.seq,
+        keep_through=parent_head.base + origin.seq,
+        created_at=now,
+    )
+    view = views.view_for(store, keys.partition_key(parent), parent_head.version)
+    assert view.head_item is not None  # a version was read: there is a head
+    # The parent's next slot as read: a commit on the parent since makes the fork fail.
+    slot = {
+        **codec.marker_item(parent, parent_head),
+        codec.A_VERSION: parent_head.version,
+    }
+    store._transact_commit(
+        store.sealer.seal(codec.encode_head(target, head)),
+        codec.expected_head(expected_version, head.gen),
+        [],
+        head.gen,
+        puts=[ref_item(parent, ref), origin_item(target, head.gen, origin)],
+        checks=[view.head_item],
+        slots=[slot],
+    )
+
+
+def fork_refs(
+    store: ConversationStore, key: ConversationKey, head: Head, *, after: str | None, limit: int
+) -> tuple[list[ForkRef], bool]:
+    """Up to ``limit`` live forks of ``head``'s life, by fork id, after the fork id
+    ``after``; and whether more follow."""
+    lower, upper = prefix_bounds(keys.fork_refs_prefix(head.gen, keys.FORK_LIVE))
+    if after is not None:
+        # Past every life of the fork ``after``: its references end ``#<fork gen>``.
+        lower = prefix_bounds(f"{lower}{after}#")[1]
+    page = store._query(
+        keys.partition_key(key),
+        lower=lower,
+        upper=upper,
+        descending=False,
+        limit=limit + 1,
+        cursor=None,
+    )
+    refs = [decode_ref(item) for item in page.items]
+    return refs[:limit], len(refs) > limit or page.cursor is not None
+
+
+def fork_count(store: ConversationStore, key: ConversationKey, head: Head) -> int:
+    """How many live forks ``head``'s life has (keys only, every page)."""
+    lower, upper = prefix_bounds(keys.fork_refs_prefix(head.gen, keys.FORK_LIVE))
+    return sum(1 for _ in store._keys_between(keys.partition_key(key), lower, upper))

@@ -43,11 +43,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from ..core.exceptions import ContentUnreadable
 from ..core.models import ConversationKey
 from . import codec, keys
 from .codec import Item
+
+if TYPE_CHECKING:
+    from .base import ConversationStore
+
 
 #: The index's name, as declared in template.yaml.
 INBOX_INDEX = "by-inbox"
@@ -101,6 +106,7 @@ def _instant(value: datetime) -> str:
 
 #: Entries one index query reads at least when a listing is filtered (it skips most).
 FILTERED_READ = 100
+
 
 #: Longest call id kept as is in an index sort key (DynamoDB allows 1,024 bytes in all).
 _CALL_PART_MAX = 200
@@ -246,3 +252,61 @@ def select(
             continue
         chosen.append((entry, entry_key(item)))
     return chosen
+
+
+# --- reading the inbox -------------------------------------------------------------------
+
+
+def readable(store: ConversationStore, item: Item) -> list[Item]:
+    """``item`` opened, or nothing when its content is unreadable (erased: a listing
+    leaves such an item out rather than failing for every other one)."""
+    try:
+        return [store.sealer.open(item)]
+    except ContentUnreadable:
+        return []
+
+
+def inbox_page(
+    store: ConversationStore,
+    tenant: str,
+    *,
+    now: datetime,
+    limit: int,
+    after: EntryKey | None = None,
+    tool: str | None = None,
+    conversation_id: str | None = None,
+) -> InboxPage:
+    """Up to ``limit`` calls of ``tenant`` waiting for a person, oldest request first.
+
+    Calls whose window closed by ``now`` are left out (the next request on their
+    conversation, or the sweep, records the expiry and removes the entry), as are
+    entries not matching ``tool`` or ``conversation_id``: reading goes on past them
+    for at most :attr:`inbox_rounds` index queries, so a filter that matches little
+    costs a bounded time per request. A page may then hold fewer than ``limit``
+    calls and still name where the next one starts.
+    """
+    partition = inbox_partition(tenant)
+    filtering = tool is not None or conversation_id is not None
+    chosen: list[tuple[InboxEntry, EntryKey]] = []
+    position = after
+    for _ in range(store.inbox_rounds):
+        wanted = limit - len(chosen) + 1  # one more than needed: is there a next page?
+        page = store._inbox_query(
+            partition,
+            after=position,
+            limit=max(wanted, FILTERED_READ) if filtering else wanted,
+        )
+        for item in page.items:
+            chosen.extend(
+                select(readable(store, item), now=now, tool=tool, conversation_id=conversation_id)
+            )
+            if len(chosen) > limit:
+                # The next page starts right after the last call shown.
+                return InboxPage([e for e, _ in chosen[:limit]], chosen[limit - 1][1])
+        if page.cursor is None:
+            return InboxPage([e for e, _ in chosen], None)
+        # Everything read so far was shown or skipped: go on after the last item read.
+        position = page.cursor
+        if len(chosen) == limit:
+            break
+    return InboxPage([e for e, _ in chosen], position)

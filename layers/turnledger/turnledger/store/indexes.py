@@ -30,11 +30,18 @@ conversation's partition key.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from . import codec
+from ..core.models import ConversationKey
+from . import codec, keys
 from .codec import Item
+from .reads import events_in
+
+if TYPE_CHECKING:
+    from .base import ConversationStore
+
 
 #: Index names, as declared in template.yaml.
 EXPIRY_INDEX = "by-expiry"
@@ -43,12 +50,14 @@ TENANT_INDEX = "by-tenant"
 #: (``wb``, sharded like ``xb``): the sweep's pass that records expired approvals.
 WAIT_INDEX = "by-wait"
 
+
 #: The item attribute each index is keyed on (see :mod:`.codec`).
 INDEX_ATTRIBUTES = {
     EXPIRY_INDEX: codec.A_EXPIRY_BUCKET,
     TENANT_INDEX: codec.A_TENANT,
     WAIT_INDEX: codec.A_WAIT_BUCKET,
 }
+
 
 #: Where the sweep's cursors live: one item per pass (:data:`SweepPass`).
 CURSOR_PK = "#SWEEP"
@@ -60,6 +69,7 @@ _CURSOR_SKS: dict[SweepPass, str] = {"expiry": CURSOR_SK, "waits": WAIT_CURSOR_S
 CURSOR_SCHEMA_VERSION = 1
 #: The cursor item's attribute holding the bucket (its schema version is ``v``).
 A_BUCKET = "bucket"
+
 
 #: Index entries per page (keys only: a page of 500 is about 40 KB).
 INDEX_PAGE_SIZE = 500
@@ -96,3 +106,96 @@ def cursor_bucket(item: Item | None) -> int | None:
         return None
     bucket = item.get(A_BUCKET)
     return bucket if isinstance(bucket, int) and not isinstance(bucket, bool) else None
+
+
+# --- reading the indexes and the sweep cursor --------------------------------------------
+
+
+def expiring_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[ConversationKey]:
+    """Conversations whose head is filed under one shard of expiry ``bucket`` (``by-expiry``).
+
+    Pages lazily, so a caller may purge as it goes; the index may lag behind
+    the table: re-read the head before acting.
+    """
+    return _index_keys(store, EXPIRY_INDEX, keys.expiry_partition(bucket, shard))
+
+
+def waiting_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[ConversationKey]:
+    """Conversations whose earliest wait (a decision's window, a deferred call's deadline)
+    closes in ``bucket`` (``by-wait``).
+
+    Pages lazily; the index may lag behind the table: re-read before acting. A
+    conversation is named once even when its head and inbox entries are all filed
+    there (entries file their own waits: :mod:`.inbox`).
+    """
+    seen: set[ConversationKey] = set()
+    for key in _index_keys(store, WAIT_INDEX, keys.expiry_partition(bucket, shard)):
+        if key not in seen:
+            seen.add(key)
+            yield key
+
+
+def of_tenant(store: ConversationStore, tenant: str) -> Iterator[ConversationKey]:
+    """Every conversation of ``tenant`` that has a head, tombstones included (``by-tenant``).
+
+    Pages lazily, so a caller may clear as it goes; the index may lag behind
+    the table.
+    """
+    return _index_keys(store, TENANT_INDEX, tenant)
+
+
+def _index_keys(store: ConversationStore, index: str, value: str) -> Iterator[ConversationKey]:
+    cursor: Any = None
+    while True:
+        page = store._index_page(index, value, limit=store.index_page_size, cursor=cursor)
+        for item in page.items:
+            try:
+                yield keys.parse_partition_key(str(item[codec.A_PK]))
+            except ValueError:
+                continue  # not a conversation (a foreign item)
+        if page.cursor is None:
+            return
+        cursor = page.cursor
+
+
+def event_stamps(store: ConversationStore, key: ConversationKey) -> list[EventStamp]:
+    """Every event item of ``key``'s partition (sort key and life), ascending, consistently.
+
+    Read whole before it returns (all pages). What reclaiming orphans needs: it
+    deletes by life, never by range.
+    """
+    lower, upper = keys.event_sort_key(0), keys.event_sort_key(10**12 - 1)
+    return [
+        EventStamp(
+            str(item[codec.A_SK]),
+            gen if isinstance(gen := item.get(codec.A_GEN), str) else None,
+            events_in(item),
+        )
+        for item in store._keys_between(keys.partition_key(key), lower, upper)
+    ]
+
+
+def delete_event(store: ConversationStore, key: ConversationKey, stamp: EventStamp) -> bool:
+    """Delete the event item at ``stamp.sort_key`` if its life is still ``stamp.gen``.
+
+    Returns whether this call deleted it: ``False`` when it is gone already or
+    was overwritten by another life since it was read.
+    """
+    return store._delete_if_gen(keys.partition_key(key), stamp.sort_key, stamp.gen)
+
+
+def read_sweep_cursor(store: ConversationStore, of: SweepPass = "expiry") -> int | None:
+    """The first bucket the sweep's pass ``of`` has not fully swept (``"expiry"``: of
+    ``by-expiry``; ``"waits"``: of ``by-wait``); ``None``: none stored, or of an unknown
+    schema version."""
+    return cursor_bucket(store._get_item(CURSOR_PK, cursor_sort_key(of)))
+
+
+def advance_sweep_cursor(store: ConversationStore, bucket: int, of: SweepPass = "expiry") -> bool:
+    """Move the cursor of the sweep's pass ``of`` to ``bucket`` if that is forward;
+    returns whether it moved.
+
+    Concurrent sweeps may both call this: a cursor never goes back, and one of an
+    unknown schema version is never overwritten.
+    """
+    return store._advance_cursor(cursor_item(bucket, of))

@@ -3,17 +3,20 @@
 Table layout (one partition per conversation)::
 
     pk = "T#<tenant>#C#<conversation_id>"
-    sk = "HEAD"                      the head: status, version, TTL, pending calls
+    sk = "HEAD"                      the head's slow state: life, expiry filing, fence
     sk = "HEAD#run"                  the run flag: the turn whose draft began last
-                                     (turnledger/turn/drafts.py); read with the head
-    sk = "E#<storage sequence:012>"  one item per canonical event, append-only
+                                     (.runs); read with the head
+    sk = "E#<storage sequence:012>"  a turn item: every event of one commit, at the
+                                     slot of its first, with the head's fast state
+                                     (a marker: none, n = 0; a gravestone: a marker
+                                     with an expiry, holding a deleted life's slot)
     sk = "I#<hash>"                  a request's idempotency record (.records)
     sk = "S#..."                     a side item: a long turn's draft (turnledger/turn/drafts.py)
     sk = "W#<hash>"                  an approval inbox entry (.inbox)
     sk = "R#<gen>#<L|K>#<fork id>#<fork gen>"
                                      a fork of this conversation's life <gen>: L while the
                                      fork lives, K once it is deleted but its own forks still
-                                     read through it (.base: forks)
+                                     read through it (.forks, .purge)
     sk = "P#<gen>"                   the parent of this conversation's life <gen>, when that
                                      life is a fork
 
@@ -23,8 +26,9 @@ Table layout (one partition per conversation)::
     pk = "T#<tenant>#C##memory#<user>"  one user's memory records (:func:`memory_items`)
 
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
-the head followed by the newest events: a turn reads its state in one round
-trip. The tenant is percent-encoded so it can never contain the ``#``
+the head followed by the newest turn items: a turn reads its state in one round
+trip. docs/STORAGE.md, "Items", is the full layout table; docs/DESIGN.md's glossary
+names each kind. The tenant is percent-encoded so it can never contain the ``#``
 separator; conversation ids cannot contain it by their own rule.
 
 S3 objects of offloaded payloads live under the conversation's prefix and its
@@ -47,7 +51,7 @@ from ..core.models import EXPIRY_BUCKET_SECONDS as EXPIRY_BUCKET_SECONDS
 from ..core.models import ConversationKey
 
 HEAD_SK = "HEAD"
-#: The run flag (:meth:`.base.BaseConversationStore.put_run_flag`): right after ``"HEAD"``
+#: The run flag (:func:`.runs.put_run_flag`): right after ``"HEAD"``
 #: (before every other kind), so the load's one query reads it with the head, and no other
 #: read of the head and events (bounded by ``"HEAD"``) ever meets it.
 RUN_FLAG_SK = "HEAD#run"

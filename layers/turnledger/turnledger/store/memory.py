@@ -18,6 +18,7 @@ from .blobs import BlobStore, MemoryBlobStore
 from .codec import Item
 from .inbox import A_INBOX, A_INBOX_SORT, EntryKey, entry_key
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
+from .slots import slot_free
 
 
 class MemoryConversationStore(ConversationStore):
@@ -98,10 +99,10 @@ class MemoryConversationStore(ConversationStore):
             )
             for event in events:
                 stored = partition.get(event[codec.A_SK])
-                ok = ok and codec.slot_free(stored, gen, marker_version, head_locked=head_locked)
+                ok = ok and slot_free(stored, gen, marker_version, head_locked=head_locked)
             for slot in slots:
                 stored = self.items.get(slot[codec.A_PK], {}).get(slot[codec.A_SK])
-                ok = ok and codec.slot_free(stored, slot[codec.A_GEN], slot.get(codec.A_VERSION))
+                ok = ok and slot_free(stored, slot[codec.A_GEN], slot.get(codec.A_VERSION))
             if not ok:
                 raise ConversationBusy(
                     "another turn or decision on this conversation committed first"
@@ -117,7 +118,7 @@ class MemoryConversationStore(ConversationStore):
         codec.check_item_sizes([item])
         with self._lock:
             stored = self.items.get(item[codec.A_PK], {}).get(item[codec.A_SK])
-            if not codec.slot_free(stored, item[codec.A_GEN], marker_version):
+            if not slot_free(stored, item[codec.A_GEN], marker_version):
                 raise ConversationBusy(
                     "another turn or decision on this conversation committed first"
                 )

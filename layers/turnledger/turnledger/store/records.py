@@ -21,15 +21,23 @@ The store knows records only as data and one rule, Powertools' put condition
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from . import codec
+from ..core.exceptions import InternalError
+from ..core.models import ConversationKey
+from . import codec, keys
 from .codec import Item
+
+if TYPE_CHECKING:
+    from .base import ConversationStore
+
 
 #: Attribute names (Powertools' ``DynamoDBPersistenceLayer`` defaults).
 A_STATUS = "status"
 A_IN_PROGRESS_EXPIRY = "in_progress_expiration"
 A_DATA = "data"
 A_VALIDATION = "validation"
+
 
 #: The status of a record whose request is running: its key is taken over once its
 #: ``in_progress_expiration`` has passed (the run that wrote it died).
@@ -113,3 +121,73 @@ def may_replace(stored: Item | None, now: float) -> bool:
         and isinstance(in_progress, int | float)
         and in_progress < int(now * 1000)
     )
+
+
+# --- records in the store (api/idempotency_records.py) -----------------------------------
+
+
+def _record_key(record_key: str) -> str:
+    """``record_key`` if it names an idempotency record (never a head, an event or
+    another kind of item).
+
+    Raises:
+        InternalError: it does not.
+    """
+    if not record_key.startswith(keys.RECORD_PREFIX):
+        raise InternalError(f"not an idempotency record key: {record_key!r}")
+    return record_key
+
+
+def _checked_record(record: Record) -> Record:
+    """``record`` if its key names an idempotency record (see :func:`_record_key`)."""
+    _record_key(record.key)
+    return record
+
+
+def get_record(store: ConversationStore, key: ConversationKey, record_key: str) -> Record | None:
+    """The idempotency record ``record_key`` of ``key``, read consistently, or ``None``
+    (whether or not it has expired: the caller judges that)."""
+    item = store._get_item(keys.partition_key(key), _record_key(record_key))
+    return None if item is None else decode_record(store.sealer.open(item))
+
+
+def put_record(
+    store: ConversationStore, key: ConversationKey, record: Record, *, now: float
+) -> Record | None:
+    """Put ``record`` unless a live record holds its key at ``now`` (epoch seconds).
+
+    The put condition is Powertools' (:func:`.may_replace`): no record, an
+    expired one, or one in progress whose in-progress expiry has passed. Atomic: of
+    two puts racing for one key, exactly one is written.
+
+    Returns:
+        ``None`` when ``record`` was written; else the live record that refused it.
+
+    Raises:
+        PayloadTooLarge: the record is over the backend's item size limit.
+    """
+    item = store.sealer.seal(record_item(keys.partition_key(key), _checked_record(record)))
+    codec.check_item_sizes([item])
+    stored = store._put_if_replaceable(item, now)
+    return None if stored is None else decode_record(store.sealer.open(stored))
+
+
+def update_record(store: ConversationStore, key: ConversationKey, record: Record) -> None:
+    """Set ``record``'s status, expiry, answer and validation hash (when it has one),
+    unconditionally, creating the record if it is absent; its in-progress expiry stays
+    as stored.
+
+    Raises:
+        PayloadTooLarge: the record would be over the backend's item size limit.
+    """
+    pk = keys.partition_key(key)
+    codec.check_item_sizes([record_item(pk, _checked_record(record))])
+    attributes = update_attributes(record)
+    store._set_attributes(
+        pk, record.key, store.sealer.seal_attributes(pk, record.key, None, attributes)
+    )
+
+
+def delete_record(store: ConversationStore, key: ConversationKey, record_key: str) -> None:
+    """Delete the idempotency record ``record_key`` of ``key`` (absent is fine)."""
+    store._delete_items(keys.partition_key(key), [_record_key(record_key)])

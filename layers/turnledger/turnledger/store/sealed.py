@@ -27,14 +27,21 @@ from __future__ import annotations
 import contextlib
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ..core.exceptions import ContentUnreadable, CorruptedState, InternalError
+from ..core.exceptions import ContentUnreadable, CorruptedState, InternalError, InvalidRequest
 from ..core.models import ConversationKey
 from . import codec, inbox, keyring, keys, records
 from .blobs import BlobStore
 from .codec import Item
 from .keyring import DataKey, Keyring
+from .views import tombstone_of
+
+if TYPE_CHECKING:
+    from .base import ConversationStore
+
 
 #: What a sealed object starts with (then :func:`.keyring.seal`'s format).
 MAGIC = b"TLSEAL1\n"
@@ -113,6 +120,7 @@ class SealedBlobStore(BlobStore):
 
 
 # --- table items --------------------------------------------------------------------------
+
 
 #: What a sealed attribute value starts with, then :func:`.keyring.seal`'s bytes. Sealed
 #: values are binary attributes (DynamoDB's ``B``): every clear value the store writes is
@@ -411,3 +419,93 @@ class ItemSealer:
         return self.keyring.data_key(
             owner.tenant, owner.conversation_id, life, create=create, recheck=recheck
         )
+
+
+# --- sealing what was written clear (the migration) --------------------------------------
+
+
+@dataclass
+class SealReport:
+    """What :meth:`ConversationStore.seal_existing` did to the items and objects it walked."""
+
+    #: Items (and objects) whose clear content it rewrote sealed.
+    sealed: int = 0
+    #: Items that held no clear content (sealed before, or holding none).
+    already_sealed: int = 0
+    #: Items left as they were: of a life being purged (a fenced head, a tombstone, no
+    #: head), changed while being sealed (the writer that changed them sealed them), or too
+    #: large once sealed.
+    skipped: int = 0
+
+    def __iadd__(self, other: SealReport) -> SealReport:
+        self.sealed += other.sealed
+        self.already_sealed += other.already_sealed
+        self.skipped += other.skipped
+        return self
+
+
+def seal_existing(store: ConversationStore, key: ConversationKey) -> SealReport:
+    """Rewrite sealed every item of ``key``'s partition whose content is still clear
+    (written before encryption was on), as a write would seal it (:class:`.ItemSealer`),
+    then the objects of its live life (:meth:`.SealedBlobStore.seal_existing`):
+    the migration's one-off command (``turnledger seal-existing``).
+
+    Each rewrite is conditional on the item being unchanged since it was read, so a
+    concurrent commit, clear or erasure is never overwritten. Items of a life being
+    purged are left alone: all of them when the head is fenced or absent, those of
+    other lives than the tombstone's when it is a tombstone. Idempotent: a second run
+    seals nothing.
+
+    Also works on the partitions that hold no head (:func:`.keys.tenant_items`,
+    :func:`.keys.memory_items`): their items belong to no life.
+    """
+    if store.sealer.keyring is None:
+        raise InvalidRequest("this store has no keys: content sealing is not configured")
+    pk = keys.partition_key(key)
+    report = SealReport()
+    headless = key.conversation_id == keys.TENANT_ITEMS_ID or key.conversation_id.startswith(
+        keys.MEMORY_ITEMS_PREFIX
+    )
+    head = None if headless else store._get_item(pk, keys.HEAD_SK)
+    purging: str | None = None  # the one life whose items may be sealed, if any
+    if not headless:
+        tomb = None if head is None else tombstone_of(head)
+        if head is None or codec.A_FENCE in head:
+            purging = ""  # no life
+        elif tomb is not None:
+            purging = tomb.gen
+    cursor: Any = None
+    while True:
+        page = store._query(pk, lower=None, upper=None, descending=False, limit=1000, cursor=cursor)
+        for item in page.items:
+            sealed = store.sealer.seal(item)
+            if sealed is item or sealed == item:
+                report.already_sealed += 1
+            elif purging is not None and item.get(codec.A_GEN) != purging:
+                report.skipped += 1
+            elif codec.item_size(sealed) > codec.MAX_ITEM_BYTES:
+                report.skipped += 1  # read with its content clear, as it was written
+            else:
+                # Only what sealing changes is set, on the condition that it is still
+                # as read: a concurrent writer's change (a fence, a gravestone) stays.
+                changed = {n: v for n, v in sealed.items() if item.get(n) != v}
+                expected = {n: item.get(n) for n in changed}
+                pk_sk = (str(item[codec.A_PK]), str(item[codec.A_SK]))
+                if store._set_if_unchanged(*pk_sk, changed, expected):
+                    report.sealed += 1
+                else:
+                    report.skipped += 1
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    if head is not None and purging is None and isinstance(store.blobs, SealedBlobStore):
+        # The live life's objects, once its items are sealed (so its key exists).
+        for object_key in list(store.blobs.list_keys(keys.blob_prefix(key, head[codec.A_GEN]))):
+            done = store.blobs.seal_existing(object_key)
+            if done is None:
+                report.skipped += 1
+            elif done:
+                report.sealed += 1
+            else:
+                report.already_sealed += 1
+    return report

@@ -38,6 +38,7 @@ from .blobs import BlobStore, FileBlobStore
 from .codec import Item
 from .inbox import A_INBOX, A_INBOX_SORT, EntryKey, entry_key
 from .indexes import A_BUCKET, INDEX_ATTRIBUTES
+from .slots import slot_free
 
 #: The layout this build writes (``PRAGMA user_version``). 2: the by-wait and by-inbox
 #: columns (a layout-1 file is upgraded in place: three columns and indexes are added).
@@ -343,14 +344,10 @@ class SQLiteConversationStore(ConversationStore):
                 )
                 for event in events:
                     stored = self._stored(db, pk, event[codec.A_SK])
-                    ok = ok and codec.slot_free(
-                        stored, gen, marker_version, head_locked=head_locked
-                    )
+                    ok = ok and slot_free(stored, gen, marker_version, head_locked=head_locked)
                 for slot in slots:
                     stored = self._stored(db, slot[codec.A_PK], slot[codec.A_SK])
-                    ok = ok and codec.slot_free(
-                        stored, slot[codec.A_GEN], slot.get(codec.A_VERSION)
-                    )
+                    ok = ok and slot_free(stored, slot[codec.A_GEN], slot.get(codec.A_VERSION))
                 if not ok:
                     raise ConversationBusy(
                         "another turn or decision on this conversation committed first"
