@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..core.exceptions import (
     ApprovalPending,
+    ApproverScopeMissing,
     BudgetExceeded,
     ConversationBusy,
     InputPending,
@@ -734,6 +735,39 @@ class TurnLife:
         session.lease = None
         session.cancel = None
         return cancelled
+
+
+#: Waits whose output only a caller with the approver scope may give (or, deferred, the
+#: job's signed callback): a person's input, as a person's decision, and a job's result.
+#: A client call's output is its turn's caller's to give.
+SETTLED_BY_APPROVER: frozenset[str] = frozenset({"awaiting_input", "deferred"})
+
+
+def check_settler(
+    pending: Iterable[PendingCall], outputs: Iterable[str], approver_claims: Mapping[str, str]
+) -> None:
+    """The one rule of who gives a waiting call its output, on every entry that takes one
+    (``function_call_output`` on a turn or the OpenAI face, ``outputs`` on the approvals
+    route, a long turn's acceptance): a call of :data:`SETTLED_BY_APPROVER` only by a
+    caller holding the approver scope (``approver_claims``, empty when it does not);
+    checked before anything of the request is staged, so a refusal records nothing.
+    Ids of other calls are left to the checks that follow (client calls, unknown ids).
+
+    Raises:
+        ApproverScopeMissing: an output names such a call and the caller holds no
+            approver scope.
+    """
+    if approver_claims:
+        return
+    guarded = {p.id for p in pending if p.state in SETTLED_BY_APPROVER}
+    named = sorted({call_id for call_id in outputs if call_id in guarded})
+    if named:
+        raise ApproverScopeMissing(
+            "the output of a human-input or deferred call is given only by a caller with the "
+            "approver scope (APPROVER_SCOPE in the APPROVER_CLAIM claim), or by the job's "
+            "signed callback",
+            details={"calls": named},
+        )
 
 
 def require_settled(pending: Iterable[PendingCall], *, answered: Iterable[str] = ()) -> None:
