@@ -169,6 +169,23 @@ def test_bad_limits_and_cursors_are_refused(client: httpx.Client) -> None:
     assert empty.json() == {"items": [], "next_cursor": None}
 
 
+def test_another_tenants_cursor_is_refused(client: httpx.Client) -> None:
+    """A cursor names a position of the tenant it was handed to: another tenant's is
+    ``400 invalid_cursor``, never a page of nothing."""
+    for conversation in ("cur-1", "cur-2"):
+        ask(client, "acme", conversation, ("send_email", {"to": "a@x.io"}))
+    ask(client, "globex", "cur-1", ("send_email", {"to": "a@x.io"}))
+    page = client.get("/v1/approvals", params={"limit": 1}, headers=bearer("acme")).json()
+    cursor = page["next_cursor"]
+    assert cursor is not None
+    assert client.get("/v1/approvals", params={"cursor": cursor}, headers=bearer("acme")).json()[
+        "items"
+    ]
+    answer = client.get("/v1/approvals", params={"cursor": cursor}, headers=bearer("globex"))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_cursor"
+
+
 def test_approving_with_edited_arguments(client: httpx.Client) -> None:
     """Edited arguments are checked against the tool's schema (422, nothing decided), then
     run instead of the requested ones; the decision records both hashes and the approver."""
