@@ -234,6 +234,26 @@ def short_windows(runner_config: LocalConfig, runner_clock: ClockFile) -> Iterat
     yield from start(config, runner_clock)
 
 
+def test_a_conversation_whose_only_approval_expired_is_ready_for_a_new_turn(
+    short_windows: httpx.Client, runner_clock: ClockFile
+) -> None:
+    """Once the window closed, the head waits for nothing: ``complete`` with the call
+    under ``expired_tool_calls`` before anything records the expiry, and after."""
+    client = short_windows
+    ask(client, "acme", "lapse-1", ("send_email", {"to": "a@x.io"}))
+    runner_clock.advance(601)
+    head = client.get("/v1/conversations/lapse-1", headers=bearer("acme")).json()
+    assert (head["status"], head["awaiting"], head["pending_tool_calls"]) == ("complete", [], [])
+    assert [c["name"] for c in head["expired_tool_calls"]] == ["send_email"]
+    assert client.post("/_local/sweep", headers=bearer("acme")).json()["waits_expired"] == 1
+    head = client.get("/v1/conversations/lapse-1", headers=bearer("acme")).json()
+    assert (head["status"], head["expired_tool_calls"]) == ("complete", [])
+    answer = client.post(
+        "/v1/conversations/lapse-1/turns", json={"input": "And now?"}, headers=bearer("acme")
+    )
+    assert answer.status_code == 200, answer.text
+
+
 def test_the_sweep_records_expiries_nobody_touches(
     short_windows: httpx.Client, runner_clock: ClockFile
 ) -> None:

@@ -387,11 +387,22 @@ _PUBLIC_STATUS: dict[ConversationStatus, str] = {
 }
 
 
+#: The statuses of a head that waits for someone (:data:`WAIT_PRIORITY`).
+_WAITING_STATUSES: frozenset[ConversationStatus] = frozenset(s for _, s in WAIT_PRIORITY)
+
+
 def public_status(head: Head, now: datetime) -> str:
     """A head's status as ``GET`` shows it: a run with a live lease is ``running_tools``;
-    one whose lease lapsed died mid-way and is ``interrupted`` (the next request resumes it)."""
+    one whose lease lapsed died mid-way and is ``interrupted`` (the next request resumes it).
+
+    A wait whose deadline passed (:func:`lapsed`) is shown expired at once, before the next
+    request or the sweep records it: the status is what the calls still open wait for, and
+    ``complete`` (ready for a new turn) when none is.
+    """
     if head.status is ConversationStatus.RUNNING_TOOLS:
         return "running_tools" if head.live_lease(now) else "interrupted"
+    if head.status in _WAITING_STATUSES:
+        return answer_status(p for p in head.pending if not lapsed(p, now))
     return _PUBLIC_STATUS[head.status]
 
 
@@ -403,7 +414,12 @@ def answer_status(pending: Iterable[PendingCall]) -> str:
 def fork_refusal(head: Head, now: datetime) -> str | None:
     """Why the end of ``head``'s current turn is no fork point (its public status: it waits
     for someone, or runs tools), or ``None`` when the turn is settled and it is one."""
-    return None if head.status is ConversationStatus.COMPLETE else public_status(head, now)
+    if head.status is ConversationStatus.COMPLETE:
+        return None
+    # The recorded status: a lapsed wait is not recorded yet, so the turn is not settled.
+    if head.status is ConversationStatus.RUNNING_TOOLS:
+        return public_status(head, now)
+    return _PUBLIC_STATUS[head.status]
 
 
 def fork_status() -> ConversationStatus:
