@@ -376,9 +376,12 @@ def _settle(
 ) -> httpx.Response:
     """Give ``call`` its ``output`` through ``entry``, as ``who``."""
     item = {"type": "function_call_output", "call_id": call, "output": output}
-    if entry == "turns":
+    if entry in ("turns", "turns-async"):
+        prefer = {"Prefer": "respond-async"} if entry == "turns-async" else {}
         return client.post(
-            f"/v1/conversations/{conversation}/turns", json={"input": [item]}, headers=who
+            f"/v1/conversations/{conversation}/turns",
+            json={"input": [item]},
+            headers={**who, **prefer},
         )
     if entry == "approvals":
         return approvals(client, conversation, who, outputs=[{"id": call, "output": output}])
@@ -413,7 +416,7 @@ def test_only_an_approver_or_the_callback_settles_a_call_waiting_for_a_person_or
     head = ok(client.get(f"/v1/conversations/{conversation}"))
     before = events(client, conversation)
 
-    for entry in ENTRIES:
+    for entry in (*ENTRIES, "turns-async"):
         refused = _settle(client, entry, conversation, call, "forged by eve", EVE)
         assert refused.status_code == 403, (entry, refused.text)
         assert refused.json()["error"]["code"] == "approver_scope_missing", entry
