@@ -177,6 +177,23 @@ def test_bad_limits_and_cursors_are_refused(client: httpx.Client) -> None:
     assert empty.json() == {"items": [], "next_cursor": None}
 
 
+def test_another_tenants_cursor_is_refused(client: httpx.Client) -> None:
+    """A cursor names a position of the tenant it was handed to: another tenant's is
+    ``400 invalid_cursor``, never a page of nothing."""
+    for conversation in ("cur-1", "cur-2"):
+        ask(client, "acme", conversation, ("send_email", {"to": "a@x.io"}))
+    ask(client, "globex", "cur-1", ("send_email", {"to": "a@x.io"}))
+    page = client.get("/v1/approvals", params={"limit": 1}, headers=bearer("acme")).json()
+    cursor = page["next_cursor"]
+    assert cursor is not None
+    assert client.get("/v1/approvals", params={"cursor": cursor}, headers=bearer("acme")).json()[
+        "items"
+    ]
+    answer = client.get("/v1/approvals", params={"cursor": cursor}, headers=bearer("globex"))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_cursor"
+
+
 def test_approving_with_edited_arguments(client: httpx.Client) -> None:
     """Edited arguments are checked against the tool's schema (422, nothing decided), then
     run instead of the requested ones; the decision records both hashes and the approver."""
@@ -223,6 +240,26 @@ def short_windows(runner_config: LocalConfig, runner_clock: ClockFile) -> Iterat
         runner_config, tools_file=TOOLS, env={"APPROVAL_TTL_SECONDS": "600"}
     )
     yield from start(config, runner_clock)
+
+
+def test_a_conversation_whose_only_approval_expired_is_ready_for_a_new_turn(
+    short_windows: httpx.Client, runner_clock: ClockFile
+) -> None:
+    """Once the window closed, the head waits for nothing: ``complete`` with the call
+    under ``expired_tool_calls`` before anything records the expiry, and after."""
+    client = short_windows
+    ask(client, "acme", "lapse-1", ("send_email", {"to": "a@x.io"}))
+    runner_clock.advance(601)
+    head = client.get("/v1/conversations/lapse-1", headers=bearer("acme")).json()
+    assert (head["status"], head["awaiting"], head["pending_tool_calls"]) == ("complete", [], [])
+    assert [c["name"] for c in head["expired_tool_calls"]] == ["send_email"]
+    assert client.post("/_local/sweep", headers=bearer("acme")).json()["waits_expired"] == 1
+    head = client.get("/v1/conversations/lapse-1", headers=bearer("acme")).json()
+    assert (head["status"], head["expired_tool_calls"]) == ("complete", [])
+    answer = client.post(
+        "/v1/conversations/lapse-1/turns", json={"input": "And now?"}, headers=bearer("acme")
+    )
+    assert answer.status_code == 200, answer.text
 
 
 def test_the_sweep_records_expiries_nobody_touches(

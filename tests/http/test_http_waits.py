@@ -33,6 +33,8 @@ pytestmark = pytest.mark.integration
 
 ANN = {"Authorization": "Bearer local:acme:ann"}
 BEN = {"Authorization": "Bearer local:acme:ben"}
+#: Same tenant, no approver scope: may answer its own client calls, nobody's job or input.
+EVE = {"Authorization": "Bearer local:acme:eve;scope=read"}
 
 #: The deferred tool's window for its callback.
 DEFERRED_TTL = 600
@@ -397,6 +399,95 @@ def test_a_token_of_a_cleared_conversation_is_refused_in_its_next_life(
     error = error_of(anonymous.post(url, json={"status": "succeeded", "output": "x"}), 410)
     assert error["code"] == "callback_invalid"
     assert kinds(client, conversation) == ["user_message", "assistant_message"]
+
+
+# --- who may settle a call that waits for a person or a job ----------------------------------
+
+
+def _settle(
+    client: httpx.Client, entry: str, conversation: str, call: str, output: str, who: dict[str, str]
+) -> httpx.Response:
+    """Give ``call`` its ``output`` through ``entry``, as ``who``."""
+    item = {"type": "function_call_output", "call_id": call, "output": output}
+    if entry in ("turns", "turns-async"):
+        prefer = {"Prefer": "respond-async"} if entry == "turns-async" else {}
+        return client.post(
+            f"/v1/conversations/{conversation}/turns",
+            json={"input": [item]},
+            headers={**who, **prefer},
+        )
+    if entry == "approvals":
+        return approvals(client, conversation, who, outputs=[{"id": call, "output": output}])
+    return client.post(
+        "/openai/v1/responses", json={"conversation": conversation, "input": [item]}, headers=who
+    )
+
+
+ENTRIES = ("turns", "approvals", "face")
+
+
+@pytest.mark.parametrize(
+    ("tool", "settler"),
+    [
+        *((tool, entry) for tool in ("run_report", "ask_operator") for entry in ENTRIES),
+        ("run_report", "callback"),
+    ],
+)
+def test_only_an_approver_or_the_callback_settles_a_call_waiting_for_a_person_or_a_job(
+    client: httpx.Client,
+    anonymous: httpx.Client,
+    sink: HttpSink,
+    conversation: str,
+    tool: str,
+    settler: str,
+) -> None:
+    """One rule on every entry: a member without the approver scope gets 403 on the turn
+    route, the approvals route and the OpenAI face, and nothing is recorded; then the
+    job's genuine callback, or an approver on that entry, settles the call."""
+    paused = ok(turn(client, conversation, tool_line(tool, question="q?")))
+    [call] = [p["id"] for p in paused["pending_tool_calls"]]
+    head = ok(client.get(f"/v1/conversations/{conversation}"))
+    before = events(client, conversation)
+
+    for entry in (*ENTRIES, "turns-async"):
+        refused = _settle(client, entry, conversation, call, "forged by eve", EVE)
+        assert refused.status_code == 403, (entry, refused.text)
+        assert refused.json()["error"]["code"] == "approver_scope_missing", entry
+        if entry == "face":
+            assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+        else:
+            error_of(refused, 403)
+    assert ok(client.get(f"/v1/conversations/{conversation}")) == head
+    assert events(client, conversation) == before
+
+    if settler == "callback":
+        done = ok(
+            anonymous.post(
+                callback_url(sink, conversation),
+                json={"status": "succeeded", "output": "genuine", "continue": True},
+            )
+        )
+        assert (done["settled"], done["status"]) == ("succeeded", "complete")
+    else:
+        answer = _settle(client, settler, conversation, call, "genuine", ANN)
+        assert answer.status_code == 200, answer.text
+    said = [
+        e["payload"]["output"] for e in events(client, conversation) if e["kind"] == "tool_result"
+    ]
+    assert said == ["genuine"]
+    assert "forged" not in json.dumps(events(client, conversation))
+
+
+@pytest.mark.parametrize("entry", ["turns", "face"])
+def test_a_client_call_stays_answerable_by_a_member_without_the_approver_scope(
+    client: httpx.Client, conversation: str, entry: str
+) -> None:
+    paused = ok(turn(client, conversation, tool_line("lookup_user", id=7)))
+    [call] = [p["id"] for p in paused["pending_tool_calls"]]
+    answer = _settle(client, entry, conversation, call, "Ada", EVE)
+    assert answer.status_code == 200, answer.text
+    said = [e for e in events(client, conversation) if e["kind"] == "tool_result"]
+    assert [e["payload"]["output"] for e in said] == ["Ada"]
 
 
 # --- several waits in one turn ---------------------------------------------------------------

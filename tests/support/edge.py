@@ -33,6 +33,12 @@ from turnledger.turn.pipeline import Conversations
 __all__ = ["Caller"]
 
 
+def _approver_claims(who: Caller) -> dict[str, str]:
+    """The approver claims the routes pass down for ``who``: its own, else those of the
+    local runner's default identity (``sub``), which holds the approver scope."""
+    return who.approver_claims or {"sub": who.actor}
+
+
 def turn(
     svc: Conversations,
     who: Caller,
@@ -41,7 +47,7 @@ def turn(
     idempotency_key: str | None = None,
 ) -> TurnResponse:
     """``POST .../turns`` (with its ``Idempotency-Key`` header, if given)."""
-    command = views.turn_command(request, idempotency_key)
+    command = views.turn_command(request, idempotency_key, _approver_claims(who))
     return views.turn_response(svc.turn(who.key(conversation_id), who.actor, command))
 
 
@@ -49,7 +55,7 @@ def approve(
     svc: Conversations, who: Caller, conversation_id: str, request: ApprovalRequest
 ) -> TurnResponse:
     """``POST .../approvals``."""
-    decided = views.decisions(request)
+    decided = views.decisions(request, _approver_claims(who))
     return views.turn_response(svc.approve(who.key(conversation_id), who.actor, decided))
 
 
@@ -90,10 +96,11 @@ def accept(
     invoke: Callable[[dict[str, Any]], None],
 ) -> int:
     """Accept a long turn (``Prefer: respond-async``); returns its number."""
+    claims = _approver_claims(who)
     command = (
-        views.turn_command(request)
+        views.turn_command(request, approver_claims=claims)
         if isinstance(request, TurnRequest)
-        else views.decisions(request)
+        else views.decisions(request, claims)
     )
     return longturns.accept(svc, who.key(conversation_id), who.actor, command, invoke)
 

@@ -1,10 +1,10 @@
 """The Lambda entry point of every API function, over the resolver and its routes.
 
-The resolver (:mod:`.resolver`) answers; this module checks a request's body
-before routing and decodes its path as API Gateway does (an open callback's token first:
-:mod:`.callback_gate`). It imports no route module: each function imports its own
-(:mod:`.functions`), and each registers its routes on the resolver. No route module
-imports this one.
+The resolver (:mod:`.resolver`) answers; this module checks a request's body (and
+``X-Memory-User``, :func:`.resolver.named_memory_user`) before routing and decodes its
+path as API Gateway does (an open callback's token first: :mod:`.callback_gate`). It
+imports no route module: each function imports its own (:mod:`.functions`), and each
+registers its routes on the resolver. No route module imports this one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..core.strict_json import BodyError, parse_object
 from ..runtime import get_runtime
 from .callback_gate import refuse_early
 from .errors import body_for
-from .resolver import app, json_text, methods_of, raw_body
+from .resolver import app, json_text, methods_of, named_memory_user, raw_body
 
 __all__ = ["app", "lambda_handler"]
 
@@ -132,6 +132,10 @@ def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, A
         callback_limit = refuse_early(event)
         limit = get_runtime().settings.max_input_bytes
         _check_body(event, limit if callback_limit is None else min(limit, callback_limit))
+        if methods_of(str(event.get("rawPath") or "")):
+            # A header that chooses whose data is used is honoured or refused on every
+            # route of every face, never dropped: refused here without the scope.
+            named_memory_user(event)
     except TurnledgerError as exc:
         return _answer(exc, event)
     event = _with_decoded_path(event)

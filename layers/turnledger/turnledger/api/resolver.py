@@ -155,6 +155,33 @@ def _claim_values(value: Any) -> set[str]:
     return {part for part in _CLAIM_SEPARATORS.split(str(value or "")) if part}
 
 
+def _held(claim: str, event: dict[str, Any] | None = None) -> set[str]:
+    """The values ``claim`` of ``event`` (default: the current request) holds (for
+    ``scope``, the authorizer's ``scopes`` count too)."""
+    raw = app.current_event.raw_event if event is None else event
+    jwt = (raw.get("requestContext") or {}).get("authorizer") or {}
+    jwt = jwt.get("jwt") or {}
+    held = _claim_values((jwt.get("claims") or {}).get(claim))
+    if claim == "scope":
+        held |= _claim_values(jwt.get("scopes") or [])
+    return held
+
+
+def with_approver_claims(who: Caller) -> Caller:
+    """``who`` with the claims that make it an approver (``sub``, and ``APPROVER_SCOPE``
+    in the ``APPROVER_CLAIM`` claim), or as it is (none) when its identity lacks the scope.
+    The turn routes pass them down: whether a caller may give the output of a call that
+    waits for a person or a job is decided once the call is read
+    (:func:`turnledger.turn.lifecycle.check_settler`)."""
+    settings = get_runtime().settings
+    claims_used = {"sub": who.actor}
+    if settings.approver_scope:
+        if settings.approver_scope not in _held(settings.approver_claim):
+            return who
+        claims_used[settings.approver_claim] = settings.approver_scope
+    return replace(who, approver_claims=claims_used)
+
+
 def approver(conversation_id: str | None = None) -> Caller:
     """The caller, allowed to decide approvals: its identity holds ``APPROVER_SCOPE`` in the
     ``APPROVER_CLAIM`` claim (for ``scope``, the authorizer's ``scopes`` count too).
@@ -163,24 +190,15 @@ def approver(conversation_id: str | None = None) -> Caller:
         Unauthorized: see :func:`caller`.
         ApproverScopeMissing: the claim does not hold the scope (nothing is read or decided).
     """
-    who = caller(conversation_id)
-    settings = get_runtime().settings
-    claims_used = {"sub": who.actor}
-    if settings.approver_scope:
-        jwt = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
-        jwt = jwt.get("jwt") or {}
-        claims = jwt.get("claims") or {}
-        held = _claim_values(claims.get(settings.approver_claim))
-        if settings.approver_claim == "scope":
-            held |= _claim_values(jwt.get("scopes") or [])
-        if settings.approver_scope not in held:
-            raise ApproverScopeMissing(
-                f"deciding approvals needs {settings.approver_scope!r} in the "
-                f"{settings.approver_claim!r} claim",
-                details={"claim": settings.approver_claim, "required": settings.approver_scope},
-            )
-        claims_used[settings.approver_claim] = settings.approver_scope
-    return replace(who, approver_claims=claims_used)
+    who = with_approver_claims(caller(conversation_id))
+    if not who.approver_claims:
+        settings = get_runtime().settings
+        raise ApproverScopeMissing(
+            f"deciding approvals needs {settings.approver_scope!r} in the "
+            f"{settings.approver_claim!r} claim",
+            details={"claim": settings.approver_claim, "required": settings.approver_scope},
+        )
+    return who
 
 
 #: The header a trusted caller names the memory's user with (``MEMORY_USER_SCOPE``).
@@ -199,15 +217,23 @@ def memory_user() -> str | None:
             claims do not allow it.
         InvalidRequest: the named user is empty, too long or holds control characters.
     """
-    named = app.current_event.headers.get(MEMORY_USER_HEADER)
+    return named_memory_user(app.current_event.raw_event)
+
+
+def named_memory_user(event: dict[str, Any]) -> str | None:
+    """:func:`memory_user` of the request ``event``: the entry point checks it on every
+    route before routing (:mod:`.app`), so no route drops the header; the routes that
+    begin a turn or read a user's memories use it.
+
+    Raises:
+        MemoryUserNotAllowed, InvalidRequest: as :func:`memory_user`.
+    """
+    headers = event.get("headers") or {}
+    named = next((str(v) for k, v in headers.items() if str(k).lower() == MEMORY_USER_HEADER), None)
     if named is None:
         return None
     settings = get_runtime().settings
-    jwt = (app.current_event.raw_event.get("requestContext") or {}).get("authorizer") or {}
-    jwt = jwt.get("jwt") or {}
-    held = _claim_values((jwt.get("claims") or {}).get(settings.approver_claim))
-    if settings.approver_claim == "scope":
-        held |= _claim_values(jwt.get("scopes") or [])
+    held = _held(settings.approver_claim, event)
     if not settings.memory_user_scope or settings.memory_user_scope not in held:
         raise MemoryUserNotAllowed(
             "naming the memory's user needs MEMORY_USER_SCOPE in the caller's claims",

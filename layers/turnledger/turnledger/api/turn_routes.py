@@ -29,6 +29,7 @@ from .resolver import (
     idempotency_key,
     memory_user,
     responses,
+    with_approver_claims,
 )
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
 from .streaming import ASYNC_ANSWER, AsyncTurnAccepted, accept_async, prefers_async
@@ -63,10 +64,15 @@ def post_turn(
 ) -> Response[TurnResponse | AsyncTurnAccepted]:
     """Run one turn: append the input, call the model, run or pause tools, persist, answer.
 
+    The output of a human-input or deferred call needs the approver scope, as on the
+    approvals route (:func:`turnledger.turn.lifecycle.check_settler`); a client call's is
+    the caller's.
+
     With ``Prefer: respond-async``: ``202`` at once, the turn runs in the turn worker.
     """
     who, key = conversation(conversation_id)
-    command = turn_command(request, idempotency_key())
+    who = with_approver_claims(who)
+    command = turn_command(request, idempotency_key(), who.approver_claims)
     named = memory_user()
     if named is not None:
         command = command.model_copy(update={"memory_user": named})

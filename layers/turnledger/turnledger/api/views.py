@@ -56,9 +56,14 @@ if TYPE_CHECKING:
 # --- requests -> commands -----------------------------------------------------------------
 
 
-def turn_command(request: TurnRequest, idempotency_key: str | None = None) -> TurnCommand:
-    """The command of ``POST .../turns``: its messages and its outputs, apart, and the
-    request's ``Idempotency-Key``."""
+def turn_command(
+    request: TurnRequest,
+    idempotency_key: str | None = None,
+    approver_claims: dict[str, str] | None = None,
+) -> TurnCommand:
+    """The command of ``POST .../turns``: its messages and its outputs, apart, the
+    request's ``Idempotency-Key``, and the caller's approver claims (none: it holds no
+    approver scope)."""
     if isinstance(request.input, str):
         messages, outputs = [request.input], []
     else:
@@ -79,6 +84,7 @@ def turn_command(request: TurnRequest, idempotency_key: str | None = None) -> Tu
         metadata=request.metadata,
         idempotency_key=idempotency_key,
         memory=request.memory,
+        approver_claims=approver_claims or {},
     )
 
 

@@ -198,9 +198,18 @@ class InvalidInboxCursor(ValueError):
     """A cursor that this deployment did not hand out to this tenant."""
 
 
-def encode_cursor(position: EntryKey) -> str:
-    """The public, opaque form of a listing position (no tenant in it: it is implied)."""
-    raw = json.dumps([position.sort, position.sk], separators=(",", ":")).encode()
+def _tenant_tag(tenant: str) -> str:
+    # Says which tenant a cursor was handed to, without naming it. Not a secret: a cursor
+    # is only ever read within the caller's own tenant, so a forged tag reads nothing more.
+    return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:16]
+
+
+def encode_cursor(tenant: str, position: EntryKey) -> str:
+    """The public, opaque form of a listing position of ``tenant``'s inbox (the tenant
+    is implied; a tag of it binds the cursor to it)."""
+    raw = json.dumps(
+        [position.sort, position.sk, _tenant_tag(tenant)], separators=(",", ":")
+    ).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -208,11 +217,13 @@ def decode_cursor(tenant: str, cursor: str) -> EntryKey:
     """Invert :func:`encode_cursor` for ``tenant``.
 
     Raises:
-        InvalidInboxCursor: not a cursor of this API.
+        InvalidInboxCursor: not a cursor of this API, or one handed to another tenant.
     """
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        sort, sk = json.loads(raw)
+        sort, sk, tag = json.loads(raw)
+        if tag != _tenant_tag(tenant):
+            raise ValueError("a cursor of another tenant")
         _, conversation_id, _ = str(sort).split("#", 2)
         if not str(sk).startswith(ENTRY_PREFIX):
             raise ValueError("not an entry key")

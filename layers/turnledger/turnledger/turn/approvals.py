@@ -64,5 +64,5 @@ def list_inbox(
     )
     return InboxListing(
         entries=page.entries,
-        next_cursor=inbox.encode_cursor(page.next) if page.next else None,
+        next_cursor=inbox.encode_cursor(tenant, page.next) if page.next else None,
     )

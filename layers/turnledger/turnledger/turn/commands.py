@@ -51,6 +51,10 @@ class TurnCommand(_Command):
     #: The user whose memory the turn uses, when a trusted caller named one (the edge
     #: checks who may); ``None``: the turn's actor. Never taken from the model.
     memory_user: str | None = None
+    #: The caller's approver claims, as the approvals route records them; empty: the caller
+    #: holds no approver scope, and may not give the output of a human-input or deferred
+    #: call (:func:`turnledger.turn.lifecycle.check_settler`).
+    approver_claims: dict[str, str] = Field(default_factory=dict)
 
     @property
     def starts_turn(self) -> bool:
@@ -65,7 +69,8 @@ class Decisions(_Command):
     approvals: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
     rejections: dict[str, str | None] = Field(default_factory=dict)
     outputs: dict[str, str] = Field(default_factory=dict)
-    #: The approver's identity claims that allowed the decision (recorded with it).
+    #: The approver's identity claims that allowed the decision (recorded with it); empty:
+    #: none (no output of a human-input or deferred call is taken).
     approver_claims: dict[str, str] = Field(default_factory=dict)
 
 

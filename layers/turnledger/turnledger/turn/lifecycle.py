@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..core.exceptions import (
     ApprovalPending,
+    ApproverScopeMissing,
     BudgetExceeded,
     ConversationBusy,
     InputPending,
@@ -386,11 +387,22 @@ _PUBLIC_STATUS: dict[ConversationStatus, str] = {
 }
 
 
+#: The statuses of a head that waits for someone (:data:`WAIT_PRIORITY`).
+_WAITING_STATUSES: frozenset[ConversationStatus] = frozenset(s for _, s in WAIT_PRIORITY)
+
+
 def public_status(head: Head, now: datetime) -> str:
     """A head's status as ``GET`` shows it: a run with a live lease is ``running_tools``;
-    one whose lease lapsed died mid-way and is ``interrupted`` (the next request resumes it)."""
+    one whose lease lapsed died mid-way and is ``interrupted`` (the next request resumes it).
+
+    A wait whose deadline passed (:func:`lapsed`) is shown expired at once, before the next
+    request or the sweep records it: the status is what the calls still open wait for, and
+    ``complete`` (ready for a new turn) when none is.
+    """
     if head.status is ConversationStatus.RUNNING_TOOLS:
         return "running_tools" if head.live_lease(now) else "interrupted"
+    if head.status in _WAITING_STATUSES:
+        return answer_status(p for p in head.pending if not lapsed(p, now))
     return _PUBLIC_STATUS[head.status]
 
 
@@ -402,7 +414,12 @@ def answer_status(pending: Iterable[PendingCall]) -> str:
 def fork_refusal(head: Head, now: datetime) -> str | None:
     """Why the end of ``head``'s current turn is no fork point (its public status: it waits
     for someone, or runs tools), or ``None`` when the turn is settled and it is one."""
-    return None if head.status is ConversationStatus.COMPLETE else public_status(head, now)
+    if head.status is ConversationStatus.COMPLETE:
+        return None
+    # The recorded status: a lapsed wait is not recorded yet, so the turn is not settled.
+    if head.status is ConversationStatus.RUNNING_TOOLS:
+        return public_status(head, now)
+    return _PUBLIC_STATUS[head.status]
 
 
 def fork_status() -> ConversationStatus:
@@ -734,6 +751,39 @@ class TurnLife:
         session.lease = None
         session.cancel = None
         return cancelled
+
+
+#: Waits whose output only a caller with the approver scope may give (or, deferred, the
+#: job's signed callback): a person's input, as a person's decision, and a job's result.
+#: A client call's output is its turn's caller's to give.
+SETTLED_BY_APPROVER: frozenset[str] = frozenset({"awaiting_input", "deferred"})
+
+
+def check_settler(
+    pending: Iterable[PendingCall], outputs: Iterable[str], approver_claims: Mapping[str, str]
+) -> None:
+    """The one rule of who gives a waiting call its output, on every entry that takes one
+    (``function_call_output`` on a turn or the OpenAI face, ``outputs`` on the approvals
+    route, a long turn's acceptance): a call of :data:`SETTLED_BY_APPROVER` only by a
+    caller holding the approver scope (``approver_claims``, empty when it does not);
+    checked before anything of the request is staged, so a refusal records nothing.
+    Ids of other calls are left to the checks that follow (client calls, unknown ids).
+
+    Raises:
+        ApproverScopeMissing: an output names such a call and the caller holds no
+            approver scope.
+    """
+    if approver_claims:
+        return
+    guarded = {p.id for p in pending if p.state in SETTLED_BY_APPROVER}
+    named = sorted({call_id for call_id in outputs if call_id in guarded})
+    if named:
+        raise ApproverScopeMissing(
+            "the output of a human-input or deferred call is given only by a caller with the "
+            "approver scope (APPROVER_SCOPE in the APPROVER_CLAIM claim), or by the job's "
+            "signed callback",
+            details={"calls": named},
+        )
 
 
 def require_settled(pending: Iterable[PendingCall], *, answered: Iterable[str] = ()) -> None:

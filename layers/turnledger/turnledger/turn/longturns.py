@@ -51,6 +51,7 @@ from .drafts import DraftState, DraftWriter
 from .lifecycle import (
     DraftMove,
     awaits_decision,
+    check_settler,
     draft_move,
     is_running,
     is_tombstone,
@@ -306,6 +307,8 @@ def accept(
         AsyncTurnsUnavailable: no worker function is configured.
         ConversationBusy: a turn of this conversation is already running.
         ConversationNotFound, NotAwaitingApproval: an approval with nothing to decide.
+        ApproverScopeMissing: outputs of human-input or deferred calls from a caller
+            without the approver scope (:func:`.lifecycle.check_settler`).
         ApprovalPending, BudgetExceeded, UnknownTool, UnknownProvider, UnknownModel,
             ContextLengthExceeded: as a turn would.
         ServiceUnavailable: the worker could not be started (the draft says so).
@@ -320,6 +323,9 @@ def accept(
     if isinstance(command, TurnCommand):
         kind = "turn"
         _check_command(service, command)
+        if head is not None:
+            outputs = [o.call_id for o in command.outputs]
+            check_settler(head.pending, outputs, command.approver_claims)
         service.check_input_fits(command, head.token_scale if head is not None else None)
         _check_startable(service, head, key)
         turn = (head.turn if head is not None else 0) + (1 if command.starts_turn else 0)
@@ -329,6 +335,7 @@ def accept(
         kind = "approval"
         if head is None:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
+        check_settler(head.pending, command.outputs, command.approver_claims)
         if not awaits_decision(head):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
         # Refused here, not later in the worker, when the head already says who asked.

@@ -125,8 +125,10 @@ from .execution import ToolCalls, TurnWork, decided_in_turn, turn_actor
 from .forks import create_fork
 from .lifecycle import (
     AWAITING_DECISION,
+    SETTLED_BY_APPROVER,
     CallMove,
     cancel_requested,
+    check_settler,
     holds_lease,
     is_running,
     is_tombstone,
@@ -351,6 +353,8 @@ class Conversations(Reads):
             ApprovalPending: calls of this conversation await approval.
             UnknownTool: the request names an unregistered tool.
             UnknownToolCall: a ``function_call_output`` names no pending client call.
+            ApproverScopeMissing: it names a human-input or deferred call, and the caller
+                holds no approver scope (:func:`.lifecycle.check_settler`).
             ConversationBusy: another request on this conversation committed first.
             UnknownProvider, UnknownModel: the request names one the deployment does not allow.
             ProviderError, ProviderTimeout: the model failed; nothing of the turn was stored.
@@ -362,6 +366,7 @@ class Conversations(Reads):
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
         session, loaded = self._opened(key)
+        check_settler(session.pending, [o.call_id for o in outputs], command.approver_claims)
         self.check_input_fits(command, session.token_scale)
         if admitted is not None:
             admitted(session.head, loaded)
@@ -372,7 +377,9 @@ class Conversations(Reads):
         awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
         # Who began a turn: its command, Idempotency-Key included, hashed as approvals hash
         # arguments. Kept with the turn's options, so a retry knows the turn as its own.
-        identity = arguments_sha256(command.model_dump(mode="json"))[:STORED_HASH_CHARS]
+        # The caller's claims say who may settle, not what was asked: not part of it.
+        asked = command.model_dump(mode="json", exclude={"approver_claims"})
+        identity = arguments_sha256(asked)[:STORED_HASH_CHARS]
         began = (session.options.request_sha256 or "")[:STORED_HASH_CHARS]
         retried = resuming and bool(messages) and began == identity
         if resuming or not awaiting:
@@ -403,9 +410,7 @@ class Conversations(Reads):
             )
         # Outputs of human-input (and deferred) calls settle them by id; the rest are
         # client results. A new message while such a call still waits is refused.
-        waiting_output = {
-            p.id for p in session.pending if p.state in ("awaiting_input", "deferred")
-        }
+        waiting_output = {p.id for p in session.pending if p.state in SETTLED_BY_APPROVER}
         given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
         if messages:
             require_settled(session.pending, answered=given)
@@ -527,6 +532,8 @@ class Conversations(Reads):
             ConversationNotFound: no live conversation.
             NotAwaitingApproval: nothing awaits approval.
             UnknownToolCall: a decision names a call that is not pending approval.
+            ApproverScopeMissing: ``outputs`` come without approver claims
+                (:func:`.lifecycle.check_settler`).
             ConversationBusy: another request on this conversation committed first.
         """
         snapshot = self.store.load(key, self.budget)
@@ -534,6 +541,7 @@ class Conversations(Reads):
         if head is None or not head.is_visible(self.clock()):
             raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
+        check_settler(session.pending, decisions.outputs, decisions.approver_claims)
         session.life.admit(self.clock())
         work = self._work(session)
         deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}

@@ -46,7 +46,15 @@ from ...turn import longturns
 from ...turn.commands import ClientOutput, Decisions, TurnCommand
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
-from ..resolver import Caller, app, approver, caller, json_response
+from ..resolver import (
+    Caller,
+    app,
+    approver,
+    caller,
+    json_response,
+    memory_user,
+    with_approver_claims,
+)
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
 from .items import InputItem, history_of, item_id, output_message, parse_input
@@ -193,11 +201,15 @@ def _tools(
 
 def _command(
     service: Conversations,
+    who: Caller,
     request: ResponseCreate,
     messages: list[str],
     outputs: list[ClientOutput],
     instructions: list[str],
 ) -> TurnCommand:
+    """The turn of a request: as ``POST .../turns`` builds it, the approver claims
+    (outputs of calls waiting for a person or a job need them) and ``X-Memory-User``
+    (:func:`~turnledger.api.resolver.memory_user`) included."""
     tools, clients = _tools(service, request.tools)
     metadata = dict(request.metadata or {})
     said = "\n".join([*filter(None, [request.instructions]), *instructions])
@@ -211,6 +223,8 @@ def _command(
         tools=tools,
         client_tools=clients,
         metadata=metadata,
+        memory_user=memory_user(),
+        approver_claims=with_approver_claims(who).approver_claims,
     )
 
 
@@ -277,7 +291,7 @@ def _run(
         raise InvalidRequest(
             "outputs of waiting calls must come after the history that asked for them"
         )
-    command = _command(service, request, messages, outputs, instructions)
+    command = _command(service, who, request, messages, outputs, instructions)
     if history:
         service.append(key, who.actor, history_of(history))
     return _execute(service, who, key, command, request.stream)
