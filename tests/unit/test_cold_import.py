@@ -159,9 +159,10 @@ def test_a_cold_import_builds_the_runtime(name: str, tmp_path: Path) -> None:
     heavy = _heavy(found["after_import"])
     assert all(module in heavy for module in EVERY_INIT)
     # The init ran with the collector paused (turnledger.core.initphase): it is on again,
-    # and what the init built (well over 100,000 objects) is frozen, out of its reach.
+    # and what the init built (tens of thousands of objects; with the SQLite store, which
+    # builds no DynamoDB client, about 90,000) is frozen, out of its reach (0 otherwise).
     assert found["collector"]["enabled"] is True
-    assert found["collector"]["frozen"] > 100_000
+    assert found["collector"]["frozen"] > 50_000
 
 
 _ROUTED = """
