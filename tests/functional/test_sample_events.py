@@ -171,16 +171,27 @@ def test_each_sample_event_gets_its_documented_answer(
 
     created = call("turn", load_event("openai-create-conversation"))
     assert created["statusCode"] == 200 and body(created)["id"].startswith("conv_")
-    response = call("turn", load_event("openai-response"))
+    # The samples name one conversation id; the face only continues one it made (an
+    # unknown id is 404, as OpenAI answers), so they are sent for the one just made.
+    sample = json.loads(load_event("openai-response")["body"])["conversation"]
+
+    def for_created(name: str) -> dict[str, Any]:
+        raw = json.dumps(load_event(name)).replace(sample, body(created)["id"])
+        event: dict[str, Any] = json.loads(raw)
+        return event
+
+    unknown = call("turn", load_event("openai-response"))
+    assert unknown["statusCode"] == 404 and body(unknown)["error"]["param"] == "conversation"
+    response = call("turn", for_created("openai-response"))
     assert response["statusCode"] == 200
     assert body(response)["output"][0]["content"][0]["text"] == "Noted (1 user messages so far)."
-    conversation = call("read", load_event("openai-get-conversation"))
+    conversation = call("read", for_created("openai-get-conversation"))
     assert conversation["statusCode"] == 200 and body(conversation)["object"] == "conversation"
-    items = call("read", load_event("openai-list-items"))
+    items = call("read", for_created("openai-list-items"))
     assert [item["role"] for item in body(items)["data"]] == ["user", "assistant"]
-    deleted = call("clear", load_event("openai-delete-conversation"))
+    deleted = call("clear", for_created("openai-delete-conversation"))
     assert deleted["statusCode"] == 200 and body(deleted)["deleted"] is True
-    gone = call("read", load_event("openai-get-conversation"))
+    gone = call("read", for_created("openai-get-conversation"))
     assert gone["statusCode"] == 404 and body(gone)["error"]["type"] == "not_found_error"
 
     document = call("read", load_event("openapi"))

@@ -58,7 +58,7 @@ def runner(
         {
             "name": "run_report",
             "parameters": {"type": "object"},
-            "executor": {"type": "http", "url": sink.url("/report")},
+            "executor": {"type": "http", "url": sink.url("/report"), "deferred": True},
         },
         {"name": "lookup_user", "parameters": {"type": "object"}, "executor": {"type": "client"}},
     ]

@@ -43,11 +43,13 @@ ANSWERS: dict[str, bytes] = {
 
 
 def fetch_tool(name: str, sink: HttpSink) -> dict[str, Any]:
-    """An ``http`` tool ``name`` served at ``/name`` of the sink."""
+    """An ``http`` tool ``name`` served at ``/name`` of the sink; the ``job_`` ones are
+    declared deferred (only those may answer ``202``)."""
+    executor = {"type": "http", "url": sink.url(f"/{name}"), "timeout_seconds": 5}
     return {
         "name": name,
         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
-        "executor": {"type": "http", "url": sink.url(f"/{name}"), "timeout_seconds": 5},
+        "executor": executor | ({"deferred": True} if name.startswith("job_") else {}),
     }
 
 
