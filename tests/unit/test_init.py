@@ -28,7 +28,7 @@ import pytest
 from aws_lambda_powertools.utilities import parameters
 from moto import mock_aws
 from turnledger import runtime as runtime_module
-from turnledger.core.config import Settings
+from turnledger.core.config import ForeignResource, Settings
 from turnledger.core.models import ConversationKey
 from turnledger.providers import factory
 from turnledger.runtime import Runtime, after_restore, before_snapshot, get_runtime, set_runtime
@@ -189,6 +189,29 @@ def test_with_sealed_content_init_also_makes_the_first_kms_decrypt_without_the_n
 
     assert calls == ["GetItem", "Decrypt", "AssumeRole"]
     assert {type(c).__name__ for c in built.clients} == {"DynamoDB", "KMS", "STS"}
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_a_kms_key_of_another_account_fails_the_init(
+    aws: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """No request could use it (KMS denies it to the function's role), so the init fails
+    rather than logging it for each request to meet: under SnapStart Lambda then refuses
+    the version, and the deploy fails before any request. Another invalid setting is
+    still left to the requests, which answer it."""
+    monkeypatch.setenv("TENANT_ROLE_ARN", TENANT_ROLE)
+    monkeypatch.setenv("KEYS_TABLE_NAME", "init-keys")
+    monkeypatch.setenv("CONTENT_KMS_KEY_ID", "arn:aws:kms:us-east-1:444455556666:key/k")
+    with pytest.raises(
+        ForeignResource, match="account 444455556666, not this stack's 123456789012"
+    ):
+        load_function(name)
+    assert "the runtime could not be built at init" in caplog.text
+
+    monkeypatch.setenv("CONTENT_KMS_KEY_ID", "arn:aws:kms:us-east-1:123456789012:key/k")
+    monkeypatch.setenv("MAX_TOOL_STEPS", "many")
+    load_function(name)
+    assert runtime_module._runtime is None
 
 
 def test_init_registers_the_snapstart_hooks_when_the_runtime_offers_them(

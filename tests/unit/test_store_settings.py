@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from turnledger.core.config import Settings
+from turnledger.core.config import ForeignResource, Settings
 from turnledger.runtime import (
     LOCAL_KEYS_FILE,
     LOCAL_MASTER_KEY_FILE,
@@ -132,3 +133,74 @@ def test_a_master_key_left_in_the_data_folder_is_used_and_reported(tmp_path: Pat
 def test_bad_key_settings_are_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Settings.from_env(env)
+
+
+# --- keys of this account and Region only (issue 47, point 14) -----------------------------
+
+_OWN_KEY = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+_DEPLOYED = {
+    "AWS_REGION": "eu-west-1",
+    "TENANT_ROLE_ARN": "arn:aws:iam::111122223333:role/stack-TenantAccessRole-X",
+    "KEYS_TABLE_NAME": "keys",
+    "CONTENT_KMS_KEY_ID": _OWN_KEY,
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"CONTENT_KMS_KEY_ID": _OWN_KEY.replace("111122223333", "444455556666")},
+            r"CONTENT_KMS_KEY_ID names a resource of account 444455556666, not this stack's 1111",
+        ),
+        (
+            {"CONTENT_KMS_KEY_ID": _OWN_KEY.replace("eu-west-1", "us-east-1")},
+            r"CONTENT_KMS_KEY_ID names a resource of Region us-east-1, not this stack's eu-west-1",
+        ),
+        (
+            {
+                "CONTENT_KMS_KEY_ID": _OWN_KEY,
+                "TENANT_KMS_KEY_IDS": '{"acme": "arn:aws:kms:eu-west-1:444455556666:alias/a"}',
+            },
+            r"TENANT_KMS_KEY_IDS\['acme'\] names a resource of account 444455556666",
+        ),
+        (
+            {"OPENAI_API_KEY_SECRET": "arn:aws:secretsmanager:eu-west-1:444455556666:secret:k"},
+            r"OPENAI_API_KEY_SECRET names a resource of account 444455556666",
+        ),
+        (
+            {"NOTIFY_SECRET_ARN": "arn:aws:secretsmanager:eu-central-1:111122223333:secret:n"},
+            r"NOTIFY_SECRET_ARN names a resource of Region eu-central-1, not this stack's eu-west",
+        ),
+    ],
+)
+def test_a_key_or_secret_of_another_account_or_region_is_refused(
+    env: dict[str, str], message: str
+) -> None:
+    """The functions' roles may use this account's keys in this Region only (the
+    template's ``TenantKeys`` and ``UseCustomerKey``): a key of another passes
+    ``KmsKeyArn``'s pattern, and would be denied on every sealed read and write; a secret
+    of another account is readable only under that account's key, one of another Region
+    not at all from here."""
+    with pytest.raises(ForeignResource, match=message):
+        Settings.from_env({**_DEPLOYED, **env})
+
+
+def test_keys_and_secrets_of_this_account_and_region_or_named_without_an_arn_are_accepted() -> None:
+    tenants = json.dumps({"acme": "alias/acme", "beta": _OWN_KEY, "gamma": "0a1b"})
+    own = {
+        "CONTENT_KMS_KEY_ID": _OWN_KEY,
+        "TENANT_KMS_KEY_IDS": tenants,
+        "OPENAI_API_KEY_SECRET": "arn:aws:secretsmanager:eu-west-1:111122223333:secret:k",
+        "NOTIFY_SECRET_ARN": "notify-secret-name",
+    }
+    settings = Settings.from_env({**_DEPLOYED, **own})
+    assert settings.content_kms_key_id == _OWN_KEY and len(settings.tenant_kms_key_ids) == 3
+    # Without a tenant role (the local runner, the sweep) the account is not known: only the
+    # Region is compared.
+    local = {"KEYS_TABLE_NAME": "keys", "AWS_REGION": "eu-west-1"}
+    other_account = _OWN_KEY.replace("111122223333", "444455556666")
+    assert Settings.from_env({**local, "CONTENT_KMS_KEY_ID": other_account}).content_kms_key_id
+    other_region = _OWN_KEY.replace("eu-west-1", "us-east-1")
+    with pytest.raises(ForeignResource, match="Region us-east-1"):
+        Settings.from_env({**local, "CONTENT_KMS_KEY_ID": other_region})

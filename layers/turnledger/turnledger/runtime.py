@@ -35,7 +35,7 @@ from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
 from .core.aws import AwsSession
-from .core.config import Settings
+from .core.config import ForeignResource, Settings
 from .core.models import ConversationKey
 from .core.observability import logger, tracer
 from .store.base import ConversationStore
@@ -698,10 +698,21 @@ def prepare(*, service: bool = True, blobs: bool = False) -> Runtime | None:
     Returns:
         The runtime, or ``None`` when the settings are invalid: the error is logged here
         and each request then meets it in :func:`get_runtime` and answers it as it should.
+
+    Raises:
+        ForeignResource: a KMS key or secret of another account or Region, which the
+            function's role can never use: the init fails (under SnapStart, Lambda then
+            refuses the version, and the deploy fails).
     """
     _register_snapshot_hooks()
     try:
         built = _runtime_or_build(service=service, blobs=blobs)
+    except ForeignResource:
+        # A deployment mistake no request can work around (KMS or Secrets Manager denies the
+        # role every call): the init fails, and with SnapStart so does the version's
+        # publication, hence the deploy, before any request meets it.
+        logger.exception("the runtime could not be built at init")
+        raise
     except Exception:
         logger.exception("the runtime could not be built at init")
         tracer()

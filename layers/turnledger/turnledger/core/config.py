@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,56 @@ DEFAULT_MAX_INPUT_BYTES = 4 * 1024 * 1024
 
 #: Where conversations can be kept (``STORE``).
 STORES = ("dynamodb", "sqlite")
+
+#: The Region and account a KMS key's (or alias's) or a secret's ARN names.
+_SCOPED_ARN = re.compile(r"^arn:[^:]+:(?:kms|secretsmanager):(?P<region>[^:]*):(?P<account>[^:]*):")
+#: The account an IAM role's ARN names.
+_ROLE_ARN = re.compile(r"^arn:[^:]+:iam::(?P<account>[0-9]+):")
+
+
+class ForeignResource(ValueError):
+    """A KMS key or a secret the settings name is of another account or Region than the
+    function's: its role may use this account's in this Region only, so every call would
+    be denied (raised at init, which fails the deploy under SnapStart)."""
+
+
+def _refuse_foreign_resources(settings: Settings, env: Mapping[str, str]) -> None:
+    """Refuse an ARN in ``CONTENT_KMS_KEY_ID``, ``TENANT_KMS_KEY_IDS``,
+    ``OPENAI_API_KEY_SECRET`` or ``NOTIFY_SECRET_ARN`` of another account than the tenant
+    role's or another Region than Lambda's ``AWS_REGION``.
+
+    The template grants KMS on ``arn:...:kms:<Region>:<account>:key/*`` and the customer
+    key only through this Region's services (``TenantKeys``, ``UseCustomerKey``): a key of
+    another account passes ``KmsKeyArn``'s pattern, and KMS denies every call. A secret of
+    another account could be read only under a key of that account, which no role here may
+    use; one of another Region is not found by this Region's endpoint. A key id or an alias
+    name is of this account and Region by definition; without a tenant role (the local
+    runner, the sweep) the account is not known and only the Region is compared.
+    """
+    role = _ROLE_ARN.match(settings.tenant_role_arn or "")
+    account = role["account"] if role else None
+    region = env.get("AWS_REGION")
+    named = {
+        "CONTENT_KMS_KEY_ID": settings.content_kms_key_id,
+        **{f"TENANT_KMS_KEY_IDS[{t!r}]": k for t, k in settings.tenant_kms_key_ids.items()},
+        "OPENAI_API_KEY_SECRET": settings.openai_api_key_secret,
+        "NOTIFY_SECRET_ARN": env.get("NOTIFY_SECRET_ARN"),
+    }
+    for name, value in named.items():
+        arn = _SCOPED_ARN.match(value or "")
+        if arn is None:
+            continue
+        wrong = []
+        if account and arn["account"] != account:
+            wrong.append(f"account {arn['account']}, not this stack's {account}")
+        if region and arn["region"] != region:
+            wrong.append(f"Region {arn['region']}, not this stack's {region}")
+        if wrong:
+            raise ForeignResource(
+                f"{name} names a resource of {' and '.join(wrong)}: {value}. The functions "
+                "may use only keys and secrets of their own account and Region "
+                "(docs/DEPLOY.md, Parameters of this account)"
+            )
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -424,6 +475,8 @@ class Settings:
         """Read settings from ``env`` (default: ``os.environ``).
 
         Raises:
+            ForeignResource: a KMS key or secret of another account or Region (a
+                ``ValueError``).
             ValueError: a variable is set to something unusable.
         """
         env = os.environ if env is None else env
@@ -431,7 +484,7 @@ class Settings:
         def opt(name: str) -> str | None:
             return env.get(name) or None
 
-        return cls(
+        settings = cls(
             table_name=env.get("TABLE_NAME", cls.table_name),
             bucket_name=env.get("BUCKET_NAME", cls.bucket_name),
             ttl_seconds=_int(env, "TTL_SECONDS", cls.ttl_seconds),
@@ -524,3 +577,5 @@ class Settings:
             memory_embeddings=_choice(env, "MEMORY_EMBEDDINGS", ("openai", "bedrock"), "") or None,
             memory_embedding_model=opt("MEMORY_EMBEDDING_MODEL"),
         )
+        _refuse_foreign_resources(settings, env)
+        return settings
