@@ -755,7 +755,7 @@ _HEAD_IDENTITY = (A_VERSION, A_GEN, A_FENCE)
 
 def unchanged(stored: Item, expected: Item) -> bool:
     """Whether ``stored`` still holds each attribute of ``expected`` with that value
-    (``None``: absent): the condition of ``ConversationStore._set_if_unchanged``."""
+    (``None``: absent): the reference meaning of :class:`.backend.Unchanged`."""
     return all(stored.get(name) == value for name, value in expected.items())
 
 
