@@ -334,8 +334,9 @@ def _commits(store: ConversationStore, *writes: Write) -> bool:
 
 def check_transaction_all_or_nothing(store: ConversationStore) -> None:
     """``_transact``: when one condition fails nothing of the transaction is written, its
-    unconditional puts and deletes included; when all hold, all of it is."""
-    put(store, {codec.A_PK: PK, codec.A_SK: "W#b"})
+    unconditional puts, updates and deletes included; when all hold, all of it is."""
+    put(store, {codec.A_PK: PK, codec.A_SK: "W#b"}, {codec.A_PK: PK, codec.A_SK: "W#u", "k": 1})
+    update = Update(PK, "W#u", {"a": 2}, Unchanged({"k": 1}))
     side = {codec.A_PK: PK, codec.A_SK: "W#x"}
     one = slot(1, "g1", count=1)
     expected = {codec.A_VERSION: 1, codec.A_GEN: "g1"}
@@ -343,16 +344,19 @@ def check_transaction_all_or_nothing(store: ConversationStore) -> None:
         store,
         Put(one, SlotFree("g1")),
         Put(side),
+        update,
         Delete(PK, "W#b"),
         Put(head(2), head_is(expected)),
     )
     assert stored(store, keys.event_sort_key(1)) is None
     assert stored(store, "W#x") is None
     assert stored(store, "W#b") is not None
+    assert stored(store, "W#u") == {codec.A_PK: PK, codec.A_SK: "W#u", "k": 1}
     assert _commits(
         store,
         Put(one, SlotFree("g1")),
         Put(side),
+        update,
         Delete(PK, "W#b"),
         Delete(PK, "W#absent"),
         Put(head(1), head_is(None)),
@@ -360,6 +364,7 @@ def check_transaction_all_or_nothing(store: ConversationStore) -> None:
     assert stored(store, keys.HEAD_SK) == head(1)
     assert stored(store, keys.event_sort_key(1)) == one
     assert stored(store, "W#x") == side
+    assert stored(store, "W#u") == {codec.A_PK: PK, codec.A_SK: "W#u", "k": 1, "a": 2}
     assert stored(store, "W#b") is None
 
 

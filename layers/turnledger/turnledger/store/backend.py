@@ -145,17 +145,12 @@ class SlotFree(Condition):
         return slot_free(stored, self.gen, self.marker_version, head_locked=self.head_locked)
 
 
-#: The attributes that tell one head from another: any commit changes ``ver``, ``g``
-#: tells lives apart, and ``fx`` is a clear's fence.
-HEAD_IDENTITY = (codec.A_VERSION, codec.A_GEN, codec.A_FENCE)
-
-
 def head_is(expected: Item | None) -> Condition:
     """The stored head is still ``expected`` (``None``: no head exists): its ``ver``,
     ``g`` and ``fx`` each present with the same value, or absent in both."""
     if expected is None:
         return Absent()
-    return Unchanged({name: expected.get(name) for name in HEAD_IDENTITY})
+    return Unchanged({name: expected.get(name) for name in codec.HEAD_IDENTITY})
 
 
 # --- writes -------------------------------------------------------------------------------

@@ -148,6 +148,20 @@ def _to_wire(item: Item) -> dict[str, Any]:
     return {name: _wire_value(value) for name, value in item.items()}
 
 
+def _key(pk: str, sk: str) -> dict[str, Any]:
+    return _to_wire({codec.A_PK: pk, codec.A_SK: sk})
+
+
+def _set_attributes(arguments: dict[str, Any], attributes: Item) -> None:
+    """Add to the arguments of an update (maybe holding a condition's names and values:
+    ``#pk``, ``#e0``, ..., never ``#a0``, ...) the expression that sets ``attributes``."""
+    names = {f"#a{n}": name for n, name in enumerate(attributes)}
+    values = {f":a{n}": _wire_value(value) for n, value in enumerate(attributes.values())}
+    arguments["UpdateExpression"] = "SET " + ", ".join(f"#a{n} = :a{n}" for n in range(len(names)))
+    arguments["ExpressionAttributeNames"] = arguments.get("ExpressionAttributeNames", {}) | names
+    arguments["ExpressionAttributeValues"] = arguments.get("ExpressionAttributeValues", {}) | values
+
+
 def _from_wire(wire: dict[str, Any]) -> Item:
     item: Item = {}
     for name, value in wire.items():
@@ -277,7 +291,7 @@ class DynamoDBConversationStore(ConversationStore):
         with _guarded():
             response = self.client.get_item(
                 TableName=self.table_name,
-                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                Key=_key(pk, sk),
                 ConsistentRead=True,
                 ReturnConsumedCapacity="TOTAL",
             )
@@ -346,27 +360,17 @@ class DynamoDBConversationStore(ConversationStore):
         if write.when is not None:
             # The refusing item comes back with the refusal, at no cost (records use it).
             kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
-        if isinstance(write, Put):
-            call: Any = self.client.put_item
-            kwargs["Item"] = _to_wire(write.item)
-        else:
-            kwargs["Key"] = _to_wire({codec.A_PK: write.pk, codec.A_SK: write.sk})
-            call = self.client.delete_item
-        if isinstance(write, Update):
-            call = self.client.update_item
-            names = {f"#a{n}": name for n, name in enumerate(write.attributes)}
-            values = {f":a{n}": _wire_value(v) for n, v in enumerate(write.attributes.values())}
-            kwargs["UpdateExpression"] = "SET " + ", ".join(f"{n} = :{n[1:]}" for n in names)
-            kwargs["ExpressionAttributeNames"] = {
-                **kwargs.get("ExpressionAttributeNames", {}),
-                **names,
-            }
-            kwargs["ExpressionAttributeValues"] = {
-                **kwargs.get("ExpressionAttributeValues", {}),
-                **values,
-            }
-            if write.returning:
-                kwargs["ReturnValues"] = "ALL_NEW"
+        call: Any
+        match write:
+            case Put(item=item):
+                call, kwargs["Item"] = self.client.put_item, _to_wire(item)
+            case Delete(pk=pk, sk=sk):
+                call, kwargs["Key"] = self.client.delete_item, _key(pk, sk)
+            case Update(pk=pk, sk=sk, attributes=attributes):
+                call, kwargs["Key"] = self.client.update_item, _key(pk, sk)
+                _set_attributes(kwargs, attributes)
+                if write.returning:
+                    kwargs["ReturnValues"] = "ALL_NEW"
         try:
             with _guarded():
                 response = call(**kwargs)
@@ -388,10 +392,12 @@ class DynamoDBConversationStore(ConversationStore):
                 body["Item"] = _to_wire(write.item)
                 transact.append({"Put": body})
                 continue
-            body["Key"] = _to_wire({codec.A_PK: write.pk, codec.A_SK: write.sk})
+            body["Key"] = _key(write.pk, write.sk)
             if isinstance(write, Update):
-                raise TypeError("no transaction in this store updates an item")
-            transact.append({"Delete" if isinstance(write, Delete) else "ConditionCheck": body})
+                _set_attributes(body, write.attributes)
+                transact.append({"Update": body})
+            else:
+                transact.append({"Delete" if isinstance(write, Delete) else "ConditionCheck": body})
         try:
             response = self.client.transact_write_items(
                 TransactItems=transact,
@@ -414,7 +420,7 @@ class DynamoDBConversationStore(ConversationStore):
         deletes = [w for w in writes if isinstance(w, Delete)]
         for start in range(0, len(deletes), _BATCH):
             requests: list[Any] = [
-                {"DeleteRequest": {"Key": _to_wire({codec.A_PK: d.pk, codec.A_SK: d.sk})}}
+                {"DeleteRequest": {"Key": _key(d.pk, d.sk)}}
                 for d in deletes[start : start + _BATCH]
             ]
             pending: dict[str, Any] = {self.table_name: requests}
