@@ -36,6 +36,7 @@ from turnledger.core.models import (
 )
 from turnledger.store import codec, keys, slots
 from turnledger.store import purge as purge_protocol
+from turnledger.store.backend import ConditionFailed, Unchanged, Update
 from turnledger.store.base import (
     DEFAULT_OFFLOAD_THRESHOLD,
     MAX_EVENTS_PER_COMMIT,
@@ -44,6 +45,7 @@ from turnledger.store.base import (
     PurgeReport,
     Snapshot,
 )
+from turnledger.store.codec import Item
 
 from tests.support.factories import (
     REMOVE,
@@ -1359,18 +1361,26 @@ def test_a_load_after_its_own_commit_is_one_read_and_never_stale(store: Conversa
 
 
 def test_set_if_unchanged_writes_only_over_what_it_read(store: ConversationStore) -> None:
-    """``_set_if_unchanged`` (the migration's sealing write) sets its attributes when the
-    item still holds the values named (absent ones absent), keeps the item's other
-    attributes, and never writes over a change or creates an item."""
+    """An update on :class:`~turnledger.store.backend.Unchanged` (the migration's sealing
+    write) sets its attributes when the item still holds the values named (absent ones
+    absent), keeps the item's other attributes, and never writes over a change or creates
+    an item."""
     key = make_key("t1", "set-if-unchanged-1")
     pk = keys.partition_key(key)
     put_raw_item(store, {codec.A_PK: pk, codec.A_SK: "S#x", "a": "one", "other": 7})
 
-    assert not store._set_if_unchanged(pk, "S#x", {"a": "two"}, {"a": "changed"})
-    assert not store._set_if_unchanged(pk, "S#x", {"b": "new"}, {"other": None})
-    assert not store._set_if_unchanged(pk, "S#absent", {"a": "two"}, {"a": None})
+    def set_if_unchanged(sk: str, attributes: Item, expected: Item) -> bool:
+        try:
+            store._write(Update(pk, sk, attributes, Unchanged(expected)))
+        except ConditionFailed:
+            return False
+        return True
+
+    assert not set_if_unchanged("S#x", {"a": "two"}, {"a": "changed"})
+    assert not set_if_unchanged("S#x", {"b": "new"}, {"other": None})
+    assert not set_if_unchanged("S#absent", {"a": "two"}, {"a": None})
     assert raw_item(store, key, "S#absent") is None
-    assert store._set_if_unchanged(pk, "S#x", {"a": b"two", "b": "x"}, {"a": "one", "b": None})
+    assert set_if_unchanged("S#x", {"a": b"two", "b": "x"}, {"a": "one", "b": None})
     assert raw_item(store, key, "S#x") == {
         codec.A_PK: pk,
         codec.A_SK: "S#x",

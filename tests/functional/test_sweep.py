@@ -281,7 +281,7 @@ def test_a_turn_racing_the_sweep_survives_whole(store: ConversationStore, clock:
         )
 
     # The sweep's purge: its tombstone and its claim of the next slot, in one write.
-    with interleave(store, "_transact_commit", turn) as race:
+    with interleave(store, "_transact", turn) as race:
         report = sweeper(store, clock).expired()
     assert race.ran == 1
     assert (report.conversations_removed, report.events_removed, report.objects_removed) == (
@@ -343,7 +343,7 @@ def test_a_sweep_that_loses_the_race_counts_nothing(
     seed(store, key, expires_at=EPOCH - 10)
     other: list[Any] = []
     with interleave(
-        store, "_transact_commit", lambda: other.append(sweeper(store, clock).conversations([key]))
+        store, "_transact", lambda: other.append(sweeper(store, clock).conversations([key]))
     ) as race:
         report = sweeper(store, clock).expired()
     assert race.ran == 1

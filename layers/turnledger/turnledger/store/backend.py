@@ -1,12 +1,36 @@
-"""The backend: the few primitives a storage engine implements, and what each must do.
+"""The backend: the seven primitives a storage engine implements, and what each must do.
 
 Every protocol of the store (:mod:`.reads`, :mod:`.commit`, :mod:`.purge`,
 :mod:`.forks`, :mod:`.imports`, and the side items, records, inbox and indexes) is
 written once over these primitives; a backend (:mod:`.memory`, :mod:`.sqlite`,
 :mod:`.dynamodb`) implements only them, each documented with what it must do and
 raise (the pattern of Powertools' idempotency persistence layers).
-``tests/contract/test_backend_contract.py`` checks each condition of each primitive on
-every backend.
+
+Four read (:meth:`~Backend._get_item`, :meth:`~Backend._query`,
+:meth:`~Backend._index_page`, :meth:`~Backend._inbox_query`) and three write: one item
+(:meth:`~Backend._write`), several atomically (:meth:`~Backend._transact`), several
+each on its own (:meth:`~Backend._write_batch`). A write is a :class:`Put`,
+:class:`Update` or :class:`Delete` (in a transaction also a :class:`Check`) with an
+optional :class:`Condition` on the item stored at its key. Each condition's
+:meth:`~Condition.holds` is its reference meaning: the memory and SQLite backends
+evaluate it, the DynamoDB backend translates it into a ``ConditionExpression`` that
+must agree. The conditions:
+
+* :class:`Absent`: no item at the key;
+* :class:`Unchanged`: the item exists and each named attribute holds a value (or is
+  absent); :func:`head_is` builds the head's (``ver``, ``g`` and ``fx``), so a head
+  write compares version, life and fence;
+* :class:`SlotFree`: the key is a free slot for a commit of a life (the optimistic
+  lock of every commit; the rule is :func:`.slots.slot_free`);
+* :class:`.records.Replaceable`: an idempotency record may be replaced (Powertools'
+  condition);
+* :class:`.indexes.CursorForward`: the sweep's cursor moves forward.
+
+The few named helpers below the primitives (:meth:`~Backend._put_turn`,
+:meth:`~Backend._replace_head`, :meth:`~Backend._fence_head`, ...) are writes the
+protocols send often, kept by name so that tests can stage a crash or a concurrent
+writer at them. ``tests/contract/test_backend_contract.py`` checks each condition of
+each primitive on every backend.
 """
 
 from __future__ import annotations
@@ -17,8 +41,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.exceptions import ConversationBusy
+from . import codec, keys
 from .codec import Item
 from .inbox import EntryKey
+from .slots import slot_free
 
 
 @dataclass
@@ -70,35 +97,159 @@ class Page:
     cursor: Any = None
 
 
+# --- conditions ---------------------------------------------------------------------------
+
+
+class Condition(ABC):
+    """What a write requires of the item stored at its key when it lands."""
+
+    @abstractmethod
+    def holds(self, stored: Item | None) -> bool:
+        """Whether the write may land over ``stored`` (``None``: no item at its key).
+
+        The reference meaning of the condition: the memory and SQLite backends
+        evaluate it under their write lock; the DynamoDB backend's
+        ``ConditionExpression`` for it must agree (the backend contract checks both).
+        """
+
+
+@dataclass(frozen=True)
+class Absent(Condition):
+    """No item is stored at the key."""
+
+    def holds(self, stored: Item | None) -> bool:
+        return stored is None
+
+
+@dataclass(frozen=True)
+class Unchanged(Condition):
+    """An item is stored at the key and each attribute of ``expected`` still holds that
+    value (``None``: the attribute is absent)."""
+
+    expected: Item
+
+    def holds(self, stored: Item | None) -> bool:
+        return stored is not None and codec.unchanged(stored, self.expected)
+
+
+@dataclass(frozen=True)
+class SlotFree(Condition):
+    """The key is a free slot for a commit of the life ``gen`` that read the head of
+    version ``marker_version`` (:func:`.slots.slot_free`, ``head_locked`` included)."""
+
+    gen: str
+    marker_version: int | None = None
+    head_locked: bool = False
+
+    def holds(self, stored: Item | None) -> bool:
+        return slot_free(stored, self.gen, self.marker_version, head_locked=self.head_locked)
+
+
+def head_is(expected: Item | None) -> Condition:
+    """The stored head is still ``expected`` (``None``: no head exists): its ``ver``,
+    ``g`` and ``fx`` each present with the same value, or absent in both."""
+    if expected is None:
+        return Absent()
+    return Unchanged({name: expected.get(name) for name in codec.HEAD_IDENTITY})
+
+
+# --- writes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Put:
+    """Put ``item`` whole at its key (replacing what is there)."""
+
+    item: Item
+    when: Condition | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return str(self.item[codec.A_PK]), str(self.item[codec.A_SK])
+
+
+@dataclass(frozen=True)
+class Update:
+    """Set ``attributes`` on the item at ``(pk, sk)``, its other attributes kept; an
+    absent item is created with just its keys and ``attributes`` (unless ``when``
+    requires one). With ``returning``, :meth:`Backend._write` returns the item as updated."""
+
+    pk: str
+    sk: str
+    attributes: Item
+    when: Condition | None = None
+    returning: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pk, self.sk
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete the item at ``(pk, sk)`` (an absent one is fine, unless ``when`` requires one)."""
+
+    pk: str
+    sk: str
+    when: Condition | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pk, self.sk
+
+
+@dataclass(frozen=True)
+class Check:
+    """In a transaction only: writes nothing; the transaction lands only if ``when``
+    holds of the item at ``(pk, sk)``."""
+
+    pk: str
+    sk: str
+    when: Condition
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pk, self.sk
+
+
+#: One step of a transaction.
+Write = Put | Update | Delete | Check
+
+
+class ConditionFailed(Exception):
+    """A write's condition did not hold: nothing was written.
+
+    ``stored`` is the item that refused it when the backend returned it (DynamoDB's
+    ``ReturnValuesOnConditionCheckFailure``: not when the item was deleted since);
+    ``None`` otherwise.
+    """
+
+    def __init__(self, stored: Item | None = None) -> None:
+        super().__init__("the write's condition did not hold")
+        self.stored = stored
+
+
+def applied(write: Put | Update | Delete, stored: Item | None) -> Item | None:
+    """The item at ``write``'s key after it lands over ``stored`` (``None``: none): the
+    reference meaning of a write, shared by the memory and SQLite backends."""
+    if isinstance(write, Put):
+        return dict(write.item)
+    if isinstance(write, Update):
+        return {codec.A_PK: write.pk, codec.A_SK: write.sk, **(stored or {}), **write.attributes}
+    return None
+
+
+#: What a transaction or turn put whose condition failed answers.
+BUSY = "another turn or decision on this conversation committed first"
+
+
 class Backend(ABC):
     """The primitives over one table of items keyed ``(pk, sk)``."""
 
     #: Consumed capacity and round trips of every primitive call.
     meter: CapacityMeter
 
-    def _keys_between(self, pk: str, lower: str, upper: str) -> Iterator[Item]:
-        """The items of ``pk`` with ``lower <= sk <= upper`` (keys and ``g`` only), every page."""
-        return self._items_between(pk, lower, upper, keys_only=True)
-
-    def _items_between(
-        self, pk: str, lower: str, upper: str, *, keys_only: bool = False
-    ) -> Iterator[Item]:
-        """The items of ``pk`` with ``lower <= sk <= upper``, ascending, every page."""
-        cursor: Any = None
-        while True:
-            page = self._query(
-                pk,
-                lower=lower,
-                upper=upper,
-                descending=False,
-                limit=1000,
-                cursor=cursor,
-                keys_only=keys_only,
-            )
-            yield from page.items
-            if page.cursor is None:
-                return
-            cursor = page.cursor
+    # --- reads --------------------------------------------------------------------------
 
     @abstractmethod
     def _get_item(self, pk: str, sk: str) -> Item | None:
@@ -127,83 +278,6 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def _transact_commit(
-        self,
-        head: Item | None,
-        expected: Item | None,
-        events: list[Item],
-        gen: str,
-        *,
-        puts: Sequence[Item] = (),
-        deletes: Sequence[str] = (),
-        checks: Sequence[Item] = (),
-        slots: Sequence[Item] = (),
-        marker_version: int | None = None,
-        head_locked: bool = False,
-    ) -> None:
-        """Atomically put ``events`` and ``head`` (``None``: no head is written), put ``puts``
-        (each in its own item's partition) and delete the items of the partition at the
-        sort keys ``deletes`` (inbox entries; absent ones are fine).
-
-        Conditions: the stored head is still ``expected`` (as in :meth:`_replace_head`:
-        ``ver``, ``g`` and ``fx``; ``None``: no head exists), when ``head`` is given; each
-        event item's key is a free slot for the life ``gen`` (:func:`.slots.slot_free`
-        with ``marker_version`` and ``head_locked``: nothing, another life's gravestone, the
-        marker of that version; with ``head_locked``, any item of another life); the head
-        of each of ``checks``' partitions is still that head item; the key of each of
-        ``slots`` (items with ``pk``, ``sk``, ``g`` and maybe ``ver``) is a
-        free slot for its ``g`` and ``ver``. ``puts`` and ``deletes`` carry no condition of
-        their own.
-
-        Raises:
-            ConversationBusy: a condition failed or a concurrent transaction conflicted.
-            PayloadTooLarge: an item exceeds the backend's item size limit.
-        """
-
-    @abstractmethod
-    def _put_turn(self, item: Item, marker_version: int | None) -> None:
-        """Put the turn item (or marker) ``item`` if its key is a free slot for its life
-        (:func:`.slots.slot_free` with ``marker_version``): one conditional write, the
-        optimistic lock of a plain turn (docs/STORAGE.md).
-
-        Raises:
-            ConversationBusy: the slot is taken; nothing was written.
-            PayloadTooLarge: the item exceeds the backend's item size limit.
-        """
-
-    @abstractmethod
-    def _replace_head(self, head: Item, expected: Item | None) -> bool:
-        """Put ``head`` if the stored head is still ``expected``; returns whether it was written.
-
-        "Still" compares the ``ver``, ``g`` and ``fx`` attributes (each present with
-        the same value, or absent in both): any commit changes ``ver``, ``g`` tells
-        lives apart, and ``fx`` is a clear's fence. ``expected=None`` requires that
-        no head exists. The head condition of :meth:`_transact_commit` is the same
-        comparison with an ``expected`` of ``ver`` and ``g`` only (so: no fence).
-        """
-
-    @abstractmethod
-    def _delete_head(self, pk: str, expected: Item) -> bool:
-        """Delete the head if it is still ``expected`` (as in :meth:`_replace_head`).
-
-        Returns whether it was deleted.
-        """
-
-    @abstractmethod
-    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
-        """Delete the items of ``pk`` at ``sort_keys`` (absent ones are fine)."""
-
-    @abstractmethod
-    def _fence_head(self, pk: str, token: str) -> Item | None:
-        """Set the head's ``fx`` attribute to ``token`` if it exists and has no ``fx``.
-
-        Nothing else of the item changes. Must not create an item.
-
-        Returns:
-            The head item as fenced, or ``None`` when there is no head or it is fenced already.
-        """
-
-    @abstractmethod
     def _index_page(self, index: str, value: str, *, limit: int, cursor: Any) -> Page:
         """One page of the items whose ``index`` attribute equals ``value``, by ``pk``.
 
@@ -222,42 +296,116 @@ class Backend(ABC):
         exhausted. The index may lag behind the table (DynamoDB's global indexes do).
         """
 
-    @abstractmethod
-    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
-        """Delete the item at ``(pk, sk)`` if its ``g`` is ``gen`` (``None``: it has no ``g``).
-
-        Returns whether this call deleted it.
-        """
+    # --- writes -------------------------------------------------------------------------
 
     @abstractmethod
-    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
-        """Put the idempotency record ``item`` if :func:`.records.may_replace` holds for
-        the item stored under its key at ``now``, atomically (a condition, not a read then
-        a write).
+    def _write(self, write: Put | Update | Delete) -> Item | None:
+        """Apply ``write`` if its condition holds of the item stored at its key, atomically
+        (a condition, not a read then a write).
 
         Returns:
-            ``None`` when ``item`` was written; else the stored item that refused it.
+            The item as updated, for an :class:`Update` with ``returning``; else ``None``.
+
+        Raises:
+            ConditionFailed: the condition did not hold; nothing was written.
         """
 
     @abstractmethod
-    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
-        """Set ``attributes`` on the item at ``(pk, sk)`` if it exists and each attribute
-        named in ``expected`` still holds that value (``None``: is absent), atomically;
-        its other attributes stay. Returns whether it was written (it never creates one)."""
+    def _transact(self, writes: Sequence[Write]) -> None:
+        """Apply every one of ``writes`` or none: each lands only if every condition holds
+        of the items as they were before the transaction. At most one write per key.
 
-    @abstractmethod
-    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
-        """Set ``attributes`` on the item at ``(pk, sk)``, unconditionally, creating it
-        (with just its keys and ``attributes``) when absent; its other attributes stay."""
-
-    @abstractmethod
-    def _advance_cursor(self, item: Item) -> bool:
-        """Put the sweep cursor ``item`` (:func:`.indexes.cursor_item`) if it moves forward.
-
-        Written when no cursor is stored, or when the stored one has the same
-        schema version ``v`` and a ``bucket`` below ``item``'s; returns whether it was.
+        Raises:
+            ConversationBusy: a condition failed or a concurrent transaction conflicted;
+                nothing was written.
+            PayloadTooLarge: an item exceeds the backend's item size limit.
         """
 
     @abstractmethod
+    def _write_batch(self, writes: Sequence[Put | Delete]) -> None:
+        """Apply each of ``writes``, unconditionally (their ``when`` is not set), not
+        atomically as a group; deleting an absent item is fine."""
+
+    # --- named writes (the protocols' common ones, where tests stage crashes and races) ---
+
+    def _put_turn(self, item: Item, marker_version: int | None) -> None:
+        """Put the turn item (or marker) ``item`` if its key is a free slot for its life
+        (:class:`SlotFree` with ``marker_version``): one conditional write, the
+        optimistic lock of a plain turn (docs/STORAGE.md).
+
+        Raises:
+            ConversationBusy: the slot is taken; nothing was written.
+            PayloadTooLarge: the item exceeds the backend's item size limit.
+        """
+        codec.check_item_sizes([item])
+        try:
+            self._write(Put(item, SlotFree(str(item[codec.A_GEN]), marker_version)))
+        except ConditionFailed as exc:
+            raise ConversationBusy(BUSY) from exc
+
+    def _replace_head(self, head: Item, expected: Item | None) -> bool:
+        """Put ``head`` if the stored head is still ``expected`` (:func:`head_is`);
+        returns whether it was written."""
+        try:
+            self._write(Put(head, head_is(expected)))
+        except ConditionFailed:
+            return False
+        return True
+
+    def _delete_head(self, pk: str, expected: Item) -> bool:
+        """Delete the head if it is still ``expected`` (:func:`head_is`); returns whether
+        it was deleted."""
+        try:
+            self._write(Delete(pk, keys.HEAD_SK, head_is(expected)))
+        except ConditionFailed:
+            return False
+        return True
+
+    def _fence_head(self, pk: str, token: str) -> Item | None:
+        """Set the head's ``fx`` to ``token`` if it exists and has no ``fx`` (nothing else
+        of it changes; no item is created).
+
+        Returns:
+            The head item as fenced, or ``None`` when there is no head or it is fenced already.
+        """
+        unfenced = Unchanged({codec.A_FENCE: None})
+        try:
+            return self._write(
+                Update(pk, keys.HEAD_SK, {codec.A_FENCE: token}, unfenced, returning=True)
+            )
+        except ConditionFailed:
+            return None
+
     def _put_items(self, items: list[Item]) -> None:
         """Put each of ``items`` unconditionally (not atomically as a group)."""
+        self._write_batch([Put(item) for item in items])
+
+    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
+        """Delete the items of ``pk`` at ``sort_keys`` (absent ones are fine)."""
+        self._write_batch([Delete(pk, sk) for sk in sort_keys])
+
+    # --- reads over every page ----------------------------------------------------------
+
+    def _keys_between(self, pk: str, lower: str, upper: str) -> Iterator[Item]:
+        """The items of ``pk`` with ``lower <= sk <= upper`` (keys and ``g`` only), every page."""
+        return self._items_between(pk, lower, upper, keys_only=True)
+
+    def _items_between(
+        self, pk: str, lower: str, upper: str, *, keys_only: bool = False
+    ) -> Iterator[Item]:
+        """The items of ``pk`` with ``lower <= sk <= upper``, ascending, every page."""
+        cursor: Any = None
+        while True:
+            page = self._query(
+                pk,
+                lower=lower,
+                upper=upper,
+                descending=False,
+                limit=1000,
+                cursor=cursor,
+                keys_only=keys_only,
+            )
+            yield from page.items
+            if page.cursor is None:
+                return
+            cursor = page.cursor

@@ -749,13 +749,14 @@ def item_size(item: Item) -> int:
 #: not DynamoDB enforce it too, so a turn that fits locally fits when deployed.
 MAX_ITEM_BYTES = 400 * 1024
 
-#: The attributes that say which head a conditional write expects.
-_HEAD_IDENTITY = (A_VERSION, A_GEN, A_FENCE)
+#: The attributes that tell one head from another: any commit changes ``ver``, ``g``
+#: tells lives apart, and ``fx`` is a clear's fence.
+HEAD_IDENTITY = (A_VERSION, A_GEN, A_FENCE)
 
 
 def unchanged(stored: Item, expected: Item) -> bool:
     """Whether ``stored`` still holds each attribute of ``expected`` with that value
-    (``None``: absent): the condition of ``ConversationStore._set_if_unchanged``."""
+    (``None``: absent): the reference meaning of :class:`.backend.Unchanged`."""
     return all(stored.get(name) == value for name, value in expected.items())
 
 
@@ -785,5 +786,5 @@ def same_head(stored: Item | None, expected: Item | None) -> bool:
         return expected is None and stored is None
     return all(
         (name in stored) == (name in expected) and stored.get(name) == expected.get(name)
-        for name in _HEAD_IDENTITY
+        for name in HEAD_IDENTITY
     )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.exceptions import InternalError, TurnledgerError
 from ..core.models import ConversationKey, Event, Head
 from . import codec, inbox, keys, views
+from .backend import Delete, Put, SlotFree, head_is
 from .codec import BlobRef, Item
 from .views import View, head_identity
 
@@ -149,16 +150,20 @@ def commit(
         )
     try:
         if write_head or puts or deletes or len(turn_items) > 1:
-            store._transact_commit(
-                head_item if write_head else None,
-                head_identity(view.head_item),
-                turn_items,
-                head.gen,
-                puts=puts,
-                deletes=deletes,
-                marker_version=expected_version,
-                # HEAD's condition is the lock: another life's items are leftovers.
-                head_locked=write_head,
+            # HEAD's condition is the lock: another life's items are leftovers.
+            free = SlotFree(head.gen, expected_version, head_locked=write_head)
+            # Inbox entries (store/inbox.py): unconditional, the slot's condition guards them.
+            store._transact(
+                [
+                    *(Put(item, free) for item in turn_items),
+                    *(Put(entry) for entry in puts),
+                    *(Delete(pk, sort_key) for sort_key in deletes),
+                    *(
+                        [Put(head_item, head_is(head_identity(view.head_item)))]
+                        if write_head
+                        else []
+                    ),
+                ]
             )
         else:
             store._put_turn(turn_items[0], expected_version)

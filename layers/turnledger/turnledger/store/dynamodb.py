@@ -23,13 +23,24 @@ from ..core.exceptions import (
     ServiceUnavailable,
     TurnledgerError,
 )
-from . import codec, keys, records
+from . import codec, records
 from .attributes import deserialize, serialize
+from .backend import (
+    Absent,
+    Condition,
+    ConditionFailed,
+    Delete,
+    Put,
+    SlotFree,
+    Unchanged,
+    Update,
+    Write,
+)
 from .base import ConversationStore, Page
 from .blobs import BlobStore
 from .codec import Item
 from .inbox import A_INBOX, A_INBOX_SORT, INBOX_INDEX, EntryKey, entry_key
-from .indexes import A_BUCKET, INDEX_ATTRIBUTES
+from .indexes import A_BUCKET, INDEX_ATTRIBUTES, CursorForward
 from .indexes import EXPIRY_INDEX as EXPIRY_INDEX
 from .indexes import TENANT_INDEX as TENANT_INDEX
 
@@ -40,39 +51,92 @@ if TYPE_CHECKING:
 #: BatchWriteItem takes at most 25 requests a call.
 _BATCH = 25
 _BATCH_ATTEMPTS = 8
-#: Puts of an idempotency record that found a live one deleted before it could be read.
-_RECORD_ATTEMPTS = 3
-
-#: The attributes that say which head a conditional write expects.
-_HEAD_IDENTITY = {"#ver": codec.A_VERSION, "#g": codec.A_GEN, "#fx": codec.A_FENCE}
 
 
-def _slot_condition(
-    gen: str, marker_version: int | None, *, head_locked: bool = False
-) -> dict[str, Any]:
-    """Condition arguments of a write at a turn slot (:func:`.slots.slot_free`): nothing
-    there, another life's gravestone, or this life's marker (no gravestone) of the version
-    the commit read; with ``head_locked``, any item of another life."""
+def _slot_condition(condition: SlotFree) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """:func:`.slots.slot_free`: nothing there, another life's gravestone, or this life's
+    marker (no gravestone) of the version the commit read; with ``head_locked``, any item
+    of another life."""
     names = {"#pk": codec.A_PK, "#g": codec.A_GEN}
-    values: dict[str, Any] = {":g": serialize(gen)}
-    if head_locked:
+    values: dict[str, Any] = {":g": condition.gen}
+    if condition.head_locked:
         expression = "attribute_not_exists(#pk) OR #g <> :g"
     else:
         expression = (
             "attribute_not_exists(#pk) OR (#n = :zero AND #g <> :g AND attribute_exists(#x))"
         )
-    if marker_version is not None:
+    if condition.marker_version is not None:
         names["#ver"] = codec.A_VERSION
-        values[":mv"] = serialize(marker_version)
+        values[":mv"] = condition.marker_version
         expression += " OR (#n = :zero AND #g = :g AND #ver = :mv AND attribute_not_exists(#x))"
     if "#n" in expression:
         names |= {"#n": codec.A_COUNT, "#x": codec.A_EXPIRES}
-        values[":zero"] = serialize(0)
-    return {
+        values[":zero"] = 0
+    return expression, names, values
+
+
+def _unchanged(expected: Item) -> tuple[str, dict[str, str], dict[str, Any]]:
+    names = {"#pk": codec.A_PK}
+    values: dict[str, Any] = {}
+    clauses = ["attribute_exists(#pk)"]
+    for n, (name, value) in enumerate(expected.items()):
+        names[f"#e{n}"] = name
+        if value is None:
+            clauses.append(f"attribute_not_exists(#e{n})")
+        else:
+            values[f":e{n}"] = value
+            clauses.append(f"#e{n} = :e{n}")
+    return " AND ".join(clauses), names, values
+
+
+def _condition(condition: Condition | None) -> dict[str, Any]:
+    """The ``ConditionExpression`` (with its names and values) that says what
+    ``condition.holds`` says; nothing for ``None``.
+
+    Raises:
+        TypeError: a condition this backend cannot express.
+    """
+    if condition is None:
+        return {}
+    values: dict[str, Any]
+    match condition:
+        case Absent():
+            expression, names, values = "attribute_not_exists(#pk)", {"#pk": codec.A_PK}, {}
+        case Unchanged(expected=expected):
+            expression, names, values = _unchanged(expected)
+        case SlotFree():
+            expression, names, values = _slot_condition(condition)
+        case records.Replaceable(now=now):
+            # Powertools' own condition and attribute names (.records), so the records
+            # stay those its DynamoDBPersistenceLayer writes and reads.
+            expression = (
+                "attribute_not_exists(#pk) OR #x < :now"
+                " OR (#s = :in_progress AND attribute_exists(#ipx) AND #ipx < :now_ms)"
+            )
+            names = {
+                "#pk": codec.A_PK,
+                "#x": codec.A_EXPIRES,
+                "#s": records.A_STATUS,
+                "#ipx": records.A_IN_PROGRESS_EXPIRY,
+            }
+            values = {
+                ":now": int(now),
+                ":now_ms": int(now * 1000),
+                ":in_progress": records.IN_PROGRESS,
+            }
+        case CursorForward(schema=schema, bucket=bucket):
+            expression = "attribute_not_exists(#pk) OR (#v = :v AND #b < :b)"
+            names = {"#pk": codec.A_PK, "#v": codec.A_SCHEMA, "#b": A_BUCKET}
+            values = {":v": schema, ":b": bucket}
+        case _:
+            raise TypeError(f"no ConditionExpression for {type(condition).__name__}")
+    arguments: dict[str, Any] = {
         "ConditionExpression": expression,
         "ExpressionAttributeNames": names,
-        "ExpressionAttributeValues": values,
     }
+    if values:
+        arguments["ExpressionAttributeValues"] = _to_wire(values)
+    return arguments
 
 
 def _wire_value(value: Any) -> Any:
@@ -84,31 +148,18 @@ def _to_wire(item: Item) -> dict[str, Any]:
     return {name: _wire_value(value) for name, value in item.items()}
 
 
-def _expect_head(expected: Item | None) -> dict[str, Any]:
-    """Condition arguments: the stored head is still ``expected`` (``None``: no head).
+def _key(pk: str, sk: str) -> dict[str, Any]:
+    return _to_wire({codec.A_PK: pk, codec.A_SK: sk})
 
-    "Still" compares ``ver``, ``g`` and ``fx``, each equal or absent in both.
-    """
-    if expected is None:
-        return {
-            "ConditionExpression": "attribute_not_exists(#pk)",
-            "ExpressionAttributeNames": {"#pk": codec.A_PK},
-        }
-    clauses = ["attribute_exists(#pk)"]
-    values: dict[str, Any] = {}
-    for placeholder, name in _HEAD_IDENTITY.items():
-        if name in expected:
-            clauses.append(f"{placeholder} = :{name}")
-            values[f":{name}"] = _wire_value(expected[name])
-        else:
-            clauses.append(f"attribute_not_exists({placeholder})")
-    condition: dict[str, Any] = {
-        "ConditionExpression": " AND ".join(clauses),
-        "ExpressionAttributeNames": {"#pk": codec.A_PK, **_HEAD_IDENTITY},
-    }
-    if values:
-        condition["ExpressionAttributeValues"] = values
-    return condition
+
+def _set_attributes(arguments: dict[str, Any], attributes: Item) -> None:
+    """Add to the arguments of an update (maybe holding a condition's names and values:
+    ``#pk``, ``#e0``, ..., never ``#a0``, ...) the expression that sets ``attributes``."""
+    names = {f"#a{n}": name for n, name in enumerate(attributes)}
+    values = {f":a{n}": _wire_value(value) for n, value in enumerate(attributes.values())}
+    arguments["UpdateExpression"] = "SET " + ", ".join(f"#a{n} = :a{n}" for n in range(len(names)))
+    arguments["ExpressionAttributeNames"] = arguments.get("ExpressionAttributeNames", {}) | names
+    arguments["ExpressionAttributeValues"] = arguments.get("ExpressionAttributeValues", {}) | values
 
 
 def _from_wire(wire: dict[str, Any]) -> Item:
@@ -240,7 +291,7 @@ class DynamoDBConversationStore(ConversationStore):
         with _guarded():
             response = self.client.get_item(
                 TableName=self.table_name,
-                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
+                Key=_key(pk, sk),
                 ConsistentRead=True,
                 ReturnConsumedCapacity="TOTAL",
             )
@@ -300,74 +351,53 @@ class DynamoDBConversationStore(ConversationStore):
             cursor=response.get("LastEvaluatedKey"),
         )
 
-    def _transact_commit(
-        self,
-        head: Item | None,
-        expected: Item | None,
-        events: list[Item],
-        gen: str,
-        *,
-        puts: Sequence[Item] = (),
-        deletes: Sequence[str] = (),
-        checks: Sequence[Item] = (),
-        slots: Sequence[Item] = (),
-        marker_version: int | None = None,
-        head_locked: bool = False,
-    ) -> None:
-        pk = (head or events[0])[codec.A_PK]
-        transact: list[Any] = [
-            {
-                "Put": {
-                    "TableName": self.table_name,
-                    "Item": _to_wire(e),
-                    **_slot_condition(gen, marker_version, head_locked=head_locked),
-                }
-            }
-            for e in events
-        ]
-        # Inbox entries (store/inbox.py): unconditional, the slot's condition guards them.
-        transact.extend({"Put": {"TableName": self.table_name, "Item": _to_wire(p)}} for p in puts)
-        transact.extend(
-            {
-                "Delete": {
-                    "TableName": self.table_name,
-                    "Key": _to_wire({codec.A_PK: pk, codec.A_SK: sk}),
-                }
-            }
-            for sk in deletes
-        )
-        # Other conversations' heads the write depends on (a fork's parent).
-        transact.extend(
-            {
-                "ConditionCheck": {
-                    "TableName": self.table_name,
-                    "Key": _to_wire({codec.A_PK: c[codec.A_PK], codec.A_SK: keys.HEAD_SK}),
-                    **_expect_head(c),
-                }
-            }
-            for c in checks
-        )
-        # Other conversations' next slots (a fork's parent: no commit since it was read).
-        transact.extend(
-            {
-                "ConditionCheck": {
-                    "TableName": self.table_name,
-                    "Key": _to_wire({codec.A_PK: c[codec.A_PK], codec.A_SK: c[codec.A_SK]}),
-                    **_slot_condition(str(c[codec.A_GEN]), c.get(codec.A_VERSION)),
-                }
-            }
-            for c in slots
-        )
-        if head is not None:
-            transact.append(
-                {
-                    "Put": {
-                        "TableName": self.table_name,
-                        "Item": _to_wire(head),
-                        **_expect_head(expected),
-                    }
-                }
-            )
+    def _write(self, write: Put | Update | Delete) -> Item | None:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table_name,
+            "ReturnConsumedCapacity": "TOTAL",
+            **_condition(write.when),
+        }
+        if write.when is not None:
+            # The refusing item comes back with the refusal, at no cost (records use it).
+            kwargs["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        call: Any
+        match write:
+            case Put(item=item):
+                call, kwargs["Item"] = self.client.put_item, _to_wire(item)
+            case Delete(pk=pk, sk=sk):
+                call, kwargs["Key"] = self.client.delete_item, _key(pk, sk)
+            case Update(pk=pk, sk=sk, attributes=attributes):
+                call, kwargs["Key"] = self.client.update_item, _key(pk, sk)
+                _set_attributes(kwargs, attributes)
+                if write.returning:
+                    kwargs["ReturnValues"] = "ALL_NEW"
+        try:
+            with _guarded():
+                response = call(**kwargs)
+        except self.client.exceptions.ConditionalCheckFailedException as exc:
+            old: Any = exc.response.get("Item")
+            raise ConditionFailed(
+                _from_wire(old) if isinstance(old, dict) and old else None
+            ) from exc
+        self.meter.write(_units(response.get("ConsumedCapacity")))
+        if isinstance(write, Update) and write.returning:
+            return _from_wire(response["Attributes"])
+        return None
+
+    def _transact(self, writes: Sequence[Write]) -> None:
+        transact: list[Any] = []
+        for write in writes:
+            body: dict[str, Any] = {"TableName": self.table_name, **_condition(write.when)}
+            if isinstance(write, Put):
+                body["Item"] = _to_wire(write.item)
+                transact.append({"Put": body})
+                continue
+            body["Key"] = _key(write.pk, write.sk)
+            if isinstance(write, Update):
+                _set_attributes(body, write.attributes)
+                transact.append({"Update": body})
+            else:
+                transact.append({"Delete" if isinstance(write, Delete) else "ConditionCheck": body})
         try:
             response = self.client.transact_write_items(
                 TransactItems=transact,
@@ -381,67 +411,17 @@ class DynamoDBConversationStore(ConversationStore):
             raise _commit_error(exc) from exc
         self.meter.write(_units(response.get("ConsumedCapacity")))
 
-    def _put_turn(self, item: Item, marker_version: int | None) -> None:
-        codec.check_item_sizes([item])
-        try:
-            with _guarded():
-                response = self.client.put_item(
-                    TableName=self.table_name,
-                    Item=_to_wire(item),
-                    ReturnConsumedCapacity="TOTAL",
-                    **_slot_condition(str(item[codec.A_GEN]), marker_version),
-                )
-        except self.client.exceptions.ConditionalCheckFailedException as exc:
-            raise ConversationBusy(
-                "another turn or decision on this conversation committed first"
-            ) from exc
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-
-    def _put_items(self, items: list[Item]) -> None:
+    def _write_batch(self, writes: Sequence[Put | Delete]) -> None:
         # One PutItem each: a draft writes one chunk at a time, and a batch would only
         # add the unprocessed-items retry loop for no saving (capacity is per item).
-        for item in items:
-            with _guarded():
-                response = self.client.put_item(
-                    TableName=self.table_name,
-                    Item=_to_wire(item),
-                    ReturnConsumedCapacity="TOTAL",
-                )
-            self.meter.write(_units(response.get("ConsumedCapacity")))
-
-    def _replace_head(self, head: Item, expected: Item | None) -> bool:
-        try:
-            with _guarded():
-                response = self.client.put_item(
-                    TableName=self.table_name,
-                    Item=_to_wire(head),
-                    ReturnConsumedCapacity="TOTAL",
-                    **_expect_head(expected),
-                )
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return False
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-        return True
-
-    def _delete_head(self, pk: str, expected: Item) -> bool:
-        try:
-            with _guarded():
-                response = self.client.delete_item(
-                    TableName=self.table_name,
-                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
-                    ReturnConsumedCapacity="TOTAL",
-                    **_expect_head(expected),
-                )
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return False
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-        return True
-
-    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
-        for start in range(0, len(sort_keys), _BATCH):
+        for write in writes:
+            if isinstance(write, Put):
+                self._write(Put(write.item))
+        deletes = [w for w in writes if isinstance(w, Delete)]
+        for start in range(0, len(deletes), _BATCH):
             requests: list[Any] = [
-                {"DeleteRequest": {"Key": _to_wire({codec.A_PK: pk, codec.A_SK: sk})}}
-                for sk in sort_keys[start : start + _BATCH]
+                {"DeleteRequest": {"Key": _key(d.pk, d.sk)}}
+                for d in deletes[start : start + _BATCH]
             ]
             pending: dict[str, Any] = {self.table_name: requests}
             # Unprocessed items (throttling) are retried with backoff; deletes are idempotent.
@@ -458,24 +438,6 @@ class DynamoDBConversationStore(ConversationStore):
                     break
             else:
                 raise InternalError("DynamoDB kept events unprocessed while deleting")
-
-    def _fence_head(self, pk: str, token: str) -> Item | None:
-        try:
-            with _guarded():
-                response = self.client.update_item(
-                    TableName=self.table_name,
-                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: keys.HEAD_SK}),
-                    UpdateExpression="SET #fx = :fx",
-                    ConditionExpression="attribute_exists(#pk) AND attribute_not_exists(#fx)",
-                    ExpressionAttributeNames={"#pk": codec.A_PK, "#fx": codec.A_FENCE},
-                    ExpressionAttributeValues={":fx": serialize(token)},
-                    ReturnValues="ALL_NEW",
-                    ReturnConsumedCapacity="TOTAL",
-                )
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return None
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-        return _from_wire(response["Attributes"])
 
     def _index_page(self, index: str, value: str, *, limit: int, cursor: Any) -> Page:
         kwargs: dict[str, Any] = {
@@ -522,140 +484,3 @@ class DynamoDBConversationStore(ConversationStore):
         items = [_from_wire(i) for i in response.get("Items", [])]
         more = bool(response.get("LastEvaluatedKey")) and bool(items)
         return Page(items=items, cursor=entry_key(items[-1]) if more else None)
-
-    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
-        condition: dict[str, Any]
-        if gen is None:
-            condition = {
-                "ConditionExpression": "attribute_exists(#sk) AND attribute_not_exists(#g)",
-                "ExpressionAttributeNames": {"#sk": codec.A_SK, "#g": codec.A_GEN},
-            }
-        else:
-            condition = {
-                "ConditionExpression": "#g = :g",
-                "ExpressionAttributeNames": {"#g": codec.A_GEN},
-                "ExpressionAttributeValues": {":g": serialize(gen)},
-            }
-        try:
-            with _guarded():
-                response = self.client.delete_item(
-                    TableName=self.table_name,
-                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
-                    ReturnConsumedCapacity="TOTAL",
-                    **condition,
-                )
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return False
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-        return True
-
-    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
-        # Powertools' own condition and attribute names (.records), so the records stay
-        # those its DynamoDBPersistenceLayer writes and reads.
-        condition = (
-            "attribute_not_exists(#pk) OR #x < :now"
-            " OR (#s = :in_progress AND attribute_exists(#ipx) AND #ipx < :now_ms)"
-        )
-        names = {
-            "#pk": codec.A_PK,
-            "#x": codec.A_EXPIRES,
-            "#s": records.A_STATUS,
-            "#ipx": records.A_IN_PROGRESS_EXPIRY,
-        }
-        values = {":now": int(now), ":now_ms": int(now * 1000), ":in_progress": records.IN_PROGRESS}
-        for _ in range(_RECORD_ATTEMPTS):
-            try:
-                with _guarded():
-                    response = self.client.put_item(
-                        TableName=self.table_name,
-                        Item=_to_wire(item),
-                        ConditionExpression=condition,
-                        ExpressionAttributeNames=names,
-                        ExpressionAttributeValues=_to_wire(values),
-                        ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                        ReturnConsumedCapacity="TOTAL",
-                    )
-            except self.client.exceptions.ConditionalCheckFailedException as exc:
-                old: Any = exc.response.get("Item")
-                stored = (
-                    _from_wire(old)
-                    if isinstance(old, dict) and old
-                    else self._get_item(item[codec.A_PK], item[codec.A_SK])
-                )
-                if stored is not None:
-                    return stored
-                continue  # deleted since the condition failed: try again
-            self.meter.write(_units(response.get("ConsumedCapacity")))
-            return None
-        raise ConversationBusy(
-            "the idempotency record kept changing; retry",
-            details={"retry_after_seconds": RETRY_AFTER_SECONDS},
-        )
-
-    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
-        names = {"#pk": codec.A_PK}
-        values: dict[str, Any] = {}
-        clauses = ["attribute_exists(#pk)"]
-        for n, (name, value) in enumerate(expected.items()):
-            names[f"#e{n}"] = name
-            if value is None:
-                clauses.append(f"attribute_not_exists(#e{n})")
-            else:
-                values[f":e{n}"] = _wire_value(value)
-                clauses.append(f"#e{n} = :e{n}")
-        sets = []
-        for n, (name, value) in enumerate(attributes.items()):
-            names[f"#a{n}"] = name
-            values[f":a{n}"] = _wire_value(value)
-            sets.append(f"#a{n} = :a{n}")
-        try:
-            with _guarded():
-                response = self.client.update_item(
-                    TableName=self.table_name,
-                    Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
-                    UpdateExpression="SET " + ", ".join(sets),
-                    ConditionExpression=" AND ".join(clauses),
-                    ExpressionAttributeNames=names,
-                    ExpressionAttributeValues=values,
-                    ReturnConsumedCapacity="TOTAL",
-                )
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return False
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-        return True
-
-    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
-        names = {f"#a{n}": name for n, name in enumerate(attributes)}
-        values = {f":a{n}": value for n, value in enumerate(attributes.values())}
-        with _guarded():
-            response = self.client.update_item(
-                TableName=self.table_name,
-                Key=_to_wire({codec.A_PK: pk, codec.A_SK: sk}),
-                UpdateExpression="SET " + ", ".join(f"#a{n} = :a{n}" for n in range(len(names))),
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=_to_wire(values),
-                ReturnConsumedCapacity="TOTAL",
-            )
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-
-    def _advance_cursor(self, item: Item) -> bool:
-        try:
-            with _guarded():
-                response = self.client.put_item(
-                    TableName=self.table_name,
-                    Item=_to_wire(item),
-                    ConditionExpression="attribute_not_exists(#pk) OR (#v = :v AND #b < :b)",
-                    ExpressionAttributeNames={
-                        "#pk": codec.A_PK,
-                        "#v": codec.A_SCHEMA,
-                        "#b": A_BUCKET,
-                    },
-                    ExpressionAttributeValues=_to_wire(
-                        {":v": item[codec.A_SCHEMA], ":b": item[A_BUCKET]}
-                    ),
-                    ReturnConsumedCapacity="TOTAL",
-                )
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return False
-        self.meter.write(_units(response.get("ConsumedCapacity")))
-        return True

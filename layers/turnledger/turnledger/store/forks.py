@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.exceptions import CorruptedState, InternalError
 from ..core.models import ConversationKey, ForkOrigin, Head
 from . import codec, keys, views
+from .backend import Check, Put, SlotFree, head_is
 from .codec import Item
 
 if TYPE_CHECKING:
@@ -202,18 +203,19 @@ def fork(
     view = views.view_for(store, keys.partition_key(parent), parent_head.version)
     assert view.head_item is not None  # a version was read: there is a head
     # The parent's next slot as read: a commit on the parent since makes the fork fail.
-    slot = {
-        **codec.marker_item(parent, parent_head),
-        codec.A_VERSION: parent_head.version,
-    }
-    store._transact_commit(
-        store.sealer.seal(codec.encode_head(target, head)),
-        codec.expected_head(expected_version, head.gen),
-        [],
-        head.gen,
-        puts=[ref_item(parent, ref), origin_item(target, head.gen, origin)],
-        checks=[view.head_item],
-        slots=[slot],
+    parent_pk = keys.partition_key(parent)
+    next_slot = keys.event_sort_key(parent_head.seq + 1)
+    store._transact(
+        [
+            Put(ref_item(parent, ref)),
+            Put(origin_item(target, head.gen, origin)),
+            Check(parent_pk, keys.HEAD_SK, head_is(view.head_item)),
+            Check(parent_pk, next_slot, SlotFree(parent_head.gen, parent_head.version)),
+            Put(
+                store.sealer.seal(codec.encode_head(target, head)),
+                head_is(codec.expected_head(expected_version, head.gen)),
+            ),
+        ]
     )
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..core.exceptions import ConversationBusy, ConversationExists, StateError, TurnledgerError
 from ..core.models import ConversationKey, ConversationStatus, Event, Head
 from . import codec, commit, keys, purge
+from .backend import Put, SlotFree, head_is
 from .codec import Item
 from .commit import MAX_EVENTS_PER_COMMIT, new_generation
 
@@ -93,11 +94,12 @@ def import_conversation(
             staging_item = codec.encode_head(key, staging)
             stored_gen = str(expected.get(codec.A_GEN, "")) if expected is not None else ""
             try:
-                store._transact_commit(
-                    staging_item,
-                    None if expected is None else codec.expected_head(version, stored_gen),
-                    [event_item for event_item, _ in chunk],
-                    stored_gen,
+                read = None if expected is None else codec.expected_head(version, stored_gen)
+                store._transact(
+                    [
+                        *(Put(event_item, SlotFree(stored_gen)) for event_item, _ in chunk),
+                        Put(staging_item, head_is(read)),
+                    ]
                 )
             except BaseException:
                 commit.discard(store, [ref for _, ref in chunk if ref is not None])

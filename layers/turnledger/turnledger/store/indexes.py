@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.models import ConversationKey
 from . import codec, keys
+from .backend import Condition, ConditionFailed, Delete, Put, Unchanged
 from .codec import Item
 from .reads import events_in
 
@@ -98,6 +99,27 @@ def cursor_item(bucket: int, of: SweepPass = "expiry") -> Item:
         codec.A_SCHEMA: CURSOR_SCHEMA_VERSION,
         A_BUCKET: bucket,
     }
+
+
+@dataclass(frozen=True)
+class CursorForward(Condition):
+    """The backend condition of a cursor's put: no cursor is stored, or one of schema
+    version ``schema`` whose bucket is below ``bucket`` (a cursor never goes back, and
+    one of an unknown schema version is never overwritten)."""
+
+    schema: int
+    bucket: int
+
+    def holds(self, stored: Item | None) -> bool:
+        if stored is None:
+            return True
+        below = stored.get(A_BUCKET)
+        return (
+            stored.get(codec.A_SCHEMA) == self.schema
+            and isinstance(below, int)
+            and not isinstance(below, bool)
+            and below < self.bucket
+        )
 
 
 def cursor_bucket(item: Item | None) -> int | None:
@@ -181,7 +203,12 @@ def delete_event(store: ConversationStore, key: ConversationKey, stamp: EventSta
     Returns whether this call deleted it: ``False`` when it is gone already or
     was overwritten by another life since it was read.
     """
-    return store._delete_if_gen(keys.partition_key(key), stamp.sort_key, stamp.gen)
+    pk = keys.partition_key(key)
+    try:
+        store._write(Delete(pk, stamp.sort_key, Unchanged({codec.A_GEN: stamp.gen})))
+    except ConditionFailed:
+        return False
+    return True
 
 
 def read_sweep_cursor(store: ConversationStore, of: SweepPass = "expiry") -> int | None:
@@ -198,4 +225,8 @@ def advance_sweep_cursor(store: ConversationStore, bucket: int, of: SweepPass = 
     Concurrent sweeps may both call this: a cursor never goes back, and one of an
     unknown schema version is never overwritten.
     """
-    return store._advance_cursor(cursor_item(bucket, of))
+    try:
+        store._write(Put(cursor_item(bucket, of), CursorForward(CURSOR_SCHEMA_VERSION, bucket)))
+    except ConditionFailed:
+        return False
+    return True

@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.exceptions import ContentUnreadable, ConversationBusy, InternalError, StateError
 from ..core.models import MAX_FORK_DEPTH, ConversationKey, ConversationStatus, Head
 from . import codec, forks, keys, slots, views
+from .backend import Put, SlotFree, head_is
 from .codec import Item
 from .commit import new_generation
 from .indexes import EventStamp
@@ -206,12 +207,11 @@ def _fence(
     # HEAD as read (its sealed content as it is: bound to HEAD, it opens there).
     fenced = {**item, codec.A_FENCE: token}
     try:
-        store._transact_commit(
-            fenced,
-            head_identity(item),
-            [claim],
-            str(claim[codec.A_GEN]),
-            marker_version=view.version,
+        store._transact(
+            [
+                Put(claim, SlotFree(str(claim[codec.A_GEN]), view.version)),
+                Put(fenced, head_is(head_identity(item))),
+            ]
         )
     except ConversationBusy:
         return None
@@ -349,12 +349,11 @@ def purge(
     if claim is not None:
         marker, claimed = claim
         try:
-            store._transact_commit(
-                codec.encode_head(key, tomb),
-                head_identity(item),
-                [marker],
-                str(marker[codec.A_GEN]),
-                marker_version=claimed,
+            store._transact(
+                [
+                    Put(marker, SlotFree(str(marker[codec.A_GEN]), claimed)),
+                    Put(codec.encode_head(key, tomb), head_is(head_identity(item))),
+                ]
             )
         except ConversationBusy:
             return None

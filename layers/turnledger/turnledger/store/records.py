@@ -15,7 +15,8 @@ No ``g``: a purge deletes every item of the partition that is not of the next li
 so clearing or erasing a conversation removes its records with it.
 
 The store knows records only as data and one rule, Powertools' put condition
-(:func:`may_replace`); :mod:`turnledger.api.idempotency` adapts them to Powertools.
+(:func:`may_replace`, the backend condition :class:`Replaceable`);
+:mod:`turnledger.api.idempotency` adapts them to Powertools.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..core.exceptions import InternalError
+from ..core.exceptions import ConversationBusy, InternalError
 from ..core.models import ConversationKey
 from . import codec, keys
+from .backend import Condition, ConditionFailed, Put, Update
 from .codec import Item
 
 if TYPE_CHECKING:
@@ -123,6 +125,22 @@ def may_replace(stored: Item | None, now: float) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Replaceable(Condition):
+    """The backend condition of a record's put: :func:`may_replace` at ``now``."""
+
+    now: float
+
+    def holds(self, stored: Item | None) -> bool:
+        return may_replace(stored, self.now)
+
+
+#: Puts of a record that found a live one deleted before it could be read.
+_PUT_ATTEMPTS = 3
+#: What a caller is told to wait before retrying such a put (as DynamoDB's conflicts).
+_RETRY_AFTER_SECONDS = 1
+
+
 # --- records in the store (api/idempotency_records.py) -----------------------------------
 
 
@@ -168,8 +186,21 @@ def put_record(
     """
     item = store.sealer.seal(record_item(keys.partition_key(key), _checked_record(record)))
     codec.check_item_sizes([item])
-    stored = store._put_if_replaceable(item, now)
-    return None if stored is None else decode_record(store.sealer.open(stored))
+    for _ in range(_PUT_ATTEMPTS):
+        try:
+            store._write(Put(item, Replaceable(now)))
+        except ConditionFailed as refused:
+            # DynamoDB returns the refusing item; when it does not (deleted since the
+            # condition failed), it is read, and if gone the put is tried again.
+            stored = refused.stored or store._get_item(item[codec.A_PK], item[codec.A_SK])
+            if stored is not None:
+                return decode_record(store.sealer.open(stored))
+            continue
+        return None
+    raise ConversationBusy(
+        "the idempotency record kept changing; retry",
+        details={"retry_after_seconds": _RETRY_AFTER_SECONDS},
+    )
 
 
 def update_record(store: ConversationStore, key: ConversationKey, record: Record) -> None:
@@ -183,9 +214,8 @@ def update_record(store: ConversationStore, key: ConversationKey, record: Record
     pk = keys.partition_key(key)
     codec.check_item_sizes([record_item(pk, _checked_record(record))])
     attributes = update_attributes(record)
-    store._set_attributes(
-        pk, record.key, store.sealer.seal_attributes(pk, record.key, None, attributes)
-    )
+    sealed = store.sealer.seal_attributes(pk, record.key, None, attributes)
+    store._write(Update(pk, record.key, sealed))
 
 
 def delete_record(store: ConversationStore, key: ConversationKey, record_key: str) -> None:

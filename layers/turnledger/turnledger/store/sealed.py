@@ -34,6 +34,7 @@ from urllib.parse import unquote
 from ..core.exceptions import ContentUnreadable, CorruptedState, InternalError, InvalidRequest
 from ..core.models import ConversationKey
 from . import codec, inbox, keyring, keys, records
+from .backend import ConditionFailed, Unchanged, Update
 from .blobs import BlobStore
 from .codec import Item
 from .keyring import DataKey, Keyring
@@ -490,11 +491,13 @@ def seal_existing(store: ConversationStore, key: ConversationKey) -> SealReport:
                 # as read: a concurrent writer's change (a fence, a gravestone) stays.
                 changed = {n: v for n, v in sealed.items() if item.get(n) != v}
                 expected = {n: item.get(n) for n in changed}
-                pk_sk = (str(item[codec.A_PK]), str(item[codec.A_SK]))
-                if store._set_if_unchanged(*pk_sk, changed, expected):
-                    report.sealed += 1
-                else:
+                pk, sk = str(item[codec.A_PK]), str(item[codec.A_SK])
+                try:
+                    store._write(Update(pk, sk, changed, Unchanged(expected)))
+                except ConditionFailed:
                     report.skipped += 1
+                else:
+                    report.sealed += 1
         if page.cursor is None:
             break
         cursor = page.cursor

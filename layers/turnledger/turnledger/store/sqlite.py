@@ -32,13 +32,23 @@ from pathlib import Path
 from typing import Any
 
 from ..core.exceptions import ConversationBusy, InternalError
-from . import codec, keys, records
+from . import codec
+from .backend import (
+    BUSY,
+    Check,
+    ConditionFailed,
+    Delete,
+    Put,
+    SlotFree,
+    Update,
+    Write,
+    applied,
+)
 from .base import ConversationStore, Page
 from .blobs import BlobStore, FileBlobStore
 from .codec import Item
 from .inbox import A_INBOX, A_INBOX_SORT, EntryKey, entry_key
-from .indexes import A_BUCKET, INDEX_ATTRIBUTES
-from .slots import slot_free
+from .indexes import INDEX_ATTRIBUTES
 
 #: The layout this build writes (``PRAGMA user_version``). 2: the by-wait and by-inbox
 #: columns (a layout-1 file is upgraded in place: three columns and indexes are added).
@@ -317,111 +327,53 @@ class SQLiteConversationStore(ConversationStore):
             [_row(item) for item in items],
         )
 
-    def _transact_commit(
-        self,
-        head: Item | None,
-        expected: Item | None,
-        events: list[Item],
-        gen: str,
-        *,
-        puts: Sequence[Item] = (),
-        deletes: Sequence[str] = (),
-        checks: Sequence[Item] = (),
-        slots: Sequence[Item] = (),
-        marker_version: int | None = None,
-        head_locked: bool = False,
-    ) -> None:
-        heads = [head] if head is not None else []
-        codec.check_item_sizes([*events, *puts, *heads])
-        pk = (head or events[0])[codec.A_PK]
+    def _apply(self, db: sqlite3.Connection, write: Put | Update | Delete) -> Item | None:
+        item = applied(write, self._stored(db, *write.key))
+        if item is None:
+            db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", write.key)
+        else:
+            self._put(db, [item])
+        return item
+
+    def _write(self, write: Put | Update | Delete) -> Item | None:
+        # Read and write under the database's write lock: atomic across the runner's
+        # processes, as DynamoDB's conditional writes are.
         try:
             with self._transaction() as db:
-                ok = (
-                    head is None or codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected)
-                ) and all(
-                    codec.same_head(self._stored(db, c[codec.A_PK], keys.HEAD_SK), c)
-                    for c in checks
-                )
-                for event in events:
-                    stored = self._stored(db, pk, event[codec.A_SK])
-                    ok = ok and slot_free(stored, gen, marker_version, head_locked=head_locked)
-                for slot in slots:
-                    stored = self._stored(db, slot[codec.A_PK], slot[codec.A_SK])
-                    ok = ok and slot_free(stored, slot[codec.A_GEN], slot.get(codec.A_VERSION))
-                if not ok:
-                    raise ConversationBusy(
-                        "another turn or decision on this conversation committed first"
-                    )
-                db.executemany(
-                    "DELETE FROM items WHERE pk = ? AND sk = ?", [(pk, sk) for sk in deletes]
-                )
-                self._put(db, [*events, *puts, *heads])
+                stored = self._stored(db, *write.key)
+                if write.when is not None and not write.when.holds(stored):
+                    raise ConditionFailed(stored)
+                item = self._apply(db, write)
+        except _Locked as exc:
+            if isinstance(write.when, SlotFree):
+                # A turn's put is its commit: the same answer as a transaction's.
+                raise ConversationBusy("another request on this store held it too long") from exc
+            raise InternalError(f"the SQLite database stayed locked: {exc}") from exc
+        self.meter.write(0)
+        return item if isinstance(write, Update) and write.returning else None
+
+    def _transact(self, writes: Sequence[Write]) -> None:
+        codec.check_item_sizes([w.item for w in writes if isinstance(w, Put)])
+        try:
+            with self._transaction() as db:
+                for write in writes:
+                    if write.when is not None and not write.when.holds(
+                        self._stored(db, *write.key)
+                    ):
+                        raise ConversationBusy(BUSY)
+                for write in writes:
+                    if not isinstance(write, Check):
+                        self._apply(db, write)
         except _Locked as exc:
             # Nothing was written: the same answer as a conflicting DynamoDB transaction.
             raise ConversationBusy("another request on this store held it too long") from exc
         self.meter.write(0)
 
-    def _put_turn(self, item: Item, marker_version: int | None) -> None:
-        self._transact_commit(None, None, [item], item[codec.A_GEN], marker_version=marker_version)
-
-    def _put_items(self, items: list[Item]) -> None:
+    def _write_batch(self, writes: Sequence[Put | Delete]) -> None:
         with self._writing() as db:
-            self._put(db, items)
+            for write in writes:
+                self._apply(db, write)
         self.meter.write(0)
-
-    def _replace_head(self, head: Item, expected: Item | None) -> bool:
-        with self._writing() as db:
-            if not codec.same_head(self._stored(db, head[codec.A_PK], keys.HEAD_SK), expected):
-                return False
-            self._put(db, [head])
-        self.meter.write(0)
-        return True
-
-    def _delete_head(self, pk: str, expected: Item) -> bool:
-        with self._writing() as db:
-            if not codec.same_head(self._stored(db, pk, keys.HEAD_SK), expected):
-                return False
-            db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", (pk, keys.HEAD_SK))
-        self.meter.write(0)
-        return True
-
-    def _delete_items(self, pk: str, sort_keys: list[str]) -> None:
-        with self._writing() as db:
-            db.executemany(
-                "DELETE FROM items WHERE pk = ? AND sk = ?", [(pk, sk) for sk in sort_keys]
-            )
-        self.meter.write(0)
-
-    def _fence_head(self, pk: str, token: str) -> Item | None:
-        with self._writing() as db:
-            head = self._stored(db, pk, keys.HEAD_SK)
-            if head is None or codec.A_FENCE in head:
-                return None
-            head[codec.A_FENCE] = token
-            self._put(db, [head])
-        self.meter.write(0)
-        return head
-
-    def _delete_if_gen(self, pk: str, sk: str, gen: str | None) -> bool:
-        with self._writing() as db:
-            item = self._stored(db, pk, sk)
-            if item is None or item.get(codec.A_GEN) != gen:
-                return False
-            db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", (pk, sk))
-        self.meter.write(0)
-        return True
-
-    def _advance_cursor(self, item: Item) -> bool:
-        with self._writing() as db:
-            stored = self._stored(db, item[codec.A_PK], item[codec.A_SK])
-            if stored is not None and (
-                stored.get(codec.A_SCHEMA) != item[codec.A_SCHEMA]
-                or not _below(stored.get(A_BUCKET), item[A_BUCKET])
-            ):
-                return False
-            self._put(db, [item])
-        self.meter.write(0)
-        return True
 
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:
@@ -432,37 +384,6 @@ class SQLiteConversationStore(ConversationStore):
         except _Locked as exc:
             raise InternalError(f"the SQLite database stayed locked: {exc}") from exc
 
-    def _put_if_replaceable(self, item: Item, now: float) -> Item | None:
-        # Read and write under the database's write lock: atomic across the runner's
-        # processes, as DynamoDB's conditional put is.
-        with self._writing() as db:
-            stored = self._stored(db, item[codec.A_PK], item[codec.A_SK])
-            if stored is not None and not records.may_replace(stored, now):
-                return stored
-            self._put(db, [item])
-        self.meter.write(0)
-        return None
-
-    def _set_if_unchanged(self, pk: str, sk: str, attributes: Item, expected: Item) -> bool:
-        with self._writing() as db:
-            stored = self._stored(db, pk, sk)
-            if stored is None or not codec.unchanged(stored, expected):
-                return False
-            self._put(db, [{**stored, **attributes}])
-        self.meter.write(0)
-        return True
-
-    def _set_attributes(self, pk: str, sk: str, attributes: Item) -> None:
-        with self._writing() as db:
-            stored = self._stored(db, pk, sk) or {codec.A_PK: pk, codec.A_SK: sk}
-            stored.update(attributes)
-            self._put(db, [stored])
-        self.meter.write(0)
-
 
 class _Locked(Exception):
     """The write lock could not be taken within the busy timeout."""
-
-
-def _below(stored: Any, bucket: int) -> bool:
-    return isinstance(stored, int) and not isinstance(stored, bool) and stored < bucket
