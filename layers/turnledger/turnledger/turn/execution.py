@@ -41,9 +41,9 @@ from ..core.models import (
 from ..core.observability import logger
 from ..providers.base import Provider
 from ..providers.retry import Backoff
-from ..tools.approval import arguments_sha256, requirement
+from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
-from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
+from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry, requirement
 from . import callbacks
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
