@@ -159,7 +159,7 @@ KEY = bytes(range(32))
 CLAIMS = callbacks.CallbackClaims(
     tenant="acme",
     conversation_id="c-1",
-    life="2099-01-15T12:00:00+00:00",
+    created_at="2099-01-15T12:00:00+00:00",
     call_id="call_1",
     idempotency_key="a" * 32,
     deadline=int((NOW + timedelta(minutes=10)).timestamp()),

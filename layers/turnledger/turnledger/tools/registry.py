@@ -72,7 +72,7 @@ class HttpExecutorConfig(_Config):
     #: a ``202`` from any other is an error result.
     deferred: bool = False
     #: How long a deferred call may wait for its callback before it is recorded as
-    #: failed (``turnledger.turn.callbacks.DEFAULT_LIFE_SECONDS`` when ``None``), never
+    #: failed (``turnledger.turn.callbacks.DEFAULT_DEFERRED_SECONDS`` when ``None``), never
     #: past the conversation's TTL. Only with ``deferred``.
     deferred_ttl_seconds: int | None = Field(default=None, gt=0)
 

@@ -327,13 +327,13 @@ class ToolCalls:
     def _deferred_deadline(self, session: Session, pending: PendingCall, now: datetime) -> datetime:
         """Until when a call, if its tool defers it, may wait for its callback (and its
         token lives): the tool's ``deferred_ttl_seconds`` (else
-        :data:`~turnledger.turn.callbacks.DEFAULT_LIFE_SECONDS`), never past the
+        :data:`~turnledger.turn.callbacks.DEFAULT_DEFERRED_SECONDS`), never past the
         conversation's TTL."""
         executor = self._tool(pending.name).executor
         window = (
             executor.deferred_ttl_seconds
             if isinstance(executor, HttpExecutorConfig) and executor.deferred_ttl_seconds
-            else callbacks.DEFAULT_LIFE_SECONDS
+            else callbacks.DEFAULT_DEFERRED_SECONDS
         )
         if session.ttl_seconds:
             window = min(window, session.ttl_seconds)
@@ -347,7 +347,7 @@ class ToolCalls:
             callbacks.CallbackClaims(
                 tenant=session.key.tenant,
                 conversation_id=session.key.conversation_id,
-                life=callbacks.life_of(session.head.created_at),
+                created_at=callbacks.created_stamp(session.head.created_at),
                 call_id=pending.id,
                 idempotency_key=pending.idempotency_key,
                 deadline=int(deadline.timestamp()),

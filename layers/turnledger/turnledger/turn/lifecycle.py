@@ -177,7 +177,8 @@ def move(pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
 
     Raises:
         IllegalTransition: the move is not allowed from the call's state, or it settles
-            the call (settled calls leave the pending list: :meth:`TurnLife.settle`).
+            the call (settled calls leave the pending list:
+            :meth:`~turnledger.turn.machine.TurnMachine.settle`).
     """
     target = call_target(pending.state, how)
     if target == "settled":

@@ -118,7 +118,7 @@ from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
 from . import compaction, drafts
 from .approval_edits import check_edits, check_four_eyes
-from .callbacks import CallbackClaims, life_of
+from .callbacks import CallbackClaims, created_stamp
 from .commands import CallbackOutcome, Decisions, TurnCommand
 from .drafts import TurnCancelled, model_reply
 from .execution import ToolCalls, TurnWork, decided_in_turn, turn_actor
@@ -887,7 +887,11 @@ class Conversations(Reads):
             snapshot = self.store.load(key, self.budget)
             head = snapshot.head
             now = self.clock()
-            if head is None or not head.is_visible(now) or life_of(head.created_at) != claims.life:
+            if (
+                head is None
+                or not head.is_visible(now)
+                or created_stamp(head.created_at) != claims.created_at
+            ):
                 raise CallbackInvalid("this callback token is not valid (forged, expired or used)")
             pending = next(
                 (
