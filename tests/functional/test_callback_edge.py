@@ -50,7 +50,7 @@ def genuine_token() -> str:
     claims = callbacks.CallbackClaims(
         tenant="acme",
         conversation_id="cb-edge-1",
-        life="2099-01-15T12:00:00+00:00",
+        created_at="2099-01-15T12:00:00+00:00",
         call_id="call_1",
         idempotency_key="a" * 32,
         deadline=4102444800,  # 2100-01-01

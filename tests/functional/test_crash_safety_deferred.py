@@ -189,8 +189,8 @@ def test_a_deferred_calls_callback_lives_an_hour_unless_its_tool_says(world: Wor
     with suppress(InputPending):
         edge.turn(svc, ANN, CONVERSATION, TURN)
     claims = newest_claims(world)
-    assert claims.deadline - world.clock.now().timestamp() == callbacks.DEFAULT_LIFE_SECONDS
-    assert callbacks.DEFAULT_LIFE_SECONDS == 3600
+    assert claims.deadline - world.clock.now().timestamp() == callbacks.DEFAULT_DEFERRED_SECONDS
+    assert callbacks.DEFAULT_DEFERRED_SECONDS == 3600
     [pending] = edge.get(svc, ANN, CONVERSATION).pending_tool_calls
     assert pending.expires_at is not None
     assert pending.expires_at.timestamp() == claims.deadline

@@ -260,7 +260,7 @@ def _claims() -> callbacks.CallbackClaims:
     return callbacks.CallbackClaims(
         tenant="acme",
         conversation_id="c-init",
-        life="x",
+        created_at="x",
         call_id="call-1",
         idempotency_key="k",
         deadline=2_000_000_000,

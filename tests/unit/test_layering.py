@@ -29,6 +29,8 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "layers" / "turnledger" / "turnledger"
 PACKAGE = "turnledger"
+#: The local runner, outside the layer: its modules must not import each other round either.
+LOCAL_DIR = PACKAGE_DIR.parents[1] / "local" / "turnledger_local"
 
 #: The layers, lowest first. A module's layer is its first folder under the package
 #: (``turnledger.turn.pipeline`` -> ``turn``), or its own name at the root
@@ -76,8 +78,8 @@ class Edge:
         return f"{file.relative_to(PACKAGE_DIR.parents[2])}:{self.line}"
 
 
-def module_name(path: Path) -> str:
-    parts = [PACKAGE, *path.relative_to(PACKAGE_DIR).with_suffix("").parts]
+def module_name(path: Path, root: Path = PACKAGE_DIR) -> str:
+    parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -101,18 +103,18 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
-def edges_of(name: str, path: Path, known: set[str]) -> Iterator[Edge]:
-    """The imports of module ``name`` into the package, resolved to modules in ``known``."""
+def edges_of(name: str, path: Path, known: set[str], package: str = PACKAGE) -> Iterator[Edge]:
+    """The imports of module ``name`` into ``package``, resolved to modules in ``known``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     type_only = _type_checking_lines(tree)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base_parts = package.split(".")
+                base_parts = here.split(".")
                 base_parts = base_parts[: len(base_parts) - (node.level - 1)]
                 base = ".".join(base_parts + ([node.module] if node.module else []))
             else:
@@ -125,7 +127,7 @@ def edges_of(name: str, path: Path, known: set[str]) -> Iterator[Edge]:
         else:
             continue
         for target in targets:
-            if target != PACKAGE and not target.startswith(PACKAGE + "."):
+            if target != package and not target.startswith(package + "."):
                 continue
             while target not in known and "." in target:
                 target = target.rpartition(".")[0]
@@ -297,3 +299,45 @@ def test_the_checks_see_an_upward_edge_and_a_cycle(tmp_path: Path) -> None:
         ("turnledger.api.app", True),
         ("turnledger.runtime", False),
     }
+
+
+def local_cycles(root: Path) -> list[list[str]]:
+    """The import cycles between the modules of the local runner found under ``root``
+    (``TYPE_CHECKING``-only imports left out, deferred ones counted)."""
+    found = {
+        module_name(p, root): p for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts
+    }
+    edges = [
+        e
+        for name, path in found.items()
+        for e in edges_of(name, path, set(found), package=root.name)
+        if not e.type_only
+    ]
+    return cycles(edges)
+
+
+def test_no_two_modules_of_the_local_runner_import_each_other() -> None:
+    assert len(list(LOCAL_DIR.glob("*.py"))) > 8  # the runner is read, not an empty glob
+    assert local_cycles(LOCAL_DIR) == []
+
+
+def test_the_check_sees_a_cycle_in_the_local_runner(tmp_path: Path) -> None:
+    # Two commands that reach each other's helpers inside functions are a cycle; a
+    # type-only import back is not.
+    root = tmp_path / "turnledger_local"
+    root.mkdir()
+    (root / "__init__.py").write_text('"""p."""\n', encoding="utf-8")
+    (root / "a_cli.py").write_text(
+        '"""a."""\ndef run():\n    from .b_cli import helper\n', encoding="utf-8"
+    )
+    (root / "b_cli.py").write_text(
+        '"""b."""\ndef helper():\n    from turnledger_local.a_cli import run\n',
+        encoding="utf-8",
+    )
+    (root / "c_cli.py").write_text(
+        '"""c."""\nfrom typing import TYPE_CHECKING\nfrom . import a_cli\n'
+        "if TYPE_CHECKING:\n    from .d_cli import D\n",
+        encoding="utf-8",
+    )
+    (root / "d_cli.py").write_text('"""d."""\nfrom .c_cli import x\n', encoding="utf-8")
+    assert local_cycles(root) == [["turnledger_local.a_cli", "turnledger_local.b_cli"]]

@@ -1,5 +1,6 @@
-"""The one state machine of tool calls and statuses (turnledger.turn.lifecycle), and the signed
-callback tokens of deferred calls (turnledger.turn.callbacks)."""
+"""The tables of tool calls, drafts and statuses (turnledger.turn.lifecycle), and the signed
+callback tokens of deferred calls (turnledger.turn.callbacks). The turn's state machine
+that makes the moves is tested in test_turn_machine.py."""
 
 from __future__ import annotations
 
@@ -16,13 +17,10 @@ from turnledger.turn.lifecycle import (
     CALL_MOVES,
     CALL_TRANSITIONS,
     DRAFT_MOVES,
-    RUN_MOVES,
     WAIT_OF_STATE,
     CallMove,
     DraftMove,
     IllegalTransition,
-    RunPhase,
-    TurnLife,
     awaiting,
     call_target,
     draft_move,
@@ -86,34 +84,6 @@ def test_settled_calls_never_come_back() -> None:
     assert "settled" not in CALL_TRANSITIONS
 
 
-class _Session:
-    """Just what :class:`TurnLife` reads and writes of a session."""
-
-    def __init__(self, *pending: PendingCall) -> None:
-        self.pending = list(pending)
-        self.lease: Any = None
-        self.cancel: Any = None
-        self.head: Any = None
-        self.staged: list[Any] = []
-        self.added: list[Any] = []
-
-    def add(self, payload: Any, **_: Any) -> None:
-        self.added.append(payload)
-
-
-@pytest.mark.parametrize(("phase", "how"), list(itertools.product(list(RunPhase), RUN_MOVES)))
-def test_every_run_move_from_every_phase_follows_the_table(phase: RunPhase, how: Any) -> None:
-    life = TurnLife(_Session(), phase)  # type: ignore[arg-type]
-    sources, target = RUN_MOVES[how]
-    if phase in sources:
-        life._run(how)
-        assert life.phase is target
-    else:
-        with pytest.raises(IllegalTransition):
-            life._run(how)
-        assert life.phase is phase
-
-
 @pytest.mark.parametrize(
     ("current", "how"),
     list(itertools.product([None, "in_progress", "done", "interrupted"], DraftMove)),
@@ -125,53 +95,6 @@ def test_every_draft_move_follows_the_table(current: Any, how: DraftMove) -> Non
     else:
         with pytest.raises(IllegalTransition):
             draft_move(current, how)
-
-
-def test_a_commit_writes_the_status_the_owner_derives() -> None:
-    session = _Session(call("awaiting_client", "c1"), call("awaiting_approval", "c2"))
-    life = TurnLife(session)  # type: ignore[arg-type]
-    assert life.written() == (ConversationStatus.AWAITING_APPROVAL, None, None)
-    # Mid-run the head says running_tools and carries the lease; released, the waits show.
-    lease = life.take_lease("me", NOW, 30)
-    assert life.written() == (ConversationStatus.RUNNING_TOOLS, lease, None)
-    assert life.take_lease("me", NOW + timedelta(seconds=20), 30).expires_at > lease.expires_at
-    life.release_lease()
-    assert life.written() == (ConversationStatus.AWAITING_APPROVAL, None, None)
-    # Interrupted (tools acted, the model failed): running_tools with no lease.
-    life.take_lease("me", NOW, 30)
-    life.interrupt()
-    assert life.written() == (ConversationStatus.RUNNING_TOOLS, None, None)
-
-
-def test_a_cancel_settles_every_pending_call_and_ends_the_run() -> None:
-    session = _Session(
-        call("awaiting_approval", "c1"), call("deferred", "c2", task_id="t"), call("ready", "c3")
-    )
-    life = TurnLife(session, RunPhase.INTERRUPTED)  # type: ignore[arg-type]
-    assert life.cancel_turn(by="ops", reason="stop") == ["c1", "c2", "c3"]
-    assert session.pending == [] and life.phase is RunPhase.IDLE
-    assert life.status() is ConversationStatus.COMPLETE
-    kinds = [type(p).__name__ for p in session.added]
-    assert kinds == [
-        "ApprovalResolved",
-        "ToolResult",
-        "ToolCallSettled",
-        "ToolResult",
-        "ToolResult",
-        "TurnInterrupted",
-    ]
-
-
-def test_changes_go_through_the_table() -> None:
-    session = _Session(call("awaiting_approval", "c1"))
-    life = TurnLife(session)  # type: ignore[arg-type]
-    with pytest.raises(IllegalTransition):
-        life.change(session.pending[0], CallMove.DEFER)
-    assert life.change(session.pending[0], CallMove.APPROVE).state == "ready"
-    with pytest.raises(IllegalTransition):
-        life.settle(["c1"], CallMove.REJECT)
-    life.settle(["c1"])
-    assert session.pending == []
 
 
 @pytest.mark.parametrize(
@@ -236,7 +159,7 @@ KEY = bytes(range(32))
 CLAIMS = callbacks.CallbackClaims(
     tenant="acme",
     conversation_id="c-1",
-    life="2099-01-15T12:00:00+00:00",
+    created_at="2099-01-15T12:00:00+00:00",
     call_id="call_1",
     idempotency_key="a" * 32,
     deadline=int((NOW + timedelta(minutes=10)).timestamp()),

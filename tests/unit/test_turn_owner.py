@@ -1,4 +1,6 @@
-"""Only the turn's owner (:mod:`turnledger.turn.lifecycle`) writes a status or moves a call.
+"""Only the turn's owners write a status or move a call: the tables
+(:mod:`turnledger.turn.lifecycle`) and the state machine that makes their moves
+(:mod:`turnledger.turn.machine`).
 
 Read from the source with :mod:`ast`, so a new module that sets a conversation's
 status, a call's state or a draft's status itself fails here, with where it does.
@@ -21,8 +23,8 @@ from turnledger.core.models import CallState, ConversationStatus
 from turnledger.turn.lifecycle import DraftStatus
 
 PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "turnledger" / "turnledger"
-#: Where statuses are defined (models) and owned (the lifecycle).
-OWNERS = {"lifecycle.py", "models.py"}
+#: Where statuses are defined (models) and owned (the tables, and the state machine).
+OWNERS = {"lifecycle.py", "machine.py", "models.py"}
 #: Values that are statuses of a conversation, a call or a draft.
 STATUS_VALUES = (
     {s.value for s in ConversationStatus} | set(get_args(CallState)) | set(get_args(DraftStatus))

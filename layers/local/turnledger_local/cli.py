@@ -1,6 +1,7 @@
 """``turnledger`` command line: ``turnledger local`` serves the API on this machine;
-``turnledger export`` and ``import`` are :mod:`.transfer_cli`'s, ``turnledger quota``
-:mod:`.quota`'s.
+``turnledger export``, ``import`` and ``seal-existing`` are :mod:`.transfer_cli`'s,
+``turnledger replay`` :mod:`.replay_cli`'s (both run by :mod:`.store_cli`, which they
+share), ``turnledger quota`` :mod:`.quota`'s.
 
 Flags, defaults and behaviour are those of the "Local runner" section of the
 HTTP contract; ``turnledger local --help`` lists them.
@@ -25,8 +26,8 @@ from turnledger.core.config import Settings
 from turnledger.providers.factory import PROVIDERS, api_key_source
 
 from .runner import LocalConfig, LocalRunner
+from .store_cli import fail
 from .template import TEMPLATE_PATH
-from .transfer_cli import fail
 
 #: The providers that send a key (``OPENAI_API_KEY`` or where it is kept).
 KEYED_PROVIDERS = ("openai-chat", "openai-responses")
@@ -389,10 +390,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``turnledger`` command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in {"export", "import", "replay", "seal-existing"}:
-        from .transfer_cli import run
+    if args.command == "replay":
+        from .replay_cli import run_command as replay
+        from .store_cli import run
 
-        return run(args)
+        return run(args, replay)
+    if args.command in {"export", "import", "seal-existing"}:
+        from .store_cli import run
+        from .transfer_cli import run_command as transfer
+
+        return run(args, transfer)
     if args.command == "quota":
         from . import quota
 

@@ -106,7 +106,7 @@ def add_command(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``turnledger quota``; returns the exit status."""
-    from .transfer_cli import fail
+    from .store_cli import fail
 
     try:
         found = quota(load_template(args.template), dict(args.overrides))

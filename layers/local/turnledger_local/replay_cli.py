@@ -92,7 +92,7 @@ def _tokens(totals: Totals) -> int:
 
 def add_command(commands: Any) -> None:
     """Add the ``replay`` sub-command to ``commands`` (argparse subparsers)."""
-    from .transfer_cli import add_store_arguments
+    from .store_cli import add_store_arguments
 
     summary = "replay many conversations of a tenant against another model"
     command = commands.add_parser("replay", help=summary, description=summary)

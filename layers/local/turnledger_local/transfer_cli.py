@@ -18,16 +18,16 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 from turnledger.core.config import Settings
-from turnledger.core.exceptions import InvalidRequest, TurnledgerError
+from turnledger.core.exceptions import InvalidRequest
 from turnledger.core.models import ConversationKey, validate_conversation_id
 from turnledger.turn.session import utc_now
+
+from .store_cli import add_store_arguments
 
 #: The CLI's default cap on an import: far above the API's, which a Lambda payload bounds.
 CLI_MAX_BYTES = 1024 * 1024 * 1024
@@ -83,81 +83,12 @@ def add_seal_command(commands: Any) -> None:
     add_store_arguments(command)
 
 
-def add_store_arguments(command: argparse.ArgumentParser) -> None:
-    """The flags that name the store a command works on (table and bucket, or a folder)."""
-    defaults = Settings()
-    command.add_argument(
-        "--table", help=f"table name (default: TABLE_NAME, or {defaults.table_name})"
-    )
-    command.add_argument(
-        "--bucket", help=f"bucket name (default: BUCKET_NAME, or {defaults.bucket_name})"
-    )
-    command.add_argument(
-        "--dynamodb-endpoint", metavar="URL", help="DynamoDB endpoint (default: AWS's)"
-    )
-    command.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: AWS's)")
-    command.add_argument("--region", help="AWS region (default: the AWS configuration's)")
-    command.add_argument(
-        "--data-dir", metavar="DIR", help="use the SQLite store in DIR, not a table"
-    )
-
-
-def store_settings(args: argparse.Namespace) -> Settings:
-    """The environment's settings (as the functions read them), with the store's flags."""
-    if args.region:
-        os.environ["AWS_DEFAULT_REGION"] = args.region
-    base = Settings.from_env()  # flags override the environment the functions would read
-    return replace(
-        base,
-        table_name=args.table or base.table_name,
-        bucket_name=args.bucket or base.bucket_name,
-        dynamodb_endpoint=args.dynamodb_endpoint or base.dynamodb_endpoint,
-        s3_endpoint=args.s3_endpoint or base.s3_endpoint,
-        store="sqlite" if args.data_dir else base.store,
-        data_dir=args.data_dir or base.data_dir,
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run ``export``, ``import``, ``replay`` or ``seal-existing``; returns the exit status.
-
-    Every failure is one line on stderr, ``turnledger <command>: <code>: <message>``, and
-    exit status 1: the store's errors with their API code, an unusable setting
-    (``invalid_setting``), AWS that cannot be reached or is not configured
-    (``aws_error``), a file that cannot be read or written (``file_error``).
-    """
-    try:
-        return _run(args)
-    except TurnledgerError as exc:
-        return fail(args.command, exc.code, str(exc))
-    except ValueError as exc:
-        return fail(args.command, "invalid_setting", str(exc))
-    except NoRegionError as exc:
-        hint = "give --region or AWS_REGION, or --data-dir DIR for a local folder"
-        return fail(args.command, "aws_error", f"{exc} ({hint})")
-    except (BotoCoreError, ClientError) as exc:
-        return fail(args.command, "aws_error", str(exc))
-    except OSError as exc:
-        return fail(args.command, "file_error", str(exc))
-
-
-def fail(command: str, code: str, message: str, status: int = 1) -> int:
-    """Print one error line, ``turnledger <command>: <code>: <message>`` (``turnledger:
-    ...`` for no command); returns ``status``, the exit status to end with."""
-    line = " ".join(message.split())  # one line, whatever the message holds
-    print(f"{' '.join(filter(None, ['turnledger', command]))}: {code}: {line}", file=sys.stderr)
-    return status
-
-
-def _run(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Run ``export``, ``import`` or ``seal-existing`` on the store ``settings`` name;
+    returns the exit status (failures raise: :func:`.store_cli.run` reports them)."""
     from turnledger.ops.transfer import export_text, import_text
     from turnledger.runtime import store_from_settings
 
-    settings = store_settings(args)
-    if args.command == "replay":
-        from .replay_cli import run_command
-
-        return run_command(args, settings)
     if args.command == "seal-existing":
         return _seal(args, settings)
     key = ConversationKey(

@@ -11,13 +11,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .approval import arguments_sha256, requirement
+    from .approval import arguments_sha256
     from .executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
-    from .registry import InvalidToolRegistry, ToolDefinition, ToolRegistry
+    from .registry import InvalidToolRegistry, ToolDefinition, ToolRegistry, requirement
 
 _WHERE = {
     "arguments_sha256": "approval",
-    "requirement": "approval",
+    "requirement": "registry",
     "ToolInvocation": "executors",
     "ToolOutcome": "executors",
     "ToolRunner": "executors",

@@ -13,21 +13,18 @@ declarative condition on the call's arguments::
 not equal to anything). Values compare as JSON: ``true`` never equals ``1``.
 
 A turn's own ``require_approval`` list can only add requirements: nothing in
-:func:`requirement` lets it waive a rule of the registry.
+:func:`~turnledger.tools.registry.requirement` (what a call of a registered tool
+waits for) lets it waive a rule of the registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, StrictBool, Tag
 
-from ..core.models import Requirement
 from ..core.models import arguments_sha256 as arguments_sha256  # its home before core
-
-if TYPE_CHECKING:
-    from .registry import ToolDefinition
 
 _MISSING: Any = object()
 
@@ -209,32 +206,3 @@ def approval_required(rule: bool | When | AnyOf | AllOf, arguments: Mapping[str,
     if isinstance(rule, bool):
         return rule
     return rule.matches(arguments)
-
-
-def requirement(
-    tool: ToolDefinition,
-    arguments: Mapping[str, Any],
-    *,
-    extra_approval: Collection[str] = frozenset(),
-) -> Requirement:
-    """What a call of ``tool`` with ``arguments`` waits for before it has a result.
-
-    Args:
-        tool: the registered tool.
-        arguments: the call's (valid) arguments.
-        extra_approval: tool names the turn's ``require_approval`` lists; they can
-            only add an approval requirement, never waive one.
-
-    Returns:
-        ``"client"`` for a client-side tool (the caller runs it), ``"input"`` for a
-        human-input tool (a person supplies its output), ``"approval"`` when
-        the registry's rule or ``extra_approval`` asks for a human decision, else
-        ``"none"``.
-    """
-    if tool.executor.type == "client":
-        return "client"
-    if tool.executor.type == "human":
-        return "input"  # the person who answers it is the decision
-    if approval_required(tool.require_approval, arguments) or tool.name in extra_approval:
-        return "approval"
-    return "none"

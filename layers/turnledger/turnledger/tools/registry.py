@@ -13,12 +13,14 @@ It is validated whole at load time: a bad name, an unknown key, an invalid
 JSON Schema or a duplicate name fails the load with
 :class:`InvalidToolRegistry`, naming the tool, instead of failing a turn later.
 Each tool's JSON Schema is compiled once, at load, and reused for every call.
+:func:`requirement` says what a call of a registered tool waits for (its rule is
+:mod:`.approval`'s).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
@@ -35,10 +37,10 @@ from pydantic import (
 
 from ..core.config import Settings
 from ..core.exceptions import InternalError, UnknownTool
-from ..core.models import TOOL_NAME_PATTERN, ClientTool, ToolCall
+from ..core.models import TOOL_NAME_PATTERN, ClientTool, Requirement, ToolCall
 from ..core.strict_json import arguments_refusal
 from ..providers.base import ToolSpec
-from .approval import ApprovalRule
+from .approval import ApprovalRule, approval_required
 
 if TYPE_CHECKING:
     from mypy_boto3_ssm import SSMClient
@@ -70,7 +72,7 @@ class HttpExecutorConfig(_Config):
     #: a ``202`` from any other is an error result.
     deferred: bool = False
     #: How long a deferred call may wait for its callback before it is recorded as
-    #: failed (``turnledger.turn.callbacks.DEFAULT_LIFE_SECONDS`` when ``None``), never
+    #: failed (``turnledger.turn.callbacks.DEFAULT_DEFERRED_SECONDS`` when ``None``), never
     #: past the conversation's TTL. Only with ``deferred``.
     deferred_ttl_seconds: int | None = Field(default=None, gt=0)
 
@@ -464,3 +466,32 @@ class ToolRegistry:
             UnknownTool: a name is not registered.
         """
         return [tool.spec() for tool in self.select(names)]
+
+
+def requirement(
+    tool: ToolDefinition,
+    arguments: Mapping[str, Any],
+    *,
+    extra_approval: Collection[str] = frozenset(),
+) -> Requirement:
+    """What a call of ``tool`` with ``arguments`` waits for before it has a result.
+
+    Args:
+        tool: the registered tool.
+        arguments: the call's (valid) arguments.
+        extra_approval: tool names the turn's ``require_approval`` lists; they can
+            only add an approval requirement, never waive one.
+
+    Returns:
+        ``"client"`` for a client-side tool (the caller runs it), ``"input"`` for a
+        human-input tool (a person supplies its output), ``"approval"`` when
+        the registry's rule or ``extra_approval`` asks for a human decision, else
+        ``"none"``.
+    """
+    if tool.executor.type == "client":
+        return "client"
+    if tool.executor.type == "human":
+        return "input"  # the person who answers it is the decision
+    if approval_required(tool.require_approval, arguments) or tool.name in extra_approval:
+        return "approval"
+    return "none"

@@ -9,10 +9,11 @@ JSON, its ``=`` padding dropped. Its HMAC is checked (constant time) before anyt
 is decrypted; whoever holds the URL (the tool's operator) cannot read the tenant or
 the conversation from it.
 
-The claims: tenant, conversation id, the conversation's life (its head's
-``created_at``: a cleared and re-created conversation of the same id is another
-life), call id, the call's idempotency key and the token's deadline (epoch
-seconds; by default :data:`DEFAULT_LIFE_SECONDS` after the call was deferred).
+The claims: tenant, conversation id, the conversation's ``created_at`` (the time
+stamp that tells its lives apart: a cleared and re-created conversation of the same
+id is another life, with another ``gen`` and another ``created_at``), call id, the
+call's idempotency key and the token's deadline (epoch seconds; by default
+:data:`DEFAULT_DEFERRED_SECONDS` after the call was deferred).
 Single use is not the token's business: the settle is a conditional commit on the
 call's ``deferred`` state, so a token used twice finds its call settled and is refused.
 
@@ -51,7 +52,7 @@ MAX_TOKEN_CHARS = 2048
 
 #: How long a deferred call waits for its callback, and its token lives, unless its tool
 #: sets ``deferred_ttl_seconds`` (seconds; never past the conversation's TTL).
-DEFAULT_LIFE_SECONDS = 3600
+DEFAULT_DEFERRED_SECONDS = 3600
 
 #: The default of ``CALLBACK_MAX_INPUT_BYTES``: the largest callback body (bytes).
 DEFAULT_MAX_INPUT_BYTES = 262144
@@ -66,8 +67,9 @@ class CallbackClaims:
 
     tenant: str
     conversation_id: str
-    #: The conversation's ``created_at`` (ISO 8601): names its life.
-    life: str
+    #: The conversation's ``created_at`` (ISO 8601, :func:`created_stamp`): which life
+    #: of the conversation the call belongs to.
+    created_at: str
     call_id: str
     idempotency_key: str
     #: Epoch seconds after which the token is refused.
@@ -79,7 +81,7 @@ class CallbackClaims:
             [
                 self.tenant,
                 self.conversation_id,
-                self.life,
+                self.created_at,
                 self.call_id,
                 self.idempotency_key,
                 self.deadline,
@@ -89,8 +91,8 @@ class CallbackClaims:
         ).encode("ascii")
 
 
-def life_of(created_at: datetime) -> str:
-    """The life marker of a conversation created at ``created_at``."""
+def created_stamp(created_at: datetime) -> str:
+    """The ``created_at`` claim of a conversation created at ``created_at``."""
     return created_at.isoformat()
 
 

@@ -3,8 +3,8 @@
 :class:`ToolCalls` holds the steps the turn loop (:mod:`turnledger.turn.pipeline`)
 takes on a turn's calls. Every step stages canonical events on the
 :class:`~turnledger.turn.session.Session` and moves its pending calls through the
-turn's owner (``session.life``, :class:`~turnledger.turn.lifecycle.TurnLife`) in step
-with them; the loop decides when to commit, with one rule here: what is about to run
+turn's state machine (``session.machine``, :class:`~turnledger.turn.machine.TurnMachine`)
+in step with them; the loop decides when to commit, with one rule here: what is about to run
 is committed before it runs (:meth:`ToolCalls.run_ready`), so a request that
 dies midway is resumed from the log under the same idempotency keys.
 """
@@ -41,9 +41,9 @@ from ..core.models import (
 from ..core.observability import logger
 from ..providers.base import Provider
 from ..providers.retry import Backoff
-from ..tools.approval import arguments_sha256, requirement
+from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
-from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry
+from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry, requirement
 from . import callbacks
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
@@ -196,7 +196,7 @@ class ToolCalls:
                     ),
                     actor="system",
                 )
-            session.life.open_call(
+            session.machine.open_call(
                 PendingCall(
                     id=call.id,
                     name=call.name,
@@ -224,7 +224,7 @@ class ToolCalls:
         not honour keys to a human (``outcome_unknown``): they may have run already.
         """
         session = work.session
-        ready = [p for p in session.pending if p.state == "ready"]
+        ready = [p for p in session.machine.pending if p.state == "ready"]
         if not ready:
             return
         if self.runner is None:
@@ -234,7 +234,7 @@ class ToolCalls:
         for pending in ready:
             if arguments_sha256(pending.arguments) != pending.arguments_sha256:
                 raise InternalError(f"arguments of call {pending.id} changed after approval")
-        if session.life.resuming():
+        if session.resuming():
             unsure = [p for p in ready if not self._tool(p.name).idempotent]
             for pending in unsure:
                 self._ask_about(session, pending)
@@ -242,7 +242,7 @@ class ToolCalls:
             if not ready:
                 return
         now = self.clock()
-        session.life.take_lease(work.owner, now, self._lease_seconds(ready))
+        session.machine.take_lease(work.owner, now, self._lease_seconds(ready))
         session.commit()
         assert session.head is not None  # just committed
         deadlines = {p.id: self._deferred_deadline(session, p, now) for p in ready}
@@ -275,7 +275,7 @@ class ToolCalls:
                     ),
                     actor=f"tool:{pending.name}",
                 )
-                session.life.change(
+                session.machine.change(
                     pending,
                     CallMove.DEFER,
                     requires="async",
@@ -293,7 +293,7 @@ class ToolCalls:
                 ),
                 actor=f"tool:{pending.name}",
             )
-        session.life.settle(done)
+        session.machine.settle(done)
 
     def _ask_about(self, session: Session, pending: PendingCall) -> None:
         """Hand a call whose run may have happened to a human: approve runs it again
@@ -307,7 +307,7 @@ class ToolCalls:
             ),
             actor="system",
         )
-        session.life.change(
+        session.machine.change(
             pending,
             CallMove.MARK_UNKNOWN,
             expires_at=expires_at,
@@ -327,13 +327,13 @@ class ToolCalls:
     def _deferred_deadline(self, session: Session, pending: PendingCall, now: datetime) -> datetime:
         """Until when a call, if its tool defers it, may wait for its callback (and its
         token lives): the tool's ``deferred_ttl_seconds`` (else
-        :data:`~turnledger.turn.callbacks.DEFAULT_LIFE_SECONDS`), never past the
+        :data:`~turnledger.turn.callbacks.DEFAULT_DEFERRED_SECONDS`), never past the
         conversation's TTL."""
         executor = self._tool(pending.name).executor
         window = (
             executor.deferred_ttl_seconds
             if isinstance(executor, HttpExecutorConfig) and executor.deferred_ttl_seconds
-            else callbacks.DEFAULT_LIFE_SECONDS
+            else callbacks.DEFAULT_DEFERRED_SECONDS
         )
         if session.ttl_seconds:
             window = min(window, session.ttl_seconds)
@@ -347,7 +347,7 @@ class ToolCalls:
             callbacks.CallbackClaims(
                 tenant=session.key.tenant,
                 conversation_id=session.key.conversation_id,
-                life=callbacks.life_of(session.head.created_at),
+                created_at=callbacks.created_stamp(session.head.created_at),
                 call_id=pending.id,
                 idempotency_key=pending.idempotency_key,
                 deadline=int(deadline.timestamp()),
@@ -386,12 +386,12 @@ class ToolCalls:
                 and this request must not run anything more.
         """
         session = work.session
-        session.life.renew_lease(self.clock(), self._lease_seconds(rest))
+        session.machine.renew_lease(self.clock(), self._lease_seconds(rest))
         try:
             session.commit()
             return
         except ConversationBusy:
-            if not session.life.adopt_cancel(session.store.get_head(session.key), work.owner):
+            if not session.adopt_cancel(session.store.get_head(session.key), work.owner):
                 logger.warning(
                     "a tool run lost its lease; it stops before its next round",
                     extra={"calls_not_run": len(rest)},
@@ -431,7 +431,7 @@ class ToolCalls:
     def settle_rejected(self, work: TurnWork) -> None:
         """Answer rejected (or expired) calls with an error result saying why; nothing runs."""
         session = work.session
-        rejected = [p for p in session.pending if p.state == "rejected"]
+        rejected = [p for p in session.machine.pending if p.state == "rejected"]
         for pending in rejected:
             session.add(
                 ToolResult(
@@ -442,14 +442,14 @@ class ToolCalls:
                 ),
                 actor="system",
             )
-        session.life.settle(p.id for p in rejected)
+        session.machine.settle(p.id for p in rejected)
 
     def apply_client_outputs(
         self, work: TurnWork, outputs: list[ClientOutput], *, closing: bool
     ) -> None:
         """Record client tool results; a new message closes the calls left unanswered."""
         session = work.session
-        waiting = {p.id: p for p in session.pending if p.state == "awaiting_client"}
+        waiting = {p.id: p for p in session.machine.pending if p.state == "awaiting_client"}
         unknown = [o.call_id for o in outputs if o.call_id not in waiting]
         if unknown:
             raise UnknownToolCall(
@@ -475,14 +475,18 @@ class ToolCalls:
                     actor="system",
                 )
             waiting.clear()
-        session.life.settle(
-            p.id for p in session.pending if p.state == "awaiting_client" and p.id not in waiting
+        session.machine.settle(
+            p.id
+            for p in session.machine.pending
+            if p.state == "awaiting_client" and p.id not in waiting
         )
 
     def expire_approvals(self, session: Session) -> list[str]:
         """Resolve approvals whose window closed as rejected (``approval expired``)."""
         now = self.clock()
-        expired = [p for p in session.pending if p.state in AWAITING_DECISION and lapsed(p, now)]
+        expired = [
+            p for p in session.machine.pending if p.state in AWAITING_DECISION and lapsed(p, now)
+        ]
         for pending in expired:
             assert pending.expires_at is not None  # selected above on its expiry
             session.add(
@@ -503,7 +507,7 @@ class ToolCalls:
                 ),
                 actor="system",
             )
-            session.life.change(pending, CallMove.EXPIRE, reason="approval expired")
+            session.machine.change(pending, CallMove.EXPIRE, reason="approval expired")
         return [p.id for p in expired]
 
     def provide_outputs(
@@ -520,7 +524,9 @@ class ToolCalls:
         Raises:
             UnknownToolCall: an id names no call that waits for its output.
         """
-        waiting = {p.id: p for p in session.pending if p.state in ("awaiting_input", "deferred")}
+        waiting = {
+            p.id: p for p in session.machine.pending if p.state in ("awaiting_input", "deferred")
+        }
         unknown = [call_id for call_id in outputs if call_id not in waiting]
         if unknown:
             raise UnknownToolCall(
@@ -537,7 +543,7 @@ class ToolCalls:
                 actor=actor,
             )
             session.add(ToolResult(call_id=call_id, name=pending.name, output=output), actor=actor)
-            session.life.settle([call_id])
+            session.machine.settle([call_id])
 
     def settle_deferred(
         self,
@@ -577,7 +583,7 @@ class ToolCalls:
             ),
             actor=actor,
         )
-        session.life.settle([pending.id])
+        session.machine.settle([pending.id])
 
     def expire_due(self, session: Session) -> list[str]:
         """Settle what is due now: approvals whose window closed are rejected
@@ -588,7 +594,9 @@ class ToolCalls:
         """
         expired = self.expire_approvals(session)
         now = self.clock()
-        for pending in [p for p in session.pending if p.state == "deferred" and lapsed(p, now)]:
+        for pending in [
+            p for p in session.machine.pending if p.state == "deferred" and lapsed(p, now)
+        ]:
             self.settle_deferred(
                 session,
                 pending,

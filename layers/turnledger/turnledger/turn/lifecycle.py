@@ -1,7 +1,8 @@
-"""The turn's owner: every status a conversation, a call or a draft can take, and every move.
+"""Every status a conversation, a call or a draft can take, and every move: the tables.
 
-One object, :class:`TurnLife` (one per :class:`~turnledger.turn.session.Session`,
-as ``session.life``), owns a turn's life. Three tables say what may happen:
+The turn's state machine (:class:`~turnledger.turn.machine.TurnMachine`, one per
+:class:`~turnledger.turn.session.Session` as ``session.machine``) makes its moves by
+these tables; three say what may happen:
 
 * :data:`CALL_MOVES`: a tool call's moves (request, ask a person, decide, edit,
   expire, defer, settle, mark ``outcome_unknown``, cancel). ``settled`` means
@@ -11,23 +12,24 @@ as ``session.life``), owns a turn's life. Three tables say what may happen:
 * :data:`DRAFT_MOVES`: a long turn's draft (begun, done, interrupted).
 
 An illegal move raises :class:`IllegalTransition`. Nobody passes a status:
-:meth:`TurnLife.status` derives the head's status from the run's phase and the
-pending calls, and :meth:`Session.commit <turnledger.turn.session.Session.commit>`
-writes what it says. When several waits coexist the status shows the one a
+:func:`status_for` derives the head's status from the pending calls (the machine
+adds the run's phase), and :meth:`Session.commit <turnledger.turn.session.Session.commit>`
+writes what the machine says. When several waits coexist the status shows the one a
 person must act on first (:data:`WAIT_PRIORITY`); ``awaiting`` lists them all.
 
 The module also answers the questions every route asks, so none keeps its own
-copy: may this request start now (:meth:`TurnLife.admit`: lease, budget,
-pending waits, cancel), which calls wait for a person (the inbox), which waits
-are due (:func:`lapsed`), and what status the API shows (:func:`public_status`).
+copy: may a request start now (:func:`refuse_if_running`, :func:`refuse_if_spent`,
+:func:`refuse_new_turn`, :func:`require_settled`; the session's ``admit`` asks them),
+which calls wait for a person (the inbox), which waits are due (:func:`lapsed`),
+and what status the API shows (:func:`public_status`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ..core.exceptions import (
     ApprovalPending,
@@ -38,23 +40,14 @@ from ..core.exceptions import (
     InternalError,
 )
 from ..core.models import (
-    ApprovalResolved,
     CallState,
-    CancelRequest,
     ConversationKey,
     ConversationStatus,
     Head,
-    Lease,
     PendingCall,
-    ToolCallSettled,
-    ToolResult,
-    TurnInterrupted,
     Usage,
 )
 from ..store.inbox import InboxChanges, InboxEntry
-
-if TYPE_CHECKING:
-    from .session import Session
 
 # --- tool calls -----------------------------------------------------------------------------
 
@@ -153,7 +146,7 @@ class IllegalTransition(InternalError):
     """A call, a run or a draft was asked to make a move its table does not allow (a bug)."""
 
 
-def _moved[M: StrEnum, S, T](
+def moved[M: StrEnum, S, T](
     table: Mapping[M, tuple[frozenset[S], T]], current: S, how: M, what: str
 ) -> T:
     """Where ``how`` takes ``what`` (a call, a run, a draft) from ``current``, by ``table``.
@@ -176,7 +169,7 @@ def call_target(current: CallPlace, how: CallMove) -> CallPlace:
     Raises:
         IllegalTransition: ``how`` cannot be made from ``current``.
     """
-    return _moved(CALL_MOVES, current, how, "a tool call")
+    return moved(CALL_MOVES, current, how, "a tool call")
 
 
 def move(pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
@@ -184,7 +177,8 @@ def move(pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
 
     Raises:
         IllegalTransition: the move is not allowed from the call's state, or it settles
-            the call (settled calls leave the pending list: :meth:`TurnLife.settle`).
+            the call (settled calls leave the pending list:
+            :meth:`~turnledger.turn.machine.TurnMachine.settle`).
     """
     target = call_target(pending.state, how)
     if target == "settled":
@@ -369,7 +363,7 @@ def draft_move(current: DraftStatus | None, how: DraftMove) -> DraftStatus:
     Raises:
         IllegalTransition: ``how`` cannot be made from ``current``.
     """
-    return _moved(DRAFT_MOVES, current, how, "a draft")
+    return moved(DRAFT_MOVES, current, how, "a draft")
 
 
 # --- the public status ----------------------------------------------------------------------
@@ -518,239 +512,6 @@ def refuse_new_turn(head: Head | None, now: datetime, *, budget: int) -> None:
     require_settled(
         [p for p in head.pending if p.state in AWAITING_DECISION and not lapsed(p, now)]
     )
-
-
-# --- the owner ------------------------------------------------------------------------------
-
-
-class TurnLife:
-    """The owner of one session's turn: its calls' moves, its run and its status.
-
-    Every change of a pending call or of the run goes through a method here,
-    checked against :data:`CALL_MOVES` or :data:`RUN_MOVES`; :meth:`status` is
-    what the next commit writes.
-    """
-
-    def __init__(self, session: Session, phase: RunPhase = RunPhase.IDLE) -> None:
-        self.session = session
-        self.phase = phase
-
-    # --- status ---------------------------------------------------------------------------
-
-    def status(self) -> ConversationStatus:
-        """The status the next commit writes: ``running_tools`` mid-run (held, interrupted
-        or asked to stop), else what the pending calls wait for."""
-        if self.phase is not RunPhase.IDLE:
-            return ConversationStatus.RUNNING_TOOLS
-        return status_for(self.session.pending)
-
-    def written(self) -> tuple[ConversationStatus, Lease | None, CancelRequest | None]:
-        """What the next commit writes: the status, and the lease and cancel request
-        (only mid-run)."""
-        status = self.status()
-        if status is not ConversationStatus.RUNNING_TOOLS:
-            return status, None, None
-        return status, self.session.lease, self.session.cancel
-
-    def awaiting(self) -> list[Wait]:
-        """What the turn still waits for, by priority."""
-        return awaiting(self.session.pending)
-
-    def answer_status(self) -> str:
-        """The status this request's answer shows."""
-        return answer_status(self.session.pending)
-
-    def resuming(self) -> bool:
-        """Whether this request picks up a run that died (its head mid-run, nothing staged)."""
-        return is_running(self.session.head) and not self.session.staged
-
-    # --- may this request start now? ---------------------------------------------------------
-
-    def admit(self, now: datetime, *, budget: int = 0) -> None:
-        """Decide whether a request may act on the conversation now.
-
-        Refuses while another request's lease is live, and (``budget`` > 0) once
-        the conversation's tokens reached it. A cancel that asked a run which then
-        died is honoured here first: that turn stops instead of being resumed.
-
-        Raises:
-            ConversationBusy: a live lease; ``retry_after_seconds`` says when it ends
-                at the latest.
-            BudgetExceeded: the conversation's token budget is spent.
-        """
-        session = self.session
-        head = session.head
-        refuse_if_running(head, now)
-        self.honour_cancel()
-        refuse_if_spent(session.usage, budget)
-
-    def honour_cancel(self) -> bool:
-        """Stop the turn a cancel asked to stop, if the session's head carries one (a run
-        that then died, or one this request took in while renewing its lease): its calls
-        are cancelled and the stop committed. Returns whether it did.
-
-        Raises:
-            ConversationBusy: another request committed first.
-        """
-        head = self.session.head
-        if head is None or not cancel_requested(head) or head.cancel is None:
-            return False
-        self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
-        self.session.commit()
-        return True
-
-    def adopt_cancel(self, fresh: Head | None, owner: str) -> bool:
-        """Whether ``fresh`` (the head as stored now) differs from the session's only by a
-        cancel asking ``owner``'s run to stop; if so the session takes it, cancel and all,
-        so its next commit keeps the cancel instead of losing to it."""
-        mine = self.session.head
-        if (
-            mine is None
-            or fresh is None
-            or fresh.gen != mine.gen
-            or fresh.seq != mine.seq
-            or fresh.pending != mine.pending
-            or not cancel_requested(fresh)
-            or not holds_lease(fresh, owner)
-        ):
-            return False
-        self.session.head = fresh
-        self.session.cancel = fresh.cancel
-        return True
-
-    # --- calls ------------------------------------------------------------------------------
-
-    def open_call(self, pending: PendingCall, how: CallMove) -> None:
-        """Add a call the model just requested, in the state ``how`` leads to."""
-        target = call_target(New, how)
-        if target != pending.state:
-            raise IllegalTransition(
-                f"{how.value} records a call as {target}, not {pending.state}",
-                details={"move": how.value, "state": pending.state},
-            )
-        self.session.pending.append(pending)
-
-    def change(self, pending: PendingCall, how: CallMove, **changes: object) -> PendingCall:
-        """Make ``how`` on the pending call with ``pending``'s id; returns it as it is now."""
-        current = self._current(pending.id)
-        updated = move(current, how, **changes)
-        self.session.pending = [updated if p.id == updated.id else p for p in self.session.pending]
-        return updated
-
-    def settle(self, call_ids: Iterable[str], how: CallMove = CallMove.SETTLE) -> None:
-        """Take the calls out of the pending list: their results are recorded."""
-        ids = set(call_ids)
-        for pending in self.session.pending:
-            if pending.id in ids:
-                call_target(pending.state, how)
-        self.session.pending = [p for p in self.session.pending if p.id not in ids]
-
-    def _current(self, call_id: str) -> PendingCall:
-        for pending in self.session.pending:
-            if pending.id == call_id:
-                return pending
-        raise IllegalTransition(f"no pending call {call_id}", details={"call_id": call_id})
-
-    # --- the run ----------------------------------------------------------------------------
-
-    def _run(self, how: RunMove) -> None:
-        self.phase = _moved(RUN_MOVES, self.phase, how, "a run")
-
-    def take_lease(self, owner: str, now: datetime, seconds: float) -> Lease:
-        """This request starts running the turn's tools until ``now + seconds`` at most;
-        a request already running (its next step) renews its own lease instead."""
-        if self.phase is RunPhase.RUNNING:
-            return self.renew_lease(now, seconds)
-        self._run(RunMove.TAKE_LEASE)
-        self.session.lease = Lease(owner=owner, expires_at=now + timedelta(seconds=seconds))
-        return self.session.lease
-
-    def renew_lease(self, now: datetime, seconds: float) -> Lease:
-        """The holder extends its own lease (a conditional commit: it fails if it lost it)."""
-        self._run(RunMove.RENEW_LEASE)
-        assert self.session.lease is not None  # held while running
-        self.session.lease = Lease(
-            owner=self.session.lease.owner, expires_at=now + timedelta(seconds=seconds)
-        )
-        return self.session.lease
-
-    def release_lease(self) -> None:
-        """The run's step is over: the next commit writes what the turn waits for."""
-        self._run(RunMove.RELEASE_LEASE)
-        self.session.lease = None
-
-    def interrupt(self) -> None:
-        """Tools acted but the turn cannot finish now (the model failed): the next request
-        may resume it at once (no lease)."""
-        self._run(RunMove.INTERRUPT)
-        self.session.lease = None
-
-    def request_cancel(self, lease: Lease, request: CancelRequest) -> None:
-        """Ask the request holding ``lease`` to stop at its next step boundary."""
-        self._run(RunMove.REQUEST_CANCEL)
-        self.session.lease = lease
-        self.session.cancel = request
-
-    def rolled_back(self) -> None:
-        """The session went back to its last commit: nothing of this request's run is left
-        (a head committed mid-run is resumed by whoever opens it next)."""
-        self.phase = RunPhase.IDLE
-
-    def cancel_turn(self, *, by: str, reason: str | None = None) -> list[str]:
-        """Stop the current turn: every pending call is recorded as cancelled (a deferred
-        one also as settled, an undecided approval also as rejected by the canceller),
-        then one ``turn_interrupted`` event; results recorded before stay.
-
-        Returns:
-            The ids of the calls cancelled, in pending order.
-        """
-        session = self.session
-        cancelled: list[str] = []
-        why = f" was cancelled by {by}" + (f": {reason}" if reason else "")
-        for pending in list(session.pending):
-            if pending.state in AWAITING_DECISION:
-                # A decision nobody made: the cancel decides it (rejected), so every
-                # approval_requested keeps its approval_resolved.
-                pending = self.change(pending, CallMove.REJECT)
-                session.add(
-                    ApprovalResolved(
-                        call_id=pending.id,
-                        decision="rejected",
-                        reason=f"cancelled by {by}" + (f": {reason}" if reason else ""),
-                        approver=by,
-                        arguments_sha256=pending.arguments_sha256,
-                    ),
-                    actor=by,
-                )
-            if pending.state == "deferred":
-                session.add(
-                    ToolCallSettled(
-                        call_id=pending.id,
-                        name=pending.name,
-                        status="cancelled",
-                        via="cancel",
-                        task_id=pending.task_id,
-                    ),
-                    actor=by,
-                )
-            output = f"tool call {pending.name}{why}"
-            if pending.state == "ready":
-                # Its request died while it ran (interrupted): the side effect may be real.
-                output += " (it may have run before its request ended)"
-            session.add(
-                ToolResult(call_id=pending.id, name=pending.name, output=output, is_error=True),
-                actor=by,
-            )
-            self.settle([pending.id], CallMove.CANCEL)
-            cancelled.append(pending.id)
-        session.add(
-            TurnInterrupted(interrupted_by=by, cancelled_call_ids=cancelled, reason=reason),
-            actor=by,
-        )
-        self._run(RunMove.CANCEL)
-        session.lease = None
-        session.cancel = None
-        return cancelled
 
 
 #: Waits whose output only a caller with the approver scope may give (or, deferred, the

@@ -118,7 +118,7 @@ from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
 from . import compaction, drafts
 from .approval_edits import check_edits, check_four_eyes
-from .callbacks import CallbackClaims, life_of
+from .callbacks import CallbackClaims, created_stamp
 from .commands import CallbackOutcome, Decisions, TurnCommand
 from .drafts import TurnCancelled, model_reply
 from .execution import ToolCalls, TurnWork, decided_in_turn, turn_actor
@@ -138,6 +138,7 @@ from .lifecycle import (
     require_settled,
     waiting,
 )
+from .machine import Step
 from .reads import Reads
 from .results import (
     CallbackResult,
@@ -191,7 +192,10 @@ def _let_go(session: Session, opened_on: Head | None) -> None:
     lease runs out as a crashed run's would.
     """
     head = session.head
-    taken = [session.lease, head.lease if head is not None and head is not opened_on else None]
+    taken = [
+        session.machine.lease,
+        head.lease if head is not None and head is not opened_on else None,
+    ]
     mine = {lease.owner for lease in taken if lease is not None}
     if not mine:
         return
@@ -206,8 +210,9 @@ def _let_go(session: Session, opened_on: Head | None) -> None:
             return
         session.head = stored
         session.rollback()
-        session.cancel = stored.cancel  # a cancel asked meanwhile: the next request honours it
-        session.life.interrupt()
+        # A cancel asked meanwhile: the next request honours it.
+        session.machine.take_cancel(stored.cancel)
+        session.machine.interrupt()
         session.commit()
     except Exception as exc:
         logger.warning(
@@ -366,15 +371,17 @@ class Conversations(Reads):
             self.tools.get(name)  # an unknown name is an error, never silently ignored
         messages, outputs = command.messages, command.outputs
         session, loaded = self._opened(key)
-        check_settler(session.pending, [o.call_id for o in outputs], command.approver_claims)
+        check_settler(
+            session.machine.pending, [o.call_id for o in outputs], command.approver_claims
+        )
         self.check_input_fits(command, session.token_scale)
         if admitted is not None:
             admitted(session.head, loaded)
-        session.life.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
-        resuming = session.life.resuming()
+        session.admit(self.clock(), budget=self.settings.conversation_budget_for(key.tenant))
+        resuming = session.resuming()
         work = self._work(session)
         self.calls.expire_due(session)
-        awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
+        awaiting = [p for p in session.machine.pending if p.state in AWAITING_DECISION]
         # Who began a turn: its command, Idempotency-Key included, hashed as approvals hash
         # arguments. Kept with the turn's options, so a retry knows the turn as its own.
         # The caller's claims say who may settle, not what was asked: not part of it.
@@ -392,13 +399,13 @@ class Conversations(Reads):
             self.calls.run_ready(work)
             # A cancel the run's lease renewal took in stops that turn here, as it
             # would have stopped the request it asked.
-            if not session.life.honour_cancel():
-                session.life.release_lease()
+            if not session.honour_cancel():
+                session.machine.release_lease()
                 if session.staged:
                     session.commit()
             work.executed = False
             # A resumed run may have handed calls to a human (their outcome is unknown).
-            awaiting = [p for p in session.pending if p.state in AWAITING_DECISION]
+            awaiting = [p for p in session.machine.pending if p.state in AWAITING_DECISION]
         if retried:
             return self._answer_retried(work)
         # Outputs alone (no new message) settle their own calls whatever else waits:
@@ -410,10 +417,10 @@ class Conversations(Reads):
             )
         # Outputs of human-input (and deferred) calls settle them by id; the rest are
         # client results. A new message while such a call still waits is refused.
-        waiting_output = {p.id for p in session.pending if p.state in SETTLED_BY_APPROVER}
+        waiting_output = {p.id for p in session.machine.pending if p.state in SETTLED_BY_APPROVER}
         given = {o.call_id: o.output for o in outputs if o.call_id in waiting_output}
         if messages:
-            require_settled(session.pending, answered=given)
+            require_settled(session.machine.pending, answered=given)
         self.calls.provide_outputs(session, given, actor=actor, via="turn")
         outputs = [o for o in outputs if o.call_id not in given]
         # Client results belong to the turn of their calls (a context window never
@@ -424,7 +431,10 @@ class Conversations(Reads):
         # (the OpenAI face's history), and asks the model to answer the transcript as it
         # stands, in its latest turn, with this request's options.
         answer_now = (
-            not messages and not command.outputs and not session.pending and session.turn > 0
+            not messages
+            and not command.outputs
+            and not session.machine.pending
+            and session.turn > 0
         )
         if messages or answer_now:
             if messages:
@@ -442,7 +452,7 @@ class Conversations(Reads):
             work = self._work(session)
         for content in messages:
             session.add(UserMessage(content=content, metadata=command.metadata), actor=actor)
-        if not messages and session.life.awaiting():
+        if not messages and session.machine.awaiting():
             session.commit()
             return self._response(work)
         self._advance(work)
@@ -499,9 +509,9 @@ class Conversations(Reads):
         if any(isinstance(i, AssistantMessage) and i.source != "client" for i in items):
             raise InvalidRequest("appended assistant items are the client's")
         session = self._open(key)
-        session.life.admit(self.clock())
-        require_settled(session.pending)
-        if session.pending:
+        session.admit(self.clock())
+        require_settled(session.machine.pending)
+        if session.machine.pending:
             raise InvalidRequest(
                 "calls of this conversation wait for their output; answer them first"
             )
@@ -519,7 +529,7 @@ class Conversations(Reads):
         """Answer the turn this request began before its run died: the calls it left were
         just resumed (under their own keys); the model answers their results unless they
         now wait for someone. Its input is never appended again."""
-        if not work.session.life.awaiting():
+        if not work.session.machine.awaiting():
             self._advance(work)
         return self._response(work)
 
@@ -541,10 +551,10 @@ class Conversations(Reads):
         if head is None or not head.is_visible(self.clock()):
             raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
         session = self._session(key, head, snapshot.events)
-        check_settler(session.pending, decisions.outputs, decisions.approver_claims)
-        session.life.admit(self.clock())
+        check_settler(session.machine.pending, decisions.outputs, decisions.approver_claims)
+        session.admit(self.clock())
         work = self._work(session)
-        deciding = {p.id for p in session.pending if p.state in AWAITING_DECISION}
+        deciding = {p.id for p in session.machine.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
         rejections = decisions.rejections
         approvals = decisions.approvals
@@ -555,13 +565,13 @@ class Conversations(Reads):
             )
             if not named:
                 # Outputs only: the turn goes on once nothing else is awaited.
-                if session.life.awaiting():
+                if session.machine.awaiting():
                     self.calls.settle_rejected(work)
                     session.commit()
                     return self._response(work)
                 self._advance(work)
                 return self._response(work)
-        undecided = {p.id: p for p in session.pending if p.state in AWAITING_DECISION}
+        undecided = {p.id: p for p in session.machine.pending if p.state in AWAITING_DECISION}
         if not undecided and not expired and is_running(session.head):
             # A retry after a crash: the decisions were recorded; finish the turn. Only
             # decisions of this turn may resume it, so a stray id is still an error.
@@ -580,8 +590,8 @@ class Conversations(Reads):
             # (the model gets the calls' errors with the next turn) and say so.
             self.calls.settle_rejected(work)
             self.calls.run_ready(work)
-            if not session.life.honour_cancel():
-                session.life.release_lease()
+            if not session.honour_cancel():
+                session.machine.release_lease()
                 session.commit()
             raise NotAwaitingApproval(
                 "the pending approvals expired before this decision",
@@ -620,19 +630,19 @@ class Conversations(Reads):
                 actor=actor,
             )
             if edited:
-                session.life.change(
+                session.machine.change(
                     pending, CallMove.EDIT, arguments=edited[0], arguments_sha256=edited[1]
                 )
             elif approved:
-                session.life.change(pending, CallMove.APPROVE, reason=None)
+                session.machine.change(pending, CallMove.APPROVE, reason=None)
             else:
                 why = rejections.get(call_id)
-                session.life.change(
+                session.machine.change(
                     pending,
                     CallMove.REJECT,
                     reason=f"rejected by {actor}" + (f": {why}" if why else ""),
                 )
-        if any(p.state in AWAITING_DECISION for p in session.pending):
+        if any(p.state in AWAITING_DECISION for p in session.machine.pending):
             session.commit()
             return self._response(work)
         self._advance(work)
@@ -664,7 +674,7 @@ class Conversations(Reads):
         # Only the session is used: no tool registry or model is needed (or loaded).
         idle = TurnWork(session=session, tools=[], model="", provider=self.provider)
         self.calls.settle_rejected(idle)
-        if any(p.state == "ready" for p in session.pending):
+        if any(p.state == "ready" for p in session.machine.pending):
             return []  # approved calls must run first: the next turn or decision does that
         session.commit()
         return expired
@@ -720,9 +730,9 @@ class Conversations(Reads):
         head = session.head
         if head is None or not head.is_visible(self.clock()):
             raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-        session.life.admit(self.clock())
-        require_settled(session.pending)
-        if session.pending:
+        session.admit(self.clock())
+        require_settled(session.machine.pending)
+        if session.machine.pending:
             raise ConversationBusy("the conversation's turn waits for its calls; retry after")
         if session.summary is None:
             raise NothingToCompact("the conversation has no summary yet")
@@ -807,7 +817,7 @@ class Conversations(Reads):
         session = self._session(key, head, snapshot.events)
         lease = head.live_lease(now)
         if lease is not None:
-            session.life.request_cancel(
+            session.machine.request_cancel(
                 lease, CancelRequest(requested_by=actor, requested_at=now, reason=reason)
             )
             head = session.commit()
@@ -818,8 +828,8 @@ class Conversations(Reads):
                 cancel_requested=True,
             )
         cancelled: list[str] = []
-        if session.pending or is_running(head):
-            cancelled = session.life.cancel_turn(by=actor, reason=reason)
+        if session.machine.pending or is_running(head):
+            cancelled = session.cancel_turn(by=actor, reason=reason)
             session.commit()
         elif (draft := self._cancel_streaming(actor, key, head.turn, reason, now)) is not None:
             return CancelResult(
@@ -877,7 +887,11 @@ class Conversations(Reads):
             snapshot = self.store.load(key, self.budget)
             head = snapshot.head
             now = self.clock()
-            if head is None or not head.is_visible(now) or life_of(head.created_at) != claims.life:
+            if (
+                head is None
+                or not head.is_visible(now)
+                or created_stamp(head.created_at) != claims.created_at
+            ):
                 raise CallbackInvalid("this callback token is not valid (forged, expired or used)")
             pending = next(
                 (
@@ -893,7 +907,7 @@ class Conversations(Reads):
             if pending is None:
                 raise CallbackInvalid("this callback token is not valid (forged, expired or used)")
             session = self._session(key, head, snapshot.events)
-            session.life.admit(now)
+            session.admit(now)
             work = self._work(session)
             self.calls.settle_deferred(
                 session,
@@ -903,7 +917,7 @@ class Conversations(Reads):
                 via="callback",
                 actor=f"tool:{pending.name}",
             )
-            continued = outcome.continue_turn and not session.life.awaiting()
+            continued = outcome.continue_turn and not session.machine.awaiting()
             try:
                 if continued:
                     self._advance(work)
@@ -918,7 +932,7 @@ class Conversations(Reads):
                 call_id=claims.call_id,
                 settled=outcome.status,
                 status=public_status(session.head, self.clock()) if session.head else "complete",
-                awaiting=session.life.awaiting(),
+                awaiting=session.machine.awaiting(),
                 continued=continued,
             )
         raise ConversationBusy("the conversation keeps changing; retry the callback")
@@ -936,7 +950,7 @@ class Conversations(Reads):
             # A step boundary: tools ran; a cancel sent meanwhile stops the turn here.
             if self._stopped(work):
                 return
-            if session.pending:
+            if session.machine.next_step().step is not Step.CALL_MODEL:
                 # Something waits (a person, the client, a job): the step ends here.
                 self._commit(work)
                 return
@@ -976,6 +990,7 @@ class Conversations(Reads):
                 work.output_text = reply.text
                 work.output_json = value
             if not calls:
+                session.machine.answer()
                 self._commit(work)
                 self._write_memory(work)
                 return
@@ -992,14 +1007,14 @@ class Conversations(Reads):
         assert session.head is not None
         if cancel_requested(session.head):
             return True  # taken in already: a lease renewal met it between two rounds
-        return session.life.adopt_cancel(self.store.get_head(session.key), work.owner)
+        return session.adopt_cancel(self.store.get_head(session.key), work.owner)
 
     def _finish_cancel(self, work: TurnWork) -> None:
         """Record the cancel the running request found and leave the conversation ready."""
         session = work.session
         assert session.head is not None and session.head.cancel is not None
         cancel = session.head.cancel
-        session.life.cancel_turn(by=cancel.requested_by, reason=cancel.reason)
+        session.cancel_turn(by=cancel.requested_by, reason=cancel.reason)
         work.status_reason = "cancelled"
         session.commit()
 
@@ -1018,7 +1033,7 @@ class Conversations(Reads):
         Raises:
             ConversationBusy: another request (not a cancel) committed first.
         """
-        work.session.life.release_lease()
+        work.session.machine.release_lease()
         try:
             work.session.commit()
         except ConversationBusy:
@@ -1245,7 +1260,7 @@ class Conversations(Reads):
             estimator=estimator,
             limit=self._summary_limit(summarizer.model),
             later=[e for e in session.events if e.sequence > through],
-            pending=[p.id for p in session.pending],
+            pending=[p.id for p in session.machine.pending],
         )
         if written is None:
             return False
@@ -1432,7 +1447,7 @@ class Conversations(Reads):
         failing_turn = max(session.turn, 1)
         if work.executed:
             # Nothing runs any more: the next request may resume at once (``interrupted``).
-            session.life.interrupt()
+            session.machine.interrupt()
         else:
             session.rollback()
         if isinstance(exc, TurnCancelled):
@@ -1527,13 +1542,13 @@ class Conversations(Reads):
         return TurnResult(
             conversation_id=session.key.conversation_id,
             turn=session.turn,
-            status=session.life.answer_status(),
+            status=session.machine.answer_status(),
             status_reason=work.status_reason,
             output_text=work.output_text,
             output_json=work.output_json,
             output=list(work.output),
-            waiting=waiting(session.pending),
-            awaiting=session.life.awaiting(),
+            waiting=waiting(session.machine.pending),
+            awaiting=session.machine.awaiting(),
             usage=work.usage,
             context=ContextReport(
                 messages_sent=work.messages_sent,

@@ -1,9 +1,10 @@
-"""One request's work on one conversation: staged events, pending calls, commits.
+"""One request's work on one conversation: the head it read, staged events, commits.
 
 A :class:`Session` starts from what the store returned (head and context
 events), stages new events in sequence order and commits them with the new
-head in one atomic write. The head's status, lease and cancel are what the turn's
-owner (``session.life``, :class:`~turnledger.turn.lifecycle.TurnLife`) says; the
+head in one atomic write. The turn's pending calls, lease and cancel belong to its
+state machine (``session.machine``, :class:`~turnledger.turn.machine.TurnMachine`):
+the head's status, pending calls, lease and cancel are what it says; the
 commit also hands the store the head's wait deadline and the inbox entries to write
 or delete (:func:`~turnledger.turn.lifecycle.inbox_changes`), then tells the commit
 hook (notifications) what landed. A request may commit more than once (a tool turn
@@ -23,11 +24,9 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from ..core.models import (
     KIND_OF_PAYLOAD,
-    CancelRequest,
     ConversationKey,
     Event,
     Head,
-    Lease,
     Payload,
     PendingCall,
     ProviderCursor,
@@ -38,7 +37,17 @@ from ..core.models import (
 from ..core.observability import metrics
 from ..store import keys
 from ..store.base import ConversationStore, new_generation
-from .lifecycle import TurnLife, head_wait_deadline, inbox_changes, is_tombstone
+from .lifecycle import (
+    cancel_requested,
+    head_wait_deadline,
+    holds_lease,
+    inbox_changes,
+    is_running,
+    is_tombstone,
+    refuse_if_running,
+    refuse_if_spent,
+)
+from .machine import TurnMachine
 
 Clock = Callable[[], datetime]
 #: Told of each commit that landed: the key, the pending calls before it, the head it
@@ -58,20 +67,20 @@ def new_event_id() -> str:
 
 @dataclass
 class Session:
-    """Mutable state of one request on one conversation."""
+    """Mutable state of one request on one conversation: the head it read, what it
+    stages for the next commit (events and the head's fields), and its turn's machine."""
 
     store: ConversationStore
     key: ConversationKey
     clock: Clock
     ttl_seconds: int
-    #: The last committed head of this life, or ``None`` before the first commit.
+    #: The last committed head of this life (generation), or ``None`` before the first commit.
     head: Head | None
     #: Where a new life starts: the tombstone it replaces (``None``: nothing stored).
     predecessor: Head | None = None
     #: Committed events the context needs, oldest first.
     history: list[Event] = field(default_factory=list)
     staged: list[Event] = field(default_factory=list)
-    pending: list[PendingCall] = field(default_factory=list)
     turn: int = 0
     usage: Usage = field(default_factory=Usage)
     options: TurnOptions = field(default_factory=TurnOptions)
@@ -82,21 +91,19 @@ class Session:
     provider_cursor: ProviderCursor | None = None
     #: The conversation opted out of long-term memory (:attr:`Head.memory_off`).
     memory_off: bool = False
-    #: Held while this request runs tools (taken and released by :attr:`life`).
-    lease: Lease | None = None
-    #: A cancel request for the running turn (written by :attr:`life`).
-    cancel: CancelRequest | None = None
-    #: The life this session writes: the head's, the tombstone's successor, or a new one.
+    #: The life (generation) this session writes: the head's, the tombstone's successor,
+    #: or a new one.
     gen: str = field(default_factory=new_generation)
     on_commit: CommitHook | None = None
-    #: The turn's owner: every move of its calls and run, and the status commits write.
-    life: TurnLife = field(init=False)
+    #: The turn's state machine: its pending calls, run, lease and cancel, every move of
+    #: them, the status commits write and the next step.
+    machine: TurnMachine = field(init=False)
 
     def __post_init__(self) -> None:
         previous = self.head or self.predecessor
         if previous is not None:
             self.gen = previous.gen
-        self.life = TurnLife(self)
+        self.machine = TurnMachine.of(self.head)
 
     @classmethod
     def open(
@@ -121,7 +128,6 @@ class Session:
             ttl_seconds,
             head=head,
             history=list(history),
-            pending=list(head.pending),
             turn=head.turn,
             usage=head.usage,
             options=head.options,
@@ -158,7 +164,6 @@ class Session:
         """Drop everything staged since the last commit and the state it changed."""
         self.staged = []
         head = self.head
-        self.pending = list(head.pending) if head else []
         self.turn = head.turn if head else 0
         self.usage = head.usage if head else Usage()
         self.options = head.options if head else TurnOptions()
@@ -168,9 +173,7 @@ class Session:
         self.token_scale = head.token_scale if head else None
         self.provider_cursor = head.provider_cursor if head else None
         self.memory_off = head.memory_off if head else False
-        self.lease = None
-        self.cancel = None
-        self.life.rolled_back()
+        self.machine.reset(head.pending if head else [])
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
         """Stage one event of the current turn (or of ``turn``)."""
@@ -187,6 +190,73 @@ class Session:
         self.staged.append(event)
         return event
 
+    def stage(self, payloads: list[Payload], *, actor: str) -> list[Event]:
+        """Stage ``payloads`` in order, as events of the current turn."""
+        return [self.add(payload, actor=actor) for payload in payloads]
+
+    # --- the turn's run against the head read ----------------------------------------------
+
+    def resuming(self) -> bool:
+        """Whether this request picks up a run that died (its head mid-run, nothing staged)."""
+        return is_running(self.head) and not self.staged
+
+    def admit(self, now: datetime, *, budget: int = 0) -> None:
+        """Decide whether this request may act on the conversation now.
+
+        Refuses while another request's lease is live, and (``budget`` > 0) once
+        the conversation's tokens reached it. A cancel that asked a run which then
+        died is honoured here first: that turn stops instead of being resumed.
+
+        Raises:
+            ConversationBusy: a live lease; ``retry_after_seconds`` says when it ends
+                at the latest.
+            BudgetExceeded: the conversation's token budget is spent.
+        """
+        refuse_if_running(self.head, now)
+        self.honour_cancel()
+        refuse_if_spent(self.usage, budget)
+
+    def honour_cancel(self) -> bool:
+        """Stop the turn a cancel asked to stop, if the head read carries one (a run that
+        then died, or one this request took in while renewing its lease): its calls are
+        cancelled and the stop committed. Returns whether it did.
+
+        Raises:
+            ConversationBusy: another request committed first.
+        """
+        head = self.head
+        if head is None or not cancel_requested(head) or head.cancel is None:
+            return False
+        self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
+        self.commit()
+        return True
+
+    def adopt_cancel(self, fresh: Head | None, owner: str) -> bool:
+        """Whether ``fresh`` (the head as stored now) differs from the one read only by a
+        cancel asking ``owner``'s run to stop; if so the session takes it, cancel and all,
+        so its next commit keeps the cancel instead of losing to it."""
+        mine = self.head
+        if (
+            mine is None
+            or fresh is None
+            or fresh.gen != mine.gen
+            or fresh.seq != mine.seq
+            or fresh.pending != mine.pending
+            or not cancel_requested(fresh)
+            or not holds_lease(fresh, owner)
+        ):
+            return False
+        self.head = fresh
+        self.machine.take_cancel(fresh.cancel)
+        return True
+
+    def cancel_turn(self, *, by: str, reason: str | None = None) -> list[str]:
+        """Stop the current turn (:meth:`TurnMachine.cancel_turn`) and stage what records
+        it, with ``by`` as the actor. Returns the ids of the calls cancelled."""
+        cancelled = self.machine.cancel_turn(by=by, reason=reason)
+        self.stage(cancelled.events, actor=by)
+        return cancelled.call_ids
+
     def _bucket(self, expires_at: int | None, now: datetime) -> int | None:
         """Keep this life's expiry-index bucket while it is still ahead of the sweep
         and not after the expiry; otherwise file the head under its expiry's bucket."""
@@ -200,13 +270,13 @@ class Session:
 
     def commit(self) -> Head:
         """Write the staged events and the new head atomically, with the status the
-        turn's owner (:attr:`life`) derives: no caller chooses a status.
+        turn's state machine (:attr:`machine`) derives: no caller chooses a status.
 
         Raises:
             ConversationBusy: another request committed on this conversation first.
         """
         now = self.clock()
-        status, lease, cancel = self.life.written()
+        status, lease, cancel = self.machine.written()
         previous = self.head or self.predecessor
         base = previous.base if previous else 0
         expires_at = int(now.timestamp()) + self.ttl_seconds if self.ttl_seconds else None
@@ -222,7 +292,7 @@ class Session:
             ttl_seconds=self.ttl_seconds,
             expires_at=expires_at,
             expiry_bucket=self._bucket(expires_at, now),
-            pending=self.pending,
+            pending=self.machine.pending,
             usage=self.usage,
             options=self.options,
             summary=self.summary,
@@ -236,7 +306,9 @@ class Session:
             memory_off=self.memory_off,
         )
         changes = inbox_changes(self.key, previous, head)
-        head = head.model_copy(update={"wait_deadline": head_wait_deadline(self.pending, changes)})
+        head = head.model_copy(
+            update={"wait_deadline": head_wait_deadline(self.machine.pending, changes)}
+        )
         written = self.store.commit(
             self.key,
             expected_version=previous.version if previous else None,
