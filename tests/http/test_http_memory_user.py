@@ -52,7 +52,13 @@ def api(sink: HttpSink, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ht
     tools = folder / "tools.json"
     job = {"name": "run_job", "parameters": {"type": "object"}}
     tools.write_text(
-        json.dumps({"tools": [{**job, "executor": {"type": "http", "url": sink.url("/job"), "deferred": True}}]}),
+        json.dumps(
+            {
+                "tools": [
+                    {**job, "executor": {"type": "http", "url": sink.url("/job"), "deferred": True}}
+                ]
+            }
+        ),
         encoding="utf-8",
     )
     config = LocalConfig(
