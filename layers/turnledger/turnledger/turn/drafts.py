@@ -35,18 +35,16 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.exceptions import ProviderError
-from ..core.models import ConversationKey
+from ..core.models import ConversationKey, Head
 from ..providers.base import ModelReply, ModelRequest, Provider
 from ..store import keys
-from ..store.base import ConversationStore, RunFlag
+from ..store.base import ConversationStore, RunFlag, Snapshot
 from ..store.codec import SideItem
 
 # The reading half lives apart (a reader loads none of the writer); named here too.
@@ -424,22 +422,37 @@ def _ceil_seconds(iso: str) -> int:
     return math.ceil(datetime.fromisoformat(iso).timestamp())
 
 
-#: The writer of the turn this context runs, if it streams (see :func:`streaming_into`).
-_current: ContextVar[DraftWriter | None] = ContextVar("turnledger_draft_writer", default=None)
+class DraftSink(Protocol):
+    """Where a turn's run writes its draft, passed to the run as a parameter (no context
+    variable): begun once the turn is admitted, the model's answer added as it streams,
+    finished with the turn's answer or interrupted with its error."""
+
+    def begin(self, head: Head | None, loaded: Snapshot | None) -> None:
+        """Begin the draft of the turn admitted on ``head`` (the visible head loaded,
+        ``None`` for a new life), ``loaded`` being what the turn's load read (its run flag).
+
+        Raises:
+            ConversationBusy: a run of that turn is still going.
+        """
+
+    def add(self, text: str) -> None:
+        """Add a piece of the model's answer.
+
+        Raises:
+            TurnCancelled: a cancel was requested while the answer was written.
+        """
+
+    def finish(self, result: dict[str, Any] | None) -> None:
+        """Mark the draft done, keeping ``result`` (``None``: only that it is done)."""
+
+    def interrupt(self, reason: str, result: dict[str, Any] | None) -> None:
+        """Mark the draft interrupted with ``reason`` and the error body ``result``."""
 
 
-@contextmanager
-def streaming_into(writer: DraftWriter) -> Iterator[DraftWriter]:
-    """Within the block, model calls stream their answers into ``writer``."""
-    token = _current.set(writer)
-    try:
-        yield writer
-    finally:
-        _current.reset(token)
-
-
-def model_reply(provider: Provider, request: ModelRequest) -> ModelReply:
-    """The model's reply: streamed into the current draft when there is one.
+def model_reply(
+    provider: Provider, request: ModelRequest, sink: DraftSink | None = None
+) -> ModelReply:
+    """The model's reply: streamed into the turn's draft ``sink`` when there is one.
 
     Summaries (``purpose="summary"``) never stream: they are no answer.
 
@@ -447,7 +460,6 @@ def model_reply(provider: Provider, request: ModelRequest) -> ModelReply:
         ProviderError, ProviderTimeout: the model failed.
         TurnCancelled: a cancel was requested while the answer was written.
     """
-    writer = _current.get()
-    if writer is None or request.purpose != "turn":
+    if sink is None or request.purpose != "turn":
         return provider.complete(request)
-    return provider.stream(request, writer.add)
+    return provider.stream(request, sink.add)

@@ -587,16 +587,13 @@ class TurnLife:
     def honour_cancel(self) -> bool:
         """Stop the turn a cancel asked to stop, if the session's head carries one (a run
         that then died, or one this request took in while renewing its lease): its calls
-        are cancelled and the stop committed. Returns whether it did.
-
-        Raises:
-            ConversationBusy: another request committed first.
+        are cancelled and the stop staged (the runner commits it,
+        :meth:`.runner.TurnRunner.stop_cancelled`). Returns whether it did.
         """
         head = self.session.head
         if head is None or not cancel_requested(head) or head.cancel is None:
             return False
         self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
-        self.session.commit()
         return True
 
     def adopt_cancel(self, fresh: Head | None, owner: str) -> bool:

@@ -40,10 +40,11 @@ from ..core.exceptions import (
 from ..core.models import ConversationKey, Head
 from ..core.observability import logger
 from . import drafts
+from .admission import Rules, admit
 from .approval_edits import check_four_eyes
 from .commands import Decisions, TurnCommand
 from .drafts import DraftWriter
-from .lifecycle import awaits_decision, check_settler, is_tombstone, refuse_new_turn
+from .lifecycle import awaits_decision, check_settler, is_tombstone
 from .results import TurnResult
 from .turn_reads import overtaken, run_going, visible_head
 
@@ -78,17 +79,52 @@ class TurnSuperseded(TurnledgerError):
 # --- accepting ----------------------------------------------------------------------------
 
 
-def _check_startable(service: Conversations, head: Head | None, key: ConversationKey) -> None:
-    """What a turn request would refuse at once, refused before ``202``.
+class DraftedRun:
+    """The draft sink (:class:`.drafts.DraftSink`) of a run in this request or in the
+    worker, writing into ``writer``. A turn run here (``command``) has its draft begun by
+    the turn's admission (:meth:`begin`), numbered from the head its load read; any other
+    run's draft was begun before the run (``begin`` does nothing)."""
 
-    Raises:
-        ConversationBusy: tools of the conversation are running under a lease.
-        BudgetExceeded: the conversation's token budget is spent.
-        ApprovalPending: calls await approval (not yet expired).
-    """
-    refuse_new_turn(
-        head, service.clock(), budget=service.settings.conversation_budget_for(key.tenant)
-    )
+    def __init__(
+        self,
+        service: Conversations,
+        key: ConversationKey,
+        writer: DraftWriter,
+        *,
+        command: TurnCommand | None = None,
+        after_ms: int = 0,
+    ) -> None:
+        self.service = service
+        self.key = key
+        self.writer = writer
+        self.command = command
+        self.after_ms = after_ms
+        #: Whether the writer is aimed at the run's turn (a turn's: once admitted).
+        self.aimed = command is None
+
+    def begin(self, head: Head | None, loaded: Snapshot | None) -> None:
+        if self.command is None:
+            return
+        _begin_draft(
+            self.service,
+            self.key,
+            _turn_of(head, self.command),
+            "turn",
+            head,
+            after_ms=self.after_ms,
+            writer=self.writer,
+            loaded=loaded,
+        )
+        self.aimed = True
+
+    def add(self, text: str) -> None:
+        self.writer.add(text)
+
+    def finish(self, result: dict[str, Any] | None) -> None:
+        self.writer.finish(result)
+
+    def interrupt(self, reason: str, result: dict[str, Any] | None) -> None:
+        self.writer.interrupt(reason, result)
 
 
 def _check_command(service: Conversations, command: TurnCommand) -> None:
@@ -260,7 +296,11 @@ def accept(
             outputs = [o.call_id for o in command.outputs]
             check_settler(head.pending, outputs, command.approver_claims)
         service.check_input_fits(command, head.token_scale if head is not None else None)
-        _check_startable(service, head, key)
+        admit(
+            head,
+            service.clock(),
+            Rules(budget=service.settings.conversation_budget_for(key.tenant), undecided=True),
+        )
         turn = (head.turn if head is not None else 0) + (1 if command.starts_turn else 0)
         if turn == 0:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
@@ -271,6 +311,7 @@ def accept(
         check_settler(head.pending, command.outputs, command.approver_claims)
         if not awaits_decision(head):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
+        admit(head, service.clock(), Rules())
         # Refused here, not later in the worker, when the head already says who asked.
         check_four_eyes(
             service.tools,
@@ -385,12 +426,10 @@ def run_worker(
                     "(the conversation's events say what happened)",
                     details={"turn": turn, "turns": current},
                 )
-            with drafts.streaming_into(writer):
-                result = service.turn(key, actor, command)
+            result = service.turn(key, actor, command, sink=DraftedRun(service, key, writer))
         else:
             decisions = Decisions.model_validate(event["command"])
-            with drafts.streaming_into(writer):
-                result = service.approve(key, actor, decisions)
+            result = service.approve(key, actor, decisions, sink=DraftedRun(service, key, writer))
     except TurnledgerError as exc:
         body = error_body(exc)
         body["error"]["status"] = exc.status
@@ -467,31 +506,18 @@ def run_drafted(
         TurnledgerError: whatever the turn or the decisions raise (recorded in the draft).
     """
     kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
+    sink: DraftedRun
     if isinstance(command, TurnCommand):
-        # The turn's own load is the one read: its head numbers the draft and is checked
-        # (below, in ``admitted``) before the busy check and before anything is written.
-        writer = _writer(service, key, 0, kind, None)
-        aimed = False
-
-        def admitted(head: Head | None, loaded: Snapshot) -> None:
-            nonlocal aimed
-            visible = head if head is not None and head.is_visible(service.clock()) else None
-            if command.starts_turn:
-                _check_startable(service, visible, key)
-            _begin_draft(
-                service,
-                key,
-                _turn_of(visible, command),
-                kind,
-                visible,
-                after_ms=draft_after_ms,
-                writer=writer,
-                loaded=loaded,
-            )
-            aimed = True
-
-        def run() -> TurnResult:
-            return service.turn(key, actor, command, admitted=admitted)
+        # The turn's own load is the one read: its head numbers the draft, begun by the
+        # turn's admission (after the lease, budget and approvals are asked) and before
+        # anything is written.
+        sink = DraftedRun(
+            service,
+            key,
+            _writer(service, key, 0, kind, None),
+            command=command,
+            after_ms=draft_after_ms,
+        )
     else:
         head = visible_head(service, key)
         writer = _begin_draft(
@@ -502,20 +528,19 @@ def run_drafted(
             head,
             after_ms=draft_after_ms,
         )
-        aimed = True
-
-        def run() -> TurnResult:
-            return service.approve(key, actor, command)
-
+        sink = DraftedRun(service, key, writer)
+    writer = sink.writer
     try:
-        with drafts.streaming_into(writer):
-            result = run()
+        if isinstance(command, TurnCommand):
+            result = service.turn(key, actor, command, sink=sink)
+        else:
+            result = service.approve(key, actor, command, sink=sink)
     except Exception as exc:
         failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
         if isinstance(failure, ProviderError) or failure.status >= 500:
             body = failure.to_body()
             body["error"]["status"] = failure.status
-            if not aimed and isinstance(command, TurnCommand):
+            if not sink.aimed and isinstance(command, TurnCommand):
                 # Failed before its load was done (the store's own failure): the turn it
                 # would have been is read now, so its draft still tells how it ended.
                 _quietly(lambda: _aim_late(writer, service, key, command))
