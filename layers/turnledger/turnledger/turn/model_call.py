@@ -24,12 +24,13 @@ from ..context.assembly import (
 )
 from ..context.redaction import Redactor
 from ..core.config import Settings
-from ..core.exceptions import ProviderError
+from ..core.exceptions import ContextLengthExceeded, ProviderError
 from ..core.models import Event, EventKind, ProviderCursor, RunRecord, SummaryRef
 from ..core.observability import timed
 from ..core.strict_json import BodyError, parse
 from ..providers.base import (
     Continuation,
+    Message,
     ModelReply,
     ModelRequest,
     Provider,
@@ -37,6 +38,7 @@ from ..providers.base import (
     ToolSpec,
 )
 from . import compaction
+from .commands import TurnCommand
 from .drafts import DraftSink, model_reply
 from .execution import TurnWork
 from .memory_step import MemoryStep
@@ -45,6 +47,34 @@ from .session import Session
 
 class ModelCall(MemoryStep):
     """One model call of a turn and what it needs: context, compaction, cursor, calibration."""
+
+    def check_input_fits(self, command: TurnCommand, token_scale: float | None) -> None:
+        """Refuse, before anything is stored, new messages that cannot fit the context
+        budget even alone (with the system prompt), counted with the conversation's
+        estimate scale: the current turn is always sent whole, so no summary could make
+        room for them.
+
+        Raises:
+            ContextLengthExceeded: with the budget (``limit``) and the input's estimate.
+        """
+        if not command.messages:
+            return
+        model = command.model or self.settings.model
+        estimator = self._estimator(self.provider_for(command.provider), token_scale)
+        redactor = self.redactor
+        sent = [
+            Message(role="user", content=redactor.text(m) if redactor is not None else m)
+            for m in command.messages
+        ]
+        if self.settings.system_prompt:
+            sent.insert(0, Message(role="system", content=self.settings.system_prompt))
+        tokens = estimator.tokens(sent)
+        limit = self.settings.context_budget(model)
+        if tokens > limit:
+            raise ContextLengthExceeded(
+                f"the input is about {tokens} tokens; the context of {model} holds {limit}",
+                details={"limit": limit, "tokens": tokens, "model": model},
+            )
 
     def call_model(
         self, work: TurnWork, sink: DraftSink | None = None

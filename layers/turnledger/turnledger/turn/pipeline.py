@@ -37,11 +37,9 @@ runs: edge -> drafted run (:mod:`.longturns`) -> :meth:`Conversations.turn` ->
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
-from typing import Any
 
 from ..context.assembly import latest_summary, split_turns
 from ..context.redaction import Redactor
@@ -49,7 +47,6 @@ from ..core.config import Settings
 from ..core.exceptions import (
     ApprovalPending,
     CallbackInvalid,
-    ContextLengthExceeded,
     ConversationBusy,
     ConversationNotFound,
     InvalidRequest,
@@ -69,16 +66,16 @@ from ..core.models import (
     TurnOptions,
     UserMessage,
 )
-from ..providers.base import Message, Provider
+from ..providers.base import Provider
 from ..providers.embeddings import Embedder
 from ..store.base import ContextBudget, ConversationStore
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
 from . import compaction, drafts
-from .admission import Rules
+from .admission import Rules, admit
 from .approval_edits import check_edits, check_four_eyes
-from .callbacks import CallbackClaims, life_of
+from .callbacks import CallbackClaims, callback_output, life_of
 from .commands import CallbackOutcome, Decisions, TurnCommand
 from .drafts import DraftSink
 from .execution import ToolCalls, TurnWork, decided_in_turn, turn_actor
@@ -91,7 +88,6 @@ from .lifecycle import (
     is_running,
     lapsed,
     public_status,
-    refuse_if_running,
     require_settled,
     waiting,
 )
@@ -276,34 +272,6 @@ class Conversations(ModelCall):
             return self._response(work)
         run.advance(work)
         return self._response(work)
-
-    def check_input_fits(self, command: TurnCommand, token_scale: float | None) -> None:
-        """Refuse, before anything is stored, new messages that cannot fit the context
-        budget even alone (with the system prompt), counted with the conversation's
-        estimate scale: the current turn is always sent whole, so no summary could make
-        room for them.
-
-        Raises:
-            ContextLengthExceeded: with the budget (``limit``) and the input's estimate.
-        """
-        if not command.messages:
-            return
-        model = command.model or self.settings.model
-        estimator = self._estimator(self.provider_for(command.provider), token_scale)
-        redactor = self.redactor
-        sent = [
-            Message(role="user", content=redactor.text(m) if redactor is not None else m)
-            for m in command.messages
-        ]
-        if self.settings.system_prompt:
-            sent.insert(0, Message(role="system", content=self.settings.system_prompt))
-        tokens = estimator.tokens(sent)
-        limit = self.settings.context_budget(model)
-        if tokens > limit:
-            raise ContextLengthExceeded(
-                f"the input is about {tokens} tokens; the context of {model} holds {limit}",
-                details={"limit": limit, "tokens": tokens, "model": model},
-            )
 
     def append(
         self,
@@ -497,7 +465,7 @@ class Conversations(ModelCall):
         now = self.clock()
         if head is None or not head.is_visible(now):
             return []
-        refuse_if_running(head, now)
+        admit(head, now, Rules())
         run = TurnRunner(self)
         session = run.session(key, head, snapshot.events)
         expired = self.calls.expire_due(session)
@@ -720,7 +688,7 @@ class Conversations(ModelCall):
         self, run: TurnRunner, claims: CallbackClaims, outcome: CallbackOutcome
     ) -> CallbackResult:
         key = ConversationKey(tenant=claims.tenant, conversation_id=claims.conversation_id)
-        output = _callback_output(outcome.output)
+        output = callback_output(outcome.output)
         for _ in range(3):
             snapshot = self.store.load(key, self.budget)
             head = snapshot.head
@@ -812,13 +780,3 @@ class Conversations(ModelCall):
                 summary_through=work.summary_through,
             ),
         )
-
-
-def _callback_output(value: Any) -> str:
-    """A callback's ``output`` as the call's result text: a string as itself, nothing as
-    empty, any other JSON value as compact JSON (as an http tool's answer is kept)."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
