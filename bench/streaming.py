@@ -35,7 +35,7 @@ from turnledger.core.observability import metrics
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.blobs import S3BlobStore
 from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.turn import longturns
+from turnledger.turn import turn_reads
 from turnledger.turn.pipeline import Conversations
 
 from bench.conversation import REPLY_CHARS, BenchClock, text_of
@@ -211,7 +211,7 @@ def render(
         f"polling client read {median([s.reader_rcu for s in samples]):.1f} in "
         f"{median([float(s.reader_requests) for s in samples]):.0f} requests "
         "(each: the head, the draft state, then eventually consistent queries every "
-        f"{longturns.POLL_SECONDS * 1000:.0f} ms while it waits).",
+        f"{turn_reads.POLL_SECONDS * 1000:.0f} ms while it waits).",
         f"- Time to the first chunk: median {first * 1000:.0f} ms, against "
         f"{total * 1000:.0f} ms for the synchronous turn's whole answer "
         f"({first / total:.2f}x); the streamed turn ended after "

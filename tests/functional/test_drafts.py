@@ -14,7 +14,8 @@ from turnledger.providers.base import ModelReply, ModelRequest, TextSink
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.base import ConversationStore
 from turnledger.turn import drafts
-from turnledger.turn.drafts import DraftWriter, TurnCancelled, streaming_into
+from turnledger.turn.drafts import DraftWriter, TurnCancelled
+from turnledger.turn.longturns import DraftedRun
 from turnledger.turn.pipeline import Conversations
 
 from tests.support import edge
@@ -103,8 +104,8 @@ def test_a_streamed_turn_commits_the_whole_answer_and_no_draft_in_events(
     key = ConversationKey(tenant="tenant-a", conversation_id="c1")
     w = writer(store, clock, flush_chars=1)
     w.begin()
-    with streaming_into(w):
-        answer = edge.turn(service, ANN, "c1", TurnRequest(input="echo: one two three"))
+    sink = DraftedRun(service, key, w)
+    answer = edge.turn(service, ANN, "c1", TurnRequest(input="echo: one two three"), sink=sink)
     w.finish(answer.model_dump(mode="json"))
     read = drafts.read(store, key, 1)
     assert [c.text for c in read.chunks] == ["one", " two", " three"]
@@ -133,8 +134,9 @@ def test_a_failure_mid_stream_leaves_the_draft_and_turn_failed_only(
     key = ConversationKey(tenant="tenant-a", conversation_id="c1")
     w = writer(store, clock, flush_chars=1)
     w.begin()
-    with streaming_into(w), pytest.raises(ProviderError) as caught:
-        edge.turn(service, ANN, "c1", TurnRequest(input="echo: never whole"))
+    with pytest.raises(ProviderError) as caught:
+        sink = DraftedRun(service, key, w)
+        edge.turn(service, ANN, "c1", TurnRequest(input="echo: never whole"), sink=sink)
     w.interrupt(caught.value.code, caught.value.to_body())
     read = drafts.read(store, key, 1)
     assert "".join(c.text for c in read.chunks) == "half an"
@@ -149,8 +151,8 @@ def test_clear_removes_drafts(store: ConversationStore, clock: FakeClock) -> Non
     key = ConversationKey(tenant="tenant-a", conversation_id="c1")
     w = writer(store, clock, flush_chars=1)
     w.begin()
-    with streaming_into(w):
-        answer = edge.turn(service, ANN, "c1", TurnRequest(input="echo: to be cleared"))
+    sink = DraftedRun(service, key, w)
+    answer = edge.turn(service, ANN, "c1", TurnRequest(input="echo: to be cleared"), sink=sink)
     w.finish(answer.model_dump(mode="json"))
     drafts.request_cancel(store, key, 1, now=clock.now(), ttl_seconds=60)
     edge.clear(service, ANN, "c1")
@@ -183,8 +185,8 @@ def _streamed_turn(store: ConversationStore, clock: FakeClock, conversation_id: 
         flush_chars=1,
     )
     w.begin()
-    with streaming_into(w):
-        answer = edge.turn(service, ANN, conversation_id, TurnRequest(input="echo: a b c"))
+    sink = DraftedRun(service, key, w)
+    answer = edge.turn(service, ANN, conversation_id, TurnRequest(input="echo: a b c"), sink=sink)
     w.finish(answer.model_dump(mode="json"))
     assert len(drafts.read(store, key, 1).chunks) == 3
 

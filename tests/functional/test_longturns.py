@@ -21,10 +21,11 @@ from turnledger.providers.demo import DemoProvider
 from turnledger.store import keys
 from turnledger.store.codec import SideItem
 from turnledger.store.memory import MemoryConversationStore
-from turnledger.turn import drafts, longturns
+from turnledger.turn import drafts, longturns, turn_reads
 from turnledger.turn.commands import TurnCommand
-from turnledger.turn.longturns import AsyncTurnsUnavailable, TurnNotFound
+from turnledger.turn.longturns import AsyncTurnsUnavailable
 from turnledger.turn.pipeline import Conversations
+from turnledger.turn.turn_reads import TurnNotFound
 
 from tests.support import edge
 from tests.support.edge import Caller
@@ -119,7 +120,7 @@ def test_a_run_that_went_stale_reads_as_worker_lost(clock: FakeClock) -> None:
     edge.accept(conversations, ANN, "c1", TurnRequest(input="hi"), Invocations())
     page = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=0)
     assert page.status == "in_progress" and not page.done
-    clock.advance(longturns.STALE_AFTER_SECONDS + 1)
+    clock.advance(turn_reads.STALE_AFTER_SECONDS + 1)
     page = edge.stream_page(conversations, ANN, "c1", 1, after=0, wait=5)
     assert page.done and page.status == "interrupted" and page.reason == "worker_lost"
     status, body = edge.turn_view(conversations, ANN, "c1", 1)

@@ -256,7 +256,8 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
     from turnledger.core.models import ConversationKey
     from turnledger.store.memory import MemoryConversationStore
     from turnledger.turn import drafts
-    from turnledger.turn.drafts import DraftWriter, streaming_into
+    from turnledger.turn.drafts import DraftWriter
+    from turnledger.turn.longturns import DraftedRun
     from turnledger.turn.pipeline import Conversations
 
     from tests.support.factories import FakeClock
@@ -277,8 +278,8 @@ def test_a_turn_on_openai_chat_streams_into_its_draft_and_a_broken_stream_fails_
             store=store, key=key, turn=turn, expires_at=None, now=clock.now, flush_chars=1
         )
         writer.begin()
-        with streaming_into(writer):
-            return edge.turn(service, caller, "c1", TurnRequest(input=text))
+        sink = DraftedRun(service, key, writer)
+        return edge.turn(service, caller, "c1", TurnRequest(input=text), sink=sink)
 
     fake.script(text_reply("Hello there, Ann."))
     answer = run(1, "My name is Ann.")

@@ -29,7 +29,6 @@ from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn import replays
 from turnledger.turn.commands import TurnCommand
 from turnledger.turn.contexts import turn_calls
-from turnledger.turn.longturns import TurnNotFound
 from turnledger.turn.memories import MemoryControl
 from turnledger.turn.pipeline import Conversations
 from turnledger.turn.replays import (
@@ -39,6 +38,7 @@ from turnledger.turn.replays import (
     ReplayRecord,
     ReplaySpec,
 )
+from turnledger.turn.turn_reads import TurnNotFound
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.provider_rigs import MODELS, Rig

@@ -28,6 +28,7 @@ from turnledger.api.streaming import turn_view as _turn_view
 from turnledger.store.base import PurgeReport
 from turnledger.turn import longturns
 from turnledger.turn.callbacks import CallbackClaims
+from turnledger.turn.drafts import DraftSink
 from turnledger.turn.pipeline import Conversations
 
 __all__ = ["Caller"]
@@ -45,10 +46,13 @@ def turn(
     conversation_id: str,
     request: TurnRequest,
     idempotency_key: str | None = None,
+    *,
+    sink: DraftSink | None = None,
 ) -> TurnResponse:
-    """``POST .../turns`` (with its ``Idempotency-Key`` header, if given)."""
+    """``POST .../turns`` (with its ``Idempotency-Key`` header, if given); the answer
+    streams into ``sink``, the turn's draft, when one is given."""
     command = views.turn_command(request, idempotency_key, _approver_claims(who))
-    return views.turn_response(svc.turn(who.key(conversation_id), who.actor, command))
+    return views.turn_response(svc.turn(who.key(conversation_id), who.actor, command, sink=sink))
 
 
 def approve(

@@ -325,6 +325,24 @@ def test_the_clear_functions_init_loads_nothing_that_runs_or_follows_a_turn(
     assert _of(found["after_import"], TURN_RUNNING) == []
 
 
+#: The code that runs a turn (its service, steps, drafts' writer, the worker and the 202):
+#: reading turns (:mod:`turnledger.turn.turn_reads`) needs none of it.
+RUN_SIDE = (
+    "turnledger.turn.pipeline",
+    "turnledger.turn.longturns",
+    "turnledger.turn.drafts",
+    "turnledger.turn.execution",
+    "turnledger.turn.approval_edits",
+)
+
+
+def test_the_read_functions_init_loads_no_run_code(tmp_path: Path) -> None:
+    found = _probe(_folders()["read"], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
+    assert found["built"] is True
+    assert "turnledger.turn.turn_reads" in found["after_import"]
+    assert _of(found["after_import"], RUN_SIDE) == []
+
+
 #: What only an ``http`` tool call or a webhook loads (turnledger.tools.http).
 HTTP_SIDE = ("httpx", "httpcore", "turnledger.tools.http")
 

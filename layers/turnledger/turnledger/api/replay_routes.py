@@ -20,9 +20,9 @@ from ..core.models import Deferred
 from ..core.observability import logger
 from ..providers.base import Message, ToolSpec
 from ..runtime import get_runtime
-from ..turn import longturns, replays
+from ..turn import replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
-from ..turn.longturns import MAX_WAIT_SECONDS
+from ..turn.turn_reads import MAX_WAIT_SECONDS
 from .idempotency import idempotent
 from .resolver import ConversationId, app, conversation, idempotency_key, json_response, responses
 
@@ -164,8 +164,10 @@ def post_replay(
         function = runtime.settings.turn_worker_function
         if not function:
             return replays.run(service, key, record.id).model_copy(update={"calls": []})
+        from ..turn.longturns import invoke_worker  # run code: loaded when a replay starts
+
         try:
-            longturns.invoke_worker(
+            invoke_worker(
                 function,
                 replays.worker_event(key, record.id),
                 runtime.settings.turn_worker_endpoint,

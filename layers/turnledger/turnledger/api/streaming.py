@@ -1,7 +1,8 @@
 """Long turns at the edge: ``Prefer: respond-async``, the ``202``, and a turn's reads as
 HTTP bodies and server-sent events.
 
-The logic is :mod:`turnledger.turn.longturns`; this module binds it to the current
+The logic is :mod:`turnledger.turn.longturns` (running) and :mod:`turnledger.turn.turn_reads`
+(reading: all the read function loads); this module binds it to the current
 request (identity, ``Idempotency-Key``), answers ``202`` with ``Location``, and
 shapes what the reads return.
 """
@@ -17,7 +18,7 @@ from pydantic import ConfigDict, Field
 
 from ..core.models import ConversationKey, Deferred
 from ..runtime import get_runtime
-from ..turn import longturns
+from ..turn import turn_reads
 from ..turn.commands import Decisions, TurnCommand
 from ..turn.lifecycle import logged_turn_draft_status
 from .idempotency import idempotent
@@ -120,6 +121,8 @@ def accept_async(
     kind = "turn" if isinstance(command, TurnCommand) else "approval"
 
     def accept() -> AsyncTurnAccepted:
+        from ..turn import longturns  # run code: only the routes that start a turn load it
+
         turn = longturns.accept(
             service,
             key,
@@ -164,7 +167,7 @@ def turn_view(
     turn's request answered, its ``details`` adding ``turn``, and for a drafted run
     ``draft_status`` and the ``draft_text`` written so far.
     """
-    read = longturns.read_any_turn(service, key, turn, wait=wait)
+    read = turn_reads.read_any_turn(service, key, turn, wait=wait)
     state = read.state
     if read.logged is not None:
         logged = read.logged
@@ -198,7 +201,7 @@ def stream_page(
     gather: bool = False,
 ) -> StreamPage:
     """``GET .../turns/{n}/stream``: the chunks after ``after``, waiting up to ``wait`` s
-    (see :func:`turnledger.turn.longturns.follow`). A turn that wrote no draft (a
+    (see :func:`turnledger.turn.turn_reads.follow`). A turn that wrote no draft (a
     synchronous turn over within ``SYNC_DRAFT_AFTER_MS``) reads as a stream already done,
     its result rebuilt from the log.
 
@@ -206,9 +209,9 @@ def stream_page(
         ConversationNotFound, TurnNotFound: no draft, and the log holds no answer of it.
     """
     try:
-        read = longturns.follow(service, key, turn, after=after, wait=wait, gather=gather)
-    except longturns.TurnNotFound:
-        answered = longturns.read_any_turn(service, key, turn).logged
+        read = turn_reads.follow(service, key, turn, after=after, wait=wait, gather=gather)
+    except turn_reads.TurnNotFound:
+        answered = turn_reads.read_any_turn(service, key, turn).logged
         if answered is None or answered.answer is None:
             raise
         return StreamPage(

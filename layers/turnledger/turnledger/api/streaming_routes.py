@@ -13,7 +13,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 
 from ..core.exceptions import RequestValidationFailed
 from ..runtime import get_runtime
-from ..turn.longturns import MAX_WAIT_SECONDS, list_turns
+from ..turn.turn_reads import MAX_WAIT_SECONDS, list_turns
 from .resolver import ConversationId, app, conversation, json_response, responses
 from .schemas import TurnResponse, TurnsPage
 from .streaming import StreamPage, TurnProgress, sse_text, stream_page, turn_view

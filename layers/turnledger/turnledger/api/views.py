@@ -51,7 +51,7 @@ from .schemas import (
 
 if TYPE_CHECKING:
     # Annotations only: the read and clear functions never load the long turns' module.
-    from ..turn.longturns import TurnEntry, TurnsListing
+    from ..turn.turn_reads import TurnEntry, TurnsListing
 
 # --- requests -> commands -----------------------------------------------------------------
 

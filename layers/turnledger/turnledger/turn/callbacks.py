@@ -36,7 +36,7 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.exceptions import CallbackInvalid
 from ..core.strict_json import parse
@@ -202,3 +202,13 @@ def callback_url(claims: CallbackClaims) -> str | None:
     if base is None or key is None:
         return None
     return f"{base}/v1/callbacks/{sign(key, claims)}"
+
+
+def callback_output(value: Any) -> str:
+    """A callback's ``output`` as the call's result text: a string as itself, nothing as
+    empty, any other JSON value as compact JSON (as an http tool's answer is kept)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

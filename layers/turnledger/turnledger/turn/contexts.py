@@ -37,7 +37,7 @@ from ..core.models import (
 )
 from ..providers.base import Message, Provider, ToolSpec
 from ..store.memories import MemoryBook, MemoryRecord
-from .longturns import TurnNotFound
+from .turn_reads import TurnNotFound
 
 if TYPE_CHECKING:
     from .pipeline import Conversations

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from math import ceil
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..context.memory import Recall, WritePlan
 from ..core import deadline
@@ -27,6 +27,7 @@ from ..core.models import (
     ApprovalRequested,
     ApprovalResolved,
     EventKind,
+    Head,
     JsonObjectFormat,
     JsonSchemaFormat,
     PendingCall,
@@ -59,6 +60,12 @@ _OPENING_MOVE = {
     "client": CallMove.AWAIT_CLIENT,
     "input": CallMove.ASK_INPUT,
 }
+
+
+class Committer(Protocol):
+    """What commits a session's staged step: the request's runner (:mod:`.runner`)."""
+
+    def commit(self, session: Session) -> Head: ...
 
 
 @dataclass
@@ -212,7 +219,7 @@ class ToolCalls:
                 how,
             )
 
-    def run_ready(self, work: TurnWork) -> None:
+    def run_ready(self, work: TurnWork, committer: Committer) -> None:
         """Run every call that is recorded and cleared to run, then record the results.
 
         What is about to run is committed first, with a lease on the conversation:
@@ -243,7 +250,7 @@ class ToolCalls:
                 return
         now = self.clock()
         session.machine.take_lease(work.owner, now, self._lease_seconds(ready))
-        session.commit()
+        committer.commit(session)
         assert session.head is not None  # just committed
         deadlines = {p.id: self._deferred_deadline(session, p, now) for p in ready}
         invocations = []
@@ -260,7 +267,7 @@ class ToolCalls:
                     else None,
                 )
             )
-        outcomes = self._run_in_rounds(work, ready, invocations)
+        outcomes = self._run_in_rounds(work, ready, invocations, committer)
         work.executed = True
         done = set()
         for pending, outcome in zip(ready, outcomes, strict=True):
@@ -355,7 +362,11 @@ class ToolCalls:
         )
 
     def _run_in_rounds(
-        self, work: TurnWork, ready: list[PendingCall], invocations: list[ToolInvocation]
+        self,
+        work: TurnWork,
+        ready: list[PendingCall],
+        invocations: list[ToolInvocation],
+        committer: Committer,
     ) -> list[ToolOutcome]:
         """Run the calls at most the runner's parallel limit at a time, in call order,
         renewing the lease before every round after the first.
@@ -369,11 +380,11 @@ class ToolCalls:
         outcomes: list[ToolOutcome] = []
         for start in range(0, len(invocations), limit):
             if start:
-                self._renew(work, ready[start:])
+                self._renew(work, ready[start:], committer)
             outcomes.extend(self.runner.run(invocations[start : start + limit]))
         return outcomes
 
-    def _renew(self, work: TurnWork, rest: list[PendingCall]) -> None:
+    def _renew(self, work: TurnWork, rest: list[PendingCall], committer: Committer) -> None:
         """Extend this request's lease over the rounds still to run (``rest``): a commit
         of the head that expects the version this request wrote last.
 
@@ -388,7 +399,7 @@ class ToolCalls:
         session = work.session
         session.machine.renew_lease(self.clock(), self._lease_seconds(rest))
         try:
-            session.commit()
+            committer.commit(session)
             return
         except ConversationBusy:
             if not session.adopt_cancel(session.store.get_head(session.key), work.owner):
@@ -397,7 +408,7 @@ class ToolCalls:
                     extra={"calls_not_run": len(rest)},
                 )
                 raise
-        session.commit()
+        committer.commit(session)
 
     def _lease_seconds(self, rest: list[PendingCall]) -> float:
         """How long the run of ``rest`` and the rest of its step may take, plus a margin.

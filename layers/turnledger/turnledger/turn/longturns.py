@@ -1,4 +1,4 @@
-"""Long turns: ``Prefer: respond-async``, the turn worker, and reading a turn as it is written.
+"""Running turns through their drafts: ``Prefer: respond-async``, the turn worker, a drafted run.
 
 A turn (or an approval that continues one) sent with ``Prefer: respond-async``
 is *accepted*: the request checks what it can at once (identity, body, tools,
@@ -16,10 +16,8 @@ poll or pay for; a turn is one message with no ordering needs beyond the
 conversation's own optimistic lock.
 
 Synchronous turns run through their draft too (:func:`run_drafted`, keeping no copy of
-the answer), so any turn can be followed while it runs. Readers (:func:`read_any_turn`,
-:func:`follow`) read the draft items: any process can follow any turn, from any chunk;
-a finished turn whose draft keeps no answer is rebuilt from the log
-(:mod:`.turn_log`), as are the turns of a history page (:func:`list_turns`). The HTTP
+the answer), so any turn can be followed while it runs. Reading turns (following a
+draft, a history page) is :mod:`.turn_reads`'s, which loads none of this. The HTTP
 bodies of all this (the ``202``, progress, stream pages and their SSE framing) are the
 edge's (:mod:`turnledger.api.streaming`).
 """
@@ -27,10 +25,7 @@ edge's (:mod:`turnledger.api.streaming`).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.exceptions import (
@@ -42,40 +37,25 @@ from ..core.exceptions import (
     ServiceUnavailable,
     TurnledgerError,
 )
-from ..core.models import ConversationKey, Event, Head
+from ..core.models import ConversationKey, Head
 from ..core.observability import logger
-from . import drafts, turn_log
+from . import drafts
+from .admission import Rules, admit
 from .approval_edits import check_four_eyes
 from .commands import Decisions, TurnCommand
-from .drafts import DraftState, DraftWriter
-from .lifecycle import (
-    DraftMove,
-    awaits_decision,
-    check_settler,
-    draft_move,
-    is_running,
-    is_tombstone,
-    logged_status,
-    refuse_new_turn,
-)
+from .drafts import DraftWriter
+from .lifecycle import awaits_decision, check_settler, is_tombstone
 from .results import TurnResult
-from .turn_log import LoggedTurn
+from .turn_reads import overtaken, run_going, visible_head
 
 if TYPE_CHECKING:
     from ..store.base import Snapshot
     from .pipeline import Conversations
-    from .reads import Reads
 
 #: The worker's event marks itself, so a stray event is refused, not run.
 WORKER_EVENT = "turnledger.async_turn"
-#: At most this long a stream request waits for something new (API Gateway's 30 s, less margin).
-MAX_WAIT_SECONDS = 20
-#: A draft ``in_progress`` for longer than the worker's longest run (15 minutes) is dead.
-STALE_AFTER_SECONDS = 900
 #: Lambda's limit of an asynchronous invocation's event (256 KiB), which carries the input.
 MAX_EVENT_BYTES = 256 * 1024
-#: Between two reads of a draft while a stream request waits.
-POLL_SECONDS = 0.2
 
 RouteKind = Literal["turn", "approval"]
 
@@ -87,13 +67,6 @@ class AsyncTurnsUnavailable(TurnledgerError):
     code = "async_unavailable"
 
 
-class TurnNotFound(TurnledgerError):
-    """The conversation has no such turn, or the turn has no draft to read."""
-
-    status = 404
-    code = "turn_not_found"
-
-
 class TurnSuperseded(TurnledgerError):
     """The accepted turn's number was taken before its worker ran: by another request's
     turn, or by an earlier run of the same worker invocation that committed and died
@@ -103,35 +76,55 @@ class TurnSuperseded(TurnledgerError):
     code = "turn_superseded"
 
 
-@dataclass(frozen=True)
-class DraftRead:
-    """What a reader of a turn's draft got: chunks after a point, and the draft's state."""
-
-    chunks: list[drafts.Chunk]
-    #: Read on after this (the last chunk's seq, or where the read started if none came).
-    next_after: int
-    state: DraftState
-
-
 # --- accepting ----------------------------------------------------------------------------
 
 
-def _visible(service: Reads, key: ConversationKey) -> Head | None:
-    head = service.store.get_head(key)
-    return head if head is not None and head.is_visible(service.clock()) else None
+class DraftedRun:
+    """The draft sink (:class:`.drafts.DraftSink`) of a run in this request or in the
+    worker, writing into ``writer``. A turn run here (``command``) has its draft begun by
+    the turn's admission (:meth:`begin`), numbered from the head its load read; any other
+    run's draft was begun before the run (``begin`` does nothing)."""
 
+    def __init__(
+        self,
+        service: Conversations,
+        key: ConversationKey,
+        writer: DraftWriter,
+        *,
+        command: TurnCommand | None = None,
+        after_ms: int = 0,
+    ) -> None:
+        self.service = service
+        self.key = key
+        self.writer = writer
+        self.command = command
+        self.after_ms = after_ms
+        #: Whether the writer is aimed at the run's turn (a turn's: once admitted).
+        self.aimed = command is None
 
-def _check_startable(service: Conversations, head: Head | None, key: ConversationKey) -> None:
-    """What a turn request would refuse at once, refused before ``202``.
+    def begin(self, head: Head | None, loaded: Snapshot | None) -> None:
+        if self.command is None:
+            return
+        _begin_draft(
+            self.service,
+            self.key,
+            _turn_of(head, self.command),
+            "turn",
+            head,
+            after_ms=self.after_ms,
+            writer=self.writer,
+            loaded=loaded,
+        )
+        self.aimed = True
 
-    Raises:
-        ConversationBusy: tools of the conversation are running under a lease.
-        BudgetExceeded: the conversation's token budget is spent.
-        ApprovalPending: calls await approval (not yet expired).
-    """
-    refuse_new_turn(
-        head, service.clock(), budget=service.settings.conversation_budget_for(key.tenant)
-    )
+    def add(self, text: str) -> None:
+        self.writer.add(text)
+
+    def finish(self, result: dict[str, Any] | None) -> None:
+        self.writer.finish(result)
+
+    def interrupt(self, reason: str, result: dict[str, Any] | None) -> None:
+        self.writer.interrupt(reason, result)
 
 
 def _check_command(service: Conversations, command: TurnCommand) -> None:
@@ -146,30 +139,6 @@ def _check_command(service: Conversations, command: TurnCommand) -> None:
     service.tools.select(command.tools)
     for name in command.require_approval:
         service.tools.get(name)
-
-
-def _running(state: DraftState | None, now: datetime) -> bool:
-    """Whether a draft state says a run is still going (not over, not stale)."""
-    if state is None or state.done:
-        return False
-    try:
-        started = datetime.fromisoformat(state.started_at)
-    except ValueError:
-        return False
-    return (now - started).total_seconds() < STALE_AFTER_SECONDS
-
-
-def _overtaken(state: DraftState, head: Head | None, now: datetime) -> bool:
-    """Whether an ``in_progress`` draft's run is over though its end was never written:
-    the conversation was committed after the run began and no run holds its lease (a
-    run that committed its turn and then failed to write the draft's end)."""
-    if state.done or head is None or head.live_lease(now) is not None:
-        return False
-    try:
-        started = datetime.fromisoformat(state.started_at)
-    except ValueError:
-        return False
-    return head.updated_at > started
 
 
 def _begin_draft(
@@ -197,8 +166,8 @@ def _begin_draft(
     now = service.clock()
     if (
         state is not None
-        and _running(state, now)
-        and not _overtaken(state, service.store.get_head(key), now)
+        and run_going(state, now)
+        and not overtaken(state, service.store.get_head(key), now)
     ):
         raise ConversationBusy(
             "a turn of this conversation is running; follow it or wait for it",
@@ -250,7 +219,7 @@ def _aim_late(
     writer: DraftWriter, service: Conversations, key: ConversationKey, command: TurnCommand
 ) -> None:
     """Aim ``writer`` at the turn ``command`` would have run, from the head as read now."""
-    head = _visible(service, key)
+    head = visible_head(service, key)
     _aim(writer, service, key, _turn_of(head, command), head)
 
 
@@ -318,7 +287,7 @@ def accept(
             "this deployment runs no turn worker; send the request without Prefer: respond-async",
         )
     conversation_id = key.conversation_id
-    head = _visible(service, key)
+    head = visible_head(service, key)
     kind: RouteKind
     if isinstance(command, TurnCommand):
         kind = "turn"
@@ -327,7 +296,11 @@ def accept(
             outputs = [o.call_id for o in command.outputs]
             check_settler(head.pending, outputs, command.approver_claims)
         service.check_input_fits(command, head.token_scale if head is not None else None)
-        _check_startable(service, head, key)
+        admit(
+            head,
+            service.clock(),
+            Rules(budget=service.settings.conversation_budget_for(key.tenant), undecided=True),
+        )
         turn = (head.turn if head is not None else 0) + (1 if command.starts_turn else 0)
         if turn == 0:
             raise ConversationNotFound(f"conversation {conversation_id!r} not found")
@@ -338,6 +311,7 @@ def accept(
         check_settler(head.pending, command.outputs, command.approver_claims)
         if not awaits_decision(head):
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
+        admit(head, service.clock(), Rules())
         # Refused here, not later in the worker, when the head already says who asked.
         check_four_eyes(
             service.tools,
@@ -441,7 +415,7 @@ def run_worker(
     try:
         if kind == "turn":
             command = TurnCommand.model_validate(event["command"])
-            head = _visible(service, key)
+            head = visible_head(service, key)
             expected = turn - 1 if command.starts_turn else turn
             current = head.turn if head is not None else 0
             if current != expected:
@@ -452,12 +426,10 @@ def run_worker(
                     "(the conversation's events say what happened)",
                     details={"turn": turn, "turns": current},
                 )
-            with drafts.streaming_into(writer):
-                result = service.turn(key, actor, command)
+            result = service.turn(key, actor, command, sink=DraftedRun(service, key, writer))
         else:
             decisions = Decisions.model_validate(event["command"])
-            with drafts.streaming_into(writer):
-                result = service.approve(key, actor, decisions)
+            result = service.approve(key, actor, decisions, sink=DraftedRun(service, key, writer))
     except TurnledgerError as exc:
         body = error_body(exc)
         body["error"]["status"] = exc.status
@@ -534,33 +506,20 @@ def run_drafted(
         TurnledgerError: whatever the turn or the decisions raise (recorded in the draft).
     """
     kind: RouteKind = "turn" if isinstance(command, TurnCommand) else "approval"
+    sink: DraftedRun
     if isinstance(command, TurnCommand):
-        # The turn's own load is the one read: its head numbers the draft and is checked
-        # (below, in ``admitted``) before the busy check and before anything is written.
-        writer = _writer(service, key, 0, kind, None)
-        aimed = False
-
-        def admitted(head: Head | None, loaded: Snapshot) -> None:
-            nonlocal aimed
-            visible = head if head is not None and head.is_visible(service.clock()) else None
-            if command.starts_turn:
-                _check_startable(service, visible, key)
-            _begin_draft(
-                service,
-                key,
-                _turn_of(visible, command),
-                kind,
-                visible,
-                after_ms=draft_after_ms,
-                writer=writer,
-                loaded=loaded,
-            )
-            aimed = True
-
-        def run() -> TurnResult:
-            return service.turn(key, actor, command, admitted=admitted)
+        # The turn's own load is the one read: its head numbers the draft, begun by the
+        # turn's admission (after the lease, budget and approvals are asked) and before
+        # anything is written.
+        sink = DraftedRun(
+            service,
+            key,
+            _writer(service, key, 0, kind, None),
+            command=command,
+            after_ms=draft_after_ms,
+        )
     else:
-        head = _visible(service, key)
+        head = visible_head(service, key)
         writer = _begin_draft(
             service,
             key,
@@ -569,20 +528,19 @@ def run_drafted(
             head,
             after_ms=draft_after_ms,
         )
-        aimed = True
-
-        def run() -> TurnResult:
-            return service.approve(key, actor, command)
-
+        sink = DraftedRun(service, key, writer)
+    writer = sink.writer
     try:
-        with drafts.streaming_into(writer):
-            result = run()
+        if isinstance(command, TurnCommand):
+            result = service.turn(key, actor, command, sink=sink)
+        else:
+            result = service.approve(key, actor, command, sink=sink)
     except Exception as exc:
         failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
         if isinstance(failure, ProviderError) or failure.status >= 500:
             body = failure.to_body()
             body["error"]["status"] = failure.status
-            if not aimed and isinstance(command, TurnCommand):
+            if not sink.aimed and isinstance(command, TurnCommand):
                 # Failed before its load was done (the store's own failure): the turn it
                 # would have been is read now, so its draft still tells how it ended.
                 _quietly(lambda: _aim_late(writer, service, key, command))
@@ -603,258 +561,10 @@ def run_drafted(
         writer.finish(answer(result) if answer is not None else None)
     except Exception:
         # The turn is committed: its answer stands. Readers see the draft overtaken by
-        # the commit (:func:`_overtaken`) and rebuild the answer from the log.
+        # the commit (:func:`overtaken`) and rebuild the answer from the log.
         logger.exception("could not write the end of a turn's draft")
         return result, []
     if not read_back:
         return result, []
     chunks = drafts.read(service.store, key, turn, after=first - 1).chunks
     return result, [chunk.text for chunk in chunks]
-
-
-# --- reading ------------------------------------------------------------------------------
-
-
-def _effective(state: DraftState, now: datetime) -> DraftState:
-    """``state``, or ``interrupted`` (``worker_lost``) when its run went stale.
-
-    A worker that died without a word (its timeout, or retries spent into the
-    dead-letter queue) must not leave readers waiting for ever.
-    """
-    if state.done or _running(state, now):
-        return state
-    error = TurnledgerError("the turn's worker stopped before the turn ended")
-    body = error.to_body()
-    body["error"]["status"] = error.status
-    status = draft_move(state.status, DraftMove.INTERRUPT)
-    return replace(state, status=status, reason="worker_lost", result=body)
-
-
-def _draft(service: Reads, key: ConversationKey, head: Head | None, turn: int) -> DraftState | None:
-    """``turn``'s draft state in this life of the conversation (``interrupted`` once its
-    run went stale), or ``None``."""
-    state = drafts.read_state(service.store, key, turn)
-    if state is not None and head is not None and state.gen and state.gen != head.gen:
-        # Written to another life of the conversation: a leftover of a cleared one (a run
-        # that went on writing after the clear). Purges delete drafts with the partition.
-        state = None
-    if state is None:
-        return None
-    now = service.clock()
-    if _overtaken(state, head, now) and _log_tells(service, key, head, turn):
-        return None  # its run committed the turn: the log tells the rest
-    return _effective(state, now)
-
-
-def _log_tells(service: Reads, key: ConversationKey, head: Head | None, turn: int) -> bool:
-    """Whether the log holds ``turn`` (it is the head's, or the failure after it)."""
-    return head is not None and (
-        turn <= head.turn
-        or (turn == head.turn + 1 and bool(turn_log.turn_events(service.store, key, head, turn)))
-    )
-
-
-def _readable(service: Reads, key: ConversationKey, turn: int) -> DraftState:
-    """The draft state of a turn of ``key``.
-
-    Raises:
-        ConversationNotFound: no such conversation (and no draft of a first turn).
-        TurnNotFound: the turn has no draft.
-    """
-    head = _visible(service, key)
-    state = _draft(service, key, head, turn)
-    if state is None:
-        if head is None:
-            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-        raise TurnNotFound(
-            f"turn {turn} of this conversation has no draft to read",
-            details={"turn": turn, "turns": head.turn},
-        )
-    return state
-
-
-@dataclass(frozen=True)
-class TurnRead:
-    """What a read of one turn found: a draft that tells (its run going on, its error, or
-    the answer it kept), or the turn rebuilt from the log."""
-
-    state: DraftState | None
-    #: The draft's text so far (empty once a kept answer holds it).
-    text: str = ""
-    logged: LoggedTurn | None = None
-    #: A request runs the turn's tools under a live lease (no draft tells more).
-    running: bool = False
-
-
-def read_any_turn(service: Reads, key: ConversationKey, turn: int, *, wait: float = 0) -> TurnRead:
-    """Any turn of ``key``: its draft while it runs (waiting up to ``wait`` s for it to
-    end), its error, or its answer; a turn whose draft keeps no answer (a synchronous
-    turn, or one from before drafts) is rebuilt from the log (:mod:`.turn_log`).
-
-    Reads: the head and the draft's state (2 reads), then the turn's events as
-    :func:`turnledger.turn.turn_log.turn_events` says.
-
-    Raises:
-        ConversationNotFound: no such conversation (and no draft of a first turn).
-        TurnNotFound: no draft and no event of that turn.
-    """
-    deadline = time.monotonic() + max(min(wait, MAX_WAIT_SECONDS), 0)
-    head = _visible(service, key)
-    state = _draft(service, key, head, turn)
-    if state is not None and not state.done and wait > 0:
-        state = follow(service, key, turn, after=0, wait=wait, gather=True).state
-        head = _visible(service, key)
-    if state is not None and (
-        not state.done or state.result is not None or state.status == "interrupted"
-    ):
-        if state.status == "done":
-            return TurnRead(state=state)
-        text = "".join(c.text for c in drafts.read(service.store, key, turn).chunks)
-        return TurnRead(state=state, text=text)
-    if head is None:
-        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-    while turn_log.running_now(head, turn, service.clock()) and time.monotonic() < deadline:
-        time.sleep(POLL_SECONDS)
-        head = _visible(service, key)
-        if head is None:
-            raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-    if turn_log.running_now(head, turn, service.clock()):
-        return TurnRead(state=None, running=True)
-    events = turn_log.turn_events(service.store, key, head, turn) if turn <= head.turn + 1 else []
-    if not events:
-        raise TurnNotFound(
-            f"turn {turn} of this conversation does not exist",
-            details={"turn": turn, "turns": head.turn},
-        )
-    return TurnRead(state=None, logged=logged_turn(service, key, head, turn, events))
-
-
-def logged_turn(
-    service: Reads, key: ConversationKey, head: Head, turn: int, events: list[Event]
-) -> LoggedTurn:
-    """``turn`` of ``head`` rebuilt from its ``events``; the head's latest turn shows the
-    head's pending calls, and a run that died holding its lease shows ``interrupted``."""
-    settings = service.settings
-    logged = turn_log.rebuild(
-        key.conversation_id,
-        turn,
-        events,
-        pending=list(head.pending) if turn == head.turn else None,
-        default_budget=settings.context_budget(head.options.model or settings.model),
-        max_tool_steps=max(settings.max_tool_steps, 1),
-    )
-    if logged.answer is not None and turn == head.turn and is_running(head):
-        # Only a run that died holding its lease is read here (a live one is in progress).
-        shown = logged_status(logged.answer.status, in_progress=False, lease_lost=True)
-        return replace(logged, answer=replace(logged.answer, status=shown))
-    return logged
-
-
-def follow(
-    service: Reads,
-    key: ConversationKey,
-    turn: int,
-    *,
-    after: int,
-    wait: float,
-    gather: bool = False,
-) -> DraftRead:
-    """A long turn's chunks after ``after``, waiting up to ``wait`` s for some.
-
-    Returns as soon as there is something (``gather=False``: long poll) or, with
-    ``gather``, once the draft is over or the wait is spent (one SSE response).
-    Waiting reads are eventually consistent (half price); a draft seen over is read
-    once more consistently, so no last chunk is missed.
-
-    Raises:
-        ConversationNotFound, TurnNotFound: see :func:`_readable`.
-    """
-    state = _readable(service, key, turn)
-    deadline = time.monotonic() + max(min(wait, MAX_WAIT_SECONDS), 0)
-    chunks: list[drafts.Chunk] = []
-    cursor = after
-    consistent = True
-    while True:
-        read = drafts.read(service.store, key, turn, after=cursor, consistent=consistent)
-        current = _effective(read.state, service.clock()) if read.state else state
-        if current.done and not consistent:
-            consistent = True
-            continue  # the last chunks may lag an eventually consistent read
-        chunks.extend(read.chunks)
-        if read.chunks:
-            cursor = read.chunks[-1].seq
-        if current.done or (chunks and not gather) or time.monotonic() >= deadline:
-            break
-        consistent = False
-        time.sleep(POLL_SECONDS)
-    return DraftRead(chunks=chunks, next_after=cursor, state=current)
-
-
-# --- turns as a history ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TurnEntry:
-    """One turn of a history page: the log's account of it, and whether it runs now."""
-
-    turn: int
-    #: ``None`` only for a turn whose run has written no event yet (its draft says it runs).
-    logged: LoggedTurn | None
-    in_progress: bool = False
-    #: When its running draft began, for a turn with no event yet.
-    draft_started_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class TurnsListing:
-    """A page of a conversation's turns, oldest first."""
-
-    entries: list[TurnEntry]
-    #: The turn number to read on after; ``None`` when this page reached the latest turn.
-    next_after: int | None
-
-
-def list_turns(service: Reads, key: ConversationKey, *, after: int, limit: int) -> TurnsListing:
-    """Turns ``after + 1 ..`` of ``key`` (at most ``limit``), rebuilt from the log.
-
-    Reads: the head, the last event, a binary search for the first turn's first event,
-    the page's events, and (on the page that reaches the latest turn) the next turn's
-    draft state, which says whether a run is going on.
-
-    Raises:
-        ConversationNotFound: absent, expired, cleared, or another tenant's.
-    """
-    head = _visible(service, key)
-    if head is None:
-        raise ConversationNotFound(f"conversation {key.conversation_id!r} not found")
-    store, now = service.store, service.clock()
-    latest = turn_log.latest_turn(store, key, head)
-    last = min(after + limit, latest)
-    by_turn = turn_log.turns_range(store, key, head, after + 1, last) if last > after else {}
-    entries = [
-        TurnEntry(
-            turn=n,
-            logged=logged_turn(service, key, head, n, events),
-            in_progress=turn_log.running_now(head, n, now),
-        )
-        for n, events in sorted(by_turn.items())
-    ]
-    if last < latest:
-        return TurnsListing(entries=entries, next_after=last)
-    upcoming = head.turn + 1
-    draft = _draft(service, key, head, upcoming) if upcoming > after else None
-    running = draft is not None and not draft.done
-    fits = len(entries) < limit or bool(entries and entries[-1].turn == upcoming)
-    if draft is not None and running and fits:
-        started = datetime.fromisoformat(draft.started_at)
-        entries = [e for e in entries if e.turn != upcoming]
-        mine = by_turn.get(upcoming)
-        entries.append(
-            TurnEntry(
-                turn=upcoming,
-                logged=logged_turn(service, key, head, upcoming, mine) if mine else None,
-                in_progress=True,
-                draft_started_at=started,
-            )
-        )
-    return TurnsListing(entries=entries, next_after=None)

@@ -60,7 +60,7 @@ from .contexts import (
     tool_specs,
     visible_head,
 )
-from .longturns import STALE_AFTER_SECONDS
+from .turn_reads import STALE_AFTER_SECONDS
 
 if TYPE_CHECKING:
     from .pipeline import Conversations

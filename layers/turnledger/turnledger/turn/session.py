@@ -44,8 +44,6 @@ from .lifecycle import (
     inbox_changes,
     is_running,
     is_tombstone,
-    refuse_if_running,
-    refuse_if_spent,
 )
 from .machine import TurnMachine
 
@@ -200,35 +198,16 @@ class Session:
         """Whether this request picks up a run that died (its head mid-run, nothing staged)."""
         return is_running(self.head) and not self.staged
 
-    def admit(self, now: datetime, *, budget: int = 0) -> None:
-        """Decide whether this request may act on the conversation now.
-
-        Refuses while another request's lease is live, and (``budget`` > 0) once
-        the conversation's tokens reached it. A cancel that asked a run which then
-        died is honoured here first: that turn stops instead of being resumed.
-
-        Raises:
-            ConversationBusy: a live lease; ``retry_after_seconds`` says when it ends
-                at the latest.
-            BudgetExceeded: the conversation's token budget is spent.
-        """
-        refuse_if_running(self.head, now)
-        self.honour_cancel()
-        refuse_if_spent(self.usage, budget)
-
     def honour_cancel(self) -> bool:
         """Stop the turn a cancel asked to stop, if the head read carries one (a run that
         then died, or one this request took in while renewing its lease): its calls are
-        cancelled and the stop committed. Returns whether it did.
-
-        Raises:
-            ConversationBusy: another request committed first.
+        cancelled and the stop staged (the runner commits it,
+        :meth:`.runner.TurnRunner.stop_cancelled`). Returns whether it did.
         """
         head = self.head
         if head is None or not cancel_requested(head) or head.cancel is None:
             return False
         self.cancel_turn(by=head.cancel.requested_by, reason=head.cancel.reason)
-        self.commit()
         return True
 
     def adopt_cancel(self, fresh: Head | None, owner: str) -> bool:

@@ -1,0 +1,118 @@
+"""Provider selection: which provider and model a turn may name, who writes summaries,
+and the deployment's redaction rules and embedder as a request sees them.
+
+Mixed into the service (:class:`~turnledger.turn.pipeline.Conversations`): these read its
+configuration (``provider`` may be swapped after construction, as tests do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from ..context.redaction import Redactor
+from ..core.exceptions import UnknownModel, UnknownProvider
+from ..core.observability import logger
+from ..providers.base import Provider
+from ..providers.embeddings import Embedder
+from .reads import Reads
+
+if TYPE_CHECKING:
+    from .execution import TurnWork
+
+
+class ProviderSelection(Reads):
+    """The providers, model and helpers of one deployment's turns."""
+
+    #: The deployment's default provider; others it allows are built by ``_build_provider``.
+    provider: Provider
+    #: Writes context summaries (``None``: the turn's own provider).
+    summarizer: Provider | None
+    _build_provider: Callable[[str], Provider] | None
+    _providers: dict[str, Provider]
+    _embedder: Embedder | Callable[[], Embedder | None] | None
+    _redactor: Redactor | Callable[[], Redactor | None] | None
+
+    @cached_property
+    def embedder(self) -> Embedder | None:
+        """What ranks memory records by embeddings (built on first use), or ``None``."""
+        if self._embedder is None or isinstance(self._embedder, Embedder):
+            return self._embedder
+        return self._embedder()
+
+    def provider_for(self, name: str | None) -> Provider:
+        """The provider a turn names (``None``: the default one).
+
+        Raises:
+            UnknownProvider: the deployment does not enable that provider.
+        """
+        if name is None or name == self.provider.name:
+            return self.provider
+        if name not in self.settings.allowed_providers or self._build_provider is None:
+            raise UnknownProvider(
+                f"provider {name!r} is not enabled in this deployment",
+                details={"provider": name, "allowed": list(self.settings.allowed_providers)},
+            )
+        if name not in self._providers:
+            self._providers[name] = self._build_provider(name)
+        return self._providers[name]
+
+    def check_model(self, name: str | None) -> None:
+        """Refuse a model the deployment does not allow a turn to name (``None``: the default).
+
+        Raises:
+            UnknownModel: ``name`` is not in :attr:`Settings.models_allowed`.
+        """
+        allowed = self.settings.models_allowed
+        if name is not None and allowed is not None and name not in allowed:
+            raise UnknownModel(
+                f"model {name!r} is not allowed in this deployment",
+                details={"model": name, "allowed": sorted(allowed)},
+            )
+
+    def forget_provider_state(self, responses: list[tuple[str, str]]) -> int:
+        """Delete stored provider responses, best effort; returns how many were deleted.
+
+        Never raises: a clear or a sweep is never blocked by a provider.
+        """
+        deleted = 0
+        by_provider: dict[str, list[str]] = {}
+        for name, response_id in dict.fromkeys(responses):
+            by_provider.setdefault(name, []).append(response_id)
+        for name, ids in by_provider.items():
+            try:
+                deleted += self.provider_for(name).delete_state(ids)
+            except Exception as exc:  # a provider no longer enabled, or a bug: never blocks
+                logger.warning(
+                    "could not delete provider state",
+                    extra={"provider": name, "error": type(exc).__name__},
+                )
+        return deleted
+
+    @property
+    def redactor(self) -> Redactor | None:
+        """The redaction rule set in force (a source such as SSM is asked each time; it caches)."""
+        if self._redactor is None or isinstance(self._redactor, Redactor):
+            return self._redactor
+        return self._redactor()
+
+    def _provider_of(self, name: str | None) -> Provider:
+        # A turn continued later uses its own provider, even if the deployment dropped it
+        # from the allowed list meanwhile: the turn was accepted with it.
+        try:
+            return self.provider_for(name)
+        except UnknownProvider:
+            return self.provider
+
+    def _summarizer(self, work: TurnWork) -> Provider:
+        """Who writes summaries: the one given, ``SUMMARIZER_PROVIDER``, or the turn's own."""
+        if self.summarizer is not None:
+            return self.summarizer
+        name = self.settings.summarizer_provider
+        if not name or name == work.provider.name or self._build_provider is None:
+            return work.provider
+        if name not in self._providers:
+            # Configured by the deployment itself: no need to be a provider turns may name.
+            self._providers[name] = self._build_provider(name)
+        return self._providers[name]
