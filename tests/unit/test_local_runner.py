@@ -43,6 +43,11 @@ Globals:
     Runtime: python3.13
     Timeout: 7
     MemorySize: 256
+  HttpApi:
+    Auth:
+      DefaultAuthorizer: Jwt
+      Authorizers:
+        Jwt: {IdentitySource: $request.header.Authorization}
 Resources:
   EchoFunction:
     Type: AWS::Serverless::Function

@@ -176,9 +176,33 @@ def test_callback_signing_key_is_a_generated_secret(template: dict[str, Any]) ->
         } in policies
 
 
-def test_jwt_authorizer_is_the_default(template: dict[str, Any]) -> None:
+def test_the_jwt_authorizer_guards_every_route_but_the_open_ones(
+    template: dict[str, Any],
+) -> None:
+    """No default authorizer (a route left out would then be open, and is caught here): each
+    route names JwtAuthorizer, but the three whose credential is not a JWT, which name none."""
     auth = props(template, "HttpApi")["Auth"]
-    authorizer = auth["Authorizers"][auth["DefaultAuthorizer"]]
+    assert "DefaultAuthorizer" not in auth
+    open_routes = {
+        ("POST", "/v1/callbacks/{token}"),
+        ("GET", "/v1/openapi.json"),
+        ("GET", "/approvals"),
+    }
+    named = {
+        (str(event["Properties"]["Method"]).upper(), event["Properties"]["Path"]): event[
+            "Properties"
+        ].get("Auth")
+        for name in functions(template)
+        for event in (props(template, name).get("Events") or {}).values()
+        if event["Type"] == "HttpApi"
+    }
+    assert {route for route, auth in named.items() if auth is None} == open_routes
+    assert all(
+        auth == {"Authorizer": "JwtAuthorizer"}
+        for route, auth in named.items()
+        if route not in open_routes
+    )
+    authorizer = auth["Authorizers"]["JwtAuthorizer"]
     assert authorizer["IdentitySource"] == "$request.header.Authorization"
     assert authorizer["JwtConfiguration"] == {
         "issuer": {"Ref": "JwtIssuer"},
@@ -1012,3 +1036,37 @@ def test_functions_get_the_content_keys_and_only_erasure_deletes_a_kms_key(
     }
     key = resource(template, "ContentKey")
     assert key["Condition"] == "NoKmsKey" and key["Properties"]["EnableKeyRotation"] is True
+
+
+def test_the_local_runner_opens_exactly_the_routes_the_deployed_api_opens(
+    template: dict[str, Any],
+) -> None:
+    """The runner reads the same template: a route is open locally only where SAM opens it
+    (no authorizer named and no default one, or ``NONE``)."""
+    assert {(r.method, r.path) for r in routes(template) if not r.authorized} == {
+        ("POST", "/v1/callbacks/{token}"),
+        ("GET", "/v1/openapi.json"),
+        ("GET", "/approvals"),
+    }
+
+    def guarded(api_auth: dict[str, Any] | None, route_auth: str | None, *, ref: bool) -> bool:
+        spec: dict[str, Any] = {"Method": "GET", "Path": "/x"}
+        if ref:
+            spec["ApiId"] = {"Ref": "Api"}
+        if route_auth is not None:
+            spec["Auth"] = {"Authorizer": route_auth}
+        fn = {
+            "Type": "AWS::Serverless::Function",
+            "Properties": {"Events": {"E": {"Type": "HttpApi", "Properties": spec}}},
+        }
+        api = {"Type": "AWS::Serverless::HttpApi", "Properties": {"Auth": api_auth or {}}}
+        globals_ = {} if ref else {"HttpApi": {"Auth": api_auth or {}}}
+        [route] = routes({"Globals": globals_, "Resources": {"Fn": fn, "Api": api}})
+        return route.authorized
+
+    default = {"DefaultAuthorizer": "Jwt"}
+    for ref in (True, False):
+        assert guarded(None, None, ref=ref) is False
+        assert guarded(default, None, ref=ref) is True
+        assert guarded(default, "NONE", ref=ref) is False
+        assert guarded(None, "Jwt", ref=ref) is True

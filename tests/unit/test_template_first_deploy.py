@@ -223,8 +223,9 @@ def test_the_imported_body_opens_exactly_the_open_routes_and_guards_the_rest(
     translated: dict[str, Any],
 ) -> None:
     """What FailOnWarnings judges: the body SAM writes. Every route names the JWT authorizer,
-    which the body defines, but for the three open ones, which name SAM's built-in NONE (a
-    scheme the body does not define: DEPLOY.md, "The open routes and FailOnWarnings")."""
+    which the body defines, but for the three open ones, which name no security at all (not
+    SAM's built-in NONE, a scheme the body would not define: DEPLOY.md, "The open routes and
+    FailOnWarnings")."""
     (api,) = of_type(translated, "AWS::ApiGatewayV2::Api").values()
     assert api["Properties"]["FailOnWarnings"] is True
     body = api["Properties"]["Body"]
@@ -235,8 +236,6 @@ def test_the_imported_body_opens_exactly_the_open_routes_and_guards_the_rest(
         for path, operations in body["paths"].items()
         for method, operation in operations.items()
     }
-    assert {route for route, security in found.items() if security == [{"NONE": []}]} == (
-        OPEN_ROUTES
-    )
+    assert {route for route, security in found.items() if security is None} == OPEN_ROUTES
     guarded = {route: security for route, security in found.items() if route not in OPEN_ROUTES}
     assert guarded and all(s == [{"JwtAuthorizer": []}] for s in guarded.values()), guarded

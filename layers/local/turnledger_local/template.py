@@ -101,7 +101,10 @@ class Route:
 
 
 def routes(template: dict[str, Any]) -> list[Route]:
-    """Every ``HttpApi`` event route of every ``AWS::Serverless::Function``."""
+    """Every ``HttpApi`` event route of every ``AWS::Serverless::Function``, guarded as SAM
+    guards it: by the authorizer the route names (``NONE``: open), else by its API's
+    ``DefaultAuthorizer`` (the ``HttpApi`` its ``ApiId`` names, or ``Globals.HttpApi`` for
+    SAM's implicit one), else open."""
     found: list[Route] = []
     for name, resource in template.get("Resources", {}).items():
         if resource.get("Type") != "AWS::Serverless::Function":
@@ -111,7 +114,8 @@ def routes(template: dict[str, Any]) -> list[Route]:
             if event.get("Type") != "HttpApi":
                 continue
             spec = event.get("Properties", {})
-            auth = spec.get("Auth") or {}
+            named = (spec.get("Auth") or {}).get("Authorizer")
+            authorizer = named if named is not None else _default_authorizer(template, spec)
             found.append(
                 Route(
                     method=str(spec["Method"]).upper(),
@@ -119,10 +123,22 @@ def routes(template: dict[str, Any]) -> list[Route]:
                     function=name,
                     code_uri=str(props.get("CodeUri", "")),
                     handler=str(props.get("Handler", "app.lambda_handler")),
-                    authorized=auth.get("Authorizer") != "NONE",
+                    authorized=authorizer not in (None, "NONE"),
                 )
             )
     return found
+
+
+def _default_authorizer(template: dict[str, Any], event: dict[str, Any]) -> str | None:
+    """The ``DefaultAuthorizer`` of the API an ``HttpApi`` event belongs to, if any."""
+    api_id = event.get("ApiId")
+    if isinstance(api_id, dict) and "Ref" in api_id:
+        api = template.get("Resources", {}).get(str(api_id["Ref"]), {})
+        auth = (api.get("Properties") or {}).get("Auth") or {}
+    else:
+        auth = ((template.get("Globals") or {}).get("HttpApi") or {}).get("Auth") or {}
+    default = auth.get("DefaultAuthorizer")
+    return None if default is None else str(default)
 
 
 #: What Lambda gives a function that sets neither its own value nor a global one.
