@@ -115,9 +115,10 @@ def tool_definitions(sink: HttpSink, *, timeout_seconds: float = 0.5) -> list[di
     ]
 
 
-def registry(sink: HttpSink) -> ToolRegistry:
+def registry(sink: HttpSink, *, timeout_seconds: float = 0.5) -> ToolRegistry:
     """The test registry, loaded through the JSON loader a deployment uses."""
-    return ToolRegistry.from_json(json.dumps({"tools": tool_definitions(sink)}))
+    definitions = tool_definitions(sink, timeout_seconds=timeout_seconds)
+    return ToolRegistry.from_json(json.dumps({"tools": definitions}))
 
 
 def script_tools(sink: HttpSink) -> None:
