@@ -110,7 +110,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.exceptions import ConversationBusy, InvalidConversationId, StateError
 from ..core.models import ConversationKey, ConversationStatus, validate_conversation_id
 from ..core.observability import logger
-from ..store import codec, forks, keys
+from ..store import codec, forks, keys, purge
 from ..store.base import CapacityMeter, ConversationStore, PurgeReport
 from ..store.codec import Item
 from ..store.indexes import EventStamp, SweepPass
@@ -440,7 +440,7 @@ class Sweeper:
                     return self.store.purge_if_unchanged(key, head, now) or PurgeReport()
                 live_gen = head.gen
             # What forks still read stays (store/forks.py), whichever life wrote it.
-            kept = self.store.retention(key)
+            kept = purge.retention(self.store, key)
             if before is None and kept:
                 # With no head, a new life would start below what forks read: a clear keeps
                 # a tombstone above it and deletes the rest, as a purge does.
@@ -471,7 +471,7 @@ class Sweeper:
             if _identity(self.store.head_item(key)) != _identity(before):
                 continue
             report = self._delete_dead(key, stamps, objects, head_gone=before is None)
-            report += self.store.release_forks(key, live_gen=live_gen, kept=kept)
+            report += purge.release_forks(self.store, key, live_gen=live_gen, kept=kept)
             return report
         raise ConversationBusy("the conversation kept changing while its orphans were reclaimed")
 

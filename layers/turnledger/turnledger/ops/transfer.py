@@ -68,6 +68,7 @@ from ..providers.base import Message
 from ..providers.history import build_strict_history, check_strict_history
 from ..store import keys
 from ..store.base import ConversationStore
+from ..store.imports import import_conversation
 from ..turn.lifecycle import is_running, status_for
 from ..turn.session import new_event_id
 
@@ -514,7 +515,7 @@ def import_text(
         failed_turns=sum(1 for e in events if e.kind is EventKind.TURN_FAILED),
         cost_usd=opening.cost_usd_carried_over,
     )
-    return store.import_conversation(key, head, events, now)
+    return import_conversation(store, key, head, events, now)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,12 @@ and names every operation; each is written once, over the backend's primitives
   (:mod:`.inbox`), the indexes and the sweep cursor (:mod:`.indexes`), sealing what was
   written clear (:mod:`.sealed`).
 
+It names the operations that more than one caller, or a test of every backend, needs; an
+operation with a single caller is called as its protocol's function (the run flag's
+:func:`.runs.put_run_flag` from the draft, :func:`.forks.fork_refs` from the forks' page,
+:func:`.imports.import_conversation` from the transfer, :func:`.purge.retention` and
+:func:`.purge.release_forks` from the purge and the sweep's reclaim).
+
 It knows no turn rules: the head, its status and the inbox changes come from the caller.
 A backend (:mod:`.memory`, :mod:`.sqlite`, :mod:`.dynamodb`) subclasses it and implements
 only the primitives. ``tests/contract`` runs the scenario suite and the primitives' suite
@@ -26,11 +32,11 @@ from datetime import datetime
 
 from ..core.models import ConversationKey, Event, Head
 from . import commit as commit_protocol
-from . import forks, imports, inbox, indexes, keys, purge, reads, records, runs, sealed
+from . import forks, inbox, indexes, keys, purge, reads, records, sealed
 from . import side as side_items
 from .backend import Backend, CapacityMeter, Page
 from .blobs import BlobStore
-from .codec import Item, SideItem, StoredEvent
+from .codec import Item, SideItem
 from .commit import DEFAULT_OFFLOAD_THRESHOLD, MAX_EVENTS_PER_COMMIT, new_generation
 from .inbox import EntryKey
 from .indexes import INDEX_PAGE_SIZE, EventStamp, SweepPass
@@ -102,10 +108,6 @@ class ConversationStore(Backend):
         """Up to ``limit`` events after public sequence ``after``: :func:`.reads.read_events`."""
         return reads.read_events(self, key, head, after=after, limit=limit)
 
-    def stored_at(self, key: ConversationKey, head: Head, sequence: int) -> StoredEvent:
-        """The stored body of one event, wherever it is: :func:`.reads.stored_at`."""
-        return reads.stored_at(self, key, head, sequence)
-
     def event_at(self, key: ConversationKey, head: Head, sequence: int) -> Event:
         """The event at public ``sequence``, payload included: :func:`.reads.event_at`."""
         return reads.event_at(self, key, head, sequence)
@@ -114,7 +116,7 @@ class ConversationStore(Backend):
         """The raw head item, read consistently (``None`` when absent); nothing is decoded."""
         return self._get_item(keys.partition_key(key), keys.HEAD_SK)
 
-    # --- the commit (.commit) and the run flag (.runs) ----------------------------------
+    # --- the commit (.commit) -----------------------------------------------------------
 
     def commit(
         self,
@@ -135,12 +137,6 @@ class ConversationStore(Backend):
             inbox_changes=inbox_changes,
         )
 
-    def put_run_flag(
-        self, key: ConversationKey, flag: RunFlag, *, expires_at: int | None = None
-    ) -> None:
-        """Put ``key``'s run flag: :func:`.runs.put_run_flag`."""
-        runs.put_run_flag(self, key, flag, expires_at=expires_at)
-
     # --- the purge (.purge) -------------------------------------------------------------
 
     def clear(self, key: ConversationKey, now: datetime) -> PurgeReport:
@@ -157,16 +153,6 @@ class ConversationStore(Backend):
     def refile(self, key: ConversationKey, head: Head) -> bool:
         """File a live head under its current expiry bucket: :func:`.purge.refile`."""
         return purge.refile(self, key, head)
-
-    def retention(self, key: ConversationKey) -> dict[str, int]:
-        """What forks still read of ``key``'s lives: :func:`.purge.retention`."""
-        return purge.retention(self, key)
-
-    def release_forks(
-        self, key: ConversationKey, *, live_gen: str | None, kept: dict[str, int]
-    ) -> PurgeReport:
-        """Settle the forks of ``key``'s deleted lives: :func:`.purge.release_forks`."""
-        return purge.release_forks(self, key, live_gen=live_gen, kept=kept)
 
     # --- forks (.forks) and imports (.imports) ------------------------------------------
 
@@ -185,22 +171,9 @@ class ConversationStore(Backend):
             self, parent, parent_head, target, head, expected_version=expected_version, now=now
         )
 
-    def fork_refs(
-        self, key: ConversationKey, head: Head, *, after: str | None, limit: int
-    ) -> tuple[list[forks.ForkRef], bool]:
-        """A page of the live forks of ``head``'s life: :func:`.forks.fork_refs`."""
-        return forks.fork_refs(self, key, head, after=after, limit=limit)
-
     def fork_count(self, key: ConversationKey, head: Head) -> int:
         """How many live forks ``head``'s life has: :func:`.forks.fork_count`."""
         return forks.fork_count(self, key, head)
-
-    def import_conversation(
-        self, key: ConversationKey, head: Head, events: Sequence[Event], now: datetime
-    ) -> Head:
-        """Create ``key`` as ``head`` with ``events``, all or nothing:
-        :func:`.imports.import_conversation`."""
-        return imports.import_conversation(self, key, head, events, now)
 
     # --- side items (.side) and idempotency records (.records) --------------------------
 

@@ -370,8 +370,8 @@ def _finish_purge(
     store: ConversationStore, key: ConversationKey, tomb: Head, report: PurgeReport
 ) -> PurgeReport:
     pk = keys.partition_key(key)
-    kept = store.retention(key)
-    report += store.release_forks(key, live_gen=tomb.gen, kept=kept)
+    kept = retention(store, key)
+    report += release_forks(store, key, live_gen=tomb.gen, kept=kept)
     report.events += _delete_partition(store, pk, tomb, report, kept)
     report.provider_responses = list(dict.fromkeys(report.provider_responses))
     report.objects += _delete_objects(store, key, keep_gen=tomb.gen, kept=kept)
@@ -419,7 +419,7 @@ def _delete_partition(
 
     Kept: the head, event items above the tombstone's sequence (only the next
     life writes there), the events forks still read (``kept``: :meth:`retention`),
-    fork references and origins (:meth:`release_forks` owns them), and items of other
+    fork references and origins (:func:`release_forks` owns them), and items of other
     kinds that carry the next life's ``g``.
     A deleted side item's companion (in the tenant's own partition) is deleted first.
     The stored provider responses that deleted answers name (their run records)

@@ -36,7 +36,7 @@ class Snapshot:
     events: list[Event]
     #: True when ``events`` start at the conversation's first event.
     from_start: bool
-    #: The run flag read with the head (:meth:`ConversationStore.put_run_flag`), ``None``
+    #: The run flag read with the head (:func:`.runs.put_run_flag`), ``None``
     #: when there is none; says something only when :attr:`run_read`. Not part of what
     #: the snapshot compares equal by (the transcript's state).
     run: RunFlag | None = field(default=None, compare=False)

@@ -46,6 +46,7 @@ from ..providers.base import ModelReply, ModelRequest, Provider
 from ..store import keys
 from ..store.base import ConversationStore, RunFlag, Snapshot
 from ..store.codec import SideItem
+from ..store.runs import put_run_flag
 
 # The reading half lives apart (a reader loads none of the writer); named here too.
 from .draft_items import (
@@ -280,7 +281,8 @@ class DraftWriter:
         if running and self.kind == "turn":
             # Before the state: a draft running is always named by the flag (the busy check
             # of the next turn reads the state only when the flag names its turn).
-            self.store.put_run_flag(
+            put_run_flag(
+                self.store,
                 self.key,
                 RunFlag(turn=self.turn, started_at=_ceil_seconds(self.started_at), gen=self.gen),
                 expires_at=self.expires_at,

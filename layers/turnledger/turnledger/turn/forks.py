@@ -42,6 +42,7 @@ from ..core.models import (
 )
 from ..store import keys
 from ..store.base import ConversationStore, new_generation
+from ..store.reads import stored_at
 from .lifecycle import fork_refusal, fork_status, is_tombstone
 
 #: Times a fork is tried again when its parent changed between its read and its write.
@@ -75,7 +76,7 @@ def fork_point(store: ConversationStore, key: ConversationKey, head: Head, turn:
     low, high = 0, head.event_count  # the answer is in low..high; sequence 0 is "before all"
     while low < high:
         middle = (low + high + 1) // 2
-        if store.stored_at(key, head, middle).turn <= turn:
+        if stored_at(store, key, head, middle).turn <= turn:
             low = middle
         else:
             high = middle - 1

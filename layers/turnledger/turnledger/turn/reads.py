@@ -16,6 +16,7 @@ from ..core.config import Settings
 from ..core.exceptions import ConversationNotFound
 from ..core.models import ConversationKey, Head
 from ..store.base import ConversationStore, PurgeReport
+from ..store.forks import fork_refs
 from .lifecycle import awaiting as open_waits
 from .lifecycle import lapsed, public_status, waiting
 from .results import ConversationState, EventPage, ForkEntry, ForkPage, ForkParent
@@ -93,7 +94,7 @@ class Reads:
             ConversationNotFound: absent, expired, cleared, or another tenant's.
         """
         head = self._visible_head(key)
-        refs, more = self.store.fork_refs(key, head, after=after, limit=limit)
+        refs, more = fork_refs(self.store, key, head, after=after, limit=limit)
         return ForkPage(
             conversation_id=key.conversation_id,
             forks=[
