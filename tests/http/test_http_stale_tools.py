@@ -107,3 +107,49 @@ def test_an_import_whose_options_name_an_unknown_tool_is_accepted_and_its_turns_
         answer = native_turn(http, "copy", input="Still there?")
         assert answer.status_code == 200, answer.text
         assert native_turn(http, "copy", input="And now?", tools=[]).status_code == 200
+
+
+def test_a_call_pending_on_a_tool_removed_since_settles_when_approved(tmp_path: Path) -> None:
+    """A ``send_email`` call waits for approval; the runner restarts with a registry that
+    lacks ``send_email``. Approving it records the approval, settles the call with an error
+    result that names the missing tool (nothing runs) and finishes the turn, instead of
+    ``422 unknown_tool`` on every attempt (issue 39, point 5: the pending half); an edit
+    of its arguments, with no schema left to check them, is refused first and decides
+    nothing."""
+    registry: dict[str, Any] = json.loads(SAMPLE_TOOLS.read_text(encoding="utf-8"))
+    without = {**registry, "tools": [t for t in registry["tools"] if t["name"] != "send_email"]}
+    full, lacking = tmp_path / "tools.json", tmp_path / "tools-lacking.json"
+    full.write_text(json.dumps(registry), encoding="utf-8")
+    lacking.write_text(json.dumps(without), encoding="utf-8")
+    data_dir = tmp_path / "data"
+    with serving(data_dir, full) as http:
+        asked = native_turn(http, "pending-gone", input='/tool send_email {"to": "bob@x.org"}')
+        assert asked.status_code == 200, asked.text
+        assert asked.json()["status"] == "awaiting_approval"
+        (call,) = asked.json()["pending_tool_calls"]
+
+    with serving(data_dir, lacking) as http:
+        edited = http.post(
+            "/v1/conversations/pending-gone/approvals",
+            json={"approve": [{"id": call["id"], "arguments": {"to": "carol@x.org"}}]},
+            headers=ANN,
+        )
+        assert edited.status_code == 422, edited.text
+        assert edited.json()["error"]["code"] == "validation_error"
+        assert "no longer registered" in edited.text
+        approved = http.post(
+            "/v1/conversations/pending-gone/approvals",
+            json={"approve": [call["id"]]},
+            headers=ANN,
+        )
+        assert approved.status_code == 200, approved.text
+        assert approved.json()["status"] == "complete"
+        assert approved.json()["pending_tool_calls"] == []
+        events = http.get("/v1/conversations/pending-gone/events", headers=ANN).json()["events"]
+        kinds = [e["kind"] for e in events]
+        assert "approval_resolved" in kinds
+        (result,) = [e for e in events if e["kind"] == "tool_result"]
+        assert result["payload"]["call_id"] == call["id"]
+        assert result["payload"]["is_error"] is True
+        assert "send_email" in json.dumps(result["payload"]["output"])
+        assert "no longer registered" in json.dumps(result["payload"]["output"])

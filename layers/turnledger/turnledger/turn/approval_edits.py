@@ -59,6 +59,15 @@ def check_edits(
                 }
             )
             continue
+        if pending.name not in registry:
+            errors.append(
+                {
+                    "id": call_id,
+                    "msg": f"its tool {pending.name!r} is no longer registered: approve it as "
+                    "it is (it answers with an error and does not run), or reject it",
+                }
+            )
+            continue
         problem = registry.get(pending.name).validate_arguments(arguments)
         if problem is not None:
             errors.append({"id": call_id, "msg": problem})

@@ -241,6 +241,14 @@ class ToolCalls:
         for pending in ready:
             if arguments_sha256(pending.arguments) != pending.arguments_sha256:
                 raise InternalError(f"arguments of call {pending.id} changed after approval")
+        gone = [p for p in ready if p.name not in self.tools]
+        if gone:
+            # Approved (or resumed) after its tool left the registry: nothing can run it,
+            # and refusing the decision would leave the call waiting for ever.
+            self._settle_unregistered(session, gone)
+            ready = [p for p in ready if p not in gone]
+            if not ready:
+                return
         if session.resuming():
             unsure = [p for p in ready if not self._tool(p.name).idempotent]
             for pending in unsure:
@@ -321,6 +329,23 @@ class ToolCalls:
             requested_at=self.clock(),
             reason="its request ended while it ran: it may have run already",
         )
+
+    @staticmethod
+    def _settle_unregistered(session: Session, gone: list[PendingCall]) -> None:
+        """Answer calls whose tool is no longer registered with an error result; nothing
+        runs (the model sees why with the turn's next step)."""
+        for pending in gone:
+            session.add(
+                ToolResult(
+                    call_id=pending.id,
+                    name=pending.name,
+                    output=f"tool call {pending.name} was not run: the tool "
+                    f"{pending.name!r} is no longer registered",
+                    is_error=True,
+                ),
+                actor="system",
+            )
+        session.machine.settle(p.id for p in gone)
 
     def _tool(self, name: str) -> ToolDefinition:
         return self.tools.get(name)
