@@ -311,3 +311,20 @@ def test_a_401_is_in_openai_s_shape(served: LocalRunner) -> None:
             base_url=f"{served.url}/openai/v1", api_key="nope", max_retries=0
         ).chat.completions.create(model="demo-1", messages=[{"role": "user", "content": "Hi"}])
     assert raised.value.body["type"] == "authentication_error"  # type: ignore[index]
+
+
+def test_a_gated_call_with_store_false_says_nothing_waits(
+    client: OpenAI, http: httpx.Client
+) -> None:
+    """``store: false`` keeps nothing, so a call needing approval cannot wait for one:
+    ``409`` naming ``store``, the call never ran, and no conversation is left."""
+    with pytest.raises(openai.ConflictError) as raised:
+        client.chat.completions.create(
+            model="demo-1",
+            messages=[{"role": "user", "content": '/tool send_email {"to": "bo@x.io"}'}],
+            store=False,
+        )
+    error: dict[str, Any] = raised.value.body  # type: ignore[assignment]
+    assert (error["code"], error["param"]) == ("approval_pending", "store")
+    assert [call["name"] for call in error["pending_tool_calls"]] == ["send_email"]
+    assert http.get("/v1/approvals", headers=ANN).json()["items"] == []

@@ -165,9 +165,10 @@ def _as_response_request(request: ChatCompletionCreate) -> ResponseCreate:
     )
 
 
-def _refuse_waits(reply: TurnResult) -> None:
+def _refuse_waits(reply: TurnResult, stored: bool) -> None:
     """Answer a turn that waits for anyone but the client as its error: the calls are
-    never shown as ``tool_calls`` (the client would run what is not its to run).
+    never shown as ``tool_calls`` (the client would run what is not its to run). Not
+    ``stored``, nothing waits: the conversation is already cleared.
 
     Raises:
         ApprovalPending: a call waits for a decision.
@@ -177,6 +178,13 @@ def _refuse_waits(reply: TurnResult) -> None:
     if not others:
         return
     details = {"conversation_id": reply.conversation_id, "turn": reply.turn}
+    if not stored:
+        raise ApprovalPending(
+            f"{', '.join(c.name for c in others)} cannot run without a decision, and store: "
+            "false keeps nothing to decide: send the request with store: true",
+            pending=others,
+            details={"param": "store"},
+        )
     if any(pending_view(call).requires == "approval" for call in others):
         raise ApprovalPending(
             f"the turn waits for approval of {', '.join(c.name for c in others)}: decide "
@@ -291,7 +299,7 @@ def create_chat_completion(request: Annotated[ChatCompletionCreate, Body()]) -> 
     service = get_runtime().conversations_for(who.tenant)
     items = parse_input(input_of(request.messages))
     reply, pieces = _answer(service, who, request, items)
-    _refuse_waits(reply)
+    _refuse_waits(reply, request.store is not False)
     body = completion_body(request, reply)
     if not request.stream:
         return json_response(200, body)
