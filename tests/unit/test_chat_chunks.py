@@ -141,3 +141,10 @@ def test_what_is_not_taken_is_refused_by_name(
 def test_null_fields_and_n_1_are_taken() -> None:
     """Clients that send every field send unset ones as ``null``."""
     body(seed=None, logprobs=None, n=1, tool_choice="auto", stream=True).check()
+
+
+def test_a_message_name_is_refused() -> None:
+    """A participant's ``name`` would be dropped: refused by name instead."""
+    with pytest.raises(UnsupportedParameter) as raised:
+        body(messages=[{"role": "user", "content": "Hi", "name": "ann"}]).check()
+    assert raised.value.details == {"param": "messages.0.name"}

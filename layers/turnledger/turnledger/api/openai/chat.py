@@ -294,8 +294,8 @@ def _answer(
 def create_chat_completion(request: Annotated[ChatCompletionCreate, Body()]) -> Response[str]:
     """One turn of the conversation the messages continue, as a ``chat.completion`` (or,
     with ``stream: true``, as its chunks)."""
-    request.check()
     who = caller()
+    request.check()
     service = get_runtime().conversations_for(who.tenant)
     items = parse_input(input_of(request.messages))
     reply, pieces = _answer(service, who, request, items)

@@ -61,25 +61,21 @@ class ChatContentPart(_Checked):
 Content = str | list[ChatContentPart]
 
 
-class _Said(_Checked):
-    name: str | None = None
-
-
-class ChatSystemMessage(_Said):
+class ChatSystemMessage(_Checked):
     """``ChatCompletionSystemMessageParam``."""
 
     role: Literal["system"]
     content: Content
 
 
-class ChatDeveloperMessage(_Said):
+class ChatDeveloperMessage(_Checked):
     """``ChatCompletionDeveloperMessageParam``."""
 
     role: Literal["developer"]
     content: Content
 
 
-class ChatUserMessage(_Said):
+class ChatUserMessage(_Checked):
     """``ChatCompletionUserMessageParam``."""
 
     role: Literal["user"]
@@ -101,7 +97,7 @@ class ChatToolCall(_Checked):
     function: ChatFunction
 
 
-class ChatAssistantMessage(_Said):
+class ChatAssistantMessage(_Checked):
     """``ChatCompletionAssistantMessageParam``."""
 
     role: Literal["assistant"]
