@@ -99,3 +99,12 @@ def test_vercel_ai_sdk_generate_and_stream(served: LocalRunner, http: httpx.Clie
     assert stream["text"] == "Noted (1 user messages so far)." == "".join(stream["deltas"])
     assert stream["finish"] == "stop"
     assert stream["usage"]["outputTokens"] == 6
+
+
+def test_langchain_stream_with_usage(llm: ChatOpenAI) -> None:
+    """``stream`` with ``stream_usage`` (``stream_options.include_usage``): the text in
+    pieces, the usage on the last."""
+    pieces = list(llm.stream([HumanMessage("My name is Ada.")], stream_usage=True))
+    assert "".join(str(p.content) for p in pieces) == "Noted (1 user messages so far)."
+    usage = [p.usage_metadata for p in pieces if p.usage_metadata]
+    assert usage and usage[-1]["output_tokens"] == 6
