@@ -17,6 +17,11 @@ DDB_DIR := .tools/dynamodb-local
 # The IAM policy simulator of tests/http/test_http_permissions.py (pinned, as DynamoDB Local).
 IAM_SIMULATE_VERSION := 0.1.173
 IAM_SIMULATE_DIR := .tools/iam-simulate
+# The Vercel AI SDK of tests/http/test_http_chat_clients.py, driving the Chat Completions face
+# (pinned, as the other tools: AI SDK 6 and its OpenAI provider 3).
+AI_SDK_VERSION := 6.0.333
+AI_SDK_OPENAI_VERSION := 3.0.141
+AI_SDK_DIR := .tools/ai-sdk
 SAM_VENV := .tools/sam
 # checkov pins its own dependencies: a venv of its own, never the project's. Pinned: a
 # newer checkov adds checks, which should be a change of ours, not a surprise in CI.
@@ -60,6 +65,13 @@ $(IAM_SIMULATE_DIR)/node_modules/@cloud-copilot/iam-simulate/package.json:
 	npm install --silent --no-audit --no-fund --no-save --prefix $(IAM_SIMULATE_DIR) \
 	  @cloud-copilot/iam-simulate@$(IAM_SIMULATE_VERSION)
 
+## The Vercel AI SDK (`ai`, `@ai-sdk/openai`) from the npm registry, for the Chat Completions
+## face's client test (tests/support/ai_sdk_chat.mjs).
+$(AI_SDK_DIR)/node_modules/ai/package.json:
+	mkdir -p $(AI_SDK_DIR)
+	npm install --silent --no-audit --no-fund --no-save --prefix $(AI_SDK_DIR) \
+	  ai@$(AI_SDK_VERSION) @ai-sdk/openai@$(AI_SDK_OPENAI_VERSION)
+
 ## Debian's Chromium for the approval page's browser test (tests/http/test_approvals_page.py),
 ## launched by path through the playwright package; installed once, skipped when present.
 chromium:
@@ -74,7 +86,7 @@ run: $(LOCAL_STAMP)
 	$(BIN)/turnledger local --port $(PORT) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(ARGS)
 
 ## Run every test: unit, functional (moto), contract, integration (DynamoDB Local), HTTP.
-test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar $(IAM_SIMULATE_DIR)/node_modules/@cloud-copilot/iam-simulate/package.json chromium
+test: $(DEV_STAMP) $(DDB_DIR)/DynamoDBLocal.jar $(IAM_SIMULATE_DIR)/node_modules/@cloud-copilot/iam-simulate/package.json $(AI_SDK_DIR)/node_modules/ai/package.json chromium
 	TURNLEDGER_DYNAMODB_LOCAL_JAR=$(abspath $(DDB_DIR))/DynamoDBLocal.jar $(BIN)/pytest -n 2 $(ARGS)
 
 ## Code style, and the template's security scan: every checkov check passes or is skipped in

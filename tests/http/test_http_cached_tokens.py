@@ -109,6 +109,16 @@ def test_openai_cached_tokens_are_priced_at_the_cached_rate(
             assert face.status_code == 200, face.text
             assert face.json()["usage"]["input_tokens"] == 1200
             assert face.json()["usage"]["input_tokens_details"] == {"cached_tokens": 1024}
+            # And Chat Completions, where its usage has them.
+            fake.script(json_reply(cached_completion("Hello once more.", 1300, 1152, 5)))
+            chat = http.post(
+                "/openai/v1/chat/completions",
+                json={"model": "gpt-test", "messages": [{"role": "user", "content": "Hi"}]},
+                headers=ANN,
+            )
+            assert chat.status_code == 200, chat.text
+            assert chat.json()["usage"]["prompt_tokens"] == 1300
+            assert chat.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 1152
 
 
 def test_bedrock_cache_reads_and_writes_are_priced_at_their_rates(

@@ -162,6 +162,13 @@ def _scenario(http: httpx.Client, clock: ClockFile) -> None:
             headers=ANN,
         )
     )
+    _ok(
+        http.post(
+            "/openai/v1/chat/completions",
+            json={"model": "gpt-test", "messages": [{"role": "user", "content": "Hi."}]},
+            headers=ANN,
+        )
+    )
     # Approve: decide the waiting call, cancel, a callback (its key is read to check it).
     [pending] = waiting["pending_tool_calls"]
     _ok(

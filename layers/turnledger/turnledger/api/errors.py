@@ -30,7 +30,8 @@ def error_body(exc: TurnledgerError) -> dict[str, Any]:
 
 
 def openai_error_body(exc: TurnledgerError) -> dict[str, Any]:
-    """``exc`` in OpenAI's error shape; ``param`` names the field when the error says which."""
+    """``exc`` in OpenAI's error shape; ``param`` names the field when the error says which.
+    Calls that block a request add ``conversation_id`` and ``pending_tool_calls``."""
     details = exc.details or {}
     errors = details.get("errors")
     given = details.get("param")
@@ -43,7 +44,12 @@ def openai_error_body(exc: TurnledgerError) -> dict[str, Any]:
         kind = "authentication_error"
     elif exc.status == 404:
         kind = "not_found_error"
-    return {"error": {"message": str(exc), "type": kind, "param": param, "code": exc.code}}
+    error: dict[str, Any] = {"message": str(exc), "type": kind, "param": param, "code": exc.code}
+    if isinstance(exc, ApprovalPending | InputPending):
+        # Beyond OpenAI's four fields: what a client needs to have the calls decided.
+        error["conversation_id"] = details.get("conversation_id")
+        error["pending_tool_calls"] = [pending_view(p).model_dump(mode="json") for p in exc.pending]
+    return {"error": error}
 
 
 def body_for(exc: TurnledgerError, path: str) -> dict[str, Any]:

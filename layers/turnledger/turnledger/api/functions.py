@@ -30,6 +30,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "turn_routes",
         "openai.conversations",
         "openai.responses",
+        "openai.chat",
         "memory_routes",
         "replay_routes",
         "compact_routes",

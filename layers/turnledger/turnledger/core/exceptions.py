@@ -10,6 +10,8 @@ hierarchy to responses and never matches on message text::
     ├── InvalidRequest               400 invalid_request
     ├── InvalidConversationId        400 invalid_conversation_id
     ├── InvalidCursor                400 invalid_cursor
+    ├── UnsupportedParameter         400 unsupported_parameter
+    ├── UnsupportedValue             400 unsupported_value
     ├── Unauthorized                 401 unauthorized
     ├── ApproverScopeMissing         403 approver_scope_missing
     ├── ApproverIsRequester          403 approver_is_requester
@@ -402,3 +404,17 @@ class InvalidCursor(TurnledgerError):
 
     status = 400
     code = "invalid_cursor"
+
+
+class UnsupportedParameter(TurnledgerError):
+    """A field of OpenAI's request this face does not take (named in ``details.param``)."""
+
+    status = 400
+    code = "unsupported_parameter"
+
+
+class UnsupportedValue(TurnledgerError):
+    """A value this face does not take for a field it does (named in ``details.param``)."""
+
+    status = 400
+    code = "unsupported_value"

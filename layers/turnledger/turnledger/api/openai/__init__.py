@@ -1,12 +1,15 @@
 """The OpenAI-compatible face: the part of OpenAI's Responses and Conversations API that the
-official ``openai`` SDK and the OpenAI Agents SDK use, mapped onto the same ledger and
-tenancy.
+official ``openai`` SDK and the OpenAI Agents SDK use, and Chat Completions for the clients
+that speak it, mapped onto the same ledger and tenancy.
 
 ``OpenAI(base_url="<api>/openai/v1", api_key=<token>)``: the API key is the bearer token
 (locally ``local:<tenant>:<user>``), so the tenant is the caller's as on ``/v1``.
 
 * :mod:`.responses`: ``POST /openai/v1/responses`` (turns, decisions, history, client
   tools, ``store``), streamed by :mod:`.streaming`;
+* :mod:`.chat`: ``POST /openai/v1/chat/completions`` (Chat Completions, answered by
+  :mod:`.responses`' code on the same chains), its body in :mod:`.chat_schemas` and its
+  chunks in :mod:`.chat_streaming`;
 * :mod:`.conversations`: the Conversations API and its items;
 * :mod:`.items`: item ids, the items events show as, input items, canonical transcripts;
 * :mod:`.matching`: which stored conversation a stateless history continues (by content);

@@ -29,6 +29,12 @@ its latest response and nothing was added after it. A history that repeats an ea
 response is not found (only the latest is indexed) and never forks: it starts a new
 conversation holding the history as the client's, as any unmatched history does; forking
 from an earlier response is what ``previous_response_id`` does.
+
+A response that showed no item (a turn that waits for approval or a person's input, on the
+Chat Completions face an error) is indexed under the hash of the request's own items: a
+request whose whole history hashes to it is that request again. :func:`repeated` answers
+it with its turn as it stands (still waiting, or continued since by a decision), so
+sending it again runs nothing twice.
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ from .items import Canon, InputItem, transcript
 if TYPE_CHECKING:
     from ...turn.pipeline import Conversations
     from ...turn.reads import Reads
+    from ...turn.results import TurnResult
 
-__all__ = ["MAX_LOOKUPS", "all_events", "continued", "link", "record"]
+__all__ = ["MAX_LOOKUPS", "all_events", "continued", "link", "record", "repeated"]
 
 #: Index reads a request may make (its longest candidate prefixes first).
 MAX_LOOKUPS = 8
@@ -185,3 +192,34 @@ def continued(
         ):
             return key, items[end + 1 :]
     return None
+
+
+def repeated(service: Conversations, who: Caller, items: list[InputItem]) -> TurnResult | None:
+    """The turn whose request ``items`` repeat whole, when that turn showed no item (it
+    waited for someone) and is still its conversation's latest: the turn as it stands
+    now (its waits, or the answer a decision continued it to; the conversation's chain is
+    then brought up to that answer). ``None``: ``items`` are no such request."""
+    from ...turn.turn_reads import read_any_turn  # the Chat Completions face's only
+
+    canon = [item.canon for item in items if item.canon is not None]
+    if not canon or canon[-1][0] in _MODEL_KINDS:
+        return None
+    chain = ""
+    for item in canon:
+        chain = link(chain, item)
+    hit = service.store.get_side_item(keys.tenant_items(who.tenant), f"{INDEX_PREFIX}{chain}")
+    if hit is None:
+        return None
+    key = who.key(str(hit.attributes["c"]))
+    turn = int(hit.attributes["t"])
+    saved = service.store.get_side_item(key, CHAIN_SK)
+    try:
+        if saved is None or saved.attributes.get("h") != chain or service.get(key).turns != turn:
+            return None
+        logged = read_any_turn(service, key, turn).logged
+    except ConversationNotFound:
+        return None
+    if logged is None or logged.answer is None:
+        return None
+    record(service, key)
+    return logged.answer

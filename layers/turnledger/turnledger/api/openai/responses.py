@@ -38,6 +38,8 @@ from ...core.models import (
     CONVERSATION_ID_PATTERN,
     ClientTool,
     ConversationKey,
+    JsonObjectFormat,
+    JsonSchemaFormat,
     validate_conversation_id,
 )
 from ...runtime import get_runtime
@@ -62,7 +64,14 @@ from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch, new_conversation_id
 from .streaming import event_stream
 
-__all__ = ["SERVER_LABEL", "continued_from", "parse_response_id", "response_id"]
+__all__ = [
+    "SERVER_LABEL",
+    "continued_from",
+    "parse_response_id",
+    "respond",
+    "response_body",
+    "response_id",
+]
 
 #: Shown as the ``server_label`` of approval requests: the ledger's own tool registry.
 SERVER_LABEL = "turnledger"
@@ -206,10 +215,12 @@ def _command(
     messages: list[str],
     outputs: list[ClientOutput],
     instructions: list[str],
+    response_format: JsonObjectFormat | JsonSchemaFormat | None = None,
 ) -> TurnCommand:
     """The turn of a request: as ``POST .../turns`` builds it, the approver claims
     (outputs of calls waiting for a person or a job need them) and ``X-Memory-User``
-    (:func:`~turnledger.api.resolver.memory_user`) included."""
+    (:func:`~turnledger.api.resolver.memory_user`) included; ``response_format`` is
+    JSON mode (the Chat Completions face's)."""
     tools, clients = _tools(service, request.tools)
     metadata = dict(request.metadata or {})
     said = "\n".join([*filter(None, [request.instructions]), *instructions])
@@ -220,6 +231,7 @@ def _command(
         messages=messages,
         outputs=outputs,
         model=request.model,
+        response_format=response_format,
         tools=tools,
         client_tools=clients,
         metadata=metadata,
@@ -269,6 +281,7 @@ def _run(
     key: ConversationKey,
     request: ResponseCreate,
     items: list[InputItem],
+    response_format: JsonObjectFormat | JsonSchemaFormat | None = None,
 ) -> tuple[TurnResult, list[str] | None]:
     """Answer ``items`` on ``key``: decisions alone; else the leading outputs of waiting
     calls, then the client's history, then the trailing user messages as the turn."""
@@ -291,7 +304,7 @@ def _run(
         raise InvalidRequest(
             "outputs of waiting calls must come after the history that asked for them"
         )
-    command = _command(service, who, request, messages, outputs, instructions)
+    command = _command(service, who, request, messages, outputs, instructions, response_format)
     if history:
         service.append(key, who.actor, history_of(history))
     return _execute(service, who, key, command, request.stream)
@@ -303,7 +316,25 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     (or, with ``stream: true``, as its streaming events)."""
     who = caller()
     service = get_runtime().conversations_for(who.tenant)
-    items = parse_input(request.input)
+    reply, pieces = respond(service, who, request, parse_input(request.input))
+    body = response_body(request, reply)
+    if request.stream:
+        return event_stream(body, pieces)
+    return json_response(200, body)
+
+
+def respond(
+    service: Conversations,
+    who: Caller,
+    request: ResponseCreate,
+    items: list[InputItem],
+    response_format: JsonObjectFormat | JsonSchemaFormat | None = None,
+) -> tuple[TurnResult, list[str] | None]:
+    """Run ``request`` (its ``input`` read as ``items``) in the conversation it names or
+    continues (see the module's docstring), and bring that conversation's transcript chain
+    up to date; ``store: false`` keeps nothing. The Chat Completions face
+    (:mod:`.chat`) answers through this too, so both faces continue the same chains.
+    Streamed, the second value is the answer's draft chunks."""
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest("send conversation or previous_response_id, not both")
     found = None
@@ -330,7 +361,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     elif not items:
         raise InvalidRequest("input holds no item", details={"param": "input"})
     try:
-        reply, pieces = _run(service, who, key, request, items)
+        reply, pieces = _run(service, who, key, request, items, response_format)
     except Exception:
         if forked:
             service.clear(key)  # no response names the fork: nothing may continue it
@@ -340,10 +371,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
             service.clear(key)  # answered, nothing kept
     if request.store:
         record(service, key)
-    body = response_body(request, reply)
-    if request.stream:
-        return event_stream(body, pieces)
-    return json_response(200, body)
+    return reply, pieces
 
 
 def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
