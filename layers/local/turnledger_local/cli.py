@@ -23,7 +23,7 @@ from typing import NoReturn
 from botocore.exceptions import BotoCoreError, ClientError
 from turnledger.context.redaction import Redactor
 from turnledger.core.config import Settings
-from turnledger.core.telemetry import ENV_TELEMETRY
+from turnledger.core.telemetry import ENV_OTLP_ENDPOINT
 from turnledger.providers.factory import PROVIDERS, api_key_source
 
 from .runner import LocalConfig, LocalRunner
@@ -356,7 +356,7 @@ def key_warnings(environment: Mapping[str, str]) -> list[str]:
 def _serve(config: LocalConfig) -> int:
     if config.tools_file is not None and not config.tools_file.is_file():
         return fail("local", "invalid_setting", f"no such tools file: {config.tools_file}", 2)
-    if config.env.get(ENV_TELEMETRY):
+    if config.env.get(ENV_OTLP_ENDPOINT):
         from .telemetry_cli import missing
 
         if absent := missing():

@@ -3,9 +3,9 @@ conventions: :mod:`turnledger.core.telemetry`) exported over OTLP/HTTP, protobuf
 ``URL/v1/traces``, as the SDK's standard exporter sends them, so a collector, Jaeger or
 any OTLP receiver on this machine shows them.
 
-Each function's environment gets ``TURNLEDGER_TELEMETRY=otel`` and
-``TURNLEDGER_OTLP_ENDPOINT``; each execution environment (worker process) then builds its
-own exporting tracer provider at init (:func:`turnledger.core.otel.from_environment`).
+Each function's environment gets ``TURNLEDGER_OTLP_ENDPOINT``, as deployed; each
+execution environment (worker process) then builds its own exporting tracer provider at
+init (:func:`turnledger.core.otel.from_environment`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import importlib.util
 from urllib.parse import urlsplit
 
-from turnledger.core.telemetry import ENV_OTLP_ENDPOINT, ENV_TELEMETRY
+from turnledger.core.telemetry import ENV_OTLP_ENDPOINT
 
 #: What the exporter needs, beyond the OpenTelemetry API (the ``local`` extra installs both).
 REQUIRED = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
@@ -48,7 +48,7 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     endpoint: str | None = getattr(args, "otlp_endpoint", None)
     if endpoint is None:
         return {}
-    return {ENV_TELEMETRY: "otel", ENV_OTLP_ENDPOINT: endpoint}
+    return {ENV_OTLP_ENDPOINT: endpoint}
 
 
 def missing() -> list[str]:

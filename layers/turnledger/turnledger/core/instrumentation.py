@@ -24,7 +24,7 @@ def configure(environ: Mapping[str, str] = os.environ) -> telemetry.Telemetry:
     import importlib.util
 
     if importlib.util.find_spec("opentelemetry") is None:
-        logger.warning(f"{telemetry.ENV_TELEMETRY}=otel but the OpenTelemetry API is not installed")
+        logger.warning("telemetry is asked for but the OpenTelemetry API is not installed")
         return telemetry.active()
     from .otel import from_environment
 

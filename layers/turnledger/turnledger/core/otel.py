@@ -1,9 +1,10 @@
 """The OpenTelemetry adapter of the telemetry port (:mod:`.telemetry`).
 
-Imported only when telemetry is on (:func:`.telemetry.configure`): it needs the
-OpenTelemetry API, and the SDK only where it exports spans itself (the local runner's
-``TURNLEDGER_OTLP_ENDPOINT``). Deployed, the ADOT layer's wrapper configures the
-process's tracer provider and this adapter uses it.
+Imported only when telemetry is on (:func:`.instrumentation.configure`): it needs the
+OpenTelemetry API, and the SDK where it exports spans itself (``TURNLEDGER_OTLP_ENDPOINT``:
+the local runner's receiver; deployed, the template's endpoint or the ADOT layer's
+collector extension, the layer bringing the SDK). With ``TURNLEDGER_TELEMETRY=otel`` and
+no endpoint, it uses the process's global tracer provider (one a wrapper configured).
 
 Trace context crosses waits and outgoing calls as W3C ``traceparent`` (with
 ``tracestate``), whatever propagator the process is set up with (ADOT's may be

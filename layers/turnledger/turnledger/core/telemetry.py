@@ -22,7 +22,7 @@ hash or a code.
 
 The port (:class:`Telemetry`) is :data:`OFF` until the runtime
 (:func:`turnledger.core.instrumentation.configure`, at init) finds telemetry
-asked for (``TURNLEDGER_TELEMETRY=otel``, set by the template's ``Observability``
+asked for (``TURNLEDGER_OTLP_ENDPOINT``, set by the template's ``Observability``
 parameter and by ``turnledger local --otlp-endpoint``) and the OpenTelemetry API
 installed: only then is :mod:`turnledger.core.otel` (the adapter) imported, so a
 function without telemetry imports nothing of OpenTelemetry (the cold-start bench and
@@ -48,11 +48,12 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.38.0"
 #: The instrumentation scope of every span.
 SCOPE = "turnledger"
 
-#: Environment: ``otel`` turns telemetry on; anything else (or nothing) leaves it off.
+#: Environment: ``otel`` turns telemetry on over the process's global tracer provider (one
+#: a wrapper such as ADOT's ``/opt/otel-instrument`` configured).
 ENV_TELEMETRY = "TURNLEDGER_TELEMETRY"
-#: Environment: export spans over OTLP/HTTP (protobuf) to ``{this}/v1/traces`` with the
-#: SDK's own exporter (the local runner); unset, spans go to the process's global
-#: tracer provider (deployed: the one the ADOT layer's wrapper configures).
+#: Environment: turns telemetry on, spans exported over OTLP/HTTP (protobuf) to
+#: ``{this}/v1/traces`` by an SDK tracer provider of the service's own (the local runner;
+#: deployed, the template's ``Observability``: the ADOT layer brings the SDK).
 ENV_OTLP_ENDPOINT = "TURNLEDGER_OTLP_ENDPOINT"
 
 # --- names: operations and spans ------------------------------------------------------------
@@ -210,7 +211,10 @@ def install(telemetry: Telemetry) -> Telemetry:
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the environment asks for telemetry."""
+    """Whether the environment asks for telemetry: ``TURNLEDGER_TELEMETRY=otel``, or an
+    endpoint to send spans to (``TURNLEDGER_OTLP_ENDPOINT``)."""
+    if environ.get(ENV_OTLP_ENDPOINT, "").strip():
+        return True
     return environ.get(ENV_TELEMETRY, "").strip().lower() == "otel"
 
 
