@@ -23,14 +23,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import format_span_id, format_trace_id
 from turnledger.api.schemas import CallbackRequest, TurnRequest
-from turnledger.core import telemetry
+from turnledger.core import deadline, telemetry
 from turnledger.core.config import Settings
 from turnledger.core.exceptions import ProviderTimeout
+from turnledger.core.models import ConversationKey
 from turnledger.core.otel import OtelTelemetry
 from turnledger.providers.base import ModelRequest
+from turnledger.providers.demo import DemoProvider
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn import callbacks
+from turnledger.turn.commands import TurnCommand
 from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
@@ -292,3 +295,35 @@ def test_no_span_of_a_whole_session_holds_message_text_or_tool_arguments(
     assert [value for value in values if SECRET in value] == []
     # The same capture does see what it should: it is able to find a value.
     assert any("gen_ai.conversation.id='conv-4'" in value for value in values)
+
+
+def test_summaries_and_memory_extraction_are_model_calls_of_their_own_purpose(
+    spans: InMemorySpanExporter, clock: FakeClock
+) -> None:
+    """A turn that compacts its context and one that writes memory back: their summarizer
+    calls are ``chat`` spans under the turn's, with ``turnledger.purpose``; no text."""
+    svc = Conversations(
+        store=MemoryConversationStore(),
+        provider=DemoProvider(),
+        settings=replace(Settings(), memory_enabled=True, context_max_tokens=120),
+        clock=clock.now,
+    )
+    key = ConversationKey(tenant="tenant-a", conversation_id="conv-5")
+    index = 0
+    while not any(
+        (s.attributes or {}).get("turnledger.purpose") == "summary"
+        for s in spans.get_finished_spans()
+    ):
+        index += 1
+        assert index < 30, "no summary was written"
+        with deadline.request_deadline(30.0):
+            svc.turn(key, "ann", TurnCommand(messages=[f"my name is Ann {SECRET} {index}"]))
+    finished = spans.get_finished_spans()
+    purposes = {(s.attributes or {}).get("turnledger.purpose") for s in finished}
+    assert purposes >= {"answer", "summary", "memory_extraction"}
+    agents = {s.context.span_id for s in named(finished, "invoke_agent turnledger")}
+    chats = [s for s in finished if s.name.startswith("chat ")]
+    assert all(parent_of(chat) in agents for chat in chats)
+    summary = next(s for s in chats if (s.attributes or {})["turnledger.purpose"] == "summary")
+    assert (summary.attributes or {})["gen_ai.usage.output_tokens"] > 0
+    assert [value for value in every_value(finished) if SECRET in value] == []
