@@ -35,8 +35,10 @@ from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn import callbacks
 from turnledger.turn.commands import TurnCommand
 from turnledger.turn.pipeline import Conversations
+from turnledger.turn.replays import ReplaySpec
 
 from tests.functional.http_sink import HttpSink, Reply
+from tests.functional.test_replays import converse, replay, replaying
 from tests.functional.test_tool_turns import ANN, decide, lines, tool_line
 from tests.support import edge
 from tests.support.factories import FakeClock
@@ -327,3 +329,24 @@ def test_summaries_and_memory_extraction_are_model_calls_of_their_own_purpose(
     summary = next(s for s in chats if (s.attributes or {})["turnledger.purpose"] == "summary")
     assert (summary.attributes or {})["gen_ai.usage.output_tokens"] > 0
     assert [value for value in every_value(finished) if SECRET in value] == []
+
+
+def test_a_replays_candidate_calls_are_chat_spans_of_purpose_replay(
+    spans: InMemorySpanExporter, clock: FakeClock, tools: HttpSink
+) -> None:
+    """Each call a replay sends its candidate is a ``chat {model}`` span
+    (``turnledger.purpose=replay``, the candidate's provider), as a turn's calls are."""
+    candidate = Recording()
+    candidate.name = "demo-again"
+    with httpx.Client() as http:
+        svc = replaying(MemoryConversationStore(), clock, tools, http, candidate)
+        converse(svc, 3)
+        spans.clear()
+        record = replay(svc, ReplaySpec(provider="demo-again", model="demo-1"))
+    assert record.status == "complete"
+    calls = [s for s in spans.get_finished_spans() if s.name == "chat demo-1"]
+    assert len(calls) == len(record.calls) == 4
+    for span in calls:
+        attributes = dict(span.attributes or {})
+        assert attributes["turnledger.purpose"] == "replay"
+        assert attributes["turnledger.provider"] == "demo-again"

@@ -10,8 +10,8 @@ Every span and attribute name the service emits is here, with the conventions' s
   turn that waited links its span to the span of the request that left it waiting (the
   wait stores its trace context: :attr:`turnledger.core.models.TurnOptions.trace_context`);
 * ``chat {model}``: one per model call (the turn's answer, a summary, a memory
-  extraction, told apart by ``turnledger.purpose``), with provider, model, response id,
-  finish reasons and usage (cached input included);
+  extraction, a replay's candidate, told apart by ``turnledger.purpose``), with provider,
+  model, response id, finish reasons and usage (cached input included);
 * ``execute_tool {name}``: one per tool call the service runs, with the call's id and
   the approval's decision when it needed one.
 
@@ -65,6 +65,8 @@ OP_EXECUTE_TOOL = "execute_tool"
 PURPOSE_ANSWER = "answer"
 PURPOSE_SUMMARY = "summary"
 PURPOSE_MEMORY = "memory_extraction"
+#: A candidate model's answer to a recorded context (``POST .../replays``).
+PURPOSE_REPLAY = "replay"
 
 # --- names: attributes of the conventions -----------------------------------------------------
 OPERATION_NAME = "gen_ai.operation.name"
