@@ -244,12 +244,18 @@ def _holds(condition: Any, template: Mapping[str, Any]) -> bool | None:
     return None
 
 
+#: What :func:`resolve` gives for ``AWS::NoValue``: the variable is left out.
+NO_VALUE = "\x00no value"
+
+
 def resolve(value: Any, template: Mapping[str, Any], stack: str) -> str:
     """A template environment value as a string: ``Ref`` to a parameter is its default, and
     ``Fn::If`` the branch its condition takes at the parameters' defaults."""
     parameters = template.get("Parameters", {})
     if isinstance(value, dict) and set(value) == {"Ref"}:
         name = str(value["Ref"])
+        if name == "AWS::NoValue":
+            return NO_VALUE
         if name in parameters:
             return _default(name, parameters)
         return f"{stack}-{name}"  # a resource: a placeholder physical name
@@ -275,7 +281,11 @@ def handlers(stack: str = "bench", template: dict[str, Any] | None = None) -> di
             **shared.get("Variables", {}),
             **(props.get("Environment") or {}).get("Variables", {}),
         }
-        environment = {k: resolve(v, template, stack) for k, v in variables.items()}
+        environment = {
+            k: resolved
+            for k, v in variables.items()
+            if (resolved := resolve(v, template, stack)) != NO_VALUE
+        }
         folder = PROJECT_ROOT / spec.code_uri
         found[folder.name] = Handler(
             name=folder.name,

@@ -554,3 +554,19 @@ def test_no_function_scans_the_installed_distributions_for_pydantic_plugins(
     # The check can fail: the same init without the setting scans.
     env.pop("PYDANTIC_DISABLE_PLUGINS")
     assert _run(_PLUGIN_SCAN, [str(_folders()[name])], env) == {"scanned": True}
+
+
+@pytest.mark.parametrize("name", ["turn", "approve", "worker"])
+def test_telemetry_off_imports_nothing_of_opentelemetry(name: str, tmp_path: Path) -> None:
+    """Telemetry is a port that does nothing until an endpoint is given: a function
+    without it imports neither the adapter nor OpenTelemetry, at init or on a request."""
+    env = {"STORE": "sqlite", "DATA_DIR": str(tmp_path)}
+    found = _probe(_folders()[name], env)
+    telemetry = ("opentelemetry", "turnledger.core.otel")
+    assert [m for m in found["after_import"] if m.startswith(telemetry)] == []
+    # The check can fail: the same init with telemetry asked for loads the adapter.
+    on = _probe(_folders()[name], {**env, "TURNLEDGER_TELEMETRY": "otel"})
+    assert {"turnledger.core.otel", "opentelemetry.trace"} <= set(on["after_import"])
+    endpoint = {**env, "TURNLEDGER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    on = _probe(_folders()[name], endpoint)
+    assert {"turnledger.core.otel", "opentelemetry.trace"} <= set(on["after_import"])

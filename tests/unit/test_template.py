@@ -15,6 +15,7 @@ import tomllib
 from typing import Any
 
 import pytest
+from turnledger.core import observability
 from turnledger.core.config import Settings
 from turnledger.store import codec, keys
 from turnledger.store.dynamodb import EXPIRY_INDEX, TENANT_INDEX
@@ -31,7 +32,7 @@ from turnledger_local.template import (
     ttl_attribute,
 )
 
-from bench.coldstart import resolve
+from bench.coldstart import NO_VALUE, resolve
 
 EVENTS_DIR = PROJECT_ROOT / "events"
 
@@ -97,8 +98,6 @@ FUNCTION_ENVIRONMENT = {
     "MAX_INPUT_BYTES",
     "APPROVAL_TTL_SECONDS",
     "MAX_TOOL_STEPS",
-    "POWERTOOLS_SERVICE_NAME",
-    "POWERTOOLS_METRICS_NAMESPACE",
     "POWERTOOLS_LOG_LEVEL",
     "LOG_LEVEL",
     "NOTIFICATIONS_BUS",
@@ -235,7 +234,9 @@ def test_globals_run_python_313_on_arm64_with_the_layer(template: dict[str, Any]
     defaults = template["Globals"]["Function"]
     assert defaults["Runtime"] == "python3.13"
     assert defaults["Architectures"] == ["arm64"]
-    assert defaults["Layers"] == [{"Ref": "TurnledgerLayer"}]
+    assert defaults["Layers"][0] == {"Ref": "TurnledgerLayer"}
+    # The other: the ADOT layer, with Observability on (test_the_observability_parameter...).
+    assert [layer["Fn::If"][0] for layer in defaults["Layers"][1:]] == ["TelemetryOn"]
 
 
 @pytest.mark.parametrize(
@@ -260,6 +261,43 @@ def test_the_tracing_parameter_sets_lambdas_tracing_and_the_x_ray_sdk(
     assert resolve(defaults["Tracing"], deployed, "stack") == mode
     variables = defaults["Environment"]["Variables"]
     assert resolve(variables["POWERTOOLS_TRACE_DISABLED"], deployed, "stack") == sdk_disabled
+
+
+@pytest.mark.parametrize(
+    ("observability", "endpoint", "adot_layer"),
+    [
+        ("none", NO_VALUE, False),
+        ("adot", "http://localhost:4318", True),
+        ("otlp", "https://collector.example.com:4318", True),
+    ],
+)
+def test_the_observability_parameter_sends_spans_and_turns_the_x_ray_sdk_off(
+    template: dict[str, Any], observability: str, endpoint: str, adot_layer: bool
+) -> None:
+    """``Observability``: none adds nothing; adot the ADOT layer, spans to its collector
+    extension; otlp the same layer, spans to ``OtlpEndpoint``. With either, the X-Ray SDK
+    stays off even under ``Tracing=Calls``."""
+    parameter = template["Parameters"]["Observability"]
+    assert parameter["Default"] == "none"
+    assert parameter["AllowedValues"] == ["none", "adot", "otlp"]
+    deployed = copy.deepcopy(template)
+    deployed["Parameters"]["Observability"]["Default"] = observability
+    deployed["Parameters"]["OtlpEndpoint"]["Default"] = "https://collector.example.com:4318"
+    deployed["Parameters"]["Tracing"]["Default"] = "Calls"
+    defaults = deployed["Globals"]["Function"]
+    variables = defaults["Environment"]["Variables"]
+    assert resolve(variables["TURNLEDGER_OTLP_ENDPOINT"], deployed, "stack") == endpoint
+    layers = [resolve(layer, deployed, "stack") for layer in defaults["Layers"][1:]]
+    adot = "arn:aws:lambda:us-east-1:901920570463:layer:aws-otel-python-arm64-ver-1-25-0:1"
+    if adot_layer:
+        # The ADOT layer's ARN (a Sub, not resolved here), unless one is given.
+        deployed["Parameters"]["OpenTelemetryLayerArn"]["Default"] = adot
+        layers = [resolve(layer, deployed, "stack") for layer in defaults["Layers"][1:]]
+        assert layers == [adot]
+    else:
+        assert layers == [NO_VALUE]
+    tracer_off = resolve(variables["POWERTOOLS_TRACE_DISABLED"], deployed, "stack")
+    assert tracer_off == ("false" if observability == "none" else "true")
 
 
 def test_api_functions_end_before_the_http_api_gives_up(template: dict[str, Any]) -> None:
@@ -322,7 +360,9 @@ def test_functions_get_every_setting_they_read(template: dict[str, Any]) -> None
     assert variables["BUCKET_NAME"] == {"Ref": "ArtifactsBucket"}
     # Idempotency records live in the conversations table (api/idempotency.py).
     assert "IDEMPOTENCY_TABLE_NAME" not in variables
-    assert variables["POWERTOOLS_SERVICE_NAME"] == "turnledger"
+    # Left to the code's default (the environment's 4 KB are spent): the same name.
+    assert "POWERTOOLS_SERVICE_NAME" not in variables
+    assert observability.SERVICE == "turnledger"
 
 
 #: The JSON maps, given only to the functions that use them (Lambda's 4 KB of environment).

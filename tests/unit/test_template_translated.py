@@ -53,7 +53,10 @@ def test_a_release_that_changes_nothing_publishes_nothing() -> None:
 def test_the_layer_is_the_one_every_function_runs(translated: dict[str, Any]) -> None:
     (layer,) = of_type(translated, "AWS::Lambda::LayerVersion")
     for name, function in of_type(translated, "AWS::Lambda::Function").items():
-        assert function["Properties"]["Layers"] == [{"Ref": layer}], name
+        # Then the ADOT layer, only with Observability on.
+        ours, *others = function["Properties"]["Layers"]
+        assert ours == {"Ref": layer}, name
+        assert [other["Fn::If"][0] for other in others] == ["TelemetryOn"], name
 
 
 def _alarms_on(translated: dict[str, Any], queue: str) -> list[dict[str, Any]]:

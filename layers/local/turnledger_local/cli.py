@@ -23,6 +23,7 @@ from typing import NoReturn
 from botocore.exceptions import BotoCoreError, ClientError
 from turnledger.context.redaction import Redactor
 from turnledger.core.config import Settings
+from turnledger.core.telemetry import ENV_OTLP_ENDPOINT
 from turnledger.providers.factory import PROVIDERS, api_key_source
 
 from .runner import LocalConfig, LocalRunner
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="turns recall and write back each user's long-term memory (MEMORY_ENABLED)",
     )
-    from . import quota
+    from . import quota, telemetry_cli
     from .replay_cli import add_command
     from .transfer_cli import add_commands, add_seal_command
 
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_seal_command(commands)
     add_command(commands)
     quota.add_command(commands)
+    telemetry_cli.add_flag(local)
     return parser
 
 
@@ -277,8 +279,10 @@ def _context_env(args: argparse.Namespace) -> dict[str, str]:
 
 def config_from_args(args: argparse.Namespace) -> LocalConfig:
     """The runner configuration of parsed ``local`` arguments."""
+    from .telemetry_cli import environment
+
     return LocalConfig(
-        env=_context_env(args),
+        env={**_context_env(args), **environment(args)},
         host=args.host,
         port=args.port,
         template_path=args.template,
@@ -352,6 +356,12 @@ def key_warnings(environment: Mapping[str, str]) -> list[str]:
 def _serve(config: LocalConfig) -> int:
     if config.tools_file is not None and not config.tools_file.is_file():
         return fail("local", "invalid_setting", f"no such tools file: {config.tools_file}", 2)
+    if config.env.get(ENV_OTLP_ENDPOINT):
+        from .telemetry_cli import missing
+
+        if absent := missing():
+            need = ", ".join(absent)
+            return fail("local", "invalid_setting", f"--otlp-endpoint needs {need}", 2)
     redaction = config.env.get("REDACTION_FILE")
     if redaction is not None:
         try:

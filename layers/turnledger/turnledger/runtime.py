@@ -34,6 +34,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 from botocore.config import Config
 
+from .core import instrumentation
 from .core.aws import AwsSession
 from .core.config import ForeignResource, Settings
 from .core.models import ConversationKey
@@ -705,6 +706,7 @@ def prepare(*, service: bool = True, blobs: bool = False) -> Runtime | None:
             refuses the version, and the deploy fails).
     """
     _register_snapshot_hooks()
+    instrumentation.configure()
     try:
         built = _runtime_or_build(service=service, blobs=blobs)
     except ForeignResource:

@@ -755,6 +755,9 @@ class TurnOptions(_Strict):
     request_sha256: str | None = None
     #: The user whose long-term memory the turn recalls and writes back (``None``: off).
     memory_user: str | None = None
+    #: The W3C ``traceparent`` of the request that last left the turn waiting (telemetry
+    #: on): the request that resumes it links its span there (:mod:`turnledger.turn.traces`).
+    trace_context: str | None = None
 
 
 class SummaryRef(_Strict):

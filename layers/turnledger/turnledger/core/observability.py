@@ -24,8 +24,13 @@ from aws_lambda_powertools.metrics import MetricUnit
 if TYPE_CHECKING:
     from aws_lambda_powertools import Tracer
 
-logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME", "turnledger"))
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turnledger"))
+#: The service's name in logs, metrics (their ``service`` dimension) and traces; the
+#: template leaves it to this default (its functions' environment is full).
+SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "turnledger")
+logger = Logger(service=SERVICE)
+metrics = Metrics(
+    namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "turnledger"), service=SERVICE
+)
 
 # Reads publish no metrics by design; Powertools would warn about it on every one of them.
 warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
@@ -49,7 +54,7 @@ def tracer() -> Tracer | None:
         return None
     from aws_lambda_powertools import Tracer
 
-    return Tracer(patch_modules=TRACED_LIBRARIES)
+    return Tracer(service=SERVICE, patch_modules=TRACED_LIBRARIES)
 
 
 def traced[F: Callable[..., Any]](handler: F) -> F:

@@ -41,6 +41,8 @@ class ToolInvocation:
     idempotency_key: str
     #: Where a tool that finishes the call later (``202``) reports its outcome.
     callback_url: str | None = None
+    #: The decision the call runs under when it needed one (``approved``): telemetry's.
+    approval: str | None = None
 
 
 @dataclass(frozen=True)

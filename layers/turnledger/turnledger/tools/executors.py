@@ -38,7 +38,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from ..core import deadline
+from ..core import deadline, telemetry
 from ..core.observability import logger
 from ..core.strict_json import BodyError, parse
 from .calls import (
@@ -323,7 +323,14 @@ class ToolRunner:
                 is_error=True,
             )
         try:
-            return executor.execute(invocation)
+            with telemetry.tool_call(
+                tool.name, invocation.call.id, kind=tool.executor.type, approval=invocation.approval
+            ) as span:
+                outcome = executor.execute(invocation)
+                telemetry.tool_outcome(
+                    span, is_error=outcome.is_error, deferred=outcome.task_id is not None
+                )
+            return outcome
         except Exception:
             # An executor answers every failure of the tool; this is a bug of ours. The call
             # may have been sent: it is answered once with an error, as a timeout is, never

@@ -18,7 +18,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from ..core import deadline
+from ..core import deadline, telemetry
 from .calls import (
     DEFAULT_TIMEOUT_SECONDS,
     HttpClientSource,
@@ -235,6 +235,9 @@ class HttpExecutor:
             # The size cap counts decoded bytes: ask for a body that is not compressed.
             "Accept-Encoding": "identity",
             "Idempotency-Key": invocation.idempotency_key,
+            # The trace context (``traceparent``) when telemetry is on: the tool's spans,
+            # and a deferred tool's callback, join the turn's trace.
+            **telemetry.headers(),
         }
         end = time.monotonic() + timeout
         try:

@@ -40,6 +40,7 @@ from ..context.assembly import (
     summary_request,
     text_sha256,
 )
+from ..core import telemetry
 from ..core.exceptions import ProviderError
 from ..core.models import ContextCompacted, Event, Usage
 from ..core.observability import logger, metrics, timed
@@ -138,8 +139,12 @@ def summarize(
     model = summarizer.model
     for batch in summary_batches(turns, limit):
         try:
-            with timed("SummaryLatency"):
+            with (
+                telemetry.model_call(name, summarizer.model, telemetry.PURPOSE_SUMMARY) as traced,
+                timed("SummaryLatency"),
+            ):
                 reply = summarizer.provider.complete(summary_request(summarizer.model, text, batch))
+                traced.answered(reply)
         except ProviderError as exc:
             skipped("summarizer_failed", code=exc.code, summarizer=name)
             return None

@@ -273,6 +273,7 @@ class ToolCalls:
                     callback_url=self._callback_url(session, pending, deadlines[pending.id])
                     if self._defers(pending)
                     else None,
+                    approval="approved" if pending.requires == "approval" else None,
                 )
             )
         outcomes = self._run_in_rounds(work, ready, invocations, committer)

@@ -17,7 +17,7 @@ from ..context.memory import (
     rank,
     recall_block,
 )
-from ..core import deadline
+from ..core import deadline, telemetry
 from ..core.exceptions import ProviderError
 from ..core.models import RunRecord, UserMessage
 from ..core.observability import logger, timed
@@ -110,8 +110,12 @@ class MemoryStep(ProviderSelection):
         summarizer: Provider | None = None
         try:
             summarizer = self._summarizer(work)
-            with timed("MemoryExtractionLatency"):
+            with (
+                telemetry.model_call(summarizer.name, model, telemetry.PURPOSE_MEMORY) as traced,
+                timed("MemoryExtractionLatency"),
+            ):
                 reply = summarizer.complete(extraction_request(model, texts, work.recall.records))
+                traced.answered(reply)
             session.usage = session.usage + reply.usage
             session.cost_usd += self.settings.model_spec(reply.model or model).cost(reply.usage)
             run = run.model_copy(update={"memory_usage": reply.usage})

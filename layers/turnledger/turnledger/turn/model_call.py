@@ -23,6 +23,7 @@ from ..context.assembly import (
     turns_to_compact,
 )
 from ..context.redaction import Redactor
+from ..core import telemetry
 from ..core.config import Settings
 from ..core.exceptions import ContextLengthExceeded, ProviderError
 from ..core.models import Event, EventKind, ProviderCursor, RunRecord, SummaryRef
@@ -117,7 +118,10 @@ class ModelCall(MemoryStep):
         work.summary_through = assembly.summary_through
         work.model_calls += 1
         started = time.perf_counter()
-        with timed("ModelLatency"):
+        with (
+            telemetry.model_call(provider.name, work.model) as traced,
+            timed("ModelLatency"),
+        ):
             reply = model_reply(
                 provider,
                 ModelRequest(
@@ -134,6 +138,7 @@ class ModelCall(MemoryStep):
                 ),
                 sink,
             )
+            traced.answered(reply)
         if work.response_format and not reply.tool_calls:
             json_answer(reply)  # an answer that is not JSON is the provider's failure
         latency_ms = int((time.perf_counter() - started) * 1000)

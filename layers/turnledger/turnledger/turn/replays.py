@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from ..core import telemetry
 from ..core.exceptions import ProviderError, TurnledgerError
 from ..core.models import (
     AssistantMessage,
@@ -566,7 +567,11 @@ class _Replayer:
         )
         started = time.perf_counter()
         try:
-            reply = self.provider.complete(request)
+            with telemetry.model_call(
+                self.provider.name, self.record.model, telemetry.PURPOSE_REPLAY
+            ) as traced:
+                reply = self.provider.complete(request)
+                traced.answered(reply)
         except ProviderError as exc:
             return Answer(
                 model=self.record.model,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..core import telemetry
 from ..core.exceptions import ConversationBusy, ProviderError, TurnledgerError
 from ..core.models import (
     AssistantMessage,
@@ -26,7 +27,7 @@ from ..core.models import (
 )
 from ..core.observability import logger
 from ..store.base import Snapshot
-from . import admission
+from . import admission, traces
 from .drafts import DraftSink, TurnCancelled
 from .execution import TurnWork
 from .lifecycle import cancel_requested, holds_lease, is_running, is_tombstone
@@ -55,18 +56,21 @@ class TurnRunner:
         Raises:
             ConversationBusy: another request on this conversation committed first.
         """
+        traces.committing(session)
         return session.commit()
 
     def guarded[R](self, step: Callable[[], R]) -> R:
         """Run ``step``; whatever it raises leaves no conversation held: each session it
         opened and committed while holding a lease is let go (:meth:`let_go`) before the
-        error goes on (a domain error as it was, anything else as a ``500``)."""
-        try:
-            return step()
-        except Exception:
-            for session, head in self.opened:
-                self.let_go(session, head)
-            raise
+        error goes on (a domain error as it was, anything else as a ``500``). The request's
+        telemetry span (``invoke_agent``) covers it."""
+        with telemetry.agent_run():
+            try:
+                return step()
+            except Exception:
+                for session, head in self.opened:
+                    self.let_go(session, head)
+                raise
 
     def let_go(self, session: Session, opened_on: Head | None) -> None:
         """After ``session``'s request failed: if the stored head holds a lease this request
@@ -317,6 +321,7 @@ class TurnRunner:
         )
         session.on_commit = self.service.on_commit
         self.opened.append((session, session.head))
+        traces.opened(session)
         return session
 
 
