@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
+    from .context.policy import DataPolicy
     from .context.redaction import Redactor
     from .ops.sweep import RemainingTime, Sweeper
     from .ops.transfer import Transfer
@@ -165,6 +166,13 @@ class Runtime:
         """The reads and the clear for one request of ``tenant``: its store reaches only that
         tenant; no provider, tool or turn pipeline is loaded for them."""
         return self.reads if self.tenants is None else self.tenants.for_tenant(tenant).reads
+
+    def data_policy(self, tenant: str) -> DataPolicy | None:
+        """The data policy ``tenant``'s conversations are held to (``None``: none); the
+        service is built only where a policy is configured."""
+        if not (self.settings.data_policy_file or self.settings.data_policy_parameter):
+            return None
+        return self.conversations_for(tenant).data_policy(tenant)
 
     def conversations_for(self, tenant: str) -> Conversations:
         """The service for one request of ``tenant``: its store reaches only that tenant."""
@@ -332,6 +340,7 @@ def _service_builder(
         ValueError: ``PROVIDERS`` names an unknown provider; or as the provider, the
             redaction file and the notifications' settings raise.
     """
+    from .context.policy import load_policy
     from .context.redaction import load_redactor
     from .ops.notifications import environment, publisher_from_env
     from .providers.embeddings import build_embedder
@@ -352,6 +361,11 @@ def _service_builder(
         redactor = load_redactor(settings)  # a bad rule set fails here, loudly
     elif settings.redaction_parameter:
         redactor = partial(load_redactor, settings)  # Powertools caches the parameter
+    data_policy: DataPolicy | Callable[[], DataPolicy | None] | None = None
+    if settings.data_policy_file:
+        data_policy = load_policy(settings)  # a bad policy fails here, loudly
+    elif settings.data_policy_parameter:
+        data_policy = partial(load_policy, settings)  # Powertools caches the parameter
     unknown = [name for name in settings.allowed_providers if name not in PROVIDERS]
     if unknown:
         # Fail at start, like an unknown PROVIDER, not on the first turn that names one.
@@ -382,6 +396,7 @@ def _service_builder(
             # Other providers a turn may name, built on first use.
             providers=partial(build_provider, settings),
             redactor=redactor,
+            data_policy=data_policy,
             settings=settings,
             tools=lambda: ToolRegistry.from_settings(settings),
             runner=runner,

@@ -41,6 +41,8 @@ hierarchy to responses and never matches on message text::
     ├── UnknownTool                  422 unknown_tool
     ├── UnknownProvider              422 unknown_provider
     ├── UnknownModel                 422 unknown_model
+    ├── DataPolicyUnsatisfied        422 data_policy_unsatisfied
+    ├── UnknownDataClass             422 unknown_data_class
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     │   └── ProviderTimeout          504 provider_timeout
@@ -311,6 +313,21 @@ class UnknownModel(TurnledgerError):
 
     status = 422
     code = "unknown_model"
+
+
+class DataPolicyUnsatisfied(TurnledgerError):
+    """No model the conversation's data class allows may answer (``details.class``,
+    ``details.rejected``): nothing was sent, nothing stored."""
+
+    status = 422
+    code = "data_policy_unsatisfied"
+
+
+class UnknownDataClass(TurnledgerError):
+    """A request names a data class the policy does not have (``details.classes``)."""
+
+    status = 422
+    code = "unknown_data_class"
 
 
 class IdempotencyKeyReused(TurnledgerError):

@@ -11,8 +11,11 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from ..context.policy import DataPolicy
 from ..context.redaction import Redactor
+from ..context.tokens import TokenizingRedactor, conversation_secret
 from ..core.exceptions import UnknownModel, UnknownProvider
+from ..core.models import ConversationKey
 from ..core.observability import logger
 from ..providers.base import Provider
 from ..providers.embeddings import Embedder
@@ -33,6 +36,7 @@ class ProviderSelection(Reads):
     _providers: dict[str, Provider]
     _embedder: Embedder | Callable[[], Embedder | None] | None
     _redactor: Redactor | Callable[[], Redactor | None] | None
+    _data_policy: DataPolicy | Callable[[], DataPolicy | None] | None
 
     @cached_property
     def embedder(self) -> Embedder | None:
@@ -96,6 +100,24 @@ class ProviderSelection(Reads):
         if self._redactor is None or isinstance(self._redactor, Redactor):
             return self._redactor
         return self._redactor()
+
+    def redactor_for(self, key: ConversationKey, data_class: str | None) -> Redactor | None:
+        """What a model sees of a conversation of ``data_class`` through: the redaction
+        rules, after its protected values are made tokens (a conversation with a class,
+        under a policy with detectors; ``turnledger.context.tokens``)."""
+        rules = self.redactor
+        policy = self.data_policy(key.tenant)
+        if policy is None or data_class is None or not policy.detectors:
+            return rules
+        return TokenizingRedactor.of(policy, conversation_secret(key), rules)
+
+    def data_policy(self, tenant: str) -> DataPolicy | None:
+        """The data policy ``tenant``'s conversations are held to (``None``: none): the
+        deployment's (a source such as SSM is asked each time; it caches)."""
+        del tenant  # one policy per deployment until tenants set their own
+        if self._data_policy is None or isinstance(self._data_policy, DataPolicy):
+            return self._data_policy
+        return self._data_policy()
 
     def _provider_of(self, name: str | None) -> Provider:
         # A turn continued later uses its own provider, even if the deployment dropped it
