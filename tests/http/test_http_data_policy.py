@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +28,7 @@ from turnledger_local.runner import LocalConfig
 from tests.functional.fake_openai import FakeOpenAI
 from tests.functional.http_sink import HttpSink, Reply
 from tests.http.conftest import ANN, start
+from tests.http.test_http_runner_log import free_port
 from tests.support.wire_demo import responses_demo
 
 #: A card number the policy's detector knows (a test number, not a real card).
@@ -265,3 +270,42 @@ def test_tokens_for_the_model_the_tools_and_readers_without_the_scope(
 
             assert CARD in http.get("/v1/conversations/t/events", headers=PII_READER).text
             assert CARD in http.get("/v1/conversations/t/export", headers=PII_READER).text
+
+
+def test_the_runner_log_holds_no_raw_value(tmp_path: Path) -> None:
+    """The whole log of ``turnledger local --data-policy FILE`` (debug level) after turns,
+    reads and an export of a conversation holding a card number never holds it."""
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps(POLICY))
+    port = free_port()
+    log = tmp_path / "runner.log"
+    args = ["--port", str(port), "--data-policy", str(policy_file), "--log-level", "DEBUG"]
+    env = {**os.environ, "ALLOWED_MODELS": "demo-1,demo-2"}
+    with log.open("w") as out:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "turnledger_local.cli", "local", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        first = post_turn(http, "l", f"My card is {CARD}.", model="demo-1")
+                        break
+                    except httpx.TransportError:
+                        assert time.monotonic() < deadline, log.read_text()
+                        time.sleep(0.2)
+                assert first.status_code == 200, first.text
+                assert post_turn(http, "l", f"echo: {CARD}").status_code == 200
+                assert post_turn(http, "l", CARD, data_class="strict").status_code == 422
+                assert CARD in http.get("/v1/conversations/l/events", headers=PII_READER).text
+                assert CARD in http.get("/v1/conversations/l/export", headers=PII_READER).text
+        finally:
+            runner.terminate()
+            runner.wait(timeout=30)
+    text = log.read_text(encoding="utf-8")
+    assert "/v1/conversations/l/turns" in text or "conversation" in text, text[:2000]
+    assert CARD not in text
