@@ -309,3 +309,51 @@ def test_the_runner_log_holds_no_raw_value(tmp_path: Path) -> None:
     text = log.read_text(encoding="utf-8")
     assert "/v1/conversations/l/turns" in text or "conversation" in text, text[:2000]
     assert CARD not in text
+
+
+#: An admin of the tenant (the data policy's admin scope in place of the approver scope).
+ADMIN = {"Authorization": "Bearer local:acme:ada;scope=turnledger/admin"}
+
+
+def test_a_tenant_sets_its_own_policy_versions_and_its_turns_obey_it(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    env = {"DATA_POLICY_ADMIN_SCOPE": "turnledger/admin"}
+    with serve(runner_clock, tmp_path, env=env) as http:
+        first = http.get("/v1/data-policy", headers=ANN)
+        assert first.status_code == 200, first.text
+        assert first.json()["source"] == "deployment"
+        assert first.json()["policy"]["version"] == "2026-12-06"
+        assert first.json()["versions"] == []
+
+        own = {
+            "version": "acme-1",
+            "classes": [{"name": "public"}, {"name": "pii", "models": ["demo-1"]}],
+            "detectors": POLICY["detectors"],
+        }
+        refused = http.put("/v1/data-policy", json=own, headers=ANN)
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "admin_scope_missing"
+        invalid = http.put("/v1/data-policy", json={**own, "classes": []}, headers=ADMIN)
+        assert invalid.status_code == 422
+        assert invalid.json()["error"]["code"] == "validation_error"
+
+        put = http.put("/v1/data-policy", json=own, headers=ADMIN)
+        assert put.status_code == 200, put.text
+        assert put.json()["source"] == "tenant"
+        assert [v["number"] for v in put.json()["versions"]] == [1]
+        second = http.put("/v1/data-policy", json={**own, "version": "acme-2"}, headers=ADMIN)
+        assert [v["version"] for v in second.json()["versions"]] == ["acme-1", "acme-2"]
+        assert http.get("/v1/data-policy", headers=ANN).json()["policy"]["version"] == "acme-2"
+
+        # The tenant's policy routes its turns: pii goes to demo-1 now, not demo-2.
+        answered = post_turn(http, "tp", f"My card is {CARD}.", model="demo-2")
+        assert answered.status_code == 200, answered.text
+        [decision] = [e for e in events_of(http, "tp") if e["kind"] == "policy_decision"]
+        assert (decision["payload"]["chosen"], decision["payload"]["policy_version"]) == (
+            "demo-1",
+            "acme-2",
+        )
+        # Another tenant still has the deployment's.
+        other = {"Authorization": "Bearer local:globex:bob"}
+        assert http.get("/v1/data-policy", headers=other).json()["source"] == "deployment"

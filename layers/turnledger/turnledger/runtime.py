@@ -169,10 +169,11 @@ class Runtime:
 
     def data_policy(self, tenant: str) -> DataPolicy | None:
         """The data policy ``tenant``'s conversations are held to (``None``: none); the
-        service is built only where a policy is configured."""
-        if not (self.settings.data_policy_file or self.settings.data_policy_parameter):
-            return None
-        return self.conversations_for(tenant).data_policy(tenant)
+        service is built only where a policy may be configured."""
+        s = self.settings
+        if s.data_policy_file or s.data_policy_parameter or s.data_policy_admin_scope:
+            return self.conversations_for(tenant).data_policy(tenant)
+        return None
 
     def conversations_for(self, tenant: str) -> Conversations:
         """The service for one request of ``tenant``: its store reaches only that tenant."""
@@ -340,7 +341,7 @@ def _service_builder(
         ValueError: ``PROVIDERS`` names an unknown provider; or as the provider, the
             redaction file and the notifications' settings raise.
     """
-    from .context.policy import load_policy
+    from .context.policy import policy_source
     from .context.redaction import load_redactor
     from .ops.notifications import environment, publisher_from_env
     from .providers.embeddings import build_embedder
@@ -361,11 +362,7 @@ def _service_builder(
         redactor = load_redactor(settings)  # a bad rule set fails here, loudly
     elif settings.redaction_parameter:
         redactor = partial(load_redactor, settings)  # Powertools caches the parameter
-    data_policy: DataPolicy | Callable[[], DataPolicy | None] | None = None
-    if settings.data_policy_file:
-        data_policy = load_policy(settings)  # a bad policy fails here, loudly
-    elif settings.data_policy_parameter:
-        data_policy = partial(load_policy, settings)  # Powertools caches the parameter
+    data_policy = policy_source(settings)  # a bad policy file fails here, loudly
     unknown = [name for name in settings.allowed_providers if name not in PROVIDERS]
     if unknown:
         # Fail at start, like an unknown PROVIDER, not on the first turn that names one.

@@ -23,8 +23,9 @@ out. :func:`allowed_models` says which models a class may be sent to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -311,6 +312,20 @@ def route(
 
 
 # --- where a deployment's policy comes from ----------------------------------------------------
+
+
+def policy_source(settings: Settings) -> DataPolicy | Callable[[], DataPolicy | None] | None:
+    """What gives the deployment's policy: the file's, loaded now; a parameter's, read when
+    asked (Powertools caches it); ``None``: no policy.
+
+    Raises:
+        ValueError: the policy file is invalid.
+    """
+    if settings.data_policy_file:
+        return load_policy(settings)
+    if settings.data_policy_parameter:
+        return partial(load_policy, settings)
+    return None
 
 
 def load_policy(settings: Settings) -> DataPolicy | None:

@@ -23,7 +23,7 @@
 | ``REDACTION_PARAMETER`` | (none: off) | SSM parameter holding the rule set |
 | ``DATA_POLICY_FILE`` | (none: off) | data policy (classes, detectors) bundled with the function |
 | ``DATA_POLICY_PARAMETER`` | (none: off) | SSM parameter holding the data policy |
-| ``DATA_POLICY_ADMIN_SCOPE`` | ``turnledger/admin`` | value that may ``PUT /v1/data-policy`` |
+| ``DATA_POLICY_ADMIN_SCOPE`` | (empty: off) | value that may ``PUT /v1/data-policy`` |
 | ``TENANT_CLAIM`` | ``tenant_id`` | JWT claim holding the tenant |
 | ``APPROVER_CLAIM`` | ``scope`` | JWT claim that must hold ``APPROVER_SCOPE`` to decide approvals |
 | ``APPROVER_SCOPE`` | ``turnledger/approve`` | the value required (empty: anyone in the tenant) |
@@ -378,8 +378,9 @@ class Settings:
     # --- the data policy (context/policy.py) ---
     data_policy_file: str | None = None
     data_policy_parameter: str | None = None
-    #: The value ``approver_claim`` must hold to set a tenant's own data policy.
-    data_policy_admin_scope: str = "turnledger/admin"
+    #: The value ``approver_claim`` must hold to set a tenant's own data policy (empty:
+    #: tenants have none, and turns never read one).
+    data_policy_admin_scope: str = ""
 
     # --- providers: stored state, Bedrock, the stateful demo model ---------------------------
     #: Other providers a turn may name (``"provider"``); ``provider`` is always allowed.

@@ -12,6 +12,7 @@ hierarchy to responses and never matches on message text::
     ├── InvalidCursor                400 invalid_cursor
     ├── Unauthorized                 401 unauthorized
     ├── ApproverScopeMissing         403 approver_scope_missing
+    ├── AdminScopeMissing            403 admin_scope_missing
     ├── ApproverIsRequester          403 approver_is_requester
     ├── MemoryUserNotAllowed         403 memory_user_not_allowed
     ├── ConversationNotFound         404 conversation_not_found
@@ -106,6 +107,14 @@ class ApproverScopeMissing(TurnledgerError):
 
     status = 403
     code = "approver_scope_missing"
+
+
+class AdminScopeMissing(TurnledgerError):
+    """The caller's identity lacks the claim value setting the data policy requires
+    (``APPROVER_CLAIM`` holding ``DATA_POLICY_ADMIN_SCOPE``), or tenants set none here."""
+
+    status = 403
+    code = "admin_scope_missing"
 
 
 class ApproverIsRequester(TurnledgerError):

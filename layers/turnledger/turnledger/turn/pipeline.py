@@ -134,7 +134,7 @@ class Conversations(ModelCall):
         self.summarizer = summarizer
         self._redactor = redactor
         #: The deployment's data policy (``turnledger.context.policy``; ``None``: none).
-        self._data_policy = data_policy
+        self._data_policy, self._tenant_policies = data_policy, {}
         # The registry may come from SSM: it is read on the first request that needs
         # it, so routes that never touch tools (reads, clear) never need its permission.
         self._tools = tools if tools is not None else ToolRegistry.empty()

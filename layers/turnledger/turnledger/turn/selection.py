@@ -7,6 +7,7 @@ configuration (``provider`` may be swapped after construction, as tests do).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -19,7 +20,12 @@ from ..core.models import ConversationKey
 from ..core.observability import logger
 from ..providers.base import Provider
 from ..providers.embeddings import Embedder
+from ..store.data_policies import PolicyVersions
 from .reads import Reads
+
+#: Seconds a tenant's own data policy is reused before it is read again (a new version
+#: reaches every environment within this).
+TENANT_POLICY_MAX_AGE_SECONDS = 60
 
 if TYPE_CHECKING:
     from .execution import TurnWork
@@ -37,6 +43,8 @@ class ProviderSelection(Reads):
     _embedder: Embedder | Callable[[], Embedder | None] | None
     _redactor: Redactor | Callable[[], Redactor | None] | None
     _data_policy: DataPolicy | Callable[[], DataPolicy | None] | None
+    #: Tenants' own policies as last read: (until when, policy).
+    _tenant_policies: dict[str, tuple[float, DataPolicy | None]]
 
     @cached_property
     def embedder(self) -> Embedder | None:
@@ -113,11 +121,27 @@ class ProviderSelection(Reads):
 
     def data_policy(self, tenant: str) -> DataPolicy | None:
         """The data policy ``tenant``'s conversations are held to (``None``: none): the
-        deployment's (a source such as SSM is asked each time; it caches)."""
-        del tenant  # one policy per deployment until tenants set their own
+        tenant's own newest version where tenants may set one (``DATA_POLICY_ADMIN_SCOPE``;
+        read at most every :data:`TENANT_POLICY_MAX_AGE_SECONDS` per environment), else
+        the deployment's (a source such as SSM is asked each time; it caches)."""
+        if self.settings.data_policy_admin_scope:
+            own = self.tenant_policy(tenant)
+            if own is not None:
+                return own
         if self._data_policy is None or isinstance(self._data_policy, DataPolicy):
             return self._data_policy
         return self._data_policy()
+
+    def tenant_policy(self, tenant: str, *, fresh: bool = False) -> DataPolicy | None:
+        """``tenant``'s own newest policy version (``None``: none), cached a short while."""
+        now = time.monotonic()
+        cached = self._tenant_policies.get(tenant)
+        if cached is not None and not fresh and cached[0] > now:
+            return cached[1]
+        stored = PolicyVersions(self.store, tenant).latest()
+        policy = DataPolicy.parse(stored.policy, "the tenant's") if stored is not None else None
+        self._tenant_policies[tenant] = (now + TENANT_POLICY_MAX_AGE_SECONDS, policy)
+        return policy
 
     def _provider_of(self, name: str | None) -> Provider:
         # A turn continued later uses its own provider, even if the deployment dropped it
