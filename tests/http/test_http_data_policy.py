@@ -121,6 +121,16 @@ def test_a_pii_turn_is_answered_by_the_class_model_and_the_choice_is_recorded(
         assert unknown.status_code == 422
         assert unknown.json()["error"]["code"] == "unknown_data_class"
 
+        # A replay compares the model it names: one the class forbids is refused.
+        replays = "/v1/conversations/r/replays"
+        refused = http.post(replays, json={"provider": "demo", "model": "demo-1"}, headers=ANN)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["details"]["rejected"] == [
+            {"model": "demo-1", "reason": "the class does not allow this model"}
+        ]
+        allowed = http.post(replays, json={"provider": "demo", "model": "demo-2"}, headers=ANN)
+        assert allowed.status_code in (200, 201, 202), allowed.text
+
 
 def test_a_class_without_fallbacks_refuses_and_stores_nothing(
     runner_clock: ClockFile, tmp_path: Path

@@ -21,7 +21,7 @@ from ..core import deadline
 from ..core.exceptions import ProviderError
 from ..core.models import RunRecord, UserMessage
 from ..core.observability import logger, timed
-from ..providers.base import Message, Provider
+from ..providers.base import Message
 from ..providers.embeddings import decode_vector, encode_vector
 from ..store.memories import MemoryBook, MemoryRecord
 from .commands import TurnCommand
@@ -104,12 +104,15 @@ class MemoryStep(ProviderSelection):
             # The answer must still be committed: no extraction in the request's last seconds.
             logger.warning("no time left for memory extraction", extra={"seconds_left": left})
             return run
-        redactor = self.redactor
+        redactor = self.redactor_for(session.key, session.data_class)
         texts = [redactor.text(text) if redactor is not None else text for _, text in said]
-        model = self.settings.summarizer_model or work.model
-        summarizer: Provider | None = None
+        routed = self.route_side_call(
+            session, self.settings.summarizer_model or work.model, self._summarizer(work), "memory"
+        )
+        if routed is None:
+            return run
+        model, summarizer = routed
         try:
-            summarizer = self._summarizer(work)
             with timed("MemoryExtractionLatency"):
                 reply = summarizer.complete(extraction_request(model, texts, work.recall.records))
             session.usage = session.usage + reply.usage

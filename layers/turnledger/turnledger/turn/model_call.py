@@ -333,9 +333,12 @@ class ModelCall(MemoryStep):
             through = max(through, left_out[-1].sequence)
         if not turns:
             return False
-        summarizer = compaction.Summarizer(
-            self._summarizer(work), self.settings.summarizer_model or work.model
+        routed = self.route_side_call(
+            session, self.settings.summarizer_model or work.model, self._summarizer(work), "summary"
         )
+        if routed is None:
+            return False
+        summarizer = compaction.Summarizer(routed[1], routed[0])
         written = compaction.summarize(
             summarizer,
             compaction.covering(turns, previous, through, trigger),

@@ -202,6 +202,34 @@ def _texts(values: Iterable[Any]) -> Iterator[str]:
             yield from _texts(value.values())
 
 
+def check_exact(
+    policy: DataPolicy | None,
+    class_name: str | None,
+    *,
+    model: str,
+    provider: str,
+    settings: Settings,
+) -> None:
+    """Refuse a call that must use ``model`` (a replay's candidate) when the class does
+    not allow it: no fallback takes its place.
+
+    Raises:
+        DataPolicyUnsatisfied: the class does not allow ``model`` on ``provider``.
+    """
+    if policy is None or class_name is None:
+        return
+    routing = decide(policy, class_name, model=model, provider=provider, settings=settings)
+    if routing.rejected:
+        raise DataPolicyUnsatisfied(
+            f"data class {class_name!r} does not allow {model!r}",
+            details={
+                "class": class_name,
+                "policy_version": policy.version,
+                "rejected": [routing.rejected[0].model_dump()],
+            },
+        )
+
+
 def decision_event(
     policy: DataPolicy, routing: Routing, *, provider: str, purpose: str
 ) -> PolicyDecision:

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING
 from ..context.policy import DataPolicy
 from ..context.redaction import Redactor
 from ..context.tokens import TokenizingRedactor, conversation_secret
-from ..core.exceptions import UnknownModel, UnknownProvider
+from ..core.exceptions import DataPolicyUnsatisfied, UnknownModel, UnknownProvider
 from ..core.models import ConversationKey
 from ..core.observability import logger
 from ..providers.base import Provider
 from ..providers.embeddings import Embedder
 from ..store.data_policies import PolicyVersions
+from . import policy_gate
 from .reads import Reads
+from .session import Session
 
 #: Seconds a tenant's own data policy is reused before it is read again (a new version
 #: reaches every environment within this).
@@ -142,6 +144,37 @@ class ProviderSelection(Reads):
         policy = DataPolicy.parse(stored.policy, "the tenant's") if stored is not None else None
         self._tenant_policies[tenant] = (now + TENANT_POLICY_MAX_AGE_SECONDS, policy)
         return policy
+
+    def route_side_call(
+        self, session: Session, model: str, provider: Provider, purpose: str
+    ) -> tuple[str, Provider] | None:
+        """The model and provider a summary or a memory extraction of ``session`` may use:
+        as asked in a conversation with no class; else as its class routes them (the
+        choice staged as a ``policy_decision`` event of ``purpose``), or ``None`` when no
+        allowed model may do it (the call is skipped, never sent elsewhere)."""
+        policy = self.data_policy(session.key.tenant)
+        if policy is None or session.data_class is None:
+            return model, provider
+        try:
+            routing = policy_gate.decide(
+                policy,
+                session.data_class,
+                model=model,
+                provider=provider.name,
+                settings=self.settings,
+            )
+        except DataPolicyUnsatisfied:
+            logger.warning(
+                "no model the data class allows may make this call: skipped",
+                extra={"purpose": purpose, "data_class": session.data_class},
+            )
+            return None
+        assert routing.chosen is not None
+        if routing.chosen.provider is not None:
+            provider = self.provider_for(routing.chosen.provider)
+        event = policy_gate.decision_event(policy, routing, provider=provider.name, purpose=purpose)
+        session.add(event, actor="system")
+        return routing.chosen.model, provider
 
     def _provider_of(self, name: str | None) -> Provider:
         # A turn continued later uses its own provider, even if the deployment dropped it
