@@ -318,8 +318,9 @@ class ConversationView(Deferred):
     parent: ForkParentView | None = None
     #: Live forks of this conversation (``GET .../forks`` lists them).
     forks: int = 0
-    #: The conversation's data class (it only rises; ``null``: none).
-    data_class: str | None = None
+    #: The conversation's data class (it only rises); left out while it has none, so a
+    #: conversation without one reads as before.
+    data_class: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ForkParentView(Deferred):
