@@ -367,3 +367,16 @@ def test_a_tenant_sets_its_own_policy_versions_and_its_turns_obey_it(
         # Another tenant still has the deployment's.
         other = {"Authorization": "Bearer local:globex:bob"}
         assert http.get("/v1/data-policy", headers=other).json()["source"] == "deployment"
+
+
+def test_an_export_too_large_to_answer_inline_holds_tokens_too(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    env = {"EXPORT_INLINE_MAX_BYTES": "200"}
+    with serve(runner_clock, tmp_path, env=env) as http:
+        assert post_turn(http, "x", f"My card is {CARD}.").status_code == 200
+        linked = http.get("/v1/conversations/x/export", headers=ANN)
+        assert linked.status_code == 303, linked.text
+        fetched = httpx.get(linked.headers["Location"], timeout=30)
+        assert fetched.status_code == 200
+        assert "[pii:card:" in fetched.text and CARD not in fetched.text

@@ -1,13 +1,14 @@
 """What a reader sees of a conversation under a data policy: values of the classes whose
 ``read_scope`` the caller holds, tokens for the rest (``turnledger.context.tokens``).
 
-Applied at the edge to what the read routes answer (events, export); without a policy
+Applied at the edge to what the read routes answer (events, export lines); without a policy
 the answers are as they were.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from ..context.tokens import conversation_secret, protect, readable_classes
 from ..core.models import ConversationKey
@@ -32,17 +33,17 @@ def events_for_reader(page: EventsPage, key: ConversationKey) -> EventsPage:
     return page.model_copy(update={"events": events})
 
 
-def export_for_reader(text: str, key: ConversationKey) -> str:
-    """An NDJSON export as the caller may read it: each line's strings protected."""
+def export_reader(key: ConversationKey) -> Callable[[str], str] | None:
+    """What each line of an NDJSON export becomes for the caller (``None``: as it is)."""
     policy = get_runtime().data_policy(key.tenant)
     if policy is None or not policy.detectors:
-        return text
+        return None
     keep = readable_classes(policy, scope_values())
     secret = conversation_secret(key)
-    lines = [
-        json.dumps(protect(json.loads(line), policy, secret, keep), ensure_ascii=False)
-        if line.strip()
-        else line
-        for line in text.split("\n")
-    ]
-    return "\n".join(lines)
+
+    def line(text: str) -> str:
+        ending = "\n" if text.endswith("\n") else ""
+        value = protect(json.loads(text), policy, secret, keep)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + ending
+
+    return line

@@ -141,13 +141,12 @@ def export_conversation(conversation_id: ConversationId) -> Response[str]:
     presigned ``Location`` (and the same in the body).
     """
     from ..ops.transfer import InlineExport  # see NDJSON: loaded by this route only
-    from .policy_views import export_for_reader
+    from .policy_views import export_reader
 
     _, key = conversation(conversation_id)
-    answer = get_runtime().transfer_for(key.tenant).export(key)
+    answer = get_runtime().transfer_for(key.tenant).export(key, export_reader(key))
     if isinstance(answer, InlineExport):
-        body = export_for_reader(answer.text, key)
-        return Response(status_code=200, content_type=NDJSON, body=body)
+        return Response(status_code=200, content_type=NDJSON, body=answer.text)
     link = ExportLink(export_url=answer.url, expires_at=answer.expires_at, bytes=answer.bytes)
     return Response(
         status_code=303,
