@@ -380,3 +380,27 @@ def test_an_export_too_large_to_answer_inline_holds_tokens_too(
         fetched = httpx.get(linked.headers["Location"], timeout=30)
         assert fetched.status_code == 200
         assert "[pii:card:" in fetched.text and CARD not in fetched.text
+
+
+def test_the_openai_face_takes_metadata_data_class_and_refuses_in_its_own_shape(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    with serve(runner_clock, tmp_path) as http:
+        answered = http.post(
+            "/openai/v1/responses",
+            json={"model": "demo-1", "input": "Hi.", "metadata": {"data_class": "pii"}},
+            headers=ANN,
+        )
+        assert answered.status_code == 200, answered.text
+        conversation = answered.json()["conversation"]["id"]
+        [decision] = [e for e in events_of(http, conversation) if e["kind"] == "policy_decision"]
+        assert (decision["payload"]["class"], decision["payload"]["chosen"]) == ("pii", "demo-2")
+        refused = http.post(
+            "/openai/v1/responses",
+            json={"model": "demo-1", "input": "Hi.", "metadata": {"data_class": "strict"}},
+            headers=ANN,
+        )
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == "data_policy_unsatisfied"
