@@ -205,9 +205,9 @@ def test_the_responses_provider_stores_nothing_once_the_class_forbids_it(
             env=env,
         ) as http:
             assert post_turn(http, "o", "My name is Ann.").status_code == 200
-            assert post_turn(http, "o", "I live in Oslo.").json()["context"][
-                "provider_state"
-            ] == ("continued")
+            assert post_turn(http, "o", "I live in Oslo.").json()["context"]["provider_state"] == (
+                "continued"
+            )
             stored = len([r for r in fake.requests if r.method == "POST"])
 
             carded = post_turn(http, "o", f"My card is {CARD}.")
@@ -404,3 +404,29 @@ def test_the_openai_face_takes_metadata_data_class_and_refuses_in_its_own_shape(
         error = refused.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
         assert error["code"] == "data_policy_unsatisfied"
+
+
+def test_a_summary_of_a_classed_conversation_is_routed_too(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    env = {"CONTEXT_MAX_TOKENS": "60", "SUMMARIZER_MODEL": "demo-1"}
+    with serve(runner_clock, tmp_path, env=env) as http:
+        for n in range(6):
+            said = post_turn(
+                http, "sm", f"Turn {n}: some words to fill the context up.", data_class="pii"
+            )
+            assert said.status_code == 200, said.text
+        events = events_of(http, "sm")
+        assert any(e["kind"] == "context_compacted" for e in events)
+        summaries = [
+            e["payload"]
+            for e in events
+            if e["kind"] == "policy_decision" and e["payload"]["purpose"] == "summary"
+        ]
+        assert summaries
+        for decision in summaries:
+            assert decision["chosen"] == "demo-2"
+            assert decision["rejected"][0]["model"] == "demo-1"
+        for event in events:
+            if event["kind"] == "context_compacted":
+                assert event["payload"]["summarizer_model"] == "demo-2"

@@ -106,9 +106,16 @@ class MemoryStep(ProviderSelection):
             return run
         redactor = self.redactor_for(session.key, session.data_class)
         texts = [redactor.text(text) if redactor is not None else text for _, text in said]
-        routed = self.route_side_call(
-            session, self.settings.summarizer_model or work.model, self._summarizer(work), "memory"
-        )
+        try:
+            routed = self.route_side_call(
+                session,
+                self.settings.summarizer_model or work.model,
+                self._summarizer(work),
+                "memory",
+            )
+        except Exception as exc:  # a summarizer that cannot be built: as a failed call
+            logger.warning("memory extraction failed", extra={"error": type(exc).__name__})
+            return run
         if routed is None:
             return run
         model, summarizer = routed
