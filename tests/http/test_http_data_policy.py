@@ -430,3 +430,25 @@ def test_a_summary_of_a_classed_conversation_is_routed_too(
         for event in events:
             if event["kind"] == "context_compacted":
                 assert event["payload"]["summarizer_model"] == "demo-2"
+
+
+def test_a_tools_result_class_raises_the_conversation(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    with HttpSink() as sink:
+        sink.respond("/crm_lookup", Reply(body={"customer": "Ann"}))
+        sink.respond("/notes", Reply(body={"noted": True}))
+        path = tools_file(tmp_path, sink)
+        registry = json.loads(path.read_text())
+        registry["tools"][0]["result_class"] = "pii"
+        path.write_text(json.dumps(registry))
+        with serve(runner_clock, tmp_path, tools_file=path, model="demo-2") as http:
+            answered = post_turn(http, "rc", '/tool crm_lookup {"card": "none"}')
+            assert answered.status_code == 200, answered.text
+            assert http.get("/v1/conversations/rc", headers=ANN).json()["data_class"] == "pii"
+            events = events_of(http, "rc")
+            [raised] = [e for e in events if e["kind"] == "data_class_raised"]
+            assert raised["payload"]["source"] == "tool:crm_lookup"
+            assert raised["actor"] == "tool:crm_lookup"
+            # The answer after the result is routed by the risen class.
+            assert [e["kind"] for e in events][-2:] == ["policy_decision", "assistant_message"]
