@@ -78,6 +78,8 @@ CONTRACT_ROUTES = {
     ("PATCH", "/v1/memories/{id}", "TurnFunction"),
     ("DELETE", "/v1/memories/{id}", "ClearFunction"),
     ("DELETE", "/v1/memories", "ClearFunction"),
+    ("GET", "/v1/data-policy", "TurnFunction"),
+    ("PUT", "/v1/data-policy", "TurnFunction"),
 }
 
 #: What the functions read from their environment (see ``turnledger.core.config``).
@@ -949,6 +951,8 @@ API_EVENTS = [
     "edit-memory.json",
     "delete-memory.json",
     "delete-memories.json",
+    "get-data-policy.json",
+    "put-data-policy.json",
     "list-turns.json",
     "get-turn-context.json",
     "start-replay.json",

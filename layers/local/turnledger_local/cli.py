@@ -21,6 +21,7 @@ from types import FrameType
 from typing import NoReturn
 
 from botocore.exceptions import BotoCoreError, ClientError
+from turnledger.context.policy import DataPolicy
 from turnledger.context.redaction import Redactor
 from turnledger.core.config import Settings
 from turnledger.core.telemetry import ENV_OTLP_ENDPOINT
@@ -201,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="redaction rule set (JSON) applied to everything a model sees",
     )
+    context.add_argument(
+        "--data-policy",
+        type=Path,
+        metavar="FILE",
+        help="data policy (JSON): classes, the models each may be sent to, detectors",
+    )
     local.add_argument(
         "--log-level",
         default=defaults.log_level,
@@ -271,6 +278,7 @@ def _context_env(args: argparse.Namespace) -> dict[str, str]:
         "CONVERSATION_TOKEN_BUDGET": args.conversation_token_budget,
         "TURN_TOKEN_BUDGET": args.turn_token_budget,
         "REDACTION_FILE": args.redaction.resolve() if args.redaction else None,
+        "DATA_POLICY_FILE": args.data_policy.resolve() if args.data_policy else None,
         "DEMO_TOKEN_DELAY_MS": getattr(args, "demo_token_delay_ms", None),
         "MEMORY_ENABLED": "true" if getattr(args, "memory", None) else None,
     }
@@ -366,6 +374,12 @@ def _serve(config: LocalConfig) -> int:
     if redaction is not None:
         try:
             Redactor.parse(Path(redaction).read_bytes(), redaction)
+        except (OSError, ValueError) as exc:
+            return fail("local", "invalid_setting", str(exc), 2)
+    data_policy = config.env.get("DATA_POLICY_FILE")
+    if data_policy is not None:
+        try:
+            DataPolicy.parse(Path(data_policy).read_bytes(), data_policy)
         except (OSError, ValueError) as exc:
             return fail("local", "invalid_setting", str(exc), 2)
     stop = threading.Event()

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
     from mypy_boto3_s3 import S3Client
 
+    from .context.policy import DataPolicy
     from .context.redaction import Redactor
     from .ops.sweep import RemainingTime, Sweeper
     from .ops.transfer import Transfer
@@ -166,6 +167,14 @@ class Runtime:
         """The reads and the clear for one request of ``tenant``: its store reaches only that
         tenant; no provider, tool or turn pipeline is loaded for them."""
         return self.reads if self.tenants is None else self.tenants.for_tenant(tenant).reads
+
+    def data_policy(self, tenant: str) -> DataPolicy | None:
+        """The data policy ``tenant``'s conversations are held to (``None``: none); the
+        service is built only where a policy may be configured."""
+        s = self.settings
+        if s.data_policy_file or s.data_policy_parameter or s.data_policy_admin_scope:
+            return self.conversations_for(tenant).data_policy(tenant)
+        return None
 
     def conversations_for(self, tenant: str) -> Conversations:
         """The service for one request of ``tenant``: its store reaches only that tenant."""
@@ -333,6 +342,7 @@ def _service_builder(
         ValueError: ``PROVIDERS`` names an unknown provider; or as the provider, the
             redaction file and the notifications' settings raise.
     """
+    from .context.policy import policy_source
     from .context.redaction import load_redactor
     from .ops.notifications import environment, publisher_from_env
     from .providers.embeddings import build_embedder
@@ -353,6 +363,7 @@ def _service_builder(
         redactor = load_redactor(settings)  # a bad rule set fails here, loudly
     elif settings.redaction_parameter:
         redactor = partial(load_redactor, settings)  # Powertools caches the parameter
+    data_policy = policy_source(settings)  # a bad policy file fails here, loudly
     unknown = [name for name in settings.allowed_providers if name not in PROVIDERS]
     if unknown:
         # Fail at start, like an unknown PROVIDER, not on the first turn that names one.
@@ -383,6 +394,7 @@ def _service_builder(
             # Other providers a turn may name, built on first use.
             providers=partial(build_provider, settings),
             redactor=redactor,
+            data_policy=data_policy,
             settings=settings,
             tools=lambda: ToolRegistry.from_settings(settings),
             runner=runner,

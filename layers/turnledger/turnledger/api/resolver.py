@@ -167,6 +167,12 @@ def _held(claim: str, event: dict[str, Any] | None = None) -> set[str]:
     return held
 
 
+def scope_values() -> set[str]:
+    """The values the current request's ``APPROVER_CLAIM`` claim holds (a data class's
+    ``read_scope`` is checked there, as the approver scope is)."""
+    return _held(get_runtime().settings.approver_claim)
+
+
 def with_approver_claims(who: Caller) -> Caller:
     """``who`` with the claims that make it an approver (``sub``, and ``APPROVER_SCOPE``
     in the ``APPROVER_CLAIM`` claim), or as it is (none) when its identity lacks the scope.

@@ -101,9 +101,11 @@ def get_events(
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many events.")] = 100,
 ) -> EventsPage:
     """The transcript: canonical events in sequence order, paginated."""
+    from .policy_views import events_for_reader  # the data policy's: loaded by reads only
+
     _, key = conversation(conversation_id)
     service = get_runtime().reads_for(key.tenant)
-    return events_page(service.events(key, after=after, limit=limit))
+    return events_for_reader(events_page(service.events(key, after=after, limit=limit)), key)
 
 
 @app.delete(
@@ -139,9 +141,10 @@ def export_conversation(conversation_id: ConversationId) -> Response[str]:
     presigned ``Location`` (and the same in the body).
     """
     from ..ops.transfer import InlineExport  # see NDJSON: loaded by this route only
+    from .policy_views import export_reader
 
     _, key = conversation(conversation_id)
-    answer = get_runtime().transfer_for(key.tenant).export(key)
+    answer = get_runtime().transfer_for(key.tenant).export(key, export_reader(key))
     if isinstance(answer, InlineExport):
         return Response(status_code=200, content_type=NDJSON, body=answer.text)
     link = ExportLink(export_url=answer.url, expires_at=answer.expires_at, bytes=answer.bytes)

@@ -103,6 +103,11 @@ class TurnRequest(_Body):
         "long-term memory from this turn on; true: it does again (where the deployment has "
         "memory on). Absent: as the conversation did.",
     )
+    data_class: str | None = Field(
+        default=None,
+        description="A class of the data policy this turn's content is: raises the "
+        "conversation's class, never lowers it.",
+    )
 
     @field_validator("input", mode="wrap")
     @classmethod
@@ -313,6 +318,9 @@ class ConversationView(Deferred):
     parent: ForkParentView | None = None
     #: Live forks of this conversation (``GET .../forks`` lists them).
     forks: int = 0
+    #: The conversation's data class (it only rises); left out while it has none, so a
+    #: conversation without one reads as before.
+    data_class: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ForkParentView(Deferred):

@@ -85,6 +85,7 @@ def turn_command(
         idempotency_key=idempotency_key,
         memory=request.memory,
         approver_claims=approver_claims or {},
+        data_class=request.data_class,
     )
 
 
@@ -180,6 +181,7 @@ def conversation_view(state: ConversationState) -> ConversationView:
         if state.parent is not None
         else None,
         forks=state.forks,
+        data_class=state.data_class,
     )
 
 

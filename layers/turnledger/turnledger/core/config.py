@@ -21,6 +21,9 @@
 | ``SUMMARIZER_PROVIDER`` / ``_MODEL`` | (the turn's) | who writes context summaries |
 | ``REDACTION_FILE`` | (none: off) | redaction rule set bundled with the function |
 | ``REDACTION_PARAMETER`` | (none: off) | SSM parameter holding the rule set |
+| ``DATA_POLICY_FILE`` | (none: off) | data policy (classes, detectors) bundled with the function |
+| ``DATA_POLICY_PARAMETER`` | (none: off) | SSM parameter holding the data policy |
+| ``DATA_POLICY_ADMIN_SCOPE`` | (empty: off) | value that may ``PUT /v1/data-policy`` |
 | ``TENANT_CLAIM`` | ``tenant_id`` | JWT claim holding the tenant |
 | ``APPROVER_CLAIM`` | ``scope`` | JWT claim that must hold ``APPROVER_SCOPE`` to decide approvals |
 | ``APPROVER_SCOPE`` | ``turnledger/approve`` | the value required (empty: anyone in the tenant) |
@@ -372,6 +375,12 @@ class Settings:
     summarizer_model: str | None = None
     redaction_file: str | None = None
     redaction_parameter: str | None = None
+    # --- the data policy (context/policy.py) ---
+    data_policy_file: str | None = None
+    data_policy_parameter: str | None = None
+    #: The value ``approver_claim`` must hold to set a tenant's own data policy (empty:
+    #: tenants have none, and turns never read one).
+    data_policy_admin_scope: str = ""
 
     # --- providers: stored state, Bedrock, the stateful demo model ---------------------------
     #: Other providers a turn may name (``"provider"``); ``provider`` is always allowed.
@@ -545,6 +554,11 @@ class Settings:
             summarizer_model=opt("SUMMARIZER_MODEL"),
             redaction_file=opt("REDACTION_FILE"),
             redaction_parameter=opt("REDACTION_PARAMETER"),
+            data_policy_file=opt("DATA_POLICY_FILE"),
+            data_policy_parameter=opt("DATA_POLICY_PARAMETER"),
+            data_policy_admin_scope=env.get(
+                "DATA_POLICY_ADMIN_SCOPE", cls.data_policy_admin_scope
+            ).strip(),
             # --- providers: stored state, Bedrock, the stateful demo model ---
             providers=_names(env, "PROVIDERS"),
             allowed_models=_names(env, "ALLOWED_MODELS"),

@@ -14,6 +14,7 @@ hierarchy to responses and never matches on message text::
     ├── UnsupportedValue             400 unsupported_value
     ├── Unauthorized                 401 unauthorized
     ├── ApproverScopeMissing         403 approver_scope_missing
+    ├── AdminScopeMissing            403 admin_scope_missing
     ├── ApproverIsRequester          403 approver_is_requester
     ├── MemoryUserNotAllowed         403 memory_user_not_allowed
     ├── ConversationNotFound         404 conversation_not_found
@@ -43,6 +44,8 @@ hierarchy to responses and never matches on message text::
     ├── UnknownTool                  422 unknown_tool
     ├── UnknownProvider              422 unknown_provider
     ├── UnknownModel                 422 unknown_model
+    ├── DataPolicyUnsatisfied        422 data_policy_unsatisfied
+    ├── UnknownDataClass             422 unknown_data_class
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     │   └── ProviderTimeout          504 provider_timeout
@@ -106,6 +109,14 @@ class ApproverScopeMissing(TurnledgerError):
 
     status = 403
     code = "approver_scope_missing"
+
+
+class AdminScopeMissing(TurnledgerError):
+    """The caller's identity lacks the claim value setting the data policy requires
+    (``APPROVER_CLAIM`` holding ``DATA_POLICY_ADMIN_SCOPE``), or tenants set none here."""
+
+    status = 403
+    code = "admin_scope_missing"
 
 
 class ApproverIsRequester(TurnledgerError):
@@ -313,6 +324,21 @@ class UnknownModel(TurnledgerError):
 
     status = 422
     code = "unknown_model"
+
+
+class DataPolicyUnsatisfied(TurnledgerError):
+    """No model the conversation's data class allows may answer (``details.class``,
+    ``details.rejected``): nothing was sent, nothing stored."""
+
+    status = 422
+    code = "data_policy_unsatisfied"
+
+
+class UnknownDataClass(TurnledgerError):
+    """A request names a data class the policy does not have (``details.classes``)."""
+
+    status = 422
+    code = "unknown_data_class"
 
 
 class IdempotencyKeyReused(TurnledgerError):

@@ -150,6 +150,8 @@ class EventKind(StrEnum):
     TURN_INTERRUPTED = "turn_interrupted"
     APPROVAL_EXPIRED = "approval_expired"
     CONVERSATION_IMPORTED = "conversation_imported"
+    POLICY_DECISION = "policy_decision"
+    DATA_CLASS_RAISED = "data_class_raised"
 
 
 def _zero(value: int) -> bool:
@@ -447,6 +449,47 @@ class ConversationImported(_Payload):
     cost_usd_carried_over: float = Field(default=0.0, ge=0)
 
 
+class RejectedModel(_Strict):
+    """A model a routing choice passed over, and why."""
+
+    model: str
+    reason: str
+
+
+class PolicyDecision(_Payload):
+    """Which model content of a data class was sent to (``turnledger.context.policy``):
+    the class, the policy version that decided, the chosen model and every candidate
+    passed over with its reason. Never sent to a model."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True
+    )
+
+    data_class: str = Field(alias="class")
+    policy_version: str
+    chosen: str
+    #: The provider of ``chosen``.
+    provider: str
+    rejected: list[RejectedModel] = Field(default_factory=list)
+    #: What the call was for: ``turn``, ``summary``, ``memory`` or ``replay``.
+    purpose: str = "turn"
+
+
+class DataClassRaised(_Payload):
+    """The conversation's data class rose (it never falls): from ``previous`` to ``to``,
+    because of ``source`` (``turn``, ``detector:<name>``, ``tool:<name>``, ``operator``).
+    Never sent to a model."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True
+    )
+
+    previous: str | None = None
+    to: str
+    source: str
+    policy_version: str
+
+
 PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.USER_MESSAGE: UserMessage,
     EventKind.ASSISTANT_MESSAGE: AssistantMessage,
@@ -462,6 +505,8 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.TURN_INTERRUPTED: TurnInterrupted,
     EventKind.APPROVAL_EXPIRED: ApprovalExpired,
     EventKind.CONVERSATION_IMPORTED: ConversationImported,
+    EventKind.POLICY_DECISION: PolicyDecision,
+    EventKind.DATA_CLASS_RAISED: DataClassRaised,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -480,6 +525,8 @@ Payload = (
     | TurnInterrupted
     | ApprovalExpired
     | ConversationImported
+    | PolicyDecision
+    | DataClassRaised
 )
 
 
@@ -862,6 +909,9 @@ class Head(_Strict):
     #: Set on a fork (``POST .../fork``): its parent and the inherited events' whereabouts.
     #: The fork's own events start at public sequence ``fork.seq + 1``.
     fork: ForkOrigin | None = None
+    #: The conversation's data class (``turnledger.context.policy``): it only rises, and a
+    #: fork inherits it. ``None``: no class.
+    data_class: str | None = None
 
     def live_lease(self, now: datetime) -> Lease | None:
         """The lease of a run that may still be going on at ``now``."""

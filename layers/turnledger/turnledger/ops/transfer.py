@@ -200,17 +200,22 @@ def export(
     *,
     inline_max_bytes: int,
     url_ttl_seconds: int,
+    reader: Callable[[str], str] | None = None,
 ) -> InlineExport | LinkedExport:
     """The export of ``key``: inline while it weighs at most ``inline_max_bytes`` as a
     JSON-escaped response body; else streamed to the blob store (never whole in memory)
     under :func:`~turnledger.store.keys.export_key` and answered with a URL valid for
     ``url_ttl_seconds``. A blob store without URLs (files, memory) answers inline at any size.
+    ``reader``: what each line becomes for the caller (the data policy's tokens for values
+    it may not read), inline and linked alike.
 
     Raises:
         ConversationNotFound: absent, expired, cleared.
     """
     head = _visible_head(store, key, now)
     lines = export_lines(store, key, head)
+    if reader is not None:
+        lines = map(reader, lines)
     taken: list[str] = []
     weight = 0
     for line in lines:
@@ -535,7 +540,9 @@ class Transfer:
     export_inline_max_bytes: int = 4 * 1024 * 1024
     export_url_ttl_seconds: int = 300
 
-    def export(self, key: ConversationKey) -> InlineExport | LinkedExport:
+    def export(
+        self, key: ConversationKey, reader: Callable[[str], str] | None = None
+    ) -> InlineExport | LinkedExport:
         """The export of ``key``, inline or through a URL (see :func:`export`)."""
         return export(
             self.store,
@@ -543,6 +550,7 @@ class Transfer:
             self.clock(),
             inline_max_bytes=self.export_inline_max_bytes,
             url_ttl_seconds=self.export_url_ttl_seconds,
+            reader=reader,
         )
 
     def import_text(self, key: ConversationKey, text: str, actor: str) -> Head:

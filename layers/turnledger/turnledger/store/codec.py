@@ -421,6 +421,7 @@ SLOW_FIELDS = frozenset(
         "fork",
         "memory_off",
         "expiry_bucket",
+        "data_class",
     }
 )
 #: Fast fields a turn item does not store: its ``ver`` and its key say them.

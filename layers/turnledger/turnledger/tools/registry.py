@@ -192,6 +192,9 @@ class ToolDefinition(_Config):
     #: the turn that asked for it (``403 approver_is_requester``; ``APPROVAL_FOUR_EYES``
     #: turns it on for every tool).
     four_eyes: bool = False
+    #: The data class its results are (``turnledger.context.policy``): a result raises
+    #: the conversation's class to it. ``None``: as the detectors find.
+    result_class: str | None = Field(default=None, min_length=1)
 
     _validator: Callable[[Any], Any] = PrivateAttr()
 

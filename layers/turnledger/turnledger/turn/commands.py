@@ -55,6 +55,9 @@ class TurnCommand(_Command):
     #: holds no approver scope, and may not give the output of a human-input or deferred
     #: call (:func:`turnledger.turn.lifecycle.check_settler`).
     approver_claims: dict[str, str] = Field(default_factory=dict)
+    #: The data class the caller says the turn's content is (it raises the
+    #: conversation's class, never lowers it); ``None``: as detected.
+    data_class: str | None = None
 
     @property
     def starts_turn(self) -> bool:

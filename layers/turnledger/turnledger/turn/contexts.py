@@ -138,7 +138,9 @@ def call_contexts(
     Answers without a run record (assistant items a client sent as history) are no call.
     """
     last = to_turn if to_turn is not None else log.head.turn
-    redactor = service.redactor
+    plain = service.redactor
+    # A call made with the policy's tokens is rebuilt with them (its run record says so).
+    tokens = service.redactor_for(log.key, log.head.data_class)
     system_prompt = service.settings.system_prompt
     calls: list[CallContext] = []
     index_in_turn: dict[int, int] = {}
@@ -159,6 +161,7 @@ def call_contexts(
         run = body.run
         provider = _provider(service, run.provider)
         memory, memory_changed = memories.block(run, event)
+        redactor = tokens if "policy:" in (run.redaction_version or "") else plain
         assembly = rebuild(
             _window(events, sequences, newest, position),
             run,

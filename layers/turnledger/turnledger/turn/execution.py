@@ -19,6 +19,7 @@ from math import ceil
 from typing import Any, Literal, Protocol
 
 from ..context.memory import Recall, WritePlan
+from ..context.policy import DataPolicy
 from ..core import deadline
 from ..core.config import Settings
 from ..core.exceptions import ConversationBusy, InternalError, UnknownToolCall
@@ -45,7 +46,7 @@ from ..providers.retry import Backoff
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
 from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry, requirement
-from . import callbacks
+from . import callbacks, policy_gate
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
 from .results import OutputCall, OutputText
@@ -60,6 +61,14 @@ _OPENING_MOVE = {
     "client": CallMove.AWAIT_CLIENT,
     "input": CallMove.ASK_INPUT,
 }
+
+
+class PolicySource(Protocol):
+    """Where the tool steps read a tenant's data policy: the service."""
+
+    def data_policy(self, tenant: str) -> DataPolicy | None: ...
+
+    def forget_provider_state(self, responses: list[tuple[str, str]]) -> int: ...
 
 
 class Committer(Protocol):
@@ -135,8 +144,11 @@ class ToolCalls:
         runner: ToolRunner | None,
         settings: Settings,
         clock: Clock,
+        policy: PolicySource | None = None,
     ) -> None:
         self._registry = registry
+        #: The tenants' data policies, and what deletes provider state (the service).
+        self._policy_source = policy
         self.runner = runner
         self.settings = settings
         self.clock = clock
@@ -266,7 +278,11 @@ class ToolCalls:
             invocations.append(
                 ToolInvocation(
                     tool=self._tool(pending.name),
-                    call=ToolCall(id=pending.id, name=pending.name, arguments=pending.arguments),
+                    call=ToolCall(
+                        id=pending.id,
+                        name=pending.name,
+                        arguments=self._arguments(session, pending),
+                    ),
                     tenant=session.key.tenant,
                     conversation_id=session.key.conversation_id,
                     idempotency_key=pending.idempotency_key,
@@ -309,7 +325,38 @@ class ToolCalls:
                 ),
                 actor=f"tool:{pending.name}",
             )
+            self._classify(session, pending.name, outcome.output)
         session.machine.settle(done)
+
+    def _policy(self, session: Session) -> DataPolicy | None:
+        source = self._policy_source
+        return source.data_policy(session.key.tenant) if source is not None else None
+
+    def _arguments(self, session: Session, pending: PendingCall) -> dict[str, Any]:
+        """What the tool is sent: in a conversation with a data class, the values only a
+        tool its class authorizes may receive (:func:`.policy_gate.tool_arguments`)."""
+        policy = self._policy(session)
+        if policy is None or session.data_class is None:
+            return pending.arguments
+        return policy_gate.tool_arguments(policy, session, pending.name, pending.arguments)
+
+    def _classify(self, session: Session, tool: str, output: str) -> None:
+        """Raise the conversation's class by the tool's ``result_class`` and by what the
+        detectors find in its result."""
+        policy = self._policy(session)
+        if policy is None:
+            return
+        raised = policy_gate.rise(
+            policy,
+            session.data_class,
+            named=self._tool(tool).result_class if tool in self.tools else None,
+            texts=[output],
+            source=f"tool:{tool}",
+        )
+        if raised is not None:
+            forget = policy_gate.apply_rise(session, policy, raised, actor=f"tool:{tool}")
+            if forget and self._policy_source is not None:
+                self._policy_source.forget_provider_state(forget)
 
     def _ask_about(self, session: Session, pending: PendingCall) -> None:
         """Hand a call whose run may have happened to a human: approve runs it again

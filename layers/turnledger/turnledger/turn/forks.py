@@ -206,6 +206,7 @@ def create_fork(
             else None,
             token_scale=head.token_scale,
             memory_off=head.memory_off,
+            data_class=head.data_class,
             provider_cursor=inherited_cursor(store, parent, head, point),
             fork=ForkOrigin(
                 conversation_id=parent.conversation_id,

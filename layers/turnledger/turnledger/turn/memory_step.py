@@ -21,7 +21,7 @@ from ..core import deadline, telemetry
 from ..core.exceptions import ProviderError
 from ..core.models import RunRecord, UserMessage
 from ..core.observability import logger, timed
-from ..providers.base import Message, Provider
+from ..providers.base import Message
 from ..providers.embeddings import decode_vector, encode_vector
 from ..store.memories import MemoryBook, MemoryRecord
 from .commands import TurnCommand
@@ -104,12 +104,22 @@ class MemoryStep(ProviderSelection):
             # The answer must still be committed: no extraction in the request's last seconds.
             logger.warning("no time left for memory extraction", extra={"seconds_left": left})
             return run
-        redactor = self.redactor
+        redactor = self.redactor_for(session.key, session.data_class)
         texts = [redactor.text(text) if redactor is not None else text for _, text in said]
-        model = self.settings.summarizer_model or work.model
-        summarizer: Provider | None = None
         try:
-            summarizer = self._summarizer(work)
+            routed = self.route_side_call(
+                session,
+                self.settings.summarizer_model or work.model,
+                self._summarizer(work),
+                "memory",
+            )
+        except Exception as exc:  # a summarizer that cannot be built: as a failed call
+            logger.warning("memory extraction failed", extra={"error": type(exc).__name__})
+            return run
+        if routed is None:
+            return run
+        model, summarizer = routed
+        try:
             with (
                 telemetry.model_call(summarizer.name, model, telemetry.PURPOSE_MEMORY) as traced,
                 timed("MemoryExtractionLatency"),

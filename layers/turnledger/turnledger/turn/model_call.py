@@ -38,7 +38,7 @@ from ..providers.base import (
     ResponseFormat,
     ToolSpec,
 )
-from . import compaction
+from . import compaction, policy_gate
 from .commands import TurnCommand
 from .drafts import DraftSink, model_reply
 from .execution import TurnWork
@@ -88,8 +88,9 @@ class ModelCall(MemoryStep):
             ProviderError, ProviderTimeout: the model failed (the runner records it).
         """
         session = work.session
+        state_allowed = self.route_call(work)
         provider = work.provider
-        redactor = self.redactor
+        redactor = self.redactor_for(session.key, session.data_class)
         estimator = self._estimator(provider, session.token_scale)
         budget = self.settings.context_budget(work.model)
 
@@ -113,7 +114,9 @@ class ModelCall(MemoryStep):
         if self._compact(work, assembly, estimator, left_out):
             assembly = build()  # with the summary just staged
         specs = [tool.spec() for tool in work.tools]
-        continuation = self._continuation(work, assembly, specs, redactor)
+        continuation = (
+            self._continuation(work, assembly, specs, redactor) if state_allowed else None
+        )
         work.budget_tokens = budget
         work.summary_through = assembly.summary_through
         work.model_calls += 1
@@ -134,7 +137,7 @@ class ModelCall(MemoryStep):
                     if work.response_format
                     else None,
                     continuation=continuation,
-                    store=provider.stateful,
+                    store=provider.stateful and state_allowed,
                 ),
                 sink,
             )
@@ -175,6 +178,44 @@ class ModelCall(MemoryStep):
             memory_ids=carried.ids if carried is not None else [],
             memory_user=carried.user if carried is not None else None,
         )
+
+    def route_call(self, work: TurnWork, purpose: str = "turn") -> bool:
+        """Route the call ``work`` is about to make by the conversation's data class: the
+        model (and provider) the class allows takes the requested one's place, and the
+        choice is staged as a ``policy_decision`` event. A conversation with no class is
+        not routed. Returns whether the class lets the provider keep state.
+
+        Raises:
+            DataPolicyUnsatisfied: no model the class allows may answer; nothing was sent.
+        """
+        session = work.session
+        policy = self.data_policy(session.key.tenant)
+        if policy is None or session.data_class is None:
+            return True
+        routing = policy_gate.decide(
+            policy,
+            session.data_class,
+            model=work.model,
+            provider=work.provider.name,
+            settings=self.settings,
+        )
+        assert routing.chosen is not None
+        if routing.chosen.provider is not None:
+            work.provider = self.provider_for(routing.chosen.provider)
+        work.model = routing.chosen.model
+        session.add(
+            policy_gate.decision_event(
+                policy, routing, provider=work.provider.name, purpose=purpose
+            ),
+            actor="system",
+        )
+        return self.provider_state_allowed(session)
+
+    def provider_state_allowed(self, session: Session) -> bool:
+        """Whether the conversation's data class lets a provider keep its state."""
+        policy = self.data_policy(session.key.tenant)
+        data_class = policy.effective(session.data_class) if policy is not None else None
+        return data_class is None or data_class.provider_state
 
     def _continuation(
         self,
@@ -217,7 +258,7 @@ class ModelCall(MemoryStep):
         session = work.session
         if not work.provider.stateful:
             return
-        if reply.response_id is None:
+        if reply.response_id is None or not self.provider_state_allowed(session):
             session.provider_cursor = None
             return
         session.provider_cursor = ProviderCursor(
@@ -228,7 +269,9 @@ class ModelCall(MemoryStep):
             created_at=self.clock(),
             tenant=session.key.tenant,
             context_sha256=_cursor_sha256(
-                self.settings, [tool.spec() for tool in work.tools], self.redactor
+                self.settings,
+                [tool.spec() for tool in work.tools],
+                self.redactor_for(session.key, session.data_class),
             ),
             sequence=sequence,
             conversation_id=session.key.conversation_id,
@@ -285,14 +328,22 @@ class ModelCall(MemoryStep):
         if left_out:
             trigger = "read_window"
             after = previous.body.to_sequence if previous is not None else 0
-            missed = split_turns(left_out, after=after, estimator=estimator, redactor=self.redactor)
+            missed = split_turns(
+                left_out,
+                after=after,
+                estimator=estimator,
+                redactor=self.redactor_for(session.key, session.data_class),
+            )
             turns = [*missed, *turns]
             through = max(through, left_out[-1].sequence)
         if not turns:
             return False
-        summarizer = compaction.Summarizer(
-            self._summarizer(work), self.settings.summarizer_model or work.model
+        routed = self.route_side_call(
+            session, self.settings.summarizer_model or work.model, self._summarizer(work), "summary"
         )
+        if routed is None:
+            return False
+        summarizer = compaction.Summarizer(routed[1], routed[0])
         written = compaction.summarize(
             summarizer,
             compaction.covering(turns, previous, through, trigger),

@@ -42,6 +42,7 @@ from datetime import datetime
 from functools import cached_property
 
 from ..context.assembly import latest_summary, split_turns
+from ..context.policy import DataPolicy
 from ..context.redaction import Redactor
 from ..core.config import Settings
 from ..core.exceptions import (
@@ -72,7 +73,7 @@ from ..store.base import ContextBudget, ConversationStore
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
-from . import compaction, drafts
+from . import compaction, drafts, policy_gate
 from .admission import Rules, admit
 from .approval_edits import check_edits, check_four_eyes
 from .callbacks import CallbackClaims, callback_output, created_stamp
@@ -120,6 +121,7 @@ class Conversations(ModelCall):
         summarizer: Provider | None = None,
         providers: Callable[[str], Provider] | None = None,
         embedder: Embedder | Callable[[], Embedder | None] | None = None,
+        data_policy: DataPolicy | Callable[[], DataPolicy | None] | None = None,
     ) -> None:
         super().__init__(store=store, settings=settings, clock=clock)
         #: Ranks memory records by embeddings (``None``: by keywords and recency).
@@ -131,12 +133,14 @@ class Conversations(ModelCall):
         #: Writes context summaries (``None``: the turn's own provider).
         self.summarizer = summarizer
         self._redactor = redactor
+        #: The deployment's data policy (``turnledger.context.policy``; ``None``: none).
+        self._data_policy, self._tenant_policies = data_policy, {}
         # The registry may come from SSM: it is read on the first request that needs
         # it, so routes that never touch tools (reads, clear) never need its permission.
         self._tools = tools if tools is not None else ToolRegistry.empty()
         self.runner = runner
         self.calls = ToolCalls(
-            registry=lambda: self.tools, runner=runner, settings=settings, clock=clock
+            registry=lambda: self.tools, runner=runner, settings=settings, clock=clock, policy=self
         )
         self.budget = ContextBudget(
             max_events=settings.context_max_events, max_chars=settings.context_max_chars
@@ -190,11 +194,13 @@ class Conversations(ModelCall):
         self.tools.select(command.tools)
         for name in command.require_approval:
             self.tools.get(name)  # an unknown name is an error, never silently ignored
+        policy = self.data_policy(key.tenant)
         messages, outputs = command.messages, command.outputs
         session, loaded = run.load(key)
         check_settler(
             session.machine.pending, [o.call_id for o in outputs], command.approver_claims
         )
+        raised = policy_gate.check_turn(policy, session, command, self.settings, self._provider_of)
         self.check_input_fits(command, session.token_scale)
         budget = self.settings.conversation_budget_for(key.tenant)
         run.admit(session, Rules(budget=budget, undecided=command.starts_turn), loaded)
@@ -272,6 +278,8 @@ class Conversations(ModelCall):
             work = self._work(session)
         for content in messages:
             session.add(UserMessage(content=content, metadata=command.metadata), actor=actor)
+        if raised is not None and policy is not None:
+            self.forget_provider_state(policy_gate.apply_rise(session, policy, raised, actor=actor))
         if not messages and session.machine.awaiting():
             run.commit(session)
             return self._response(work)

@@ -85,6 +85,7 @@ class Reads:
             if head.fork is not None
             else None,
             forks=self.store.fork_count(key, head),
+            data_class=head.data_class,
         )
 
     def forks(self, key: ConversationKey, *, after: str | None, limit: int) -> ForkPage:

@@ -53,6 +53,7 @@ from ..core.models import (
 from ..core.observability import logger
 from ..providers.base import Message, ModelReply, ModelRequest, Provider, ToolSpec
 from ..store.codec import SideItem
+from . import policy_gate
 from .contexts import (
     CallContext,
     ConversationLog,
@@ -318,11 +319,20 @@ def start(service: Conversations, key: ConversationKey, spec: ReplaySpec) -> Rep
     Raises:
         ConversationNotFound: absent, expired, cleared, or another tenant's.
         UnknownProvider, UnknownModel: the deployment does not allow the candidate.
+        DataPolicyUnsatisfied: the conversation's data class does not allow it (a replay
+            compares the model it names: never another).
         InvalidTurnRange: the turn range is empty or past the conversation's turns.
     """
     head = visible_head(service, key)
     service.provider_for(spec.provider)
     service.check_model(spec.model)
+    policy_gate.check_exact(
+        service.data_policy(key.tenant),
+        head.data_class,
+        model=spec.model,
+        provider=spec.provider,
+        settings=service.settings,
+    )
     first = spec.from_turn or 1
     last = spec.to_turn or head.turn
     if head.turn == 0 or first > last or last > head.turn:

@@ -93,6 +93,8 @@ class ConversationState:
     parent: ForkParent | None = None
     #: Live forks of this conversation.
     forks: int = 0
+    #: The conversation's data class (``None``: none).
+    data_class: str | None = None
 
 
 @dataclass(frozen=True)

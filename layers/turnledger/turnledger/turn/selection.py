@@ -7,16 +7,27 @@ configuration (``provider`` may be swapped after construction, as tests do).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from ..context.policy import DataPolicy
 from ..context.redaction import Redactor
-from ..core.exceptions import UnknownModel, UnknownProvider
+from ..context.tokens import TokenizingRedactor, conversation_secret
+from ..core.exceptions import DataPolicyUnsatisfied, UnknownModel, UnknownProvider
+from ..core.models import ConversationKey
 from ..core.observability import logger
 from ..providers.base import Provider
 from ..providers.embeddings import Embedder
+from ..store.data_policies import PolicyVersions
+from . import policy_gate
 from .reads import Reads
+from .session import Session
+
+#: Seconds a tenant's own data policy is reused before it is read again (a new version
+#: reaches every environment within this).
+TENANT_POLICY_MAX_AGE_SECONDS = 60
 
 if TYPE_CHECKING:
     from .execution import TurnWork
@@ -33,6 +44,9 @@ class ProviderSelection(Reads):
     _providers: dict[str, Provider]
     _embedder: Embedder | Callable[[], Embedder | None] | None
     _redactor: Redactor | Callable[[], Redactor | None] | None
+    _data_policy: DataPolicy | Callable[[], DataPolicy | None] | None
+    #: Tenants' own policies as last read: (until when, policy).
+    _tenant_policies: dict[str, tuple[float, DataPolicy | None]]
 
     @cached_property
     def embedder(self) -> Embedder | None:
@@ -96,6 +110,71 @@ class ProviderSelection(Reads):
         if self._redactor is None or isinstance(self._redactor, Redactor):
             return self._redactor
         return self._redactor()
+
+    def redactor_for(self, key: ConversationKey, data_class: str | None) -> Redactor | None:
+        """What a model sees of a conversation of ``data_class`` through: the redaction
+        rules, after its protected values are made tokens (a conversation with a class,
+        under a policy with detectors; ``turnledger.context.tokens``)."""
+        rules = self.redactor
+        policy = self.data_policy(key.tenant)
+        if policy is None or data_class is None or not policy.detectors:
+            return rules
+        return TokenizingRedactor.of(policy, conversation_secret(key), rules)
+
+    def data_policy(self, tenant: str) -> DataPolicy | None:
+        """The data policy ``tenant``'s conversations are held to (``None``: none): the
+        tenant's own newest version where tenants may set one (``DATA_POLICY_ADMIN_SCOPE``;
+        read at most every :data:`TENANT_POLICY_MAX_AGE_SECONDS` per environment), else
+        the deployment's (a source such as SSM is asked each time; it caches)."""
+        if self.settings.data_policy_admin_scope:
+            own = self.tenant_policy(tenant)
+            if own is not None:
+                return own
+        if self._data_policy is None or isinstance(self._data_policy, DataPolicy):
+            return self._data_policy
+        return self._data_policy()
+
+    def tenant_policy(self, tenant: str, *, fresh: bool = False) -> DataPolicy | None:
+        """``tenant``'s own newest policy version (``None``: none), cached a short while."""
+        now = time.monotonic()
+        cached = self._tenant_policies.get(tenant)
+        if cached is not None and not fresh and cached[0] > now:
+            return cached[1]
+        stored = PolicyVersions(self.store, tenant).latest()
+        policy = DataPolicy.parse(stored.policy, "the tenant's") if stored is not None else None
+        self._tenant_policies[tenant] = (now + TENANT_POLICY_MAX_AGE_SECONDS, policy)
+        return policy
+
+    def route_side_call(
+        self, session: Session, model: str, provider: Provider, purpose: str
+    ) -> tuple[str, Provider] | None:
+        """The model and provider a summary or a memory extraction of ``session`` may use:
+        as asked in a conversation with no class; else as its class routes them (the
+        choice staged as a ``policy_decision`` event of ``purpose``), or ``None`` when no
+        allowed model may do it (the call is skipped, never sent elsewhere)."""
+        policy = self.data_policy(session.key.tenant)
+        if policy is None or session.data_class is None:
+            return model, provider
+        try:
+            routing = policy_gate.decide(
+                policy,
+                session.data_class,
+                model=model,
+                provider=provider.name,
+                settings=self.settings,
+            )
+        except DataPolicyUnsatisfied:
+            logger.warning(
+                "no model the data class allows may make this call: skipped",
+                extra={"purpose": purpose, "data_class": session.data_class},
+            )
+            return None
+        assert routing.chosen is not None
+        if routing.chosen.provider is not None:
+            provider = self.provider_for(routing.chosen.provider)
+        event = policy_gate.decision_event(policy, routing, provider=provider.name, purpose=purpose)
+        session.add(event, actor="system")
+        return routing.chosen.model, provider
 
     def _provider_of(self, name: str | None) -> Provider:
         # A turn continued later uses its own provider, even if the deployment dropped it

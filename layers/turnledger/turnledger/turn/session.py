@@ -89,6 +89,8 @@ class Session:
     provider_cursor: ProviderCursor | None = None
     #: The conversation opted out of long-term memory (:attr:`Head.memory_off`).
     memory_off: bool = False
+    #: The conversation's data class (:attr:`Head.data_class`): it only rises.
+    data_class: str | None = None
     #: The life (generation) this session writes: the head's, the tombstone's successor,
     #: or a new one.
     gen: str = field(default_factory=new_generation)
@@ -135,6 +137,7 @@ class Session:
             token_scale=head.token_scale,
             provider_cursor=head.provider_cursor,
             memory_off=head.memory_off,
+            data_class=head.data_class,
         )
 
     @property
@@ -171,6 +174,7 @@ class Session:
         self.token_scale = head.token_scale if head else None
         self.provider_cursor = head.provider_cursor if head else None
         self.memory_off = head.memory_off if head else False
+        self.data_class = head.data_class if head else None
         self.machine.reset(head.pending if head else [])
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
@@ -283,6 +287,7 @@ class Session:
             cancel=cancel,
             fork=self.head.fork if self.head else None,
             memory_off=self.memory_off,
+            data_class=self.data_class,
         )
         changes = inbox_changes(self.key, previous, head)
         head = head.model_copy(

@@ -237,6 +237,7 @@ def _command(
         metadata=metadata,
         memory_user=memory_user(),
         approver_claims=with_approver_claims(who).approver_claims,
+        data_class=metadata.get("data_class"),
     )
 
 

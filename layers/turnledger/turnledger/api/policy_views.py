@@ -1,0 +1,49 @@
+"""What a reader sees of a conversation under a data policy: values of the classes whose
+``read_scope`` the caller holds, tokens for the rest (``turnledger.context.tokens``).
+
+Applied at the edge to what the read routes answer (events, export lines); without a policy
+the answers are as they were.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from ..context.tokens import conversation_secret, protect, readable_classes
+from ..core.models import ConversationKey
+from ..runtime import get_runtime
+from .resolver import scope_values
+from .schemas import EventsPage, EventView
+
+
+def events_for_reader(page: EventsPage, key: ConversationKey) -> EventsPage:
+    """``page`` as the caller may read it."""
+    policy = get_runtime().data_policy(key.tenant)
+    if policy is None or not policy.detectors:
+        return page
+    keep = readable_classes(policy, scope_values())
+    secret = conversation_secret(key)
+    events = [
+        EventView.model_validate(
+            {**e.model_dump(), "payload": protect(e.payload, policy, secret, keep)}
+        )
+        for e in page.events
+    ]
+    return page.model_copy(update={"events": events})
+
+
+def export_reader(key: ConversationKey) -> Callable[[str], str] | None:
+    """What each line of an NDJSON export becomes for the caller (``None``: as it is)."""
+    policy = get_runtime().data_policy(key.tenant)
+    if policy is None or not policy.detectors:
+        return None
+    keep = readable_classes(policy, scope_values())
+    secret = conversation_secret(key)
+
+    def line(text: str) -> str:
+        ending = "\n" if text.endswith("\n") else ""
+        value = protect(json.loads(text), policy, secret, keep)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + ending
+
+    return line
