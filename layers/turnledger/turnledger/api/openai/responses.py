@@ -14,8 +14,9 @@ brought up to date (:func:`.matching.record`). A response id is
 ``tools``: function tools the registry has keep its executors and approval rules; the others
 are the client's for this request (:class:`~turnledger.core.models.ClientTool`).
 ``stream: true`` answers the same response as Responses streaming events
-(:mod:`.streaming`). ``store: false`` answers and keeps nothing (the conversation it ran in
-is cleared at once).
+(:mod:`.streaming`), written as the model writes them where the answer can stream (the
+streaming function, :mod:`turnledger.api.live`), else at once at the end. ``store: false``
+answers and keeps nothing (the conversation it ran in is cleared at once).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ...core.exceptions import (
     ForkTooDeep,
     InvalidConversationId,
     InvalidRequest,
+    TurnledgerError,
 )
 from ...core.models import (
     CONVERSATION_ID_PATTERN,
@@ -40,12 +42,15 @@ from ...core.models import (
     ConversationKey,
     validate_conversation_id,
 )
+from ...core.observability import logger
 from ...runtime import get_runtime
 from ...tools.registry import client_tool
 from ...turn import longturns
 from ...turn.commands import ClientOutput, Decisions, TurnCommand
+from ...turn.live import Delta
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
+from ..live import EVENT_STREAM, Channel, channel
 from ..resolver import (
     Caller,
     app,
@@ -60,7 +65,7 @@ from ..views import decisions, pending_view, turn_response
 from .items import InputItem, history_of, item_id, output_message, parse_input
 from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch, new_conversation_id
-from .streaming import event_stream
+from .streaming import ResponseEvents, event_stream, sse_text
 
 __all__ = ["SERVER_LABEL", "continued_from", "parse_response_id", "response_id"]
 
@@ -248,8 +253,10 @@ def _execute(
     key: ConversationKey,
     command: TurnCommand | Decisions,
     stream: bool,
+    live: LiveResponse | None = None,
 ) -> tuple[TurnResult, list[str] | None]:
-    """Run ``command``; streamed, through the turn's draft (its chunks are the deltas)."""
+    """Run ``command``; streamed, through the turn's draft (its chunks are the deltas), and
+    written to the client as the model writes it when the answer can stream (``live``)."""
     if stream:
         return longturns.run_drafted(
             service,
@@ -257,6 +264,8 @@ def _execute(
             who.actor,
             command,
             answer=lambda result: turn_response(result).model_dump(mode="json"),
+            read_back=live is None,
+            listener=live,
         )
     if isinstance(command, TurnCommand):
         return service.turn(key, who.actor, command), None
@@ -269,6 +278,7 @@ def _run(
     key: ConversationKey,
     request: ResponseCreate,
     items: list[InputItem],
+    live: LiveResponse | None = None,
 ) -> tuple[TurnResult, list[str] | None]:
     """Answer ``items`` on ``key``: decisions alone; else the leading outputs of waiting
     calls, then the client's history, then the trailing user messages as the turn."""
@@ -278,7 +288,7 @@ def _run(
     if approvals:
         if len(approvals) != len(items):
             raise InvalidRequest("send mcp_approval_response items on their own")
-        return _execute(service, who, key, _decisions(approvals, key), request.stream)
+        return _execute(service, who, key, _decisions(approvals, key), request.stream, live)
     first = 0
     while first < len(items) and items[first].kind == "function_call_output":
         first += 1
@@ -294,7 +304,7 @@ def _run(
     command = _command(service, who, request, messages, outputs, instructions)
     if history:
         service.append(key, who.actor, history_of(history))
-    return _execute(service, who, key, command, request.stream)
+    return _execute(service, who, key, command, request.stream, live)
 
 
 @app.post(f"{PREFIX}/responses", include_in_schema=False)
@@ -329,21 +339,72 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
         items = found[1]
     elif not items:
         raise InvalidRequest("input holds no item", details={"param": "input"})
+    opened = channel() if request.stream else None
+    live = LiveResponse(opened, request, key.conversation_id) if opened is not None else None
     try:
-        reply, pieces = _run(service, who, key, request, items)
-    except Exception:
+        reply, pieces = _run(service, who, key, request, items, live)
+    except Exception as exc:
         if forked:
             service.clear(key)  # no response names the fork: nothing may continue it
-        raise
+        if live is None or not live.opened:
+            raise
+        live.fail(exc)  # the stream began: its client learns of the failure there
+        return live.answer()
     finally:
         if not request.store:
             service.clear(key)  # answered, nothing kept
     if request.store:
         record(service, key)
     body = response_body(request, reply)
+    if live is not None:
+        live.finish(body)
+        return live.answer()
     if request.stream:
         return event_stream(body, pieces)
     return json_response(200, body)
+
+
+class LiveResponse:
+    """A streamed response written as the model writes it (a
+    :class:`~turnledger.turn.live.Listener`): opened once the turn is admitted, a delta
+    event per piece, the rest from the whole response once it is committed."""
+
+    def __init__(self, live: Channel, request: ResponseCreate, conversation_id: str) -> None:
+        self.live = live
+        self.request = request
+        self.conversation_id = conversation_id
+        self.turn = 0
+        self.events = ResponseEvents(lambda event: live.write(sse_text([event]).encode()))
+
+    @property
+    def opened(self) -> bool:
+        """Whether the stream began."""
+        return self.live.opened
+
+    def started(self, turn: int) -> None:
+        self.turn = turn
+        self.live.open(200, {"content-type": EVENT_STREAM, "cache-control": "no-cache"})
+        self.events.start(_envelope(self.request, self.conversation_id, turn, [], None))
+
+    def delta(self, delta: Delta) -> None:
+        self.events.text(item_id("msg", f"r{self.turn}", self.conversation_id), delta.text)
+
+    def finish(self, body: dict[str, Any]) -> None:
+        """The rest of the events, from the committed response's ``body``."""
+        if not self.opened:
+            self.started(self.turn or 1)  # nothing streamed (a retry's recorded answer)
+        self.events.finish(body)
+
+    def fail(self, error: Exception) -> None:
+        """The stream's end when the turn failed after it began: an ``error`` event."""
+        if not isinstance(error, TurnledgerError):
+            logger.exception("a streamed response failed")
+            error = TurnledgerError("internal error")
+        self.events.event("error", code=error.code, message=error.message, param=None)
+
+    def answer(self) -> Response[str]:
+        """What the route returns (its body went out through the channel)."""
+        return Response(status_code=200, content_type=EVENT_STREAM, body="")
 
 
 def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
@@ -380,6 +441,29 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
                 }
             )
     usage = reply.usage
+    return _envelope(
+        request,
+        conversation_id,
+        turn,
+        output,
+        {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    )
+
+
+def _envelope(
+    request: ResponseCreate,
+    conversation_id: str,
+    turn: int,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``response`` object of ``turn`` holding ``output`` and ``usage``."""
     now = get_runtime().clock()
     return {
         "id": response_id(conversation_id, turn),
@@ -400,11 +484,5 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
         "top_p": None,
         "error": None,
         "incomplete_details": None,
-        "usage": {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        },
+        "usage": usage,
     }
