@@ -4,6 +4,7 @@ deploys, which neither ``sam validate --lint`` nor checkov looks at (issue 47).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -50,10 +51,20 @@ def test_a_release_that_changes_nothing_publishes_nothing() -> None:
     )
 
 
+#: AWS's Lambda Web Adapter, which only the streaming function runs (docs/DEPLOY.md).
+WEB_ADAPTER = "753240598075:layer:LambdaAdapterLayerArm64:"
+
+
 def test_the_layer_is_the_one_every_function_runs(translated: dict[str, Any]) -> None:
     (layer,) = of_type(translated, "AWS::Lambda::LayerVersion")
     for name, function in of_type(translated, "AWS::Lambda::Function").items():
-        assert function["Properties"]["Layers"] == [{"Ref": layer}], name
+        layers = function["Properties"]["Layers"]
+        assert layers[0] == {"Ref": layer}, name
+        if name.startswith("StreamFunction"):
+            (adapter,) = layers[1:]
+            assert WEB_ADAPTER in json.dumps(adapter), name
+        else:
+            assert layers == [{"Ref": layer}], name
 
 
 def _alarms_on(translated: dict[str, Any], queue: str) -> list[dict[str, Any]]:
