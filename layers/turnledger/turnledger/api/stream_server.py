@@ -69,12 +69,16 @@ class JwtVerifier:
                 key.key,
                 algorithms=["RS256"],
                 issuer=self.issuer,
-                # Cognito's access tokens carry client_id instead of aud, as API Gateway allows.
-                audience=self.audience,
-                options={"require": ["exp", "iss"], "verify_aud": bool(self.audience)},
+                options={"require": ["exp", "iss"], "verify_aud": False},
             )
         except self._jwt.PyJWTError as exc:
             raise Unauthorized(str(exc)) from exc
+        # As API Gateway: ``aud`` names an audience, or (Cognito's access tokens, which
+        # carry none) ``client_id`` does.
+        named = claims.get("aud", claims.get("client_id"))
+        given = {named} if isinstance(named, str) else set(named or [])
+        if self.audience and not given & set(self.audience):
+            raise Unauthorized("the token is for another audience")
         return claims
 
 
