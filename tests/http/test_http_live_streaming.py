@@ -25,6 +25,7 @@ from openai import AsyncOpenAI, OpenAI
 from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.http.conftest import ANN, BOB
+from tests.support.worker_hooks import FAIL_MID_STREAM
 
 pytestmark = pytest.mark.http
 
@@ -38,7 +39,9 @@ WORDS = " ".join(f"word{i}" for i in range(40))
 def streaming(runner_config: LocalConfig) -> Iterator[LocalRunner]:
     """A runner whose demo model writes slowly, drafts stored every 100 ms."""
     config = dataclasses.replace(
-        runner_config, env={"DEMO_TOKEN_DELAY_MS": "20", "DRAFT_FLUSH_MS": "100"}
+        runner_config,
+        env={"DEMO_TOKEN_DELAY_MS": "20", "DRAFT_FLUSH_MS": "100"},
+        worker_hook="tests.support.worker_hooks:demo_fails_mid_stream",
     )
     with LocalRunner(config) as runner:
         yield runner
@@ -205,3 +208,41 @@ def test_a_streamed_turn_of_another_tenant_is_not_found(client: httpx.Client) ->
     assert client.post("/v1/conversations/c4/turns", json={"input": "hi"}, headers=SSE)
     other = client.get("/v1/conversations/c4/turns/1/stream", headers={**BOB, "Accept": "x"})
     assert other.status_code == 404
+
+
+def test_a_turn_that_fails_mid_stream_ends_its_stream_interrupted(client: httpx.Client) -> None:
+    """The model fails after three words: they were sent; the stream ends with ``done``,
+    interrupted, carrying the error the synchronous turn would answer; nothing is kept."""
+    with connect_sse(
+        client,
+        "POST",
+        "/v1/conversations/c5/turns",
+        json={"input": f"echo: {FAIL_MID_STREAM} a b c d"},
+        headers=SSE,
+    ) as source:
+        events = [(sse.event, json.loads(sse.data)) for sse in source.iter_sse()]
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["chunk", "chunk", "chunk", "done"]
+    done = events[-1][1]
+    assert done["status"] == "interrupted"
+    assert done["result"]["error"]["code"] == done["reason"] == "provider_error"
+    kept = client.get("/v1/conversations/c5/events", headers=ANN).json()["events"]
+    assert "assistant_message" not in [e["kind"] for e in kept]
+
+
+def test_a_face_stream_that_fails_mid_answer_ends_with_an_error_event(
+    client: httpx.Client,
+) -> None:
+    with connect_sse(
+        client,
+        "POST",
+        "/openai/v1/responses",
+        json={"model": "demo-1", "input": f"echo: {FAIL_MID_STREAM} a b c d", "stream": True},
+        headers=ANN,
+    ) as source:
+        kinds = [(sse.event, json.loads(sse.data)) for sse in source.iter_sse()]
+    deltas = [data["delta"] for kind, data in kinds if kind == "response.output_text.delta"]
+    assert len(deltas) == 3
+    kind, error = kinds[-1]
+    assert kind == "error" and error["code"] == "provider_error"
+    assert "response.completed" not in [k for k, _ in kinds]
