@@ -246,3 +246,20 @@ def test_a_face_stream_that_fails_mid_answer_ends_with_an_error_event(
     kind, error = kinds[-1]
     assert kind == "error" and error["code"] == "provider_error"
     assert "response.completed" not in [k for k, _ in kinds]
+
+
+def test_a_retried_streamed_turn_answers_its_recorded_response_and_runs_nothing(
+    client: httpx.Client,
+) -> None:
+    keyed = {**SSE, "Idempotency-Key": "stream-once"}
+    answers = []
+    for _ in range(2):
+        with connect_sse(
+            client, "POST", "/v1/conversations/c6/turns", json={"input": "echo: a b"}, headers=keyed
+        ) as source:
+            answers.append([(sse.event, json.loads(sse.data)) for sse in source.iter_sse()])
+    first, retry = answers
+    assert [kind for kind, _ in first] == ["chunk", "chunk", "done"]
+    assert [kind for kind, _ in retry] == ["done"]
+    assert retry[0][1]["result"] == first[-1][1]["result"]
+    assert _stored_answer(client, "c6") == "a b"  # one answer: the retry ran nothing
