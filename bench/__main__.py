@@ -18,6 +18,7 @@ from bench import (
     coldstart,
     context,
     forks,
+    live_streaming,
     memory,
     openai_chat,
     openai_face,
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "forks": forks.main,
     "memory": memory.main,
     "replays": replays.main,
+    "live-streaming": live_streaming.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

@@ -89,6 +89,13 @@ def _scenario(http: httpx.Client, clock: ClockFile) -> None:
     # waits for approval (inbox entry, notification, webhook).
     _ok(http.post(turns.format("a"), json={"input": "My name is Ann. " + "x" * 3000}, headers=ANN))
     _ok(http.post(turns.format("a"), json={"input": "card 4111111111111111"}, headers=ANN))
+    # A streamed turn, in the streaming function (its URL deployed).
+    streamed = http.post(
+        turns.format("s"),
+        json={"input": "My name is Ann. " + "x" * 3000},
+        headers={**ANN, "Accept": "text/event-stream"},
+    )
+    assert streamed.status_code == 200 and "event: done" in streamed.text, streamed.text
     waiting = _ok(
         http.post(
             turns.format("w"),
@@ -337,6 +344,7 @@ def test_every_call_of_every_function_is_allowed_by_its_role(recorded: list[Call
         "ClearFunction",
         "SweepFunction",
         "TurnWorkerFunction",
+        "StreamFunction",
     }, functions
     denied, uses = _denials(recorded, load_template(), iam_policies.combinations())
     print("\nPermissions from the code (every combination of the optional parameters):")

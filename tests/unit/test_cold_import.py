@@ -139,7 +139,7 @@ def _heavy(modules: list[str]) -> list[str]:
 
 
 def test_every_function_of_the_template_is_checked() -> None:
-    assert set(_folders()) == {"turn", "read", "clear", "approve", "sweep", "worker"}
+    assert set(_folders()) == {"turn", "read", "clear", "approve", "sweep", "worker", "stream"}
 
 
 #: What every function's init loads, whatever it serves.
@@ -152,7 +152,7 @@ EVERY_INIT = (
 )
 
 
-@pytest.mark.parametrize("name", ["turn", "read", "clear", "approve", "sweep", "worker"])
+@pytest.mark.parametrize("name", ["turn", "read", "clear", "approve", "sweep", "worker", "stream"])
 def test_a_cold_import_builds_the_runtime(name: str, tmp_path: Path) -> None:
     found = _probe(_folders()[name], {"STORE": "sqlite", "DATA_DIR": str(tmp_path)})
     assert found["built"] is True

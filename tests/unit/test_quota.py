@@ -11,7 +11,7 @@ from turnledger_local.template import ParameterError, load_template
 #: Every reservation parameter at its MinValue.
 SMALLEST = {
     f"{function}ReservedConcurrency": "1"
-    for function in ("Turn", "Approve", "Read", "Clear", "TurnWorker", "Sweep")
+    for function in ("Turn", "Approve", "Read", "Clear", "TurnWorker", "Sweep", "Stream")
 }
 
 
@@ -21,7 +21,7 @@ def test_with_reservations_off_nothing_is_reserved_and_any_quota_deploys() -> No
     assert found.minimum_account_quota == 0
 
 
-def test_with_reservations_on_the_defaults_need_210() -> None:
+def test_with_reservations_on_the_defaults_need_220() -> None:
     found = quota(load_template(), {"ReservedConcurrency": "on"})
     assert found.reserved == {
         "TurnFunction": 40,
@@ -30,21 +30,22 @@ def test_with_reservations_on_the_defaults_need_210() -> None:
         "ClearFunction": 5,
         "TurnWorkerFunction": 20,
         "SweepFunction": 5,
+        "StreamFunction": 10,
     }
-    assert found.minimum_account_quota == 110 + UNRESERVED_MINIMUM
+    assert found.minimum_account_quota == 120 + UNRESERVED_MINIMUM
 
 
 def test_the_smallest_reservations_still_need_the_unreserved_hundred() -> None:
     found = quota(load_template(), {"ReservedConcurrency": "on", **SMALLEST})
-    assert found.total == 6
-    assert found.minimum_account_quota == 106
+    assert found.total == 7
+    assert found.minimum_account_quota == 107
 
 
 def test_the_command_prints_the_quota(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["quota", "ReservedConcurrency=on", "TurnReservedConcurrency=60"]) == 0
     out = capsys.readouterr().out
     assert "TurnFunction" in out and "60" in out
-    assert out.splitlines()[-1].startswith("minimum account quota: 230 ")
+    assert out.splitlines()[-1].startswith("minimum account quota: 240 ")
     assert main(["quota"]) == 0
     assert "minimum account quota: 0 " in capsys.readouterr().out
 

@@ -222,11 +222,13 @@ def test_every_function_has_its_own_thin_handler(template: dict[str, Any]) -> No
         "ClearFunction",
         "SweepFunction",
         "TurnWorkerFunction",
+        "StreamFunction",
     }
     code_uris = [spec.code_uri for spec in specs.values()]
     assert len(set(code_uris)) == len(code_uris)
     for spec in specs.values():
-        assert spec.handler == "app.lambda_handler"
+        # The Lambda Web Adapter runs the streaming function's script, which serves its app.
+        assert spec.handler == ("run.sh" if spec.name == "StreamFunction" else "app.lambda_handler")
         assert re.fullmatch(r"functions/[a-z]+/", spec.code_uri)
         source = (PROJECT_ROOT / spec.code_uri / "app.py").read_text(encoding="utf-8")
         assert "lambda_handler" in source
@@ -368,11 +370,13 @@ def test_functions_get_every_setting_they_read(template: dict[str, Any]) -> None
 
 
 #: The JSON maps, given only to the functions that use them (Lambda's 4 KB of environment).
+#: The functions that run turns (the streaming function streams them).
+TURN_RUNNERS = {"TurnFunction", "ApproveFunction", "TurnWorkerFunction", "StreamFunction"}
 MAP_ENVIRONMENT = {
-    "TENANT_TTL_SECONDS": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"},
-    "TENANT_CONVERSATION_TOKEN_BUDGET": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"},
-    "TENANT_TURN_TOKEN_BUDGET": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"},
-    "MODELS": {"TurnFunction", "ApproveFunction", "TurnWorkerFunction", "ReadFunction"},
+    "TENANT_TTL_SECONDS": TURN_RUNNERS,
+    "TENANT_CONVERSATION_TOKEN_BUDGET": TURN_RUNNERS,
+    "TENANT_TURN_TOKEN_BUDGET": TURN_RUNNERS,
+    "MODELS": TURN_RUNNERS | {"ReadFunction"},
 }
 
 
@@ -445,7 +449,7 @@ def test_only_the_functions_whose_code_reads_them_reach_secrets_and_parameters(
     the read function the parameters its context route rebuilds with; clear, erasure and
     the sweep the provider's key to delete stored responses; the sweep the notify key and
     the registry naming the webhooks it tells of expiries."""
-    model_callers = {"TurnFunction", "ApproveFunction", "TurnWorkerFunction"}
+    model_callers = TURN_RUNNERS
     for function in functions(template):
         names = policy_names(template, function)
         reads_secret = function in model_callers | {"SweepFunction", "ClearFunction"}
@@ -549,9 +553,7 @@ def test_bedrock_may_invoke_only_the_configured_models_and_profiles(
     policy = resource(template, "BedrockModelsPolicy")
     assert policy["Condition"] == "HasBedrockModelIds"
     assert {role["Ref"] for role in policy["Properties"]["Roles"]} == {
-        "TurnFunctionRole",
-        "ApproveFunctionRole",
-        "TurnWorkerFunctionRole",
+        f"{function}Role" for function in TURN_RUNNERS
     }
     models, through = policy["Properties"]["PolicyDocument"]["Statement"]
     # Every turn streams into its draft (ConverseStream is InvokeModelWithResponseStream).
@@ -593,7 +595,7 @@ def _joins(node: Any) -> list[list[Any]]:
 #: The functions serving one tenant's requests: they reach data only through TenantAccessRole.
 API_FUNCTIONS = ("TurnFunction", "ApproveFunction", "ReadFunction", "ClearFunction")
 #: ... and the turn worker, which runs a tenant's long turns (issue 13).
-TENANT_FUNCTIONS = (*API_FUNCTIONS, "TurnWorkerFunction")
+TENANT_FUNCTIONS = (*API_FUNCTIONS, "TurnWorkerFunction", "StreamFunction")
 #: SAM policy templates a function may use. DynamoDBCrudPolicy/DynamoDBReadPolicy grant Scan;
 #: S3CrudPolicy/S3ReadPolicy grant bucket configuration (lifecycle, location).
 ALLOWED_POLICY_TEMPLATES = {
@@ -1015,7 +1017,7 @@ def test_approval_notifications_go_to_the_stacks_own_bus(template: dict[str, Any
             for statement in policy.get("Statement", [])
             if "events:PutEvents" in actions(statement)
         ]
-        if function in {"TurnFunction", "ApproveFunction", "TurnWorkerFunction", "SweepFunction"}:
+        if function in TURN_RUNNERS | {"SweepFunction"}:
             assert [s["Resource"] for s in publishing] == [
                 {"Fn::GetAtt": "NotificationsBus.Arn"}
             ], function

@@ -74,7 +74,7 @@ def test_every_log_group_is_encrypted_by_the_customer_key_or_by_logs_own(
     group's creation would fail on the first deploy."""
     values = _values(translated, KmsKeyArn=key)
     groups = of_type(translated, "AWS::Logs::LogGroup")
-    assert len(groups) == 7
+    assert len(groups) == 8
     for name, group in groups.items():
         assert resolve(translated, group["Properties"].get("KmsKeyId"), values) == expected, name
 

@@ -4,6 +4,7 @@ deploys, which neither ``sam validate --lint`` nor checkov looks at (issue 47).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -50,13 +51,23 @@ def test_a_release_that_changes_nothing_publishes_nothing() -> None:
     )
 
 
+#: AWS's Lambda Web Adapter, which only the streaming function runs (docs/DEPLOY.md).
+WEB_ADAPTER = "753240598075:layer:LambdaAdapterLayerArm64:"
+
+
 def test_the_layer_is_the_one_every_function_runs(translated: dict[str, Any]) -> None:
     (layer,) = of_type(translated, "AWS::Lambda::LayerVersion")
     for name, function in of_type(translated, "AWS::Lambda::Function").items():
-        # Then the ADOT layer, only with Observability on.
-        ours, *others = function["Properties"]["Layers"]
+        # Ours first, then the ADOT layer (only with Observability on); the streaming
+        # function also runs the Lambda Web Adapter.
+        ours, telemetry, *others = function["Properties"]["Layers"]
         assert ours == {"Ref": layer}, name
-        assert [other["Fn::If"][0] for other in others] == ["TelemetryOn"], name
+        assert telemetry["Fn::If"][0] == "TelemetryOn", name
+        if name.startswith("StreamFunction"):
+            (adapter,) = others
+            assert WEB_ADAPTER in json.dumps(adapter), name
+        else:
+            assert others == [], name
 
 
 def _alarms_on(translated: dict[str, Any], queue: str) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,6 +51,7 @@ from typing import Any, Self
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import boto3
+from turnledger.api.live import wants_stream
 from turnledger.core.config import Settings
 from turnledger.core.strict_json import BodyError, parse_object
 
@@ -74,6 +75,7 @@ from .template import (
     load_template,
     routes,
     scheduled_function,
+    streaming_function,
 )
 from .workers import (
     Boot,
@@ -97,6 +99,8 @@ LIVE_POLL_WAIT_SECONDS = 20
 LIVE_RETRY_MS = 1000
 #: The template's long-turn worker (invoked asynchronously through ``_LAMBDA_INVOKE``).
 TURN_WORKER = "TurnWorkerFunction"
+#: What a function the Lambda Web Adapter runs (``Handler: run.sh``) serves.
+ADAPTED_HANDLER = "app.lambda_handler"
 #: Lambda's Invoke API path, served for the template's functions.
 _LAMBDA_INVOKE = re.compile(r"/2015-03-31/functions/(?P<name>[^/]+)/invocations")
 #: A local stand-in tool endpoint (see ``_echo``).
@@ -196,7 +200,12 @@ def _is_loopback(url: str) -> bool:
 
 
 def _handler_source(root: Path, spec: FunctionSpec) -> tuple[Path, str]:
-    module_path, _, attribute = spec.handler.rpartition(".")
+    handler = spec.handler
+    if handler.endswith(".sh"):
+        # The Lambda Web Adapter runs a script, whose server serves this handler
+        # (turnledger/api/stream_server.py): the runner invokes the handler itself.
+        handler = ADAPTED_HANDLER
+    module_path, _, attribute = handler.rpartition(".")
     return root / spec.code_uri / (module_path.replace(".", "/") + ".py"), attribute
 
 
@@ -215,6 +224,7 @@ class LocalRunner:
         self._functions = functions(self._template)
         self._routes = RouteTable(routes(self._template))
         self._sweep = scheduled_function(self._template)
+        self._streaming = streaming_function(self._template)
         self._storage: EmbeddedStorage | None = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -321,6 +331,8 @@ class LocalRunner:
             wanted.add(self._sweep.name)
         if TURN_WORKER in self._functions:
             wanted.add(TURN_WORKER)  # invoked through the Lambda Invoke API path below
+        if self._streaming is not None:
+            wanted.add(self._streaming.name)  # streamed answers (:meth:`streamed`)
         boots: list[FunctionBoot] = []
         for name in sorted(wanted):
             spec = self._functions[name]
@@ -660,6 +672,47 @@ class LocalRunner:
 
         return events()
 
+    def streamed(self, request: HttpRequest) -> HttpResponse | Streamed | None:
+        """A streamed answer, written as the streaming function writes it (``None``: the
+        request is not one it answers, :func:`turnledger.api.live.wants_stream`).
+
+        Deployed, a client sends these requests to the streaming function's URL, in
+        ``RESPONSE_STREAM`` mode; here they come to the same port and paths as the rest of
+        the API, are routed and authenticated as the API's route of the same path is, and
+        the event goes to the template's streaming function instead of that route's.
+        """
+        if self._streaming is None:
+            return None
+        headers = {name.lower(): value for name, value in request.headers}
+        if not wants_stream(request.method, request.raw_path, headers, request.body):
+            return None
+        try:
+            route, path_parameters = self._routes.resolve(request.method, request.raw_path)
+            claims = (
+                authenticate(
+                    request.header("authorization"), self.config.tenant_claim, self._approver()
+                )
+                if route.authorized
+                else None
+            )
+            event = build_event(request, route, path_parameters, claims)
+            pool = self._pools.get(self._streaming.name)
+            if pool is None:
+                raise GatewayError(500, "internal_error", "the runner is stopped")
+            pieces = pool.invoke_stream(event, self.timeout_of(self._streaming.name))
+            head = next(pieces)
+        except GatewayError as exc:
+            return exc.to_response(request.raw_path)
+        except (WorkerError, InvocationFailed, StopIteration) as exc:
+            logger.error("%s: %s", self._streaming.name, exc)
+            error = GatewayError(500, "internal_error", f"{self._streaming.name} failed")
+            return error.to_response(request.raw_path)
+        if not isinstance(head, dict):
+            raise TypeError("a streamed answer starts with its head")
+        status = int(head.get("statusCode") or 500)
+        answer_headers = [(str(k), str(v)) for k, v in (head.get("headers") or {}).items()]
+        return Streamed(status, answer_headers, _body_of(pieces, self._streaming.name))
+
     def _lambda_invoke(self, name: str, request: HttpRequest) -> HttpResponse:
         """Lambda's Invoke API for the template's own functions (the turn worker).
 
@@ -809,6 +862,28 @@ class LocalRunner:
         return {"conversation_ids": ids, "tenant": tenant}
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """An answer whose body is written as it comes."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: Generator[bytes]
+
+
+def _body_of(pieces: Generator[dict[str, Any] | bytes], function: str) -> Generator[bytes]:
+    """The body pieces of a streaming invocation; a failure mid-answer ends it (the
+    client sees the stream end early and resumes from the draft)."""
+    try:
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                yield piece
+    except (WorkerError, InvocationFailed) as exc:
+        logger.error("%s failed mid-answer: %s", function, exc)
+    finally:
+        pieces.close()  # a client gone early: the invocation still runs to its end
+
+
 class FunctionTimedOut(GatewayError):
     """An invocation outran its function's timeout and was stopped.
 
@@ -902,6 +977,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except GatewayError as exc:
             self._write(exc.to_response(urlsplit(self.path).path))
             return
+        streamed = self.server.runner.streamed(request)
+        if isinstance(streamed, Streamed):
+            self._write_streamed(streamed)
+            return
+        if streamed is not None:
+            self._write(streamed)
+            return
         live = self.server.runner.live_events(request)
         if isinstance(live, HttpResponse):
             self._write(live)
@@ -909,6 +991,27 @@ class _RequestHandler(BaseHTTPRequestHandler):
             self._write_live(live)
         else:
             self._write(self.server.runner.handle(request))
+
+    def _write_streamed(self, answer: Streamed) -> None:
+        """Write each piece as the function writes it; the connection ends with the answer."""
+        self.close_connection = True
+        self.send_response(answer.status)
+        for name, value in answer.headers:
+            if name.lower() not in {"content-length", "connection", "transfer-encoding"}:
+                self.send_header(name, value)
+        self.send_header("connection", "close")
+        self.end_headers()
+        body = answer.body
+        try:
+            for piece in body:
+                self.wfile.write(piece)
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            # The client went away: the turn runs on (it resumes with Last-Event-ID);
+            # closing the body lets the function finish before its environment is reused.
+            pass
+        finally:
+            body.close()
 
     def _write_live(self, events: Iterator[bytes]) -> None:
         """Write server-sent events as they come; the connection ends with the stream."""

@@ -189,6 +189,17 @@ def functions(template: dict[str, Any]) -> dict[str, FunctionSpec]:
     return found
 
 
+def streaming_function(template: dict[str, Any]) -> FunctionSpec | None:
+    """The function whose URL streams its answers (``FunctionUrlConfig.InvokeMode:
+    RESPONSE_STREAM``), if the template has one."""
+    specs = functions(template)
+    for name, resource in template.get("Resources", {}).items():
+        url = (resource.get("Properties") or {}).get("FunctionUrlConfig") or {}
+        if name in specs and url.get("InvokeMode") == "RESPONSE_STREAM":
+            return specs[name]
+    return None
+
+
 def scheduled_function(template: dict[str, Any]) -> FunctionSpec | None:
     """The function an EventBridge schedule invokes (the sweep), if the template has one."""
     for spec in functions(template).values():

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -51,6 +51,8 @@ from .gateway import LambdaContext
 logger = logging.getLogger("local_runner")
 
 Handler = Callable[[dict[str, Any], Any], Any]
+#: What a streaming invocation yields: its head (``statusCode``, ``headers``), then pieces.
+Answer = dict[str, Any] | bytes
 
 #: How long the zygote may take to import the handlers before a request gives up on it.
 BOOT_TIMEOUT_SECONDS = 120.0
@@ -257,6 +259,38 @@ class Worker:
             raise InvocationFailed(answer["error"], answer.get("message", ""))
         return answer["result"]
 
+    def invoke_stream(self, event: dict[str, Any], timeout_seconds: float) -> Generator[Answer]:
+        """Run a streaming handler on ``event`` (:func:`turnledger.api.live.streaming`); yields
+        its head (a dict: ``statusCode``, ``headers``) and then each piece of its body as the
+        handler writes it. Stopped at ``timeout_seconds``, as :meth:`invoke` is.
+
+        Raises:
+            InvocationFailed: the handler raised.
+            InvocationTimedOut: the event outran ``timeout_seconds`` (the environment is gone).
+            WorkerError: the environment died (it cannot be used again).
+        """
+        deadline = time.monotonic() + timeout_seconds
+        message = {"event": event, "deadline": deadline}
+        try:
+            self._connection.send_bytes(json.dumps(message).encode())
+            while True:
+                if not self._connection.poll(max(0.0, deadline - time.monotonic())):
+                    self.kill()
+                    raise InvocationTimedOut(self.function, timeout_seconds)
+                raw = self._connection.recv_bytes()
+                kind, payload = raw[:1], raw[1:]
+                if kind == b"P":
+                    yield payload
+                elif kind == b"H":
+                    yield json.loads(payload)
+                else:
+                    end = json.loads(payload)
+                    if "error" in end:
+                        raise InvocationFailed(end["error"], end.get("message", ""))
+                    return
+        except (EOFError, OSError) as exc:
+            raise WorkerError(f"the environment of {self.function} died") from exc
+
     def kill(self) -> None:
         """Stop the environment at once, whatever it is doing (its zygote reaps it)."""
         with contextlib.suppress(ProcessLookupError):
@@ -307,6 +341,39 @@ class FunctionPool:
             raise
         self._release(worker)
         return result
+
+    def invoke_stream(self, event: dict[str, Any], timeout_seconds: float) -> Generator[Answer]:
+        """As :meth:`invoke`, for a streaming handler (:meth:`Worker.invoke_stream`): its head,
+        then its body's pieces as they come. The environment is this event's until the
+        stream ends; a caller that stops reading early still waits for that end.
+
+        Raises:
+            InvocationFailed, InvocationTimedOut, WorkerError: as :meth:`invoke`.
+        """
+        worker = self._acquire()
+        pieces = worker.invoke_stream(event, timeout_seconds)
+        try:
+            yield from pieces
+        except WorkerError:
+            self._discard(worker)
+            raise
+        except GeneratorExit:
+            # The caller stopped reading (its client hung up): the handler runs on; the
+            # environment is free once its answer ended, as Lambda's would be.
+            try:
+                for _ in pieces:
+                    pass
+            except WorkerError:
+                self._discard(worker)
+                raise
+            except InvocationFailed:
+                pass
+            self._release(worker)
+            raise
+        except BaseException:
+            self._release(worker)
+            raise
+        self._release(worker)
 
     def _acquire(self) -> Worker:
         with self._available:
@@ -421,6 +488,10 @@ def _serve_events(function: FunctionBoot, handler: Handler, connection: Connecti
             # The front's own deadline (CLOCK_MONOTONIC is the machine's, not the
             # process's): the remaining time the handler sees ends when it is killed.
             context.set_deadline(message["deadline"])
+        if getattr(handler, "streams", False):
+            if not _stream_answer(function, handler, message["event"], context, connection):
+                return
+            continue
         try:
             result = handler(message["event"], context)
             answer = json.dumps({"result": result})
@@ -431,6 +502,31 @@ def _serve_events(function: FunctionBoot, handler: Handler, connection: Connecti
             connection.send_bytes(answer.encode())
         except OSError:
             return
+
+
+def _stream_answer(
+    function: FunctionBoot, handler: Handler, event: dict[str, Any], context: Any, out: Connection
+) -> bool:
+    """Send a streaming handler's answer as it comes: its head (``H`` and the prelude's
+    JSON), each piece of its body (``P`` and the bytes), then the end (``E`` and ``{}``, or
+    the error it raised). Returns whether the channel still works."""
+    end: dict[str, str] = {}
+    try:
+        for piece in handler(event, context):
+            if isinstance(piece, bytes):
+                out.send_bytes(b"P" + piece)
+            else:
+                out.send_bytes(b"H" + json.dumps(piece.prelude()).encode())
+    except OSError:
+        return False
+    except Exception as exc:
+        logger.exception("%s failed", function.name)
+        end = {"error": type(exc).__name__, "message": str(exc)}
+    try:
+        out.send_bytes(b"E" + json.dumps(end).encode())
+    except OSError:
+        return False
+    return True
 
 
 def _fork_worker(

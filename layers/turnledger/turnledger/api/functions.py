@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .app import AHEAD_OF_REQUESTS, lambda_handler, prepare_routes
+from .live import StreamingHandler, streaming
 
 #: The route modules (of this package) each API function imports, by its folder name.
 ROUTES: dict[str, tuple[str, ...]] = {
@@ -46,11 +47,14 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "replay_routes",
     ),
     "clear": ("routes", "openai.conversations", "memory_routes"),
+    # Streamed answers (its function URL): a turn with Accept: text/event-stream and the
+    # face's stream: true; any other request to it is answered whole, as the API would.
+    "stream": ("routes", "turn_routes", "openai.conversations", "openai.responses"),
 }
 #: The API functions whose routes take an ``Idempotency-Key`` (a turn, an approval): where
 #: init runs ahead of requests, it loads the idempotency module (Powertools' idempotency,
 #: which imports boto3) that a keyed request would otherwise load on its first.
-KEYED = frozenset({"turn", "approve"})
+KEYED = frozenset({"turn", "approve", "stream"})
 #: Every route module: the local runner's and the OpenAPI document's.
 EVERY_ROUTE = tuple(sorted({module for modules in ROUTES.values() for module in modules}))
 
@@ -78,6 +82,15 @@ def serve(function: str) -> Handler:
         if function in KEYED:
             importlib.import_module(f"{__package__}.idempotency_records")
     return lambda_handler
+
+
+def serve_streaming(function: str) -> StreamingHandler:
+    """The entry point of a streaming function (:func:`.live.streaming` over :func:`serve`).
+
+    Raises:
+        KeyError: ``function`` is no API function.
+    """
+    return streaming(serve(function))
 
 
 def serve_every_route() -> Handler:

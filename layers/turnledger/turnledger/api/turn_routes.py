@@ -10,7 +10,7 @@ the idempotency layer).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, cast
 
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.openapi.params import Body
@@ -21,6 +21,8 @@ from ..runtime import get_runtime
 from ..turn import longturns
 from ..turn.results import TurnResult
 from .idempotency import idempotent
+from .live import EVENT_STREAM
+from .live_turns import stream_turn
 from .resolver import (
     ConversationId,
     app,
@@ -69,6 +71,7 @@ def post_turn(
     the caller's.
 
     With ``Prefer: respond-async``: ``202`` at once, the turn runs in the turn worker.
+    With ``Accept: text/event-stream``: ``200`` server-sent events as the answer is written.
     """
     who, key = conversation(conversation_id)
     who = with_approver_claims(who)
@@ -78,6 +81,12 @@ def post_turn(
         command = command.model_copy(update={"memory_user": named})
     if prefers_async(app.current_event.headers.get("prefer")):
         return accept_async(who, key, request, command)
+    if EVENT_STREAM in (app.current_event.headers.get("accept") or ""):
+        # Written as the model writes it where the answer can stream (:mod:`.live_turns`).
+        return cast(
+            Response[TurnResponse | AsyncTurnAccepted],
+            stream_turn(who.actor, key, request, command),
+        )
     service = get_runtime().conversations_for(key.tenant)
     return _answer_turn(
         key, "turns", request, lambda: longturns.run_synchronously(service, key, who.actor, command)

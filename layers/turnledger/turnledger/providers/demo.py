@@ -103,14 +103,18 @@ _PIECE = re.compile(r"\s*\S+")
 
 
 def stream_words(text: str | None, on_text: TextSink, delay_ms: int) -> None:
-    """Hand ``text`` to ``on_text`` word by word, waiting ``delay_ms`` before each word."""
+    """Hand ``text`` to ``on_text`` word by word, word ``i`` (from 1) ready ``i * delay_ms``
+    after the call: a model writes at its own pace, so the time ``on_text`` takes (a draft's
+    write) delays a word only when it outlasts the word's own delay, as a real model's
+    stream buffers what its reader has not read yet."""
     if not text:
         return
     pieces = _PIECE.findall(text)
     tail = text[sum(len(p) for p in pieces) :]  # trailing whitespace, kept exactly
-    for piece in pieces:
+    started = time.monotonic()
+    for number, piece in enumerate(pieces, start=1):
         if delay_ms:
-            time.sleep(delay_ms / 1000)
+            time.sleep(max(started + number * delay_ms / 1000 - time.monotonic(), 0))
         on_text(piece)
     if tail:
         on_text(tail)

@@ -43,8 +43,9 @@ from . import drafts
 from .admission import Rules, admit
 from .approval_edits import check_four_eyes
 from .commands import Decisions, TurnCommand
-from .drafts import DraftWriter
+from .drafts import DraftSink, DraftWriter
 from .lifecycle import awaits_decision, check_settler, is_tombstone
+from .live import Listener, LiveDraft
 from .results import TurnResult
 from .turn_reads import overtaken, run_going, visible_head
 
@@ -487,6 +488,7 @@ def run_drafted(
     answer: Callable[[TurnResult], dict[str, Any]] | None,
     read_back: bool = True,
     draft_after_ms: int = 0,
+    listener: Listener | None = None,
 ) -> tuple[TurnResult, list[str]]:
     """Run a turn (or decisions) in this request, its model calls streaming into the turn's
     draft exactly as the worker's do, so any reader follows it (``GET .../turns/{n}/stream``);
@@ -496,6 +498,8 @@ def run_drafted(
     A new turn that would be refused at once (calls await a decision, a run holds the
     lease, the budget is spent) is refused before its draft is written. ``draft_after_ms``:
     the draft is begun only if the run goes on that long (a quicker one writes none).
+    ``listener``: told when the turn begins and given the answer as the model writes it
+    (:class:`.live.LiveDraft`), for a client that streams it live.
 
     Returns:
         The result, and the draft's chunks' texts, read back after the commit (none
@@ -530,11 +534,12 @@ def run_drafted(
         )
         sink = DraftedRun(service, key, writer)
     writer = sink.writer
+    run: DraftSink = sink if listener is None else LiveDraft(sink, listener)
     try:
         if isinstance(command, TurnCommand):
-            result = service.turn(key, actor, command, sink=sink)
+            result = service.turn(key, actor, command, sink=run)
         else:
-            result = service.approve(key, actor, command, sink=sink)
+            result = service.approve(key, actor, command, sink=run)
     except Exception as exc:
         failure = exc if isinstance(exc, TurnledgerError) else TurnledgerError("internal error")
         if isinstance(failure, ProviderError) or failure.status >= 500:

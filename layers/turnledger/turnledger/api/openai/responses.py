@@ -14,8 +14,9 @@ brought up to date (:func:`.matching.record`). A response id is
 ``tools``: function tools the registry has keep its executors and approval rules; the others
 are the client's for this request (:class:`~turnledger.core.models.ClientTool`).
 ``stream: true`` answers the same response as Responses streaming events
-(:mod:`.streaming`). ``store: false`` answers and keeps nothing (the conversation it ran in
-is cleared at once).
+(:mod:`.streaming`), written as the model writes them where the answer can stream (the
+streaming function, :mod:`turnledger.api.live`), else at once at the end. ``store: false``
+answers and keeps nothing (the conversation it ran in is cleared at once).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ...core.exceptions import (
     ForkTooDeep,
     InvalidConversationId,
     InvalidRequest,
+    TurnledgerError,
 )
 from ...core.models import (
     CONVERSATION_ID_PATTERN,
@@ -42,12 +44,15 @@ from ...core.models import (
     JsonSchemaFormat,
     validate_conversation_id,
 )
+from ...core.observability import logger
 from ...runtime import get_runtime
 from ...tools.registry import client_tool
 from ...turn import longturns
 from ...turn.commands import ClientOutput, Decisions, TurnCommand
+from ...turn.live import Delta
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
+from ..live import EVENT_STREAM, Channel, channel
 from ..resolver import (
     Caller,
     app,
@@ -62,7 +67,7 @@ from ..views import decisions, pending_view, turn_response
 from .items import InputItem, history_of, item_id, output_message, parse_input
 from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch, new_conversation_id
-from .streaming import event_stream
+from .streaming import ResponseEvents, event_stream, sse_text
 
 __all__ = [
     "SERVER_LABEL",
@@ -261,8 +266,10 @@ def _execute(
     key: ConversationKey,
     command: TurnCommand | Decisions,
     stream: bool,
+    live: LiveResponse | None = None,
 ) -> tuple[TurnResult, list[str] | None]:
-    """Run ``command``; streamed, through the turn's draft (its chunks are the deltas)."""
+    """Run ``command``; streamed, through the turn's draft (its chunks are the deltas), and
+    written to the client as the model writes it when the answer can stream (``live``)."""
     if stream:
         return longturns.run_drafted(
             service,
@@ -270,6 +277,8 @@ def _execute(
             who.actor,
             command,
             answer=lambda result: turn_response(result).model_dump(mode="json"),
+            read_back=live is None,
+            listener=live,
         )
     if isinstance(command, TurnCommand):
         return service.turn(key, who.actor, command), None
@@ -283,6 +292,7 @@ def _run(
     request: ResponseCreate,
     items: list[InputItem],
     response_format: JsonObjectFormat | JsonSchemaFormat | None = None,
+    live: LiveResponse | None = None,
 ) -> tuple[TurnResult, list[str] | None]:
     """Answer ``items`` on ``key``: decisions alone; else the leading outputs of waiting
     calls, then the client's history, then the trailing user messages as the turn."""
@@ -292,7 +302,7 @@ def _run(
     if approvals:
         if len(approvals) != len(items):
             raise InvalidRequest("send mcp_approval_response items on their own")
-        return _execute(service, who, key, _decisions(approvals, key), request.stream)
+        return _execute(service, who, key, _decisions(approvals, key), request.stream, live)
     first = 0
     while first < len(items) and items[first].kind == "function_call_output":
         first += 1
@@ -308,7 +318,7 @@ def _run(
     command = _command(service, who, request, messages, outputs, instructions, response_format)
     if history:
         service.append(key, who.actor, history_of(history))
-    return _execute(service, who, key, command, request.stream)
+    return _execute(service, who, key, command, request.stream, live)
 
 
 @app.post(f"{PREFIX}/responses", include_in_schema=False)
@@ -317,8 +327,19 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     (or, with ``stream: true``, as its streaming events)."""
     who = caller()
     service = get_runtime().conversations_for(who.tenant)
-    reply, pieces = respond(service, who, request, parse_input(request.input))
+    opened = channel() if request.stream else None
+    live = LiveResponse(opened, request) if opened is not None else None
+    try:
+        reply, pieces = respond(service, who, request, parse_input(request.input), live=live)
+    except Exception as exc:
+        if live is None or not live.opened:
+            raise
+        live.fail(exc)  # the stream began: its client learns of the failure there
+        return live.answer()
     body = response_body(request, reply)
+    if live is not None:
+        live.finish(body)
+        return live.answer()
     if request.stream:
         return event_stream(body, pieces)
     return json_response(200, body)
@@ -330,12 +351,14 @@ def respond(
     request: ResponseCreate,
     items: list[InputItem],
     response_format: JsonObjectFormat | JsonSchemaFormat | None = None,
+    live: LiveResponse | None = None,
 ) -> tuple[TurnResult, list[str] | None]:
     """Run ``request`` (its ``input`` read as ``items``) in the conversation it names or
     continues (see the module's docstring), and bring that conversation's transcript chain
     up to date; ``store: false`` keeps nothing. The Chat Completions face
     (:mod:`.chat`) answers through this too, so both faces continue the same chains.
-    Streamed, the second value is the answer's draft chunks."""
+    Streamed, the second value is the answer's draft chunks; with ``live``, the answer's
+    text also goes to it as the model writes it."""
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest("send conversation or previous_response_id, not both")
     found = None
@@ -361,8 +384,10 @@ def respond(
         items = found[1]
     elif not items:
         raise InvalidRequest("input holds no item", details={"param": "input"})
+    if live is not None:
+        live.conversation_id = key.conversation_id
     try:
-        reply, pieces = _run(service, who, key, request, items, response_format)
+        reply, pieces = _run(service, who, key, request, items, response_format, live)
     except Exception:
         if forked:
             service.clear(key)  # no response names the fork: nothing may continue it
@@ -373,6 +398,50 @@ def respond(
     if request.store:
         record(service, key)
     return reply, pieces
+
+
+class LiveResponse:
+    """A streamed response written as the model writes it (a
+    :class:`~turnledger.turn.live.Listener`): opened once the turn is admitted, a delta
+    event per piece, the rest from the whole response once it is committed."""
+
+    def __init__(self, live: Channel, request: ResponseCreate) -> None:
+        self.live = live
+        self.request = request
+        #: Set once the request's conversation is known (:func:`respond`).
+        self.conversation_id = ""
+        self.turn = 0
+        self.events = ResponseEvents(lambda event: live.write(sse_text([event]).encode()))
+
+    @property
+    def opened(self) -> bool:
+        """Whether the stream began."""
+        return self.live.opened
+
+    def started(self, turn: int) -> None:
+        self.turn = turn
+        self.live.open(200, {"content-type": EVENT_STREAM, "cache-control": "no-cache"})
+        self.events.start(_envelope(self.request, self.conversation_id, turn, [], None))
+
+    def delta(self, delta: Delta) -> None:
+        self.events.text(item_id("msg", f"r{self.turn}", self.conversation_id), delta.text)
+
+    def finish(self, body: dict[str, Any]) -> None:
+        """The rest of the events, from the committed response's ``body``."""
+        if not self.opened:
+            self.started(self.turn or 1)  # nothing streamed (a retry's recorded answer)
+        self.events.finish(body)
+
+    def fail(self, error: Exception) -> None:
+        """The stream's end when the turn failed after it began: an ``error`` event."""
+        if not isinstance(error, TurnledgerError):
+            logger.exception("a streamed response failed")
+            error = TurnledgerError("internal error")
+        self.events.event("error", code=error.code, message=error.message, param=None)
+
+    def answer(self) -> Response[str]:
+        """What the route returns (its body went out through the channel)."""
+        return Response(status_code=200, content_type=EVENT_STREAM, body="")
 
 
 def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
@@ -409,6 +478,29 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
                 }
             )
     usage = reply.usage
+    return _envelope(
+        request,
+        conversation_id,
+        turn,
+        output,
+        {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    )
+
+
+def _envelope(
+    request: ResponseCreate,
+    conversation_id: str,
+    turn: int,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``response`` object of ``turn`` holding ``output`` and ``usage``."""
     now = get_runtime().clock()
     return {
         "id": response_id(conversation_id, turn),
@@ -429,11 +521,5 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
         "top_p": None,
         "error": None,
         "incomplete_details": None,
-        "usage": {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "total_tokens": usage.input_tokens + usage.output_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        },
+        "usage": usage,
     }
