@@ -33,6 +33,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "memory_routes",
         "replay_routes",
         "compact_routes",
+        "pin_routes",
     ),
     "approve": ("routes", "turn_routes", "waits"),
     # The OpenAI face's reads, deletes and catch-all need its Conversations API only.

@@ -421,6 +421,7 @@ SLOW_FIELDS = frozenset(
         "fork",
         "memory_off",
         "expiry_bucket",
+        "pins",
     }
 )
 #: Fast fields a turn item does not store: its ``ver`` and its key say them.
@@ -462,6 +463,7 @@ STATE_CONTENT: dict[str, Any] = {
     ],
     "cancel": {"reason": _Content()},
     "options": {"response_format": _Content(), "client_tools": _Content()},
+    "pins": [{"text": _Content(placeholder=""), "reason": _Content()}],
 }
 
 

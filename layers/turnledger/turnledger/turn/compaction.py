@@ -116,6 +116,7 @@ def summarize(
     limit: int,
     later: Iterable[Event] = (),
     pending: Iterable[str] = (),
+    pins: list[str] | None = None,
 ) -> Written | None:
     """Summarize ``compaction``'s turns in batches of at most ``limit`` tokens, folding in
     its previous summary, and describe the result in a ``context_compacted`` payload with
@@ -124,6 +125,8 @@ def summarize(
     ``None`` (logged and counted) when there is nothing to summarize, the summary would
     cut a tool call from its result (``later``: the events after the range; ``pending``:
     ids of calls still waiting), a summarizer call fails, or one answers nothing.
+    ``pins``: the ids of the pins in effect, for the manifest (none is sent to the
+    summarizer: every context carries them beside the summary).
     """
     turns = compaction.turns
     if not turns:
@@ -178,6 +181,7 @@ def summarize(
         tokens_after=after,
         trigger=compaction.trigger,
         replaces=compaction.replaces,
+        pins=pins,
     )
     return Written(payload=payload, usage=usage, model=model)
 

@@ -22,10 +22,11 @@ from ..context.assembly import (
     split_turns,
     turns_to_compact,
 )
+from ..context.pins import corrected, pin_message
 from ..context.redaction import Redactor
 from ..core.config import Settings
 from ..core.exceptions import ContextLengthExceeded, ProviderError
-from ..core.models import Event, EventKind, ProviderCursor, RunRecord, SummaryRef
+from ..core.models import Event, EventKind, Pin, ProviderCursor, RunRecord, SummaryRef
 from ..core.observability import timed
 from ..core.strict_json import BodyError, parse
 from ..providers.base import (
@@ -48,9 +49,11 @@ from .session import Session
 class ModelCall(MemoryStep):
     """One model call of a turn and what it needs: context, compaction, cursor, calibration."""
 
-    def check_input_fits(self, command: TurnCommand, token_scale: float | None) -> None:
+    def check_input_fits(
+        self, command: TurnCommand, token_scale: float | None, pins: list[Pin] | None = None
+    ) -> None:
         """Refuse, before anything is stored, new messages that cannot fit the context
-        budget even alone (with the system prompt), counted with the conversation's
+        budget even alone (with the system prompt and the ``pins``), counted with the conversation's
         estimate scale: the current turn is always sent whole, so no summary could make
         room for them.
 
@@ -66,6 +69,9 @@ class ModelCall(MemoryStep):
             Message(role="user", content=redactor.text(m) if redactor is not None else m)
             for m in command.messages
         ]
+        block = pin_message(pins or [])
+        if block is not None:
+            sent.insert(0, block)
         if self.settings.system_prompt:
             sent.insert(0, Message(role="system", content=self.settings.system_prompt))
         tokens = estimator.tokens(sent)
@@ -106,6 +112,7 @@ class ModelCall(MemoryStep):
                 system_prompt=self.settings.system_prompt,
                 redactor=redactor,
                 memory=recall.message if recall is not None else None,
+                pins=session.pins,
             )
 
         assembly = build()
@@ -163,7 +170,7 @@ class ModelCall(MemoryStep):
             context_sha256=assembly.sha256,
             token_scale=estimator.scale,
             response_id=reply.response_id,
-            made_with=_cursor_sha256(self.settings, specs, redactor)
+            made_with=_cursor_sha256(self.settings, specs, redactor, session.pins)
             if reply.response_id is not None
             else None,
             cost_usd=self.settings.model_spec(model).cost(reply.usage),
@@ -181,7 +188,7 @@ class ModelCall(MemoryStep):
         """Use the provider's stored response when it is still a faithful cache of the log.
 
         The cursor must have been made by this tenant, provider and model, with the same
-        system prompt, tools and redaction rules, and no summary may have been added since
+        system prompt, tools, redaction rules and pins, and no summary may have been added since
         (a summary changes what the model should see). Otherwise the call is ``fresh``.
         """
         cursor = work.session.provider_cursor
@@ -194,12 +201,15 @@ class ModelCall(MemoryStep):
             cursor.provider != provider.name
             or cursor.model != work.model
             or cursor.tenant != work.session.key.tenant
-            or cursor.context_sha256 != _cursor_sha256(self.settings, specs, redactor)
+            or cursor.context_sha256
+            != _cursor_sha256(self.settings, specs, redactor, work.session.pins)
             or (summary is not None and summary.sequence > cursor.sequence)
             or age > self.settings.provider_state_retention_seconds
         ):
             return None
-        new_from = messages_through(assembly, cursor.sequence, redactor)
+        new_from = messages_through(
+            assembly, cursor.sequence, redactor, corrected(work.session.pins)
+        )
         if new_from is None or new_from >= len(assembly.messages):
             return None
         return Continuation(previous_response_id=cursor.response_id, new_from=new_from)
@@ -223,7 +233,7 @@ class ModelCall(MemoryStep):
             created_at=self.clock(),
             tenant=session.key.tenant,
             context_sha256=_cursor_sha256(
-                self.settings, [tool.spec() for tool in work.tools], self.redactor
+                self.settings, [tool.spec() for tool in work.tools], self.redactor, session.pins
             ),
             sequence=sequence,
             conversation_id=session.key.conversation_id,
@@ -295,6 +305,7 @@ class ModelCall(MemoryStep):
             limit=self._summary_limit(summarizer.model),
             later=[e for e in session.events if e.sequence > through],
             pending=[p.id for p in session.machine.pending],
+            pins=[pin.id for pin in session.pins],
         )
         if written is None:
             return False
@@ -320,13 +331,19 @@ class ModelCall(MemoryStep):
 _CALIBRATION_MARGIN = 1.05
 
 
-def _cursor_sha256(settings: Settings, specs: list[ToolSpec], redactor: Redactor | None) -> str:
-    """What a stored provider response was made with: system prompt, tools, redaction."""
-    made_with = {
+def _cursor_sha256(
+    settings: Settings, specs: list[ToolSpec], redactor: Redactor | None, pins: list[Pin]
+) -> str:
+    """What a stored provider response was made with: system prompt, tools, redaction, and
+    the pins (a pin added or removed since changes what every context starts with)."""
+    made_with: dict[str, object] = {
         "system": settings.system_prompt,
         "tools": [spec.model_dump(mode="json") for spec in specs],
         "redaction": redactor.version if redactor is not None else None,
     }
+    if pins:
+        # Left out while there is none: cursors made before pins existed stay usable.
+        made_with["pins"] = [pin.id for pin in pins]
     return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()
 
 

@@ -195,7 +195,7 @@ class Conversations(ModelCall):
         check_settler(
             session.machine.pending, [o.call_id for o in outputs], command.approver_claims
         )
-        self.check_input_fits(command, session.token_scale)
+        self.check_input_fits(command, session.token_scale, session.pins)
         budget = self.settings.conversation_budget_for(key.tenant)
         run.admit(session, Rules(budget=budget, undecided=command.starts_turn), loaded)
         resuming = session.resuming()

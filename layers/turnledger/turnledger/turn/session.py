@@ -29,6 +29,7 @@ from ..core.models import (
     Head,
     Payload,
     PendingCall,
+    Pin,
     ProviderCursor,
     SummaryRef,
     TurnOptions,
@@ -89,6 +90,8 @@ class Session:
     provider_cursor: ProviderCursor | None = None
     #: The conversation opted out of long-term memory (:attr:`Head.memory_off`).
     memory_off: bool = False
+    #: The active pins (:attr:`Head.pins`), oldest first.
+    pins: list[Pin] = field(default_factory=list)
     #: The life (generation) this session writes: the head's, the tombstone's successor,
     #: or a new one.
     gen: str = field(default_factory=new_generation)
@@ -135,6 +138,7 @@ class Session:
             token_scale=head.token_scale,
             provider_cursor=head.provider_cursor,
             memory_off=head.memory_off,
+            pins=list(head.pins),
         )
 
     @property
@@ -171,6 +175,7 @@ class Session:
         self.token_scale = head.token_scale if head else None
         self.provider_cursor = head.provider_cursor if head else None
         self.memory_off = head.memory_off if head else False
+        self.pins = list(head.pins) if head else []
         self.machine.reset(head.pending if head else [])
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
@@ -283,6 +288,7 @@ class Session:
             cancel=cancel,
             fork=self.head.fork if self.head else None,
             memory_off=self.memory_off,
+            pins=self.pins,
         )
         changes = inbox_changes(self.key, previous, head)
         head = head.model_copy(
