@@ -186,3 +186,30 @@ def test_a_pin_reaches_every_later_call_byte_for_byte_across_compactions(
         assert http.get(path, headers=ANN).json()["pins"] == []
         context = http.get("/v1/conversations/pinned/turns/21/context", headers=ANN).json()
         assert context["all_match"] and context["calls"][0]["pins"] == []
+
+
+def test_compact_on_six_turns_with_no_summary_compacts_now(
+    runner_config: LocalConfig, runner_clock: ClockFile
+) -> None:
+    for http in start(runner_config, runner_clock):
+        for index in range(1, 7):
+            reply = http.post(
+                "/v1/conversations/six/turns", json={"input": f"note {index}"}, headers=ANN
+            )
+            assert reply.json()["context"]["summary_through"] is None
+        compacted = http.post("/v1/conversations/six/compact", json={}, headers=ANN)
+        assert compacted.status_code == 200, compacted.text
+        event = compacted.json()
+        assert (event["kind"], event["actor"], event["sequence"]) == (
+            "context_compacted",
+            "ann",
+            13,
+        )
+        payload = event["payload"]
+        assert (payload["trigger"], payload["from_turn"], payload["to_turn"]) == ("manual", 1, 4)
+        assert (payload["from_sequence"], payload["to_sequence"]) == (1, 8)
+        assert payload["replaces"] is None
+        head = http.get("/v1/conversations/six", headers=ANN).json()
+        assert head["summary_through"] == 8
+        after = http.post("/v1/conversations/six/turns", json={"input": "note 7"}, headers=ANN)
+        assert after.json()["context"]["summary_through"] == 8

@@ -419,6 +419,28 @@ def turns_to_compact(assembly: Assembly) -> list[Turn]:
     return assembly.turns[: len(assembly.turns) - 1 - kept]
 
 
+#: A compaction asked for (``POST .../compact`` with no summary yet) keeps at most this
+#: many of the newest turns whole (fewer when they do not fit :data:`KEEP_SHARE`).
+MANUAL_KEEP_TURNS = 2
+
+
+def turns_to_compact_now(assembly: Assembly) -> list[Turn]:
+    """The turns a compaction asked for summarizes: every turn but the newest ones, by the
+    rules of :func:`turns_to_compact` (whole turns, the newest never), keeping at most
+    :data:`MANUAL_KEEP_TURNS` whether or not the context is full."""
+    if len(assembly.turns) < 2:
+        return []
+    keep = assembly.budget * KEEP_SHARE
+    used = assembly.fixed_tokens + assembly.turns[-1].tokens
+    kept = 1
+    for turn in reversed(assembly.turns[:-1]):
+        if kept >= MANUAL_KEEP_TURNS or used + turn.tokens > keep:
+            break
+        used += turn.tokens
+        kept += 1
+    return assembly.turns[: len(assembly.turns) - kept]
+
+
 def counts(turns: Iterable[Turn]) -> tuple[int, int]:
     """The messages and tool calls ``turns`` make: what a summary of them stands for."""
     messages = calls = 0

@@ -21,11 +21,12 @@ from ..context.assembly import (
     messages_through,
     split_turns,
     turns_to_compact,
+    turns_to_compact_now,
 )
 from ..context.pins import corrected, pin_message
 from ..context.redaction import Redactor
 from ..core.config import Settings
-from ..core.exceptions import ContextLengthExceeded, ProviderError
+from ..core.exceptions import ContextLengthExceeded, NothingToCompact, ProviderError
 from ..core.models import Event, EventKind, Pin, ProviderCursor, RunRecord, SummaryRef
 from ..core.observability import timed
 from ..core.strict_json import BodyError, parse
@@ -306,11 +307,53 @@ class ModelCall(MemoryStep):
             later=[e for e in session.events if e.sequence > through],
             pending=[p.id for p in session.machine.pending],
             pins=[pin.id for pin in session.pins],
+            must_keep=self.settings.summary_must_keep,
         )
         if written is None:
             return False
         self._stage_summary(session, written, actor=f"summarizer:{written.model}")
         return True
+
+    def compact_now(self, work: TurnWork, summarizer: compaction.Summarizer, actor: str) -> Event:
+        """Summarize now (``POST .../compact`` on a conversation with no summary yet) every
+        turn but the newest (:func:`~turnledger.context.assembly.turns_to_compact_now`), by
+        the budget trigger's rules; the summary is staged as ``actor``'s, ``trigger``
+        ``manual``.
+
+        Raises:
+            NothingToCompact: fewer than two turns make messages.
+            ProviderError: the summarizer failed, answered nothing or lost a must-keep
+                value; nothing was staged.
+        """
+        session = work.session
+        estimator = self._estimator(work.provider, session.token_scale)
+        assembly = assemble(
+            [*compaction.unread(self.store, session), *session.events],
+            budget=self.settings.context_budget(work.model),
+            estimator=estimator,
+            system_prompt=self.settings.system_prompt,
+            redactor=self.redactor,
+            pins=session.pins,
+        )
+        turns = turns_to_compact_now(assembly)
+        if not turns:
+            raise NothingToCompact("the conversation has no turn to summarize but its newest")
+        through = turns[-1].last_sequence
+        written = compaction.summarize(
+            summarizer,
+            compaction.covering(turns, None, through, "manual"),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+            later=[e for e in session.events if e.sequence > through],
+            pins=[pin.id for pin in session.pins],
+            must_keep=self.settings.summary_must_keep,
+        )
+        if written is None:
+            raise ProviderError(
+                "the summarizer wrote no summary; nothing was stored",
+                details={"provider": summarizer.provider.name, "model": summarizer.model},
+            )
+        return self._stage_summary(session, written, actor=actor)
 
     def _summary_limit(self, model: str) -> int:
         """Tokens of turns one summarizer call is sent: half the summarizer model's room

@@ -51,7 +51,6 @@ from ..core.exceptions import (
     ConversationNotFound,
     InvalidRequest,
     NotAwaitingApproval,
-    NothingToCompact,
     ProviderError,
     UnknownToolCall,
 )
@@ -514,7 +513,8 @@ class Conversations(ModelCall):
     ) -> Event:
         """Write the newest summary again over the same range, from the log, with the
         summarizer ``provider``/``model`` (default: the deployment's), recorded as
-        ``actor``'s (``POST .../compact``). Later turns use it; nothing is deleted.
+        ``actor``'s (``POST .../compact``). Later turns use it; nothing is deleted. With no
+        summary yet, compact now: every turn but the newest (:meth:`compact_now`).
 
         Returns:
             The new ``context_compacted`` event.
@@ -525,7 +525,7 @@ class Conversations(ModelCall):
             ConversationBusy: another request holds the conversation, or its turn waits
                 for client results or running tools.
             ApprovalPending, InputPending: its turn waits for a person or a job.
-            NothingToCompact: the conversation has no summary yet.
+            NothingToCompact: no summary yet, and no turn to summarize but the newest.
             CorruptedState: the newest summary fails its content hash.
             ProviderError: the summarizer failed or answered nothing; nothing was stored.
         """
@@ -539,8 +539,14 @@ class Conversations(ModelCall):
         run.admit(session, Rules(settled=True))
         if session.machine.pending:
             raise ConversationBusy("the conversation's turn waits for its calls; retry after")
+        work = self._work(session)
+        summarizer = compaction.Summarizer(
+            chosen or self._summarizer(work), model or self.settings.summarizer_model or work.model
+        )
         if session.summary is None:
-            raise NothingToCompact("the conversation has no summary yet")
+            event = self.compact_now(work, summarizer, actor)
+            run.commit(session)
+            return event
         newest = latest_summary(
             self.store.read_events(key, head, after=session.summary.sequence - 1, limit=1)
         )
@@ -548,10 +554,6 @@ class Conversations(ModelCall):
         old = newest.body
         covered = self.store.read_events(
             key, head, after=old.from_sequence - 1, limit=old.to_sequence - old.from_sequence + 1
-        )
-        work = self._work(session)
-        summarizer = compaction.Summarizer(
-            chosen or self._summarizer(work), model or self.settings.summarizer_model or work.model
         )
         estimator = self._estimator(work.provider, session.token_scale)
         turns = split_turns(
@@ -570,6 +572,8 @@ class Conversations(ModelCall):
             ),
             estimator=estimator,
             limit=self._summary_limit(summarizer.model),
+            pins=[pin.id for pin in session.pins],
+            must_keep=self.settings.summary_must_keep,
         )
         if written is None:
             raise ProviderError(
