@@ -22,6 +22,7 @@ from ..providers.base import Message, ToolSpec
 from ..runtime import get_runtime
 from ..turn import replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
+from ..turn.judging import Expect
 from ..turn.turn_reads import MAX_WAIT_SECONDS
 from .idempotency import idempotent
 from .pin_views import PinView, pin_view
@@ -85,6 +86,10 @@ class ReplayRequest(Deferred):
     to_turn: int | None = Field(default=None, ge=1, description="Default: the latest turn")
     system_prompt: str | None = Field(
         default=None, description="Sent instead of the deployment's system prompt"
+    )
+    expect: Expect | None = Field(
+        default=None,
+        description="What each replayed turn must show: tool-call trajectory and constraints",
     )
 
 
