@@ -48,6 +48,7 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/conversations/{id}/pins", "TurnFunction"),
     ("GET", "/v1/conversations/{id}/pins", "TurnFunction"),
     ("DELETE", "/v1/conversations/{id}/pins/{pin_id}", "TurnFunction"),
+    ("GET", "/v1/conversations/{id}/state", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/forks", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/context", "ReadFunction"),
     ("POST", "/v1/conversations/{id}/replays", "TurnFunction"),
@@ -918,6 +919,7 @@ API_EVENTS = [
     "add-pin.json",
     "list-pins.json",
     "remove-pin.json",
+    "get-state.json",
 ]
 
 

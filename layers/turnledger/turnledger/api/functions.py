@@ -43,6 +43,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "memory_routes",
         "streaming_routes",
         "replay_routes",
+        "state_routes",
     ),
     "clear": ("routes", "openai.conversations", "memory_routes"),
 }
