@@ -20,6 +20,7 @@ from bench import (
     forks,
     memory,
     openai_face,
+    pins,
     providers,
     replays,
     streaming,
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "forks": forks.main,
     "memory": memory.main,
     "replays": replays.main,
+    "pins": pins.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}
