@@ -90,9 +90,8 @@ def pins_before(active: Iterable[Pin], later: Iterable[Event], through: int) -> 
     are put back (a ``pin_removed`` holds the pin as it stood)."""
     pins: dict[str, Pin] = {pin.id: pin for pin in active if pin.sequence <= through}
     for event in later:
-        body = event.body()
-        removed = isinstance(body, PinRemoved) and event.sequence > through
-        if removed and isinstance(body, PinRemoved) and body.pin.sequence <= through:
+        body = event.body() if event.sequence > through else None
+        if isinstance(body, PinRemoved) and body.pin.sequence <= through:
             pins[body.pin.id] = body.pin
     return sorted(pins.values(), key=lambda pin: pin.sequence)
 

@@ -32,7 +32,6 @@ from ..core.exceptions import ConversationNotFound
 from ..core.models import (
     ContextCompacted,
     ConversationKey,
-    ConversationStatus,
     Deferred,
     Event,
     Head,
@@ -182,7 +181,7 @@ class _Call:
 
     event: Event
     body: ToolCallRequested
-    state: ActionState | None = None
+    standing: ActionState | None = None
     task_id: str | None = None
     never_ran: bool = False
 
@@ -204,27 +203,28 @@ def _actions(head: Head, events: list[Event], now: datetime) -> list[ExternalAct
         if call is None:
             continue
         if isinstance(body, ToolCallDeferred):
-            call.state, call.task_id = "deferred", body.task_id
+            call.standing, call.task_id = "deferred", body.task_id
         elif isinstance(body, ToolCallSettled):
-            call.state = "succeeded" if body.status == "succeeded" else "failed"
-        elif isinstance(body, ToolResult) and call.state is None:
+            call.standing = "succeeded" if body.status == "succeeded" else "failed"
+        elif isinstance(body, ToolResult) and call.standing is None:
             if event.actor.startswith("tool:"):
-                call.state = "failed" if body.is_error else "succeeded"
+                call.standing = "failed" if body.is_error else "succeeded"
             else:
                 call.never_ran = True  # rejected, expired or invalid: answered by the system
     pending = {p.id: p for p in head.pending}
-    running = head.status is ConversationStatus.RUNNING_TOOLS
+    # A run's status as a client sees it: its lease live, or lapsed (the run died).
+    run_status = public_status(head, now)
     found: list[ExternalAction] = []
     for call in calls:
         waiting = pending.get(call.body.call_id)
         if waiting is not None and newest.get(call.body.call_id) is call:
             if waiting.state == "outcome_unknown":
-                call.state = "outcome_unknown"
+                call.standing = "outcome_unknown"
             elif waiting.state == "deferred":
-                call.state, call.task_id = "deferred", waiting.task_id
-            elif waiting.state == "ready" and running:
-                call.state = "running" if head.live_lease(now) else "interrupted"
-        if call.state is None or call.never_ran:
+                call.standing, call.task_id = "deferred", waiting.task_id
+            elif waiting.state == "ready" and run_status in ("running_tools", "interrupted"):
+                call.standing = "running" if run_status == "running_tools" else "interrupted"
+        if call.standing is None or call.never_ran:
             continue  # never ran: waiting for a decision, or rejected before it ran
         found.append(
             ExternalAction(
@@ -233,8 +233,8 @@ def _actions(head: Head, events: list[Event], now: datetime) -> list[ExternalAct
                 turn=call.event.turn,
                 sequence=call.event.sequence,
                 idempotency_key=call.body.idempotency_key,
-                state=call.state,
-                may_have_completed=call.state != "failed",
+                state=call.standing,
+                may_have_completed=call.standing != "failed",
                 task_id=call.task_id,
             )
         )
