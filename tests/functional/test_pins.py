@@ -112,3 +112,16 @@ def test_bad_pins_are_refused_and_store_nothing(store: ConversationStore, clock:
     with pytest.raises(PinNotFound):
         pins.remove(key, OPS, "pin_0")
     assert edge.get(svc, ANN, "conv-1").events == stored
+
+
+def test_a_pin_after_a_turn_leaves_that_turn_as_it_was(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    """The pin's event is filed under the turn before it; GET .../turns/{n} still shows
+    that turn's own end."""
+    svc = service(store, clock, Recording())
+    say(svc, "hello")
+    before = edge.turn_view(svc, ANN, "conv-1", 1)
+    clock.advance(60)
+    Pins(svc).add(ANN.key("conv-1"), OPS, PinCommand("VIP customer.", "fact"))
+    assert edge.turn_view(svc, ANN, "conv-1", 1) == before
