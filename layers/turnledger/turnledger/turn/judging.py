@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from ..core.exceptions import UnknownTool
 from ..core.models import Deferred, Pin, ToolCall
@@ -82,28 +82,38 @@ class RequiresApproval(_Model):
     tool: str = Field(min_length=1)
 
 
-class PinRespected(_Model):
-    """While pin ``pin_id`` is in force, each turn's answer passes one check."""
+class _PinCheck(_Model):
+    """While pin ``pin_id`` is in force, each turn's answer passes one check (the three
+    shapes below: exactly one of ``contains``, ``not_contains``, ``field``)."""
 
     type: Literal["pin_respected"]
     pin_id: str = Field(min_length=1)
-    contains: str | None = Field(default=None, min_length=1)
-    not_contains: str | None = Field(default=None, min_length=1)
-    #: A dotted path into the answer's JSON, whose value must be ``equals``.
-    field: str | None = Field(default=None, min_length=1)
-    equals: Any = None
-
-    @model_validator(mode="after")
-    def _one_check(self) -> PinRespected:
-        given = [self.contains is not None, self.not_contains is not None, self.field is not None]
-        if sum(given) != 1:
-            raise ValueError("pin_respected takes exactly one of contains, not_contains, field")
-        return self
 
 
-Constraint = Annotated[
-    NeverCall | Before | RequiresApproval | PinRespected, Field(discriminator="type")
-]
+class PinContains(_PinCheck):
+    """The answer contains ``contains``."""
+
+    contains: str = Field(min_length=1)
+
+
+class PinNotContains(_PinCheck):
+    """The answer does not contain ``not_contains``."""
+
+    not_contains: str = Field(min_length=1)
+
+
+class PinFieldEquals(_PinCheck):
+    """The answer is JSON whose value at the dotted path ``field`` is ``equals``."""
+
+    field: str = Field(min_length=1)
+    equals: Any
+
+
+PinRespected = PinContains | PinNotContains | PinFieldEquals
+#: The shapes of a ``pin_respected`` constraint (for ``isinstance``).
+PIN_CHECKS = (PinContains, PinNotContains, PinFieldEquals)
+#: A constraint: by its ``type``, then (``pin_respected``) by the check its fields name.
+Constraint = NeverCall | Before | RequiresApproval | PinContains | PinNotContains | PinFieldEquals
 
 
 class Expect(_Model):
@@ -233,7 +243,7 @@ def _arguments_match(mode: ArgsMode, recorded: dict[str, Any], candidate: dict[s
 
 
 def _constraint(
-    constraint: NeverCall | Before | RequiresApproval | PinRespected,
+    constraint: Constraint,
     turn: JudgedTurn,
     called: set[str],
     registry: ToolRegistry,
@@ -292,15 +302,15 @@ def _pin_check(constraint: PinRespected, turn: JudgedTurn) -> list[Failure]:
         return []
     answer = turn.answer or ""
     name = f"pin_respected:{constraint.pin_id}"
-    if constraint.contains is not None and constraint.contains not in answer:
+    if isinstance(constraint, PinContains) and constraint.contains not in answer:
         return [Failure(constraint=name, expected={"contains": constraint.contains}, actual=answer)]
-    if constraint.not_contains is not None and constraint.not_contains in answer:
+    if isinstance(constraint, PinNotContains) and constraint.not_contains in answer:
         return [
             Failure(
                 constraint=name, expected={"not_contains": constraint.not_contains}, actual=answer
             )
         ]
-    if constraint.field is not None:
+    if isinstance(constraint, PinFieldEquals):
         value = _field(answer, constraint.field)
         if value is _MISSING or value != constraint.equals:
             return [

@@ -65,7 +65,7 @@ from .contexts import (
     tool_specs,
     visible_head,
 )
-from .judging import Expect, JudgedTurn, PinRespected, TurnVerdict, judge
+from .judging import PIN_CHECKS, Expect, JudgedTurn, TurnVerdict, judge
 from .turn_reads import STALE_AFTER_SECONDS
 
 if TYPE_CHECKING:
@@ -347,7 +347,7 @@ def start(service: Conversations, key: ConversationKey, spec: ReplaySpec) -> Rep
     if spec.expect is not None:
         active = {pin.id for pin in head.pins}
         for constraint in spec.expect.constraints:
-            if isinstance(constraint, PinRespected) and constraint.pin_id not in active:
+            if isinstance(constraint, PIN_CHECKS) and constraint.pin_id not in active:
                 raise InvalidRequest(
                     f"pin_respected names {constraint.pin_id!r}, no active pin of the conversation",
                     details={"pin_id": constraint.pin_id},
