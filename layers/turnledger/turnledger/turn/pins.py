@@ -69,6 +69,7 @@ class Pins:
             ConversationBusy: a run holds the conversation, or another request committed
                 first; nothing was stored.
         """
+        session, run = self._open(key)  # an absent conversation is 404 before anything
         size = len(command.text.encode("utf-8"))
         if size > PIN_TEXT_MAX_BYTES:
             raise InvalidRequest(
@@ -80,7 +81,6 @@ class Pins:
                 "a correction names the event it corrects (corrects), and only a correction does",
                 details={"kind": command.kind, "corrects": command.corrects},
             )
-        session, run = self._open(key)
         if command.corrects is not None and command.corrects >= session.next_sequence:
             raise InvalidRequest(
                 f"corrects names event {command.corrects}; the conversation has "
