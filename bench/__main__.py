@@ -22,6 +22,7 @@ from bench import (
     memory,
     openai_chat,
     openai_face,
+    pins,
     providers,
     replays,
     streaming,
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "memory": memory.main,
     "replays": replays.main,
     "live-streaming": live_streaming.main,
+    "pins": pins.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

@@ -15,6 +15,7 @@ from turnledger.api.schemas import TurnRequest
 from turnledger.core.config import Settings
 from turnledger.runtime import Runtime
 from turnledger.turn import replays
+from turnledger.turn.pins import PinCommand, Pins
 
 from tests.support import edge
 from tests.support.edge import Caller
@@ -108,3 +109,37 @@ def test_a_sample_and_a_list_of_conversations(data: Path, tmp_path: Path) -> Non
         ("nope", "error", "conversation_not_found"),
     ]
     assert rows[0]["calls"] == 4 and rows[0]["text_similarity"] == 1.0
+
+
+def test_expect_judges_each_replay_and_prints_the_candidates_pass_rate(
+    data: Path, tmp_path: Path
+) -> None:
+    """Issue 42: ``--expect`` judges every conversation; the rows say which passed and the
+    output ends with the candidate's pass rate. The demo model never calls a tool here, so
+    a strict trajectory passes everywhere; a pinned check passes only where it holds."""
+    expect = tmp_path / "expect.json"
+    out = tmp_path / "judged.json"
+    base = ["--data-dir", str(data), "--tenant", "acme", "--provider", "demo", "--model", "demo-1"]
+    expect.write_text(json.dumps({"tool_calls": {"mode": "strict"}}))
+    done = cli(*base, "cli-00", "cli-01", "cli-02", "--expect", str(expect), "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "pass rate of demo/demo-1: 3 of 3 conversations (100.0 %), 6 of 6 turns" in done.stdout
+    report = json.loads(out.read_text())
+    assert [r["passed"] for r in report["conversations"]] == [True, True, True]
+    assert [r["turns_judged"] for r in report["conversations"]] == [1, 2, 3]
+    assert report["pass_rate"].startswith("pass rate of demo/demo-1: 3 of 3")
+    # A pinned constraint the candidate breaks once it is in force (turn 3 of cli-01).
+    service = Runtime.from_settings(Settings(store="sqlite", data_dir=str(data))).conversations
+    pin = Pins(service).add(ANN.key("cli-01"), "ops", PinCommand("Never say it.", "constraint"))
+    edge.turn(service, ANN, "cli-01", TurnRequest(input="What is my name?"))
+    check = {"type": "pin_respected", "pin_id": pin.id, "not_contains": "Ada"}
+    expect.write_text(json.dumps({"constraints": [check]}))
+    failing = cli(*base, "cli-01", "--expect", str(expect), "--json", str(out))
+    assert failing.returncode == 0, failing.stderr
+    assert "pass rate of demo/demo-1: 0 of 1 conversations (0.0 %), 2 of 3 turns" in (
+        failing.stdout
+    )
+    assert json.loads(out.read_text())["conversations"][0]["passed"] is False
+    plain = cli(*base, "cli-00", "--json", str(out))
+    assert "pass rate" not in plain.stdout
+    assert json.loads(out.read_text())["conversations"][0]["passed"] is None

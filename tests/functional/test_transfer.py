@@ -462,3 +462,23 @@ def test_s3_streams_a_large_object_in_parts_and_aborts_a_failed_one(
     assert list(blobs.list_keys("t/x/failed")) == []
     client = blobs._client
     assert not client.list_multipart_uploads(Bucket=blobs._bucket).get("Uploads")
+
+
+def test_pins_round_trip_renumbered_and_active(service: Conversations) -> None:
+    """Issue 42: an imported conversation's head holds the source's active pins, their
+    sequences (and a correction's target) moved with the renumbered events."""
+    from turnledger.turn.pins import PinCommand, Pins
+
+    say(service, "My order is 7713.", "pinned")
+    pins = Pins(service)
+    key = ANN.key("pinned")
+    fix = pins.add(key, "ops", PinCommand("Order 7731.", "correction", corrects=1))
+    gone = pins.add(key, "ops", PinCommand("VIP.", "fact"))
+    pins.remove(key, "ops", gone.id)
+    load(service, "pinned-copy", export(service, "pinned"), who=BOB)
+    copy = ConversationKey(tenant=BOB.tenant, conversation_id="pinned-copy")
+    [pin] = pins.active(copy)
+    assert (pin.id, pin.text, pin.sequence, pin.corrects) == (fix.id, fix.text, 4, 2)
+    events = transcript(service, "pinned-copy", BOB)
+    assert events[5].payload["pin"]["sequence"] == 5  # the removed pin's own, renumbered
+    assert comparable(events) == comparable(transcript(service, "pinned"))

@@ -105,3 +105,73 @@ def test_a_replay_retried_with_its_idempotency_key_starts_once(client: httpx.Cli
     assert again.headers["Location"] == first.headers["Location"]
     other = client.post(f"{base}/replays", headers=keyed, json={**body, "mode": "rollout"})
     assert (other.status_code, other.json()["error"]["code"]) == (422, "idempotency_key_reused")
+
+
+def test_a_replay_judged_on_actions_and_constraints(client: httpx.Client) -> None:
+    """Issue 42: the same model passes a strict trajectory; ``never_call`` on a tool the
+    conversation called fails, naming the constraint and the turn; wording is not judged."""
+    base = "/v1/conversations/http-replay-judged"
+    inputs = ["My name is Ada.", tool_line("get_weather", city="Oslo"), "What is my name?"]
+    for text in inputs:
+        answer = client.post(f"{base}/turns", headers=ANN, json={"input": text})
+        assert answer.status_code == 200, answer.text
+
+    def judged(expect: dict[str, object], mode: str = "pointwise") -> dict[str, object]:
+        body = {"provider": "demo", "model": "demo-1", "mode": mode, "expect": expect}
+        started = client.post(f"{base}/replays", headers=ANN, json=body)
+        assert started.status_code == 202, started.text
+        record: dict[str, object] = client.get(
+            started.headers["Location"], headers=ANN, params={"wait": 20}
+        ).json()
+        assert record["status"] == "complete", record
+        return record
+
+    for mode in ("pointwise", "rollout"):
+        strict = judged({"tool_calls": {"mode": "strict", "args": "exact"}}, mode)
+        assert strict["passed"] is True
+        assert strict["turns"] == [{"turn": n, "passed": True, "failures": []} for n in (1, 2, 3)]
+        assert strict["summary"]["turns_judged"] == 3  # type: ignore[index]
+        assert strict["summary"]["turns_passed"] == 3  # type: ignore[index]
+
+    forbidden = judged(
+        {
+            "tool_calls": {"mode": "unordered"},
+            "constraints": [{"type": "never_call", "tool": "get_weather"}],
+        }
+    )
+    assert forbidden["passed"] is False
+    verdicts = forbidden["turns"]
+    assert [v["passed"] for v in verdicts] == [True, False, True]  # type: ignore[union-attr,index]
+    assert verdicts[1]["failures"] == [  # type: ignore[index]
+        {
+            "constraint": "never_call",
+            "expected": "get_weather",
+            "actual": [{"name": "get_weather", "arguments": {"city": "Oslo"}}],
+        }
+    ]
+    assert forbidden["summary"]["turns_passed"] == 2  # type: ignore[index]
+
+    # A pin is judged while it is in force: from turn 4 on.
+    pin = client.post(
+        f"{base}/pins", headers=ANN, json={"text": "Never say her name.", "kind": "constraint"}
+    )
+    assert pin.status_code == 201, pin.text
+    client.post(f"{base}/turns", headers=ANN, json={"input": "What is my name?"})
+    pin_id = pin.json()["id"]
+    respected = judged(
+        {"constraints": [{"type": "pin_respected", "pin_id": pin_id, "not_contains": "Ada"}]}
+    )
+    assert [v["passed"] for v in respected["turns"]] == [True, True, True, False]  # type: ignore[union-attr,index]
+    [failure] = respected["turns"][3]["failures"]  # type: ignore[index]
+    assert failure == {
+        "constraint": f"pin_respected:{pin_id}",
+        "expected": {"not_contains": "Ada"},
+        "actual": "Your name is Ada.",
+    }
+    body = {"provider": "demo", "model": "demo-1"}
+    no_check = {"constraints": [{"type": "pin_respected", "pin_id": pin_id}]}
+    refused = client.post(f"{base}/replays", headers=ANN, json={**body, "expect": no_check})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (422, "validation_error")
+    gone = {"constraints": [{"type": "pin_respected", "pin_id": "pin_0", "contains": "x"}]}
+    refused = client.post(f"{base}/replays", headers=ANN, json={**body, "expect": gone})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_request")

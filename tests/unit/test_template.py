@@ -46,6 +46,10 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/conversations/{id}/import", "TurnFunction"),
     ("POST", "/v1/conversations/{id}/fork", "TurnFunction"),
     ("POST", "/v1/conversations/{id}/compact", "TurnFunction"),
+    ("POST", "/v1/conversations/{id}/pins", "TurnFunction"),
+    ("GET", "/v1/conversations/{id}/pins", "TurnFunction"),
+    ("DELETE", "/v1/conversations/{id}/pins/{pin_id}", "TurnFunction"),
+    ("GET", "/v1/conversations/{id}/state", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/forks", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/context", "ReadFunction"),
     ("POST", "/v1/conversations/{id}/replays", "TurnFunction"),
@@ -960,6 +964,10 @@ API_EVENTS = [
     "start-replay.json",
     "get-replay.json",
     "compact.json",
+    "add-pin.json",
+    "list-pins.json",
+    "remove-pin.json",
+    "get-state.json",
 ]
 
 

@@ -8,6 +8,11 @@ Each conversation's replay is stored as ``POST .../replays`` stores it (its reco
 read with ``GET .../replays/{id}``) and runs here, in this process, a few at a time
 (``--concurrency``), with a progress bar on stderr. The table of every conversation and
 the total goes to stdout; ``--json`` and ``--csv`` write the same rows.
+
+``--expect FILE`` judges each replay (the ``expect`` object of ``POST .../replays``,
+:mod:`turnledger.turn.judging`): each row says whether the conversation passed and how
+many of its turns did, and the candidate's pass rate over the conversations closes the
+output (``pass rate of PROVIDER/MODEL: P of N conversations (R %), T of J turns``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ COLUMNS = (
     "text_similarity",
     "failed_calls",
     "context_mismatches",
+    "passed",
+    "turns_judged",
+    "turns_passed",
     "original_tokens",
     "candidate_tokens",
     "original_cost_usd",
@@ -62,6 +70,8 @@ class Row:
     status: str = "error"
     summary: ReplaySummary | None = None
     error: str | None = None
+    #: With ``--expect``: whether every judged turn passed (``None``: not judged).
+    passed: bool | None = None
 
     def cells(self) -> dict[str, Any]:
         """The row's values by :data:`COLUMNS`."""
@@ -76,6 +86,9 @@ class Row:
             "text_similarity": s.text_similarity if s else None,
             "failed_calls": s.failed_calls if s else None,
             "context_mismatches": s.context_mismatches if s else None,
+            "passed": self.passed,
+            "turns_judged": s.turns_judged if s else None,
+            "turns_passed": s.turns_passed if s else None,
             "original_tokens": _tokens(s.original) if s else None,
             "candidate_tokens": _tokens(s.candidate) if s else None,
             "original_cost_usd": s.original.cost_usd if s else None,
@@ -112,6 +125,12 @@ def add_command(commands: Any) -> None:
         "--system-prompt", default=None, help="sent instead of the deployment's system prompt"
     )
     command.add_argument(
+        "--expect",
+        metavar="FILE",
+        default=None,
+        help="judge each replay by this JSON expect object (trajectory, constraints)",
+    )
+    command.add_argument(
         "--sample", type=int, default=None, metavar="N", help="N conversations drawn at random"
     )
     command.add_argument("--seed", type=int, default=None, help="the --sample draw's seed")
@@ -129,6 +148,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
     from turnledger.core.models import validate_conversation_id
     from turnledger.runtime import Runtime
+    from turnledger.turn.judging import Expect
     from turnledger.turn.replays import ReplaySpec
 
     if args.concurrency < 1 or (args.sample is not None and args.sample < 1):
@@ -148,6 +168,9 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
         from_turn=args.from_turn,
         to_turn=args.to_turn,
         system_prompt=args.system_prompt,
+        expect=Expect.model_validate_json(Path(args.expect).read_text(encoding="utf-8"))
+        if args.expect
+        else None,
     )
     named = [validate_conversation_id(c) for c in args.conversation_ids]
     ids = named or _tenant_ids(service, args.tenant)
@@ -160,6 +183,9 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
         # Piped or redirected: the whole table, not one folded to 80 columns.
         console = Console(width=240)
     console.print(table(rows, total, spec))
+    rate = pass_rate(rows, spec)
+    if rate is not None:
+        console.print(rate)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -168,6 +194,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
                     "replay": spec.model_dump(mode="json"),
                     "conversations": [row.cells() for row in rows],
                     "total": total.cells(),
+                    "pass_rate": pass_rate(rows, spec),
                 },
                 indent=2,
             )
@@ -249,6 +276,22 @@ def replay_one(service: Conversations, tenant: str, conversation_id: str, spec: 
         status=record.status,
         summary=record.summary,
         error=record.error.code if record.error is not None else None,
+        passed=record.passed,
+    )
+
+
+def pass_rate(rows: list[Row], spec: ReplaySpec) -> str | None:
+    """The candidate's pass rate over ``rows`` (``None``: nothing judged): conversations
+    whose every turn passed, and turns that passed. A failed replay counts as not passed."""
+    if spec.expect is None:
+        return None
+    passed = sum(1 for row in rows if row.passed)
+    judged = sum(row.summary.turns_judged or 0 for row in rows if row.summary is not None)
+    turns = sum(row.summary.turns_passed or 0 for row in rows if row.summary is not None)
+    share = round(100 * passed / len(rows), 1) if rows else 0.0
+    return (
+        f"pass rate of {spec.provider}/{spec.model}: {passed} of {len(rows)} conversations "
+        f"({share} %), {turns} of {judged} turns"
     )
 
 
@@ -282,9 +325,17 @@ def total_row(rows: list[Row]) -> Row:
             context_mismatches=sum(s.context_mismatches for s in summaries),
             original=original,
             candidate=candidate,
+            turns_judged=_sum_judged([s.turns_judged for s in summaries]),
+            turns_passed=_sum_judged([s.turns_passed for s in summaries]),
         ),
+        passed=all(r.passed for r in rows) if any(r.passed is not None for r in rows) else None,
         error=f"{sum(1 for r in rows if r.status != 'complete')} failed" if rows else None,
     )
+
+
+def _sum_judged(values: list[int | None]) -> int | None:
+    counted = [value for value in values if value is not None]
+    return sum(counted) if counted else None
 
 
 def table(rows: list[Row], total: Row, spec: ReplaySpec) -> Table:

@@ -1,8 +1,10 @@
-"""``POST /v1/conversations/{id}/compact``: write the newest summary again, from the log.
+"""``POST /v1/conversations/{id}/compact``: compact now, or write the newest summary again.
 
-The new ``context_compacted`` event covers the same range as the summary it rewrites
-(named by its ``replaces``), written by the summarizer the body names; later turns use
-it, and nothing is deleted (:meth:`turnledger.turn.pipeline.Conversations.compact`).
+With no summary yet, the new ``context_compacted`` event (``trigger: "manual"``) covers
+every turn but the newest, by the budget trigger's rules; with one, it covers the same
+range as the summary it rewrites (named by its ``replaces``). Either is written by the
+summarizer the body names; later turns use it, and nothing is deleted
+(:meth:`turnledger.turn.pipeline.Conversations.compact`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from .schemas import CompactRequest, EventView
 def post_compact(
     conversation_id: ConversationId, request: Annotated[CompactRequest, Body()]
 ) -> EventView:
-    """Summarize the newest summary's range again (optionally with another summarizer);
-    answers the new ``context_compacted`` event."""
+    """Compact now (no summary yet: every turn but the newest), or summarize the newest
+    summary's range again (optionally with another summarizer); answers the new
+    ``context_compacted`` event."""
     who, key = conversation(conversation_id)
     service = get_runtime().conversations_for(key.tenant)
     event = service.compact(key, who.actor, provider=request.provider, model=request.model)

@@ -36,6 +36,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "replay_routes",
         "compact_routes",
         "policy_routes",
+        "pin_routes",
     ),
     "approve": ("routes", "turn_routes", "waits"),
     # The OpenAI face's reads, deletes and catch-all need its Conversations API only.
@@ -45,6 +46,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "memory_routes",
         "streaming_routes",
         "replay_routes",
+        "state_routes",
     ),
     "clear": ("routes", "openai.conversations", "memory_routes"),
     # Streamed answers (its function URL): a turn with Accept: text/event-stream and the

@@ -22,8 +22,10 @@ from ..providers.base import Message, ToolSpec
 from ..runtime import get_runtime
 from ..turn import replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
+from ..turn.judging import Expect
 from ..turn.turn_reads import MAX_WAIT_SECONDS
 from .idempotency import idempotent
+from .pin_views import PinView, pin_view
 from .resolver import ConversationId, app, conversation, idempotency_key, json_response, responses
 
 if TYPE_CHECKING:
@@ -46,6 +48,10 @@ class CallContextView(Deferred):
     system_prompt: str | None = Field(description="The system prompt sent, or null")
     summary: str | None = Field(description="The summary message sent, or null")
     summary_through: int | None
+    pins: list[PinView] = Field(
+        default_factory=list,
+        description="The pins in force at the call, oldest first (its context carried each)",
+    )
     tools: list[ToolSpec] = Field(
         description="The tools the deployment's registry offers now (not in the log, "
         "not in the hash)"
@@ -81,6 +87,10 @@ class ReplayRequest(Deferred):
     system_prompt: str | None = Field(
         default=None, description="Sent instead of the deployment's system prompt"
     )
+    expect: Expect | None = Field(
+        default=None,
+        description="What each replayed turn must show: tool-call trajectory and constraints",
+    )
 
 
 def _view(context: CallContext, tools: list[ToolSpec], system_prompt: str) -> CallContextView:
@@ -105,6 +115,7 @@ def _view(context: CallContext, tools: list[ToolSpec], system_prompt: str) -> Ca
         system_prompt=sent_prompt,
         summary=summary,
         summary_through=context.run.summary_through,
+        pins=[pin_view(pin) for pin in context.pins],
         tools=tools,
         messages=messages,
         recorded_sha256=context.run.context_sha256,

@@ -3,14 +3,16 @@
 The transcript is the record; the context is derived from it on every turn,
 in this order::
 
-    system prompt -> recalled memory -> the newest summary -> the newest whole turns that fit
-    -> (the new input)
+    system prompt -> pins -> recalled memory -> the newest summary -> the newest whole
+    turns that fit -> (the new input)
 
 The current turn (the new input, and the calls and results of a turn that is
 still running) is always sent whole: a user message outranks a summary, so
 when even that does not fit, the summary is left out before any of it, and the
 user's recalled memory (:mod:`turnledger.context.memory`, already cut to its share of
-the budget) before the summary.
+the budget) before the summary. The pins (:mod:`turnledger.context.pins`) are never left
+out: their size was checked against the budget when each was added. An event a pinned
+correction names keeps its text, marked as corrected.
 
 Only conversational events become messages: user and assistant messages and
 tool results. Execution-state events (requests, approvals), failed turns and
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..core.exceptions import CorruptedState
@@ -48,12 +50,14 @@ from ..core.models import (
     AssistantMessage,
     ContextCompacted,
     Event,
+    Pin,
     RunRecord,
     ToolCall,
     ToolResult,
     UserMessage,
 )
 from ..providers.base import Message, ModelRequest
+from .pins import corrected, correction_mark, pin_message
 from .redaction import Redactor
 
 #: Every summary in a context is one system message starting with this.
@@ -203,13 +207,22 @@ def build_messages(
     return messages
 
 
-def _messages(events: Iterable[Event], redactor: Redactor | None) -> list[Message]:
+def _messages(
+    events: Iterable[Event],
+    redactor: Redactor | None,
+    marks: Mapping[int, list[str]] | None = None,
+) -> list[Message]:
+    """``marks``: sequences a pinned correction names, with its pin ids."""
     messages: list[Message] = []
     waiting: list[str] = []  # call ids of the last assistant message, in order
     results: dict[str, Message] = {}
+    sequence = 0
 
     def text(value: str) -> str:
-        return redactor.text(value) if redactor is not None else value
+        value = redactor.text(value) if redactor is not None else value
+        if marks and sequence in marks:
+            return correction_mark(marks[sequence]) + value
+        return value
 
     def flush() -> None:
         messages.extend(results.pop(call_id) for call_id in waiting if call_id in results)
@@ -218,6 +231,7 @@ def _messages(events: Iterable[Event], redactor: Redactor | None) -> list[Messag
 
     for event in events:
         body = event.body()
+        sequence = event.sequence
         if isinstance(body, UserMessage):
             flush()
             messages.append(Message(role="user", content=text(body.content)))
@@ -233,6 +247,8 @@ def _messages(events: Iterable[Event], redactor: Redactor | None) -> list[Messag
             if body.content_json is not None:
                 # JSON mode: the value is the record; a model is sent its text.
                 raw = json.dumps(body.content_json, ensure_ascii=False)
+            if raw is None and marks and sequence in marks:
+                raw = ""  # tool calls alone: the mark still shows
             content = text(raw) if raw is not None else None
             messages.append(Message(role="assistant", content=content, tool_calls=calls))
             waiting.extend(call.id for call in body.tool_calls)
@@ -249,11 +265,17 @@ def _messages(events: Iterable[Event], redactor: Redactor | None) -> list[Messag
 
 
 def split_turns(
-    events: Sequence[Event], *, after: int, estimator: Estimator, redactor: Redactor | None
+    events: Sequence[Event],
+    *,
+    after: int,
+    estimator: Estimator,
+    redactor: Redactor | None,
+    marks: Mapping[int, list[str]] | None = None,
 ) -> list[Turn]:
     """The whole turns of ``events`` with sequences over ``after``, oldest first.
 
-    Turns that make no message (a failed turn alone) are left out.
+    Turns that make no message (a failed turn alone, pins alone) are left out.
+    ``marks``: the events pinned corrections name (:func:`.pins.corrected`).
     """
     groups: dict[int, list[Event]] = {}
     for event in events:
@@ -262,7 +284,7 @@ def split_turns(
     turns = []
     for number in sorted(groups):
         group = groups[number]
-        messages = _messages(group, redactor)
+        messages = _messages(group, redactor, marks)
         if not messages:
             continue
         turns.append(
@@ -286,20 +308,26 @@ def assemble(
     system_prompt: str = "",
     redactor: Redactor | None = None,
     memory: Message | None = None,
+    pins: Sequence[Pin] = (),
 ) -> Assembly:
     """The context of the next model call over ``events`` (everything after the newest
     summary's range, the summary's event among them; the current turn last), with the
-    user's recalled ``memory`` block after the system prompt when it fits.
+    active ``pins`` after the system prompt, always, and the user's recalled ``memory``
+    block after them when it fits.
 
     Raises:
         CorruptedState: the newest summary does not match its hash.
     """
     summary = latest_summary(events)
     through = summary.body.to_sequence if summary is not None else 0
-    turns = split_turns(events, after=through, estimator=estimator, redactor=redactor)
+    marks = corrected(pins)
+    turns = split_turns(events, after=through, estimator=estimator, redactor=redactor, marks=marks)
     head: list[Message] = []
     if system_prompt:
         head.append(Message(role="system", content=system_prompt))
+    block = pin_message(pins)
+    if block is not None:
+        head.append(block)
     summary_message = summary.message() if summary is not None else None
     used = fixed = estimator.tokens(head)
     taken: list[Turn] = []
@@ -344,7 +372,10 @@ def assemble(
 
 
 def messages_through(
-    assembly: Assembly, sequence: int, redactor: Redactor | None = None
+    assembly: Assembly,
+    sequence: int,
+    redactor: Redactor | None = None,
+    marks: Mapping[int, list[str]] | None = None,
 ) -> int | None:
     """How many of ``assembly``'s messages come from the log up to ``sequence`` (system
     prompt and summary included): the part a stored provider response already holds.
@@ -361,7 +392,9 @@ def messages_through(
             continue
         if turn.first_sequence <= sequence:
             # Within a turn, messages follow the log: the part up to ``sequence`` is a prefix.
-            count += len(_messages([e for e in turn.events if e.sequence <= sequence], redactor))
+            count += len(
+                _messages([e for e in turn.events if e.sequence <= sequence], redactor, marks)
+            )
         break
     return count
 
@@ -384,6 +417,28 @@ def turns_to_compact(assembly: Assembly) -> list[Turn]:
         used += turn.tokens
         kept += 1
     return assembly.turns[: len(assembly.turns) - 1 - kept]
+
+
+#: A compaction asked for (``POST .../compact`` with no summary yet) keeps at most this
+#: many of the newest turns whole (fewer when they do not fit :data:`KEEP_SHARE`).
+MANUAL_KEEP_TURNS = 2
+
+
+def turns_to_compact_now(assembly: Assembly) -> list[Turn]:
+    """The turns a compaction asked for summarizes: every turn but the newest ones, by the
+    rules of :func:`turns_to_compact` (whole turns, the newest never), keeping at most
+    :data:`MANUAL_KEEP_TURNS` whether or not the context is full."""
+    if len(assembly.turns) < 2:
+        return []
+    keep = assembly.budget * KEEP_SHARE
+    used = assembly.fixed_tokens + assembly.turns[-1].tokens
+    kept = 1
+    for turn in reversed(assembly.turns[:-1]):
+        if kept >= MANUAL_KEEP_TURNS or used + turn.tokens > keep:
+            break
+        used += turn.tokens
+        kept += 1
+    return assembly.turns[: len(assembly.turns) - kept]
 
 
 def counts(turns: Iterable[Turn]) -> tuple[int, int]:
@@ -470,13 +525,15 @@ def rebuild(
     system_prompt: str = "",
     redactor: Redactor | None = None,
     memory: Message | None = None,
+    pins: Sequence[Pin] = (),
 ) -> Assembly:
     """The context a past model call sent, recomputed from the log.
 
     ``events``: the log up to (not including) the call's ``assistant_message``
     event; older events than the newest summary may be included or not. Compare
     ``.sha256`` with ``run.context_sha256``. ``memory``: the memory block of the
-    records ``run.memory_ids`` names, as they read then (memory is not in the log).
+    records ``run.memory_ids`` names, as they read then (memory is not in the log);
+    ``pins``: those in force then (:func:`.pins.pins_through` of the log).
     """
     return assemble(
         events,
@@ -485,4 +542,5 @@ def rebuild(
         system_prompt=system_prompt,
         redactor=redactor,
         memory=memory,
+        pins=pins,
     )

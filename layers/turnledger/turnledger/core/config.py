@@ -247,6 +247,26 @@ def _tenant_strings(raw: str, name: str) -> dict[str, str]:
     return _tenant_map(raw, name, lambda v: isinstance(v, str) and bool(v), "non-empty string")
 
 
+def _patterns(raw: str, name: str) -> dict[str, str]:
+    """The JSON object ``raw`` of name -> regular expression (empty: none), each compiled."""
+    if not raw.strip():
+        return {}
+    try:
+        patterns = json.loads(raw)
+    except ValueError:
+        patterns = None
+    if not isinstance(patterns, dict) or not all(
+        isinstance(v, str) and v for v in patterns.values()
+    ):
+        raise ValueError(f"{name} must be a JSON object of name -> regular expression")
+    for key, pattern in patterns.items():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{name}: {key!r} is not a regular expression: {exc}") from None
+    return patterns
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the deployment knows of one model: its window, answer reserve and prices."""
@@ -373,6 +393,9 @@ class Settings:
     tenant_turn_token_budget: dict[str, int] = field(default_factory=dict)
     summarizer_provider: str | None = None
     summarizer_model: str | None = None
+    #: ``SUMMARY_MUST_KEEP``: name -> regular expression of the values a summary must keep
+    #: (each match in the summarized range, or the previous summary, must be in the new one).
+    summary_must_keep: dict[str, str] = field(default_factory=dict)
     redaction_file: str | None = None
     redaction_parameter: str | None = None
     # --- the data policy (context/policy.py) ---
@@ -552,6 +575,7 @@ class Settings:
             ),
             summarizer_provider=opt("SUMMARIZER_PROVIDER"),
             summarizer_model=opt("SUMMARIZER_MODEL"),
+            summary_must_keep=_patterns(env.get("SUMMARY_MUST_KEEP", ""), "SUMMARY_MUST_KEEP"),
             redaction_file=opt("REDACTION_FILE"),
             redaction_parameter=opt("REDACTION_PARAMETER"),
             data_policy_file=opt("DATA_POLICY_FILE"),

@@ -19,6 +19,7 @@ hierarchy to responses and never matches on message text::
     ├── MemoryUserNotAllowed         403 memory_user_not_allowed
     ├── ConversationNotFound         404 conversation_not_found
     ├── MemoryNotFound               404 memory_not_found
+    ├── PinNotFound                  404 pin_not_found
     ├── ConversationBusy             409 conversation_busy
     ├── (calls pending)
     │   ├── ApprovalPending          409 approval_pending
@@ -46,6 +47,7 @@ hierarchy to responses and never matches on message text::
     ├── UnknownModel                 422 unknown_model
     ├── DataPolicyUnsatisfied        422 data_policy_unsatisfied
     ├── UnknownDataClass             422 unknown_data_class
+    ├── PinBudgetExceeded            422 pin_budget_exceeded
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     │   └── ProviderTimeout          504 provider_timeout
@@ -193,6 +195,21 @@ class NothingToCompact(TurnledgerError):
 
     status = 409
     code = "nothing_to_compact"
+
+
+class PinBudgetExceeded(TurnledgerError):
+    """A pin whose block (with the system prompt) would take more than its share of a
+    model's context budget: refused when added, never cut from a context later."""
+
+    status = 422
+    code = "pin_budget_exceeded"
+
+
+class PinNotFound(TurnledgerError):
+    """``DELETE .../pins/{pin_id}`` names no active pin of the conversation."""
+
+    status = 404
+    code = "pin_not_found"
 
 
 class StateError(TurnledgerError):

@@ -152,6 +152,8 @@ class EventKind(StrEnum):
     CONVERSATION_IMPORTED = "conversation_imported"
     POLICY_DECISION = "policy_decision"
     DATA_CLASS_RAISED = "data_class_raised"
+    PIN_ADDED = "pin_added"
+    PIN_REMOVED = "pin_removed"
 
 
 def _zero(value: int) -> bool:
@@ -375,6 +377,10 @@ class ContextCompacted(_Payload):
     trigger: Literal["budget", "read_window", "manual"] | None = None
     #: A manual compaction: the sequence of the summary event it rewrites.
     replaces: int | None = None
+    #: The ids of the pins in effect when it was written (none was given to the
+    #: summarizer: every later context carries them beside it); ``None``: written
+    #: before pins existed.
+    pins: list[str] | None = None
 
 
 class TurnFailed(_Payload):
@@ -490,6 +496,52 @@ class DataClassRaised(_Payload):
     policy_version: str
 
 
+#: The most bytes (UTF-8) a pin's text holds.
+PIN_TEXT_MAX_BYTES = 2048
+#: What a pin is: a fact stated by an operator, a constraint every answer must keep, or the
+#: correction of an earlier event (named by ``corrects``).
+PinKind = Literal["fact", "constraint", "correction"]
+
+
+class Pin(_Strict):
+    """A fact, constraint or correction an operator pinned: every later model call carries
+    its text verbatim (:mod:`turnledger.context.pins`) until it is removed."""
+
+    id: str = Field(pattern=r"^pin_[0-9a-z]{1,40}$")
+    kind: PinKind
+    text: str = Field(min_length=1)
+    #: A correction: the public sequence of the event it corrects.
+    corrects: int | None = Field(default=None, ge=1)
+    reason: str | None = None
+    #: Who pinned it (the caller's ``sub``).
+    author: str
+    added_at: datetime
+    #: The public sequence of its ``pin_added`` event.
+    sequence: int = Field(ge=1)
+
+
+class PinAdded(_Payload):
+    """An operator pinned a fact, a constraint or a correction (the pin's ``sequence`` and
+    ``added_at`` are the event's own)."""
+
+    pin_id: str
+    kind: PinKind
+    text: str
+    corrects: int | None = None
+    reason: str | None = None
+    author: str
+
+
+class PinRemoved(_Payload):
+    """An operator removed a pin; ``pin`` is the pin as it stood, so the pins in force at
+    any earlier point (a fork's) are known from the events after it alone."""
+
+    pin_id: str
+    removed_by: str
+    reason: str | None = None
+    pin: Pin
+
+
 PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.USER_MESSAGE: UserMessage,
     EventKind.ASSISTANT_MESSAGE: AssistantMessage,
@@ -507,6 +559,8 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.CONVERSATION_IMPORTED: ConversationImported,
     EventKind.POLICY_DECISION: PolicyDecision,
     EventKind.DATA_CLASS_RAISED: DataClassRaised,
+    EventKind.PIN_ADDED: PinAdded,
+    EventKind.PIN_REMOVED: PinRemoved,
 }
 KIND_OF_PAYLOAD: dict[type[_Strict], EventKind] = {v: k for k, v in PAYLOAD_MODELS.items()}
 
@@ -527,6 +581,8 @@ Payload = (
     | ConversationImported
     | PolicyDecision
     | DataClassRaised
+    | PinAdded
+    | PinRemoved
 )
 
 
@@ -912,6 +968,9 @@ class Head(_Strict):
     #: The conversation's data class (``turnledger.context.policy``): it only rises, and a
     #: fork inherits it. ``None``: no class.
     data_class: str | None = None
+    #: The active pins, oldest first: every model call carries them (slow state: only a
+    #: pin's change rewrites ``HEAD``, and a turn reads them with the head).
+    pins: list[Pin] = Field(default_factory=list)
 
     def live_lease(self, now: datetime) -> Lease | None:
         """The lease of a run that may still be going on at ``now``."""

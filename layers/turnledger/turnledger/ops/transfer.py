@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from ..context.assembly import build_messages, latest_summary
+from ..context.pins import pins_through
 from ..core.exceptions import (
     ConversationNotFound,
     ImportTooLarge,
@@ -56,6 +57,8 @@ from ..core.models import (
     EventKind,
     Head,
     ImportMark,
+    PinAdded,
+    PinRemoved,
     SummaryRef,
     ToolCallRequested,
     ToolResult,
@@ -381,8 +384,19 @@ def parse_import(
 
 def renumbered(event: Event, shift: int) -> dict[str, Any]:
     """``event``'s payload with its references to sequences moved up by ``shift``: a
-    summary's range and a run record's context start, which name events of the log."""
+    summary's range, a run record's context start, and a pin's (the event a correction
+    names, a removed pin's own), which name events of the log."""
     body = event.body()
+    if isinstance(body, PinAdded) and body.corrects is not None:
+        return body.model_copy(update={"corrects": body.corrects + shift}).model_dump(mode="json")
+    if isinstance(body, PinRemoved):
+        pin = body.pin.model_copy(
+            update={
+                "sequence": body.pin.sequence + shift,
+                "corrects": None if body.pin.corrects is None else body.pin.corrects + shift,
+            }
+        )
+        return body.model_copy(update={"pin": pin}).model_dump(mode="json")
     if isinstance(body, ContextCompacted):
         return body.model_copy(
             update={
@@ -519,6 +533,8 @@ def import_text(
         else None,
         failed_turns=sum(1 for e in events if e.kind is EventKind.TURN_FAILED),
         cost_usd=opening.cost_usd_carried_over,
+        # The source's active pins, from its events: claims of the source, as they are.
+        pins=pins_through(events),
     )
     return import_conversation(store, key, head, events, now)
 

@@ -422,6 +422,7 @@ SLOW_FIELDS = frozenset(
         "memory_off",
         "expiry_bucket",
         "data_class",
+        "pins",
     }
 )
 #: Fast fields a turn item does not store: its ``ver`` and its key say them.
@@ -463,6 +464,7 @@ STATE_CONTENT: dict[str, Any] = {
     ],
     "cancel": {"reason": _Content()},
     "options": {"response_format": _Content(), "client_tools": _Content()},
+    "pins": [{"text": _Content(placeholder=""), "reason": _Content()}],
 }
 
 

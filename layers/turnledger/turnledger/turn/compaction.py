@@ -19,11 +19,18 @@ call folding in the text the previous one returned (:func:`summarize`).
 A summary that fails, comes back empty, or would cut a tool call from its result never
 replaces history: nothing is written, the caller goes on with the previous summary, and
 the skip is logged and counted (metric :data:`SKIPPED_METRIC`).
+
+**Checked by code.** A deployment names must-keep patterns (``SUMMARY_MUST_KEEP``: order
+numbers, amounts, a confirmed language): every value one of them matches in what a
+summary replaces (the summarized turns and the previous summary) must be in its text, or
+the summary is refused as a failed one is (:func:`lost_values`, reason ``lost_values``).
+Pins are never the summarizer's: every context carries them beside the summary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -117,6 +124,8 @@ def summarize(
     limit: int,
     later: Iterable[Event] = (),
     pending: Iterable[str] = (),
+    pins: list[str] | None = None,
+    must_keep: Mapping[str, str] | None = None,
 ) -> Written | None:
     """Summarize ``compaction``'s turns in batches of at most ``limit`` tokens, folding in
     its previous summary, and describe the result in a ``context_compacted`` payload with
@@ -125,6 +134,9 @@ def summarize(
     ``None`` (logged and counted) when there is nothing to summarize, the summary would
     cut a tool call from its result (``later``: the events after the range; ``pending``:
     ids of calls still waiting), a summarizer call fails, or one answers nothing.
+    ``pins``: the ids of the pins in effect, for the manifest (none is sent to the
+    summarizer: every context carries them beside the summary). ``must_keep``: the
+    deployment's must-keep patterns; a summary that loses a value is refused too.
     """
     turns = compaction.turns
     if not turns:
@@ -155,6 +167,12 @@ def summarize(
             skipped("empty_summary", summarizer=name)
             return None
     assert text is not None  # at least one batch ran
+    replaced = [previous.message().content or ""] if previous is not None else []
+    replaced += [m.content or "" for turn in turns for m in turn.messages]
+    lost = lost_values(must_keep or {}, replaced, text)
+    if lost:
+        skipped("lost_values", summarizer=name, patterns=sorted(lost))
+        return None
     messages, calls = counts(turns)
     covered_messages: int | None = messages
     covered_calls: int | None = calls
@@ -183,8 +201,30 @@ def summarize(
         tokens_after=after,
         trigger=compaction.trigger,
         replaces=compaction.replaces,
+        pins=pins,
     )
     return Written(payload=payload, usage=usage, model=model)
+
+
+def lost_values(
+    must_keep: Mapping[str, str], replaced: Iterable[str], text: str
+) -> dict[str, list[str]]:
+    """The values each must-keep pattern matches in the texts a summary ``replaced`` that
+    its ``text`` does not hold, by pattern name (``{}``: it keeps them all). A match is
+    its first group when the pattern has one, else the whole match."""
+    lost: dict[str, list[str]] = {}
+    sources = list(replaced)
+    for name, pattern in must_keep.items():
+        compiled = re.compile(pattern)
+        values = {
+            match.group(1) if compiled.groups else match.group(0)
+            for source in sources
+            for match in compiled.finditer(source)
+        }
+        missing = sorted(value for value in values if value and value not in text)
+        if missing:
+            lost[name] = missing
+    return lost
 
 
 def covering(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..context.assembly import MESSAGE_OVERHEAD_TOKENS, rebuild
 from ..context.memory import memory_message
+from ..context.pins import pin_of
 from ..core.exceptions import ConversationNotFound, UnknownProvider
 from ..core.models import (
     AssistantMessage,
@@ -31,6 +32,8 @@ from ..core.models import (
     ConversationKey,
     Event,
     Head,
+    Pin,
+    PinRemoved,
     RunRecord,
     ToolResult,
     UserMessage,
@@ -66,6 +69,8 @@ class CallContext:
     causes: list[str] = field(default_factory=list)
     #: The recorded results of this call's tool calls, by call id.
     results: dict[str, ToolResult] = field(default_factory=dict)
+    #: The pins in force when the call was made (its context carried each), oldest first.
+    pins: list[Pin] = field(default_factory=list)
 
     @property
     def matches(self) -> bool:
@@ -148,12 +153,18 @@ def call_contexts(
     sequences = [event.sequence for event in events]
     newest: int | None = None  # the position of the newest summary's event so far
     memories = _Memories(service, log)
+    pins: dict[str, Pin] = {}  # in force so far: the log's pin events, folded
     for position, event in enumerate(events):
         if event.turn > last:
             break
         body = event.body()
         if isinstance(body, ContextCompacted):
             newest = position
+        pin = pin_of(event)
+        if pin is not None:
+            pins[pin.id] = pin
+        elif isinstance(body, PinRemoved):
+            pins.pop(body.pin_id, None)
         if event.turn < from_turn:
             continue
         if not isinstance(body, AssistantMessage) or body.run is None:
@@ -170,6 +181,7 @@ def call_contexts(
             system_prompt=system_prompt,
             redactor=redactor,
             memory=memory,
+            pins=list(pins.values()),
         )
         index_in_turn[event.turn] = index_in_turn.get(event.turn, 0) + 1
         causes: list[str] = []
@@ -186,6 +198,7 @@ def call_contexts(
                 sha256=assembly.sha256,
                 causes=causes,
                 results=_results(events[position + 1 :], body),
+                pins=list(pins.values()),
             )
         )
     return calls

@@ -14,7 +14,8 @@ What a fork takes from its parent at the fork point:
 * the provider cursor, when the answer ending the fork point is a stored response the
   provider can continue from (the Responses API: the run record names its id and what it
   was made with); else the fork's first call is ``fresh``;
-* the token calibration. Usage and cost count the fork's own model calls only.
+* the token calibration. Usage and cost count the fork's own model calls only;
+* the pins in force at the fork point (:func:`inherited_pins`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from ..context.pins import pins_before
 from ..core.exceptions import (
     ConversationBusy,
     ConversationExists,
@@ -34,10 +36,12 @@ from ..core.models import (
     MAX_FORK_DEPTH,
     AssistantMessage,
     ConversationKey,
+    Event,
     EventKind,
     ForkOrigin,
     ForkSegment,
     Head,
+    Pin,
     ProviderCursor,
 )
 from ..store import keys
@@ -112,6 +116,24 @@ def lineage(parent: ConversationKey, head: Head, point: ForkPoint) -> list[ForkS
             details={"depth": len(segments), "max_depth": MAX_FORK_DEPTH},
         )
     return segments
+
+
+#: Events read per store query while a fork looks for pins removed after its point.
+_PAGE = 1000
+
+
+def inherited_pins(
+    store: ConversationStore, key: ConversationKey, head: Head, point: ForkPoint
+) -> list[Pin]:
+    """The pins in force at ``point``: the parent's active pins added by then, and those
+    removed since that were (read from the events after ``point``; none at the head)."""
+    later: list[Event] = []
+    while point.seq + len(later) < head.event_count:
+        page = store.read_events(key, head, after=point.seq + len(later), limit=_PAGE)
+        if not page:
+            break
+        later.extend(page)
+    return pins_before(head.pins, later, point.seq)
 
 
 def inherited_cursor(
@@ -207,6 +229,7 @@ def create_fork(
             token_scale=head.token_scale,
             memory_off=head.memory_off,
             data_class=head.data_class,
+            pins=inherited_pins(store, parent, head, point),
             provider_cursor=inherited_cursor(store, parent, head, point),
             fork=ForkOrigin(
                 conversation_id=parent.conversation_id,

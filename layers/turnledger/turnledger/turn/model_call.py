@@ -18,15 +18,18 @@ from ..context.assembly import (
     Assembly,
     Estimator,
     assemble,
+    latest_summary,
     messages_through,
     split_turns,
     turns_to_compact,
+    turns_to_compact_now,
 )
+from ..context.pins import corrected, pin_message
 from ..context.redaction import Redactor
 from ..core import telemetry
 from ..core.config import Settings
-from ..core.exceptions import ContextLengthExceeded, ProviderError
-from ..core.models import Event, EventKind, ProviderCursor, RunRecord, SummaryRef
+from ..core.exceptions import ContextLengthExceeded, NothingToCompact, ProviderError
+from ..core.models import Event, EventKind, Pin, ProviderCursor, RunRecord, SummaryRef
 from ..core.observability import timed
 from ..core.strict_json import BodyError, parse
 from ..providers.base import (
@@ -49,9 +52,11 @@ from .session import Session
 class ModelCall(MemoryStep):
     """One model call of a turn and what it needs: context, compaction, cursor, calibration."""
 
-    def check_input_fits(self, command: TurnCommand, token_scale: float | None) -> None:
+    def check_input_fits(
+        self, command: TurnCommand, token_scale: float | None, pins: list[Pin] | None = None
+    ) -> None:
         """Refuse, before anything is stored, new messages that cannot fit the context
-        budget even alone (with the system prompt), counted with the conversation's
+        budget even alone (with the system prompt and the ``pins``), counted with the conversation's
         estimate scale: the current turn is always sent whole, so no summary could make
         room for them.
 
@@ -67,6 +72,9 @@ class ModelCall(MemoryStep):
             Message(role="user", content=redactor.text(m) if redactor is not None else m)
             for m in command.messages
         ]
+        block = pin_message(pins or [])
+        if block is not None:
+            sent.insert(0, block)
         if self.settings.system_prompt:
             sent.insert(0, Message(role="system", content=self.settings.system_prompt))
         tokens = estimator.tokens(sent)
@@ -108,6 +116,7 @@ class ModelCall(MemoryStep):
                 system_prompt=self.settings.system_prompt,
                 redactor=redactor,
                 memory=recall.message if recall is not None else None,
+                pins=session.pins,
             )
 
         assembly = build()
@@ -171,7 +180,7 @@ class ModelCall(MemoryStep):
             context_sha256=assembly.sha256,
             token_scale=estimator.scale,
             response_id=reply.response_id,
-            made_with=_cursor_sha256(self.settings, specs, redactor)
+            made_with=_cursor_sha256(self.settings, specs, redactor, session.pins)
             if reply.response_id is not None
             else None,
             cost_usd=self.settings.model_spec(model).cost(reply.usage),
@@ -227,7 +236,7 @@ class ModelCall(MemoryStep):
         """Use the provider's stored response when it is still a faithful cache of the log.
 
         The cursor must have been made by this tenant, provider and model, with the same
-        system prompt, tools and redaction rules, and no summary may have been added since
+        system prompt, tools, redaction rules and pins, and no summary may have been added since
         (a summary changes what the model should see). Otherwise the call is ``fresh``.
         """
         cursor = work.session.provider_cursor
@@ -240,12 +249,15 @@ class ModelCall(MemoryStep):
             cursor.provider != provider.name
             or cursor.model != work.model
             or cursor.tenant != work.session.key.tenant
-            or cursor.context_sha256 != _cursor_sha256(self.settings, specs, redactor)
+            or cursor.context_sha256
+            != _cursor_sha256(self.settings, specs, redactor, work.session.pins)
             or (summary is not None and summary.sequence > cursor.sequence)
             or age > self.settings.provider_state_retention_seconds
         ):
             return None
-        new_from = messages_through(assembly, cursor.sequence, redactor)
+        new_from = messages_through(
+            assembly, cursor.sequence, redactor, corrected(work.session.pins)
+        )
         if new_from is None or new_from >= len(assembly.messages):
             return None
         return Continuation(previous_response_id=cursor.response_id, new_from=new_from)
@@ -272,6 +284,7 @@ class ModelCall(MemoryStep):
                 self.settings,
                 [tool.spec() for tool in work.tools],
                 self.redactor_for(session.key, session.data_class),
+                session.pins,
             ),
             sequence=sequence,
             conversation_id=session.key.conversation_id,
@@ -351,11 +364,105 @@ class ModelCall(MemoryStep):
             limit=self._summary_limit(summarizer.model),
             later=[e for e in session.events if e.sequence > through],
             pending=[p.id for p in session.machine.pending],
+            pins=[pin.id for pin in session.pins],
+            must_keep=self.settings.summary_must_keep,
         )
         if written is None:
             return False
         self._stage_summary(session, written, actor=f"summarizer:{written.model}")
         return True
+
+    def compact_now(self, work: TurnWork, summarizer: compaction.Summarizer, actor: str) -> Event:
+        """Summarize now (``POST .../compact`` on a conversation with no summary yet) every
+        turn but the newest (:func:`~turnledger.context.assembly.turns_to_compact_now`), by
+        the budget trigger's rules; the summary is staged as ``actor``'s, ``trigger``
+        ``manual``.
+
+        Raises:
+            NothingToCompact: fewer than two turns make messages.
+            ProviderError: the summarizer failed, answered nothing or lost a must-keep
+                value; nothing was staged.
+        """
+        session = work.session
+        estimator = self._estimator(work.provider, session.token_scale)
+        assembly = assemble(
+            [*compaction.unread(self.store, session), *session.events],
+            budget=self.settings.context_budget(work.model),
+            estimator=estimator,
+            system_prompt=self.settings.system_prompt,
+            redactor=self.redactor_for(session.key, session.data_class),
+            pins=session.pins,
+        )
+        turns = turns_to_compact_now(assembly)
+        if not turns:
+            raise NothingToCompact("the conversation has no turn to summarize but its newest")
+        through = turns[-1].last_sequence
+        written = compaction.summarize(
+            summarizer,
+            compaction.covering(turns, None, through, "manual"),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+            later=[e for e in session.events if e.sequence > through],
+            pins=[pin.id for pin in session.pins],
+            must_keep=self.settings.summary_must_keep,
+        )
+        if written is None:
+            raise ProviderError(
+                "the summarizer wrote no summary; nothing was stored",
+                details={"provider": summarizer.provider.name, "model": summarizer.model},
+            )
+        return self._stage_summary(session, written, actor=actor)
+
+    def compact_again(self, work: TurnWork, summarizer: compaction.Summarizer, actor: str) -> Event:
+        """Write the newest summary again over the same range, from the log (``POST
+        .../compact`` on a conversation with a summary), staged as ``actor``'s.
+
+        Raises:
+            CorruptedState: the newest summary fails its content hash.
+            ProviderError: the summarizer failed, answered nothing or lost a must-keep
+                value; nothing was staged.
+        """
+        session = work.session
+        head = session.head
+        assert head is not None and session.summary is not None  # checked by the caller
+        key = session.key
+        newest = latest_summary(
+            self.store.read_events(key, head, after=session.summary.sequence - 1, limit=1)
+        )
+        assert newest is not None  # the head names that event
+        old = newest.body
+        covered = self.store.read_events(
+            key, head, after=old.from_sequence - 1, limit=old.to_sequence - old.from_sequence + 1
+        )
+        estimator = self._estimator(work.provider, session.token_scale)
+        turns = split_turns(
+            covered,
+            after=old.from_sequence - 1,
+            estimator=estimator,
+            redactor=self.redactor_for(key, session.data_class),
+        )
+        written = compaction.summarize(
+            summarizer,
+            compaction.Compaction(
+                turns=turns,
+                from_sequence=old.from_sequence,
+                from_turn=old.from_turn or (turns[0].number if turns else None),
+                through=old.to_sequence,
+                previous=None,
+                trigger="manual",
+                replaces=newest.sequence,
+            ),
+            estimator=estimator,
+            limit=self._summary_limit(summarizer.model),
+            pins=[pin.id for pin in session.pins],
+            must_keep=self.settings.summary_must_keep,
+        )
+        if written is None:
+            raise ProviderError(
+                "the summarizer wrote no summary; nothing was stored",
+                details={"provider": summarizer.provider.name, "model": summarizer.model},
+            )
+        return self._stage_summary(session, written, actor=actor)
 
     def _summary_limit(self, model: str) -> int:
         """Tokens of turns one summarizer call is sent: half the summarizer model's room
@@ -376,13 +483,19 @@ class ModelCall(MemoryStep):
 _CALIBRATION_MARGIN = 1.05
 
 
-def _cursor_sha256(settings: Settings, specs: list[ToolSpec], redactor: Redactor | None) -> str:
-    """What a stored provider response was made with: system prompt, tools, redaction."""
-    made_with = {
+def _cursor_sha256(
+    settings: Settings, specs: list[ToolSpec], redactor: Redactor | None, pins: list[Pin]
+) -> str:
+    """What a stored provider response was made with: system prompt, tools, redaction, and
+    the pins (a pin added or removed since changes what every context starts with)."""
+    made_with: dict[str, object] = {
         "system": settings.system_prompt,
         "tools": [spec.model_dump(mode="json") for spec in specs],
         "redaction": redactor.version if redactor is not None else None,
     }
+    if pins:
+        # Left out while there is none: cursors made before pins existed stay usable.
+        made_with["pins"] = [pin.id for pin in pins]
     return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()
 
 

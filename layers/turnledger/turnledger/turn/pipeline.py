@@ -41,7 +41,6 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
 
-from ..context.assembly import latest_summary, split_turns
 from ..context.policy import DataPolicy
 from ..context.redaction import Redactor
 from ..core.config import Settings
@@ -50,10 +49,9 @@ from ..core.exceptions import (
     CallbackInvalid,
     ConversationBusy,
     ConversationNotFound,
+    DataPolicyUnsatisfied,
     InvalidRequest,
     NotAwaitingApproval,
-    NothingToCompact,
-    ProviderError,
     UnknownToolCall,
 )
 from ..core.models import (
@@ -201,7 +199,7 @@ class Conversations(ModelCall):
             session.machine.pending, [o.call_id for o in outputs], command.approver_claims
         )
         raised = policy_gate.check_turn(policy, session, command, self.settings, self._provider_of)
-        self.check_input_fits(command, session.token_scale)
+        self.check_input_fits(command, session.token_scale, session.pins)
         budget = self.settings.conversation_budget_for(key.tenant)
         run.admit(session, Rules(budget=budget, undecided=command.starts_turn), loaded)
         resuming = session.resuming()
@@ -522,7 +520,10 @@ class Conversations(ModelCall):
     ) -> Event:
         """Write the newest summary again over the same range, from the log, with the
         summarizer ``provider``/``model`` (default: the deployment's), recorded as
-        ``actor``'s (``POST .../compact``). Later turns use it; nothing is deleted.
+        ``actor``'s (``POST .../compact``; :meth:`compact_again`). Later turns use it;
+        nothing is deleted. With no summary yet, compact now: every turn but the newest
+        (:meth:`compact_now`). The summarizer is routed by the data class, as every
+        model call is.
 
         Returns:
             The new ``context_compacted`` event.
@@ -533,7 +534,9 @@ class Conversations(ModelCall):
             ConversationBusy: another request holds the conversation, or its turn waits
                 for client results or running tools.
             ApprovalPending, InputPending: its turn waits for a person or a job.
-            NothingToCompact: the conversation has no summary yet.
+            DataPolicyUnsatisfied: no model the conversation's data class allows may
+                summarize it.
+            NothingToCompact: no summary yet, and no turn to summarize but the newest.
             CorruptedState: the newest summary fails its content hash.
             ProviderError: the summarizer failed or answered nothing; nothing was stored.
         """
@@ -547,44 +550,24 @@ class Conversations(ModelCall):
         run.admit(session, Rules(settled=True))
         if session.machine.pending:
             raise ConversationBusy("the conversation's turn waits for its calls; retry after")
-        if session.summary is None:
-            raise NothingToCompact("the conversation has no summary yet")
-        newest = latest_summary(
-            self.store.read_events(key, head, after=session.summary.sequence - 1, limit=1)
-        )
-        assert newest is not None  # the head names that event
-        old = newest.body
-        covered = self.store.read_events(
-            key, head, after=old.from_sequence - 1, limit=old.to_sequence - old.from_sequence + 1
-        )
         work = self._work(session)
-        summarizer = compaction.Summarizer(
-            chosen or self._summarizer(work), model or self.settings.summarizer_model or work.model
+        routed = self.route_side_call(
+            session,
+            model or self.settings.summarizer_model or work.model,
+            chosen or self._summarizer(work),
+            "summary",
         )
-        estimator = self._estimator(work.provider, session.token_scale)
-        turns = split_turns(
-            covered, after=old.from_sequence - 1, estimator=estimator, redactor=self.redactor
-        )
-        written = compaction.summarize(
-            summarizer,
-            compaction.Compaction(
-                turns=turns,
-                from_sequence=old.from_sequence,
-                from_turn=old.from_turn or (turns[0].number if turns else None),
-                through=old.to_sequence,
-                previous=None,
-                trigger="manual",
-                replaces=newest.sequence,
-            ),
-            estimator=estimator,
-            limit=self._summary_limit(summarizer.model),
-        )
-        if written is None:
-            raise ProviderError(
-                "the summarizer wrote no summary; nothing was stored",
-                details={"provider": summarizer.provider.name, "model": summarizer.model},
+        if routed is None:
+            raise DataPolicyUnsatisfied(
+                "no model the conversation's data class allows may write its summary; "
+                "nothing was stored",
+                details={"class": session.data_class},
             )
-        event = self._stage_summary(session, written, actor=actor)
+        summarizer = compaction.Summarizer(routed[1], routed[0])
+        if session.summary is None:
+            event = self.compact_now(work, summarizer, actor)
+        else:
+            event = self.compact_again(work, summarizer, actor)
         run.commit(session)
         return event
 

@@ -21,6 +21,10 @@ Modes:
   arguments equal a recorded call's gets that call's recorded output; any other gets an
   error result saying no recorded output exists. The calls it made are the rollout.
 
+**Judged** when the request has an ``expect`` (:mod:`.judging`): each replayed turn gets
+``passed`` and its ``failures`` (tool-call trajectory, constraints), the record ``passed``
+and the summary ``turns_judged`` / ``turns_passed``. Wording is never compared by it.
+
 No side effects: no tool runs, nothing is committed to the conversation (its head,
 version, events, budgets and provider cursor stay as they were, so no notification is
 sent either), and providers are asked not to keep the responses (``store=False``).
@@ -39,12 +43,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ConfigDict, Field
 
 from ..core import telemetry
-from ..core.exceptions import ProviderError, TurnledgerError
+from ..core.exceptions import InvalidRequest, ProviderError, TurnledgerError
 from ..core.models import (
     AssistantMessage,
     ConversationKey,
     Deferred,
     Head,
+    Pin,
     ToolCall,
     ToolResult,
     Usage,
@@ -62,6 +67,7 @@ from .contexts import (
     tool_specs,
     visible_head,
 )
+from .judging import PIN_CHECKS, Expect, JudgedTurn, TurnVerdict, judge
 from .turn_reads import STALE_AFTER_SECONDS
 
 if TYPE_CHECKING:
@@ -100,6 +106,8 @@ class ReplaySpec(_Model):
     to_turn: int | None = Field(default=None, ge=1)
     #: Sent instead of the deployment's system prompt (``None``: the recorded one).
     system_prompt: str | None = None
+    #: What each replayed turn must show (``None``: nothing is judged).
+    expect: Expect | None = None
 
 
 class CallError(_Model):
@@ -193,6 +201,9 @@ class ReplaySummary(_Model):
     context_mismatches: int
     original: Totals
     candidate: Totals
+    #: With ``expect``: the turns judged and those that passed (``None``: not judged).
+    turns_judged: int | None = None
+    turns_passed: int | None = None
 
 
 class ReplayRecord(_Model):
@@ -212,6 +223,10 @@ class ReplayRecord(_Model):
     calls: list[ReplayCall] = Field(default_factory=list)
     summary: ReplaySummary | None = None
     error: CallError | None = None
+    expect: Expect | None = None
+    #: With ``expect``, once complete: every turn judged, and whether all passed.
+    turns: list[TurnVerdict] = Field(default_factory=list)
+    passed: bool | None = None
 
 
 class ReplayNotFound(TurnledgerError):
@@ -340,6 +355,14 @@ def start(service: Conversations, key: ConversationKey, spec: ReplaySpec) -> Rep
             "the turn range must lie within the conversation's turns",
             details={"from_turn": first, "to_turn": last, "turns": head.turn},
         )
+    if spec.expect is not None:
+        active = {pin.id for pin in head.pins}
+        for constraint in spec.expect.constraints:
+            if isinstance(constraint, PIN_CHECKS) and constraint.pin_id not in active:
+                raise InvalidRequest(
+                    f"pin_respected names {constraint.pin_id!r}, no active pin of the conversation",
+                    details={"pin_id": constraint.pin_id},
+                )
     now = service.clock()
     record = ReplayRecord(
         id=f"rp_{secrets.token_hex(12)}",
@@ -353,6 +376,7 @@ def start(service: Conversations, key: ConversationKey, spec: ReplaySpec) -> Rep
         system_prompt=spec.system_prompt,
         created_at=now,
         updated_at=now,
+        expect=spec.expect,
     )
     _Writer(service, key, head).record(record)
     return record
@@ -420,6 +444,7 @@ def run(service: Conversations, key: ConversationKey, replay_id: str) -> ReplayR
         calls.append(call)
         writer.call(replay_id, call)
 
+    contexts: list[CallContext] = []
     try:
         provider = service.provider_for(record.provider)
         contexts = call_contexts(service, log, from_turn=record.from_turn, to_turn=record.to_turn)
@@ -436,7 +461,35 @@ def run(service: Conversations, key: ConversationKey, replay_id: str) -> ReplayR
         logger.exception("replay failed", extra={"replay_id": replay_id})
         failure = CallError(code="internal_error", message=type(exc).__name__)
         return _finish(writer, record, calls, error=failure)
-    return _finish(writer, record, calls)
+    return _finish(writer, record, calls, verdicts=_judged(service, record, calls, contexts))
+
+
+def _judged(
+    service: Conversations,
+    record: ReplayRecord,
+    calls: list[ReplayCall],
+    contexts: list[CallContext],
+) -> list[TurnVerdict] | None:
+    """The replayed turns judged by the record's ``expect`` (``None``: it has none)."""
+    if record.expect is None:
+        return None
+    pins: dict[int, list[Pin]] = {}
+    for context in contexts:
+        pins.setdefault(context.turn, context.pins)
+    turns: list[JudgedTurn] = []
+    for number in sorted({call.turn for call in calls}):
+        mine = [call for call in calls if call.turn == number]
+        answers = [c.candidate.text for c in mine if c.candidate is not None and c.candidate.text]
+        turns.append(
+            JudgedTurn(
+                turn=number,
+                recorded=[t for c in mine if c.recorded for t in c.recorded.tool_calls],
+                candidate=[t for c in mine if c.candidate for t in c.candidate.tool_calls],
+                answer=answers[-1] if answers else None,
+                pins=pins.get(number, []),
+            )
+        )
+    return judge(record.expect, turns, service.tools)
 
 
 def _finish(
@@ -445,13 +498,21 @@ def _finish(
     calls: list[ReplayCall],
     *,
     error: CallError | None = None,
+    verdicts: list[TurnVerdict] | None = None,
 ) -> ReplayRecord:
+    summary = summarize(calls)
+    judged: dict[str, Any] = {}
+    if verdicts is not None:
+        passed = sum(1 for verdict in verdicts if verdict.passed)
+        summary = summary.model_copy(update={"turns_judged": len(verdicts), "turns_passed": passed})
+        judged = {"turns": verdicts, "passed": passed == len(verdicts)}
     done = record.model_copy(
         update={
             "status": "failed" if error is not None else "complete",
             "updated_at": writer.service.clock(),
-            "summary": summarize(calls),
+            "summary": summary,
             "error": error,
+            **judged,
         }
     )
     writer.record(done)

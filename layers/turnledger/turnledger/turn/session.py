@@ -29,6 +29,7 @@ from ..core.models import (
     Head,
     Payload,
     PendingCall,
+    Pin,
     ProviderCursor,
     SummaryRef,
     TurnOptions,
@@ -91,6 +92,8 @@ class Session:
     memory_off: bool = False
     #: The conversation's data class (:attr:`Head.data_class`): it only rises.
     data_class: str | None = None
+    #: The active pins (:attr:`Head.pins`), oldest first.
+    pins: list[Pin] = field(default_factory=list)
     #: The life (generation) this session writes: the head's, the tombstone's successor,
     #: or a new one.
     gen: str = field(default_factory=new_generation)
@@ -138,6 +141,7 @@ class Session:
             provider_cursor=head.provider_cursor,
             memory_off=head.memory_off,
             data_class=head.data_class,
+            pins=list(head.pins),
         )
 
     @property
@@ -175,6 +179,7 @@ class Session:
         self.provider_cursor = head.provider_cursor if head else None
         self.memory_off = head.memory_off if head else False
         self.data_class = head.data_class if head else None
+        self.pins = list(head.pins) if head else []
         self.machine.reset(head.pending if head else [])
 
     def add(self, payload: Payload, *, actor: str, turn: int | None = None) -> Event:
@@ -288,6 +293,7 @@ class Session:
             fork=self.head.fork if self.head else None,
             memory_off=self.memory_off,
             data_class=self.data_class,
+            pins=self.pins,
         )
         changes = inbox_changes(self.key, previous, head)
         head = head.model_copy(

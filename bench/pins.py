@@ -1,0 +1,170 @@
+"""Pins, measured: what adding one costs, and what active pins cost every later turn.
+
+On DynamoDB Local (the table built from ``template.yaml``, S3 on moto's server),
+:class:`~turnledger.turn.pipeline.Conversations` drives one conversation per case, the
+same ``--turns`` turns each (a 300-character message and a 700-character reply, as in
+``bench/turns.py``). After turn 10 each case pins its pins (``POST .../pins``: one
+``pin_added`` event and the head's pins, :mod:`turnledger.turn.pins`), then runs the rest:
+
+* **add**: the priced WCU and RCU of each pin's commit (a turn item and ``HEAD``, whose
+  slow state the pins are);
+* **per turn**: the median priced WCU, RCU and estimated tokens sent of turns 11..N,
+  beside the conversation with no pin.
+
+Capacity is priced from the size of every item read or written (:mod:`bench.pricing`);
+DynamoDB Local misreports transactions. Writes the section ``## Pins`` of
+``bench/RESULTS.md``.
+
+Run: ``make bench ARGS=pins`` or ``.venv/bin/python -m bench.pins``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from turnledger.api.schemas import TurnRequest
+from turnledger.core.observability import metrics
+from turnledger.store.blobs import S3BlobStore
+from turnledger.turn.pins import PinCommand, Pins
+from turnledger.turn.pipeline import Conversations
+
+from bench.conversation import REPLY_CHARS, USER_CHARS, BenchClock, BenchProvider, text_of
+from bench.engines import local_engines
+from bench.metered import MeteredStore
+from bench.pricing import index_specs
+from bench.results import command_line, machine_line, publish
+from tests.support import edge
+from tests.support.edge import Caller
+
+SECTION = "Pins"
+TENANT = "bench"
+CALLER = Caller(tenant=TENANT, actor="bench")
+#: The turn after which each case pins.
+PINNED_AFTER = 10
+#: The cases: (pins, characters each).
+CASES = ((0, 0), (1, 200), (5, 200), (1, 2000))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One case's results."""
+
+    pins: int
+    chars: int
+    add_wcu: float
+    add_rcu: float
+    turn_wcu: float
+    turn_rcu: float
+    tokens: float
+
+
+def _case(service: Conversations, store: MeteredStore, pins: int, chars: int, turns: int) -> Row:
+    conversation = f"pins-{pins}-{chars}"
+    for n in range(PINNED_AFTER):
+        edge.turn(service, CALLER, conversation, _request(n))
+        metrics.clear_metrics()
+    control = Pins(service)
+    adds = []
+    for index in range(pins):
+        work = store.begin()
+        text = text_of(f"pin:{index}", chars)
+        control.add(CALLER.key(conversation), CALLER.actor, PinCommand(text, "fact"))
+        adds.append(work)
+    wcu, rcu, tokens = [], [], []
+    for n in range(PINNED_AFTER, turns):
+        work = store.begin()
+        answer = edge.turn(service, CALLER, conversation, _request(n))
+        metrics.clear_metrics()
+        wcu.append(work.priced_wcu)
+        rcu.append(work.priced_rcu)
+        tokens.append(answer.context.tokens_estimated)
+    return Row(
+        pins=pins,
+        chars=chars,
+        add_wcu=statistics.median(a.priced_wcu for a in adds) if adds else 0.0,
+        add_rcu=statistics.median(a.priced_rcu for a in adds) if adds else 0.0,
+        turn_wcu=statistics.median(wcu),
+        turn_rcu=statistics.median(rcu),
+        tokens=statistics.median(tokens),
+    )
+
+
+def _request(n: int) -> TurnRequest:
+    return TurnRequest(input=text_of(f"user:{n}", USER_CHARS))
+
+
+def run(turns: int) -> list[Row]:
+    """Measure every case on DynamoDB Local."""
+    with local_engines() as engines:
+        clients, settings = engines.clients, engines.settings
+        store = MeteredStore(
+            clients.dynamodb,
+            settings.table_name,
+            S3BlobStore(clients.s3, settings.bucket_name),
+            index_specs(),
+        )
+        service = Conversations(
+            store=store, provider=BenchProvider(), settings=settings, clock=BenchClock()
+        )
+        rows = []
+        for pins, chars in CASES:
+            rows.append(_case(service, store, pins, chars, turns))
+            print(f"  {pins} pin(s) of {chars} characters measured", flush=True)
+        return rows
+
+
+def render(rows: list[Row], command: str, turns: int) -> str:
+    """The section's markdown."""
+    base = rows[0]
+    lines = [
+        f"Command: {command}",
+        "",
+        machine_line(),
+        "",
+        f"One conversation per case, {turns} turns of {USER_CHARS}-character messages and "
+        f"{REPLY_CHARS}-character replies on DynamoDB Local; the pins added after turn "
+        f"{PINNED_AFTER}; medians of turns {PINNED_AFTER + 1}..{turns}. Capacity priced from "
+        "item sizes (transactional writes at twice the standard rate, index entries "
+        "included); tokens are the context's estimate (the deployment's, characters-based).",
+        "",
+        "| pins | characters each | add one pin, WCU / RCU | turn WCU | turn RCU | "
+        "tokens sent per call | tokens more than no pin |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        add = f"{r.add_wcu:g} / {r.add_rcu:g}" if r.pins else "-"
+        lines.append(
+            f"| {r.pins} | {r.chars} | {add} | {r.turn_wcu:g} | {r.turn_rcu:g} | "
+            f"{r.tokens:g} | {r.tokens - base.tokens:+g} |"
+        )
+    lines += [
+        "",
+        "A pin is added in one commit of its `pin_added` event that also rewrites `HEAD` "
+        "(the pins are its slow state); a turn after it reads the pins with the head it "
+        "reads anyway and writes nothing more for them (`HEAD` is not rewritten by a "
+        "plain turn), so what a pin costs a turn is its tokens, sent with every model "
+        "call, and the head item's size on each read (1 RCU per started 4 KiB).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and rewrite its section of ``bench/RESULTS.md``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.pins", description=__doc__)
+    parser.add_argument("--turns", type=int, default=40, help="turns per conversation")
+    parser.add_argument("--print-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.turns <= PINNED_AFTER + 1:
+        parser.error(f"--turns must be over {PINNED_AFTER + 1}")
+    print(f"pins benchmark: {len(CASES)} conversations of {args.turns} turns", flush=True)
+    rows = run(args.turns)
+    command = command_line("bench.pins", list(argv or []))
+    publish(SECTION, render(rows, command, args.turns), print_only=args.print_only)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
