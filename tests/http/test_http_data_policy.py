@@ -113,6 +113,13 @@ def test_a_pii_turn_is_answered_by_the_class_model_and_the_choice_is_recorded(
         assert answer["payload"]["run"]["model"] == "demo-2"
         assert http.get("/v1/conversations/r", headers=ANN).json()["data_class"] == "pii"
 
+        # The state route's may_send answers under the policy (issue 42's fourth question).
+        may_send = http.get("/v1/conversations/r/state", headers=ANN).json()["may_send"]
+        assert may_send["data_class"] == "pii"
+        assert may_send["policy_version"] == "2026-12-06"
+        assert may_send["allowed_models"] == ["demo-2"]
+        assert may_send["provider_state"] is False
+
         # A caller may raise the class, never lower it.
         post_turn(http, "r", "Still here.", data_class="public")
         assert http.get("/v1/conversations/r", headers=ANN).json()["data_class"] == "pii"

@@ -16,4 +16,5 @@ def get_state(conversation_id: ConversationId) -> FourAnswers:
     """Which events happened, which external actions may have completed, what the next
     model call may receive, and what remains if the provider cursor disappears."""
     _, key = conversation(conversation_id)
-    return four_answers(get_runtime().reads_for(key.tenant), key)
+    runtime = get_runtime()
+    return four_answers(runtime.reads_for(key.tenant), key, runtime.data_policy(key.tenant))

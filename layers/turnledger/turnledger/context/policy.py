@@ -273,6 +273,19 @@ class Enabled(Protocol):
     def __call__(self, target: Target) -> bool: ...
 
 
+def enabled(settings: Settings, default_provider: str) -> Enabled:
+    """Whether the deployment lets a turn name a target: a model it allows, on a provider
+    it allows (``default_provider``: the turn's, for a target that names none)."""
+
+    def check(target: Target) -> bool:
+        models = settings.models_allowed
+        if models is not None and target.model not in models:
+            return False
+        return (target.provider or default_provider) in settings.allowed_providers
+
+    return check
+
+
 def allowed_models(policy: DataPolicy, class_name: str | None, enabled: Enabled) -> list[str]:
     """The models (``provider:model`` or names, in the class's order) that content of
     ``class_name`` may be sent to and the deployment enables; ``["*"]``: any enabled one."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..context.policy import DataPolicy, Enabled, Routing, Target, detectors_of, route
+from ..context.policy import DataPolicy, Routing, Target, detectors_of, enabled, route
 from ..context.tokens import conversation_secret, mapping, protect, reveal, tool_classes
 from ..core.config import Settings
 from ..core.exceptions import DataPolicyUnsatisfied, UnknownDataClass
@@ -102,19 +102,6 @@ def apply_rise(
         return []
     session.provider_cursor = None
     return [(cursor.provider, cursor.response_id)]
-
-
-def enabled(settings: Settings, default_provider: str) -> Enabled:
-    """Whether the deployment lets a turn name a target: a model it allows, on a provider
-    it allows (``default_provider``: the turn's, for a target that names none)."""
-
-    def check(target: Target) -> bool:
-        models = settings.models_allowed
-        if models is not None and target.model not in models:
-            return False
-        return (target.provider or default_provider) in settings.allowed_providers
-
-    return check
 
 
 def decide(

@@ -10,8 +10,9 @@
   (awaiting a decision, rejected, expired, invalid) and calls the client or a person
   answer are not listed;
 * ``may_send``: what the next model call may receive: the provider and model its turn
-  would use under today's settings, the active pins, the summary in force (the data
-  policy's class is added by that issue's work);
+  would use under today's settings, the active pins, the summary in force, and under a
+  data policy the conversation's class, the policy's version, the models the class
+  allows (that the deployment enables) and whether a provider may keep state;
 * ``if_cursor_lost``: the provider cursor (a cache over the log), and what losing it
   costs: the next call is built from the log (``fresh``), nothing of the transcript lost.
 
@@ -28,6 +29,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from ..context.policy import DataPolicy, allowed_models, enabled
 from ..core.exceptions import ConversationNotFound
 from ..core.models import (
     ContextCompacted,
@@ -102,8 +104,16 @@ class MaySend(_View):
     models: list[str]
     pins: list[Pin]
     summary: SummaryInForce | None
-    #: The data policy's class (``None`` until a data policy classifies conversations).
+    #: The conversation's data class (``None``: no class, or no data policy).
     data_class: str | None = None
+    #: The version of the data policy that holds it (``None``: no data policy).
+    policy_version: str | None = None
+    #: The models its class allows that the deployment enables, in the class's order
+    #: (``["*"]``: any enabled model); ``None`` without a class.
+    allowed_models: list[str] | None = None
+    #: Whether a provider may keep the conversation's state (its class's
+    #: ``provider_state``); ``None`` without a class.
+    provider_state: bool | None = None
 
 
 class CursorView(_View):
@@ -137,7 +147,9 @@ class FourAnswers(_View):
     reads: int
 
 
-def four_answers(service: Reads, key: ConversationKey) -> FourAnswers:
+def four_answers(
+    service: Reads, key: ConversationKey, policy: DataPolicy | None = None
+) -> FourAnswers:
     """The four questions of ``key`` answered from its head and its log.
 
     Raises:
@@ -169,7 +181,7 @@ def four_answers(service: Reads, key: ConversationKey) -> FourAnswers:
             last_turn=LastTurn(turn=head.turn, status=status) if head.turn else None,
         ),
         external_actions=_actions(head, events, now),
-        may_send=_may_send(service, head, events),
+        may_send=_may_send(service, head, events, policy),
         if_cursor_lost=_if_cursor_lost(head),
         reads=reads,
     )
@@ -241,8 +253,11 @@ def _actions(head: Head, events: list[Event], now: datetime) -> list[ExternalAct
     return found
 
 
-def _may_send(service: Reads, head: Head, events: list[Event]) -> MaySend:
+def _may_send(
+    service: Reads, head: Head, events: list[Event], policy: DataPolicy | None
+) -> MaySend:
     settings = service.settings
+    provider = head.options.provider or settings.provider
     summary: SummaryInForce | None = None
     if head.summary is not None:
         event = next((e for e in events if e.sequence == head.summary.sequence), None)
@@ -254,11 +269,19 @@ def _may_send(service: Reads, head: Head, events: list[Event]) -> MaySend:
                 through=body.to_sequence,
                 text=body.text,
             )
+    classed = policy is not None and head.data_class is not None
+    data_class = policy.effective(head.data_class) if policy is not None and classed else None
     return MaySend(
-        provider=head.options.provider or settings.provider,
+        provider=provider,
         models=[head.options.model or settings.model],
         pins=list(head.pins),
         summary=summary,
+        data_class=head.data_class,
+        policy_version=policy.version if policy is not None else None,
+        allowed_models=allowed_models(policy, head.data_class, enabled(settings, provider))
+        if policy is not None and classed
+        else None,
+        provider_state=data_class.provider_state if data_class is not None else None,
     )
 
 
