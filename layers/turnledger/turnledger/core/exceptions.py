@@ -21,6 +21,7 @@ hierarchy to responses and never matches on message text::
     │   ├── ApprovalPending          409 approval_pending
     │   └── InputPending             409 input_pending
     ├── NotAwaitingApproval          409 not_awaiting_approval
+    ├── ToolDefinitionChanged        409 tool_definition_changed
     ├── BudgetExceeded               409 budget_exceeded
     ├── ConversationExists           409 conversation_exists
     ├── ForkPointOpen                409 fork_point_open
@@ -44,6 +45,7 @@ hierarchy to responses and never matches on message text::
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     │   └── ProviderTimeout          504 provider_timeout
+    ├── ToolServerUnavailable        502 tool_server_unavailable
     ├── ServiceUnavailable           503 service_unavailable
     └── InternalError                500 internal_error
         └── InvalidHistory           500 internal_error (strict-provider check)
@@ -402,3 +404,18 @@ class InvalidCursor(TurnledgerError):
 
     status = 400
     code = "invalid_cursor"
+
+
+class ToolDefinitionChanged(TurnledgerError):
+    """An MCP call's approval was asked for a tool definition its server has changed since
+    (``details.calls``): the approval is invalidated, nothing is decided."""
+
+    status = 409
+    code = "tool_definition_changed"
+
+
+class ToolServerUnavailable(TurnledgerError):
+    """An MCP server of the registry could not list its tools (``details.server_label``)."""
+
+    status = 502
+    code = "tool_server_unavailable"

@@ -20,7 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..core.exceptions import ApproverIsRequester, RequestValidationFailed, UnknownTool
+from ..core.exceptions import (
+    ApproverIsRequester,
+    RequestValidationFailed,
+    ToolDefinitionChanged,
+    UnknownTool,
+)
 from ..core.models import PendingCall
 from ..tools.approval import arguments_sha256
 
@@ -105,4 +110,50 @@ def check_four_eyes(
             "four-eyes: these calls were asked for by your own turn; another person must "
             "approve them (rejecting is allowed); nothing was decided",
             details={"calls": own, "requested_by": approver},
+        )
+
+
+def check_definitions(registry: ToolRegistry, awaiting: Mapping[str, PendingCall]) -> None:
+    """Refuse deciding MCP calls whose tool definition changed since they were asked for.
+
+    Each MCP tool among ``awaiting`` is listed anew (never from a kept listing): a
+    definition whose hash differs from the call's ``definition_sha256``, or a tool its
+    server no longer offers, invalidates the approval.
+
+    Raises:
+        ToolDefinitionChanged: such calls are among ``awaiting`` (``details.calls``);
+            nothing is decided.
+        ToolServerUnavailable: a server could not list its tools; nothing is decided.
+    """
+    from ..tools.registry import McpExecutorConfig
+
+    changed: list[dict[str, str | None]] = []
+    listed: dict[str, str | None] = {}
+    for call_id, pending in awaiting.items():
+        if pending.definition_sha256 is None:
+            continue
+        if pending.name not in listed:
+            try:
+                executor = registry.get(pending.name, refresh=True).executor
+            except UnknownTool:
+                listed[pending.name] = None
+            else:
+                listed[pending.name] = (
+                    executor.definition_sha256 if isinstance(executor, McpExecutorConfig) else None
+                )
+        current = listed[pending.name]
+        if current != pending.definition_sha256:
+            changed.append(
+                {
+                    "id": call_id,
+                    "tool": pending.name,
+                    "approved_definition_sha256": pending.definition_sha256,
+                    "current_definition_sha256": current,
+                }
+            )
+    if changed:
+        raise ToolDefinitionChanged(
+            "the MCP server changed these tools' definitions since the calls were asked "
+            "for: their approvals are invalidated; nothing was decided",
+            details={"calls": changed},
         )

@@ -44,7 +44,13 @@ from ..providers.base import Provider
 from ..providers.retry import Backoff
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
-from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry, requirement
+from ..tools.registry import (
+    HttpExecutorConfig,
+    McpExecutorConfig,
+    ToolDefinition,
+    ToolRegistry,
+    requirement,
+)
 from . import callbacks
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
@@ -193,6 +199,12 @@ class ToolCalls:
                 continue
             how = _OPENING_MOVE[needs]
             expires_at = None
+            # An MCP call is bound to the definition it was asked under.
+            definition = (
+                tool.executor.definition_sha256
+                if tool is not None and isinstance(tool.executor, McpExecutorConfig)
+                else None
+            )
             if needs == "approval":
                 expires_at = self._approval_deadline(session, now)
                 session.add(
@@ -200,6 +212,7 @@ class ToolCalls:
                         call_id=call.id,
                         arguments_sha256=arguments_sha256(call.arguments),
                         expires_at=expires_at,
+                        definition_sha256=definition,
                     ),
                     actor="system",
                 )
@@ -215,6 +228,7 @@ class ToolCalls:
                     expires_at=expires_at,
                     requested_at=now,
                     requested_by=turn_actor(session),
+                    definition_sha256=definition,
                 ),
                 how,
             )
@@ -491,6 +505,27 @@ class ToolCalls:
             for p in session.machine.pending
             if p.state == "awaiting_client" and p.id not in waiting
         )
+
+    def invalidate(self, work: TurnWork, call_ids: list[str]) -> None:
+        """Reject the MCP calls whose tool definition changed while they awaited a
+        decision (``approval_resolved`` by the system, reason ``invalidated: tool
+        definition changed``); their error results follow with :meth:`settle_rejected`."""
+        session = work.session
+        reason = "invalidated: tool definition changed"
+        waiting = {p.id: p for p in session.machine.pending if p.state in AWAITING_DECISION}
+        for call_id in call_ids:
+            pending = waiting[call_id]
+            session.add(
+                ApprovalResolved(
+                    call_id=call_id,
+                    decision="rejected",
+                    reason=reason,
+                    approver="system",
+                    arguments_sha256=pending.arguments_sha256,
+                ),
+                actor="system",
+            )
+            session.machine.change(pending, CallMove.REJECT, reason=reason)
 
     def expire_approvals(self, session: Session) -> list[str]:
         """Resolve approvals whose window closed as rejected (``approval expired``)."""
