@@ -252,3 +252,161 @@ def test_a_changed_definition_invalidates_the_waiting_approval(
             assert server.calls(path) == []
     finally:
         server.stop()
+
+
+# --- the OpenAI face ------------------------------------------------------------------
+
+
+@pytest.fixture
+def openai_client(runner: LocalRunner) -> Iterator[Any]:
+    from openai import OpenAI
+
+    with OpenAI(
+        base_url=f"{runner.url}/openai/v1", api_key="local:acme:ann", max_retries=0
+    ) as client:
+        yield client
+
+
+def mcp_tool(server: McpProcess, **overrides: Any) -> dict[str, Any]:
+    return {
+        "type": "mcp",
+        "server_label": "files",
+        "server_url": server.url,
+        "require_approval": {"never": {"read_only": True}},
+        **overrides,
+    }
+
+
+def test_the_openai_sdk_gets_the_listing_the_request_and_the_call(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    paused = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__delete_file", path=path),
+        tools=[mcp_tool(mcp_server)],
+    )
+    kinds = [item.type for item in paused.output]
+    assert kinds == ["mcp_list_tools", "mcp_approval_request"], kinds
+    listed = paused.output[0]
+    assert listed.server_label == "files"
+    assert {t.name for t in listed.tools} == {"read_file", "delete_file"}
+    request = paused.output[1]
+    assert request.id.startswith("mcpr_")
+    assert (request.server_label, request.name) == ("files", "delete_file")
+    assert json.loads(request.arguments) == {"path": path}
+    assert mcp_server.calls(path) == []
+
+    done = openai_client.responses.create(
+        model="demo-1",
+        previous_response_id=paused.id,
+        input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+        ],
+        tools=[mcp_tool(mcp_server)],
+    )
+    [call] = [item for item in done.output if item.type == "mcp_call"]
+    assert (call.server_label, call.name, call.status) == ("files", "delete_file", "completed")
+    assert call.output == f"deleted {path}"
+    assert call.approval_request_id == request.id
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["delete_file"]
+
+
+def test_a_read_only_call_runs_within_the_response(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    answered = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__read_file", path=path),
+        tools=[mcp_tool(mcp_server, allowed_tools=["read_file"])],
+    )
+    [listed] = [item for item in answered.output if item.type == "mcp_list_tools"]
+    assert [t.name for t in listed.tools] == ["read_file", "delete_file"]
+    [call] = [item for item in answered.output if item.type == "mcp_call"]
+    assert call.output == f"contents of {path}" and call.approval_request_id is None
+
+
+def test_a_request_can_only_add_approvals(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    paused = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__read_file", path=path),
+        tools=[mcp_tool(mcp_server, require_approval="always")],
+    )
+    assert [item.type for item in paused.output][-1] == "mcp_approval_request"
+    assert mcp_server.calls(path) == []
+    waived = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__delete_file", path=path),
+        tools=[mcp_tool(mcp_server, require_approval="never")],
+    )
+    assert [item.type for item in waived.output][-1] == "mcp_approval_request"
+    assert mcp_server.calls(path) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "code"),
+    [
+        ({"server_url": "http://127.0.0.1:1/mcp"}, "tools.0.server_url", "invalid_request"),
+        ({"server_label": "elsewhere"}, "tools.0.server_label", "invalid_request"),
+        ({"headers": {"Authorization": "x"}}, "tools.0.headers", "unsupported_parameter"),
+        ({"server_description": "x"}, "tools.0.server_description", "unsupported_parameter"),
+        ({"require_approval": "sometimes"}, "tools.0.require_approval", "invalid_request"),
+    ],
+)
+def test_a_server_the_registry_lacks_or_a_field_the_face_lacks_is_400(
+    openai_client: Any,
+    mcp_server: McpProcess,
+    conversation: str,
+    change: dict[str, Any],
+    param: str,
+    code: str,
+) -> None:
+    import openai
+
+    path = f"/{conversation}"
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.responses.create(
+            model="demo-1",
+            input=tool_line("mcp__files__delete_file", path=path),
+            tools=[{**mcp_tool(mcp_server), **change}],
+        )
+    error = caught.value.body
+    assert (error["param"], error["code"]) == (param, code), error
+    assert mcp_server.calls(path) == []
+
+
+def test_hosted_mcp_tool_of_the_agents_sdk_with_on_approval_request(
+    runner: LocalRunner, mcp_server: McpProcess, conversation: str
+) -> None:
+    from agents import Agent, HostedMCPTool, Runner
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from agents.tracing import set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    path = f"/{conversation}"
+    asked: list[Any] = []
+
+    def on_approval_request(request: Any) -> Any:
+        asked.append(request.data)
+        return {"approve": True}
+
+    model = OpenAIResponsesModel(
+        model="demo-1",
+        openai_client=AsyncOpenAI(
+            base_url=f"{runner.url}/openai/v1", api_key="local:acme:ann", max_retries=0
+        ),
+    )
+    tool = HostedMCPTool(
+        tool_config=mcp_tool(mcp_server),  # type: ignore[arg-type]
+        on_approval_request=on_approval_request,
+    )
+    agent = Agent(name="files", model=model, tools=[tool])
+    result = Runner.run_sync(agent, tool_line("mcp__files__delete_file", path=path))
+    assert [r.name for r in asked] == ["delete_file"]
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["delete_file"]
+    assert f"deleted {path}" in result.final_output

@@ -8,6 +8,7 @@ hierarchy to responses and never matches on message text::
 
     TurnledgerError
     ├── InvalidRequest               400 invalid_request
+    │   └── UnsupportedParameter     400 unsupported_parameter
     ├── InvalidConversationId        400 invalid_conversation_id
     ├── InvalidCursor                400 invalid_cursor
     ├── Unauthorized                 401 unauthorized
@@ -419,3 +420,10 @@ class ToolServerUnavailable(TurnledgerError):
 
     status = 502
     code = "tool_server_unavailable"
+
+
+class UnsupportedParameter(InvalidRequest):
+    """A request sets a field this API does not take (``details.param``): refused, never
+    accepted and ignored."""
+
+    code = "unsupported_parameter"

@@ -57,6 +57,7 @@ from ..resolver import (
 )
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
+from . import mcp
 from .items import InputItem, history_of, item_id, output_message, parse_input
 from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch, new_conversation_id
@@ -159,18 +160,25 @@ def _named_conversation(service: Conversations, who: Caller, named: Any) -> Conv
 
 def _tools(
     service: Conversations, declared: list[dict[str, Any]] | None
-) -> tuple[list[str] | None, list[ClientTool]]:
-    """The registry tools a request offers (``None``: all of them) and its client tools."""
+) -> tuple[list[str] | None, list[ClientTool], list[str]]:
+    """The registry tools a request offers (``None``: all of them), its client tools, and
+    the tools its ``mcp`` tools' ``require_approval`` asks approval for."""
     if declared is None:
-        return None, []
+        return None, [], []
     registry = service.tools
     registered = set(registry.names)
     names: list[str] = []
     clients: list[ClientTool] = []
+    stricter: list[str] = []
     for index, tool in enumerate(declared):
         kind = tool.get("type", "function")
         if kind == "mcp" and tool.get("server_label") == SERVER_LABEL:
             names.extend(registry.names)
+            continue
+        if kind == "mcp":
+            offered, approve = mcp.mcp_tools(registry, tool, index)
+            names.extend(offered)
+            stricter.extend(approve)
             continue
         if kind != "function":
             raise InvalidRequest(
@@ -196,7 +204,7 @@ def _tools(
                 details={"param": f"tools.{index}"},
             ) from None
         clients.append(declared_tool)
-    return names, clients
+    return names, clients, stricter
 
 
 def _command(
@@ -210,7 +218,7 @@ def _command(
     """The turn of a request: as ``POST .../turns`` builds it, the approver claims
     (outputs of calls waiting for a person or a job need them) and ``X-Memory-User``
     (:func:`~turnledger.api.resolver.memory_user`) included."""
-    tools, clients = _tools(service, request.tools)
+    tools, clients, stricter = _tools(service, request.tools)
     metadata = dict(request.metadata or {})
     said = "\n".join([*filter(None, [request.instructions]), *instructions])
     if said:
@@ -222,6 +230,7 @@ def _command(
         model=request.model,
         tools=tools,
         client_tools=clients,
+        require_approval=stricter,
         metadata=metadata,
         memory_user=memory_user(),
         approver_claims=with_approver_claims(who).approver_claims,
@@ -235,10 +244,11 @@ def _decisions(approvals: list[InputItem], key: ConversationKey) -> Decisions:
     approve: list[str | ApprovalEdit] = []
     reject: list[str | Rejection] = []
     for item in approvals:
+        call_id = item.call_id
         if item.approve:
-            approve.append(item.call_id)
+            approve.append(call_id)
         else:
-            reject.append(Rejection(id=item.call_id, reason=item.reason))
+            reject.append(Rejection(id=call_id, reason=item.reason))
     return decisions(ApprovalRequest(approve=approve, reject=reject), who.approver_claims)
 
 
@@ -331,6 +341,8 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
         raise InvalidRequest("input holds no item", details={"param": "input"})
     try:
         reply, pieces = _run(service, who, key, request, items)
+        # Read before a store: false request's conversation is cleared.
+        mcp_items = mcp.items(service, key, request.tools, reply, SERVER_LABEL)
     except Exception:
         if forked:
             service.clear(key)  # no response names the fork: nothing may continue it
@@ -341,6 +353,7 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     if request.store:
         record(service, key)
     body = response_body(request, reply)
+    body["output"] = [*mcp_items, *body["output"]]
     if request.stream:
         return event_stream(body, pieces)
     return json_response(200, body)
@@ -356,7 +369,10 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
         )
     for index, call in enumerate(map(pending_view, reply.waiting)):
         arguments = json.dumps(call.arguments)
-        if call.requires == "approval":
+        mcp_request = mcp.approval_request_item(call.id, call.name, arguments)
+        if call.requires == "approval" and mcp_request is not None:
+            output.append(mcp_request)
+        elif call.requires == "approval":
             output.append(
                 {
                     "type": "mcp_approval_request",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -73,6 +73,8 @@ def events_of(body: dict[str, Any], pieces: Iterable[str] | None = None) -> list
                 name=item["name"],
                 arguments=item["arguments"],
             )
+        elif kind in ("mcp_call", "mcp_list_tools"):
+            _mcp_events(emit, index, item)
         else:
             emit("response.output_item.added", output_index=index, item=item)
         emit("response.output_item.done", output_index=index, item=item)
@@ -93,3 +95,22 @@ def event_stream(body: dict[str, Any], pieces: Iterable[str] | None = None) -> R
         body=sse_text(events_of(body, pieces)),
         headers={"Cache-Control": "no-cache"},
     )
+
+
+def _mcp_events(emit: Callable[..., None], index: int, item: dict[str, Any]) -> None:
+    """The events of an ``mcp_call`` or ``mcp_list_tools`` item, up to its ``done``."""
+    where = {"item_id": item["id"], "output_index": index}
+    if item["type"] == "mcp_list_tools":
+        emit("response.output_item.added", output_index=index, item={**item, "tools": []})
+        emit("response.mcp_list_tools.in_progress", **where)
+        emit("response.mcp_list_tools.completed", **where)
+        return
+    emit(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, "arguments": "", "output": None, "error": None, "status": "in_progress"},
+    )
+    emit("response.mcp_call.in_progress", **where)
+    emit("response.mcp_call_arguments.delta", **where, delta=item["arguments"])
+    emit("response.mcp_call_arguments.done", **where, arguments=item["arguments"])
+    emit(f"response.mcp_call.{'failed' if item['status'] == 'failed' else 'completed'}", **where)
