@@ -410,3 +410,25 @@ def test_hosted_mcp_tool_of_the_agents_sdk_with_on_approval_request(
     assert [r.name for r in asked] == ["delete_file"]
     assert [c["tool"] for c in mcp_server.calls(path)] == ["delete_file"]
     assert f"deleted {path}" in result.final_output
+
+
+def test_continuing_past_an_unanswered_approval_request_is_400(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    import openai
+
+    path = f"/{conversation}"
+    paused = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__delete_file", path=path),
+        tools=[mcp_tool(mcp_server)],
+    )
+    [request] = [item for item in paused.output if item.type == "mcp_approval_request"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.responses.create(
+            model="demo-1", previous_response_id=paused.id, input="never mind"
+        )
+    error = caught.value.body
+    assert error["type"] == "invalid_request_error" and error["param"] == "input"
+    assert request.id in error["message"]
+    assert mcp_server.calls(path) == []

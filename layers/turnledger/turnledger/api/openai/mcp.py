@@ -18,10 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ...core.exceptions import InvalidRequest, UnsupportedParameter
+from ...core.exceptions import ApprovalPending, InvalidRequest, UnsupportedParameter
 from ...core.models import ConversationKey
 from ...tools.mcp import McpServerEntry, approval_needed, split_name, tool_name
 from ...tools.registry import ToolRegistry
+from ...turn.lifecycle import AWAITING_DECISION
 from ...turn.pipeline import Conversations
 from ...turn.results import TurnResult
 
@@ -148,12 +149,26 @@ def list_tools_item(registry: ToolRegistry, label: str) -> dict[str, Any]:
                 "name": t.name,
                 "description": t.description,
                 "input_schema": t.input_schema,
-                "annotations": {"readOnlyHint": True} if t.read_only else None,
+                "annotations": {"read_only": t.read_only},
             }
             for t in registry.mcp.tools(label)
         ],
         "error": None,
     }
+
+
+def unanswered(exc: ApprovalPending) -> InvalidRequest:
+    """A turn sent while approval requests wait, in OpenAI's words: ``400``, naming them."""
+    ids = [
+        approval_request_id(p.id) if split_name(p.name) is not None else p.id
+        for p in exc.pending
+        if p.state in AWAITING_DECISION
+    ]
+    return InvalidRequest(
+        f"Approval requests {', '.join(ids)} were not answered: send an "
+        "mcp_approval_response for each before new input.",
+        details={"param": "input", "approval_request_ids": ids},
+    )
 
 
 def approval_request_item(call_id: str, name: str, arguments: str) -> dict[str, Any] | None:

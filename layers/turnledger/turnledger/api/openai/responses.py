@@ -28,6 +28,7 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
 from ...core.exceptions import (
+    ApprovalPending,
     ConversationNotFound,
     ForkPointOpen,
     ForkTooDeep,
@@ -304,7 +305,10 @@ def _run(
     command = _command(service, who, request, messages, outputs, instructions)
     if history:
         service.append(key, who.actor, history_of(history))
-    return _execute(service, who, key, command, request.stream)
+    try:
+        return _execute(service, who, key, command, request.stream)
+    except ApprovalPending as exc:
+        raise mcp.unanswered(exc) from None
 
 
 @app.post(f"{PREFIX}/responses", include_in_schema=False)
