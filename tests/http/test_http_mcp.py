@@ -21,10 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from turnledger.core.models import ConversationKey
+from turnledger.turn.mcp_listings import LISTING_PREFIX
 from turnledger_local.runner import LocalConfig, LocalRunner
 from turnledger_local.template import PROJECT_ROOT
 
 from tests.functional.test_tool_turns import tool_line
+from tests.http.conftest import store_of
 from tests.support.aws import unique_name
 from tests.support.concurrency import all_at_once
 
@@ -154,7 +157,7 @@ def events(client: httpx.Client, conversation: str) -> list[dict[str, Any]]:
 
 
 def test_read_file_runs_at_once_and_delete_file_waits_for_one_approval(
-    client: httpx.Client, mcp_server: McpProcess, conversation: str
+    runner: LocalRunner, client: httpx.Client, mcp_server: McpProcess, conversation: str
 ) -> None:
     path = f"/{conversation}"
     read = post_turn(client, conversation, tool_line("mcp__files__read_file", path=path))
@@ -181,6 +184,16 @@ def test_read_file_runs_at_once_and_delete_file_waits_for_one_approval(
     assert [c["tool"] for c in mcp_server.calls(path)] == ["read_file", "delete_file"]
     asked = [e for e in events(client, conversation) if e["kind"] == "approval_requested"]
     assert len(asked[-1]["payload"]["definition_sha256"]) == 64
+
+    # The listing the calls were made under is a record of the conversation, once.
+    store = store_of(runner)
+    key = ConversationKey(tenant="acme", conversation_id=conversation)
+    recorded = store.query_side_items(key, lower=LISTING_PREFIX, upper=LISTING_PREFIX + "~")
+    [listing] = recorded
+    assert listing.sort_key == f"{LISTING_PREFIX}files#{listing.attributes['sha256']}"
+    stored = json.loads(listing.attributes["listing"])
+    assert {t["name"] for t in stored["tools"]} == {"read_file", "delete_file"}
+    assert listing.attributes["server_url"] == mcp_server.url
 
 
 def test_approved_twice_in_parallel_the_server_sees_one_call(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,9 @@ from ..core.exceptions import ToolServerUnavailable, UnknownTool
 from ..core.models import TOOL_NAME_PATTERN
 from ..core.observability import logger
 from .mcp import McpError, McpListing, McpPort, McpServerEntry, McpTool, call_timeout, tool_name
+
+#: Listing records (:mod:`turnledger.turn.mcp_listings`) a process remembers writing.
+RECORDS_KEPT = 4096
 
 
 @dataclass
@@ -53,6 +57,20 @@ class McpLink:
         self._lock = threading.Lock()
         #: Hears of every listing whose hash is new (its server's first, or a change).
         self.on_listing: Callable[[McpListing], None] | None = None
+        self._recorded: OrderedDict[tuple[str, ...], None] = OrderedDict()
+
+    def first_record(self, record: tuple[str, ...]) -> bool:
+        """Whether ``record`` (a listing's record in a conversation) is new to this
+        process; it is remembered (the oldest of :data:`RECORDS_KEPT` go first). A
+        record whose write then fails is written again by the next process to see it."""
+        with self._lock:
+            if record in self._recorded:
+                self._recorded.move_to_end(record)
+                return False
+            self._recorded[record] = None
+            if len(self._recorded) > RECORDS_KEPT:
+                self._recorded.popitem(last=False)
+            return True
 
     def port(self) -> McpPort:
         """The port, built by the first call."""

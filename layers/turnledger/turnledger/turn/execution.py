@@ -54,6 +54,7 @@ from ..tools.registry import (
 from . import callbacks
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
+from .mcp_listings import record_listings
 from .results import OutputCall, OutputText
 from .session import Clock, Session
 
@@ -232,6 +233,9 @@ class ToolCalls:
                 ),
                 how,
             )
+        called = [offered[c.name] for c in calls if c.name in offered]
+        if any(isinstance(t.executor, McpExecutorConfig) for t in called):
+            record_listings(session, self.tools, called)
 
     def run_ready(self, work: TurnWork, committer: Committer) -> None:
         """Run every call that is recorded and cleared to run, then record the results.
