@@ -445,3 +445,27 @@ def test_continuing_past_an_unanswered_approval_request_is_400(
     assert error["type"] == "invalid_request_error" and error["param"] == "input"
     assert request.id in error["message"]
     assert mcp_server.calls(path) == []
+
+
+def test_streamed_mcp_items_have_their_events(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    with openai_client.responses.stream(
+        model="demo-1",
+        input=tool_line("mcp__files__read_file", path=path),
+        tools=[mcp_tool(mcp_server)],
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    mcp_kinds = [k for k in kinds if "mcp" in k]
+    assert mcp_kinds == [
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed",
+    ]
+    [call] = [item for item in final.output if item.type == "mcp_call"]
+    assert call.output == f"contents of {path}"

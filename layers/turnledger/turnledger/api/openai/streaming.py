@@ -108,7 +108,7 @@ def _mcp_events(emit: Callable[..., None], index: int, item: dict[str, Any]) -> 
     emit(
         "response.output_item.added",
         output_index=index,
-        item={**item, "arguments": "", "output": None, "error": None, "status": "in_progress"},
+        item={**item, "arguments": "", "output": None, "error": None, "status": STREAMING},
     )
     emit("response.mcp_call.in_progress", **where)
     emit("response.mcp_call_arguments.delta", **where, delta=item["arguments"])
