@@ -18,6 +18,7 @@ from bench import (
     coldstart,
     context,
     forks,
+    mcp_tools,
     memory,
     openai_face,
     providers,
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "forks": forks.main,
     "memory": memory.main,
     "replays": replays.main,
+    "mcp": mcp_tools.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}
