@@ -12,7 +12,7 @@ dies midway is resumed from the log under the same idempotency keys.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from math import ceil
@@ -21,7 +21,12 @@ from typing import Any, Literal, Protocol
 from ..context.memory import Recall, WritePlan
 from ..core import deadline
 from ..core.config import Settings
-from ..core.exceptions import ConversationBusy, InternalError, UnknownToolCall
+from ..core.exceptions import (
+    ConversationBusy,
+    InternalError,
+    ToolDefinitionChanged,
+    UnknownToolCall,
+)
 from ..core.models import (
     ApprovalExpired,
     ApprovalRequested,
@@ -52,6 +57,7 @@ from ..tools.registry import (
     requirement,
 )
 from . import callbacks
+from .approval_edits import check_definitions
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
 from .mcp_listings import record_listings
@@ -73,6 +79,12 @@ class Committer(Protocol):
     """What commits a session's staged step: the request's runner (:mod:`.runner`)."""
 
     def commit(self, session: Session) -> Head: ...
+
+
+class Runner(Committer, Protocol):
+    """The request's runner (:mod:`.runner`), as a step that stops for a cancel uses it."""
+
+    def stop_cancelled(self, session: Session) -> bool: ...
 
 
 @dataclass
@@ -509,6 +521,28 @@ class ToolCalls:
             for p in session.machine.pending
             if p.state == "awaiting_client" and p.id not in waiting
         )
+
+    def refuse_changed_definitions(
+        self, work: TurnWork, undecided: Mapping[str, PendingCall], run: Runner
+    ) -> None:
+        """Before a decision: invalidate the waiting MCP calls whose tool definition changed
+        (:func:`.approval_edits.check_definitions`), whether or not the decision names them,
+        record that (with what it lets run, as after expired approvals), and refuse.
+
+        Raises:
+            ToolDefinitionChanged: such calls wait; their invalidation is committed.
+        """
+        try:
+            check_definitions(self.tools, undecided)
+        except ToolDefinitionChanged as exc:
+            session = work.session
+            self.invalidate(work, [c["id"] for c in exc.details["calls"]])
+            self.settle_rejected(work)
+            self.run_ready(work, run)
+            if not run.stop_cancelled(session):
+                session.machine.release_lease()
+                run.commit(session)
+            raise
 
     def invalidate(self, work: TurnWork, call_ids: list[str]) -> None:
         """Reject the MCP calls whose tool definition changed while they awaited a

@@ -53,7 +53,6 @@ from ..core.exceptions import (
     NotAwaitingApproval,
     NothingToCompact,
     ProviderError,
-    ToolDefinitionChanged,
     UnknownToolCall,
 )
 from ..core.models import (
@@ -75,7 +74,7 @@ from ..tools.executors import ToolRunner
 from ..tools.registry import ToolRegistry, client_tool
 from . import compaction, drafts
 from .admission import Rules, admit
-from .approval_edits import check_definitions, check_edits, check_four_eyes
+from .approval_edits import check_edits, check_four_eyes
 from .callbacks import CallbackClaims, callback_output, created_stamp
 from .commands import CallbackOutcome, Decisions, TurnCommand
 from .drafts import DraftSink
@@ -416,17 +415,7 @@ class Conversations(ModelCall):
             always=self.settings.approval_four_eyes,
             requester=turn_actor(session),
         )
-        try:
-            check_definitions(self.calls.tools, undecided)
-        except ToolDefinitionChanged as exc:
-            # Invalidated whether or not this request named them: recorded, then refused.
-            self.calls.invalidate(work, [c["id"] for c in exc.details["calls"]])
-            self.calls.settle_rejected(work)
-            self.calls.run_ready(work, run)
-            if not run.stop_cancelled(session):
-                session.machine.release_lease()
-                run.commit(session)
-            raise
+        self.calls.refuse_changed_definitions(work, undecided, run)
         edits = check_edits(self.calls.tools, undecided, approvals)
         for call_id in named:
             pending = undecided[call_id]
