@@ -469,3 +469,36 @@ def test_streamed_mcp_items_have_their_events(
     ]
     [call] = [item for item in final.output if item.type == "mcp_call"]
     assert call.output == f"contents of {path}"
+
+
+def test_a_server_that_is_down_blocks_approving_not_rejecting(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """Approving needs the server's current definition (``502`` while it is down, nothing
+    decided); rejecting needs no server."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start()
+    try:
+        with (
+            LocalRunner(config_of(server, ddb_local_endpoint, tmp_path)) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+            [pending] = waiting.json()["pending_tool_calls"]
+            server.stop()
+            refused = approve(http, conversation, pending["id"])
+            assert refused.status_code == 502, refused.text
+            assert refused.json()["error"]["code"] == "tool_server_unavailable"
+            assert http.get(f"/v1/conversations/{conversation}").json()["status"] == (
+                "awaiting_approval"
+            )
+            rejected = http.post(
+                f"/v1/conversations/{conversation}/approvals",
+                json={"reject": [{"id": pending["id"], "reason": "not now"}]},
+            )
+            assert rejected.status_code == 200, rejected.text
+            assert rejected.json()["status"] == "complete"
+            assert server.calls(path) == []
+    finally:
+        server.stop()

@@ -176,6 +176,8 @@ def test_an_unreachable_server_is_a_clear_error(files: FilesServer) -> None:
     with pytest.raises(ToolServerUnavailable) as caught:
         registry.get("mcp__files__read_file")
     assert caught.value.details == {"server_label": "files"}
+    # Offering every tool leaves a server that is down out; the others stay usable.
+    assert registry.select() == []
 
 
 def invocation(registry: ToolRegistry, name: str, arguments: dict[str, Any]) -> ToolInvocation:

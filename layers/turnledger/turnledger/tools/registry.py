@@ -36,7 +36,7 @@ from pydantic import (
 )
 
 from ..core.config import Settings
-from ..core.exceptions import InternalError, UnknownTool
+from ..core.exceptions import InternalError, ToolServerUnavailable, UnknownTool
 from ..core.models import TOOL_NAME_PATTERN, ClientTool, Requirement, ToolCall
 from ..core.strict_json import arguments_refusal
 from ..providers.base import ToolSpec
@@ -562,18 +562,23 @@ class ToolRegistry:
 
         Args:
             names: the turn's ``tools`` list (order kept, repeats dropped); ``None``
-                means every registered tool, with every tool its MCP servers offer.
+                means every registered tool, with every tool its MCP servers offer (a
+            server that cannot list its tools now is left out).
 
         Raises:
             UnknownTool: a name is not registered (``details.unknown`` lists them all).
-            ToolServerUnavailable: an MCP server the tools come from cannot list them.
+            ToolServerUnavailable: a named tool's MCP server cannot list its tools.
         """
         if names is None:
             offered = list(self._tools.values())
             for label in self.mcp.servers:
-                offered.extend(
-                    mcp_tool(self.mcp, label, tool.name) for tool in self.mcp.tools(label)
-                )
+                try:
+                    listed = self.mcp.tools(label)
+                except ToolServerUnavailable:
+                    # Logged by the catalog; a server that is down leaves every other
+                    # tool (and a rejection of its own calls) usable.
+                    continue
+                offered.extend(mcp_tool(self.mcp, label, tool.name) for tool in listed)
             return offered
         unknown = [name for name in dict.fromkeys(names) if name not in self]
         if unknown:

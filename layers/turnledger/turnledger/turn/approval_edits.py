@@ -17,13 +17,14 @@ a run that may have happened would make that key lie.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core.exceptions import (
     ApproverIsRequester,
     RequestValidationFailed,
     ToolDefinitionChanged,
+    ToolServerUnavailable,
     UnknownTool,
 )
 from ..core.models import PendingCall
@@ -113,22 +114,27 @@ def check_four_eyes(
         )
 
 
-def check_definitions(registry: ToolRegistry, awaiting: Mapping[str, PendingCall]) -> None:
+def check_definitions(
+    registry: ToolRegistry, awaiting: Mapping[str, PendingCall], approving: Collection[str]
+) -> None:
     """Refuse deciding MCP calls whose tool definition changed since they were asked for.
 
     Each MCP tool among ``awaiting`` is listed anew (never from a kept listing): a
     definition whose hash differs from the call's ``definition_sha256``, or a tool its
-    server no longer offers, invalidates the approval.
+    server no longer offers, invalidates the approval. A server that cannot list its
+    tools now blocks only the approval of its calls (``approving``): a rejection needs
+    no server.
 
     Raises:
         ToolDefinitionChanged: such calls are among ``awaiting`` (``details.calls``);
             nothing is decided.
-        ToolServerUnavailable: a server could not list its tools; nothing is decided.
+        ToolServerUnavailable: a call being approved is of a server that could not list
+            its tools; nothing is decided.
     """
     from ..tools.registry import McpExecutorConfig
 
     changed: list[dict[str, str | None]] = []
-    listed: dict[str, str | None] = {}
+    listed: dict[str, str | ToolServerUnavailable | None] = {}
     for call_id, pending in awaiting.items():
         if pending.definition_sha256 is None:
             continue
@@ -137,11 +143,17 @@ def check_definitions(registry: ToolRegistry, awaiting: Mapping[str, PendingCall
                 executor = registry.get(pending.name, refresh=True).executor
             except UnknownTool:
                 listed[pending.name] = None
+            except ToolServerUnavailable as exc:
+                listed[pending.name] = exc
             else:
                 listed[pending.name] = (
                     executor.definition_sha256 if isinstance(executor, McpExecutorConfig) else None
                 )
         current = listed[pending.name]
+        if isinstance(current, ToolServerUnavailable):
+            if call_id in approving:
+                raise current
+            continue
         if current != pending.definition_sha256:
             changed.append(
                 {

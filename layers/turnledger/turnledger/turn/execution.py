@@ -12,7 +12,7 @@ dies midway is resumed from the log under the same idempotency keys.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from math import ceil
@@ -523,7 +523,11 @@ class ToolCalls:
         )
 
     def refuse_changed_definitions(
-        self, work: TurnWork, undecided: Mapping[str, PendingCall], run: Runner
+        self,
+        work: TurnWork,
+        undecided: Mapping[str, PendingCall],
+        approving: Collection[str],
+        run: Runner,
     ) -> None:
         """Before a decision: invalidate the waiting MCP calls whose tool definition changed
         (:func:`.approval_edits.check_definitions`), whether or not the decision names them,
@@ -533,7 +537,7 @@ class ToolCalls:
             ToolDefinitionChanged: such calls wait; their invalidation is committed.
         """
         try:
-            check_definitions(self.tools, undecided)
+            check_definitions(self.tools, undecided, approving)
         except ToolDefinitionChanged as exc:
             session = work.session
             self.invalidate(work, [c["id"] for c in exc.details["calls"]])
