@@ -1,4 +1,4 @@
-"""MCP servers as tools: the registry entry, the listing, the approval rule, the executor.
+"""MCP servers as tools: the registry entry, the listing, the approval rule, the port.
 
 A registry entry ``{"type": "mcp", "server_label", "server_url", ...}`` names a server
 of the Model Context Protocol; its tools reach the model and the API as
@@ -10,7 +10,8 @@ The tools come from the server's listing (``tools/list``), read through a
 HTTP and an in-memory one for tests; neither is imported by this module). A listing is
 kept with the sha256 of its canonical JSON and of each tool's definition, and reused
 while younger than the server's ``ttlMs`` (else the entry's ``max_list_age_seconds``);
-a refresh keeps the listing it had when the hash is unchanged.
+a refresh keeps the listing it had when the hash is unchanged. What a process keeps
+(the port, the listings) is :mod:`.mcp_link`'s; the executor is :mod:`.mcp_calls`'.
 
 Each tool becomes a :class:`~.registry.ToolDefinition` whose executor
 (:class:`~.registry.McpExecutorConfig`) carries the definition's hash: an approval is
