@@ -24,7 +24,7 @@ from ...tools.mcp import McpServerEntry, approval_needed, split_name, tool_name
 from ...tools.registry import ToolRegistry
 from ...turn.lifecycle import AWAITING_DECISION
 from ...turn.pipeline import Conversations
-from ...turn.results import TurnResult
+from ...turn.results import OutputCall, TurnResult
 
 #: The prefix of an approval request's id: ``mcpr_<call id>``.
 APPROVAL_PREFIX = "mcpr_"
@@ -239,12 +239,17 @@ def items(
     tools: list[dict[str, Any]] | None,
     reply: TurnResult,
     own: str,
+    *,
+    decided: bool,
 ) -> list[dict[str, Any]]:
     """A response's MCP items before the rest of its output: ``mcp_list_tools`` of each
     server the request's tools name, then the turn's ``mcp_call`` items. ``own``: the
-    label of the ledger's own registry (no listing of its own)."""
+    label of the ledger's own registry (no listing of its own); ``decided``: the request
+    decided calls. The turn's events are read only when MCP calls may have run in this
+    request (the model called an MCP tool, or calls were decided)."""
     registry = service.tools
     labels = dict.fromkeys(declared_labels(tools, own))
     listed = [list_tools_item(registry, label) for label in labels]
-    calls = call_items(service, reply, key) if registry.mcp.servers else []
+    called = any(isinstance(o, OutputCall) and split_name(o.name) is not None for o in reply.output)
+    calls = call_items(service, reply, key) if registry.mcp.servers and (called or decided) else []
     return [*listed, *calls]

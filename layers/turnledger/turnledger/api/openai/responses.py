@@ -346,7 +346,8 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     try:
         reply, pieces = _run(service, who, key, request, items)
         # Read before a store: false request's conversation is cleared.
-        mcp_items = mcp.items(service, key, request.tools, reply, SERVER_LABEL)
+        decided = any(i.kind == "approval" for i in items)
+        mcp_items = mcp.items(service, key, request.tools, reply, SERVER_LABEL, decided=decided)
     except Exception:
         if forked:
             service.clear(key)  # no response names the fork: nothing may continue it
