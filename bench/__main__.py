@@ -19,6 +19,7 @@ from bench import (
     context,
     forks,
     live_streaming,
+    mcp_tools,
     memory,
     openai_chat,
     openai_face,
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[Sequence[str]], int]] = {
     "replays": replays.main,
     "live-streaming": live_streaming.main,
     "pins": pins.main,
+    "mcp": mcp_tools.main,
 }
 #: Benchmarks written by others, run through their own ``if __name__ == "__main__"``.
 MODULES = {"sweep": "bench.sweep"}

@@ -348,6 +348,7 @@ def _service_builder(
     from .providers.embeddings import build_embedder
     from .providers.factory import PROVIDERS, api_key_source, build_provider
     from .tools.executors import ToolRunner, lazy_tool_http_client
+    from .tools.mcp_link import McpLink
     from .tools.registry import ToolRegistry
     from .turn.pipeline import Conversations
 
@@ -371,10 +372,12 @@ def _service_builder(
             f"PROVIDERS names unknown providers {unknown}; valid: {', '.join(PROVIDERS)}"
         )
     provider = build_provider(settings)
-    runner = ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds)
+    # MCP servers' listings, kept across requests; the mcp package loads on first use.
+    mcp = McpLink()
+    runner = ToolRunner(http, lambda_client, timeout_seconds=settings.tool_timeout_seconds, mcp=mcp)
 
     # Webhook URLs from the registry, read once per process (on the first notification).
-    registry = cache(partial(ToolRegistry.from_settings, settings))
+    registry = cache(partial(ToolRegistry.from_settings, settings, mcp=mcp))
     publisher = publisher_from_env(
         environment(),
         session=session,
@@ -396,7 +399,7 @@ def _service_builder(
             redactor=redactor,
             data_policy=data_policy,
             settings=settings,
-            tools=lambda: ToolRegistry.from_settings(settings),
+            tools=lambda: ToolRegistry.from_settings(settings, mcp=mcp),
             runner=runner,
             clock=clock,
             embedder=embedder,

@@ -8,9 +8,9 @@ hierarchy to responses and never matches on message text::
 
     TurnledgerError
     ├── InvalidRequest               400 invalid_request
+    │   └── UnsupportedParameter     400 unsupported_parameter
     ├── InvalidConversationId        400 invalid_conversation_id
     ├── InvalidCursor                400 invalid_cursor
-    ├── UnsupportedParameter         400 unsupported_parameter
     ├── UnsupportedValue             400 unsupported_value
     ├── Unauthorized                 401 unauthorized
     ├── ApproverScopeMissing         403 approver_scope_missing
@@ -25,6 +25,7 @@ hierarchy to responses and never matches on message text::
     │   ├── ApprovalPending          409 approval_pending
     │   └── InputPending             409 input_pending
     ├── NotAwaitingApproval          409 not_awaiting_approval
+    ├── ToolDefinitionChanged        409 tool_definition_changed
     ├── BudgetExceeded               409 budget_exceeded
     ├── ConversationExists           409 conversation_exists
     ├── ForkPointOpen                409 fork_point_open
@@ -51,6 +52,7 @@ hierarchy to responses and never matches on message text::
     ├── IdempotencyKeyReused         422 idempotency_key_reused
     ├── ProviderError                502 provider_error
     │   └── ProviderTimeout          504 provider_timeout
+    ├── ToolServerUnavailable        502 tool_server_unavailable
     ├── ServiceUnavailable           503 service_unavailable
     └── InternalError                500 internal_error
         └── InvalidHistory           500 internal_error (strict-provider check)
@@ -449,15 +451,30 @@ class InvalidCursor(TurnledgerError):
     code = "invalid_cursor"
 
 
-class UnsupportedParameter(TurnledgerError):
-    """A field of OpenAI's request this face does not take (named in ``details.param``)."""
-
-    status = 400
-    code = "unsupported_parameter"
-
-
 class UnsupportedValue(TurnledgerError):
     """A value this face does not take for a field it does (named in ``details.param``)."""
 
     status = 400
     code = "unsupported_value"
+
+
+class ToolDefinitionChanged(TurnledgerError):
+    """An MCP call's approval was asked for a tool definition its server has changed since
+    (``details.calls``): the approval is invalidated, nothing is decided."""
+
+    status = 409
+    code = "tool_definition_changed"
+
+
+class ToolServerUnavailable(TurnledgerError):
+    """An MCP server of the registry could not list its tools (``details.server_label``)."""
+
+    status = 502
+    code = "tool_server_unavailable"
+
+
+class UnsupportedParameter(InvalidRequest):
+    """A request sets a field this API does not take (``details.param``): refused, never
+    accepted and ignored."""
+
+    code = "unsupported_parameter"

@@ -307,6 +307,9 @@ class ApprovalRequested(_Payload):
     call_id: str
     arguments_sha256: str
     expires_at: datetime
+    #: An MCP tool's call: the sha256 of the tool's definition the approval is asked for
+    #: (a changed definition invalidates it); ``None`` for other tools.
+    definition_sha256: str | None = None
 
 
 class ApprovalResolved(_Payload):
@@ -701,6 +704,8 @@ class PendingCall(_Strict):
     #: (``None`` on calls stored before these were recorded): the approval inbox shows them.
     requested_at: datetime | None = None
     requested_by: str | None = None
+    #: An MCP tool's call: the sha256 of the tool definition it was requested under.
+    definition_sha256: str | None = None
 
     # Stored (serialized) calls keep the first half of ``arguments_sha256`` when it is the
     # hash of their ``arguments`` (an edit replaces both), and parsing one whose arguments

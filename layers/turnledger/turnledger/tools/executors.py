@@ -54,6 +54,8 @@ from .calls import (
     short,
     unreachable,
 )
+from .mcp_calls import McpExecutor
+from .mcp_link import McpLink
 from .registry import LambdaExecutorConfig
 
 #: Imported from here by callers that run tools (re-exported from :mod:`.calls`).
@@ -260,6 +262,7 @@ class ToolRunner:
         *,
         max_workers: int = 8,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        mcp: McpLink | None = None,
     ) -> None:
         """Create the runner.
 
@@ -273,6 +276,8 @@ class ToolRunner:
                 available here (they then answer with an error).
             max_workers: calls run at the same time, at most.
             timeout_seconds: per-call timeout of tools that set none.
+            mcp: the process's link to MCP servers (the registry's too), for calls of
+                ``mcp`` tools; a new one (reaching them over Streamable HTTP) when ``None``.
 
         Raises:
             ValueError: ``max_workers`` is below 1.
@@ -284,6 +289,7 @@ class ToolRunner:
         self._http: HttpExecutor | None = None
         self._http_lock = threading.Lock()
         self.max_workers = max_workers
+        self.mcp = McpExecutor(mcp or McpLink(), timeout_seconds=timeout_seconds)
         # Builds no client until the first lambda call.
         self.lambda_executor = (
             None
@@ -314,8 +320,12 @@ class ToolRunner:
         invalid = tool.validate_call(invocation.call)
         if invalid is not None:
             return ToolOutcome(invalid, is_error=True)
-        executor: HttpExecutor | LambdaExecutor | None = (
-            self.http if tool.executor.type == "http" else self.lambda_executor
+        executor: HttpExecutor | LambdaExecutor | McpExecutor | None = (
+            self.http
+            if tool.executor.type == "http"
+            else self.mcp
+            if tool.executor.type == "mcp"
+            else self.lambda_executor
         )
         if executor is None:
             return ToolOutcome(

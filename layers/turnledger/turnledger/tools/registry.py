@@ -36,11 +36,13 @@ from pydantic import (
 )
 
 from ..core.config import Settings
-from ..core.exceptions import InternalError, UnknownTool
+from ..core.exceptions import InternalError, ToolServerUnavailable, UnknownTool
 from ..core.models import TOOL_NAME_PATTERN, ClientTool, Requirement, ToolCall
 from ..core.strict_json import arguments_refusal
 from ..providers.base import ToolSpec
 from .approval import ApprovalRule, approval_required
+from .mcp import McpServerEntry, approval_needed, split_name, tool_name
+from .mcp_link import McpCatalog, McpLink
 
 if TYPE_CHECKING:
     from mypy_boto3_ssm import SSMClient
@@ -121,8 +123,26 @@ class HumanExecutorConfig(_Config):
     type: Literal["human"]
 
 
+class McpExecutorConfig(_Config):
+    """A tool of a registered MCP server (:mod:`.mcp`): never written in a registry
+    document, made from the server's listing."""
+
+    type: Literal["mcp"]
+    server: McpServerEntry
+    #: The tool's name on its server.
+    tool: str
+    read_only: bool = False
+    #: The sha256 of the tool's definition as listed: approvals are asked for it.
+    definition_sha256: str
+    timeout_seconds: float | None = None
+
+
 ExecutorConfig = Annotated[
-    HttpExecutorConfig | LambdaExecutorConfig | ClientExecutorConfig | HumanExecutorConfig,
+    HttpExecutorConfig
+    | LambdaExecutorConfig
+    | ClientExecutorConfig
+    | HumanExecutorConfig
+    | McpExecutorConfig,
     Field(discriminator="type"),
 ]
 
@@ -280,22 +300,90 @@ def _duplicate_errors(tools: list[ToolDefinition]) -> list[str]:
     return errors
 
 
-class ToolRegistry:
-    """The registered tools, by name, in registry order."""
+def mcp_tool(
+    catalog: McpCatalog, label: str, tool: str, *, refresh: bool = False
+) -> ToolDefinition:
+    """The registered tool ``mcp__<label>__<tool>``, from its server's listing.
 
-    def __init__(self, tools: Iterable[ToolDefinition] = ()) -> None:
-        """Register ``tools``.
+    Raises:
+        UnknownTool: the server is not registered, or does not offer that tool.
+        ToolServerUnavailable: the server could not list its tools.
+    """
+    server = catalog.server(label)
+    listed = (
+        next((t for t in catalog.tools(label, refresh=refresh) if t.name == tool), None)
+        if server is not None
+        else None
+    )
+    name = tool_name(label, tool)
+    if server is None or listed is None:
+        raise UnknownTool(f"tool {name!r} is not registered", details={"tool": name})
+    try:
+        return ToolDefinition(
+            name=name,
+            description=listed.description,
+            parameters=dict(listed.input_schema),
+            require_approval=approval_needed(server.require_approval, tool, listed.read_only),
+            executor=McpExecutorConfig(
+                type="mcp",
+                server=server,
+                tool=tool,
+                read_only=listed.read_only,
+                definition_sha256=listed.definition_sha256,
+                timeout_seconds=server.timeout_seconds,
+            ),
+            idempotent=listed.read_only,
+            notify=server.notify,
+            four_eyes=server.four_eyes,
+        )
+    except ValidationError as exc:
+        raise UnknownTool(
+            f"tool {name!r} has a definition that cannot be offered: "
+            + "; ".join(_error_lines(exc)),
+            details={"tool": name},
+        ) from None
+
+
+class ToolRegistry:
+    """The registered tools, by name, in registry order; then the tools of the registered
+    MCP servers (``mcp__<server_label>__<tool>``), from their listings (:mod:`.mcp`)."""
+
+    def __init__(
+        self,
+        tools: Iterable[ToolDefinition] = (),
+        servers: Iterable[McpServerEntry] = (),
+        *,
+        mcp: McpLink | None = None,
+        timeout_seconds: float = 30.0,
+    ) -> None:
+        """Register ``tools`` and the MCP ``servers``.
+
+        Args:
+            mcp: the process's link to MCP servers (its listings are reused across the
+                registries it loads); a new one when ``None``.
+            timeout_seconds: the call deadline of servers that set none.
 
         Raises:
-            InvalidToolRegistry: two tools have the same name.
+            InvalidToolRegistry: two tools, or two servers, have the same name.
         """
         tools = list(tools)
+        servers = list(servers)
         errors = _duplicate_errors(tools)
+        labels: set[str] = set()
+        for server in servers:
+            if server.server_label in labels:
+                errors.append(f"MCP server {server.server_label!r}: duplicate server_label")
+            labels.add(server.server_label)
         if errors:
             raise InvalidToolRegistry(
                 f"tool registry is invalid: {'; '.join(errors)}", details={"errors": errors}
             )
         self._tools: dict[str, ToolDefinition] = {tool.name: tool for tool in tools}
+        self.mcp = McpCatalog(
+            servers={s.server_label: s for s in servers},
+            link=mcp if mcp is not None else McpLink(),
+            timeout_seconds=timeout_seconds,
+        )
 
     # --- loaders -----------------------------------------------------------------
 
@@ -305,7 +393,13 @@ class ToolRegistry:
         return cls()
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = "tool registry") -> ToolRegistry:
+    def from_json(
+        cls,
+        text: str | bytes,
+        *,
+        source: str = "tool registry",
+        mcp: McpLink | None = None,
+    ) -> ToolRegistry:
         """Parse and validate a registry document.
 
         Args:
@@ -331,8 +425,17 @@ class ToolRegistry:
                 details={"errors": errors},
             ) from None
         tools: list[ToolDefinition] = []
+        servers: list[McpServerEntry] = []
         errors = []
         for index, entry in enumerate(document.tools):
+            if isinstance(entry, dict) and entry.get("type") == "mcp":
+                server = entry.get("server_label")
+                label = f"MCP server {server!r}" if isinstance(server, str) else f"tool #{index}"
+                try:
+                    servers.append(McpServerEntry.model_validate(entry))
+                except ValidationError as exc:
+                    errors.extend(f"{label}: {line}" for line in _error_lines(exc))
+                continue
             name = entry.get("name") if isinstance(entry, dict) else None
             label = f"tool {name!r}" if isinstance(name, str) else f"tool #{index}"
             try:
@@ -344,10 +447,10 @@ class ToolRegistry:
             raise InvalidToolRegistry(
                 f"{source} is invalid: {'; '.join(errors)}", details={"errors": errors}
             )
-        return cls(tools)
+        return cls(tools, servers, mcp=mcp)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ToolRegistry:
+    def from_file(cls, path: str | Path, *, mcp: McpLink | None = None) -> ToolRegistry:
         """Load a registry from a JSON file.
 
         Raises:
@@ -357,7 +460,7 @@ class ToolRegistry:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise InvalidToolRegistry(f"cannot read tool registry {path}: {exc}") from None
-        return cls.from_json(text, source=f"tool registry {path}")
+        return cls.from_json(text, source=f"tool registry {path}", mcp=mcp)
 
     @classmethod
     def from_parameter(
@@ -366,6 +469,7 @@ class ToolRegistry:
         *,
         ssm_client: SSMClient | None = None,
         max_age: int = PARAMETER_MAX_AGE_SECONDS,
+        mcp: McpLink | None = None,
     ) -> ToolRegistry:
         """Load a registry from an SSM parameter (``String`` or ``SecureString``).
 
@@ -395,11 +499,13 @@ class ToolRegistry:
             ) from None
         if not isinstance(value, str | bytes):
             raise InvalidToolRegistry(f"tool registry parameter {name} is not text")
-        return cls.from_json(value, source=f"tool registry parameter {name}")
+        return cls.from_json(value, source=f"tool registry parameter {name}", mcp=mcp)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ToolRegistry:
+    def from_settings(cls, settings: Settings, *, mcp: McpLink | None = None) -> ToolRegistry:
         """The deployment's registry: ``TOOLS_FILE``, ``TOOLS_PARAMETER``, or none.
+
+        ``mcp``: the process's link to MCP servers (see :class:`ToolRegistry`).
 
         Raises:
             InvalidToolRegistry: both are set, or the registry cannot be loaded.
@@ -407,10 +513,13 @@ class ToolRegistry:
         if settings.tools_file and settings.tools_parameter:
             raise InvalidToolRegistry("set TOOLS_FILE or TOOLS_PARAMETER, not both")
         if settings.tools_file:
-            return cls.from_file(settings.tools_file)
-        if settings.tools_parameter:
-            return cls.from_parameter(settings.tools_parameter)
-        return cls.empty()
+            registry = cls.from_file(settings.tools_file, mcp=mcp)
+        elif settings.tools_parameter:
+            registry = cls.from_parameter(settings.tools_parameter, mcp=mcp)
+        else:
+            return cls.empty()
+        registry.mcp.timeout_seconds = settings.tool_timeout_seconds
+        return registry
 
     # --- lookups -----------------------------------------------------------------
 
@@ -426,14 +535,23 @@ class ToolRegistry:
         return iter(self._tools.values())
 
     def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and (parts := split_name(name)) is not None:
+            return self.mcp.server(parts[0]) is not None
         return name in self._tools
 
-    def get(self, name: str) -> ToolDefinition:
+    def get(self, name: str, *, refresh: bool = False) -> ToolDefinition:
         """The tool called ``name``.
+
+        Args:
+            refresh: an MCP tool's definition is listed anew, never a kept listing's.
 
         Raises:
             UnknownTool: no tool has that name.
+            ToolServerUnavailable: an MCP tool's server could not list its tools.
         """
+        parts = split_name(name)
+        if parts is not None and self.mcp.server(parts[0]) is not None:
+            return mcp_tool(self.mcp, *parts, refresh=refresh)
         try:
             return self._tools[name]
         except KeyError:
@@ -447,20 +565,31 @@ class ToolRegistry:
 
         Args:
             names: the turn's ``tools`` list (order kept, repeats dropped); ``None``
-                means every registered tool.
+                means every registered tool, with every tool its MCP servers offer (a
+            server that cannot list its tools now is left out).
 
         Raises:
             UnknownTool: a name is not registered (``details.unknown`` lists them all).
+            ToolServerUnavailable: a named tool's MCP server cannot list its tools.
         """
         if names is None:
-            return list(self._tools.values())
-        unknown = [name for name in dict.fromkeys(names) if name not in self._tools]
+            offered = list(self._tools.values())
+            for label in self.mcp.servers:
+                try:
+                    listed = self.mcp.tools(label)
+                except ToolServerUnavailable:
+                    # Logged by the catalog; a server that is down leaves every other
+                    # tool (and a rejection of its own calls) usable.
+                    continue
+                offered.extend(mcp_tool(self.mcp, label, tool.name) for tool in listed)
+            return offered
+        unknown = [name for name in dict.fromkeys(names) if name not in self]
         if unknown:
             raise UnknownTool(
                 f"tools not registered: {', '.join(unknown)}",
                 details={"tool": unknown[0], "unknown": unknown, "registered": self.names},
             )
-        return [self._tools[name] for name in dict.fromkeys(names)]
+        return [self.get(name) for name in dict.fromkeys(names)]
 
     def specs(self, names: list[str] | None = None) -> list[ToolSpec]:
         """The :class:`ToolSpec` of :meth:`select` ``(names)``.

@@ -17,10 +17,16 @@ a run that may have happened would make that key lie.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..core.exceptions import ApproverIsRequester, RequestValidationFailed, UnknownTool
+from ..core.exceptions import (
+    ApproverIsRequester,
+    RequestValidationFailed,
+    ToolDefinitionChanged,
+    ToolServerUnavailable,
+    UnknownTool,
+)
 from ..core.models import PendingCall
 from ..tools.approval import arguments_sha256
 
@@ -114,4 +120,61 @@ def check_four_eyes(
             "four-eyes: these calls were asked for by your own turn; another person must "
             "approve them (rejecting is allowed); nothing was decided",
             details={"calls": own, "requested_by": approver},
+        )
+
+
+def check_definitions(
+    registry: ToolRegistry, awaiting: Mapping[str, PendingCall], approving: Collection[str]
+) -> None:
+    """Refuse deciding MCP calls whose tool definition changed since they were asked for.
+
+    Each MCP tool among ``awaiting`` is listed anew (never from a kept listing): a
+    definition whose hash differs from the call's ``definition_sha256``, or a tool its
+    server no longer offers, invalidates the approval. A server that cannot list its
+    tools now blocks only the approval of its calls (``approving``): a rejection needs
+    no server.
+
+    Raises:
+        ToolDefinitionChanged: such calls are among ``awaiting`` (``details.calls``);
+            nothing is decided.
+        ToolServerUnavailable: a call being approved is of a server that could not list
+            its tools; nothing is decided.
+    """
+    from ..tools.registry import McpExecutorConfig
+
+    changed: list[dict[str, str | None]] = []
+    listed: dict[str, str | ToolServerUnavailable | None] = {}
+    for call_id, pending in awaiting.items():
+        if pending.definition_sha256 is None:
+            continue
+        if pending.name not in listed:
+            try:
+                executor = registry.get(pending.name, refresh=True).executor
+            except UnknownTool:
+                listed[pending.name] = None
+            except ToolServerUnavailable as exc:
+                listed[pending.name] = exc
+            else:
+                listed[pending.name] = (
+                    executor.definition_sha256 if isinstance(executor, McpExecutorConfig) else None
+                )
+        current = listed[pending.name]
+        if isinstance(current, ToolServerUnavailable):
+            if call_id in approving:
+                raise current
+            continue
+        if current != pending.definition_sha256:
+            changed.append(
+                {
+                    "id": call_id,
+                    "tool": pending.name,
+                    "approved_definition_sha256": pending.definition_sha256,
+                    "current_definition_sha256": current,
+                }
+            )
+    if changed:
+        raise ToolDefinitionChanged(
+            "the MCP server changed these tools' definitions since the calls were asked "
+            "for: their approvals are invalidated; nothing was decided",
+            details={"calls": changed},
         )

@@ -12,7 +12,7 @@ dies midway is resumed from the log under the same idempotency keys.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from math import ceil
@@ -22,7 +22,12 @@ from ..context.memory import Recall, WritePlan
 from ..context.policy import DataPolicy
 from ..core import deadline
 from ..core.config import Settings
-from ..core.exceptions import ConversationBusy, InternalError, UnknownToolCall
+from ..core.exceptions import (
+    ConversationBusy,
+    InternalError,
+    ToolDefinitionChanged,
+    UnknownToolCall,
+)
 from ..core.models import (
     ApprovalExpired,
     ApprovalRequested,
@@ -45,10 +50,18 @@ from ..providers.base import Provider
 from ..providers.retry import Backoff
 from ..tools.approval import arguments_sha256
 from ..tools.executors import ToolInvocation, ToolOutcome, ToolRunner, idempotency_key
-from ..tools.registry import HttpExecutorConfig, ToolDefinition, ToolRegistry, requirement
+from ..tools.registry import (
+    HttpExecutorConfig,
+    McpExecutorConfig,
+    ToolDefinition,
+    ToolRegistry,
+    requirement,
+)
 from . import callbacks, policy_gate
+from .approval_edits import check_definitions
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
+from .mcp_listings import record_listings
 from .results import OutputCall, OutputText
 from .session import Clock, Session
 
@@ -75,6 +88,12 @@ class Committer(Protocol):
     """What commits a session's staged step: the request's runner (:mod:`.runner`)."""
 
     def commit(self, session: Session) -> Head: ...
+
+
+class Runner(Committer, Protocol):
+    """The request's runner (:mod:`.runner`), as a step that stops for a cancel uses it."""
+
+    def stop_cancelled(self, session: Session) -> bool: ...
 
 
 @dataclass
@@ -205,6 +224,12 @@ class ToolCalls:
                 continue
             how = _OPENING_MOVE[needs]
             expires_at = None
+            # An MCP call is bound to the definition it was asked under.
+            definition = (
+                tool.executor.definition_sha256
+                if tool is not None and isinstance(tool.executor, McpExecutorConfig)
+                else None
+            )
             if needs == "approval":
                 expires_at = self._approval_deadline(session, now)
                 session.add(
@@ -212,6 +237,7 @@ class ToolCalls:
                         call_id=call.id,
                         arguments_sha256=arguments_sha256(call.arguments),
                         expires_at=expires_at,
+                        definition_sha256=definition,
                     ),
                     actor="system",
                 )
@@ -227,9 +253,13 @@ class ToolCalls:
                     expires_at=expires_at,
                     requested_at=now,
                     requested_by=turn_actor(session),
+                    definition_sha256=definition,
                 ),
                 how,
             )
+        called = [offered[c.name] for c in calls if c.name in offered]
+        if any(isinstance(t.executor, McpExecutorConfig) for t in called):
+            record_listings(session, self.tools, called)
 
     def run_ready(self, work: TurnWork, committer: Committer) -> None:
         """Run every call that is recorded and cleared to run, then record the results.
@@ -564,6 +594,53 @@ class ToolCalls:
             for p in session.machine.pending
             if p.state == "awaiting_client" and p.id not in waiting
         )
+
+    def refuse_changed_definitions(
+        self,
+        work: TurnWork,
+        undecided: Mapping[str, PendingCall],
+        approving: Collection[str],
+        run: Runner,
+    ) -> None:
+        """Before a decision: invalidate the waiting MCP calls whose tool definition changed
+        (:func:`.approval_edits.check_definitions`), whether or not the decision names them,
+        record that (with what it lets run, as after expired approvals), and refuse.
+
+        Raises:
+            ToolDefinitionChanged: such calls wait; their invalidation is committed.
+        """
+        try:
+            check_definitions(self.tools, undecided, approving)
+        except ToolDefinitionChanged as exc:
+            session = work.session
+            self.invalidate(work, [c["id"] for c in exc.details["calls"]])
+            self.settle_rejected(work)
+            self.run_ready(work, run)
+            if not run.stop_cancelled(session):
+                session.machine.release_lease()
+                run.commit(session)
+            raise
+
+    def invalidate(self, work: TurnWork, call_ids: list[str]) -> None:
+        """Reject the MCP calls whose tool definition changed while they awaited a
+        decision (``approval_resolved`` by the system, reason ``invalidated: tool
+        definition changed``); their error results follow with :meth:`settle_rejected`."""
+        session = work.session
+        reason = "invalidated: tool definition changed"
+        waiting = {p.id: p for p in session.machine.pending if p.state in AWAITING_DECISION}
+        for call_id in call_ids:
+            pending = waiting[call_id]
+            session.add(
+                ApprovalResolved(
+                    call_id=call_id,
+                    decision="rejected",
+                    reason=reason,
+                    approver="system",
+                    arguments_sha256=pending.arguments_sha256,
+                ),
+                actor="system",
+            )
+            session.machine.change(pending, CallMove.REJECT, reason=reason)
 
     def expire_approvals(self, session: Session) -> list[str]:
         """Resolve approvals whose window closed as rejected (``approval expired``)."""

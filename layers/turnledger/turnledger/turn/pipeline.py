@@ -421,6 +421,7 @@ class Conversations(ModelCall):
             always=self.settings.approval_four_eyes,
             requester=turn_actor(session),
         )
+        self.calls.refuse_changed_definitions(work, undecided, set(approvals), run)
         edits = check_edits(self.calls.tools, undecided, approvals)
         for call_id in named:
             pending = undecided[call_id]

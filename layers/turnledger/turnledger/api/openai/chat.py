@@ -287,7 +287,8 @@ def _answer(
         again = repeated(service, who, items)
         if again is not None:
             return again, None
-    return respond(service, who, shaped, items, _response_format(request))
+    done = respond(service, who, shaped, items, _response_format(request))
+    return done.reply, done.pieces
 
 
 @app.post(f"{PREFIX}/chat/completions", include_in_schema=False)

@@ -45,7 +45,7 @@ Kind = Literal[
 ]
 
 #: Input kinds that are accepted and left out of the transcript (kept by the client).
-_OPAQUE = frozenset({"reasoning", "mcp_approval_request", "mcp_list_tools"})
+_OPAQUE = frozenset({"reasoning", "mcp_approval_request", "mcp_list_tools", "mcp_call"})
 #: Content parts that are text.
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal"})
 
@@ -246,6 +246,8 @@ def _read(item: dict[str, Any]) -> InputItem | None:
         call_id = item.get("approval_request_id")
         if not isinstance(call_id, str) or not isinstance(item.get("approve"), bool):
             raise InvalidRequest("mcp_approval_response needs approval_request_id and approve")
+        # An MCP tool's request is mcpr_<call id> (.mcp); the ledger's own, the call id.
+        call_id = call_id.removeprefix("mcpr_")
         _check_call_id(call_id)
         reason = item.get("reason")
         return InputItem(

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
 from ...core.exceptions import (
+    ApprovalPending,
     ConversationNotFound,
     ForkPointOpen,
     ForkTooDeep,
@@ -64,6 +65,7 @@ from ..resolver import (
 )
 from ..schemas import ApprovalEdit, ApprovalRequest, Rejection
 from ..views import decisions, pending_view, turn_response
+from . import mcp
 from .items import InputItem, history_of, item_id, output_message, parse_input
 from .matching import continued, record
 from .schemas import PREFIX, ResponseCreate, epoch, new_conversation_id
@@ -173,18 +175,25 @@ def _named_conversation(service: Conversations, who: Caller, named: Any) -> Conv
 
 def _tools(
     service: Conversations, declared: list[dict[str, Any]] | None
-) -> tuple[list[str] | None, list[ClientTool]]:
-    """The registry tools a request offers (``None``: all of them) and its client tools."""
+) -> tuple[list[str] | None, list[ClientTool], list[str]]:
+    """The registry tools a request offers (``None``: all of them), its client tools, and
+    the tools its ``mcp`` tools' ``require_approval`` asks approval for."""
     if declared is None:
-        return None, []
+        return None, [], []
     registry = service.tools
     registered = set(registry.names)
     names: list[str] = []
     clients: list[ClientTool] = []
+    stricter: list[str] = []
     for index, tool in enumerate(declared):
         kind = tool.get("type", "function")
         if kind == "mcp" and tool.get("server_label") == SERVER_LABEL:
             names.extend(registry.names)
+            continue
+        if kind == "mcp":
+            offered, approve = mcp.mcp_tools(registry, tool, index)
+            names.extend(offered)
+            stricter.extend(approve)
             continue
         if kind != "function":
             raise InvalidRequest(
@@ -210,7 +219,7 @@ def _tools(
                 details={"param": f"tools.{index}"},
             ) from None
         clients.append(declared_tool)
-    return names, clients
+    return names, clients, stricter
 
 
 def _command(
@@ -226,7 +235,7 @@ def _command(
     (outputs of calls waiting for a person or a job need them) and ``X-Memory-User``
     (:func:`~turnledger.api.resolver.memory_user`) included; ``response_format`` is
     JSON mode (the Chat Completions face's)."""
-    tools, clients = _tools(service, request.tools)
+    tools, clients, stricter = _tools(service, request.tools)
     metadata = dict(request.metadata or {})
     said = "\n".join([*filter(None, [request.instructions]), *instructions])
     if said:
@@ -239,6 +248,7 @@ def _command(
         response_format=response_format,
         tools=tools,
         client_tools=clients,
+        require_approval=stricter,
         metadata=metadata,
         memory_user=memory_user(),
         approver_claims=with_approver_claims(who).approver_claims,
@@ -253,10 +263,11 @@ def _decisions(approvals: list[InputItem], key: ConversationKey) -> Decisions:
     approve: list[str | ApprovalEdit] = []
     reject: list[str | Rejection] = []
     for item in approvals:
+        call_id = item.call_id
         if item.approve:
-            approve.append(item.call_id)
+            approve.append(call_id)
         else:
-            reject.append(Rejection(id=item.call_id, reason=item.reason))
+            reject.append(Rejection(id=call_id, reason=item.reason))
     return decisions(ApprovalRequest(approve=approve, reject=reject), who.approver_claims)
 
 
@@ -318,7 +329,20 @@ def _run(
     command = _command(service, who, request, messages, outputs, instructions, response_format)
     if history:
         service.append(key, who.actor, history_of(history))
-    return _execute(service, who, key, command, request.stream, live)
+    try:
+        return _execute(service, who, key, command, request.stream, live)
+    except ApprovalPending as exc:
+        raise mcp.unanswered(exc) from None
+
+
+class Responded(NamedTuple):
+    """What :func:`respond` did: the turn's result, its draft chunks when streamed, and
+    the response's MCP items (``mcp_list_tools``, ``mcp_call``) that come before the rest
+    of its output."""
+
+    reply: TurnResult
+    pieces: list[str] | None
+    mcp_items: list[dict[str, Any]]
 
 
 @app.post(f"{PREFIX}/responses", include_in_schema=False)
@@ -330,18 +354,25 @@ def create_response(request: Annotated[ResponseCreate, Body()]) -> Response[str]
     opened = channel() if request.stream else None
     live = LiveResponse(opened, request) if opened is not None else None
     try:
-        reply, pieces = respond(service, who, request, parse_input(request.input), live=live)
+        done = respond(service, who, request, parse_input(request.input), live=live)
     except Exception as exc:
         if live is None or not live.opened:
             raise
         live.fail(exc)  # the stream began: its client learns of the failure there
         return live.answer()
-    body = response_body(request, reply)
+    body = response_body(request, done.reply)
+    output = body["output"]
+    if live is not None and live.events.sent is not None:
+        # The message streamed live holds output index 0 (the SDKs refuse an index given
+        # twice): its MCP items follow it.
+        body["output"] = [*output[:1], *done.mcp_items, *output[1:]]
+    else:
+        body["output"] = [*done.mcp_items, *output]
     if live is not None:
         live.finish(body)
         return live.answer()
     if request.stream:
-        return event_stream(body, pieces)
+        return event_stream(body, done.pieces)
     return json_response(200, body)
 
 
@@ -352,12 +383,12 @@ def respond(
     items: list[InputItem],
     response_format: JsonObjectFormat | JsonSchemaFormat | None = None,
     live: LiveResponse | None = None,
-) -> tuple[TurnResult, list[str] | None]:
+) -> Responded:
     """Run ``request`` (its ``input`` read as ``items``) in the conversation it names or
     continues (see the module's docstring), and bring that conversation's transcript chain
     up to date; ``store: false`` keeps nothing. The Chat Completions face
     (:mod:`.chat`) answers through this too, so both faces continue the same chains.
-    Streamed, the second value is the answer's draft chunks; with ``live``, the answer's
+    Streamed, its ``pieces`` are the answer's draft chunks; with ``live``, the answer's
     text also goes to it as the model writes it."""
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest("send conversation or previous_response_id, not both")
@@ -388,6 +419,9 @@ def respond(
         live.conversation_id = key.conversation_id
     try:
         reply, pieces = _run(service, who, key, request, items, response_format, live)
+        # Read before a store: false request's conversation is cleared.
+        decided = any(i.kind == "approval" for i in items)
+        mcp_items = mcp.items(service, key, request.tools, reply, SERVER_LABEL, decided=decided)
     except Exception:
         if forked:
             service.clear(key)  # no response names the fork: nothing may continue it
@@ -397,7 +431,7 @@ def respond(
             service.clear(key)  # answered, nothing kept
     if request.store:
         record(service, key)
-    return reply, pieces
+    return Responded(reply, pieces, mcp_items)
 
 
 class LiveResponse:
@@ -454,7 +488,10 @@ def response_body(request: ResponseCreate, reply: TurnResult) -> dict[str, Any]:
         )
     for index, call in enumerate(map(pending_view, reply.waiting)):
         arguments = json.dumps(call.arguments)
-        if call.requires == "approval":
+        mcp_request = mcp.approval_request_item(call.id, call.name, arguments)
+        if call.requires == "approval" and mcp_request is not None:
+            output.append(mcp_request)
+        elif call.requires == "approval":
             output.append(
                 {
                     "type": "mcp_approval_request",

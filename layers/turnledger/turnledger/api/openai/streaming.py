@@ -5,7 +5,8 @@ server-sent events, in the order the ``openai`` SDK (and the Agents SDK) parse t
 ``response.output_item.added``, its content (a message's ``response.content_part.added``,
 ``response.output_text.delta`` per piece, ``response.output_text.done``,
 ``response.content_part.done``; a function call's
-``response.function_call_arguments.delta`` and ``.done``) and
+``response.function_call_arguments.delta`` and ``.done``; an MCP call's or listing's
+``response.mcp_call.*`` or ``response.mcp_list_tools.*``) and
 ``response.output_item.done``; then ``response.completed``. Each event carries its
 ``sequence_number`` (from 0). The events are written once the turn is committed, so the
 final one never announces what the ledger does not hold.
@@ -98,6 +99,8 @@ class ResponseEvents:
                     name=item["name"],
                     arguments=item["arguments"],
                 )
+            elif kind in ("mcp_call", "mcp_list_tools"):
+                _mcp_events(self.event, index, item)
             else:
                 self.event("response.output_item.added", output_index=index, item=item)
             self.event("response.output_item.done", output_index=index, item=item)
@@ -107,7 +110,9 @@ class ResponseEvents:
         for part_index, part in enumerate(item["content"]):
             text = part.get("text", "")
             where = {"item_id": item["id"], "output_index": index, "content_index": part_index}
-            if index == 0 and part_index == 0 and self.sent is not None:
+            # The message sent live is found by its id: MCP items may come before it.
+            live = self._message is not None and item["id"] == self._message["item_id"]
+            if live and part_index == 0 and self.sent is not None:
                 sent = "".join(self.sent)
                 if text.startswith(sent) and text != sent:
                     self.text(item["id"], text[len(sent) :])
@@ -158,3 +163,22 @@ def event_stream(body: dict[str, Any], pieces: Iterable[str] | None = None) -> R
         body=sse_text(events_of(body, pieces)),
         headers={"Cache-Control": "no-cache"},
     )
+
+
+def _mcp_events(emit: Callable[..., None], index: int, item: dict[str, Any]) -> None:
+    """The events of an ``mcp_call`` or ``mcp_list_tools`` item, up to its ``done``."""
+    where = {"item_id": item["id"], "output_index": index}
+    if item["type"] == "mcp_list_tools":
+        emit("response.output_item.added", output_index=index, item={**item, "tools": []})
+        emit("response.mcp_list_tools.in_progress", **where)
+        emit("response.mcp_list_tools.completed", **where)
+        return
+    emit(
+        "response.output_item.added",
+        output_index=index,
+        item={**item, "arguments": "", "output": None, "error": None, "status": STREAMING},
+    )
+    emit("response.mcp_call.in_progress", **where)
+    emit("response.mcp_call_arguments.delta", **where, delta=item["arguments"])
+    emit("response.mcp_call_arguments.done", **where, arguments=item["arguments"])
+    emit(f"response.mcp_call.{'failed' if item['status'] == 'failed' else 'completed'}", **where)

@@ -1,0 +1,47 @@
+"""The executor of ``mcp`` tools: one ``tools/call`` per call, through the process's
+:class:`~.mcp.McpLink` (its port loads the ``mcp`` package on the first call)."""
+
+from __future__ import annotations
+
+from .calls import ToolInvocation, ToolOutcome, short, unreachable
+from .mcp import CALL_ID_META, IDEMPOTENCY_KEY_META, McpError, call_timeout
+from .mcp_link import McpLink
+from .registry import McpExecutorConfig
+
+
+class McpExecutor:
+    """Runs an MCP tool's call: one ``tools/call`` within the server's deadline, the call's
+    id and idempotency key in ``_meta``; a failure is an error outcome."""
+
+    def __init__(self, link: McpLink, *, timeout_seconds: float = 30.0) -> None:
+        self.link = link
+        self.timeout_seconds = timeout_seconds
+
+    def execute(self, invocation: ToolInvocation) -> ToolOutcome:
+        """Call the tool once; see the module docstring."""
+        config = invocation.tool.executor
+        if not isinstance(config, McpExecutorConfig):
+            raise ValueError(f"tool {invocation.tool.name} is not an MCP tool")
+        name = invocation.tool.name
+        timeout = call_timeout(config.server, self.timeout_seconds)
+        if timeout <= 0:
+            return ToolOutcome(
+                f"tool {name} was not run: the request ran out of time", is_error=True
+            )
+        meta = {
+            CALL_ID_META: invocation.call.id,
+            IDEMPOTENCY_KEY_META: invocation.idempotency_key,
+        }
+        try:
+            result = self.link.port().call_tool(
+                config.server, config.tool, invocation.call.arguments, meta=meta, timeout=timeout
+            )
+        except McpError as exc:
+            unreachable(name, exc)
+            if exc.timed_out:
+                return ToolOutcome(f"tool {name} timed out after {timeout:g}s", is_error=True)
+            return ToolOutcome(f"tool {name} failed: {short(str(exc))}", is_error=True)
+        output = result.output()
+        if result.is_error:
+            return ToolOutcome(f"tool {name} failed: {short(output)}", is_error=True)
+        return ToolOutcome(output)

@@ -1,0 +1,124 @@
+"""The adapters of :class:`~.mcp.McpPort`: the ``mcp`` package's client over Streamable
+HTTP, and the same client on an in-process server for tests.
+
+Loaded on the first listing or call of an MCP tool (the ``mcp`` package takes about a
+second to import: no function's init pays for it). Each listing and each call is one
+short session on its own event loop (``asyncio.run`` in the calling thread): stateless
+requests, which fit Lambda, and the tool runner's threads each run their own. The
+server's deadline bounds the whole session (``anyio.fail_after``); the library's
+errors become :class:`~.mcp.McpError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
+
+import anyio
+import mcp
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from .mcp import McpCallResult, McpError, McpListing, McpServerEntry, listing_of
+
+_T = TypeVar("_T")
+
+#: Pages of a listing read at most (a server that pages for ever is cut here).
+_MAX_PAGES = 50
+
+
+async def _listing(client: mcp.Client, label: str) -> McpListing:
+    tools: list[dict[str, Any]] = []
+    ttl_ms: int | None = None
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+        if ttl_ms is None:
+            ttl_ms = page.ttl_ms
+        tools.extend(
+            t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in page.tools
+        )
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return listing_of(label, tools, ttl_ms)
+
+
+async def _call(
+    client: mcp.Client, tool: str, arguments: Mapping[str, Any], meta: Mapping[str, str]
+) -> McpCallResult:
+    # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...).
+    result = await client.call_tool(tool, dict(arguments), meta=cast(Any, dict(meta)))
+    return McpCallResult(
+        content=[
+            b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content
+        ],
+        structured=result.structured_content,
+        is_error=bool(result.is_error),
+    )
+
+
+class _ClientPort:
+    """What both adapters share: a session per request, bounded, errors translated."""
+
+    def _client(self, server: McpServerEntry) -> mcp.Client:
+        raise NotImplementedError
+
+    def _run(
+        self, server: McpServerEntry, timeout: float, work: Callable[[mcp.Client], Awaitable[_T]]
+    ) -> _T:
+        async def bounded() -> _T:
+            with anyio.fail_after(timeout):
+                async with self._client(server) as client:
+                    return await work(client)
+
+        try:
+            return asyncio.run(bounded())
+        except TimeoutError:
+            raise McpError(f"no answer within {timeout:g}s", timed_out=True) from None
+        except mcp.MCPError as exc:
+            raise McpError(f"the server answered an error: {exc}") from None
+        except Exception as exc:  # the transport's errors (httpx2, anyio, ExceptionGroup)
+            raise McpError(f"{type(exc).__name__}: {exc}") from None
+
+    def list_tools(self, server: McpServerEntry, timeout: float) -> McpListing:
+        """The server's listing (every page); :class:`McpError` on a failure."""
+        return self._run(server, timeout, lambda c: _listing(c, server.server_label))
+
+    def call_tool(
+        self,
+        server: McpServerEntry,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        meta: Mapping[str, str],
+        timeout: float,
+    ) -> McpCallResult:
+        """One ``tools/call``; :class:`McpError` on a failure of the server or network."""
+        return self._run(server, timeout, lambda c: _call(c, tool, arguments, meta))
+
+
+class StreamableHttpMcp(_ClientPort):
+    """The servers at their ``server_url``, over Streamable HTTP, with their ``headers``."""
+
+    def _client(self, server: McpServerEntry) -> mcp.Client:
+        http = create_mcp_http_client(headers=dict(server.headers) or None)
+        # Our deadline bounds the session; the library's response cache is per client and
+        # would outlive none, so it is off.
+        return mcp.Client(streamable_http_client(server.server_url, http_client=http), cache=None)
+
+
+class InMemoryMcp(_ClientPort):
+    """In-process servers (``mcp.server.MCPServer`` objects) by label, for tests: the same
+    client and protocol with no network."""
+
+    def __init__(self, servers: Mapping[str, Any]) -> None:
+        self.servers = dict(servers)
+
+    def _client(self, server: McpServerEntry) -> mcp.Client:
+        try:
+            target = self.servers[server.server_label]
+        except KeyError:
+            raise McpError(f"no in-memory server {server.server_label!r}") from None
+        return mcp.Client(target, cache=None)

@@ -1,0 +1,504 @@
+"""MCP servers as tools over HTTP: a real server of the ``mcp`` package on loopback (a
+read-only ``read_file`` and a ``delete_file``, :mod:`tests.support.mcp_servers`), reached
+by the local runner over Streamable HTTP.
+
+The server logs every call it sees to a file; each test counts only the calls of its
+own paths (``/<conversation>``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from turnledger.core.models import ConversationKey
+from turnledger.turn.mcp_listings import LISTING_PREFIX
+from turnledger_local.runner import LocalConfig, LocalRunner
+from turnledger_local.template import PROJECT_ROOT
+
+from tests.functional.test_tool_turns import tool_line
+from tests.http.conftest import store_of
+from tests.support.aws import unique_name
+from tests.support.concurrency import all_at_once
+
+pytestmark = pytest.mark.integration
+
+ANN = {"Authorization": "Bearer local:acme:ann"}
+BEN = {"Authorization": "Bearer local:acme:ben"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class McpProcess:
+    """The files server in its own process on ``port``; its calls in ``calls_dir``."""
+
+    def __init__(self, port: int, calls_dir: Path) -> None:
+        self.port = port
+        self.calls_dir = calls_dir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self, *, changed: bool = False) -> None:
+        args = [sys.executable, "-m", "tests.support.mcp_servers", str(self.port)]
+        self.process = subprocess.Popen(
+            [*args, "--changed"] if changed else args,
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "MCP_CALLS_DIR": str(self.calls_dir)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("the MCP server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+    def calls(self, path: str) -> list[dict[str, Any]]:
+        log = self.calls_dir / "calls.jsonl"
+        if not log.exists():
+            return []
+        seen = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+        return [c for c in seen if c["arguments"].get("path") == path]
+
+
+def files_entry(server: McpProcess) -> dict[str, Any]:
+    return {
+        "type": "mcp",
+        "server_label": "files",
+        "server_url": server.url,
+        "require_approval": {"never": {"read_only": True}},
+        "timeout_seconds": 10,
+    }
+
+
+def config_of(
+    server: McpProcess, ddb_local_endpoint: str, folder: Path, **overrides: Any
+) -> LocalConfig:
+    tools = folder / "tools.json"
+    tools.write_text(json.dumps({"tools": [files_entry(server)]}), encoding="utf-8")
+    return LocalConfig(
+        port=0,
+        tools_file=tools,
+        dynamodb_endpoint=ddb_local_endpoint,
+        table=unique_name("conversations"),
+        bucket=unique_name("artifacts"),
+        **overrides,
+    )
+
+
+@pytest.fixture(scope="module")
+def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpProcess]:
+    server = McpProcess(free_port(), tmp_path_factory.mktemp("mcp-calls"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def runner(
+    mcp_server: McpProcess, ddb_local_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalRunner]:
+    config = config_of(mcp_server, ddb_local_endpoint, tmp_path_factory.mktemp("registry"))
+    with LocalRunner(config) as served:
+        yield served
+
+
+@pytest.fixture
+def client(runner: LocalRunner) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http:
+        yield http
+
+
+@pytest.fixture
+def conversation() -> str:
+    return f"mcp-{uuid.uuid4().hex[:12]}"
+
+
+def post_turn(client: httpx.Client, conversation: str, text: str) -> httpx.Response:
+    return client.post(f"/v1/conversations/{conversation}/turns", json={"input": text})
+
+
+def approve(client: httpx.Client, conversation: str, call_id: str) -> httpx.Response:
+    return client.post(f"/v1/conversations/{conversation}/approvals", json={"approve": [call_id]})
+
+
+def events(client: httpx.Client, conversation: str) -> list[dict[str, Any]]:
+    response = client.get(f"/v1/conversations/{conversation}/events", params={"limit": 1000})
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()["events"]
+    return found
+
+
+def test_read_file_runs_at_once_and_delete_file_waits_for_one_approval(
+    runner: LocalRunner, client: httpx.Client, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    read = post_turn(client, conversation, tool_line("mcp__files__read_file", path=path))
+    assert read.status_code == 200, read.text
+    assert read.json()["status"] == "complete"
+    assert f"contents of {path}" in read.json()["output_text"]
+    [seen] = mcp_server.calls(path)
+    assert seen["tool"] == "read_file"
+    requested = [e for e in events(client, conversation) if e["kind"] == "tool_call_requested"]
+    assert seen["meta"]["turnledger/call_id"] == requested[0]["payload"]["call_id"]
+
+    delete = post_turn(client, conversation, tool_line("mcp__files__delete_file", path=path))
+    assert delete.status_code == 200, delete.text
+    body = delete.json()
+    assert body["status"] == "awaiting_approval"
+    [pending] = body["pending_tool_calls"]
+    assert pending["name"] == "mcp__files__delete_file"
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["read_file"]  # nothing deleted yet
+
+    done = approve(client, conversation, pending["id"])
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    assert f"deleted {path}" in done.json()["output_text"]
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["read_file", "delete_file"]
+    asked = [e for e in events(client, conversation) if e["kind"] == "approval_requested"]
+    assert len(asked[-1]["payload"]["definition_sha256"]) == 64
+
+    # The listing the calls were made under is a record of the conversation, once.
+    store = store_of(runner)
+    key = ConversationKey(tenant="acme", conversation_id=conversation)
+    recorded = store.query_side_items(key, lower=LISTING_PREFIX, upper=LISTING_PREFIX + "~")
+    [listing] = recorded
+    assert listing.sort_key == f"{LISTING_PREFIX}files#{listing.attributes['sha256']}"
+    stored = json.loads(listing.attributes["listing"])
+    assert {t["name"] for t in stored["tools"]} == {"read_file", "delete_file"}
+    assert listing.attributes["server_url"] == mcp_server.url
+
+
+def test_approved_twice_in_parallel_the_server_sees_one_call(
+    runner: LocalRunner, client: httpx.Client, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    waiting = post_turn(client, conversation, tool_line("mcp__files__delete_file", path=path))
+    assert waiting.json()["status"] == "awaiting_approval", waiting.text
+    [pending] = waiting.json()["pending_tool_calls"]
+    approvers = [ANN, BEN]
+
+    def decide(index: int) -> httpx.Response:
+        with httpx.Client(base_url=runner.url, headers=approvers[index], timeout=60) as http:
+            return approve(http, conversation, pending["id"])
+
+    answers = all_at_once(2, decide)
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses[0] == 200 and statuses[1] in (200, 409), [a.text for a in answers]
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["delete_file"]
+
+
+def test_an_unregistered_tool_name_is_refused_and_reaches_no_server(
+    client: httpx.Client, mcp_server: McpProcess, conversation: str
+) -> None:
+    answer = client.post(
+        f"/v1/conversations/{conversation}/turns",
+        json={"input": "hi", "tools": ["mcp__other__delete_file"]},
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "unknown_tool"
+
+
+def test_a_changed_definition_invalidates_the_waiting_approval(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """The server restarts with another ``delete_file`` schema while a call waits: the
+    approval is invalidated (recorded), deciding it is ``409 tool_definition_changed``,
+    and the server sees no call."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start()
+    try:
+        with (
+            LocalRunner(config_of(server, ddb_local_endpoint, tmp_path)) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+            assert waiting.json()["status"] == "awaiting_approval", waiting.text
+            [pending] = waiting.json()["pending_tool_calls"]
+            server.stop()
+            server.start(changed=True)
+
+            refused = approve(http, conversation, pending["id"])
+            assert refused.status_code == 409, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "tool_definition_changed"
+            [changed] = error["details"]["calls"]
+            assert changed["id"] == pending["id"]
+            assert changed["approved_definition_sha256"] != changed["current_definition_sha256"]
+            assert server.calls(path) == []
+
+            log = events(http, conversation)
+            [resolved] = [e for e in log if e["kind"] == "approval_resolved"]
+            assert resolved["payload"]["decision"] == "rejected"
+            assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
+            again = approve(http, conversation, pending["id"])
+            assert again.status_code == 409, again.text
+            assert again.json()["error"]["code"] == "not_awaiting_approval"
+            assert server.calls(path) == []
+    finally:
+        server.stop()
+
+
+# --- the OpenAI face ------------------------------------------------------------------
+
+
+@pytest.fixture
+def openai_client(runner: LocalRunner) -> Iterator[Any]:
+    from openai import OpenAI
+
+    with OpenAI(
+        base_url=f"{runner.url}/openai/v1", api_key="local:acme:ann", max_retries=0
+    ) as client:
+        yield client
+
+
+def mcp_tool(server: McpProcess, **overrides: Any) -> dict[str, Any]:
+    return {
+        "type": "mcp",
+        "server_label": "files",
+        "server_url": server.url,
+        "require_approval": {"never": {"read_only": True}},
+        **overrides,
+    }
+
+
+def test_the_openai_sdk_gets_the_listing_the_request_and_the_call(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    paused = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__delete_file", path=path),
+        tools=[mcp_tool(mcp_server)],
+    )
+    kinds = [item.type for item in paused.output]
+    assert kinds == ["mcp_list_tools", "mcp_approval_request"], kinds
+    listed = paused.output[0]
+    assert listed.server_label == "files"
+    assert {t.name for t in listed.tools} == {"read_file", "delete_file"}
+    request = paused.output[1]
+    assert request.id.startswith("mcpr_")
+    assert (request.server_label, request.name) == ("files", "delete_file")
+    assert json.loads(request.arguments) == {"path": path}
+    assert mcp_server.calls(path) == []
+
+    done = openai_client.responses.create(
+        model="demo-1",
+        previous_response_id=paused.id,
+        input=[
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}
+        ],
+        tools=[mcp_tool(mcp_server)],
+    )
+    [call] = [item for item in done.output if item.type == "mcp_call"]
+    assert (call.server_label, call.name, call.status) == ("files", "delete_file", "completed")
+    assert call.output == f"deleted {path}"
+    assert call.approval_request_id == request.id
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["delete_file"]
+
+
+def test_a_read_only_call_runs_within_the_response(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    answered = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__read_file", path=path),
+        tools=[mcp_tool(mcp_server, allowed_tools=["read_file"])],
+    )
+    [listed] = [item for item in answered.output if item.type == "mcp_list_tools"]
+    assert [t.name for t in listed.tools] == ["read_file", "delete_file"]
+    [call] = [item for item in answered.output if item.type == "mcp_call"]
+    assert call.output == f"contents of {path}" and call.approval_request_id is None
+
+
+def test_a_request_can_only_add_approvals(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    paused = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__read_file", path=path),
+        tools=[mcp_tool(mcp_server, require_approval="always")],
+    )
+    assert [item.type for item in paused.output][-1] == "mcp_approval_request"
+    assert mcp_server.calls(path) == []
+    waived = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__delete_file", path=path),
+        tools=[mcp_tool(mcp_server, require_approval="never")],
+    )
+    assert [item.type for item in waived.output][-1] == "mcp_approval_request"
+    assert mcp_server.calls(path) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "code"),
+    [
+        ({"server_url": "http://127.0.0.1:1/mcp"}, "tools.0.server_url", "invalid_request"),
+        ({"server_label": "elsewhere"}, "tools.0.server_label", "invalid_request"),
+        ({"headers": {"Authorization": "x"}}, "tools.0.headers", "unsupported_parameter"),
+        ({"server_description": "x"}, "tools.0.server_description", "unsupported_parameter"),
+        ({"require_approval": "sometimes"}, "tools.0.require_approval", "invalid_request"),
+    ],
+)
+def test_a_server_the_registry_lacks_or_a_field_the_face_lacks_is_400(
+    openai_client: Any,
+    mcp_server: McpProcess,
+    conversation: str,
+    change: dict[str, Any],
+    param: str,
+    code: str,
+) -> None:
+    import openai
+
+    path = f"/{conversation}"
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.responses.create(
+            model="demo-1",
+            input=tool_line("mcp__files__delete_file", path=path),
+            tools=[{**mcp_tool(mcp_server), **change}],
+        )
+    error = caught.value.body
+    assert (error["param"], error["code"]) == (param, code), error
+    assert mcp_server.calls(path) == []
+
+
+def test_hosted_mcp_tool_of_the_agents_sdk_with_on_approval_request(
+    runner: LocalRunner, mcp_server: McpProcess, conversation: str
+) -> None:
+    from agents import Agent, HostedMCPTool, Runner
+    from agents.models.openai_responses import OpenAIResponsesModel
+    from agents.tracing import set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    path = f"/{conversation}"
+    asked: list[Any] = []
+
+    def on_approval_request(request: Any) -> Any:
+        asked.append(request.data)
+        return {"approve": True}
+
+    model = OpenAIResponsesModel(
+        model="demo-1",
+        openai_client=AsyncOpenAI(
+            base_url=f"{runner.url}/openai/v1", api_key="local:acme:ann", max_retries=0
+        ),
+    )
+    tool = HostedMCPTool(
+        tool_config=mcp_tool(mcp_server),  # type: ignore[arg-type]
+        on_approval_request=on_approval_request,
+    )
+    agent = Agent(name="files", model=model, tools=[tool])
+    result = Runner.run_sync(agent, tool_line("mcp__files__delete_file", path=path))
+    assert [r.name for r in asked] == ["delete_file"]
+    assert [c["tool"] for c in mcp_server.calls(path)] == ["delete_file"]
+    assert f"deleted {path}" in result.final_output
+
+
+def test_continuing_past_an_unanswered_approval_request_is_400(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    import openai
+
+    path = f"/{conversation}"
+    paused = openai_client.responses.create(
+        model="demo-1",
+        input=tool_line("mcp__files__delete_file", path=path),
+        tools=[mcp_tool(mcp_server)],
+    )
+    [request] = [item for item in paused.output if item.type == "mcp_approval_request"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.responses.create(
+            model="demo-1", previous_response_id=paused.id, input="never mind"
+        )
+    error = caught.value.body
+    assert error["type"] == "invalid_request_error" and error["param"] == "input"
+    assert request.id in error["message"]
+    assert mcp_server.calls(path) == []
+
+
+def test_streamed_mcp_items_have_their_events(
+    openai_client: Any, mcp_server: McpProcess, conversation: str
+) -> None:
+    path = f"/{conversation}"
+    with openai_client.responses.stream(
+        model="demo-1",
+        input=tool_line("mcp__files__read_file", path=path),
+        tools=[mcp_tool(mcp_server)],
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    mcp_kinds = [k for k in kinds if "mcp" in k]
+    assert mcp_kinds == [
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed",
+    ]
+    [call] = [item for item in final.output if item.type == "mcp_call"]
+    assert call.output == f"contents of {path}"
+
+
+def test_a_server_that_is_down_blocks_approving_not_rejecting(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """Approving needs the server's current definition (``502`` while it is down, nothing
+    decided); rejecting needs no server."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start()
+    try:
+        with (
+            LocalRunner(config_of(server, ddb_local_endpoint, tmp_path)) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+            [pending] = waiting.json()["pending_tool_calls"]
+            server.stop()
+            refused = approve(http, conversation, pending["id"])
+            assert refused.status_code == 502, refused.text
+            assert refused.json()["error"]["code"] == "tool_server_unavailable"
+            assert http.get(f"/v1/conversations/{conversation}").json()["status"] == (
+                "awaiting_approval"
+            )
+            rejected = http.post(
+                f"/v1/conversations/{conversation}/approvals",
+                json={"reject": [{"id": pending["id"], "reason": "not now"}]},
+            )
+            assert rejected.status_code == 200, rejected.text
+            assert rejected.json()["status"] == "complete"
+            assert server.calls(path) == []
+    finally:
+        server.stop()

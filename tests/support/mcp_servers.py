@@ -1,0 +1,72 @@
+"""MCP servers of the ``mcp`` package for tests: a files server with a read-only
+``read_file`` and a ``delete_file``, in process or on loopback (``python -m
+tests.support.mcp_servers PORT [--changed]``), counting the calls it sees.
+
+``--changed`` serves ``delete_file`` with another schema (a ``force`` flag): the server
+"restarted with a changed definition". Every call is appended to ``calls.jsonl`` in
+``MCP_CALLS_DIR`` when set (the loopback server's calls, read by the test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.types import ToolAnnotations
+
+
+@dataclass
+class FilesServer:
+    """The files server and what it was called with (``(tool, arguments, _meta)``)."""
+
+    server: MCPServer
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+
+def files_server(*, changed: bool = False, calls_dir: str | None = None) -> FilesServer:
+    """A files server; ``changed``: its ``delete_file`` takes a ``force`` flag too."""
+    server = MCPServer("files")
+    made = FilesServer(server)
+
+    def seen(tool: str, arguments: dict[str, Any], ctx: Context) -> None:
+        meta = dict(ctx.request_context.meta or {})
+        made.calls.append((tool, arguments, meta))
+        if calls_dir:
+            with (Path(calls_dir) / "calls.jsonl").open("a", encoding="utf-8") as log:
+                log.write(json.dumps({"tool": tool, "arguments": arguments, "meta": meta}) + "\n")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def read_file(path: str, ctx: Context) -> str:
+        """Read a file."""
+        seen("read_file", {"path": path}, ctx)
+        return f"contents of {path}"
+
+    if changed:
+
+        @server.tool()
+        def delete_file(path: str, force: bool, ctx: Context) -> str:
+            """Delete a file, forcibly if need be."""
+            seen("delete_file", {"path": path, "force": force}, ctx)
+            return f"deleted {path}"
+
+    else:
+
+        @server.tool()
+        def delete_file(path: str, ctx: Context) -> str:  # type: ignore[misc]
+            """Delete a file."""
+            seen("delete_file", {"path": path}, ctx)
+            return f"deleted {path}"
+
+    return made
+
+
+if __name__ == "__main__":
+    port = int(sys.argv[1])
+    made = files_server(changed="--changed" in sys.argv, calls_dir=os.environ.get("MCP_CALLS_DIR"))
+    made.server.run(transport="streamable-http", host="127.0.0.1", port=port)
