@@ -390,6 +390,9 @@ def test_openapi_document_describes_every_route(http: httpx.Client) -> None:
                     assert ref.endswith("/ErrorBody"), (method, path, status)
     turn_errors = set(paths["/v1/conversations/{conversation_id}/turns"]["post"]["responses"])
     assert turn_errors >= {"200", "400", "401", "409", "413", "422", "502", "504"}
+    # A turn asked for with Accept: text/event-stream answers server-sent events (issue 43).
+    answered = paths["/v1/conversations/{conversation_id}/turns"]["post"]["responses"]["200"]
+    assert set(answered["content"]) == {"application/json", "text/event-stream"}
 
 
 def test_unknown_route_is_404_in_the_error_shape(http: httpx.Client) -> None:

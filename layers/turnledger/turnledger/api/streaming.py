@@ -13,7 +13,10 @@ import json
 from typing import TYPE_CHECKING, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response, content_types
-from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
+from aws_lambda_powertools.event_handler.openapi.types import (
+    OpenAPIResponse,
+    OpenAPIResponseContentSchema,
+)
 from pydantic import ConfigDict, Field
 
 from ..core.models import ConversationKey, Deferred
@@ -29,7 +32,7 @@ from .views import turn_response
 if TYPE_CHECKING:
     from ..turn.reads import Reads
 
-__all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async"]
+__all__ = ["ASYNC_ANSWER", "AsyncTurnAccepted", "accept_async", "prefers_async", "streamed"]
 
 
 class AsyncTurnAccepted(Deferred):
@@ -80,6 +83,18 @@ class StreamPage(Deferred):
 
 
 #: The ``202`` answer of the turn routes, for the OpenAPI document.
+def streamed(answers: dict[int, OpenAPIResponse]) -> dict[int, OpenAPIResponse]:
+    """``answers`` whose ``200`` may also come as server-sent events (``Accept:
+    text/event-stream``: the events of ``GET .../turns/{n}/stream``, written as the model
+    writes them)."""
+    ok = answers[200]
+    events: OpenAPIResponseContentSchema = {
+        "schema": {"type": "string", "description": "server-sent events: chunk, then done"}
+    }
+    content = {**ok.get("content", {}), "text/event-stream": events}
+    return {**answers, 200: {**ok, "content": content}}
+
+
 ASYNC_ANSWER: dict[int, OpenAPIResponse] = {
     202: {
         "description": "Accepted (Prefer: respond-async): the turn runs on; read it at Location",

@@ -34,7 +34,7 @@ from .resolver import (
     with_approver_claims,
 )
 from .schemas import ApprovalRequest, TurnRequest, TurnResponse
-from .streaming import ASYNC_ANSWER, AsyncTurnAccepted, accept_async, prefers_async
+from .streaming import ASYNC_ANSWER, AsyncTurnAccepted, accept_async, prefers_async, streamed
 from .views import decisions, turn_command, turn_response
 
 
@@ -59,7 +59,8 @@ def _answer_turn(
 
 @app.post(
     "/v1/conversations/<conversation_id>/turns",
-    responses=responses(TurnResponse, 400, 401, 403, 409, 413, 422, 502, 503, 504) | ASYNC_ANSWER,
+    responses=streamed(responses(TurnResponse, 400, 401, 403, 409, 413, 422, 502, 503, 504))
+    | ASYNC_ANSWER,
 )
 def post_turn(
     conversation_id: ConversationId, request: Annotated[TurnRequest, Body()]
