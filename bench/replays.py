@@ -33,7 +33,7 @@ from turnledger.core.models import ConversationKey
 from turnledger.core.observability import metrics
 from turnledger.store.blobs import S3BlobStore
 from turnledger.store.codec import Item, item_size
-from turnledger.turn import replays
+from turnledger.turn import replay_records, replays
 from turnledger.turn.contexts import turn_calls
 from turnledger.turn.pipeline import Conversations
 
@@ -137,8 +137,8 @@ def run(turns: int) -> Result:
         head = store.get_head(key)
         assert head is not None and head.turn == turns
         context = _measure(store, lambda: turn_calls(service, key, turns))
-        spec = replays.ReplaySpec(provider="bench", model=settings.model)
-        records: list[replays.ReplayRecord] = []
+        spec = replay_records.ReplaySpec(provider="bench", model=settings.model)
+        records: list[replay_records.ReplayRecord] = []
 
         def replay() -> None:
             records.append(replays.run(service, key, replays.start(service, key, spec).id))

@@ -31,13 +31,13 @@ from turnledger.turn.commands import TurnCommand
 from turnledger.turn.contexts import turn_calls
 from turnledger.turn.memories import MemoryControl
 from turnledger.turn.pipeline import Conversations
-from turnledger.turn.replays import (
-    NO_RECORDED_OUTPUT,
+from turnledger.turn.replay_records import (
     InvalidTurnRange,
     ReplayNotFound,
     ReplayRecord,
     ReplaySpec,
 )
+from turnledger.turn.replays import NO_RECORDED_OUTPUT
 from turnledger.turn.turn_reads import TurnNotFound
 
 from tests.functional.http_sink import HttpSink, Reply

@@ -35,7 +35,7 @@ from turnledger.tools import ToolRegistry, ToolRunner
 from turnledger.turn import callbacks
 from turnledger.turn.commands import TurnCommand
 from turnledger.turn.pipeline import Conversations
-from turnledger.turn.replays import ReplaySpec
+from turnledger.turn.replay_records import ReplaySpec
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.test_replays import converse, replay, replaying

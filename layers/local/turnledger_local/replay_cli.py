@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from turnledger.core.config import Settings
     from turnledger.turn.pipeline import Conversations
-    from turnledger.turn.replays import ReplaySpec, ReplaySummary, Totals
+    from turnledger.turn.replay_records import ReplaySpec, ReplaySummary, Totals
 
 #: The columns of the table, the CSV and each JSON row, in order.
 COLUMNS = (
@@ -149,7 +149,7 @@ def run_command(args: argparse.Namespace, settings: Settings) -> int:
     from turnledger.core.models import validate_conversation_id
     from turnledger.runtime import Runtime
     from turnledger.turn.judging import Expect
-    from turnledger.turn.replays import ReplaySpec
+    from turnledger.turn.replay_records import ReplaySpec
 
     if args.concurrency < 1 or (args.sample is not None and args.sample < 1):
         raise ValueError("--concurrency and --sample must be at least 1")
@@ -297,7 +297,7 @@ def pass_rate(rows: list[Row], spec: ReplaySpec) -> str | None:
 
 def total_row(rows: list[Row]) -> Row:
     """The aggregate of ``rows``: sums, and shares and similarity over every call."""
-    from turnledger.turn.replays import ReplaySummary, Totals
+    from turnledger.turn.replay_records import ReplaySummary, Totals
 
     summaries = [row.summary for row in rows if row.summary is not None]
     original, candidate = Totals(), Totals()

@@ -23,6 +23,7 @@ from ..runtime import get_runtime
 from ..turn import replays
 from ..turn.contexts import CallContext, tool_specs, turn_calls
 from ..turn.judging import Expect
+from ..turn.replay_records import ReplayRecord, ReplaySpec
 from ..turn.turn_reads import MAX_WAIT_SECONDS
 from .idempotency import idempotent
 from .pin_views import PinView, pin_view
@@ -158,7 +159,7 @@ def replay_url(conversation_id: str, replay_id: str) -> str:
 
 @app.post(
     "/v1/conversations/<conversation_id>/replays",
-    responses=responses(replays.ReplayRecord, 400, 401, 404, 409, 422, 503, status=202),
+    responses=responses(ReplayRecord, 400, 401, 404, 409, 422, 503, status=202),
 )
 def post_replay(
     conversation_id: ConversationId, request: Annotated[ReplayRequest, Body()]
@@ -170,8 +171,8 @@ def post_replay(
     runtime = get_runtime()
     service = runtime.conversations_for(key.tenant)
 
-    def begin() -> replays.ReplayRecord:
-        record = replays.start(service, key, replays.ReplaySpec(**request.model_dump()))
+    def begin() -> ReplayRecord:
+        record = replays.start(service, key, ReplaySpec(**request.model_dump()))
         function = runtime.settings.turn_worker_function
         if not function:
             return replays.run(service, key, record.id).model_copy(update={"calls": []})
@@ -199,7 +200,7 @@ def post_replay(
         route="replays",
         body=request.model_dump(mode="json"),
         run=begin,
-        parse=replays.ReplayRecord.model_validate,
+        parse=ReplayRecord.model_validate,
     )
     body = record.model_dump(mode="json", exclude={"calls"})
     response = json_response(202, body)
@@ -209,7 +210,7 @@ def post_replay(
 
 @app.get(
     "/v1/conversations/<conversation_id>/replays/<replay_id>",
-    responses=responses(replays.ReplayRecord, 400, 401, 404, 409, 422, 503),
+    responses=responses(ReplayRecord, 400, 401, 404, 409, 422, 503),
 )
 def get_replay(
     conversation_id: ConversationId,
@@ -218,7 +219,7 @@ def get_replay(
         float,
         Query(ge=0, le=MAX_WAIT_SECONDS, description="Seconds to wait for a running replay's end."),
     ] = 0,
-) -> replays.ReplayRecord:
+) -> ReplayRecord:
     """The replay record: status, each call's recorded and candidate answers, a summary
     (``wait`` long-polls while it runs)."""
     _, key = conversation(conversation_id)
