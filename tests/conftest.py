@@ -61,7 +61,7 @@ os.environ.update(FAKE_ENVIRONMENT)
 # No shared config or credentials files either: nothing from the developer's machine.
 os.environ["AWS_CONFIG_FILE"] = os.devnull
 os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
-# The master key of a data folder (turnledger.runtime.local_master_key_file) lives in the
+# The master key of a data folder (turnledger.store.local_folder.local_master_key_file) lives in the
 # user's state folder: the tests' go to one of their own, never the developer's.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="turnledger-test-state-")
 atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)

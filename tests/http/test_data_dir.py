@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 from turnledger.core.config import Settings
 from turnledger.core.models import ConversationKey
-from turnledger.runtime import LOCAL_KEYS_FILE, LOCAL_MASTER_KEY_FILE, Runtime
+from turnledger.runtime import Runtime
 from turnledger.store import keys
 from turnledger.store.keyring import data_key_name
+from turnledger.store.local_folder import LOCAL_KEYS_FILE, LOCAL_MASTER_KEY_FILE
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 from turnledger_local.runner import LocalConfig, LocalRunner
 

@@ -319,7 +319,7 @@ def _banner(url: str, runner: LocalRunner) -> str:
     warning = ""
     if runner.config.data_dir is not None:
         from turnledger.core.config import Settings
-        from turnledger.runtime import local_master_key_file, master_key_in_data_dir
+        from turnledger.store.local_folder import local_master_key_file, master_key_in_data_dir
 
         settings = Settings.from_env(runner.environment)
         master = local_master_key_file(settings, runner.environment)

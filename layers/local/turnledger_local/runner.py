@@ -169,7 +169,7 @@ class LocalConfig:
     #: Idempotency records live with the conversations either way (the store's records).
     data_dir: Path | None = None
     #: The master key of ``data_dir``'s content (``None``: outside the folder, in the
-    #: user's state folder; see :func:`turnledger.runtime.local_master_key_file`).
+    #: user's state folder; see :func:`turnledger.store.local_folder.local_master_key_file`).
     master_key_file: Path | None = None
     #: Execution environments (worker processes) per function; more requests queue.
     max_workers: int = 8
@@ -278,7 +278,7 @@ class LocalRunner:
             self.environment.update(self.config.env)
             if self.config.data_dir is not None:
                 # Opened here first, by this process alone (the key file's journal mode).
-                from turnledger.runtime import prepare_local_store
+                from turnledger.store.local_folder import prepare_local_store
 
                 prepare_local_store(Settings.from_env(self.environment))
             self._start_workers(boots)

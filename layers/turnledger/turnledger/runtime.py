@@ -19,15 +19,13 @@ reusing what init made.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, cached_property, partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from botocore.awsrequest import AWSResponse
@@ -42,7 +40,8 @@ from .core.observability import logger, tracer
 from .store.base import ConversationStore
 from .store.blobs import S3BlobStore
 from .store.dynamodb import DynamoDBConversationStore
-from .store.keyring import DynamoDBKeyItems, Keyring, KmsMasterKey, LocalMasterKey, SQLiteKeyItems
+from .store.keyring import DynamoDBKeyItems, Keyring, KmsMasterKey
+from .store.local_folder import sqlite_store
 from .store.tenancy import (
     SESSION_SECONDS,
     TENANT_TAG,
@@ -496,84 +495,12 @@ def store_from_settings(settings: Settings) -> ConversationStore:
         botocore.exceptions.BotoCoreError: DynamoDB's client cannot be built (no region).
     """
     if settings.store == "sqlite":
-        return _sqlite_store(settings)
+        return sqlite_store(settings)
     session = AwsSession()
     dynamodb: DynamoDBClient = session.client(
         "dynamodb", endpoint_url=settings.dynamodb_endpoint, config=_AWS_CONFIG
     )
     return _build_store(settings, session, dynamodb, None, _keyring(settings, session, dynamodb))
-
-
-def _sqlite_store(settings: Settings) -> ConversationStore:
-    # Imported here: Lambda never runs it, and its cold start should not pay for it.
-    from .store.sqlite import SQLiteConversationStore
-
-    assert settings.data_dir is not None  # Settings refuses sqlite without a folder
-    folder = Path(settings.data_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Content sealed as deployed: wrapped keys in a file beside the data file (a copy of
-    # the data file alone holds only ciphertext), the master key outside the folder.
-    keyring = Keyring(
-        LocalMasterKey.from_file(local_master_key_file(settings)),
-        SQLiteKeyItems(folder / LOCAL_KEYS_FILE),
-        cache_seconds=settings.key_cache_seconds,
-    )
-    return SQLiteConversationStore.in_folder(
-        settings.data_dir, offload_threshold=settings.offload_threshold_bytes, keyring=keyring
-    )
-
-
-#: The SQLite store's wrapped keys, in its data folder (``--data-dir``).
-LOCAL_KEYS_FILE = "keys.sqlite3"
-#: The name of its master key's file (:func:`local_master_key_file`).
-LOCAL_MASTER_KEY_FILE = "master.key"
-
-
-def local_master_key_file(settings: Settings, env: Mapping[str, str] | None = None) -> Path:
-    """Where the SQLite store's master key is kept (created there on first use).
-
-    ``MASTER_KEY_FILE`` when set; else a ``master.key`` an older build left in the data
-    folder (still used, so its conversations stay readable: :func:`master_key_in_data_dir`
-    tells the runner to warn); else ``master.key`` in the user's state folder,
-    ``$XDG_STATE_HOME/turnledger`` (``~/.local/state/turnledger`` without it), one key for
-    every data folder of the user. Outside the folder, a copy of it (a backup) holds
-    wrapped keys that nothing in it opens.
-
-    Args:
-        env: the environment to read ``XDG_STATE_HOME`` and ``HOME`` from (default: this
-            process's).
-    """
-    if settings.master_key_file:
-        return Path(settings.master_key_file).expanduser().resolve()
-    assert settings.data_dir is not None  # Settings refuses sqlite without a folder
-    left = Path(settings.data_dir) / LOCAL_MASTER_KEY_FILE
-    if left.is_file():
-        return left.resolve()
-    given = os.environ if env is None else env
-    state = given.get("XDG_STATE_HOME") or str(
-        Path(given.get("HOME") or Path.home()) / ".local" / "state"
-    )
-    return (Path(state) / "turnledger" / LOCAL_MASTER_KEY_FILE).resolve()
-
-
-def master_key_in_data_dir(settings: Settings) -> bool:
-    """Whether the SQLite store's master key lies in its data folder: a copy of the folder
-    then opens every conversation that was in it, deleted or not."""
-    assert settings.data_dir is not None
-    folder = Path(settings.data_dir).resolve()
-    return folder in local_master_key_file(settings).parents
-
-
-def prepare_local_store(settings: Settings) -> None:
-    """Open the SQLite store's files once (the master key made if missing, the key file
-    moved out of an older build's WAL mode, which only an opener alone can do:
-    :class:`~turnledger.store.keyring.SQLiteKeyItems`), before any function's process
-    opens them; the connections are closed again."""
-    from .store.sqlite import SQLiteConversationStore
-
-    store = _sqlite_store(settings)
-    assert isinstance(store, SQLiteConversationStore)
-    store.close()
 
 
 def _keyring(settings: Settings, session: AwsSession, dynamodb: DynamoDBClient) -> Keyring | None:
@@ -607,7 +534,7 @@ def _build_store(
     ``clients`` when given.
     """
     if settings.store == "sqlite":
-        return _sqlite_store(settings)
+        return sqlite_store(settings)
     assert dynamodb is not None  # built for every store but SQLite
     s3 = _on_first_use(
         partial(session.client, "s3", endpoint_url=settings.s3_endpoint, config=_AWS_CONFIG),

@@ -421,7 +421,7 @@ class Settings:
     store: str = "dynamodb"
     data_dir: str | None = None
     #: The file of the SQLite store's master key
-    #: (``None``: :func:`turnledger.runtime.local_master_key_file`).
+    #: (``None``: :func:`turnledger.store.local_folder.local_master_key_file`).
     master_key_file: str | None = None
     # --- tenant isolation (store/tenancy.py) ---
     #: Role assumed per tenant, with the tenant's session policy and tag, for every

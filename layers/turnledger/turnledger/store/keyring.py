@@ -386,7 +386,7 @@ class LocalMasterKey(MasterKey):
     """A master key this process holds: where there is no KMS.
 
     :meth:`from_file` keeps it in a file readable by its owner only, outside the local
-    runner's data folder by default (:func:`turnledger.runtime.local_master_key_file`):
+    runner's data folder by default (:func:`.local_folder.local_master_key_file`):
     a copy of the folder then holds wrapped keys that nothing in it opens. Without a
     file (tests) it lives in memory.
     """
