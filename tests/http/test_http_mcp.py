@@ -56,10 +56,12 @@ class McpProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
-    def start(self, *, changed: bool = False) -> None:
+    def start(self, *, changed: bool = False, asking: bool = False) -> None:
         args = [sys.executable, "-m", "tests.support.mcp_servers", str(self.port)]
+        args += ["--changed"] if changed else []
+        args += ["--asking"] if asking else []
         self.process = subprocess.Popen(
-            [*args, "--changed"] if changed else args,
+            args,
             cwd=PROJECT_ROOT,
             env={**os.environ, "MCP_CALLS_DIR": str(self.calls_dir)},
             stdout=subprocess.DEVNULL,
@@ -325,6 +327,37 @@ def test_a_refresh_that_records_a_changed_listing_invalidates_the_waiting_approv
             key = ConversationKey(tenant="acme", conversation_id=conversation)
             recorded = store.query_side_items(key, lower=LISTING_PREFIX, upper=LISTING_PREFIX + "~")
             assert len(recorded) == 2  # the listing the call was asked under, and the new one
+    finally:
+        server.stop()
+
+
+def test_a_server_that_asks_for_input_mid_call_is_cancelled_and_the_model_is_told(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """A tool that elicits (asks the user to confirm) mid-call: the elicitation is
+    cancelled at once (no person is asked yet), the server finishes its call with that
+    answer, and the model reads the server's output with a note saying what was asked."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start(asking=True)
+    config = config_of(server, ddb_local_endpoint, tmp_path)
+    assert config.tools_file is not None
+    entry = {**files_entry(server), "server_label": "asking", "require_approval": "never"}
+    config.tools_file.write_text(json.dumps({"tools": [entry]}), encoding="utf-8")
+    try:
+        with (
+            LocalRunner(config) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            done = post_turn(http, conversation, tool_line("mcp__asking__rename_file", path=path))
+            assert done.status_code == 200, done.text
+            assert done.json()["status"] == "complete"
+            [seen] = server.calls(path)
+            assert seen["arguments"]["action"] == "cancel"
+            [result] = [e for e in events(http, conversation) if e["kind"] == "tool_result"]
+            output = result["payload"]["output"]
+            assert output.startswith("not renamed (cancel)"), output
+            assert f"the server asked for input (Rename {path}?)" in output
     finally:
         server.stop()
 
