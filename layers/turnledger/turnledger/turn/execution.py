@@ -633,12 +633,7 @@ class ToolCalls:
         stale = stale_approvals(self.tools, waiting)
         if not stale:
             return []
-        ids = [pending.id for pending, _ in stale]
-        logger.info(
-            "a refreshed MCP listing invalidated waiting approvals",
-            extra={"calls": ids, "tools": sorted({p.name for p, _ in stale})},
-        )
-        self.invalidate(work, ids)
+        self.invalidate(work, ids := [pending.id for pending, _ in stale])
         listed = [self.tools.get(p.name) for p, now in stale if now is not None]
         record_listings(session, self.tools, listed)
         self.settle_rejected(work)

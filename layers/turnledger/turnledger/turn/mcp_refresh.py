@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterable, Mapping
 
 from ..core.exceptions import ToolDefinitionChanged, ToolServerUnavailable, UnknownTool
 from ..core.models import ApprovalRequested, ApprovalResolved, PendingCall, ToolCallRequested
+from ..core.observability import logger
 from ..tools.registry import McpExecutorConfig, ToolRegistry
 from .session import Session
 
@@ -61,6 +62,11 @@ def stale_approvals(
         if isinstance(found, ToolServerUnavailable) or found == pending.definition_sha256:
             continue
         stale.append((pending, found))
+    if stale:
+        logger.info(
+            "a refreshed MCP listing invalidates waiting approvals",
+            extra={"calls": [p.id for p, _ in stale], "tools": sorted({p.name for p, _ in stale})},
+        )
     return stale
 
 
