@@ -56,10 +56,12 @@ class McpProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
-    def start(self, *, changed: bool = False) -> None:
+    def start(self, *, changed: bool = False, asking: bool = False) -> None:
         args = [sys.executable, "-m", "tests.support.mcp_servers", str(self.port)]
+        args += ["--changed"] if changed else []
+        args += ["--asking"] if asking else []
         self.process = subprocess.Popen(
-            [*args, "--changed"] if changed else args,
+            args,
             cwd=PROJECT_ROOT,
             env={**os.environ, "MCP_CALLS_DIR": str(self.calls_dir)},
             stdout=subprocess.DEVNULL,
@@ -261,8 +263,101 @@ def test_a_changed_definition_invalidates_the_waiting_approval(
             assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
             again = approve(http, conversation, pending["id"])
             assert again.status_code == 409, again.text
-            assert again.json()["error"]["code"] == "not_awaiting_approval"
+            assert again.json()["error"]["code"] == "tool_definition_changed"  # it stays so
             assert server.calls(path) == []
+    finally:
+        server.stop()
+
+
+def test_a_refresh_that_records_a_changed_listing_invalidates_the_waiting_approval(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """The server restarts with another ``delete_file`` schema while a call waits; the
+    next message of the conversation refreshes the listing (its age is 0): the approval
+    is invalidated (an event), the new listing is recorded, the conversation and the
+    inbox no longer offer the call, the turn goes on, and deciding the call stays ``409
+    tool_definition_changed``."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start()
+    config = config_of(server, ddb_local_endpoint, tmp_path)
+    assert config.tools_file is not None
+    config.tools_file.write_text(
+        json.dumps({"tools": [{**files_entry(server), "max_list_age_seconds": 0}]}),
+        encoding="utf-8",
+    )
+    try:
+        with (
+            LocalRunner(config) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+            assert waiting.json()["status"] == "awaiting_approval", waiting.text
+            [pending] = waiting.json()["pending_tool_calls"]
+            server.stop()
+            server.start(changed=True)
+
+            went_on = post_turn(http, conversation, "never mind")
+            assert went_on.status_code == 200, went_on.text
+            assert went_on.json()["status"] == "complete"
+
+            log = events(http, conversation)
+            [resolved] = [e for e in log if e["kind"] == "approval_resolved"]
+            assert resolved["payload"]["call_id"] == pending["id"]
+            assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
+            [result] = [e for e in log if e["kind"] == "tool_result"]
+            assert result["payload"]["is_error"] is True
+            shown = http.get(f"/v1/conversations/{conversation}")
+            assert shown.status_code == 200, shown.text
+            assert shown.json()["pending_tool_calls"] == []
+            offered = http.get("/v1/approvals", params={"conversation_id": conversation})
+            assert offered.status_code == 200, offered.text
+            assert offered.json()["items"] == []
+
+            refused = approve(http, conversation, pending["id"])
+            assert refused.status_code == 409, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "tool_definition_changed"
+            [changed] = error["details"]["calls"]
+            assert changed["id"] == pending["id"]
+            assert changed["approved_definition_sha256"] != changed["current_definition_sha256"]
+            assert server.calls(path) == []
+
+            store = store_of(runner)
+            key = ConversationKey(tenant="acme", conversation_id=conversation)
+            recorded = store.query_side_items(key, lower=LISTING_PREFIX, upper=LISTING_PREFIX + "~")
+            assert len(recorded) == 2  # the listing the call was asked under, and the new one
+    finally:
+        server.stop()
+
+
+def test_a_server_that_asks_for_input_mid_call_is_cancelled_and_the_model_is_told(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """A tool that elicits (asks the user to confirm) mid-call: the elicitation is
+    cancelled at once (no person is asked yet), the server finishes its call with that
+    answer, and the model reads the server's output with a note saying what was asked."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start(asking=True)
+    config = config_of(server, ddb_local_endpoint, tmp_path)
+    assert config.tools_file is not None
+    entry = {**files_entry(server), "server_label": "asking", "require_approval": "never"}
+    config.tools_file.write_text(json.dumps({"tools": [entry]}), encoding="utf-8")
+    try:
+        with (
+            LocalRunner(config) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            done = post_turn(http, conversation, tool_line("mcp__asking__rename_file", path=path))
+            assert done.status_code == 200, done.text
+            assert done.json()["status"] == "complete"
+            [seen] = server.calls(path)
+            assert seen["arguments"]["action"] == "cancel"
+            [result] = [e for e in events(http, conversation) if e["kind"] == "tool_result"]
+            output = result["payload"]["output"]
+            assert output.startswith("not renamed (cancel)"), output
+            assert f"the server asked for input (Rename {path}?)" in output
     finally:
         server.stop()
 

@@ -2,6 +2,7 @@
 ``read_file`` and a ``delete_file``, in process or on loopback (``python -m
 tests.support.mcp_servers PORT [--changed]``), counting the calls it sees.
 
+``--asking`` serves :func:`asking_server` instead (a tool that elicits).
 ``--changed`` serves ``delete_file`` with another schema (a ``force`` flag): the server
 "restarted with a changed definition". Every call is appended to ``calls.jsonl`` in
 ``MCP_CALLS_DIR`` when set (the loopback server's calls, read by the test).
@@ -14,11 +15,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server import MCPServer
-from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import Context, Elicit, ElicitationResult, Resolve
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 
 @dataclass
@@ -66,7 +68,44 @@ def files_server(*, changed: bool = False, calls_dir: str | None = None) -> File
     return made
 
 
+class Confirm(BaseModel):
+    """What ``rename_file`` asks the user for."""
+
+    confirm: bool
+
+
+def ask_rename(path: str) -> Elicit[Confirm]:
+    """What ``rename_file`` asks before it runs (a resolver: module level, so the tool's
+    annotations resolve)."""
+    return Elicit(f"Rename {path}?", Confirm)
+
+
+def asking_server(*, calls_dir: str | None = None) -> FilesServer:
+    """A server whose ``rename_file`` asks the user to confirm mid-call (elicitation) and
+    logs what it was answered (``{"tool": "rename_file", "action": ...}``)."""
+    server = MCPServer("asking")
+    made = FilesServer(server)
+
+    @server.tool()
+    def rename_file(
+        path: str, answer: Annotated[ElicitationResult[Confirm], Resolve(ask_rename)], ctx: Context
+    ) -> str:
+        """Rename a file, once the user confirms."""
+        seen = {"path": path, "action": answer.action}
+        made.calls.append(("rename_file", seen, dict(ctx.request_context.meta or {})))
+        if calls_dir:
+            with (Path(calls_dir) / "calls.jsonl").open("a", encoding="utf-8") as log:
+                log.write(json.dumps({"tool": "rename_file", "arguments": seen, "meta": {}}) + "\n")
+        return f"renamed {path}" if answer.action == "accept" else f"not renamed ({answer.action})"
+
+    return made
+
+
 if __name__ == "__main__":
     port = int(sys.argv[1])
-    made = files_server(changed="--changed" in sys.argv, calls_dir=os.environ.get("MCP_CALLS_DIR"))
+    calls_dir = os.environ.get("MCP_CALLS_DIR")
+    if "--asking" in sys.argv:
+        made = asking_server(calls_dir=calls_dir)
+    else:
+        made = files_server(changed="--changed" in sys.argv, calls_dir=calls_dir)
     made.server.run(transport="streamable-http", host="127.0.0.1", port=port)

@@ -26,7 +26,7 @@ from turnledger.tools.mcp_client import InMemoryMcp
 from turnledger.tools.mcp_link import McpLink
 from turnledger.tools.registry import McpExecutorConfig
 
-from tests.support.mcp_servers import FilesServer, files_server
+from tests.support.mcp_servers import FilesServer, asking_server, files_server
 
 URL = "http://127.0.0.1:9/mcp"
 
@@ -209,6 +209,23 @@ def test_invalid_arguments_never_reach_the_server(files: FilesServer) -> None:
     outcome = runner.run_one(invocation(registry, "mcp__files__delete_file", {"file": "/a"}))
     assert outcome.is_error and "path" in outcome.output
     assert files.calls == []
+
+
+def test_an_elicitation_is_cancelled_and_the_output_says_what_was_asked() -> None:
+    asking = asking_server()
+    link = McpLink(lambda: InMemoryMcp({"asking": asking.server}))
+    registry = ToolRegistry.from_json(
+        json.dumps({"tools": [entry(server_label="asking")]}), mcp=link
+    )
+    runner = ToolRunner(lambda: pytest.fail("no http"), None, mcp=link)
+    outcome = runner.run_one(invocation(registry, "mcp__asking__rename_file", {"path": "/a"}))
+    assert not outcome.is_error
+    assert outcome.output == (
+        "not renamed (cancel)\n[the server asked for input (Rename /a?); it was cancelled: "
+        "a person cannot be asked in the middle of an MCP call yet]"
+    )
+    [(tool, seen, _)] = asking.calls
+    assert (tool, seen) == ("rename_file", {"path": "/a", "action": "cancel"})
 
 
 class SlowPort(InMemoryMcp):

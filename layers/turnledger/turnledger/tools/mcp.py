@@ -199,6 +199,8 @@ class McpCallResult:
     content: list[dict[str, Any]]
     structured: dict[str, Any] | None = None
     is_error: bool = False
+    #: What the server asked the user mid-call (elicitation messages), each cancelled.
+    elicited: tuple[str, ...] = ()
 
     def output(self) -> str:
         """The answer as the model reads it: its text blocks, else the structured content,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..core.observability import logger
 from .calls import ToolInvocation, ToolOutcome, short, unreachable
 from .mcp import CALL_ID_META, IDEMPOTENCY_KEY_META, McpError, call_timeout
 from .mcp_link import McpLink
@@ -42,6 +43,18 @@ class McpExecutor:
                 return ToolOutcome(f"tool {name} timed out after {timeout:g}s", is_error=True)
             return ToolOutcome(f"tool {name} failed: {short(str(exc))}", is_error=True)
         output = result.output()
+        if result.elicited:
+            # No person can answer within the call: the server was told "cancel" and the
+            # model reads why, with what was asked.
+            logger.warning(
+                "an MCP server asked for input mid-call; the elicitation was cancelled",
+                extra={"tool": name, "call_id": invocation.call.id},
+            )
+            asked = "; ".join(short(m) for m in result.elicited)
+            output += (
+                f"\n[the server asked for input ({asked}); it was cancelled: a person "
+                "cannot be asked in the middle of an MCP call yet]"
+            )
         if result.is_error:
             return ToolOutcome(f"tool {name} failed: {short(output)}", is_error=True)
         return ToolOutcome(output)

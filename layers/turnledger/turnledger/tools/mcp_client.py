@@ -7,6 +7,10 @@ short session on its own event loop (``asyncio.run`` in the calling thread): sta
 requests, which fit Lambda, and the tool runner's threads each run their own. The
 server's deadline bounds the whole session (``anyio.fail_after``); the library's
 errors become :class:`~.mcp.McpError`.
+
+A server that asks the user for input mid-call (elicitation) is answered ``cancel``
+and told nothing else: asking a person would need the call kept open across requests
+(see :func:`_cancelling`); the result says what was asked.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, TypeVar, cast
 
 import anyio
 import mcp
+import mcp_types
+from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -46,7 +52,11 @@ async def _listing(client: mcp.Client, label: str) -> McpListing:
 
 
 async def _call(
-    client: mcp.Client, tool: str, arguments: Mapping[str, Any], meta: Mapping[str, str]
+    client: mcp.Client,
+    tool: str,
+    arguments: Mapping[str, Any],
+    meta: Mapping[str, str],
+    asked: list[str],
 ) -> McpCallResult:
     # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...).
     result = await client.call_tool(tool, dict(arguments), meta=cast(Any, dict(meta)))
@@ -56,21 +66,41 @@ async def _call(
         ],
         structured=result.structured_content,
         is_error=bool(result.is_error),
+        elicited=tuple(asked),
     )
+
+
+def _cancelling(asked: list[str]) -> ElicitationFnT:
+    """An elicitation callback that notes what the server asked and cancels it: no person
+    can answer within the call (nothing is kept open across requests), and ``cancel``
+    (dismissed, no choice made) is what happened, where ``decline`` would claim a refusal.
+    """
+
+    async def cancel(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        return mcp_types.ElicitResult(action="cancel")
+
+    return cancel
 
 
 class _ClientPort:
     """What both adapters share: a session per request, bounded, errors translated."""
 
-    def _client(self, server: McpServerEntry) -> mcp.Client:
+    def _client(
+        self, server: McpServerEntry, elicitation: ElicitationFnT | None = None
+    ) -> mcp.Client:
         raise NotImplementedError
 
     def _run(
-        self, server: McpServerEntry, timeout: float, work: Callable[[mcp.Client], Awaitable[_T]]
+        self,
+        server: McpServerEntry,
+        timeout: float,
+        work: Callable[[mcp.Client], Awaitable[_T]],
+        elicitation: ElicitationFnT | None = None,
     ) -> _T:
         async def bounded() -> _T:
             with anyio.fail_after(timeout):
-                async with self._client(server) as client:
+                async with self._client(server, elicitation) as client:
                     return await work(client)
 
         try:
@@ -95,18 +125,32 @@ class _ClientPort:
         meta: Mapping[str, str],
         timeout: float,
     ) -> McpCallResult:
-        """One ``tools/call``; :class:`McpError` on a failure of the server or network."""
-        return self._run(server, timeout, lambda c: _call(c, tool, arguments, meta))
+        """One ``tools/call``; :class:`McpError` on a failure of the server or network. A
+        server that asks for input mid-call is answered ``cancel`` (:func:`_cancelling`);
+        what it asked is in the result's ``elicited``."""
+        asked: list[str] = []
+        return self._run(
+            server,
+            timeout,
+            lambda c: _call(c, tool, arguments, meta, asked),
+            _cancelling(asked),
+        )
 
 
 class StreamableHttpMcp(_ClientPort):
     """The servers at their ``server_url``, over Streamable HTTP, with their ``headers``."""
 
-    def _client(self, server: McpServerEntry) -> mcp.Client:
+    def _client(
+        self, server: McpServerEntry, elicitation: ElicitationFnT | None = None
+    ) -> mcp.Client:
         http = create_mcp_http_client(headers=dict(server.headers) or None)
         # Our deadline bounds the session; the library's response cache is per client and
         # would outlive none, so it is off.
-        return mcp.Client(streamable_http_client(server.server_url, http_client=http), cache=None)
+        return mcp.Client(
+            streamable_http_client(server.server_url, http_client=http),
+            cache=None,
+            elicitation_callback=elicitation,
+        )
 
 
 class InMemoryMcp(_ClientPort):
@@ -116,9 +160,11 @@ class InMemoryMcp(_ClientPort):
     def __init__(self, servers: Mapping[str, Any]) -> None:
         self.servers = dict(servers)
 
-    def _client(self, server: McpServerEntry) -> mcp.Client:
+    def _client(
+        self, server: McpServerEntry, elicitation: ElicitationFnT | None = None
+    ) -> mcp.Client:
         try:
             target = self.servers[server.server_label]
         except KeyError:
             raise McpError(f"no in-memory server {server.server_label!r}") from None
-        return mcp.Client(target, cache=None)
+        return mcp.Client(target, cache=None, elicitation_callback=elicitation)

@@ -62,6 +62,7 @@ from .approval_edits import check_definitions
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
 from .mcp_listings import record_listings
+from .mcp_refresh import INVALIDATED, stale_approvals
 from .results import OutputCall, OutputText
 from .session import Clock, Session
 
@@ -621,12 +622,33 @@ class ToolCalls:
                 run.commit(session)
             raise
 
+    def invalidate_refreshed(self, work: TurnWork, run: Runner) -> list[str]:
+        """Invalidate the waiting MCP calls whose tool's definition the listing read now
+        (:func:`.mcp_refresh.stale_approvals`) changed, record that listing in the
+        conversation and commit, with what the invalidation lets run (as after expired
+        approvals). Returns the invalidated ids (usually none: nothing is written then).
+        """
+        session = work.session
+        waiting = [p for p in session.machine.pending if p.state in AWAITING_DECISION]
+        stale = stale_approvals(self.tools, waiting)
+        if not stale:
+            return []
+        self.invalidate(work, ids := [pending.id for pending, _ in stale])
+        listed = [self.tools.get(p.name) for p, now in stale if now is not None]
+        record_listings(session, self.tools, listed)
+        self.settle_rejected(work)
+        self.run_ready(work, run)
+        if not run.stop_cancelled(session):
+            session.machine.release_lease()
+            run.commit(session)
+        return ids
+
     def invalidate(self, work: TurnWork, call_ids: list[str]) -> None:
         """Reject the MCP calls whose tool definition changed while they awaited a
         decision (``approval_resolved`` by the system, reason ``invalidated: tool
         definition changed``); their error results follow with :meth:`settle_rejected`."""
         session = work.session
-        reason = "invalidated: tool definition changed"
+        reason = INVALIDATED
         waiting = {p.id: p for p in session.machine.pending if p.state in AWAITING_DECISION}
         for call_id in call_ids:
             pending = waiting[call_id]

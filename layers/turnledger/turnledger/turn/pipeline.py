@@ -90,6 +90,7 @@ from .lifecycle import (
     require_settled,
     waiting,
 )
+from .mcp_refresh import refuse_invalidated
 from .model_call import ModelCall
 from .results import (
     CallbackResult,
@@ -201,7 +202,14 @@ class Conversations(ModelCall):
         raised = policy_gate.check_turn(policy, session, command, self.settings, self._provider_of)
         self.check_input_fits(command, session.token_scale, session.pins)
         budget = self.settings.conversation_budget_for(key.tenant)
-        run.admit(session, Rules(budget=budget, undecided=command.starts_turn), loaded)
+        rules = Rules(budget=budget, undecided=command.starts_turn)
+        try:
+            run.admit(session, rules, loaded)
+        except ApprovalPending:
+            # A refreshed MCP listing may have invalidated what waits (committed then).
+            if not self.calls.invalidate_refreshed(self._work(session), run):
+                raise
+            run.admit(session, rules, loaded)
         resuming = session.resuming()
         work = self._work(session)
         self.calls.expire_due(session)
@@ -366,6 +374,7 @@ class Conversations(ModelCall):
         work = self._work(session)
         deciding = {p.id for p in session.machine.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
+        self.calls.invalidate_refreshed(work, run)
         rejections = decisions.rejections
         approvals = decisions.approvals
         named = [*approvals, *rejections]
@@ -393,6 +402,7 @@ class Conversations(ModelCall):
                 )
             run.advance(work)
             return self._response(work)
+        refuse_invalidated(self.calls.tools, session, named, undecided)
         if not undecided and not expired:
             raise NotAwaitingApproval("nothing in this conversation awaits approval")
         if not undecided:
