@@ -134,6 +134,8 @@ class EventPage:
     events: list[Event]
     #: The sequence to read on after; ``None`` when this page reached the end.
     next_after: int | None
+    #: The life the page is of (what its tokens are made for: ``turnledger.context.tokens``).
+    gen: str = ""
 
 
 @dataclass(frozen=True)
