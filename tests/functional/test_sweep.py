@@ -782,6 +782,7 @@ def test_handler_runs_the_scheduled_sweep(
         "complete",
         "waits_expired",
         "fork_lives_reclaimed",
+        "contents_removed",
     }
     assert answer["waits_expired"] == 0
     assert_gone(store, expired)
@@ -866,6 +867,7 @@ def test_erase_tenant_route_answers_the_report(
         "complete": True,
         "waits_expired": 0,
         "fork_lives_reclaimed": 0,
+        "contents_removed": 0,
     }
     for key in mine:
         assert_gone(store, key)

@@ -182,6 +182,8 @@ class _Run:
     complete: bool = True
     #: Calls whose approval window closed, recorded by the expiry pass.
     waits_expired: int = 0
+    #: Events whose content the class's retention removed.
+    contents_removed: int = 0
     start: CapacityMeter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +202,7 @@ class _Run:
             read_units=spent.read_units,
             complete=self.complete,
             waits_expired=self.waits_expired,
+            contents_removed=self.contents_removed,
             fork_lives_reclaimed=self.removed.reclaimed_lives,
         )
 
@@ -233,6 +236,7 @@ class Sweeper:
         deadline: Deadline | None = None,
         forget: Callable[[list[tuple[str, str]]], int] | None = None,
         expire_waits: Callable[[ConversationKey], list[str]] | None = None,
+        retain: Callable[[ConversationKey], list[int]] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -240,6 +244,9 @@ class Sweeper:
         self.forget = forget
         #: Records the expired waits of one conversation (``Conversations.expire_waits``).
         self.expire_waits = expire_waits
+        #: Removes one conversation's content older than its class's retention, and says
+        #: which sequences it removed (:func:`turnledger.ops.retention.retain`).
+        self.retain = retain
 
     # --- the scheduled sweep ------------------------------------------------------------
 
@@ -351,6 +358,8 @@ class Sweeper:
 
         def sweep(key: ConversationKey) -> PurgeReport:
             self._expire_waits_of(key, run)
+            if self.retain is not None:
+                run.contents_removed += len(self.retain(key))
             return self._sweep_one(key, now, True)
 
         self._each(iter(wanted), run, sweep)

@@ -180,3 +180,5 @@ class SweepReport:
     waits_expired: int = 0
     #: Deleted conversations' lives kept while forks read them, deleted once none does.
     fork_lives_reclaimed: int = 0
+    #: Events whose content their data class's retention removed (the sweep on demand).
+    contents_removed: int = 0
