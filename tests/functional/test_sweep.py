@@ -867,7 +867,6 @@ def test_erase_tenant_route_answers_the_report(
         "complete": True,
         "waits_expired": 0,
         "fork_lives_reclaimed": 0,
-        "contents_removed": 0,
     }
     for key in mine:
         assert_gone(store, key)
