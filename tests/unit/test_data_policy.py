@@ -19,6 +19,7 @@ from turnledger.context.tokens import mapping, protect, reveal, token_secret
 from turnledger.core.exceptions import ContentUnreadable, InternalError
 from turnledger.core.models import ConversationKey
 from turnledger.store.keyring import Keyring, LocalMasterKey, MemoryKeyItems
+from turnledger.turn.callbacks import signing_key
 
 POLICY = DataPolicy.model_validate(
     {
@@ -91,13 +92,18 @@ def test_tokens_are_stable_per_conversation_and_revealed_only_to_their_classes()
     key = ConversationKey(tenant="acme", conversation_id="c1")
     other = ConversationKey(tenant="acme", conversation_id="c2")
     keyring = Keyring(LocalMasterKey(), MemoryKeyItems())
-    secret = token_secret(keyring, key, "g1", create=True)
+    secret = token_secret(keyring, key, "g1", create=True, deployment=lambda: None)
     text = f"card {CARD} and again {CARD}"
     protected = protect(text, POLICY, secret)
     assert CARD not in protected
     token = protected.split()[1]
     assert protected == f"card {token} and again {token}"
-    assert protect(text, POLICY, token_secret(keyring, other, "g1", create=True)) != protected
+    assert (
+        protect(
+            text, POLICY, token_secret(keyring, other, "g1", create=True, deployment=lambda: None)
+        )
+        != protected
+    )
     assert protect(text, POLICY, secret, frozenset({"pii"})) == text
     known = mapping([text], POLICY, secret)
     assert reveal({"card": token}, known, frozenset({"pii"})) == {"card": CARD}
@@ -117,24 +123,25 @@ def test_a_token_key_comes_from_the_data_key_and_dies_with_it() -> None:
     it, and once the data key is destroyed (an erasure) nothing does."""
     key = ConversationKey(tenant="acme", conversation_id="c1")
     keyring = Keyring(LocalMasterKey(), MemoryKeyItems(), cache_seconds=0)
-    secret = token_secret(keyring, key, "g1", create=True)
-    assert token_secret(keyring, key, "g1", create=False) == secret
+    secret = token_secret(keyring, key, "g1", create=True, deployment=lambda: None)
+    assert token_secret(keyring, key, "g1", create=False, deployment=lambda: None) == secret
     assert protect(CARD, POLICY, secret) != protect(CARD, POLICY, _from_ids(key))
     keyring.destroy_conversation("acme", "c1", ["g1"])
     with pytest.raises(ContentUnreadable):
-        token_secret(keyring, key, "g1", create=False)
+        token_secret(keyring, key, "g1", create=False, deployment=lambda: None)
 
 
 def test_without_a_keyring_the_token_key_needs_the_deployment_secret(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The secret is the callback signing key (``CALLBACK_KEY``), as the reads ask it."""
     key = ConversationKey(tenant="acme", conversation_id="c1")
     monkeypatch.delenv("CALLBACK_SECRET_ARN", raising=False)
     monkeypatch.delenv("CALLBACK_KEY", raising=False)
     with pytest.raises(InternalError):
-        token_secret(None, key, "g1", create=True)
+        token_secret(None, key, "g1", create=True, deployment=signing_key)
     monkeypatch.setenv("CALLBACK_KEY", "11" * 32)
-    first = token_secret(None, key, "g1", create=True)
+    first = token_secret(None, key, "g1", create=True, deployment=signing_key)
     assert first not in (_from_ids(key), b"")
     monkeypatch.setenv("CALLBACK_KEY", "22" * 32)
-    assert token_secret(None, key, "g1", create=True) != first
+    assert token_secret(None, key, "g1", create=True, deployment=signing_key) != first

@@ -203,18 +203,13 @@ class Runtime:
         def expire_waits(key: ConversationKey) -> list[str]:
             return self.conversations.expire_waits(key)
 
-        def retain(key: ConversationKey) -> list[int]:
-            from .ops.retention import retain  # a data policy's: loaded by its sweep only
-
-            return retain(self.store, key, self.data_policy, self.clock()).sequences
-
         return Sweeper(
             self.store,
             clock=self.clock,
             deadline=Deadline.of(context),
             forget=forget,
             expire_waits=expire_waits,
-            retain=retain,
+            policy_of=self.data_policy,
         )
 
     def transfer_for(self, tenant: str) -> Transfer:

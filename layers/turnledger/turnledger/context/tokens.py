@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import PrivateAttr
@@ -47,12 +47,19 @@ TOKEN = re.compile(r"\[([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+):([0-9a-f]{10})\]")
 _TOKEN_LABEL = b"turnledger-token\x00"
 
 
-def token_secret(keyring: Keyring | None, key: ConversationKey, gen: str, *, create: bool) -> bytes:
+def token_secret(
+    keyring: Keyring | None,
+    key: ConversationKey,
+    gen: str,
+    *,
+    create: bool,
+    deployment: Callable[[], bytes | None],
+) -> bytes:
     """The key the tokens of ``key``'s life ``gen`` are made with.
 
     With a keyring: derived from the life's data key (``create``: made when there is none
-    yet, as a turn's write would). Without one: from the deployment's callback signing key
-    and the ids.
+    yet, as a turn's write would). Without one: from ``deployment``'s secret (the callback
+    signing key: ``turnledger.turn.callbacks.signing_key``, asked only then) and the ids.
 
     Raises:
         ContentUnreadable: the life's data key is gone (erased) and ``create`` is false.
@@ -62,18 +69,15 @@ def token_secret(keyring: Keyring | None, key: ConversationKey, gen: str, *, cre
     if keyring is not None:
         data_key = keyring.data_key(key.tenant, key.conversation_id, gen, create=create)
         return hmac.new(data_key.material, _TOKEN_LABEL, hashlib.sha256).digest()
-    # Imported here: only a conversation with a data class without a keyring needs it.
-    from ..turn.callbacks import signing_key
-
-    deployment = signing_key()
-    if deployment is None:
+    secret = deployment()
+    if secret is None:
         raise InternalError(
             "tokens of a data policy need a secret: configure encryption at rest "
             "or a callback signing key (CALLBACK_KEY or CALLBACK_SECRET_ARN)",
             details={"conversation_id": key.conversation_id},
         )
     ids = key.tenant.encode() + b"\x00" + key.conversation_id.encode()
-    return hmac.new(deployment, _TOKEN_LABEL + ids, hashlib.sha256).digest()
+    return hmac.new(secret, _TOKEN_LABEL + ids, hashlib.sha256).digest()
 
 
 def token_of(secret: bytes, finding: Finding) -> str:

@@ -144,10 +144,13 @@ class Reads:
         Raises:
             ContentUnreadable: the life's data key is gone (erased), ``create`` false.
         """
-        # Imported here: only a conversation under a data policy's detectors needs it.
+        # Imported here: only a conversation under a data policy's detectors needs them.
         from ..context.tokens import token_secret
+        from .callbacks import signing_key
 
-        return token_secret(self.store.sealer.keyring, key, gen, create=create)
+        return token_secret(
+            self.store.sealer.keyring, key, gen, create=create, deployment=signing_key
+        )
 
     def visible_head(self, key: ConversationKey) -> Head:
         """The head a reader may see (:meth:`_visible_head`)."""
