@@ -7,8 +7,8 @@ and when (:func:`turnledger.store.retention.remove_content`); the events stay, s
 transcript still shows what happened and a later turn continues it. The sweep runs it for
 each conversation it is asked to sweep (:meth:`turnledger.ops.sweep.Sweeper.conversations`).
 
-A conversation with no class, or a class without a retention, costs one head read here
-and nothing else.
+Under a policy none of whose classes has a retention (or no policy) it reads nothing; a
+conversation with no class, or of a class without a retention, costs one head read.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ def retain(
     Raises:
         CorruptedState, UnsupportedStateVersion: an event item cannot be read.
     """
+    policy = policy_of(key.tenant)
+    if policy is None or all(c.retention_seconds is None for c in policy.classes):
+        return Removal()  # nothing can be due: not even the head is read
     head = store.get_head(key, content=False)
     if head is None or head.data_class is None or not head.is_visible(now):
         return Removal()
-    policy = policy_of(key.tenant)
-    held = policy.effective(head.data_class) if policy is not None else None
+    held = policy.effective(head.data_class)
     if held is None or held.retention_seconds is None:
         return Removal()
     before = now - timedelta(seconds=held.retention_seconds)
