@@ -782,6 +782,7 @@ def test_handler_runs_the_scheduled_sweep(
         "complete",
         "waits_expired",
         "fork_lives_reclaimed",
+        "contents_removed",
     }
     assert answer["waits_expired"] == 0
     assert_gone(store, expired)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from turnledger.context.policy import (
     NO_FALLBACKS,
@@ -13,8 +15,11 @@ from turnledger.context.policy import (
     detectors_of,
     route,
 )
-from turnledger.context.tokens import conversation_secret, mapping, protect, reveal
+from turnledger.context.tokens import mapping, protect, reveal, token_secret
+from turnledger.core.exceptions import ContentUnreadable, InternalError
 from turnledger.core.models import ConversationKey
+from turnledger.store.keyring import Keyring, LocalMasterKey, MemoryKeyItems
+from turnledger.turn.callbacks import signing_key
 
 POLICY = DataPolicy.model_validate(
     {
@@ -86,15 +91,57 @@ def test_allowed_models_names_what_the_state_route_may_send() -> None:
 def test_tokens_are_stable_per_conversation_and_revealed_only_to_their_classes() -> None:
     key = ConversationKey(tenant="acme", conversation_id="c1")
     other = ConversationKey(tenant="acme", conversation_id="c2")
-    secret = conversation_secret(key)
+    keyring = Keyring(LocalMasterKey(), MemoryKeyItems())
+    secret = token_secret(keyring, key, "g1", create=True, deployment=lambda: None)
     text = f"card {CARD} and again {CARD}"
     protected = protect(text, POLICY, secret)
     assert CARD not in protected
     token = protected.split()[1]
     assert protected == f"card {token} and again {token}"
-    assert protect(text, POLICY, conversation_secret(other)) != protected
+    assert (
+        protect(
+            text, POLICY, token_secret(keyring, other, "g1", create=True, deployment=lambda: None)
+        )
+        != protected
+    )
     assert protect(text, POLICY, secret, frozenset({"pii"})) == text
     known = mapping([text], POLICY, secret)
     assert reveal({"card": token}, known, frozenset({"pii"})) == {"card": CARD}
     assert reveal({"card": token}, known, frozenset()) == {"card": token}
     assert [f.value for f in detectors_of(POLICY).find(text)] == [CARD, CARD]
+
+
+def _from_ids(key: ConversationKey) -> bytes:
+    """The token key as it was once derived: from the ids alone (anyone could recompute it)."""
+    return hashlib.sha256(
+        b"turnledger-token\x00" + key.tenant.encode() + b"\x00" + key.conversation_id.encode()
+    ).digest()
+
+
+def test_a_token_key_comes_from_the_data_key_and_dies_with_it() -> None:
+    """Sealed content: the token key is the life's data key's; the ids alone do not make
+    it, and once the data key is destroyed (an erasure) nothing does."""
+    key = ConversationKey(tenant="acme", conversation_id="c1")
+    keyring = Keyring(LocalMasterKey(), MemoryKeyItems(), cache_seconds=0)
+    secret = token_secret(keyring, key, "g1", create=True, deployment=lambda: None)
+    assert token_secret(keyring, key, "g1", create=False, deployment=lambda: None) == secret
+    assert protect(CARD, POLICY, secret) != protect(CARD, POLICY, _from_ids(key))
+    keyring.destroy_conversation("acme", "c1", ["g1"])
+    with pytest.raises(ContentUnreadable):
+        token_secret(keyring, key, "g1", create=False, deployment=lambda: None)
+
+
+def test_without_a_keyring_the_token_key_needs_the_deployment_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The secret is the callback signing key (``CALLBACK_KEY``), as the reads ask it."""
+    key = ConversationKey(tenant="acme", conversation_id="c1")
+    monkeypatch.delenv("CALLBACK_SECRET_ARN", raising=False)
+    monkeypatch.delenv("CALLBACK_KEY", raising=False)
+    with pytest.raises(InternalError):
+        token_secret(None, key, "g1", create=True, deployment=signing_key)
+    monkeypatch.setenv("CALLBACK_KEY", "11" * 32)
+    first = token_secret(None, key, "g1", create=True, deployment=signing_key)
+    assert first not in (_from_ids(key), b"")
+    monkeypatch.setenv("CALLBACK_KEY", "22" * 32)
+    assert token_secret(None, key, "g1", create=True, deployment=signing_key) != first

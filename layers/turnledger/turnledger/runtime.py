@@ -208,6 +208,7 @@ class Runtime:
             deadline=Deadline.of(context),
             forget=forget,
             expire_waits=expire_waits,
+            policy_of=self.data_policy,
         )
 
     def transfer_for(self, tenant: str) -> Transfer:

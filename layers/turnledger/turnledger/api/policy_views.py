@@ -10,20 +10,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from ..context.tokens import conversation_secret, protect, readable_classes
+from ..context.tokens import protect, readable_classes
 from ..core.models import ConversationKey
 from ..runtime import get_runtime
 from .resolver import scope_values
 from .schemas import EventsPage, EventView
 
 
-def events_for_reader(page: EventsPage, key: ConversationKey) -> EventsPage:
-    """``page`` as the caller may read it."""
+def events_for_reader(page: EventsPage, key: ConversationKey, gen: str) -> EventsPage:
+    """``page`` (of ``key``'s life ``gen``) as the caller may read it."""
     policy = get_runtime().data_policy(key.tenant)
     if policy is None or not policy.detectors:
         return page
     keep = readable_classes(policy, scope_values())
-    secret = conversation_secret(key)
+    secret = get_runtime().reads_for(key.tenant).token_secret(key, gen)
     events = [
         EventView.model_validate(
             {**e.model_dump(), "payload": protect(e.payload, policy, secret, keep)}
@@ -39,11 +39,14 @@ def export_reader(key: ConversationKey) -> Callable[[str], str] | None:
     if policy is None or not policy.detectors:
         return None
     keep = readable_classes(policy, scope_values())
-    secret = conversation_secret(key)
+    secrets: list[bytes] = []
 
     def line(text: str) -> str:
+        if not secrets:  # on the first line: the export has read the head (it exists)
+            reads = get_runtime().reads_for(key.tenant)
+            secrets.append(reads.token_secret(key, reads.visible_head(key).gen))
         ending = "\n" if text.endswith("\n") else ""
-        value = protect(json.loads(text), policy, secret, keep)
+        value = protect(json.loads(text), policy, secrets[0], keep)
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + ending
 
     return line

@@ -105,7 +105,8 @@ def get_events(
 
     _, key = conversation(conversation_id)
     service = get_runtime().reads_for(key.tenant)
-    return events_for_reader(events_page(service.events(key, after=after, limit=limit)), key)
+    page = service.events(key, after=after, limit=limit)
+    return events_for_reader(events_page(page), key, page.gen)
 
 
 @app.delete(

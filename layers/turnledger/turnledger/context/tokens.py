@@ -2,11 +2,16 @@
 
 A value a data policy's detectors find (``turnledger.context.policy``) is replaced by a
 token ``[<class>:<detector>:<10 hex>]``, stable per value per conversation: the hex
-is an HMAC of the value under a key of the conversation (:func:`conversation_secret`),
-so the same card number is the same token in every turn, and another conversation's
-token for it differs. The transcript keeps the values (sealed under the conversation's
-key where content is sealed); the mapping back is never stored on its own: it is read
-from the transcript (:func:`mapping`), so erasing the conversation erases it.
+is an HMAC of the value under the conversation's token key (:func:`token_secret`), so
+the same card number is the same token in every turn, and another conversation's token
+for it differs. The token key is derived from a secret, never from ids alone (whoever
+knows the ids could otherwise test guesses of a value against its token): from the
+conversation life's data key where content is sealed (``turnledger.store.keyring``: an
+erasure destroys it, and with it every way to recompute a token), else from the
+deployment's callback signing key (``turnledger.turn.callbacks``). The transcript keeps
+the values (sealed under the conversation's key where content is sealed); the mapping
+back is never stored on its own: it is read from the transcript (:func:`mapping`), so
+erasing the conversation erases it.
 
 * **The model** sees tokens for every value of a class (:class:`TokenizingRedactor`,
   the redaction rule set's interface: the context assembly applies it).
@@ -21,24 +26,58 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import PrivateAttr
 
+from ..core.exceptions import InternalError
 from ..core.models import ConversationKey
 from .policy import DataPolicy, Detectors, Finding, detectors_of
 from .redaction import Redactor
+
+if TYPE_CHECKING:
+    from ..store.keyring import Keyring
 
 #: A token, as :func:`token_of` writes it.
 TOKEN = re.compile(r"\[([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+):([0-9a-f]{10})\]")
 
 
-def conversation_secret(key: ConversationKey) -> bytes:
-    """The key a conversation's tokens are made with."""
-    return hashlib.sha256(
-        b"turnledger-token\x00" + key.tenant.encode() + b"\x00" + key.conversation_id.encode()
-    ).digest()
+#: What a token key is derived for (HMAC's message under the secret it comes from).
+_TOKEN_LABEL = b"turnledger-token\x00"
+
+
+def token_secret(
+    keyring: Keyring | None,
+    key: ConversationKey,
+    gen: str,
+    *,
+    create: bool,
+    deployment: Callable[[], bytes | None],
+) -> bytes:
+    """The key the tokens of ``key``'s life ``gen`` are made with.
+
+    With a keyring: derived from the life's data key (``create``: made when there is none
+    yet, as a turn's write would). Without one: from ``deployment``'s secret (the callback
+    signing key: ``turnledger.turn.callbacks.signing_key``, asked only then) and the ids.
+
+    Raises:
+        ContentUnreadable: the life's data key is gone (erased) and ``create`` is false.
+        InternalError: no keyring and no callback signing key: no secret to make
+            tokens with (a deployment with a data policy's detectors needs one of them).
+    """
+    if keyring is not None:
+        data_key = keyring.data_key(key.tenant, key.conversation_id, gen, create=create)
+        return hmac.new(data_key.material, _TOKEN_LABEL, hashlib.sha256).digest()
+    secret = deployment()
+    if secret is None:
+        raise InternalError(
+            "tokens of a data policy need a secret: configure encryption at rest "
+            "or a callback signing key (CALLBACK_KEY or CALLBACK_SECRET_ARN)",
+            details={"conversation_id": key.conversation_id},
+        )
+    ids = key.tenant.encode() + b"\x00" + key.conversation_id.encode()
+    return hmac.new(secret, _TOKEN_LABEL + ids, hashlib.sha256).digest()
 
 
 def token_of(secret: bytes, finding: Finding) -> str:

@@ -103,7 +103,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -118,6 +118,9 @@ from ..store.memories import memory_users
 from ..turn import lifecycle
 from ..turn.results import SweepReport
 from ..turn.session import Clock
+
+if TYPE_CHECKING:
+    from ..context.policy import DataPolicy
 
 #: Where the first run (no cursor yet) starts: one week of expiry buckets back.
 SWEEP_LOOKBACK_BUCKETS = 7 * 24 * 3600 // keys.EXPIRY_BUCKET_SECONDS
@@ -182,6 +185,8 @@ class _Run:
     complete: bool = True
     #: Calls whose approval window closed, recorded by the expiry pass.
     waits_expired: int = 0
+    #: Events whose content the class's retention removed.
+    contents_removed: int = 0
     start: CapacityMeter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -200,6 +205,7 @@ class _Run:
             read_units=spent.read_units,
             complete=self.complete,
             waits_expired=self.waits_expired,
+            contents_removed=self.contents_removed,
             fork_lives_reclaimed=self.removed.reclaimed_lives,
         )
 
@@ -233,6 +239,7 @@ class Sweeper:
         deadline: Deadline | None = None,
         forget: Callable[[list[tuple[str, str]]], int] | None = None,
         expire_waits: Callable[[ConversationKey], list[str]] | None = None,
+        policy_of: Callable[[str], DataPolicy | None] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -240,6 +247,8 @@ class Sweeper:
         self.forget = forget
         #: Records the expired waits of one conversation (``Conversations.expire_waits``).
         self.expire_waits = expire_waits
+        #: A tenant's data policy: its classes' retention (:mod:`turnledger.ops.retention`).
+        self.policy_of = policy_of
 
     # --- the scheduled sweep ------------------------------------------------------------
 
@@ -351,6 +360,11 @@ class Sweeper:
 
         def sweep(key: ConversationKey) -> PurgeReport:
             self._expire_waits_of(key, run)
+            if self.policy_of is not None:
+                # Imported here: only a sweep on demand of a deployment with a policy needs it.
+                from .retention import retain
+
+                run.contents_removed += len(retain(self.store, key, self.policy_of, now).sequences)
             return self._sweep_one(key, now, True)
 
         self._each(iter(wanted), run, sweep)

@@ -145,7 +145,7 @@ def call_contexts(
     last = to_turn if to_turn is not None else log.head.turn
     plain = service.redactor
     # A call made with the policy's tokens is rebuilt with them (its run record says so).
-    tokens = service.redactor_for(log.key, log.head.data_class)
+    tokens = service.redactor_for(log.key, log.head.data_class, log.head.gen)
     system_prompt = service.settings.system_prompt
     calls: list[CallContext] = []
     index_in_turn: dict[int, int] = {}

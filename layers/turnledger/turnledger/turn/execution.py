@@ -32,6 +32,7 @@ from ..core.models import (
     ApprovalExpired,
     ApprovalRequested,
     ApprovalResolved,
+    ConversationKey,
     EventKind,
     Head,
     JsonObjectFormat,
@@ -83,6 +84,8 @@ class PolicySource(Protocol):
     def data_policy(self, tenant: str) -> DataPolicy | None: ...
 
     def forget_provider_state(self, responses: list[tuple[str, str]]) -> int: ...
+
+    def token_secret(self, key: ConversationKey, gen: str, *, create: bool = False) -> bytes: ...
 
 
 class Committer(Protocol):
@@ -367,9 +370,11 @@ class ToolCalls:
         """What the tool is sent: in a conversation with a data class, the values only a
         tool its class authorizes may receive (:func:`.policy_gate.tool_arguments`)."""
         policy = self._policy(session)
-        if policy is None or session.data_class is None:
+        source = self._policy_source
+        if policy is None or source is None or session.data_class is None:
             return pending.arguments
-        return policy_gate.tool_arguments(policy, session, pending.name, pending.arguments)
+        secret = source.token_secret(session.key, session.gen, create=True)
+        return policy_gate.tool_arguments(policy, session, secret, pending.name, pending.arguments)
 
     def _classify(self, session: Session, tool: str, output: str) -> None:
         """Raise the conversation's class by the tool's ``result_class`` and by what the

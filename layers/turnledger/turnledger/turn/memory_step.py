@@ -104,7 +104,7 @@ class MemoryStep(ProviderSelection):
             # The answer must still be committed: no extraction in the request's last seconds.
             logger.warning("no time left for memory extraction", extra={"seconds_left": left})
             return run
-        redactor = self.redactor_for(session.key, session.data_class)
+        redactor = self.redactor_for(session.key, session.data_class, session.gen)
         texts = [redactor.text(text) if redactor is not None else text for _, text in said]
         try:
             routed = self.route_side_call(

@@ -98,7 +98,7 @@ class ModelCall(MemoryStep):
         session = work.session
         state_allowed = self.route_call(work)
         provider = work.provider
-        redactor = self.redactor_for(session.key, session.data_class)
+        redactor = self.redactor_for(session.key, session.data_class, session.gen)
         estimator = self._estimator(provider, session.token_scale)
         budget = self.settings.context_budget(work.model)
 
@@ -283,7 +283,7 @@ class ModelCall(MemoryStep):
             context_sha256=_cursor_sha256(
                 self.settings,
                 [tool.spec() for tool in work.tools],
-                self.redactor_for(session.key, session.data_class),
+                self.redactor_for(session.key, session.data_class, session.gen),
                 session.pins,
             ),
             sequence=sequence,
@@ -345,7 +345,7 @@ class ModelCall(MemoryStep):
                 left_out,
                 after=after,
                 estimator=estimator,
-                redactor=self.redactor_for(session.key, session.data_class),
+                redactor=self.redactor_for(session.key, session.data_class, session.gen),
             )
             turns = [*missed, *turns]
             through = max(through, left_out[-1].sequence)
@@ -390,7 +390,7 @@ class ModelCall(MemoryStep):
             budget=self.settings.context_budget(work.model),
             estimator=estimator,
             system_prompt=self.settings.system_prompt,
-            redactor=self.redactor_for(session.key, session.data_class),
+            redactor=self.redactor_for(session.key, session.data_class, session.gen),
             pins=session.pins,
         )
         turns = turns_to_compact_now(assembly)
@@ -439,7 +439,7 @@ class ModelCall(MemoryStep):
             covered,
             after=old.from_sequence - 1,
             estimator=estimator,
-            redactor=self.redactor_for(key, session.data_class),
+            redactor=self.redactor_for(key, session.data_class, session.gen),
         )
         written = compaction.summarize(
             summarizer,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..context.policy import DataPolicy, Routing, Target, detectors_of, enabled, route
-from ..context.tokens import conversation_secret, mapping, protect, reveal, tool_classes
+from ..context.tokens import mapping, protect, reveal, tool_classes
 from ..core.config import Settings
 from ..core.exceptions import DataPolicyUnsatisfied, UnknownDataClass
 from ..core.models import DataClassRaised, PolicyDecision, RejectedModel
@@ -166,12 +166,12 @@ def check_turn(
 
 
 def tool_arguments(
-    policy: DataPolicy, session: Session, tool: str, arguments: dict[str, Any]
+    policy: DataPolicy, session: Session, secret: bytes, tool: str, arguments: dict[str, Any]
 ) -> dict[str, Any]:
     """What ``tool`` is sent of ``arguments`` (as the model wrote them, with tokens): the
     values of the classes that name ``tool`` in their ``tools``, read back from the
-    conversation's events, and tokens for every other protected value."""
-    secret = conversation_secret(session.key)
+    conversation's events, and tokens for every other protected value (made under
+    ``secret``, the conversation's token key)."""
     allowed = tool_classes(policy, tool)
     known = mapping(_texts(e.payload for e in session.events), policy, secret)
     revealed: dict[str, Any] = protect(reveal(arguments, known, allowed), policy, secret, allowed)

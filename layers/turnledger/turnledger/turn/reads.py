@@ -123,6 +123,7 @@ class Reads:
             conversation_id=key.conversation_id,
             events=events,
             next_after=last if last < head.event_count else None,
+            gen=head.gen,
         )
 
     def clear(self, key: ConversationKey) -> PurgeReport:
@@ -134,6 +135,26 @@ class Reads:
         report = self.store.clear(key, self.clock())
         self.forget_provider_state(report.provider_responses)
         return report
+
+    def token_secret(self, key: ConversationKey, gen: str, *, create: bool = False) -> bytes:
+        """The key the tokens of ``key``'s life ``gen`` are made with
+        (:func:`turnledger.context.tokens.token_secret`; ``create``: a write's, which makes
+        the life's data key when there is none yet).
+
+        Raises:
+            ContentUnreadable: the life's data key is gone (erased), ``create`` false.
+        """
+        # Imported here: only a conversation under a data policy's detectors needs them.
+        from ..context.tokens import token_secret
+        from .callbacks import signing_key
+
+        return token_secret(
+            self.store.sealer.keyring, key, gen, create=create, deployment=signing_key
+        )
+
+    def visible_head(self, key: ConversationKey) -> Head:
+        """The head a reader may see (:meth:`_visible_head`)."""
+        return self._visible_head(key)
 
     def _visible_head(self, key: ConversationKey) -> Head:
         head = self.store.get_head(key)

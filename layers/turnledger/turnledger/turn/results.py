@@ -134,6 +134,8 @@ class EventPage:
     events: list[Event]
     #: The sequence to read on after; ``None`` when this page reached the end.
     next_after: int | None
+    #: The life the page is of (what its tokens are made for: ``turnledger.context.tokens``).
+    gen: str = ""
 
 
 @dataclass(frozen=True)
@@ -178,3 +180,5 @@ class SweepReport:
     waits_expired: int = 0
     #: Deleted conversations' lives kept while forks read them, deleted once none does.
     fork_lives_reclaimed: int = 0
+    #: Events whose content their data class's retention removed (the sweep on demand).
+    contents_removed: int = 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..context.policy import DataPolicy
 from ..context.redaction import Redactor
-from ..context.tokens import TokenizingRedactor, conversation_secret
+from ..context.tokens import TokenizingRedactor
 from ..core.exceptions import DataPolicyUnsatisfied, UnknownModel, UnknownProvider
 from ..core.models import ConversationKey
 from ..core.observability import logger
@@ -111,15 +111,18 @@ class ProviderSelection(Reads):
             return self._redactor
         return self._redactor()
 
-    def redactor_for(self, key: ConversationKey, data_class: str | None) -> Redactor | None:
+    def redactor_for(
+        self, key: ConversationKey, data_class: str | None, gen: str
+    ) -> Redactor | None:
         """What a model sees of a conversation of ``data_class`` through: the redaction
         rules, after its protected values are made tokens (a conversation with a class,
-        under a policy with detectors; ``turnledger.context.tokens``)."""
+        under a policy with detectors; ``turnledger.context.tokens``): those of its life
+        ``gen``."""
         rules = self.redactor
         policy = self.data_policy(key.tenant)
         if policy is None or data_class is None or not policy.detectors:
             return rules
-        return TokenizingRedactor.of(policy, conversation_secret(key), rules)
+        return TokenizingRedactor.of(policy, self.token_secret(key, gen, create=True), rules)
 
     def data_policy(self, tenant: str) -> DataPolicy | None:
         """The data policy ``tenant``'s conversations are held to (``None``: none): the
