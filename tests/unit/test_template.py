@@ -971,6 +971,9 @@ API_EVENTS = [
     "list-pins.json",
     "remove-pin.json",
     "get-state.json",
+    "add-user-pin.json",
+    "list-user-pins.json",
+    "remove-user-pin.json",
 ]
 
 
