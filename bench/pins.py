@@ -253,7 +253,10 @@ def _render_users(rows: Sequence[UserRow]) -> list[str]:
         "the user's partition: the records, then the active pins), so a turn with a memory "
         "user makes the same read requests with pins as without, and a turn without one "
         "reads nothing of them; adding one is two puts (the pin, the user's entry for "
-        "tenant erasure) after a query of the user's active pins (the budget check).",
+        "tenant erasure) after a query of the user's active pins (the budget check). The "
+        "turn's one more WCU is its turn item's size: the run record names the user and the "
+        "pins it carried (`memory_user`, `user_pins`), which the row with no pin (no record "
+        "recalled either) does not.",
     ]
     return lines
 
