@@ -161,6 +161,12 @@ def test_a_user_pin_reaches_every_conversation_of_that_user_and_no_other(
         assert call["user_pins"] == [pin]
         assert f"\n{line}" in call["messages"][0]["content"]
     assert context(http, "carol-1", 1)["calls"][0]["user_pins"] == []
+    # The state route names them among what the next call may receive.
+    state = http.get("/v1/conversations/alice-2/state", headers=as_user("alice")).json()
+    assert state["may_send"]["user_pins"] == [pin]
+    assert [p["text"] for p in state["may_send"]["pins"]] == [CONVERSATION_PIN]
+    state = http.get("/v1/conversations/carol-1/state", headers=as_user("carol")).json()
+    assert state["may_send"]["user_pins"] == []
 
     # Removed: the next call no longer carries it; past calls still rebuild with it.
     removed = http.delete(f"{path}/{pin['id']}", headers=as_user("alice"))
