@@ -168,6 +168,23 @@ def test_a_user_pin_reaches_every_conversation_of_that_user_and_no_other(
     state = http.get("/v1/conversations/carol-1/state", headers=as_user("carol")).json()
     assert state["may_send"]["user_pins"] == []
 
+    # A replay judges the user's pin on each turn that carried it.
+    check = {"type": "pin_respected", "pin_id": pin["id"], "contains": "Olá"}
+    started = http.post(
+        "/v1/conversations/alice-1/replays",
+        json={"provider": "openai-chat", "model": "gpt-test", "expect": {"constraints": [check]}},
+        headers=as_user("alice"),
+    )
+    assert started.status_code == 202, started.text
+    replay = http.get(
+        started.headers["Location"], headers=as_user("alice"), params={"wait": 20}
+    ).json()
+    assert replay["status"] == "complete", replay
+    assert [v["passed"] for v in replay["turns"]] == [False, False]
+    assert {f["constraint"] for v in replay["turns"] for f in v["failures"]} == {
+        f"pin_respected:{pin['id']}"
+    }
+
     # Removed: the next call no longer carries it; past calls still rebuild with it.
     removed = http.delete(f"{path}/{pin['id']}", headers=as_user("alice"))
     assert removed.status_code == 204, removed.text
