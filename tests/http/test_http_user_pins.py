@@ -210,3 +210,16 @@ def test_a_user_pin_that_would_not_fit_is_refused_whole(http: httpx.Client) -> N
     assert (error["code"], error["details"]["limit"]) == ("pin_budget_exceeded", 100)
     assert error["details"]["tokens"] > 100
     assert http.get(path, headers=as_user("alice")).json()["pins"] == [small.json()]
+    # A conversation's pin is counted with its user's pins: the same pin on two
+    # conversations of the same history is refused with more tokens beside alice's pin.
+    own = {"text": "x" * 1500, "kind": "fact"}
+    tokens = {}
+    for user in ("alice", "carol"):
+        conversation = f"/v1/conversations/{user}-3"
+        reply = http.post(f"{conversation}/turns", json={"input": "hi"}, headers=as_user(user))
+        assert reply.status_code == 200, reply.text
+        refused = http.post(f"{conversation}/pins", json=own, headers=as_user(user))
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["code"] == "pin_budget_exceeded"
+        tokens[user] = refused.json()["error"]["details"]["tokens"]
+    assert tokens["alice"] > tokens["carol"]
