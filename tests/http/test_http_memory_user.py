@@ -129,6 +129,7 @@ def values(api: httpx.Client, sink: HttpSink) -> dict[str, str]:
         "replay_id": "rp_1",
         "token": token,
         "proxy": "models",
+        "pin_id": "pin_0123456789abcdef",
     }
 
 

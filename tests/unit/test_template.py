@@ -49,6 +49,9 @@ CONTRACT_ROUTES = {
     ("POST", "/v1/conversations/{id}/pins", "TurnFunction"),
     ("GET", "/v1/conversations/{id}/pins", "TurnFunction"),
     ("DELETE", "/v1/conversations/{id}/pins/{pin_id}", "TurnFunction"),
+    ("POST", "/v1/memories/pins", "TurnFunction"),
+    ("GET", "/v1/memories/pins", "TurnFunction"),
+    ("DELETE", "/v1/memories/pins/{pin_id}", "TurnFunction"),
     ("GET", "/v1/conversations/{id}/state", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/forks", "ReadFunction"),
     ("GET", "/v1/conversations/{id}/turns/{turn}/context", "ReadFunction"),
@@ -968,6 +971,9 @@ API_EVENTS = [
     "list-pins.json",
     "remove-pin.json",
     "get-state.json",
+    "add-user-pin.json",
+    "list-user-pins.json",
+    "remove-user-pin.json",
 ]
 
 

@@ -37,6 +37,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
         "compact_routes",
         "policy_routes",
         "pin_routes",
+        "user_pin_routes",
     ),
     "approve": ("routes", "turn_routes", "waits"),
     # The OpenAI face's reads, deletes and catch-all need its Conversations API only.

@@ -26,7 +26,7 @@ from ..turn.judging import Expect
 from ..turn.replay_records import ReplayRecord, ReplaySpec
 from ..turn.turn_reads import MAX_WAIT_SECONDS
 from .idempotency import idempotent
-from .pin_views import PinView, pin_view
+from .pin_views import PinView, UserPinView, pin_view, user_pin_view
 from .resolver import ConversationId, app, conversation, idempotency_key, json_response, responses
 
 if TYPE_CHECKING:
@@ -52,6 +52,11 @@ class CallContextView(Deferred):
     pins: list[PinView] = Field(
         default_factory=list,
         description="The pins in force at the call, oldest first (its context carried each)",
+    )
+    user_pins: list[UserPinView] = Field(
+        default_factory=list,
+        description="The pins of the conversation's user the call carried, before the "
+        "conversation's, oldest first (POST /v1/memories/pins)",
     )
     tools: list[ToolSpec] = Field(
         description="The tools the deployment's registry offers now (not in the log, "
@@ -117,6 +122,7 @@ def _view(context: CallContext, tools: list[ToolSpec], system_prompt: str) -> Ca
         summary=summary,
         summary_through=context.run.summary_through,
         pins=[pin_view(pin) for pin in context.pins],
+        user_pins=[user_pin_view(pin) for pin in context.user_pins],
         tools=tools,
         messages=messages,
         recorded_sha256=context.run.context_sha256,

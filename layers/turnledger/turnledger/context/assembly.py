@@ -3,8 +3,8 @@
 The transcript is the record; the context is derived from it on every turn,
 in this order::
 
-    system prompt -> pins -> recalled memory -> the newest summary -> the newest whole
-    turns that fit -> (the new input)
+    system prompt -> pins (the user's, then the conversation's) -> recalled memory ->
+    the newest summary -> the newest whole turns that fit -> (the new input)
 
 The current turn (the new input, and the calls and results of a turn that is
 still running) is always sent whole: a user message outranks a summary, so
@@ -57,6 +57,7 @@ from ..core.models import (
     UserMessage,
 )
 from ..providers.base import Message, ModelRequest
+from ..store.user_pins import UserPin
 from .pins import corrected, correction_mark, pin_message
 from .redaction import Redactor
 
@@ -309,11 +310,12 @@ def assemble(
     redactor: Redactor | None = None,
     memory: Message | None = None,
     pins: Sequence[Pin] = (),
+    user_pins: Sequence[UserPin] = (),
 ) -> Assembly:
     """The context of the next model call over ``events`` (everything after the newest
     summary's range, the summary's event among them; the current turn last), with the
-    active ``pins`` after the system prompt, always, and the user's recalled ``memory``
-    block after them when it fits.
+    user's ``user_pins`` and the conversation's active ``pins`` after the system prompt,
+    always, and the user's recalled ``memory`` block after them when it fits.
 
     Raises:
         CorruptedState: the newest summary does not match its hash.
@@ -325,7 +327,7 @@ def assemble(
     head: list[Message] = []
     if system_prompt:
         head.append(Message(role="system", content=system_prompt))
-    block = pin_message(pins)
+    block = pin_message(pins, user_pins)
     if block is not None:
         head.append(block)
     summary_message = summary.message() if summary is not None else None
@@ -526,6 +528,7 @@ def rebuild(
     redactor: Redactor | None = None,
     memory: Message | None = None,
     pins: Sequence[Pin] = (),
+    user_pins: Sequence[UserPin] = (),
 ) -> Assembly:
     """The context a past model call sent, recomputed from the log.
 
@@ -533,7 +536,8 @@ def rebuild(
     event; older events than the newest summary may be included or not. Compare
     ``.sha256`` with ``run.context_sha256``. ``memory``: the memory block of the
     records ``run.memory_ids`` names, as they read then (memory is not in the log);
-    ``pins``: those in force then (:func:`.pins.pins_through` of the log).
+    ``pins``: those in force then (:func:`.pins.pins_through` of the log);
+    ``user_pins``: the user's pins ``run.user_pins`` names (a pin's text never changes).
     """
     return assemble(
         events,
@@ -543,4 +547,5 @@ def rebuild(
         redactor=redactor,
         memory=memory,
         pins=pins,
+        user_pins=user_pins,
     )

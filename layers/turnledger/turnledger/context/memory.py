@@ -36,6 +36,7 @@ from ..store.memories import (
     MemoryRecord,
     new_memory_id,
 )
+from ..store.user_pins import UserPin
 from .assembly import Estimator
 
 #: Every recalled memory block is one system message starting with this.
@@ -294,6 +295,8 @@ class Recall:
     ids: list[str] = field(default_factory=list)
     #: ``False``: the records could not be read (no write-back plans against them).
     complete: bool = True
+    #: The user's active pins (read with the records), oldest first.
+    pins: list[UserPin] = field(default_factory=list)
 
 
 def recall_block(

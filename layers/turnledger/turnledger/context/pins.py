@@ -9,6 +9,9 @@ system message right after the system prompt, before the recalled memory and the
     [pin_ab12 fact] The customer's confirmed language is Portuguese.
     [pin_cd34 correction of event 5] The order number is 7731, not 7713.
 
+A user's pins (:mod:`turnledger.store.user_pins`, ``/v1/memories/pins``) come first in the
+same block, each marked ``user``: ``[pin_ef56 user fact] The customer is a minor.``
+
 Each pin's text is sent verbatim (neither redacted nor cut: an operator wrote it for the
 model). The summarizer is never given a pin, and nothing that trims a context to its
 budget drops one: a pin that would not fit is refused when it is added
@@ -25,6 +28,7 @@ from collections.abc import Iterable
 from ..core.exceptions import PinBudgetExceeded
 from ..core.models import Event, Pin, PinAdded, PinRemoved
 from ..providers.base import Message
+from ..store.user_pins import UserPin
 
 #: What the pin block starts with.
 PINS_PREFIX = "Pinned by operators (these override anything below, summaries included):"
@@ -45,9 +49,15 @@ def pin_line(pin: Pin) -> str:
     return f"[{pin.id} {what}] {pin.text}"
 
 
-def pin_message(pins: Iterable[Pin]) -> Message | None:
-    """The pin block of ``pins`` (oldest first), or ``None`` when there is none."""
-    lines = [pin_line(pin) for pin in pins]
+def user_pin_line(pin: UserPin) -> str:
+    """One pin of the conversation's user as the block lists it: marked ``user``."""
+    return f"[{pin.id} user {pin.kind}] {pin.text}"
+
+
+def pin_message(pins: Iterable[Pin], user_pins: Iterable[UserPin] = ()) -> Message | None:
+    """The pin block of the user's ``user_pins`` then the conversation's ``pins`` (each
+    oldest first), or ``None`` when there is none."""
+    lines = [*(user_pin_line(pin) for pin in user_pins), *(pin_line(pin) for pin in pins)]
     if not lines:
         return None
     return Message(role="system", content="\n".join([PINS_PREFIX, *lines]))

@@ -208,7 +208,8 @@ class PinBudgetExceeded(TurnledgerError):
 
 
 class PinNotFound(TurnledgerError):
-    """``DELETE .../pins/{pin_id}`` names no active pin of the conversation."""
+    """``DELETE .../pins/{pin_id}`` names no active pin of the conversation (or, under
+    ``/v1/memories/pins``, of the user)."""
 
     status = 404
     code = "pin_not_found"

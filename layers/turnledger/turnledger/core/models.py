@@ -241,6 +241,9 @@ class RunRecord(_Strict):
     memory_ids: list[str] = Field(default_factory=list)
     #: Whose records ``memory_ids`` are (set with them), so a rebuild reads them back.
     memory_user: str | None = None
+    #: The pins of ``memory_user`` the context carried, oldest first
+    #: (``turnledger.store.user_pins``): a rebuild reads them back by id.
+    user_pins: list[str] = Field(default_factory=list)
     #: What the memory extraction after this answer used (its cost is in ``cost_usd``'s
     #: head rollup, not in ``cost_usd``); ``None``: none ran.
     memory_usage: Usage | None = None

@@ -24,6 +24,7 @@ Table layout (one partition per conversation)::
                                      the OpenAI face's transcript index (:func:`tenant_items`),
                                      the list of users with memory (:func:`memory_user_key`)
     pk = "T#<tenant>#C##memory#<user>"  one user's memory records (:func:`memory_items`)
+                                     and pins (.user_pins)
 
 ``"HEAD"`` sorts after every ``"E#..."`` key, so one descending Query returns
 the head followed by the newest turn items: a turn reads its state in one round
@@ -81,6 +82,10 @@ MEMORY_ITEMS_PREFIX = "#memory#"
 #: the tenant's own partition (what tenant erasure reads to find every user's partition).
 MEMORY_RECORD_PREFIX = f"{SIDE_PREFIX}m#"
 MEMORY_USER_PREFIX = f"{SIDE_PREFIX}mu#"
+#: Sort key prefixes of a user's active pins and of their removals (in the user's memory
+#: partition, after the records: one query reads the records and the active pins).
+USER_PIN_PREFIX = f"{SIDE_PREFIX}up#"
+USER_PIN_REMOVED_PREFIX = f"{SIDE_PREFIX}ux#"
 
 #: The expiry index groups heads by the hour their TTL falls in, split into
 #: shards so one busy hour does not become one hot index partition.

@@ -121,12 +121,21 @@ class MemoryBook:
             )
 
     def clear(self) -> int:
-        """Delete every record of the user and the user's entry; returns how many records."""
+        """Delete every record of the user, and the user's entry when the user has no pins
+        (:mod:`.user_pins`); returns how many records."""
         ids = [record.id for record in self.records()]
         self.delete(ids)
-        self.store.delete_side_items(
-            keys.tenant_items(self.tenant), [keys.memory_user_key(self.user)]
+        pinned = self.store.query_side_items(
+            self.key,
+            lower=keys.USER_PIN_PREFIX,
+            upper=keys.USER_PIN_REMOVED_PREFIX + _END,
+            limit=1,
         )
+        if not pinned:
+            # The user's pins (.user_pins) stay: tenant erasure must still find the user.
+            self.store.delete_side_items(
+                keys.tenant_items(self.tenant), [keys.memory_user_key(self.user)]
+            )
         return len(ids)
 
 

@@ -10,9 +10,10 @@ what differs, never hidden. Replays (:mod:`.replays`) send exactly these context
 What is not in the log is taken from the deployment as it is now: the system prompt,
 the redaction rule set and the tool registry. The user's long-term memory records a call
 carried (``run.memory_ids``, of ``run.memory_user``) are read back from the user's memory
-and set in the rebuilt context as the call had them. A call whose context was built with
-another system prompt or rule set, or with records since edited or deleted, rebuilds to
-another hash, and the mismatch says which of these may explain it.
+and set in the rebuilt context as the call had them; so are the user's pins it carried
+(``run.user_pins``: a pin's text never changes, and a removed pin is kept). A call whose
+context was built with another system prompt or rule set, or with records since edited or
+deleted, rebuilds to another hash, and the mismatch says which of these may explain it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ..core.models import (
 )
 from ..providers.base import Message, Provider, ToolSpec
 from ..store.memories import MemoryBook, MemoryRecord
+from ..store.user_pins import UserPin, pins_by_id
 from .turn_reads import TurnNotFound
 
 if TYPE_CHECKING:
@@ -71,6 +73,8 @@ class CallContext:
     results: dict[str, ToolResult] = field(default_factory=dict)
     #: The pins in force when the call was made (its context carried each), oldest first.
     pins: list[Pin] = field(default_factory=list)
+    #: The pins of the conversation's user the call carried (``run.user_pins``), in order.
+    user_pins: list[UserPin] = field(default_factory=list)
 
     @property
     def matches(self) -> bool:
@@ -172,6 +176,7 @@ def call_contexts(
         run = body.run
         provider = _provider(service, run.provider)
         memory, memory_changed = memories.block(run, event)
+        user_pins = memories.user_pins(run)
         redactor = tokens if "policy:" in (run.redaction_version or "") else plain
         assembly = rebuild(
             _window(events, sequences, newest, position),
@@ -182,6 +187,7 @@ def call_contexts(
             redactor=redactor,
             memory=memory,
             pins=list(pins.values()),
+            user_pins=user_pins,
         )
         index_in_turn[event.turn] = index_in_turn.get(event.turn, 0) + 1
         causes: list[str] = []
@@ -199,6 +205,7 @@ def call_contexts(
                 causes=causes,
                 results=_results(events[position + 1 :], body),
                 pins=list(pins.values()),
+                user_pins=user_pins,
             )
         )
     return calls
@@ -237,6 +244,17 @@ class _Memories:
         self.service = service
         self.log = log
         self._records: dict[str, dict[str, MemoryRecord]] = {}
+        self._pins: dict[str, dict[str, UserPin]] = {}
+
+    def user_pins(self, run: RunRecord) -> list[UserPin]:
+        """The user's pins ``run``'s call carried, read back by id (active or removed
+        since: a pin's text never changes; each user's pins read once)."""
+        user = run.memory_user
+        if not run.user_pins or user is None:
+            return []
+        if user not in self._pins:
+            self._pins[user] = pins_by_id(self.service.store, self.log.key.tenant, user)
+        return [self._pins[user][pin_id] for pin_id in run.user_pins if pin_id in self._pins[user]]
 
     def block(self, run: RunRecord, answer: Event) -> tuple[Message | None, bool]:
         """The memory block ``run``'s call carried, rebuilt from the records it names as

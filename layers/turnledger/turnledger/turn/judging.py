@@ -30,6 +30,7 @@ from pydantic import ConfigDict, Field
 
 from ..core.exceptions import UnknownTool
 from ..core.models import Deferred, Pin, ToolCall
+from ..store.user_pins import UserPin
 
 if TYPE_CHECKING:
     from ..tools.registry import ToolRegistry
@@ -150,12 +151,14 @@ class JudgedTurn:
         candidate: list[ToolCall],
         answer: str | None,
         pins: Sequence[Pin],
+        user_pins: Sequence[UserPin] = (),
     ) -> None:
         self.turn = turn
         self.recorded = recorded
         self.candidate = candidate
         self.answer = answer
-        self.pins = {pin.id for pin in pins}
+        # The pins in force at the turn: the conversation's and its user's.
+        self.pins = {pin.id for pin in pins} | {pin.id for pin in user_pins}
 
 
 def judge(expect: Expect, turns: Iterable[JudgedTurn], registry: ToolRegistry) -> list[TurnVerdict]:

@@ -1,4 +1,5 @@
-"""The memory step of a turn: recall the user's records into its context, extract the
+"""The memory step of a turn: recall the user's records (and read the user's pins with
+them, :mod:`turnledger.store.user_pins`) into its context, extract the
 facts the user stated once the model answered, write them after the commit
 (:mod:`turnledger.context.memory`, :mod:`turnledger.store.memories`).
 
@@ -24,6 +25,7 @@ from ..core.observability import logger, timed
 from ..providers.base import Message
 from ..providers.embeddings import decode_vector, encode_vector
 from ..store.memories import MemoryBook, MemoryRecord
+from ..store.user_pins import UserPin, user_memory
 from .commands import TurnCommand
 from .execution import TurnWork
 from .selection import ProviderSelection
@@ -62,11 +64,12 @@ class MemoryStep(ProviderSelection):
         complete = True
         try:
             # Eventually consistent: half the price, and a record written a moment ago
-            # by another conversation may wait for the next turn.
-            records = MemoryBook(self.store, session.key.tenant, user).records(consistent=False)
+            # by another conversation may wait for the next turn. The user's pins come
+            # with the records, in the same query.
+            records, pins = user_memory(self.store, session.key.tenant, user, consistent=False)
         except Exception:
             logger.exception("could not read the user's memory; the turn goes on without it")
-            records, complete = [], False
+            records, pins, complete = [], [], False
         query_vector = self._embed(query) if records and self.embedder is not None else None
         ranked = rank(records, query, query_vector=query_vector, vector_of=_vector_of)
         message, ids = recall_block(
@@ -80,9 +83,14 @@ class MemoryStep(ProviderSelection):
             # Everything a model sees is redacted; records added by hand never were.
             message = Message(role="system", content=redactor.text(message.content or ""))
         work.recall = Recall(
-            user=user, records=records, message=message, ids=ids, complete=complete
+            user=user, records=records, message=message, ids=ids, complete=complete, pins=pins
         )
         return work.recall
+
+    @staticmethod
+    def user_pins(work: TurnWork) -> list[UserPin]:
+        """The pins of the turn's user its recall read (none without a memory user)."""
+        return work.recall.pins if work.recall is not None else []
 
     def extract_memory(self, work: TurnWork, run: RunRecord) -> RunRecord:
         """Ask the summarizer for the facts the user stated in this turn and plan their

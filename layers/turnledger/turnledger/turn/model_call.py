@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..context.assembly import (
@@ -41,6 +42,7 @@ from ..providers.base import (
     ResponseFormat,
     ToolSpec,
 )
+from ..store.user_pins import UserPin
 from . import compaction, policy_gate
 from .commands import TurnCommand
 from .drafts import DraftSink, model_reply
@@ -117,6 +119,7 @@ class ModelCall(MemoryStep):
                 redactor=redactor,
                 memory=recall.message if recall is not None else None,
                 pins=session.pins,
+                user_pins=recall.pins if recall is not None else (),
             )
 
         assembly = build()
@@ -165,6 +168,7 @@ class ModelCall(MemoryStep):
         model = reply.model or work.model
         # The recalled block, when it fitted in the context (the run record names it).
         carried = recall if recall is not None and recall.message in assembly.messages else None
+        user_pins = self.user_pins(work)
         return reply, RunRecord(
             model=model,
             provider=provider.name,
@@ -180,12 +184,15 @@ class ModelCall(MemoryStep):
             context_sha256=assembly.sha256,
             token_scale=estimator.scale,
             response_id=reply.response_id,
-            made_with=_cursor_sha256(self.settings, specs, redactor, session.pins)
+            made_with=_cursor_sha256(self.settings, specs, redactor, session.pins, user_pins)
             if reply.response_id is not None
             else None,
             cost_usd=self.settings.model_spec(model).cost(reply.usage),
             memory_ids=carried.ids if carried is not None else [],
-            memory_user=carried.user if carried is not None else None,
+            memory_user=carried.user
+            if carried is not None
+            else (recall.user if recall is not None and user_pins else None),
+            user_pins=[pin.id for pin in user_pins],
         )
 
     def route_call(self, work: TurnWork, purpose: str = "turn") -> bool:
@@ -250,7 +257,9 @@ class ModelCall(MemoryStep):
             or cursor.model != work.model
             or cursor.tenant != work.session.key.tenant
             or cursor.context_sha256
-            != _cursor_sha256(self.settings, specs, redactor, work.session.pins)
+            != _cursor_sha256(
+                self.settings, specs, redactor, work.session.pins, self.user_pins(work)
+            )
             or (summary is not None and summary.sequence > cursor.sequence)
             or age > self.settings.provider_state_retention_seconds
         ):
@@ -285,6 +294,7 @@ class ModelCall(MemoryStep):
                 [tool.spec() for tool in work.tools],
                 self.redactor_for(session.key, session.data_class, session.gen),
                 session.pins,
+                self.user_pins(work),
             ),
             sequence=sequence,
             conversation_id=session.key.conversation_id,
@@ -484,10 +494,15 @@ _CALIBRATION_MARGIN = 1.05
 
 
 def _cursor_sha256(
-    settings: Settings, specs: list[ToolSpec], redactor: Redactor | None, pins: list[Pin]
+    settings: Settings,
+    specs: list[ToolSpec],
+    redactor: Redactor | None,
+    pins: list[Pin],
+    user_pins: Sequence[UserPin] = (),
 ) -> str:
     """What a stored provider response was made with: system prompt, tools, redaction, and
-    the pins (a pin added or removed since changes what every context starts with)."""
+    the pins, the user's too (a pin added or removed since changes what every context
+    starts with)."""
     made_with: dict[str, object] = {
         "system": settings.system_prompt,
         "tools": [spec.model_dump(mode="json") for spec in specs],
@@ -496,6 +511,8 @@ def _cursor_sha256(
     if pins:
         # Left out while there is none: cursors made before pins existed stay usable.
         made_with["pins"] = [pin.id for pin in pins]
+    if user_pins:
+        made_with["user_pins"] = [pin.id for pin in user_pins]
     return hashlib.sha256(json.dumps(made_with, sort_keys=True).encode()).hexdigest()
 
 

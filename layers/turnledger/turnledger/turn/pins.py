@@ -26,6 +26,7 @@ from ..core.models import (
     PinRemoved,
 )
 from ..providers.base import Message
+from ..store.user_pins import UserPinBook
 from .admission import Rules
 from .runner import TurnRunner
 from .session import Session
@@ -142,7 +143,8 @@ class Pins:
 
     def _check_budget(self, session: Session, pins: list[Pin]) -> None:
         """Refuse ``pins`` that would not fit the smallest budget of the models a turn
-        of ``session`` may use (the default, the turn's own, every one described)."""
+        of ``session`` may use (the default, the turn's own, every one described), with the
+        pins of the user its last turn named (one more read, only with such a user)."""
         service = self.service
         settings = service.settings
         models = {settings.model, *settings.models}
@@ -156,7 +158,10 @@ class Pins:
         sent: list[Message] = []
         if settings.system_prompt:
             sent.append(Message(role="system", content=settings.system_prompt))
-        block = pin_message(pins)
+        # The pins of the conversation's user (its last turn's) share the block.
+        user = session.options.memory_user
+        carried = UserPinBook(service.store, session.key.tenant, user).active() if user else []
+        block = pin_message(pins, carried)
         assert block is not None  # at least one pin
         sent.append(block)
         tokens = estimator.tokens(sent)

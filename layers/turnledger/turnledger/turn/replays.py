@@ -53,6 +53,7 @@ from ..core.models import (
 from ..core.observability import logger
 from ..providers.base import Message, ModelReply, ModelRequest, Provider, ToolSpec
 from ..store.codec import SideItem
+from ..store.user_pins import UserPin, UserPinBook
 from . import policy_gate
 from .contexts import (
     CallContext,
@@ -207,6 +208,11 @@ def start(service: Conversations, key: ConversationKey, spec: ReplaySpec) -> Rep
         )
     if spec.expect is not None:
         active = {pin.id for pin in head.pins}
+        user = head.options.memory_user
+        named = {c.pin_id for c in spec.expect.constraints if isinstance(c, PIN_CHECKS)}
+        if user is not None and named - active:
+            # A pin of the conversation's user (its last turn's) is in force there too.
+            active |= {pin.id for pin in UserPinBook(service.store, key.tenant, user).active()}
         for constraint in spec.expect.constraints:
             if isinstance(constraint, PIN_CHECKS) and constraint.pin_id not in active:
                 raise InvalidRequest(
@@ -324,8 +330,10 @@ def _judged(
     if record.expect is None:
         return None
     pins: dict[int, list[Pin]] = {}
+    user_pins: dict[int, list[UserPin]] = {}
     for context in contexts:
         pins.setdefault(context.turn, context.pins)
+        user_pins.setdefault(context.turn, context.user_pins)
     turns: list[JudgedTurn] = []
     for number in sorted({call.turn for call in calls}):
         mine = [call for call in calls if call.turn == number]
@@ -337,6 +345,7 @@ def _judged(
                 candidate=[t for c in mine if c.candidate for t in c.candidate.tool_calls],
                 answer=answers[-1] if answers else None,
                 pins=pins.get(number, []),
+                user_pins=user_pins.get(number, []),
             )
         )
     return judge(record.expect, turns, service.tools)

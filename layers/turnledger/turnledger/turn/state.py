@@ -43,6 +43,7 @@ from ..core.models import (
     ToolCallSettled,
     ToolResult,
 )
+from ..store.user_pins import UserPin, UserPinBook
 from .lifecycle import public_status
 from .reads import Reads
 
@@ -114,6 +115,9 @@ class MaySend(_View):
     #: Whether a provider may keep the conversation's state (its class's
     #: ``provider_state``); ``None`` without a class.
     provider_state: bool | None = None
+    #: The pins of the last turn's memory user (``/v1/memories/pins``), carried before
+    #: ``pins`` while the next turn names the same user; ``[]`` without a memory user.
+    user_pins: list[UserPin] = Field(default_factory=list)
 
 
 class CursorView(_View):
@@ -171,6 +175,9 @@ def four_answers(
         events.extend(page)
     kinds = Counter(event.kind.value for event in events)
     status = public_status(head, now)
+    user = head.options.memory_user
+    user_pins = UserPinBook(service.store, key.tenant, user).active() if user is not None else []
+    reads += user is not None
     return FourAnswers(
         conversation_id=key.conversation_id,
         happened=Happened(
@@ -181,7 +188,7 @@ def four_answers(
             last_turn=LastTurn(turn=head.turn, status=status) if head.turn else None,
         ),
         external_actions=_actions(head, events, now),
-        may_send=_may_send(service, head, events, policy),
+        may_send=_may_send(service, head, events, policy, user_pins),
         if_cursor_lost=_if_cursor_lost(head),
         reads=reads,
     )
@@ -254,7 +261,11 @@ def _actions(head: Head, events: list[Event], now: datetime) -> list[ExternalAct
 
 
 def _may_send(
-    service: Reads, head: Head, events: list[Event], policy: DataPolicy | None
+    service: Reads,
+    head: Head,
+    events: list[Event],
+    policy: DataPolicy | None,
+    user_pins: list[UserPin],
 ) -> MaySend:
     settings = service.settings
     provider = head.options.provider or settings.provider
@@ -282,6 +293,7 @@ def _may_send(
         if policy is not None and classed
         else None,
         provider_state=data_class.provider_state if data_class is not None else None,
+        user_pins=user_pins,
     )
 
 
