@@ -60,7 +60,7 @@ def _view(tenant: str) -> DataPolicyView:
     )
 
 
-@app.get("/v1/data-policy", responses=responses(DataPolicyView, 400, 401, 503))
+@app.get("/v1/data-policy", responses=responses(DataPolicyView, 400, 401, 422, 503))
 def get_data_policy() -> DataPolicyView:
     """The data policy in force for the caller's tenant, and the tenant's own versions."""
     return _view(caller().tenant)

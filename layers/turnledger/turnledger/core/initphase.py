@@ -12,11 +12,18 @@ it runs, and what it built is then moved to the collector's permanent generation
 The cost: garbage cycles made during init are frozen with the rest and never freed. They
 are made once per execution environment and do not grow with requests. Nothing else of
 turnledger is imported here: the handler module imports this before the layer.
+
+The init also turns pydantic's plugins off (``PYDANTIC_DISABLE_PLUGINS=__all__``, unless
+the environment sets it): otherwise the first model built reads every installed
+distribution's entry points looking for one, and none is deployed. It is set here, before
+pydantic is imported, rather than in the template's environment, which Lambda caps at
+4 KB; a deployment that adds a plugin (Logfire's, say) sets the variable to its names.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +32,7 @@ from contextlib import contextmanager
 def init_phase() -> Iterator[None]:
     """Run the block (a function's init) with the collector paused, then freeze what it
     built and resume collecting as before; resumes even when the block raises."""
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     was_enabled = gc.isenabled()
     gc.disable()
     try:

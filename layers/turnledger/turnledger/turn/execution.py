@@ -63,7 +63,7 @@ from .approval_edits import check_definitions
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
 from .mcp_listings import record_listings
-from .mcp_refresh import INVALIDATED, stale_approvals
+from .mcp_refresh import invalidate, stale_approvals
 from .results import OutputCall, OutputText
 from .session import Clock, Session
 
@@ -619,7 +619,7 @@ class ToolCalls:
             check_definitions(self.tools, undecided, approving)
         except ToolDefinitionChanged as exc:
             session = work.session
-            self.invalidate(work, [c["id"] for c in exc.details["calls"]])
+            invalidate(session, [c["id"] for c in exc.details["calls"]])
             self.settle_rejected(work)
             self.run_ready(work, run)
             if not run.stop_cancelled(session):
@@ -638,7 +638,7 @@ class ToolCalls:
         stale = stale_approvals(self.tools, waiting)
         if not stale:
             return []
-        self.invalidate(work, ids := [pending.id for pending, _ in stale])
+        invalidate(session, ids := [pending.id for pending, _ in stale])
         listed = [self.tools.get(p.name) for p, now in stale if now is not None]
         record_listings(session, self.tools, listed)
         self.settle_rejected(work)
@@ -647,27 +647,6 @@ class ToolCalls:
             session.machine.release_lease()
             run.commit(session)
         return ids
-
-    def invalidate(self, work: TurnWork, call_ids: list[str]) -> None:
-        """Reject the MCP calls whose tool definition changed while they awaited a
-        decision (``approval_resolved`` by the system, reason ``invalidated: tool
-        definition changed``); their error results follow with :meth:`settle_rejected`."""
-        session = work.session
-        reason = INVALIDATED
-        waiting = {p.id: p for p in session.machine.pending if p.state in AWAITING_DECISION}
-        for call_id in call_ids:
-            pending = waiting[call_id]
-            session.add(
-                ApprovalResolved(
-                    call_id=call_id,
-                    decision="rejected",
-                    reason=reason,
-                    approver="system",
-                    arguments_sha256=pending.arguments_sha256,
-                ),
-                actor="system",
-            )
-            session.machine.change(pending, CallMove.REJECT, reason=reason)
 
     def expire_approvals(self, session: Session) -> list[str]:
         """Resolve approvals whose window closed as rejected (``approval expired``)."""

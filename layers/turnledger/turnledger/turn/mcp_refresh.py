@@ -20,6 +20,7 @@ from ..core.exceptions import ToolDefinitionChanged, ToolServerUnavailable, Unkn
 from ..core.models import ApprovalRequested, ApprovalResolved, PendingCall, ToolCallRequested
 from ..core.observability import logger
 from ..tools.registry import McpExecutorConfig, ToolRegistry
+from .lifecycle import AWAITING_DECISION, CallMove
 from .session import Session
 
 #: The reason of an approval its tool's changed definition invalidated.
@@ -115,3 +116,23 @@ def refuse_invalidated(
             "for: their approvals were invalidated; nothing was decided",
             details={"calls": calls},
         )
+
+
+def invalidate(session: Session, call_ids: list[str]) -> None:
+    """Reject the MCP calls whose tool definition changed while they awaited a decision
+    (``approval_resolved`` by the system, reason :data:`INVALIDATED`); their error results
+    follow with :meth:`.execution.ToolCalls.settle_rejected`."""
+    waiting = {p.id: p for p in session.machine.pending if p.state in AWAITING_DECISION}
+    for call_id in call_ids:
+        pending = waiting[call_id]
+        session.add(
+            ApprovalResolved(
+                call_id=call_id,
+                decision="rejected",
+                reason=INVALIDATED,
+                approver="system",
+                arguments_sha256=pending.arguments_sha256,
+            ),
+            actor="system",
+        )
+        session.machine.change(pending, CallMove.REJECT, reason=INVALIDATED)
