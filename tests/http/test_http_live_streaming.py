@@ -238,7 +238,7 @@ def test_a_face_stream_that_fails_mid_answer_ends_with_an_error_event(
         "POST",
         "/openai/v1/responses",
         json={"model": "demo-1", "input": f"echo: {FAIL_MID_STREAM} a b c d", "stream": True},
-        headers=ANN,
+        headers={**ANN},  # a copy: connect_sse writes Accept into the dict it is given
     ) as source:
         kinds = [(sse.event, json.loads(sse.data)) for sse in source.iter_sse()]
     deltas = [data["delta"] for kind, data in kinds if kind == "response.output_text.delta"]
