@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 from turnledger.core.config import ForeignResource, Settings
-from turnledger.runtime import (
+from turnledger.runtime import Runtime
+from turnledger.store.dynamodb import DynamoDBConversationStore
+from turnledger.store.keyring import DynamoDBKeyItems, KmsMasterKey, LocalMasterKey, SQLiteKeyItems
+from turnledger.store.local_folder import (
     LOCAL_KEYS_FILE,
     LOCAL_MASTER_KEY_FILE,
-    Runtime,
     local_master_key_file,
     master_key_in_data_dir,
 )
-from turnledger.store.dynamodb import DynamoDBConversationStore
-from turnledger.store.keyring import DynamoDBKeyItems, KmsMasterKey, LocalMasterKey, SQLiteKeyItems
 from turnledger.store.sqlite import DATABASE_FILE, SQLiteConversationStore
 from turnledger_local.cli import build_parser, config_from_args
 from turnledger_local.runner import LocalConfig, LocalRunner
