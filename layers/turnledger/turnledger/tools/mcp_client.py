@@ -26,6 +26,7 @@ from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from ..core import telemetry
 from .mcp import McpCallResult, McpError, McpListing, McpServerEntry, listing_of
 
 _T = TypeVar("_T")
@@ -58,7 +59,9 @@ async def _call(
     meta: Mapping[str, str],
     asked: list[str],
 ) -> McpCallResult:
-    # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...).
+    telemetry.mcp_session(client.protocol_version)
+    # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...), the trace
+    # context's are not (SEP-414).
     result = await client.call_tool(tool, dict(arguments), meta=cast(Any, dict(meta)))
     return McpCallResult(
         content=[
