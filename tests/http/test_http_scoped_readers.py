@@ -2,8 +2,9 @@
 
 The model sees tokens, so an answer that repeats a protected value holds its token. A
 reader whose claims hold the class's ``read_scope`` sees the value in that answer, in
-the turn's own response, ``GET .../turns/{n}``, events and export alike; a reader
-without it sees the token everywhere.
+the turn's own response, ``GET .../turns/{n}``, ``GET .../turns``, events and export
+alike; a reader without it sees the token everywhere (``GET .../turns`` showed it the
+raw input before).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def test_an_answer_holding_a_token_shows_the_value_to_a_scoped_reader(
                 assert got.status_code == 200, got.text
                 assert (CARD in got.text) is shows_value, got.text
                 assert bool(TOKEN.search(got.text)) is not shows_value, got.text
+
+        for headers, shows_value in ((PII_READER, True), (ANN, False)):
+            turns = http.get("/v1/conversations/s/turns", headers=headers)
+            assert turns.status_code == 200, turns.text
+            assert (CARD in turns.text) is shows_value, turns.text
+            assert bool(TOKEN.search(turns.text)) is not shows_value, turns.text
 
         answers = _answers(events_of(http, "s", PII_READER))
         assert CARD in answers and not TOKEN.search(answers)
