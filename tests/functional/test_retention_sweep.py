@@ -194,3 +194,37 @@ def test_a_class_raised_later_files_its_older_content_at_once(
     head = store.get_head(key)
     assert head is not None
     assert head.retention_due == clock.now() + timedelta(seconds=RETENTION)
+
+
+def test_a_rise_to_a_class_kept_shorter_brings_the_due_time_forward(
+    store: ConversationStore, clock: FakeClock
+) -> None:
+    policy = DataPolicy.model_validate(
+        {
+            "version": "v2",
+            "classes": [
+                {"name": "internal", "retention_seconds": 6 * RETENTION},
+                {"name": "pii", "retention_seconds": RETENTION},
+            ],
+            "detectors": [{"class": "pii", "name": "card", "pattern": "\\b4[0-9]{15}\\b"}],
+        }
+    )
+    service = Conversations(
+        store=store,
+        provider=DemoProvider(),
+        settings=Settings(),
+        clock=clock.now,
+        data_policy=policy,
+    )
+    key = ANN.key("rises-2")
+    edge.turn(service, ANN, "rises-2", TurnRequest(input="a memo of ours", data_class="internal"))
+    head = store.get_head(key)
+    assert head is not None and head.retention_due == START + timedelta(seconds=6 * RETENTION)
+    clock.advance(60)
+    edge.turn(service, ANN, "rises-2", TurnRequest(input=f"now {CARD}"))
+    head = store.get_head(key)
+    assert head is not None and head.data_class == "pii"
+    assert head.retention_due == START + timedelta(seconds=RETENTION)
+    clock.advance(RETENTION)
+    assert _sweeper(service, clock).expired().contents_removed >= 2
+    assert "a memo of ours" not in str(edge.events(service, ANN, "rises-2").events)

@@ -266,18 +266,25 @@ class Session:
         return due
 
     def _retention_due(self, now: datetime) -> datetime | None:
-        """When the content a commit at ``now`` leaves falls due: as read when set (the
-        sweep that removes it moves it, so a plain turn writes no ``HEAD``); else, for a
-        class with a retention, the life's start plus the retention, or ``now`` if that
-        has passed (early is safe: the sweep removes nothing not due, then files the head
-        under the true time). A conversation with no class asks for no policy."""
-        if self.retention_due is not None or self.data_class is None or self.retention_of is None:
-            return self.retention_due
+        """When the content a commit at ``now`` leaves falls due: as read when set and the
+        class is the one read (the sweep that removes it moves it, so a plain turn writes
+        no ``HEAD``); else, for a class with a retention, the life's start plus the
+        retention, or ``now`` if that has passed, or the time read if earlier (early is
+        safe: the sweep removes nothing not due, then files the head under the true
+        time). A class that rose writes ``HEAD`` anyway. A conversation with no class asks
+        for no policy."""
+        read = self.retention_due
+        risen = self.head is None or self.head.data_class != self.data_class
+        if (read is not None and not risen) or self.data_class is None:
+            return read
+        if self.retention_of is None:
+            return read
         seconds = self.retention_of(self.data_class)
         if seconds is None:
-            return None
+            return read
         start = self.head.created_at if self.head is not None else now
-        return max(start + timedelta(seconds=seconds), now)
+        due = max(start + timedelta(seconds=seconds), now)
+        return due if read is None else min(read, due)
 
     def commit(self) -> Head:
         """Write the staged events and the new head atomically, with the status the
