@@ -116,8 +116,6 @@ class Removal:
     skipped: int = 0
     #: When the oldest content left in place was written (``None``: none is left).
     kept_since: datetime | None = None
-    #: The life's event items read.
-    read: int = 0
 
     def keep(self, at: datetime) -> None:
         """Note content written at ``at`` that stays."""
@@ -158,7 +156,6 @@ def remove_content(
         for item in page.items:
             if leftover(item, piece):
                 continue
-            removal.read += 1
             _rewrite(store, pk, item, piece.gen, piece.base, before, marker, removal)
         if page.cursor is None:
             break
