@@ -34,7 +34,7 @@ buckets walked and of heads in them, not with the table.
   with heads written just before it ended), and only forward: concurrent
   sweeps are fine. Without a cursor (first run) the expiry pass starts
   :data:`SWEEP_LOOKBACK_BUCKETS` (7 days) back, anything older left to DynamoDB's TTL
-  and the stream below; the waits' pass reads :data:`WAIT_LOOKBACK_BUCKETS` (48 hours)
+  and the stream below; the pass over due work reads :data:`WAIT_LOOKBACK_BUCKETS` (48 hours)
   back at most.
 * Time budget: the sweep stops when the Lambda has less than its margin left
   (:class:`Deadline`) and reports ``complete: false``; the next run resumes at
@@ -135,12 +135,13 @@ TIME_MARGIN_MS = 10_000
 TIME_MARGIN_FRACTION = 0.25
 #: Times a reclaim re-reads a conversation whose head keeps changing under it.
 RECLAIM_ATTEMPTS = 5
-#: Hours of ``by-wait`` buckets the expiry pass reads back from the current one at most
-#: (from its cursor when that is later: the first run, or one whose cursor a failing
-#: conversation held for this long). A head leaves the index once its expired calls are
-#: recorded, so only the failures of earlier passes sit further back; past this, the
-#: conversation's own TTL (never shorter than its approval windows) ends it, and the next
-#: request on it records the expiry.
+#: Hours of ``by-wait`` buckets the pass over due work reads back from the current one at
+#: most (from its cursor when that is later: the first run, or one whose cursor a failing
+#: conversation held for this long). A head leaves a bucket once its expired calls are
+#: recorded and its due content removed (it is filed under its next due time, or nowhere),
+#: so only the failures of earlier passes sit further back; past this, the conversation's
+#: own TTL (never shorter than its approval windows) ends it, and the next request on it
+#: records the expiry; the sweep run for it by name removes its due content.
 WAIT_LOOKBACK_BUCKETS = 48
 
 
@@ -186,7 +187,7 @@ class _Run:
     sweeper: Sweeper
     removed: PurgeReport = field(default_factory=PurgeReport)
     complete: bool = True
-    #: Calls whose approval window closed, recorded by the expiry pass.
+    #: Calls whose approval window closed, recorded by the pass over due work.
     waits_expired: int = 0
     #: Events whose content the class's retention removed.
     contents_removed: int = 0
@@ -285,8 +286,8 @@ class Sweeper:
         bucket, and move the cursor past a bucket once ``sweep`` handled every candidate in
         it and it ended :data:`INDEX_SETTLE_SECONDS` ago. Without a cursor the walk starts
         ``lookback`` buckets back; ``bounded``: never further back, even from a cursor a
-        failing conversation held there (the waits' pass), else from wherever the cursor is
-        (the expiry pass). Stops at the deadline."""
+        failing conversation held there (the pass over due work), else from wherever the
+        cursor is (the expiry pass). Stops at the deadline."""
         epoch = int(now.timestamp())
         current = epoch // keys.EXPIRY_BUCKET_SECONDS
         settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
@@ -359,8 +360,9 @@ class Sweeper:
         return not removal.skipped
 
     def _expire_waits_of(self, key: ConversationKey, run: _Run) -> bool:
-        """The expiry pass's work on one conversation (nothing when none is due); whether
-        it was handled (``False``: a request held it, or it failed: a later run retries)."""
+        """The waits' work of the pass over due work on one conversation (nothing when
+        none is due); whether it was handled (``False``: a request held it, or it failed:
+        a later run retries)."""
         if self.expire_waits is None:
             return True
         try:
