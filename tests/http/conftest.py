@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -26,8 +27,11 @@ from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.support.factories import START
 
-ANN = {"Authorization": "Bearer local:acme:ann"}
-BOB = {"Authorization": "Bearer local:globex:bob"}
+#: Read-only: a library that writes into the headers it is given (httpx_sse's ``connect_sse``
+#: sets Accept) fails loudly here instead of changing every later request of the process;
+#: hand such a library ``dict(ANN)``.
+ANN: Mapping[str, str] = MappingProxyType({"Authorization": "Bearer local:acme:ann"})
+BOB: Mapping[str, str] = MappingProxyType({"Authorization": "Bearer local:globex:bob"})
 
 
 def start(config: LocalConfig, clock: ClockFile | None) -> Iterator[httpx.Client]:
@@ -88,7 +92,7 @@ def turn(http: httpx.Client) -> Callable[..., httpx.Response]:
     """``turn(conversation_id, input, headers=ANN, **body)``: POST a turn."""
 
     def post(
-        conversation_id: str, text: Any, headers: dict[str, str] = ANN, **body: Any
+        conversation_id: str, text: Any, headers: Mapping[str, str] = ANN, **body: Any
     ) -> httpx.Response:
         return http.post(
             f"/v1/conversations/{conversation_id}/turns",
