@@ -25,6 +25,7 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner
 
+from tests.functional.fake_openai import FakeOpenAI
 from tests.support.factories import START
 
 #: Read-only: a library that writes into the headers it is given (httpx_sse's ``connect_sse``
@@ -40,6 +41,15 @@ def start(config: LocalConfig, clock: ClockFile | None) -> Iterator[httpx.Client
         config = dataclasses.replace(config, clock_file=clock.path)
     with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as client:
         yield client
+
+
+def on_openai_chat(config: LocalConfig, fake: FakeOpenAI, **env: str) -> LocalConfig:
+    """``config`` answering with openai-chat's ``gpt-test`` from ``fake``; ``env`` adds to
+    (and overrides) the environment that points it there."""
+    openai = {"OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": "sk-test"}
+    return dataclasses.replace(
+        config, provider="openai-chat", model="gpt-test", env={**config.env, **openai, **env}
+    )
 
 
 def store_of(runner: LocalRunner) -> DynamoDBConversationStore:
