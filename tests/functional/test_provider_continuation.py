@@ -33,6 +33,7 @@ from tests.support.transcripts import (
     TURN_STARTS,
     WEATHER,
     converse_params,
+    responses_input,
 )
 
 
@@ -73,20 +74,7 @@ def test_openai_chat_gets_the_whole_transcript(fake: FakeOpenAI) -> None:
 # --- openai-responses: turn by turn over stored state ------------------------------------
 
 #: The Responses input items of the whole transcript (what a fresh request sends).
-FULL_INPUT: list[dict[str, Any]] = [
-    {"type": "message", "role": "user", "content": "Hi, my name is Ann."},
-    {"type": "message", "role": "assistant", "content": "Nice to meet you, Ann."},
-    {"type": "message", "role": "user", "content": "What is the weather in Oslo?"},
-    {
-        "type": "function_call",
-        "call_id": "call_w1",
-        "name": "get_weather",
-        "arguments": '{"city": "Oslo"}',
-    },
-    {"type": "function_call_output", "call_id": "call_w1", "output": '{"temp_c": 4}'},
-    {"type": "message", "role": "assistant", "content": "It is 4 degrees in Oslo."},
-    {"type": "message", "role": "user", "content": "What is my name?"},
-]
+FULL_INPUT = responses_input()
 
 
 def _seen(item: dict[str, Any]) -> tuple[Any, ...]:

@@ -91,3 +91,22 @@ def converse_params(model: str) -> dict[str, Any]:
             ]
         },
     }
+
+
+def responses_input() -> list[dict[str, Any]]:
+    """The Responses API's input items for :data:`TRANSCRIPT` (what a fresh request sends;
+    the system prompt goes in ``instructions``)."""
+    return [
+        {"type": "message", "role": "user", "content": "Hi, my name is Ann."},
+        {"type": "message", "role": "assistant", "content": "Nice to meet you, Ann."},
+        {"type": "message", "role": "user", "content": "What is the weather in Oslo?"},
+        {
+            "type": "function_call",
+            "call_id": "call_w1",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+        },
+        {"type": "function_call_output", "call_id": "call_w1", "output": '{"temp_c": 4}'},
+        {"type": "message", "role": "assistant", "content": "It is 4 degrees in Oslo."},
+        {"type": "message", "role": "user", "content": "What is my name?"},
+    ]
