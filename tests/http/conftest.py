@@ -11,8 +11,10 @@ the runner's worker processes: tests move their time with ``runner_clock``
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -26,6 +28,7 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.functional.fake_openai import FakeOpenAI
+from tests.support.aws import unique_name
 from tests.support.factories import START
 
 #: Read-only: a library that writes into the headers it is given (httpx_sse's ``connect_sse``
@@ -41,6 +44,73 @@ def start(config: LocalConfig, clock: ClockFile | None) -> Iterator[httpx.Client
         config = dataclasses.replace(config, clock_file=clock.path)
     with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as client:
         yield client
+
+
+def fresh_config() -> LocalConfig:
+    """A runner's configuration with a table and bucket of its own (runners of one test
+    process share moto's state)."""
+    suffix = uuid.uuid4().hex[:8]
+    return LocalConfig(port=0, ttl_seconds=3600, table=f"http-{suffix}", bucket=f"http-{suffix}")
+
+
+@contextmanager
+def serve(
+    clock: ClockFile | None, config: LocalConfig | None = None, **overrides: Any
+) -> Iterator[httpx.Client]:
+    """A client of a runner of ``config`` (default: :func:`fresh_config`) with ``overrides``
+    applied, ``clock``'s file as the functions' clock."""
+    yield from start(dataclasses.replace(config or fresh_config(), **overrides), clock)
+
+
+def on_storage(config: LocalConfig, request: pytest.FixtureRequest, data_dir: Path) -> LocalConfig:
+    """``config`` on the storage a parametrized fixture's ``request.param`` names:
+    ``"sqlite"`` keeps conversations in ``data_dir``; ``"ddb"`` or ``"dynamodb-local"`` puts
+    the table on DynamoDB Local (started only when asked); ``"moto"`` keeps the embedded one."""
+    if request.param == "sqlite":
+        return dataclasses.replace(config, data_dir=data_dir)
+    if request.param in ("ddb", "dynamodb-local"):
+        endpoint = request.getfixturevalue("ddb_local_endpoint")
+        return dataclasses.replace(config, dynamodb_endpoint=endpoint)
+    assert request.param == "moto", request.param
+    return config
+
+
+def on_ddb_local(endpoint: str, **fields: Any) -> LocalConfig:
+    """A runner's configuration with its own table on DynamoDB Local (at ``endpoint``) and
+    its own bucket, and ``fields``."""
+    return LocalConfig(
+        port=0,
+        dynamodb_endpoint=endpoint,
+        table=unique_name("conversations"),
+        bucket=unique_name("artifacts"),
+        **fields,
+    )
+
+
+def tools_file(folder: Path, tools: Sequence[Mapping[str, Any]]) -> Path:
+    """A tool registry of ``tools``, written to ``folder``."""
+    path = folder / "tools.json"
+    path.write_text(json.dumps({"tools": [dict(tool) for tool in tools]}), encoding="utf-8")
+    return path
+
+
+#: The samples' tool registry.
+SAMPLE_TOOLS = Path(__file__).resolve().parents[2] / "events" / "local-tools.json"
+#: A human-input tool: a person types its answer.
+ASK_OPERATOR: Mapping[str, Any] = MappingProxyType(
+    {
+        "name": "ask_operator",
+        "description": "Ask a person; they type the answer.",
+        "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
+        "executor": {"type": "human"},
+    }
+)
+
+
+def with_ask_operator(folder: Path) -> Path:
+    """The samples' registry plus :data:`ASK_OPERATOR`, written to ``folder``."""
+    samples = json.loads(SAMPLE_TOOLS.read_text(encoding="utf-8"))["tools"]
+    return tools_file(folder, [*samples, ASK_OPERATOR])
 
 
 def on_openai_chat(config: LocalConfig, fake: FakeOpenAI, **env: str) -> LocalConfig:
@@ -65,12 +135,9 @@ def runner_clock(tmp_path: Path) -> ClockFile:
 
 @pytest.fixture
 def runner_config() -> LocalConfig:
-    """What the ``served`` fixture starts; tests override fields with ``dataclasses.replace``.
-
-    Runners of one test process share moto's state: each gets its own table and bucket.
-    """
-    suffix = uuid.uuid4().hex[:8]
-    return LocalConfig(port=0, ttl_seconds=3600, table=f"http-{suffix}", bucket=f"http-{suffix}")
+    """What the ``served`` fixture starts (:func:`fresh_config`); tests override fields with
+    ``dataclasses.replace``."""
+    return fresh_config()
 
 
 @pytest.fixture

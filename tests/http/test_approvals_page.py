@@ -29,6 +29,8 @@ import pytest
 from turnledger.tools import arguments_sha256
 from turnledger_local.runner import LocalConfig, LocalRunner
 
+from tests.http.conftest import with_ask_operator
+
 pytestmark = pytest.mark.http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,24 +178,9 @@ def test_the_page_is_served_with_a_strict_policy(runner: LocalRunner) -> None:
     assert "innerHTML" not in answer.text and "insertAdjacentHTML" not in answer.text
 
 
-#: The samples' registry plus a human-input tool.
-HUMAN_TOOLS: dict[str, Any] = {
-    "tools": [
-        *json.loads(TOOLS.read_text(encoding="utf-8"))["tools"],
-        {
-            "name": "ask_operator",
-            "description": "Ask a person; they type the answer.",
-            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
-            "executor": {"type": "human"},
-        },
-    ]
-}
-
-
 @pytest.fixture
 def human_runner(runner_config: LocalConfig, tmp_path: Path) -> Iterator[LocalRunner]:
-    tools = tmp_path / "tools.json"
-    tools.write_text(json.dumps(HUMAN_TOOLS), encoding="utf-8")
+    tools = with_ask_operator(tmp_path)
     with LocalRunner(dataclasses.replace(runner_config, tools_file=tools)) as served:
         yield served
 
