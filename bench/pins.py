@@ -62,34 +62,6 @@ USER_CASES = ((False, 0, 0), (True, 0, 0), (True, 1, 200), (True, 5, 200))
 
 
 @dataclass(frozen=True)
-class UserRow:
-    """One case of a user's pins: its results."""
-
-    memory_user: bool
-    pins: int
-    chars: int
-    add_wcu: float
-    add_rcu: float
-    turn_wcu: float
-    turn_rcu: float
-    turn_reads: float
-    tokens: float
-
-
-@dataclass(frozen=True)
-class Row:
-    """One case's results."""
-
-    pins: int
-    chars: int
-    add_wcu: float
-    add_rcu: float
-    turn_wcu: float
-    turn_rcu: float
-    tokens: float
-
-
-@dataclass(frozen=True)
 class Measured:
     """One case's medians: of its pins' adds, and of its turns after them."""
 
@@ -99,6 +71,23 @@ class Measured:
     turn_rcu: float
     turn_reads: float
     tokens: float
+
+
+@dataclass(frozen=True)
+class Row(Measured):
+    """One case's results."""
+
+    pins: int
+    chars: int
+
+
+@dataclass(frozen=True)
+class UserRow(Measured):
+    """One case of a user's pins: its results."""
+
+    memory_user: bool
+    pins: int
+    chars: int
 
 
 def _measure(
@@ -151,15 +140,7 @@ def _case(service: Conversations, store: MeteredStore, pins: int, chars: int, tu
         for index in range(pins)
     ]
     measured = _measure(service, store, CALLER, conversation, turns, adds)
-    return Row(
-        pins=pins,
-        chars=chars,
-        add_wcu=measured.add_wcu,
-        add_rcu=measured.add_rcu,
-        turn_wcu=measured.turn_wcu,
-        turn_rcu=measured.turn_rcu,
-        tokens=measured.tokens,
-    )
+    return Row(pins=pins, chars=chars, **dataclasses.asdict(measured))
 
 
 def _user_case(
