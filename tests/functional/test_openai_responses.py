@@ -29,7 +29,7 @@ from tests.functional.fake_openai import (
     response_reply,
 )
 from tests.support.provider_schemas import validate_responses_request
-from tests.support.providers import Sleeps
+from tests.support.providers import Sleeps, quick_retries
 from tests.support.transcripts import SYSTEM_PROMPT, TRANSCRIPT, WEATHER, responses_input
 
 KEY = "sk-test-responses"
@@ -43,12 +43,9 @@ def make(fake: FakeOpenAI, sleeps: Sleeps) -> Any:
         options: dict[str, Any] = {
             "base_url": fake.base_url,
             "api_key": lambda: KEY,
-            "timeout_seconds": 5.0,
-            "max_retries": 2,
-            "sleep": sleeps,
-            "jitter": lambda: 1.0,
+            **quick_retries(sleeps),
+            **overrides,
         }
-        options.update(overrides)
         return OpenAIResponsesProvider(**options)
 
     return factory
