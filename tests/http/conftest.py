@@ -6,6 +6,10 @@ under concurrent writes, which moto's server is not). The functions run in
 the runner's worker processes: tests move their time with ``runner_clock``
 (a :class:`ClockFile` the workers read) and reach storage through
 :func:`store_of`, never through in-process state.
+
+A test that needs another runner builds its configuration here rather than by hand:
+:func:`fresh_config` (or ``runner_config``), then :func:`on_storage`, :func:`on_ddb_local`,
+:func:`tools_file` or :func:`on_openai_chat`, and :func:`serve` or :func:`start` to run it.
 """
 
 from __future__ import annotations
