@@ -26,31 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from unittest.mock import patch
 
-from turnledger.providers.demo import DemoProvider
-from turnledger.runtime import set_runtime
-from turnledger.store.blobs import S3BlobStore
-from turnledger.turn.pipeline import Conversations
-
-from bench.conversation import BenchClock
-from bench.engines import local_engines
-from bench.openai_face import EVENTS_DIR, Call, Face, FaceStore, Loop, message
+from bench.openai_face import EVENTS_DIR, Call, Face, Loop, alternate, face_on_engines, message
 from bench.results import command_line, machine_line, publish
-from bench.turns import ddb_local_version
 
 SECTION = "OpenAI face: Chat Completions beside Responses"
 
 
 def loops(face: Face, calls: int) -> tuple[Loop, Loop]:
     """The stateless Responses loop and the Chat Completions loop, ``calls`` calls each,
-    interleaved (which goes first alternates)."""
+    interleaved (:func:`~bench.openai_face.alternate`)."""
     face.templates["chat-completion"] = json.loads(
         (EVENTS_DIR / "openai-chat-completion.json").read_text(encoding="utf-8")
     )
@@ -79,13 +69,7 @@ def loops(face: Face, calls: int) -> tuple[Loop, Loop]:
         face.loop("responses", "bench-responses") as responses,
         face.loop("chat", "bench-chat") as chat,
     ):
-        for number in range(1, calls + 1):
-            if number % 2:
-                responses.calls.append(responses_call(number))
-                chat.calls.append(chat_call(number))
-            else:
-                chat.calls.append(chat_call(number))
-                responses.calls.append(responses_call(number))
+        alternate(calls, responses, responses_call, chat, chat_call)
     return responses, chat
 
 
@@ -101,22 +85,9 @@ class Results:
 
 def run(calls: int) -> Results:
     """Start the engines and run the two loops."""
-    with local_engines() as engines:
-        clients, settings, jar = engines.clients, engines.settings, engines.jar
-        store = FaceStore(
-            clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, settings.bucket_name)
-        )
-        service = Conversations(
-            store=store, provider=DemoProvider(), settings=settings, clock=BenchClock()
-        )
-        face = Face(store, settings, service)
-        quiet = patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"})
-        try:
-            with quiet:
-                responses_loop, chat_loop = loops(face, calls)
-        finally:
-            set_runtime(None)
-    return Results(calls, responses_loop, chat_loop, ddb_local_version(jar))
+    with face_on_engines() as (face, ddb_version):
+        responses_loop, chat_loop = loops(face, calls)
+    return Results(calls, responses_loop, chat_loop, ddb_version)
 
 
 def _ms(seconds: float) -> str:

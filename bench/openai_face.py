@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -235,9 +235,48 @@ def message(number: int) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": f"echo: {text}\n\n{padding}"}
 
 
+@contextmanager
+def face_on_engines() -> Iterator[tuple[Face, str]]:
+    """The face on freshly started engines, the demo model answering, and DynamoDB Local's
+    version; the handler's metrics are off (flushed to stdout on every call, they would
+    drown the progress lines)."""
+    with local_engines() as engines:
+        clients, settings = engines.clients, engines.settings
+        store = FaceStore(
+            clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, settings.bucket_name)
+        )
+        service = Conversations(
+            store=store, provider=DemoProvider(), settings=settings, clock=BenchClock()
+        )
+        face = Face(store, settings, service)
+        try:
+            with patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"}):
+                yield face, ddb_local_version(engines.jar)
+        finally:
+            set_runtime(None)
+
+
+def alternate(
+    calls: int,
+    first: Loop,
+    first_call: Callable[[int], Call],
+    second: Loop,
+    second_call: Callable[[int], Call],
+) -> None:
+    """Calls 1..``calls`` of two loops, interleaved call by call and which goes first
+    alternating, so neither runs on a colder DynamoDB Local."""
+    for number in range(1, calls + 1):
+        if number % 2:
+            first.calls.append(first_call(number))
+            second.calls.append(second_call(number))
+        else:
+            second.calls.append(second_call(number))
+            first.calls.append(first_call(number))
+
+
 def loops(face: Face, calls: int) -> tuple[Loop, Loop]:
-    """The chained and the stateless loop, ``calls`` calls each, interleaved call by call
-    (which of the two goes first alternates), so neither runs on a colder DynamoDB Local."""
+    """The chained and the stateless loop, ``calls`` calls each, interleaved
+    (:func:`alternate`)."""
     previous: str | None = None
     history: list[dict[str, Any]] = []
 
@@ -262,13 +301,7 @@ def loops(face: Face, calls: int) -> tuple[Loop, Loop]:
         face.loop("chained", "bench-chained") as chained,
         face.loop("stateless", "bench-stateless") as stateless,
     ):
-        for number in range(1, calls + 1):
-            if number % 2:
-                chained.calls.append(chained_call(number))
-                stateless.calls.append(stateless_call(number))
-            else:
-                stateless.calls.append(stateless_call(number))
-                chained.calls.append(chained_call(number))
+        alternate(calls, chained, chained_call, stateless, stateless_call)
     return chained, stateless
 
 
@@ -314,26 +347,11 @@ class Results:
 
 def run(calls: int, session_runs: int) -> Results:
     """Start the engines and run the loops."""
-    with local_engines() as engines:
-        clients, settings, jar = engines.clients, engines.settings, engines.jar
-        store = FaceStore(
-            clients.dynamodb, settings.table_name, S3BlobStore(clients.s3, settings.bucket_name)
-        )
-        service = Conversations(
-            store=store, provider=DemoProvider(), settings=settings, clock=BenchClock()
-        )
-        face = Face(store, settings, service)
-        # The handler flushes its metrics to stdout on every call: they would drown the
-        # progress lines.
-        quiet = patch.dict(os.environ, {"POWERTOOLS_METRICS_DISABLED": "true"})
-        try:
-            with quiet:
-                chained_loop, stateless_loop = loops(face, calls)
-                print(f"  chained and stateless: {calls} calls each", flush=True)
-                session_loop = session(face, session_runs) if session_runs > 0 else None
-        finally:
-            set_runtime(None)
-    return Results(calls, chained_loop, stateless_loop, session_loop, ddb_local_version(jar))
+    with face_on_engines() as (face, ddb_version):
+        chained_loop, stateless_loop = loops(face, calls)
+        print(f"  chained and stateless: {calls} calls each", flush=True)
+        session_loop = session(face, session_runs) if session_runs > 0 else None
+    return Results(calls, chained_loop, stateless_loop, session_loop, ddb_version)
 
 
 def _units(value: float) -> str:

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from turnledger.api.schemas import TurnRequest
@@ -61,12 +62,9 @@ USER_CASES = ((False, 0, 0), (True, 0, 0), (True, 1, 200), (True, 5, 200))
 
 
 @dataclass(frozen=True)
-class UserRow:
-    """One case of a user's pins: its results."""
+class Measured:
+    """One case's medians: of its pins' adds, and of its turns after them."""
 
-    memory_user: bool
-    pins: int
-    chars: int
     add_wcu: float
     add_rcu: float
     turn_wcu: float
@@ -76,64 +74,40 @@ class UserRow:
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(Measured):
     """One case's results."""
 
     pins: int
     chars: int
-    add_wcu: float
-    add_rcu: float
-    turn_wcu: float
-    turn_rcu: float
-    tokens: float
 
 
-def _case(service: Conversations, store: MeteredStore, pins: int, chars: int, turns: int) -> Row:
-    conversation = f"pins-{pins}-{chars}"
-    for n in range(PINNED_AFTER):
-        edge.turn(service, CALLER, conversation, _request(n))
-        metrics.clear_metrics()
-    control = Pins(service)
-    adds = []
-    for index in range(pins):
-        work = store.begin()
-        text = text_of(f"pin:{index}", chars)
-        control.add(CALLER.key(conversation), CALLER.actor, PinCommand(text, "fact"))
-        adds.append(work)
-    wcu, rcu, tokens = [], [], []
-    for n in range(PINNED_AFTER, turns):
-        work = store.begin()
-        answer = edge.turn(service, CALLER, conversation, _request(n))
-        metrics.clear_metrics()
-        wcu.append(work.priced_wcu)
-        rcu.append(work.priced_rcu)
-        tokens.append(answer.context.tokens_estimated)
-    return Row(
-        pins=pins,
-        chars=chars,
-        add_wcu=statistics.median(a.priced_wcu for a in adds) if adds else 0.0,
-        add_rcu=statistics.median(a.priced_rcu for a in adds) if adds else 0.0,
-        turn_wcu=statistics.median(wcu),
-        turn_rcu=statistics.median(rcu),
-        tokens=statistics.median(tokens),
-    )
+@dataclass(frozen=True)
+class UserRow(Measured):
+    """One case of a user's pins: its results."""
+
+    memory_user: bool
+    pins: int
+    chars: int
 
 
-def _user_case(
-    service: Conversations, store: MeteredStore, case: tuple[bool, int, int], turns: int
-) -> UserRow:
-    memory_user, pins, chars = case
-    who = Caller(tenant=TENANT, actor=f"user-{int(memory_user)}-{pins}-{chars}")
-    conversation = f"user-pins-{int(memory_user)}-{pins}-{chars}"
+def _measure(
+    service: Conversations,
+    store: MeteredStore,
+    who: Caller,
+    conversation: str,
+    turns: int,
+    adds: Sequence[Callable[[], object]],
+) -> Measured:
+    """Turns 1..:data:`PINNED_AFTER` of ``conversation``, then each of ``adds`` (a pin's
+    add) and the rest of the ``turns`` turns, measured."""
     for n in range(PINNED_AFTER):
         edge.turn(service, who, conversation, _request(n))
         metrics.clear_metrics()
-    control = UserPins(service)
-    adds = []
-    for index in range(pins):
+    added = []
+    for add in adds:
         work = store.begin()
-        control.add(TENANT, who.actor, "bench", text_of(f"upin:{index}", chars), "fact", None)
-        adds.append(work)
+        add()
+        added.append(work)
     wcu, rcu, reads, tokens = [], [], [], []
     for n in range(PINNED_AFTER, turns):
         work = store.begin()
@@ -143,17 +117,47 @@ def _user_case(
         rcu.append(work.priced_rcu)
         reads.append(work.read_requests)
         tokens.append(answer.context.tokens_estimated)
-    return UserRow(
-        memory_user=memory_user,
-        pins=pins,
-        chars=chars,
-        add_wcu=statistics.median(a.priced_wcu for a in adds) if adds else 0.0,
-        add_rcu=statistics.median(a.priced_rcu for a in adds) if adds else 0.0,
+    return Measured(
+        add_wcu=statistics.median(a.priced_wcu for a in added) if added else 0.0,
+        add_rcu=statistics.median(a.priced_rcu for a in added) if added else 0.0,
         turn_wcu=statistics.median(wcu),
         turn_rcu=statistics.median(rcu),
         turn_reads=statistics.median(reads),
         tokens=statistics.median(tokens),
     )
+
+
+def _case(service: Conversations, store: MeteredStore, pins: int, chars: int, turns: int) -> Row:
+    conversation = f"pins-{pins}-{chars}"
+    control = Pins(service)
+    adds = [
+        functools.partial(
+            control.add,
+            CALLER.key(conversation),
+            CALLER.actor,
+            PinCommand(text_of(f"pin:{index}", chars), "fact"),
+        )
+        for index in range(pins)
+    ]
+    measured = _measure(service, store, CALLER, conversation, turns, adds)
+    return Row(pins=pins, chars=chars, **dataclasses.asdict(measured))
+
+
+def _user_case(
+    service: Conversations, store: MeteredStore, case: tuple[bool, int, int], turns: int
+) -> UserRow:
+    memory_user, pins, chars = case
+    who = Caller(tenant=TENANT, actor=f"user-{int(memory_user)}-{pins}-{chars}")
+    conversation = f"user-pins-{int(memory_user)}-{pins}-{chars}"
+    control = UserPins(service)
+    adds = [
+        functools.partial(
+            control.add, TENANT, who.actor, "bench", text_of(f"upin:{index}", chars), "fact", None
+        )
+        for index in range(pins)
+    ]
+    measured = _measure(service, store, who, conversation, turns, adds)
+    return UserRow(memory_user=memory_user, pins=pins, chars=chars, **dataclasses.asdict(measured))
 
 
 def _request(n: int) -> TurnRequest:

@@ -11,14 +11,12 @@ invariant it protects.
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 from turnledger.core.exceptions import InternalError
 from turnledger.store.base import ContextBudget, ConversationStore
 from turnledger.store.records import IN_PROGRESS, Record
 
+from tests.support.concurrency import all_at_once
 from tests.support.factories import START, build_turn, make_key
 
 NOW = 1_800_000_000.0
@@ -134,14 +132,9 @@ def test_exactly_one_of_racing_puts_wins(store: ConversationStore) -> None:
     contenders = [
         Record(key=RECORD_KEY, status=IN_PROGRESS, expires_at=int(NOW) + 60 + n) for n in range(6)
     ]
-    start = threading.Barrier(len(contenders))
-
-    def put(record: Record) -> Record | None:
-        start.wait()
-        return store.put_record(KEY, record, now=NOW)
-
-    with ThreadPoolExecutor(len(contenders)) as pool:
-        answers = list(pool.map(put, contenders))
+    answers = all_at_once(
+        len(contenders), lambda index: store.put_record(KEY, contenders[index], now=NOW)
+    )
     winners = [c for c, answer in zip(contenders, answers, strict=True) if answer is None]
     assert len(winners) == 1
     assert store.get_record(KEY, RECORD_KEY) == winners[0]

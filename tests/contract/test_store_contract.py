@@ -47,6 +47,7 @@ from turnledger.store.base import (
 )
 from turnledger.store.codec import Item
 
+from tests.support.concurrency import all_at_once
 from tests.support.factories import (
     REMOVE,
     START,
@@ -301,10 +302,9 @@ def test_racing_commits_on_one_version_exactly_one_wins(
         build_turn(KEY, first.head, [f"q2 from {n}", BIG if identical else f"{BIG}{n}"])
         for n in range(6)
     ]
-    start = threading.Barrier(len(contenders))
 
-    def race(turn: Turn) -> str:
-        start.wait()
+    def race(index: int) -> str:
+        turn = contenders[index]
         try:
             store.commit(
                 KEY, expected_version=turn.expected_version, head=turn.head, events=turn.events
@@ -313,8 +313,7 @@ def test_racing_commits_on_one_version_exactly_one_wins(
             return "busy"
         return "won"
 
-    with ThreadPoolExecutor(len(contenders)) as pool:
-        outcomes = list(pool.map(race, contenders))
+    outcomes = all_at_once(len(contenders), race)
 
     assert sorted(outcomes) == ["busy"] * (len(contenders) - 1) + ["won"]
     winner = contenders[outcomes.index("won")]

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
 import zlib
-from collections import deque
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import unquote
 
-from tests.functional.fake_openai import RecordedRequest, Scripted, json_reply
+from tests.functional.fake_openai import (
+    RecordedRequest,
+    RecordingHandler,
+    Scripted,
+    ScriptedFake,
+    json_reply,
+)
 
 Responder = Scripted | Callable[[RecordedRequest], Scripted]
 
@@ -157,91 +159,20 @@ def bedrock_error(status: int, code: str, message: str) -> Scripted:
     )
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, fake: FakeBedrock) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.fake = fake
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+class _Handler(RecordingHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        request = RecordedRequest(
-            method=self.command,
-            path=self.path,
-            headers={name.lower(): value for name, value in self.headers.items()},
-            body=self.rfile.read(length),
-        )
-        reply = self.server.fake._answer(request)
-        try:
-            self.send_response(reply.status)
-            self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(len(reply.body)))
-            for name, value in reply.headers.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(reply.body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up first (a timeout test)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class FakeBedrock:
+class FakeBedrock(ScriptedFake):
     """A scripted Bedrock runtime endpoint on ``127.0.0.1`` (a free port)."""
 
-    def __init__(self, default: Responder | None = None) -> None:
-        self.default = default
-        self._script: deque[Responder] = deque()
-        self._requests: list[RecordedRequest] = []
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._server = _Server(self)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self._thread.start()
+    handler = _Handler
 
     @property
     def url(self) -> str:
         """The endpoint URL to give boto3."""
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
-
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        """The requests received so far, oldest first."""
-        with self._lock:
-            return list(self._requests)
-
-    def script(self, *replies: Responder) -> None:
-        """Queue ``replies``, answered one per request in this order."""
-        with self._lock:
-            self._script.extend(replies)
-
-    def close(self) -> None:
-        """Release any delayed reply and stop the server."""
-        self._closed.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeBedrock:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _answer(self, request: RecordedRequest) -> Scripted:
         with self._lock:

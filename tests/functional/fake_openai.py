@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar, Self
 
 #: The path the OpenAI client posts to when its base URL is ``FakeOpenAI.base_url``.
 CHAT_PATH = "/v1/chat/completions"
@@ -323,21 +323,17 @@ HANG = delayed(error_reply(503, "the fake server was closed while hanging"), 60.
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, fake: FakeOpenAI) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, fake: ScriptedFake, handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
         self.fake = fake
 
 
-class _Handler(BaseHTTPRequestHandler):
+class RecordingHandler(BaseHTTPRequestHandler):
+    """Records each ``POST`` and sends what the fake answers it."""
+
     server: _Server
 
     def do_POST(self) -> None:
-        self._serve()
-
-    def do_GET(self) -> None:
-        self._serve()
-
-    def do_DELETE(self) -> None:
         self._serve()
 
     def _serve(self) -> None:
@@ -364,21 +360,29 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # keep test output clean
 
 
-class FakeOpenAI:
-    """A scripted OpenAI-compatible HTTP server on ``127.0.0.1`` (a free port)."""
+class _Handler(RecordingHandler):
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+
+class ScriptedFake:
+    """A scripted HTTP server on ``127.0.0.1`` (a free port), serving from a thread until
+    closed: it records every request and answers what :meth:`_answer` returns, from the
+    queued script first, then ``default``. Each fake service is one subclass."""
+
+    #: How the server reads requests (a subclass adds methods or HTTP/1.1).
+    handler: ClassVar[type[BaseHTTPRequestHandler]] = RecordingHandler
 
     def __init__(self, default: Responder | None = None) -> None:
         self.default = default
         self._script: deque[Responder] = deque()
-        self._delete_script: deque[Responder] = deque()
         self._requests: list[RecordedRequest] = []
-        #: Stored responses: id -> the whole context the response holds (input and output items).
-        self.stored: dict[str, list[dict[str, Any]]] = {}
-        self._contexts: list[list[dict[str, Any]]] = []
-        self._next_id = 0
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._server = _Server(self)
+        self._server = _Server(self, self.handler)
         # A short poll interval keeps close() (and so each test's teardown) quick.
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
@@ -386,16 +390,57 @@ class FakeOpenAI:
         self._thread.start()
 
     @property
-    def base_url(self) -> str:
-        """The API root to give a client, ending in ``/v1``."""
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    @property
     def requests(self) -> list[RecordedRequest]:
         """The requests received so far, oldest first."""
         with self._lock:
             return list(self._requests)
+
+    def script(self, *replies: Responder) -> None:
+        """Queue ``replies``, answered one per request in this order."""
+        with self._lock:
+            self._script.extend(replies)
+
+    def close(self) -> None:
+        """Release any delayed reply and stop the server."""
+        self._closed.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _answer(self, request: RecordedRequest) -> Scripted:
+        """Record ``request`` and choose its answer (called from the server's threads)."""
+        raise NotImplementedError
+
+
+class FakeOpenAI(ScriptedFake):
+    """A scripted OpenAI-compatible HTTP server on ``127.0.0.1`` (a free port)."""
+
+    handler = _Handler
+
+    def __init__(self, default: Responder | None = None) -> None:
+        self._delete_script: deque[Responder] = deque()
+        #: Stored responses: id -> the whole context the response holds (input and output items).
+        self.stored: dict[str, list[dict[str, Any]]] = {}
+        self._contexts: list[list[dict[str, Any]]] = []
+        self._next_id = 0
+        super().__init__(default)
+
+    @property
+    def base_url(self) -> str:
+        """The API root to give a client, ending in ``/v1``."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
 
     @property
     def contexts(self) -> list[list[dict[str, Any]]]:
@@ -412,29 +457,6 @@ class FakeOpenAI:
         """Queue answers to ``DELETE /v1/responses/{id}``, used before the built-in behaviour."""
         with self._lock:
             self._delete_script.extend(replies)
-
-    def script(self, *replies: Responder) -> None:
-        """Queue ``replies``, answered one per request in this order."""
-        with self._lock:
-            self._script.extend(replies)
-
-    def close(self) -> None:
-        """Release any delayed reply and stop the server."""
-        self._closed.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeOpenAI:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _answer(self, request: RecordedRequest) -> Scripted:
         with self._lock:

@@ -25,7 +25,7 @@ from tests.functional.fake_bedrock import (
 )
 from tests.functional.fake_openai import delayed, json_reply
 from tests.support.provider_schemas import validate_converse_request
-from tests.support.providers import Sleeps
+from tests.support.providers import Sleeps, quick_retries
 from tests.support.transcripts import WEATHER
 
 MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
@@ -43,12 +43,9 @@ def make(fake: FakeBedrock, sleeps: Sleeps) -> Any:
         options: dict[str, Any] = {
             "endpoint_url": fake.url,
             "region": "us-east-1",
-            "timeout_seconds": 5.0,
-            "max_retries": 2,
-            "sleep": sleeps,
-            "jitter": lambda: 1.0,
+            **quick_retries(sleeps),
+            **overrides,
         }
-        options.update(overrides)
         return BedrockConverseProvider(**options)
 
     return factory

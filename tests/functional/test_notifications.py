@@ -147,16 +147,21 @@ def received(sqs: Any, queue: str) -> list[dict[str, Any]]:
             sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
 
 
-def test_requests_decisions_and_expiries_reach_the_bus(
-    bus: tuple[Any, str], sink: HttpSink, clock: FakeClock
-) -> None:
-    sqs, queue = bus
-    publisher = Publisher(
+def bus_publisher() -> Publisher:
+    """A publisher to the ``approvals`` bus (the ``bus`` fixture's rule sends on to a queue)."""
+    return Publisher(
         bus="approvals",
         events_client=lambda: boto3.client("events", region_name="us-east-1"),
         post=httpx.post,
         secret=lambda: SECRET,
     )
+
+
+def test_requests_decisions_and_expiries_reach_the_bus(
+    bus: tuple[Any, str], sink: HttpSink, clock: FakeClock
+) -> None:
+    sqs, queue = bus
+    publisher = bus_publisher()
     svc = service(sink, clock, publisher)
     first = ask(svc, "c1", "pay", amount=12, iban="DE00")
     [requested] = received(sqs, queue)
@@ -243,12 +248,7 @@ def test_input_requests_answers_and_cancels_reach_the_bus(
     bus: tuple[Any, str], sink: HttpSink, clock: FakeClock
 ) -> None:
     sqs, queue = bus
-    publisher = Publisher(
-        bus="approvals",
-        events_client=lambda: boto3.client("events", region_name="us-east-1"),
-        post=httpx.post,
-        secret=lambda: SECRET,
-    )
+    publisher = bus_publisher()
     svc = service(sink, clock, publisher)
 
     # Requested: kind input, no deadline, no arguments unless configured.

@@ -32,7 +32,7 @@ from tests.functional.fake_openai import (
     tool_call,
     tool_calls_reply,
 )
-from tests.support.providers import Sleeps
+from tests.support.providers import Sleeps, quick_retries
 
 KEY = "sk-test-0123456789"
 
@@ -46,12 +46,9 @@ def make(fake: FakeOpenAI, sleeps: Sleeps) -> Iterator[Any]:
         options: dict[str, Any] = {
             "base_url": fake.base_url,
             "api_key": lambda: KEY,
-            "timeout_seconds": 5.0,
-            "max_retries": 2,
-            "sleep": sleeps,
-            "jitter": lambda: 1.0,
+            **quick_retries(sleeps),
+            **overrides,
         }
-        options.update(overrides)
         provider = OpenAIChatProvider(**options)
         built.append(provider)
         return provider

@@ -29,8 +29,8 @@ from tests.functional.fake_openai import (
     response_reply,
 )
 from tests.support.provider_schemas import validate_responses_request
-from tests.support.providers import Sleeps
-from tests.support.transcripts import SYSTEM_PROMPT, TRANSCRIPT, WEATHER
+from tests.support.providers import Sleeps, quick_retries
+from tests.support.transcripts import SYSTEM_PROMPT, TRANSCRIPT, WEATHER, responses_input
 
 KEY = "sk-test-responses"
 
@@ -43,12 +43,9 @@ def make(fake: FakeOpenAI, sleeps: Sleeps) -> Any:
         options: dict[str, Any] = {
             "base_url": fake.base_url,
             "api_key": lambda: KEY,
-            "timeout_seconds": 5.0,
-            "max_retries": 2,
-            "sleep": sleeps,
-            "jitter": lambda: 1.0,
+            **quick_retries(sleeps),
+            **overrides,
         }
-        options.update(overrides)
         return OpenAIResponsesProvider(**options)
 
     return factory
@@ -76,20 +73,7 @@ def test_sends_the_request_the_official_openai_client_sends(fake: FakeOpenAI, ma
     client = openai.OpenAI(base_url=fake.base_url, api_key=KEY, max_retries=0)
     client.responses.create(
         model="gpt-test",
-        input=[
-            {"type": "message", "role": "user", "content": "Hi, my name is Ann."},
-            {"type": "message", "role": "assistant", "content": "Nice to meet you, Ann."},
-            {"type": "message", "role": "user", "content": "What is the weather in Oslo?"},
-            {
-                "type": "function_call",
-                "call_id": "call_w1",
-                "name": "get_weather",
-                "arguments": '{"city": "Oslo"}',
-            },
-            {"type": "function_call_output", "call_id": "call_w1", "output": '{"temp_c": 4}'},
-            {"type": "message", "role": "assistant", "content": "It is 4 degrees in Oslo."},
-            {"type": "message", "role": "user", "content": "What is my name?"},
-        ],
+        input=responses_input(),
         instructions=SYSTEM_PROMPT,
         tools=[
             {

@@ -27,7 +27,14 @@ from tests.support.provider_schemas import (
     validate_converse_request,
     validate_responses_request,
 )
-from tests.support.transcripts import SYSTEM_PROMPT, TRANSCRIPT, TURN_STARTS, WEATHER
+from tests.support.transcripts import (
+    SYSTEM_PROMPT,
+    TRANSCRIPT,
+    TURN_STARTS,
+    WEATHER,
+    converse_params,
+    responses_input,
+)
 
 
 def request(messages: list[Message], **options: Any) -> ModelRequest:
@@ -67,20 +74,7 @@ def test_openai_chat_gets_the_whole_transcript(fake: FakeOpenAI) -> None:
 # --- openai-responses: turn by turn over stored state ------------------------------------
 
 #: The Responses input items of the whole transcript (what a fresh request sends).
-FULL_INPUT: list[dict[str, Any]] = [
-    {"type": "message", "role": "user", "content": "Hi, my name is Ann."},
-    {"type": "message", "role": "assistant", "content": "Nice to meet you, Ann."},
-    {"type": "message", "role": "user", "content": "What is the weather in Oslo?"},
-    {
-        "type": "function_call",
-        "call_id": "call_w1",
-        "name": "get_weather",
-        "arguments": '{"city": "Oslo"}',
-    },
-    {"type": "function_call_output", "call_id": "call_w1", "output": '{"temp_c": 4}'},
-    {"type": "message", "role": "assistant", "content": "It is 4 degrees in Oslo."},
-    {"type": "message", "role": "user", "content": "What is my name?"},
-]
+FULL_INPUT = responses_input()
 
 
 def _seen(item: dict[str, Any]) -> tuple[Any, ...]:
@@ -208,48 +202,4 @@ def test_bedrock_converse_gets_the_whole_transcript() -> None:
     assert reply.text == "Your name is Ann."
     params = {"modelId": model_id(sent), **sent.json()}
     validate_converse_request(params)
-    assert params == {
-        "modelId": model,
-        "system": [{"text": SYSTEM_PROMPT}],
-        "messages": [
-            {"role": "user", "content": [{"text": "Hi, my name is Ann."}]},
-            {"role": "assistant", "content": [{"text": "Nice to meet you, Ann."}]},
-            {"role": "user", "content": [{"text": "What is the weather in Oslo?"}]},
-            {
-                "role": "assistant",
-                "content": [
-                    {
-                        "toolUse": {
-                            "toolUseId": "call_w1",
-                            "name": "get_weather",
-                            "input": {"city": "Oslo"},
-                        }
-                    }
-                ],
-            },
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "toolResult": {
-                            "toolUseId": "call_w1",
-                            "content": [{"text": '{"temp_c": 4}'}],
-                        }
-                    }
-                ],
-            },
-            {"role": "assistant", "content": [{"text": "It is 4 degrees in Oslo."}]},
-            {"role": "user", "content": [{"text": "What is my name?"}]},
-        ],
-        "toolConfig": {
-            "tools": [
-                {
-                    "toolSpec": {
-                        "name": "get_weather",
-                        "description": "Current weather of a city",
-                        "inputSchema": {"json": WEATHER.parameters},
-                    }
-                }
-            ]
-        },
-    }
+    assert params == converse_params(model)

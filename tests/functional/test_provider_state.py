@@ -363,25 +363,22 @@ def responses_provider(fake: FakeOpenAI, **options: Any) -> OpenAIResponsesProvi
     )
 
 
+def weather_tool(sink: HttpSink) -> dict[str, Any]:
+    """``get_weather``: an HTTP tool that ``sink`` answers at ``/weather``."""
+    return {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+        "executor": {"type": "http", "url": sink.url("/weather")},
+    }
+
+
 def weather_tools(sink: HttpSink) -> ToolRegistry:
-    return ToolRegistry.from_json(
-        json.dumps(
-            {
-                "tools": [
-                    {
-                        "name": "get_weather",
-                        "description": "The weather in a city.",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"city": {"type": "string"}},
-                            "required": ["city"],
-                        },
-                        "executor": {"type": "http", "url": sink.url("/weather")},
-                    }
-                ]
-            }
-        )
-    )
+    return ToolRegistry.from_json(json.dumps({"tools": [weather_tool(sink)]}))
 
 
 def posted(fake: FakeOpenAI) -> list[dict[str, Any]]:

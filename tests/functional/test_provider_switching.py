@@ -28,6 +28,7 @@ from turnledger.turn.pipeline import Conversations
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.provider_rigs import MODELS, STATEFUL, Rig
+from tests.functional.test_provider_state import weather_tool
 from tests.support import edge
 from tests.support.edge import Caller
 from tests.support.factories import FakeClock
@@ -54,16 +55,7 @@ def registry(sink: HttpSink) -> ToolRegistry:
         json.dumps(
             {
                 "tools": [
-                    {
-                        "name": "get_weather",
-                        "description": "The weather in a city.",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"city": {"type": "string"}},
-                            "required": ["city"],
-                        },
-                        "executor": {"type": "http", "url": sink.url("/weather")},
-                    },
+                    weather_tool(sink),
                     {
                         "name": "lookup_user",
                         "parameters": {

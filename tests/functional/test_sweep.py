@@ -8,9 +8,7 @@ items and S3 objects that remain, not only what the report says.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +30,7 @@ from turnledger.turn.pipeline import Conversations
 from turnledger_local.gateway import LambdaContext
 
 from tests.support import edge
+from tests.support.concurrency import all_at_once
 from tests.support.edge import Caller
 from tests.support.factories import (
     START,
@@ -318,14 +317,7 @@ def test_concurrent_sweeps_count_each_conversation_once(
     expired = [key_of(n) for n in range(1, 21)]
     for n, key in enumerate(expired):
         seed(store, key, expires_at=EPOCH - (n % 3) * HOUR - 1)
-    start = threading.Barrier(2)
-
-    def run() -> Any:
-        start.wait()
-        return sweeper(store, clock).expired()
-
-    with ThreadPoolExecutor(2) as pool:
-        reports = list(pool.map(lambda _: run(), range(2)))
+    reports = all_at_once(2, lambda _: sweeper(store, clock).expired())
 
     assert all(r.complete for r in reports)
     assert sum(r.conversations_removed for r in reports) == len(expired)

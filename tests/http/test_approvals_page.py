@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ import httpx
 import pytest
 from turnledger.tools import arguments_sha256
 from turnledger_local.runner import LocalConfig, LocalRunner
+
+from tests.http.conftest import with_ask_operator
 
 pytestmark = pytest.mark.http
 
@@ -65,6 +68,27 @@ def ask(api: httpx.Client, conversation: str, tool: str, arguments: dict[str, An
     return str(call["id"])
 
 
+@contextmanager
+def signed_in(runner: LocalRunner) -> Iterator[Any]:
+    """The approval page in Chromium, signed in as rita of acme with the keyboard (the token
+    field has the focus). On a normal exit, no script of the hostile text ran and the page
+    raised no error."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 760})
+            failures: list[str] = []
+            page.on("pageerror", lambda error: failures.append(str(error)))
+            page.goto(f"{runner.url}/approvals")
+            page.keyboard.type("local:acme:rita")
+            page.keyboard.press("Enter")
+            yield page
+            assert page.evaluate("window.__pwned") is None
+            assert failures == []
+        finally:
+            browser.close()
+
+
 def events(api: httpx.Client, conversation: str) -> list[dict[str, Any]]:
     page = api.get(f"/v1/conversations/{conversation}/events", params={"limit": 100})
     return list(page.json()["events"])
@@ -82,60 +106,47 @@ def test_deciding_from_the_page(runner: LocalRunner, api: httpx.Client) -> None:
     )
     assert other.json()["status"] == "awaiting_approval"
 
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 760})
-            failures: list[str] = []
-            page.on("pageerror", lambda error: failures.append(str(error)))
-            page.goto(f"{runner.url}/approvals")
-            # Sign in with the keyboard: the token field has the focus.
-            page.keyboard.type("local:acme:rita")
-            page.keyboard.press("Enter")
-            queue = page.locator("#queue button")
-            sync_api.expect(queue).to_have_count(3)
-            sync_api.expect(page.locator("#count")).to_have_text("(3)")
-            assert "globex" not in page.locator("#queue").inner_text()
+    with signed_in(runner) as page:
+        queue = page.locator("#queue button")
+        sync_api.expect(queue).to_have_count(3)
+        sync_api.expect(page.locator("#count")).to_have_text("(3)")
+        assert "globex" not in page.locator("#queue").inner_text()
 
-            # 1. Open the oldest with the keyboard; its HTML argument is shown as text.
-            page.keyboard.press("Escape")
-            page.keyboard.press("j")
-            page.keyboard.press("Enter")
-            sync_api.expect(page.locator("#call-tool")).to_have_text("send_email")
-            sync_api.expect(page.locator("#call-conversation")).to_have_text("orders-1")
-            assert json.loads(page.locator("#arguments").inner_text()) == email
-            sync_api.expect(page.locator("#messages")).to_contain_text("ann")
-            assert page.locator("#arguments img, #arguments script").count() == 0
-            assert page.evaluate("window.__pwned") is None
-            page.keyboard.press("a")  # approve
-            sync_api.expect(page.locator("#notice")).to_contain_text("Approved send_email")
-            sync_api.expect(queue).to_have_count(2)
+        # 1. Open the oldest with the keyboard; its HTML argument is shown as text.
+        page.keyboard.press("Escape")
+        page.keyboard.press("j")
+        page.keyboard.press("Enter")
+        sync_api.expect(page.locator("#call-tool")).to_have_text("send_email")
+        sync_api.expect(page.locator("#call-conversation")).to_have_text("orders-1")
+        assert json.loads(page.locator("#arguments").inner_text()) == email
+        sync_api.expect(page.locator("#messages")).to_contain_text("ann")
+        assert page.locator("#arguments img, #arguments script").count() == 0
+        assert page.evaluate("window.__pwned") is None
+        page.keyboard.press("a")  # approve
+        sync_api.expect(page.locator("#notice")).to_contain_text("Approved send_email")
+        sync_api.expect(queue).to_have_count(2)
 
-            # 2. Reject the delete with a reason (mouse).
-            queue.filter(has_text="delete_record").click()
-            page.locator("#reject-reason").fill("wrong record")
-            page.locator("#reject").click()
-            sync_api.expect(page.locator("#notice")).to_contain_text("Rejected delete_record")
-            sync_api.expect(queue).to_have_count(1)
+        # 2. Reject the delete with a reason (mouse).
+        queue.filter(has_text="delete_record").click()
+        page.locator("#reject-reason").fill("wrong record")
+        page.locator("#reject").click()
+        sync_api.expect(page.locator("#notice")).to_contain_text("Rejected delete_record")
+        sync_api.expect(queue).to_have_count(1)
 
-            # 3. Edit the last one's arguments, then approve them; bad JSON is refused first.
-            queue.first.click()
-            page.locator("#edit").click()
-            page.locator("#edit-arguments").fill("{not json")
-            page.locator("#edit-approve").click()
-            sync_api.expect(page.locator("#error")).to_contain_text("not valid JSON")
-            page.locator("#edit-arguments").fill('{"to": 5}')
-            page.locator("#edit-approve").click()
-            sync_api.expect(page.locator("#error")).to_contain_text("refused as invalid")
-            page.locator("#edit-arguments").fill('{"to": "carol@example.com"}')
-            page.locator("#edit-approve").click()
-            sync_api.expect(page.locator("#notice")).to_contain_text("Approved (edited)")
-            sync_api.expect(queue).to_have_count(0)
-            sync_api.expect(page.locator("#empty")).to_be_visible()
-            assert page.evaluate("window.__pwned") is None
-            assert failures == []
-        finally:
-            browser.close()
+        # 3. Edit the last one's arguments, then approve them; bad JSON is refused first.
+        queue.first.click()
+        page.locator("#edit").click()
+        page.locator("#edit-arguments").fill("{not json")
+        page.locator("#edit-approve").click()
+        sync_api.expect(page.locator("#error")).to_contain_text("not valid JSON")
+        page.locator("#edit-arguments").fill('{"to": 5}')
+        page.locator("#edit-approve").click()
+        sync_api.expect(page.locator("#error")).to_contain_text("refused as invalid")
+        page.locator("#edit-arguments").fill('{"to": "carol@example.com"}')
+        page.locator("#edit-approve").click()
+        sync_api.expect(page.locator("#notice")).to_contain_text("Approved (edited)")
+        sync_api.expect(queue).to_have_count(0)
+        sync_api.expect(page.locator("#empty")).to_be_visible()
 
     # Every decision recorded, by the page's user, and every turn continued.
     for conversation in ("orders-1", "orders-2", "orders-3"):
@@ -176,24 +187,9 @@ def test_the_page_is_served_with_a_strict_policy(runner: LocalRunner) -> None:
     assert "innerHTML" not in answer.text and "insertAdjacentHTML" not in answer.text
 
 
-#: The samples' registry plus a human-input tool.
-HUMAN_TOOLS: dict[str, Any] = {
-    "tools": [
-        *json.loads(TOOLS.read_text(encoding="utf-8"))["tools"],
-        {
-            "name": "ask_operator",
-            "description": "Ask a person; they type the answer.",
-            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
-            "executor": {"type": "human"},
-        },
-    ]
-}
-
-
 @pytest.fixture
 def human_runner(runner_config: LocalConfig, tmp_path: Path) -> Iterator[LocalRunner]:
-    tools = tmp_path / "tools.json"
-    tools.write_text(json.dumps(HUMAN_TOOLS), encoding="utf-8")
+    tools = with_ask_operator(tmp_path)
     with LocalRunner(dataclasses.replace(runner_config, tools_file=tools)) as served:
         yield served
 
@@ -209,88 +205,74 @@ def test_answering_an_input_call_from_the_page(human_runner: LocalRunner, tmp_pa
         assert asked.json()["status"] == "awaiting_hitl", asked.text
         [call] = asked.json()["pending_tool_calls"]
 
-        with sync_api.sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            try:
-                page = browser.new_page(viewport={"width": 1200, "height": 760})
-                failures: list[str] = []
-                page.on("pageerror", lambda error: failures.append(str(error)))
-                page.goto(f"{runner.url}/approvals")
-                page.keyboard.type("local:acme:rita")
-                page.keyboard.press("Enter")
-                queue = page.locator("#queue button")
-                sync_api.expect(queue).to_have_count(2)
-                sync_api.expect(queue.nth(1).locator(".kind")).to_have_text("input")
+        with signed_in(runner) as page:
+            queue = page.locator("#queue button")
+            sync_api.expect(queue).to_have_count(2)
+            sync_api.expect(queue.nth(1).locator(".kind")).to_have_text("input")
 
-                # Open the input call with the keyboard: no approve, reject or edit for it.
-                page.keyboard.press("Escape")
-                page.keyboard.press("j")
-                page.keyboard.press("j")
-                page.keyboard.press("Enter")
-                sync_api.expect(page.locator("#call-tool")).to_have_text("ask_operator")
-                sync_api.expect(page.locator("#call-kind")).to_have_text("input")
-                assert json.loads(page.locator("#arguments").inner_text()) == {
-                    "question": "Budget for <b>Q1</b>?"
-                }
-                assert page.locator("#arguments b").count() == 0  # shown as text
-                for hidden in ("#approve", "#reject", "#edit", "#reject-reason"):
-                    sync_api.expect(page.locator(hidden)).to_be_hidden()
-                answer = page.get_by_label("Answer", exact=True)
-                sync_api.expect(answer).to_be_visible()
-                sync_api.expect(page.get_by_role("button", name="Send answer")).to_be_visible()
-                page.keyboard.press("a")  # approval keys do nothing here
-                assert api.get("/v1/conversations/orders-1").json()["status"] == (
-                    "awaiting_approval"
-                )
+            # Open the input call with the keyboard: no approve, reject or edit for it.
+            page.keyboard.press("Escape")
+            page.keyboard.press("j")
+            page.keyboard.press("j")
+            page.keyboard.press("Enter")
+            sync_api.expect(page.locator("#call-tool")).to_have_text("ask_operator")
+            sync_api.expect(page.locator("#call-kind")).to_have_text("input")
+            assert json.loads(page.locator("#arguments").inner_text()) == {
+                "question": "Budget for <b>Q1</b>?"
+            }
+            assert page.locator("#arguments b").count() == 0  # shown as text
+            for hidden in ("#approve", "#reject", "#edit", "#reject-reason"):
+                sync_api.expect(page.locator(hidden)).to_be_hidden()
+            answer = page.get_by_label("Answer", exact=True)
+            sync_api.expect(answer).to_be_visible()
+            sync_api.expect(page.get_by_role("button", name="Send answer")).to_be_visible()
+            page.keyboard.press("a")  # approval keys do nothing here
+            assert api.get("/v1/conversations/orders-1").json()["status"] == "awaiting_approval"
 
-                # A blank answer is refused in words; nothing is sent.
-                page.keyboard.press("i")
-                sync_api.expect(answer).to_be_focused()
-                page.keyboard.press("Control+Enter")
-                sync_api.expect(page.locator("#error")).to_contain_text("Type an answer first")
-                assert api.get("/v1/conversations/budget-1").json()["status"] == "awaiting_hitl"
+            # A blank answer is refused in words; nothing is sent.
+            page.keyboard.press("i")
+            sync_api.expect(answer).to_be_focused()
+            page.keyboard.press("Control+Enter")
+            sync_api.expect(page.locator("#error")).to_contain_text("Type an answer first")
+            assert api.get("/v1/conversations/budget-1").json()["status"] == "awaiting_hitl"
 
-                # Several lines (Enter is a new line), then Ctrl+Enter sends.
-                page.keyboard.type("42k for Q1")
-                sync_api.expect(page.locator("#error")).to_be_empty()
-                page.keyboard.press("Enter")
-                page.keyboard.type("<i>approved by finance</i>")
-                sync_api.expect(page.locator("#messages")).to_contain_text("ann")
-                target = Path(os.environ.get("TURNLEDGER_SCREENSHOT") or tmp_path / "page.png")
-                page.screenshot(path=str(target))
-                assert target.stat().st_size > 10_000  # a rendered page, not an empty image
-                page.keyboard.press("Control+Enter")
-                sync_api.expect(page.locator("#notice")).to_contain_text(
-                    "Answered ask_operator in budget-1"
-                )
-                sync_api.expect(page.locator("#notice")).to_contain_text("now complete")
-                sync_api.expect(queue).to_have_count(1)
-                sync_api.expect(queue.first.locator(".kind")).to_have_text("approval")
+            # Several lines (Enter is a new line), then Ctrl+Enter sends.
+            page.keyboard.type("42k for Q1")
+            sync_api.expect(page.locator("#error")).to_be_empty()
+            page.keyboard.press("Enter")
+            page.keyboard.type("<i>approved by finance</i>")
+            sync_api.expect(page.locator("#messages")).to_contain_text("ann")
+            target = Path(os.environ.get("TURNLEDGER_SCREENSHOT") or tmp_path / "page.png")
+            page.screenshot(path=str(target))
+            assert target.stat().st_size > 10_000  # a rendered page, not an empty image
+            page.keyboard.press("Control+Enter")
+            sync_api.expect(page.locator("#notice")).to_contain_text(
+                "Answered ask_operator in budget-1"
+            )
+            sync_api.expect(page.locator("#notice")).to_contain_text("now complete")
+            sync_api.expect(queue).to_have_count(1)
+            sync_api.expect(queue.first.locator(".kind")).to_have_text("approval")
 
-                # Answered elsewhere meanwhile: the page says so in words.
-                second = api.post(
-                    "/v1/conversations/budget-2/turns",
-                    json={"input": '/tool ask_operator {"question": "Deadline?"}'},
-                )
-                [late] = second.json()["pending_tool_calls"]
-                page.locator("#refresh").click()
-                sync_api.expect(queue).to_have_count(2)
-                queue.filter(has_text="budget-2").click()
-                answered = api.post(
-                    "/v1/conversations/budget-2/approvals",
-                    json={"outputs": [{"id": late["id"], "output": "Friday"}]},
-                )
-                assert answered.status_code == 200, answered.text
-                page.get_by_label("Answer", exact=True).fill("Monday")
-                page.get_by_role("button", name="Send answer").click()
-                sync_api.expect(page.locator("#error")).to_contain_text(
-                    "no longer waiting: someone else decided or answered it"
-                )
-                sync_api.expect(queue).to_have_count(1)
-                assert page.evaluate("window.__pwned") is None
-                assert failures == []
-            finally:
-                browser.close()
+            # Answered elsewhere meanwhile: the page says so in words.
+            second = api.post(
+                "/v1/conversations/budget-2/turns",
+                json={"input": '/tool ask_operator {"question": "Deadline?"}'},
+            )
+            [late] = second.json()["pending_tool_calls"]
+            page.locator("#refresh").click()
+            sync_api.expect(queue).to_have_count(2)
+            queue.filter(has_text="budget-2").click()
+            answered = api.post(
+                "/v1/conversations/budget-2/approvals",
+                json={"outputs": [{"id": late["id"], "output": "Friday"}]},
+            )
+            assert answered.status_code == 200, answered.text
+            page.get_by_label("Answer", exact=True).fill("Monday")
+            page.get_by_role("button", name="Send answer").click()
+            sync_api.expect(page.locator("#error")).to_contain_text(
+                "no longer waiting: someone else decided or answered it"
+            )
+            sync_api.expect(queue).to_have_count(1)
 
         # Recorded through the API: who answered, how, what the model saw.
         budget = api.get("/v1/conversations/budget-1").json()

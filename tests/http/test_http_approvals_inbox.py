@@ -21,7 +21,7 @@ from turnledger.tools import arguments_sha256
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
-from tests.http.conftest import start
+from tests.http.conftest import on_storage, start, with_ask_operator
 
 pytestmark = pytest.mark.http
 
@@ -42,13 +42,7 @@ def client(
 ) -> Iterator[httpx.Client]:
     """A runner with the sample tool registry, on each storage."""
     config = dataclasses.replace(runner_config, tools_file=TOOLS)
-    if request.param == "sqlite":
-        config = dataclasses.replace(config, data_dir=tmp_path / "data")
-    if request.param == "ddb":
-        config = dataclasses.replace(
-            config, dynamodb_endpoint=request.getfixturevalue("ddb_local_endpoint")
-        )
-    yield from start(config, runner_clock)
+    yield from start(on_storage(config, request, tmp_path / "data"), runner_clock)
 
 
 def notifications(client: httpx.Client, tenant: str) -> list[dict[str, Any]]:
@@ -291,20 +285,6 @@ def test_the_sweep_records_expiries_nobody_touches(
     assert [n["detail-type"] for n in told] == ["approval.requested", "approval.expired"]
 
 
-#: A registry with a human-input tool besides the samples' approval tool.
-HUMAN_TOOLS: dict[str, Any] = {
-    "tools": [
-        *json.loads(TOOLS.read_text(encoding="utf-8"))["tools"],
-        {
-            "name": "ask_operator",
-            "description": "Ask a person; they type the answer.",
-            "parameters": {"type": "object", "properties": {"question": {"type": "string"}}},
-            "executor": {"type": "human"},
-        },
-    ]
-}
-
-
 @pytest.fixture(params=["moto", "sqlite", pytest.param("ddb", marks=pytest.mark.integration)])
 def human(
     request: pytest.FixtureRequest,
@@ -313,16 +293,8 @@ def human(
     tmp_path: Path,
 ) -> Iterator[httpx.Client]:
     """A runner whose registry has the human-input tool ``ask_operator``, on each storage."""
-    tools = tmp_path / "tools.json"
-    tools.write_text(json.dumps(HUMAN_TOOLS), encoding="utf-8")
-    config = dataclasses.replace(runner_config, tools_file=tools)
-    if request.param == "sqlite":
-        config = dataclasses.replace(config, data_dir=tmp_path / "data")
-    if request.param == "ddb":
-        config = dataclasses.replace(
-            config, dynamodb_endpoint=request.getfixturevalue("ddb_local_endpoint")
-        )
-    yield from start(config, runner_clock)
+    config = dataclasses.replace(runner_config, tools_file=with_ask_operator(tmp_path))
+    yield from start(on_storage(config, request, tmp_path / "data"), runner_clock)
 
 
 def test_input_calls_are_listed_and_answered_from_the_inbox(

@@ -5,10 +5,7 @@ call, priced at the model's cached rate, rolled up on the head, shown by the Ope
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ from turnledger_local.runner import LocalConfig
 
 from tests.functional.fake_bedrock import FakeBedrock, converse_body
 from tests.functional.fake_openai import FakeOpenAI, completion, json_reply
-from tests.http.conftest import ANN, start
+from tests.http.conftest import ANN, on_openai_chat, on_storage, serve
 
 pytestmark = pytest.mark.http
 
@@ -49,15 +46,7 @@ def storage(
     request: pytest.FixtureRequest, runner_config: LocalConfig, tmp_path: Path
 ) -> LocalConfig:
     """The runner's configuration on each storage."""
-    if request.param == "sqlite":
-        return dataclasses.replace(runner_config, data_dir=tmp_path / "data")
-    endpoint = request.getfixturevalue("ddb_local_endpoint")
-    return dataclasses.replace(runner_config, dynamodb_endpoint=endpoint)
-
-
-@contextmanager
-def serve(config: LocalConfig, clock: ClockFile, **overrides: Any) -> Iterator[httpx.Client]:
-    yield from start(dataclasses.replace(config, **overrides), clock)
+    return on_storage(runner_config, request, tmp_path / "data")
 
 
 def cached_completion(text: str, prompt: int, cached: int, output: int) -> dict[str, Any]:
@@ -77,14 +66,8 @@ def test_openai_cached_tokens_are_priced_at_the_cached_rate(
     storage: LocalConfig, runner_clock: ClockFile
 ) -> None:
     with FakeOpenAI() as fake:
-        env = {
-            "OPENAI_BASE_URL": fake.base_url,
-            "OPENAI_API_KEY": "sk-test",
-            "MODELS": json.dumps({"gpt-test": GPT}),
-        }
-        with serve(
-            storage, runner_clock, provider="openai-chat", model="gpt-test", env=env
-        ) as http:
+        config = on_openai_chat(storage, fake, MODELS=json.dumps({"gpt-test": GPT}))
+        with serve(runner_clock, config) as http:
             fake.script(json_reply(cached_completion("Hello Ann.", 1000, 800, 10)))
             turn = http.post("/v1/conversations/cache-1/turns", json={"input": "Hi"}, headers=ANN)
             assert turn.status_code == 200, turn.text
@@ -130,7 +113,7 @@ def test_bedrock_cache_reads_and_writes_are_priced_at_their_rates(
         fake.script(json_reply(body))
         env = {"BEDROCK_ENDPOINT": fake.url, "MODELS": json.dumps({CLAUDE_ID: CLAUDE})}
         with serve(
-            storage, runner_clock, provider="bedrock-converse", model=CLAUDE_ID, env=env
+            runner_clock, storage, provider="bedrock-converse", model=CLAUDE_ID, env=env
         ) as http:
             turn = http.post("/v1/conversations/cache-2/turns", json={"input": "Hi"}, headers=ANN)
             assert turn.status_code == 200, turn.text

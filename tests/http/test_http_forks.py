@@ -7,7 +7,6 @@ whatever happens to its parent (deleted, expired, swept), until nothing reads it
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from turnledger.core.models import ConversationKey
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner
 
-from tests.http.conftest import ANN, BOB, store_of
+from tests.http.conftest import ANN, BOB, on_storage, store_of
 from tests.support.factories import START, data_sort_keys, raw_sort_keys
 
 TTL = 3600
@@ -46,12 +45,7 @@ def runner(
         clock_file=clock.path,
         env={"PROVIDERS": "demo,demo-stateful"},
     )
-    if request.param == "sqlite":
-        config = dataclasses.replace(config, data_dir=tmp_path_factory.mktemp("data"))
-    else:
-        endpoint = request.getfixturevalue("ddb_local_endpoint")
-        config = dataclasses.replace(config, dynamodb_endpoint=endpoint)
-    with LocalRunner(config) as served:
+    with LocalRunner(on_storage(config, request, tmp_path_factory.mktemp("data"))) as served:
         yield served
 
 

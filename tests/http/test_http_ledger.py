@@ -7,10 +7,7 @@ involve tools (those are in test_http_tools.py).
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,10 +15,10 @@ import pytest
 from turnledger.core.models import SUPPORTED_SCHEMA_VERSIONS, ConversationKey
 from turnledger.store import keys
 from turnledger_local.clock import ClockFile
-from turnledger_local.runner import LocalConfig, LocalRunner
+from turnledger_local.runner import LocalRunner
 
 from tests.functional.fake_openai import FakeOpenAI, delayed, error_reply, text_reply
-from tests.http.conftest import ANN, BOB, start, store_of
+from tests.http.conftest import ANN, BOB, serve, store_of
 from tests.support.concurrency import all_at_once
 from tests.support.factories import corrupt
 
@@ -36,15 +33,6 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     assert body["error"]["message"]
     error: dict[str, Any] = body["error"]
     return error
-
-
-@contextmanager
-def serve(clock: ClockFile, **overrides: Any) -> Iterator[httpx.Client]:
-    """A runner with ``overrides`` applied to the default test config."""
-    suffix = uuid.uuid4().hex[:8]
-    defaults = LocalConfig(port=0, ttl_seconds=3600, table=f"srv-{suffix}", bucket=f"srv-{suffix}")
-    config = dataclasses.replace(defaults, **overrides)
-    yield from start(config, clock)
 
 
 def test_readme_session_turn_three_answers_from_turns_one_and_two(turn: Turn) -> None:

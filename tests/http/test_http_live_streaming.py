@@ -230,6 +230,18 @@ def test_a_turn_that_fails_mid_stream_ends_its_stream_interrupted(client: httpx.
     assert "assistant_message" not in [e["kind"] for e in kept]
 
 
+def test_the_shared_headers_refuse_what_connect_sse_writes_into_them() -> None:
+    """Handed ``ANN`` itself, connect_sse fails before sending anything, instead of leaving
+    Accept: text/event-stream in the headers of every later test of the process."""
+    with (
+        httpx.Client(base_url="http://127.0.0.1:9") as nowhere,
+        pytest.raises(TypeError),
+        connect_sse(nowhere, "GET", "/stream", headers=ANN),
+    ):
+        pass
+    assert dict(ANN) == {"Authorization": "Bearer local:acme:ann"}
+
+
 def test_a_face_stream_that_fails_mid_answer_ends_with_an_error_event(
     client: httpx.Client,
 ) -> None:
@@ -238,7 +250,7 @@ def test_a_face_stream_that_fails_mid_answer_ends_with_an_error_event(
         "POST",
         "/openai/v1/responses",
         json={"model": "demo-1", "input": f"echo: {FAIL_MID_STREAM} a b c d", "stream": True},
-        headers={**ANN},  # a copy: connect_sse writes Accept into the dict it is given
+        headers=dict(ANN),  # a copy: connect_sse writes Accept into the dict it is given
     ) as source:
         kinds = [(sse.event, json.loads(sse.data)) for sse in source.iter_sse()]
     deltas = [data["delta"] for kind, data in kinds if kind == "response.output_text.delta"]

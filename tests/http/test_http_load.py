@@ -37,7 +37,7 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink
-from tests.http.conftest import ANN, all_events, start
+from tests.http.conftest import ANN, all_events, on_storage, start
 from tests.http.test_http_tool_lease import registry
 
 pytestmark = [pytest.mark.http, pytest.mark.integration]
@@ -92,13 +92,8 @@ def load_http(
             tools_file=registry(sink, tmp_path / "tools.json"),
             max_workers=CLIENTS + RACERS,
         )
-        if request.param == "sqlite":
-            config = dataclasses.replace(config, data_dir=tmp_path / "data")
-        else:
-            endpoint = request.getfixturevalue("ddb_local_endpoint")
-            config = dataclasses.replace(config, dynamodb_endpoint=endpoint)
         # One httpx client for every thread: its pool (100 connections) serves them all.
-        for client in start(config, runner_clock):
+        for client in start(on_storage(config, request, tmp_path / "data"), runner_clock):
             yield client, sink
 
 

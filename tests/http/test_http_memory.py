@@ -5,7 +5,6 @@ key, delete one and all, tenant erasure, opt-out, and an extraction that fails.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from turnledger_local.runner import LocalConfig, LocalRunner
+
+from tests.http.conftest import fresh_config, on_storage, serve
 
 pytestmark = pytest.mark.http
 
@@ -25,20 +26,8 @@ MEMORY_ON = {"MEMORY_ENABLED": "true"}
 def _serve(
     request: pytest.FixtureRequest, tmp_path: Path, env: dict[str, str]
 ) -> Iterator[httpx.Client]:
-    suffix = uuid.uuid4().hex[:8]
-    if request.param == "sqlite":
-        config = LocalConfig(port=0, ttl_seconds=3600, data_dir=tmp_path / "data", env=env)
-    else:
-        endpoint = request.getfixturevalue("ddb_local_endpoint")
-        config = LocalConfig(
-            port=0,
-            ttl_seconds=3600,
-            table=f"mem-{suffix}",
-            bucket=f"mem-{suffix}",
-            dynamodb_endpoint=endpoint,
-            env=env,
-        )
-    with LocalRunner(config) as runner, httpx.Client(base_url=runner.url, timeout=30) as client:
+    config = on_storage(fresh_config(), request, tmp_path / "data")
+    with serve(None, config, env=env) as client:
         yield client
 
 

@@ -23,7 +23,8 @@ from tests.functional.fake_openai import (
     completion,
     json_reply,
 )
-from tests.http.conftest import ANN, start
+from tests.http.conftest import ANN, on_openai_chat, start
+from tests.support.pins import assert_pinned_first, is_summary, rebuilt_call
 from tests.support.wire_demo import chat_demo
 
 pytestmark = pytest.mark.http
@@ -31,8 +32,6 @@ pytestmark = pytest.mark.http
 #: Same tenant, no approver scope.
 EVE = {"Authorization": "Bearer local:acme:eve;scope=read write"}
 PIN = "The customer's confirmed language is Portuguese; order 7731 ships to Porto."
-#: The summarizer's prompt starts with this (turnledger.context.assembly.SUMMARY_PROMPT).
-SUMMARY_SIGN = "You maintain the memory of a conversation"
 WORDS = " ".join(f"word{n}" for n in range(1, 25))
 GPT = {"context_window": 128000, "answer_reserve": 4096}
 
@@ -57,15 +56,6 @@ class Summaries:
         return self.demo(request)
 
 
-def is_summary(request: RecordedRequest) -> bool:
-    messages = request.json()["messages"]
-    return str(messages[0].get("content") or "").startswith(SUMMARY_SIGN)
-
-
-def texts(request: RecordedRequest) -> list[str]:
-    return [str(m.get("content") or "") for m in request.json()["messages"]]
-
-
 @pytest.fixture
 def fake() -> Iterator[FakeOpenAI]:
     with FakeOpenAI() as server:
@@ -75,20 +65,10 @@ def fake() -> Iterator[FakeOpenAI]:
 def serve(
     runner_config: LocalConfig, runner_clock: ClockFile, tmp_path: Path, fake: FakeOpenAI
 ) -> Iterator[httpx.Client]:
-    env = {
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_API_KEY": "sk-test",
-        "MODELS": json.dumps({"gpt-test": GPT}),
-        "CONTEXT_MAX_TOKENS": "140",
-    }
-    config = dataclasses.replace(
-        runner_config,
-        data_dir=tmp_path / "data",
-        provider="openai-chat",
-        model="gpt-test",
-        env=env,
+    config = on_openai_chat(
+        runner_config, fake, MODELS=json.dumps({"gpt-test": GPT}), CONTEXT_MAX_TOKENS="140"
     )
-    yield from start(config, runner_clock)
+    yield from start(dataclasses.replace(config, data_dir=tmp_path / "data"), runner_clock)
 
 
 def turn(http: httpx.Client, conversation: str, text: str) -> dict[str, Any]:
@@ -148,14 +128,7 @@ def test_a_pin_reaches_every_later_call_byte_for_byte_across_compactions(
         sent = fake.requests[first_after_pin:]
         calls = [r for r in sent if not is_summary(r)]
         assert len(calls) == 17
-        for request in calls:
-            # First, before any summary (the chat wire joins system messages into one).
-            first = texts(request)[0]
-            assert first.startswith("Pinned by operators"), first
-            line = f"\n[{pin['id']} fact] {PIN}"
-            assert line in first
-            if "Summary of" in first:
-                assert first.index(line) < first.index("Summary of")
+        assert_pinned_first(calls, f"[{pin['id']} fact] {PIN}", ahead_of="Summary of")
         assert summaries.cycles >= 5
         for request in fake.requests:
             if is_summary(request):
@@ -169,9 +142,7 @@ def test_a_pin_reaches_every_later_call_byte_for_byte_across_compactions(
         # The context route rebuilds each call with the pin, and the hashes match.
         for number in range(4, 21):
             context = http.get(f"/v1/conversations/pinned/turns/{number}/context", headers=ANN)
-            body = context.json()
-            assert body["all_match"], body
-            [call] = body["calls"]
+            call = rebuilt_call(context.json())
             assert [p["id"] for p in call["pins"]] == [pin["id"]]
             assert PIN in call["messages"][0]["content"]
 

@@ -5,6 +5,7 @@ from another conversation (another tenant's included)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -14,7 +15,7 @@ from turnledger_local.runner import LocalConfig
 from tests.http.conftest import ANN, BOB, start
 
 
-def turn(http: httpx.Client, conversation: str, text: str, who: dict[str, str] = ANN) -> Any:
+def turn(http: httpx.Client, conversation: str, text: str, who: Mapping[str, str] = ANN) -> Any:
     answer = http.post(f"/v1/conversations/{conversation}/turns", json={"input": text}, headers=who)
     assert answer.status_code == 200, answer.text
     return answer.json()

@@ -8,29 +8,17 @@ turns, and the stored responses deleted by clear and by tenant erasure.
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 from turnledger_local.clock import ClockFile
-from turnledger_local.runner import LocalConfig
 
 from tests.functional.fake_openai import RESPONSES_PATH, FakeOpenAI, text_reply
-from tests.http.conftest import ANN, start
+from tests.http.conftest import ANN, serve
 from tests.support.provider_schemas import validate_responses_request
 from tests.support.wire_demo import responses_demo
 
 JSON_OBJECT = {"type": "json_object"}
-
-
-@contextmanager
-def serve(clock: ClockFile, **overrides: Any) -> Iterator[httpx.Client]:
-    suffix = uuid.uuid4().hex[:8]
-    defaults = LocalConfig(port=0, ttl_seconds=3600, table=f"prv-{suffix}", bucket=f"prv-{suffix}")
-    yield from start(dataclasses.replace(defaults, **overrides), clock)
 
 
 def post_turn(http: httpx.Client, conversation: str, text: Any, **body: Any) -> httpx.Response:

@@ -29,7 +29,7 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
 from tests.functional.http_sink import HttpSink
-from tests.http.conftest import ANN, all_events, start
+from tests.http.conftest import ANN, all_events, on_storage, start
 from tests.http.test_http_tool_lease import registry
 from tests.support.concurrency import all_at_once
 
@@ -54,12 +54,7 @@ def race_http(
             tools_file=registry(sink, tmp_path / "tools.json"),
             max_workers=RACERS + 2,
         )
-        if request.param == "sqlite":
-            config = dataclasses.replace(config, data_dir=tmp_path / "data")
-        else:
-            endpoint = request.getfixturevalue("ddb_local_endpoint")
-            config = dataclasses.replace(config, dynamodb_endpoint=endpoint)
-        for client in start(config, runner_clock):
+        for client in start(on_storage(config, request, tmp_path / "data"), runner_clock):
             yield client, sink
 
 

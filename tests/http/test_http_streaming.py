@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ def client(streaming: LocalRunner) -> Iterator[httpx.Client]:
 
 
 def follow(
-    client: httpx.Client, path: str, after: int = 0, headers: dict[str, str] = ANN
+    client: httpx.Client, path: str, after: int = 0, headers: Mapping[str, str] = ANN
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Long-poll ``path``'s stream from ``after`` to the end: ``(chunks, last page)``."""
     chunks: list[dict[str, Any]] = []
@@ -270,7 +270,7 @@ def test_sse_streams_live_to_a_real_client_that_resumes_from_last_event_id(
     url = accepted.json()["stream_url"]
     texts: dict[int, str] = {}
     # A copy: connect_sse sets Accept on the dict it is given.
-    with connect_sse(client, "GET", url, headers={**ANN}) as source:
+    with connect_sse(client, "GET", url, headers=dict(ANN)) as source:
         assert source.response.headers["content-type"].startswith("text/event-stream")
         for sse in source.iter_sse():
             assert sse.event == "chunk" and sse.retry in (None, 1000)

@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 from turnledger.core.models import MAX_CALL_ID_CHARS
-from turnledger_local.runner import LocalConfig, LocalRunner
+from turnledger_local.runner import LocalRunner
 
 from tests.functional.http_sink import HttpSink, Reply
 from tests.functional.test_tool_turns import tool_line
-from tests.support.aws import unique_name
+from tests.http.conftest import on_ddb_local, tools_file
 
 pytestmark = pytest.mark.integration
 
@@ -62,16 +62,8 @@ def runner(
         },
         {"name": "lookup_user", "parameters": {"type": "object"}, "executor": {"type": "client"}},
     ]
-    registry = tmp_path_factory.mktemp("registry") / "tools.json"
-    registry.write_text(json.dumps({"tools": tools}), encoding="utf-8")
-    config = LocalConfig(
-        port=0,
-        tools_file=registry,
-        dynamodb_endpoint=ddb_local_endpoint,
-        table=unique_name("conversations"),
-        bucket=unique_name("artifacts"),
-    )
-    with LocalRunner(config) as served:
+    registry = tools_file(tmp_path_factory.mktemp("registry"), tools)
+    with LocalRunner(on_ddb_local(ddb_local_endpoint, tools_file=registry)) as served:
         yield served
 
 

@@ -13,18 +13,17 @@ module; each test uses its own conversation and its own tool path.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from turnledger_local.runner import LocalConfig, LocalRunner
+from turnledger_local.runner import LocalRunner
 
 from tests.functional.http_sink import HttpSink, RecordedRequest, Reply
 from tests.functional.test_tool_turns import lines, tool_line
-from tests.support.aws import unique_name
+from tests.http.conftest import on_ddb_local, tools_file
 
 pytestmark = pytest.mark.integration
 
@@ -68,18 +67,9 @@ def runner(
     sink: HttpSink, ddb_local_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalRunner]:
     names = [*ANSWERS, *(f"job_{name}" for name in ANSWERS), "fine"]
-    registry = tmp_path_factory.mktemp("registry") / "tools.json"
-    registry.write_text(
-        json.dumps({"tools": [fetch_tool(name, sink) for name in names]}), encoding="utf-8"
-    )
-    config = LocalConfig(
-        port=0,
-        tools_file=registry,
-        dynamodb_endpoint=ddb_local_endpoint,
-        table=unique_name("conversations"),
-        bucket=unique_name("artifacts"),
-    )
-    with LocalRunner(config) as served:
+    tools = [fetch_tool(name, sink) for name in names]
+    registry = tools_file(tmp_path_factory.mktemp("registry"), tools)
+    with LocalRunner(on_ddb_local(ddb_local_endpoint, tools_file=registry)) as served:
         yield served
 
 

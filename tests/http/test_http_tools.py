@@ -24,7 +24,7 @@ from turnledger_local.runner import LocalConfig, LocalRunner
 from tests.functional.fake_openai import FakeOpenAI, text_reply, tool_call, tool_calls_reply
 from tests.functional.http_sink import HttpSink, RecordedRequest
 from tests.functional.test_tool_turns import lines, script_tools, tool_definitions, tool_line
-from tests.support.aws import unique_name
+from tests.http.conftest import on_ddb_local, on_openai_chat, tools_file
 from tests.support.concurrency import all_at_once
 from tests.support.worker_hooks import ARMED, BARRIER_DIR
 
@@ -46,15 +46,8 @@ def tools_config(
     sink: HttpSink, ddb_local_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> LocalConfig:
     """A runner on DynamoDB Local whose tool registry points at the sink."""
-    tools = tmp_path_factory.mktemp("registry") / "tools.json"
-    tools.write_text(json.dumps({"tools": tool_definitions(sink)}), encoding="utf-8")
-    return LocalConfig(
-        port=0,
-        tools_file=tools,
-        dynamodb_endpoint=ddb_local_endpoint,
-        table=unique_name("conversations"),
-        bucket=unique_name("artifacts"),
-    )
+    registry = tools_file(tmp_path_factory.mktemp("registry"), tool_definitions(sink))
+    return on_ddb_local(ddb_local_endpoint, tools_file=registry)
 
 
 @pytest.fixture(scope="module")
@@ -381,16 +374,7 @@ def fake_openai() -> Iterator[FakeOpenAI]:
 @pytest.fixture
 def openai_client(tools_config: LocalConfig, fake_openai: FakeOpenAI) -> Iterator[httpx.Client]:
     """A runner like ``runner`` on the openai-chat provider, talking to a fake OpenAI server."""
-    config = replace(
-        tools_config,
-        provider="openai-chat",
-        model="gpt-test",
-        env={
-            "OPENAI_BASE_URL": fake_openai.base_url,
-            "OPENAI_API_KEY": "sk-test",
-            "PROVIDER_MAX_RETRIES": "0",
-        },
-    )
+    config = on_openai_chat(tools_config, fake_openai, PROVIDER_MAX_RETRIES="0")
     with (
         LocalRunner(config) as served,
         httpx.Client(base_url=served.url, headers=ANN, timeout=30) as http,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -21,7 +22,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     return body
 
 
-def talk(http: httpx.Client, conversation: str, text: str, headers: dict[str, str]) -> str:
+def talk(http: httpx.Client, conversation: str, text: str, headers: Mapping[str, str]) -> str:
     response = http.post(
         f"/v1/conversations/{conversation}/turns", json={"input": text}, headers=headers
     )

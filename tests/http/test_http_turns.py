@@ -24,7 +24,7 @@ from turnledger.turn import drafts
 from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig, LocalRunner
 
-from tests.http.conftest import ANN, BOB, store_of
+from tests.http.conftest import ANN, BOB, on_storage, store_of
 from tests.support.worker_hooks import FAIL_MID_STREAM
 
 pytestmark = pytest.mark.http
@@ -53,13 +53,7 @@ def runner(
         # cancelled, through drafts begun while they run (SYNC_DRAFT_AFTER_MS).
         env={"DEMO_TOKEN_DELAY_MS": "20", "DRAFT_FLUSH_MS": "100", "SYNC_DRAFT_AFTER_MS": "200"},
     )
-    if request.param == "sqlite":
-        config = dataclasses.replace(config, data_dir=tmp_path / "data")
-    else:
-        config = dataclasses.replace(
-            config, dynamodb_endpoint=request.getfixturevalue("ddb_local_endpoint")
-        )
-    with LocalRunner(config) as served:
+    with LocalRunner(on_storage(config, request, tmp_path / "data")) as served:
         yield served
 
 

@@ -19,7 +19,8 @@ from turnledger_local.clock import ClockFile
 from turnledger_local.runner import LocalConfig
 
 from tests.functional.fake_openai import FakeOpenAI, RecordedRequest
-from tests.http.conftest import start
+from tests.http.conftest import on_openai_chat, start
+from tests.support.pins import assert_pinned_first, is_turn_call, rebuilt_call
 from tests.support.wire_demo import chat_demo
 
 pytestmark = pytest.mark.http
@@ -32,21 +33,10 @@ READER = f"Bearer local:acme:svc;scope={MEMORY_SCOPE}"
 PIN = "The customer is a minor: never offer alcohol; confirmed language Portuguese."
 CONVERSATION_PIN = "Order 7731 ships to Porto."
 GPT = {"context_window": 128000, "answer_reserve": 4096}
-#: The prompts of the side calls (summaries, memory extraction): not the turns' calls.
-SIDE_SIGNS = ("You maintain the memory of a conversation", "You keep a long-term memory")
 
 
 def as_user(user: str, token: str = BACKEND) -> dict[str, str]:
     return {"Authorization": token, "X-Memory-User": user}
-
-
-def first_message(request: RecordedRequest) -> str:
-    """The first message sent (the chat wire joins the system messages into one)."""
-    return str(request.json()["messages"][0].get("content") or "")
-
-
-def is_turn_call(request: RecordedRequest) -> bool:
-    return not first_message(request).startswith(SIDE_SIGNS)
 
 
 @pytest.fixture
@@ -60,22 +50,15 @@ def fake() -> Iterator[FakeOpenAI]:
 def http(
     runner_config: LocalConfig, runner_clock: ClockFile, tmp_path: Path, fake: FakeOpenAI
 ) -> Iterator[httpx.Client]:
-    env = {
-        "OPENAI_BASE_URL": fake.base_url,
-        "OPENAI_API_KEY": "sk-test",
-        "MODELS": json.dumps({"gpt-test": GPT}),
-        "CONTEXT_MAX_TOKENS": "400",
-        "MEMORY_ENABLED": "true",
-        "MEMORY_USER_SCOPE": MEMORY_SCOPE,
-    }
-    config = dataclasses.replace(
+    config = on_openai_chat(
         runner_config,
-        data_dir=tmp_path / "data",
-        provider="openai-chat",
-        model="gpt-test",
-        env=env,
+        fake,
+        MODELS=json.dumps({"gpt-test": GPT}),
+        CONTEXT_MAX_TOKENS="400",
+        MEMORY_ENABLED="true",
+        MEMORY_USER_SCOPE=MEMORY_SCOPE,
     )
-    yield from start(config, runner_clock)
+    yield from start(dataclasses.replace(config, data_dir=tmp_path / "data"), runner_clock)
 
 
 def turn_calls(
@@ -143,21 +126,14 @@ def test_a_user_pin_reaches_every_conversation_of_that_user_and_no_other(
     assert own.status_code == 201, own.text
     sent += turn_calls(http, fake, "alice-2", "alice", "and what about dinner?")
     sent += turn_calls(http, fake, "alice-1", "alice", "one more question")
-    for request in sent:
-        first = first_message(request)
-        assert first.startswith("Pinned by operators"), first
-        assert f"\n{line}" in first
-        if CONVERSATION_PIN in first:
-            assert first.index(line) < first.index(CONVERSATION_PIN)
+    assert_pinned_first(sent, line, ahead_of=CONVERSATION_PIN)
     # Another user's conversation carries none of it.
     for request in turn_calls(http, fake, "carol-1", "carol", "hello, a drink suggestion?"):
         assert PIN not in request.body.decode()
 
     # The context route rebuilds each call with the user's pin, byte for byte.
     for conversation, number in [("alice-1", 1), ("alice-2", 2), ("alice-1", 2)]:
-        body = context(http, conversation, number)
-        assert body["all_match"], body
-        [call] = body["calls"]
+        call = rebuilt_call(context(http, conversation, number))
         assert call["user_pins"] == [pin]
         assert f"\n{line}" in call["messages"][0]["content"]
     assert context(http, "carol-1", 1)["calls"][0]["user_pins"] == []

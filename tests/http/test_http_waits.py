@@ -24,7 +24,7 @@ from turnledger_local.runner import LocalConfig, LocalRunner
 
 from tests.functional.http_sink import HttpSink, RecordedRequest, Reply
 from tests.functional.test_tool_turns import lines, tool_line
-from tests.support.aws import unique_name
+from tests.http.conftest import on_ddb_local, tools_file
 from tests.support.concurrency import all_at_once
 from tests.support.factories import START
 from tests.support.worker_hooks import DIE_IN_TOOLS, FAULTS_DIR
@@ -115,15 +115,10 @@ def runner(
     ddb_local_endpoint: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LocalRunner]:
-    tools = tmp_path_factory.mktemp("registry") / "tools.json"
-    tools.write_text(json.dumps({"tools": registry(sink)}), encoding="utf-8")
-    config = LocalConfig(
-        port=0,
+    config = on_ddb_local(
+        ddb_local_endpoint,
         ttl_seconds=30 * 86400,
-        tools_file=tools,
-        dynamodb_endpoint=ddb_local_endpoint,
-        table=unique_name("conversations"),
-        bucket=unique_name("artifacts"),
+        tools_file=tools_file(tmp_path_factory.mktemp("registry"), registry(sink)),
         clock_file=clock.path,
         worker_hook="tests.support.worker_hooks:die_in_tools",
         env={FAULTS_DIR: str(faults)},

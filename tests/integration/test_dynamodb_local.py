@@ -12,7 +12,6 @@ import itertools
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from turnledger.core.exceptions import ConversationBusy, PayloadTooLarge
@@ -20,6 +19,7 @@ from turnledger.core.models import Head
 from turnledger.store.base import ContextBudget
 from turnledger.store.dynamodb import DynamoDBConversationStore
 
+from tests.support.concurrency import all_at_once
 from tests.support.factories import (
     START,
     Turn,
@@ -162,18 +162,16 @@ def test_concurrent_commits_lose_as_conversation_busy(
         build_turn(key, first.head, [f"q2 from {n}", f"a2 from {n}", f"b2 from {n}"])
         for n in range(8)
     ]
-    start = threading.Barrier(len(contenders))
 
-    def race(turn: Turn) -> str:
-        start.wait()
+    def race(index: int) -> str:
+        turn = contenders[index]
         try:
             store.commit(key, expected_version=1, head=turn.head, events=turn.events)
         except ConversationBusy:
             return "busy"
         return "won"
 
-    with ThreadPoolExecutor(len(contenders)) as pool:
-        outcomes = list(pool.map(race, contenders))
+    outcomes = all_at_once(len(contenders), race)
 
     assert sorted(outcomes) == ["busy"] * (len(contenders) - 1) + ["won"]
     winner = contenders[outcomes.index("won")]

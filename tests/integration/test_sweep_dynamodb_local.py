@@ -8,8 +8,6 @@ the heads they expire are expired for the sweep and not yet for DynamoDB.
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +18,7 @@ from turnledger.store.dynamodb import DynamoDBConversationStore
 from turnledger.store.indexes import CURSOR_PK, CURSOR_SK
 
 from tests.functional.test_sweep import HOUR, TTL, assert_gone, assert_intact, key_of, seed
+from tests.support.concurrency import all_at_once
 from tests.support.factories import (
     FakeClock,
     Turn,
@@ -132,14 +131,7 @@ def test_concurrent_sweeps_on_the_real_engine(
     expired = [key_of(n) for n in range(1, 13)]
     for n, key in enumerate(expired):
         seed(store, key, expires_at=EPOCH - (n % 2) * HOUR - 1, turns=1)
-    start = threading.Barrier(3)
-
-    def run() -> Any:
-        start.wait()
-        return sweep(store, clock)
-
-    with ThreadPoolExecutor(3) as pool:
-        reports = list(pool.map(lambda _: run(), range(3)))
+    reports = all_at_once(3, lambda _: sweep(store, clock))
 
     assert all(r.complete for r in reports)
     assert sum(r.conversations_removed for r in reports) == len(expired)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from turnledger.providers.base import ModelReply, ModelRequest, Provider
 from turnledger.providers.demo import DemoProvider
@@ -40,3 +41,9 @@ class Sleeps:
 
     def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
+
+
+def quick_retries(sleeps: Sleeps) -> dict[str, Any]:
+    """A provider's retry options for tests: two retries, a 5 s timeout, no jitter, and
+    ``sleeps`` recording the waits instead of waiting."""
+    return {"timeout_seconds": 5.0, "max_retries": 2, "sleep": sleeps, "jitter": lambda: 1.0}

@@ -13,7 +13,7 @@ from turnledger.providers.base import Continuation, Message, ModelRequest
 from turnledger.providers.bedrock_converse import BedrockConverseProvider
 
 from tests.support.provider_schemas import validate_converse_request
-from tests.support.transcripts import TRANSCRIPT, WEATHER
+from tests.support.transcripts import TRANSCRIPT, WEATHER, converse_params
 
 MODEL = "amazon.nova-lite-v1:0"
 
@@ -47,51 +47,7 @@ def test_the_transcript_is_sent_as_these_exact_parameters(stubbed: Any) -> None:
         continuation=Continuation(previous_response_id="resp_x", new_from=7),
         store=True,
     )
-    expected: dict[str, Any] = {
-        "modelId": MODEL,
-        "system": [{"text": "You are a concise assistant."}],
-        "messages": [
-            {"role": "user", "content": [{"text": "Hi, my name is Ann."}]},
-            {"role": "assistant", "content": [{"text": "Nice to meet you, Ann."}]},
-            {"role": "user", "content": [{"text": "What is the weather in Oslo?"}]},
-            {
-                "role": "assistant",
-                "content": [
-                    {
-                        "toolUse": {
-                            "toolUseId": "call_w1",
-                            "name": "get_weather",
-                            "input": {"city": "Oslo"},
-                        }
-                    }
-                ],
-            },
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "toolResult": {
-                            "toolUseId": "call_w1",
-                            "content": [{"text": '{"temp_c": 4}'}],
-                        }
-                    }
-                ],
-            },
-            {"role": "assistant", "content": [{"text": "It is 4 degrees in Oslo."}]},
-            {"role": "user", "content": [{"text": "What is my name?"}]},
-        ],
-        "toolConfig": {
-            "tools": [
-                {
-                    "toolSpec": {
-                        "name": "get_weather",
-                        "description": "Current weather of a city",
-                        "inputSchema": {"json": WEATHER.parameters},
-                    }
-                }
-            ]
-        },
-    }
+    expected = converse_params(MODEL)
     validate_converse_request(expected)
     stubber.add_response("converse", answer("Your name is Ann."), expected)
 

@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import subprocess
@@ -34,6 +33,8 @@ from turnledger_local.embedded import EmbeddedStorage, StorageNames, provision
 from turnledger_local.gateway import MAX_BODY_BYTES, HttpRequest
 from turnledger_local.runner import LocalConfig, LocalRunner
 from turnledger_local.template import load_template, table_definition, ttl_attribute
+
+from tests.support.cli import read_until
 
 FAKE_TEMPLATE = """\
 AWSTemplateFormatVersion: "2010-09-09"
@@ -1177,7 +1178,7 @@ def test_cli_serves_until_interrupted() -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        banner = _read_until(process, "Ctrl-C stops.")
+        banner = read_until(process, "Ctrl-C stops.")
         url = re.search(r"serving (http://127\.0\.0\.1:\d+)", banner)
         assert url is not None, banner
         assert "curl -s -X POST" in banner and "Bearer local:" in banner
@@ -1191,22 +1192,3 @@ def test_cli_serves_until_interrupted() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
-
-
-def _read_until(process: subprocess.Popen[bytes], marker: str, timeout: float = 60) -> str:
-    """Output of ``process`` up to ``marker``; fails after ``timeout`` seconds of silence."""
-    assert process.stdout is not None
-    # Unbuffered reads of the pipe itself: a buffered reader could hold the marker while
-    # select() waits on an empty pipe.
-    descriptor = process.stdout.fileno()
-    seen = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(descriptor, selectors.EVENT_READ)
-        while marker.encode() not in seen:
-            if not selector.select(timeout):
-                pytest.fail(f"no {marker!r} within {timeout} s: {seen.decode(errors='replace')}")
-            chunk = os.read(descriptor, 65536)
-            if not chunk:
-                pytest.fail(f"exited with {process.wait()}: {seen.decode(errors='replace')}")
-            seen += chunk
-    return seen.decode(errors="replace")
