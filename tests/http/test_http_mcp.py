@@ -331,12 +331,10 @@ def test_a_refresh_that_records_a_changed_listing_invalidates_the_waiting_approv
         server.stop()
 
 
-def test_a_server_that_asks_for_input_mid_call_is_cancelled_and_the_model_is_told(
-    ddb_local_endpoint: str, tmp_path: Path, conversation: str
-) -> None:
-    """A tool that elicits (asks the user to confirm) mid-call: the elicitation is
-    cancelled at once (no person is asked yet), the server finishes its call with that
-    answer, and the model reads the server's output with a note saying what was asked."""
+@pytest.fixture
+def asking(ddb_local_endpoint: str, tmp_path: Path) -> Iterator[tuple[McpProcess, httpx.Client]]:
+    """The asking server (tools that elicit) on loopback, registered as ``asking`` with no
+    approval, and a client of a runner that reaches it."""
     server = McpProcess(free_port(), tmp_path)
     server.start(asking=True)
     config = config_of(server, ddb_local_endpoint, tmp_path)
@@ -348,18 +346,126 @@ def test_a_server_that_asks_for_input_mid_call_is_cancelled_and_the_model_is_tol
             LocalRunner(config) as runner,
             httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
         ):
-            path = f"/{conversation}"
-            done = post_turn(http, conversation, tool_line("mcp__asking__rename_file", path=path))
-            assert done.status_code == 200, done.text
-            assert done.json()["status"] == "complete"
-            [seen] = server.calls(path)
-            assert seen["arguments"]["action"] == "cancel"
-            [result] = [e for e in events(http, conversation) if e["kind"] == "tool_result"]
-            output = result["payload"]["output"]
-            assert output.startswith("not renamed (cancel)"), output
-            assert f"the server asked for input (Rename {path}?)" in output
+            yield server, http
     finally:
         server.stop()
+
+
+def answer(http: httpx.Client, conversation: str, call_id: str, given: Any) -> httpx.Response:
+    output = given if isinstance(given, str) else json.dumps(given)
+    return http.post(
+        f"/v1/conversations/{conversation}/approvals",
+        json={"outputs": [{"id": call_id, "output": output}]},
+    )
+
+
+def test_a_server_that_asks_for_input_mid_call_waits_in_the_inbox_for_the_answer(
+    asking: tuple[McpProcess, httpx.Client], conversation: str
+) -> None:
+    """``delete_file`` asks for the file's name mid-call (a 2026-07-28 elicitation): the
+    call is an inbox item of kind ``input`` with the server's message and schema; an
+    answer the schema refuses is ``422`` and the item stays; a valid one sends the call
+    again with the answer, the server finishes, and the model reads its output."""
+    server, http = asking
+    path = f"/{conversation}"
+    waiting = post_turn(http, conversation, tool_line("mcp__asking__delete_file", path=path))
+    assert waiting.status_code == 200, waiting.text
+    body = waiting.json()
+    assert (body["status"], body["awaiting"]) == ("awaiting_hitl", ["input"])
+    [pending] = body["pending_tool_calls"]
+    asked = f"Type the name of {path} to delete it"
+    assert (pending["requires"], pending["message"]) == ("input", asked)
+    assert pending["requested_schema"]["required"] == ["name"]
+    assert server.calls(path) == []  # the tool body has not run: it waits for the name
+
+    def inbox() -> list[dict[str, Any]]:
+        listed = http.get("/v1/approvals", params={"conversation_id": conversation})
+        assert listed.status_code == 200, listed.text
+        items: list[dict[str, Any]] = listed.json()["items"]
+        return items
+
+    [item] = inbox()
+    assert (item["kind"], item["id"], item["tool"]) == ("input", pending["id"], pending["name"])
+    assert item["message"] == asked
+    assert item["requested_schema"] == pending["requested_schema"]
+
+    for wrong in (
+        {"action": "accept", "content": {"nom": conversation}},
+        {"action": "accept", "content": {"name": 7}},
+        {"action": "accept"},
+        {"action": "maybe"},
+        "the name",
+    ):
+        refused = answer(http, conversation, pending["id"], wrong)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "validation_error"
+        assert [e["id"] for e in error["details"]["errors"]] == [pending["id"]]
+    assert inbox() == [item]
+    assert server.calls(path) == []
+
+    done = answer(
+        http, conversation, pending["id"], {"action": "accept", "content": {"name": conversation}}
+    )
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    assert f"deleted {path}" in done.json()["output_text"]  # the model read the output
+    [seen] = server.calls(path)
+    assert seen["arguments"] == {"path": path, "action": "accept", "name": conversation}
+    assert inbox() == []
+    log = events(http, conversation)
+    [requested] = [e for e in log if e["kind"] == "tool_input_requested"]
+    assert requested["payload"]["message"] == asked and requested["payload"]["round"] == 1
+    [provided] = [e for e in log if e["kind"] == "tool_input_provided"]
+    assert provided["payload"]["call_id"] == pending["id"]
+    [result] = [e for e in log if e["kind"] == "tool_result"]
+    assert (result["payload"]["output"], result["payload"]["is_error"]) == (
+        f"deleted {path}",
+        False,
+    )
+    told = http.get("/_local/notifications").json()["notifications"]
+    assert [
+        (n["detail-type"], n["detail"]["kind"])
+        for n in told
+        if n["detail"]["conversation_id"] == conversation
+    ] == [("input.requested", "input"), ("input.provided", "input")]
+
+
+def test_a_server_may_ask_again_and_a_person_may_decline(
+    asking: tuple[McpProcess, httpx.Client], conversation: str
+) -> None:
+    """A name that is not the file's makes ``delete_file`` ask a second question (another
+    round, a new inbox item); declining it is sent to the server as ``decline``, which
+    then does not delete."""
+    server, http = asking
+    path = f"/{conversation}"
+    waiting = post_turn(http, conversation, tool_line("mcp__asking__delete_file", path=path))
+    [pending] = waiting.json()["pending_tool_calls"]
+    again = answer(
+        http, conversation, pending["id"], {"action": "accept", "content": {"name": "x"}}
+    )
+    assert again.status_code == 200, again.text
+    assert again.json()["status"] == "awaiting_hitl"
+    [second] = again.json()["pending_tool_calls"]
+    assert second["id"] == pending["id"]
+    assert second["message"] == f"'x' is not the name of {path}: delete it anyway?"
+    listed = http.get("/v1/approvals", params={"conversation_id": conversation}).json()["items"]
+    assert [i["message"] for i in listed] == [second["message"]]
+    assert server.calls(path) == []
+
+    done = answer(http, conversation, pending["id"], {"action": "decline"})
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    [seen] = server.calls(path)
+    assert seen["arguments"] == {"path": path, "action": "accept", "name": "x", "sure": False}
+    [result] = [e for e in events(http, conversation) if e["kind"] == "tool_result"]
+    assert result["payload"]["output"] == "not deleted ('x' is not its name)"
+    rounds = [
+        e["payload"]["round"]
+        for e in events(http, conversation)
+        if e["kind"] == "tool_input_requested"
+    ]
+    assert rounds == [1, 2]
 
 
 # --- the OpenAI face ------------------------------------------------------------------

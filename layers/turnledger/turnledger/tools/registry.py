@@ -185,6 +185,20 @@ def _describe(exc: fastjsonschema.JsonSchemaValueException) -> str:
     return message
 
 
+def schema_refusal(schema: dict[str, Any], value: Any, root: str) -> str | None:
+    """Why ``value`` fails the JSON Schema ``schema`` (no remote ``$ref``), naming its
+    root ``root``; ``None`` when it passes. A schema that does not compile refuses too."""
+    try:
+        validate = _compile(schema)
+    except ValueError as exc:
+        return str(exc).replace("parameters is", "the schema is", 1)
+    try:
+        validate(value)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        return _describe(exc).replace("arguments", root, 1)
+    return None
+
+
 class ToolDefinition(_Config):
     """One registered tool.
 
