@@ -468,6 +468,57 @@ def test_a_server_may_ask_again_and_a_person_may_decline(
     assert rounds == [1, 2]
 
 
+def test_on_the_openai_face_a_servers_question_is_a_function_call_answered_by_its_output(
+    asking: tuple[McpProcess, httpx.Client], conversation: str
+) -> None:
+    """The Responses API has no item for a server's question: the waiting call is a
+    ``function_call`` and its ``function_call_output`` carries the answer, checked as on
+    the approvals route (``422`` in OpenAI's error shape when the schema refuses it)."""
+    import openai
+    from openai import OpenAI
+
+    server, http = asking
+    path = f"/{conversation}"
+    tools = [{"type": "mcp", "server_label": "asking", "server_url": server.url}]
+    with OpenAI(
+        base_url=f"{str(http.base_url).rstrip('/')}/openai/v1",
+        api_key="local:acme:ann",
+        max_retries=0,
+    ) as client:
+        paused = client.responses.create(
+            model="demo-1",
+            input=tool_line("mcp__asking__delete_file", path=path),
+            tools=tools,  # type: ignore[list-item]
+        )
+        [asked] = [item for item in paused.output if item.type == "function_call"]
+        assert asked.name == "mcp__asking__delete_file"
+
+        def reply(given: dict[str, Any]) -> Any:
+            return client.responses.create(
+                model="demo-1",
+                previous_response_id=paused.id,
+                input=[
+                    {
+                        "type": "function_call_output",
+                        "call_id": asked.call_id,
+                        "output": json.dumps(given),
+                    }
+                ],
+                tools=tools,  # type: ignore[arg-type]
+            )
+
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            reply({"action": "accept", "content": {}})
+        error = refused.value.body
+        assert (error["type"], error["code"]) == ("invalid_request_error", "validation_error")
+        assert server.calls(path) == []
+        done = reply({"action": "accept", "content": {"name": conversation}})
+    [call] = [item for item in done.output if item.type == "mcp_call"]
+    assert (call.name, call.output) == ("delete_file", f"deleted {path}")
+    [seen] = server.calls(path)
+    assert seen["arguments"]["name"] == conversation
+
+
 # --- the OpenAI face ------------------------------------------------------------------
 
 
