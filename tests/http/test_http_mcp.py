@@ -82,12 +82,18 @@ class McpProcess:
             self.process.wait(10)
             self.process = None
 
-    def calls(self, path: str) -> list[dict[str, Any]]:
+    def seen(self) -> list[dict[str, Any]]:
         log = self.calls_dir / "calls.jsonl"
         if not log.exists():
             return []
-        seen = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-        return [c for c in seen if c["arguments"].get("path") == path]
+        return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+
+    def calls(self, path: str) -> list[dict[str, Any]]:
+        return [c for c in self.seen() if c["arguments"].get("path") == path]
+
+    def listings(self) -> int:
+        """How many ``tools/list`` requests the server answered."""
+        return sum(1 for c in self.seen() if c["tool"] == "tools/list")
 
 
 def files_entry(server: McpProcess) -> dict[str, Any]:
@@ -721,6 +727,41 @@ def test_streamed_mcp_items_have_their_events(
     ]
     [call] = [item for item in final.output if item.type == "mcp_call"]
     assert call.output == f"contents of {path}"
+
+
+def test_a_decision_under_an_expired_listing_reads_the_server_once(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """The kept listing is older than its age (``max_list_age_seconds: 3``) when the call
+    is decided: the decision's refresh (that invalidates what changed) and its check of
+    the definitions share one ``tools/list`` (as they do in a process that kept none)."""
+    server = McpProcess(free_port(), tmp_path)
+    server.start()
+    config = config_of(server, ddb_local_endpoint, tmp_path)
+    assert config.tools_file is not None
+    config.tools_file.write_text(
+        json.dumps({"tools": [{**files_entry(server), "max_list_age_seconds": 3}]}),
+        encoding="utf-8",
+    )
+    try:
+        with (
+            LocalRunner(config) as runner,
+            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
+        ):
+            path = f"/{conversation}"
+            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+            [pending] = waiting.json()["pending_tool_calls"]
+            time.sleep(3.2)  # the kept listing expires
+            before = server.listings()
+            rejected = http.post(
+                f"/v1/conversations/{conversation}/approvals",
+                json={"reject": [{"id": pending["id"], "reason": "not now"}]},
+            )
+            assert rejected.status_code == 200, rejected.text
+            assert server.listings() - before == 1
+            assert server.calls(path) == []
+    finally:
+        server.stop()
 
 
 def test_a_server_that_is_down_blocks_approving_not_rejecting(

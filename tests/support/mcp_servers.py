@@ -5,7 +5,8 @@ tests.support.mcp_servers PORT [--changed]``), counting the calls it sees.
 ``--asking`` serves :func:`asking_server` instead (tools that elicit).
 ``--changed`` serves ``delete_file`` with another schema (a ``force`` flag): the server
 "restarted with a changed definition". Every call is appended to ``calls.jsonl`` in
-``MCP_CALLS_DIR`` when set (the loopback server's calls, read by the test).
+``MCP_CALLS_DIR`` when set (the loopback server's calls, read by the test), and so is
+every ``tools/list`` the files server answers (as a call of ``tools/list``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def files_server(*, changed: bool = False, calls_dir: str | None = None) -> File
         if calls_dir:
             with (Path(calls_dir) / "calls.jsonl").open("a", encoding="utf-8") as log:
                 log.write(json.dumps({"tool": tool, "arguments": arguments, "meta": meta}) + "\n")
+
+    listing = server.list_tools
+
+    async def counted_listing() -> Any:
+        # Each tools/list request is logged as a call of "tools/list" (no path).
+        if calls_dir:
+            with (Path(calls_dir) / "calls.jsonl").open("a", encoding="utf-8") as log:
+                log.write(json.dumps({"tool": "tools/list", "arguments": {}, "meta": {}}) + "\n")
+        return await listing()
+
+    server.list_tools = counted_listing  # type: ignore[method-assign]
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     def read_file(path: str, ctx: Context) -> str:

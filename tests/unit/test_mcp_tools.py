@@ -166,7 +166,7 @@ def test_a_listing_is_reused_while_young_and_recorded_only_when_its_hash_changes
     assert again is first  # the same hash: the kept listing stays, nothing new is heard
     assert heard == [first]
     port.servers["files"] = files_server(changed=True).server
-    changed = link.listing(server, 5, refresh=True)
+    changed = link.listing(server, 5, read_since=clock.now + 1)  # no kept one is as new
     assert changed.sha256 != first.sha256
     assert heard == [first, changed]
     assert changed.tool("read_file") == first.tool("read_file")

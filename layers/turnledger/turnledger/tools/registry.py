@@ -315,7 +315,7 @@ def _duplicate_errors(tools: list[ToolDefinition]) -> list[str]:
 
 
 def mcp_tool(
-    catalog: McpCatalog, label: str, tool: str, *, refresh: bool = False
+    catalog: McpCatalog, label: str, tool: str, *, read_since: float | None = None
 ) -> ToolDefinition:
     """The registered tool ``mcp__<label>__<tool>``, from its server's listing.
 
@@ -325,7 +325,7 @@ def mcp_tool(
     """
     server = catalog.server(label)
     listed = (
-        next((t for t in catalog.tools(label, refresh=refresh) if t.name == tool), None)
+        next((t for t in catalog.tools(label, read_since=read_since) if t.name == tool), None)
         if server is not None
         else None
     )
@@ -553,11 +553,12 @@ class ToolRegistry:
             return self.mcp.server(parts[0]) is not None
         return name in self._tools
 
-    def get(self, name: str, *, refresh: bool = False) -> ToolDefinition:
+    def get(self, name: str, *, read_since: float | None = None) -> ToolDefinition:
         """The tool called ``name``.
 
         Args:
-            refresh: an MCP tool's definition is listed anew, never a kept listing's.
+            read_since: an MCP tool's definition is from a listing read at or after this
+                instant (:meth:`~.mcp_link.McpCatalog.now`), never an older kept one's.
 
         Raises:
             UnknownTool: no tool has that name.
@@ -565,7 +566,7 @@ class ToolRegistry:
         """
         parts = split_name(name)
         if parts is not None and self.mcp.server(parts[0]) is not None:
-            return mcp_tool(self.mcp, *parts, refresh=refresh)
+            return mcp_tool(self.mcp, *parts, read_since=read_since)
         try:
             return self._tools[name]
         except KeyError:

@@ -611,16 +611,18 @@ class ToolCalls:
         undecided: Mapping[str, PendingCall],
         approving: Collection[str],
         run: Runner,
+        read_since: float,
     ) -> None:
         """Before a decision: invalidate the waiting MCP calls whose tool definition changed
-        (:func:`.approval_edits.check_definitions`), whether or not the decision names them,
+        (:func:`.approval_edits.check_definitions`, on listings read since ``read_since``),
+        whether or not the decision names them,
         record that (with what it lets run, as after expired approvals), and refuse.
 
         Raises:
             ToolDefinitionChanged: such calls wait; their invalidation is committed.
         """
         try:
-            check_definitions(self.tools, undecided, approving)
+            check_definitions(self.tools, undecided, approving, read_since=read_since)
         except ToolDefinitionChanged as exc:
             session = work.session
             invalidate(session, [c["id"] for c in exc.details["calls"]])
