@@ -2,14 +2,18 @@
 
 :func:`turnledger.store.retention.remove_content` rewrites the bodies of the event items
 holding events older than a time: their content becomes a marker, everything else of
-them (and the head state a turn item carries) stays, and a second pass writes nothing.
+them (and the head state a turn item carries) stays, and a second pass writes nothing;
+it says when the oldest content it kept was written. ``refile_retention`` files a head
+on ``by-wait`` under the hour its retained content falls due (the earlier of that and its
+wait deadline), or takes it off, without a new version.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from turnledger.core.models import EventKind
+from turnledger.core.models import ConversationKey, EventKind
+from turnledger.store import keys
 from turnledger.store.base import ConversationStore
 from turnledger.store.retention import removal_marker, remove_content
 
@@ -40,6 +44,7 @@ def test_old_content_becomes_a_marker_and_the_rest_stays(store: ConversationStor
 
     assert removal.sequences == [1, 2]
     assert removal.items >= 1
+    assert removal.kept_since == later  # the newer turn's content stays
     events = store.read_events(key, head, after=0, limit=10)
     assert [e.kind for e in events] == [
         EventKind.USER_MESSAGE,
@@ -73,4 +78,66 @@ def test_nothing_is_due_nothing_is_written(store: ConversationStore) -> None:
     before = [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)]
     removal = remove_content(store, key, head, before=START, marker=removal_marker("pii", START))
     assert removal.sequences == [] and removal.items == 0
+    assert removal.kept_since == START
     assert [raw_item(store, key, sk) for sk in raw_sort_keys(store, key)] == before
+
+
+def _listed_in(store: ConversationStore, hour: int) -> list[ConversationKey]:
+    return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)]
+
+
+def test_a_head_is_filed_under_its_retention_due_and_taken_off(store: ConversationStore) -> None:
+    key = make_key(conversation_id="retained-3")
+    commit_turn(store, key, None, [OLD, ANSWER], now=START)
+    head = store.get_head(key)
+    assert head is not None and head.retention_due is None
+    due = START + timedelta(hours=5)
+    hour = keys.bucket_of(int(due.timestamp()))
+    assert _listed_in(store, hour) == []
+
+    assert store.refile_retention(key, head, due)
+    assert _listed_in(store, hour) == [key]
+    filed = store.get_head(key)
+    assert filed is not None and filed.retention_due == due
+    assert filed.version == head.version  # index upkeep, not a new state
+    # A turn on top that carries it (as a session does) does not rewrite HEAD.
+    stored = store.head_item(key)
+    commit_turn(store, key, filed, [NEW], now=START + timedelta(seconds=5), retention_due=due)
+    assert store.head_item(key) == stored
+    assert _listed_in(store, hour) == [key]
+
+    later = store.get_head(key)
+    assert later is not None and later.retention_due == due
+    assert store.refile_retention(key, later, None)
+    assert _listed_in(store, hour) == []
+    gone = store.get_head(key)
+    assert gone is not None and gone.retention_due is None
+
+
+def test_the_earlier_of_a_wait_and_the_retention_due_files_the_head(
+    store: ConversationStore,
+) -> None:
+    key = make_key(conversation_id="retained-4")
+    wait = START + timedelta(hours=2)
+    commit_turn(store, key, None, [OLD], now=START, wait_deadline=wait)
+    head = store.get_head(key)
+    assert head is not None
+    hour_of = lambda at: keys.bucket_of(int(at.timestamp()))  # noqa: E731
+    assert _listed_in(store, hour_of(wait)) == [key]
+
+    assert store.refile_retention(key, head, START + timedelta(hours=1))
+    assert _listed_in(store, hour_of(wait)) == []
+    assert _listed_in(store, hour_of(START + timedelta(hours=1))) == [key]
+    assert store.refile_retention(key, head, START + timedelta(hours=4))
+    assert _listed_in(store, hour_of(wait)) == [key]
+
+
+def test_refiling_a_head_of_another_life_writes_nothing(store: ConversationStore) -> None:
+    key = make_key(conversation_id="retained-5")
+    commit_turn(store, key, None, [OLD], now=START)
+    head = store.get_head(key)
+    assert head is not None
+    stored = store.head_item(key)
+    other = head.model_copy(update={"gen": "another-life"})
+    assert not store.refile_retention(key, other, START + timedelta(hours=1))
+    assert store.head_item(key) == stored

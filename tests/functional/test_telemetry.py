@@ -32,6 +32,8 @@ from turnledger.providers.base import ModelRequest
 from turnledger.providers.demo import DemoProvider
 from turnledger.store.memory import MemoryConversationStore
 from turnledger.tools import ToolRegistry, ToolRunner
+from turnledger.tools.mcp_client import InMemoryMcp
+from turnledger.tools.mcp_link import McpLink
 from turnledger.turn import callbacks
 from turnledger.turn.commands import TurnCommand
 from turnledger.turn.pipeline import Conversations
@@ -42,6 +44,7 @@ from tests.functional.test_replays import converse, replay, replaying
 from tests.functional.test_tool_turns import ANN, decide, lines, tool_line
 from tests.support import edge
 from tests.support.factories import FakeClock
+from tests.support.mcp_servers import files_server
 from tests.support.providers import Recording
 
 KEY = bytes(range(32))
@@ -231,6 +234,63 @@ def test_a_deferred_tool_carries_the_trace_and_its_callback_links_to_it(
     (settled,) = named(spans.get_finished_spans(), "invoke_agent turnledger")
     assert settled.context.trace_id != agent.context.trace_id
     assert [link.context.span_id for link in settled.links] == [agent.context.span_id]
+
+
+def test_an_mcp_call_is_an_execute_tool_span_with_the_mcp_attributes(
+    spans: InMemorySpanExporter, clock: FakeClock
+) -> None:
+    """An MCP tool's call: its ``execute_tool`` span under the turn's carries what the MCP
+    conventions' ``tools/call`` client span would (merged into it), never the arguments
+    or the result; the server is sent the span's ``traceparent`` in ``_meta``."""
+    files = files_server()
+    link = McpLink(lambda: InMemoryMcp({"files": files.server}))
+    entry = {
+        "type": "mcp",
+        "server_label": "files",
+        "server_url": "https://mcp.example.com/files/mcp",
+        "require_approval": "never",
+    }
+    with httpx.Client() as http:
+        svc = Conversations(
+            store=MemoryConversationStore(),
+            provider=_demo(),
+            settings=replace(Settings()),
+            tools=ToolRegistry.from_json(json.dumps({"tools": [entry]}), mcp=link),
+            runner=ToolRunner(http, None, mcp=link),
+            clock=clock.now,
+        )
+        done = edge.turn(
+            svc, ANN, "conv-6", TurnRequest(input=tool_line("mcp__files__read_file", path=SECRET))
+        )
+    assert done.status == "complete"
+    finished = spans.get_finished_spans()
+    (agent,) = named(finished, "invoke_agent turnledger")
+    (call,) = named(finished, "execute_tool mcp__files__read_file")
+    assert parent_of(call) == agent.context.span_id
+    attributes = dict(call.attributes or {})
+    version = attributes.pop("mcp.protocol.version")
+    assert isinstance(version, str) and version
+    assert attributes == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "mcp__files__read_file",
+        "gen_ai.tool.call.id": "call_1",
+        "gen_ai.tool.type": "function",
+        "turnledger.tool.executor": "mcp",
+        "mcp.method.name": "tools/call",
+        "network.transport": "tcp",
+        "network.protocol.name": "http",
+        "server.address": "mcp.example.com",
+        "server.port": 443,
+        "turnledger.mcp.server_label": "files",
+        "turnledger.mcp.tool": "read_file",
+    }
+    [(_tool, _arguments, meta)] = files.calls
+    _version, trace_id, span_id, _flags = meta["traceparent"].split("-")
+    assert (trace_id, span_id) == (
+        format_trace_id(call.context.trace_id),
+        format_span_id(call.context.span_id),
+    )
+    assert [value for value in every_value(finished) if SECRET in value] == []
 
 
 def test_a_failed_model_call_sets_the_error_code(

@@ -459,3 +459,29 @@ def test_a_tools_result_class_raises_the_conversation(
             assert raised["actor"] == "tool:crm_lookup"
             # The answer after the result is routed by the risen class.
             assert [e["kind"] for e in events][-2:] == ["policy_decision", "assistant_message"]
+
+
+def test_an_imported_conversation_keeps_the_class_its_export_rose_to(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    """A class only rises: an export carried to another conversation (or tenant) by an
+    import must not come back classless, every model and tool free to see it again."""
+    with serve(runner_clock, tmp_path) as http:
+        assert post_turn(http, "src", f"My card is {CARD}.").status_code == 200
+        exported = http.get("/v1/conversations/src/export", headers=ANN)
+        assert exported.status_code == 200, exported.text
+        imported = http.post("/v1/conversations/copy/import", content=exported.text, headers=ANN)
+        assert imported.status_code == 201, imported.text
+        assert imported.json()["data_class"] == "pii"
+        head = http.get("/v1/conversations/copy", headers=ANN).json()
+        assert head["data_class"] == "pii"
+        # Routed as the class says: its next turn goes to the class's model, not demo-1.
+        answered = post_turn(http, "copy", "And now?", model="demo-1")
+        assert answered.status_code == 200, answered.text
+        [decision] = [
+            e
+            for e in events_of(http, "copy")
+            if e["kind"] == "policy_decision" and e.get("imported") is None
+        ]
+        assert decision["payload"]["chosen"] == "demo-2"
+        assert [r["model"] for r in decision["payload"]["rejected"]] == ["demo-1"]

@@ -186,7 +186,7 @@ def test_a_refresh_that_records_a_changed_listing_invalidates_the_waiting_approv
     is invalidated (an event), the new listing is recorded, the conversation and the
     inbox no longer offer the call, the turn goes on, and deciding the call stays ``409
     tool_definition_changed``."""
-    with loopback(ddb_local_endpoint, tmp_path, max_list_age_seconds=0) as served:
+    with loopback(ddb_local_endpoint, tmp_path, entry={"max_list_age_seconds": 0}) as served:
         server, runner, http = served.server, served.runner, served.http
         path = f"/{conversation}"
         waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
@@ -232,7 +232,10 @@ def asking(ddb_local_endpoint: str, tmp_path: Path) -> Iterator[tuple[McpProcess
     """The asking server (tools that elicit) on loopback, registered as ``asking`` with no
     approval, and a client of a runner that reaches it."""
     with loopback(
-        ddb_local_endpoint, tmp_path, asking=True, server_label="asking", require_approval="never"
+        ddb_local_endpoint,
+        tmp_path,
+        asking=True,
+        entry={"server_label": "asking", "require_approval": "never"},
     ) as started:
         yield started.server, started.http
 
@@ -615,7 +618,7 @@ def test_a_decision_under_an_expired_listing_reads_the_server_once(
     """The kept listing is older than its age (``max_list_age_seconds: 3``) when the call
     is decided: the decision's refresh (that invalidates what changed) and its check of
     the definitions share one ``tools/list`` (as they do in a process that kept none)."""
-    with loopback(ddb_local_endpoint, tmp_path, max_list_age_seconds=3) as served:
+    with loopback(ddb_local_endpoint, tmp_path, entry={"max_list_age_seconds": 3}) as served:
         server, http = served.server, served.http
         path = f"/{conversation}"
         waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))

@@ -3,7 +3,9 @@
 A ``pii`` conversation whose class keeps content 60 s: once the runner's clock moved past
 that and the sweep ran (``POST /_local/sweep`` for the conversation), its events show a
 removal marker where the card number and the words were, for every reader, in the
-events and the export alike; a later turn still works.
+events and the export alike; a later turn still works. The scheduled sweep (``POST
+/_local/sweep`` with no body, what EventBridge runs hourly) finds such a conversation by
+itself, naming none.
 """
 
 from __future__ import annotations
@@ -70,3 +72,40 @@ def test_the_sweep_removes_a_class_content_when_its_retention_is_due(
         assert "hello again" in exported.text
         again = http.post("/_local/sweep", json={"conversation_ids": ["r-1"]}, headers=ANN)
         assert again.json()["contents_removed"] == 0
+
+
+def test_the_scheduled_sweep_finds_the_content_whose_retention_is_due(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    with serve(runner_clock, tmp_path, _retained(60), model="demo-2") as http:
+        first = http.post(
+            "/v1/conversations/r-2/turns", json={"input": f"{WORDS}: {CARD}"}, headers=ANN
+        )
+        assert first.status_code == 200, first.text
+
+        # Not due yet: the scheduled sweep leaves the content.
+        runner_clock.advance(30)
+        early = http.post("/_local/sweep", headers=ANN)
+        assert early.status_code == 200, early.text
+        assert early.json()["contents_removed"] == 0
+        assert CARD in http.get("/v1/conversations/r-2/events", headers=PII_READER).text
+
+        runner_clock.advance(31)
+        swept = http.post("/_local/sweep", headers=ANN)
+        assert swept.status_code == 200, swept.text
+        assert swept.json()["contents_removed"] >= 2  # the user's message and the answer
+        events = events_of(http, "r-2", PII_READER)
+        assert CARD not in str(events) and WORDS not in str(events)
+        [user] = [e for e in events if e["kind"] == "user_message"]
+        assert user["payload"]["content"].startswith('{"removed":"retention","class":"pii","at":')
+
+        # A later turn's content is due in its own time: the next hourly runs find it.
+        later = http.post(
+            "/v1/conversations/r-2/turns", json={"input": f"again {CARD}"}, headers=ANN
+        )
+        assert later.status_code == 200, later.text
+        runner_clock.advance(61)
+        again = http.post("/_local/sweep", headers=ANN)
+        assert again.json()["contents_removed"] >= 2
+        assert CARD not in http.get("/v1/conversations/r-2/events", headers=PII_READER).text
+        assert http.post("/_local/sweep", headers=ANN).json()["contents_removed"] == 0

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,18 +107,25 @@ def files_entry(server: McpProcess, **overrides: Any) -> dict[str, Any]:
 
 
 def config_of(
-    server: McpProcess, ddb_local_endpoint: str, folder: Path, **entry: Any
+    server: McpProcess,
+    ddb_local_endpoint: str,
+    folder: Path,
+    *,
+    entry: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> LocalConfig:
-    """A runner's config whose registry (in ``folder``) names ``server`` (``entry``:
-    fields of its entry to change)."""
+    """A runner's config (``overrides``: its fields to change) whose registry (in
+    ``folder``) names ``server`` (``entry``: fields of its entry to change)."""
     tools = folder / "tools.json"
-    tools.write_text(json.dumps({"tools": [files_entry(server, **entry)]}), encoding="utf-8")
+    listed = files_entry(server, **(entry or {}))
+    tools.write_text(json.dumps({"tools": [listed]}), encoding="utf-8")
     return LocalConfig(
         port=0,
         tools_file=tools,
         dynamodb_endpoint=ddb_local_endpoint,
         table=unique_name("conversations"),
         bucket=unique_name("artifacts"),
+        **overrides,
     )
 
 
@@ -134,16 +141,22 @@ class Loopback:
 
 @contextmanager
 def loopback(
-    ddb_local_endpoint: str, folder: Path, *, asking: bool = False, **entry: Any
+    ddb_local_endpoint: str,
+    folder: Path,
+    *,
+    asking: bool = False,
+    entry: Mapping[str, Any] | None = None,
+    **overrides: Any,
 ) -> Iterator[Loopback]:
     """Start a server (``asking``: the asking server) logging to ``folder``, a runner
-    whose registry names it (``entry``: fields of its entry to change), and a client;
-    stop them all after the block."""
+    (``overrides``: fields of its config) whose registry names it (``entry``: fields of
+    its entry to change), and a client; stop them all after the block."""
     server = McpProcess(free_port(), folder)
     server.start(asking=asking)
+    config = config_of(server, ddb_local_endpoint, folder, entry=entry, **overrides)
     try:
         with (
-            LocalRunner(config_of(server, ddb_local_endpoint, folder, **entry)) as runner,
+            LocalRunner(config) as runner,
             httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
         ):
             yield Loopback(server, runner, http)

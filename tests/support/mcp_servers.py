@@ -5,8 +5,9 @@ tests.support.mcp_servers PORT [--changed]``), counting the calls it sees.
 ``--asking`` serves :func:`asking_server` instead (tools that elicit).
 ``--changed`` serves ``delete_file`` with another schema (a ``force`` flag): the server
 "restarted with a changed definition". Every call is appended to ``calls.jsonl`` in
-``MCP_CALLS_DIR`` when set (the loopback server's calls, read by the test), and so is
-every ``tools/list`` the files server answers (as a call of ``tools/list``).
+``MCP_CALLS_DIR`` when set (the loopback server's calls, read by the test), with the
+``traceparent`` header of its HTTP request and the protocol's version; so is every
+``tools/list`` the files server answers (as a call of ``tools/list``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,17 @@ def files_server(*, changed: bool = False, calls_dir: str | None = None) -> File
         meta = dict(ctx.request_context.meta or {})
         made.calls.append((tool, arguments, meta))
         if calls_dir:
+            # Over HTTP: the request's trace context and the protocol's version too.
+            headers = ctx.headers or {}
+            logged = {
+                "tool": tool,
+                "arguments": arguments,
+                "meta": meta,
+                "traceparent": headers.get("traceparent"),
+                "protocol_version": ctx.request_context.protocol_version,
+            }
             with (Path(calls_dir) / "calls.jsonl").open("a", encoding="utf-8") as log:
-                log.write(json.dumps({"tool": tool, "arguments": arguments, "meta": meta}) + "\n")
+                log.write(json.dumps(logged) + "\n")
 
     listing = server.list_tools
 

@@ -51,10 +51,13 @@ def get_turn(
     A turn whose last request failed or was cancelled answers that request's error, with
     ``details.turn`` (and ``details.draft_text``: what was written before it stopped).
     """
+    from .policy_views import reader_view  # the data policy's: loaded by reads only
+
     _, key = conversation(conversation_id)
     service = get_runtime().reads_for(key.tenant)
     status, body = turn_view(service, key, turn, wait=wait)
-    return json_response(status, body)
+    view = reader_view(key)
+    return json_response(status, body if view is None else view(body))
 
 
 @app.get(
@@ -70,9 +73,13 @@ def get_turns(
 ) -> TurnsPage:
     """The conversation's turns, oldest first, rebuilt from the log: input, output text,
     status and reason, waits, run ids, usage, cost, times."""
+    from .policy_views import reader_view  # the data policy's: loaded by reads only
+
     _, key = conversation(conversation_id)
     service = get_runtime().reads_for(key.tenant)
-    return turns_page(conversation_id, list_turns(service, key, after=after, limit=limit))
+    page = turns_page(conversation_id, list_turns(service, key, after=after, limit=limit))
+    view = reader_view(key)
+    return page if view is None else TurnsPage.model_validate(view(page.model_dump(mode="json")))
 
 
 @app.get(

@@ -54,6 +54,10 @@ def _answer_turn(
             run=lambda: turn_response(run()),
             parse=TurnResponse.model_validate,
         )
+    # The data policy's: loaded with the turn routes' first answer, not at init.
+    from .policy_views import answer_for_reader
+
+    answer = answer_for_reader(answer, key)
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=answer)
 
 

@@ -1009,6 +1009,12 @@ class Head(_Strict):
     #: The conversation's data class (``turnledger.context.policy``): it only rises, and a
     #: fork inherits it. ``None``: no class.
     data_class: str | None = None
+    #: When the oldest content its class's retention keeps falls due (never later; set by
+    #: the first commit of a class with a retention, moved by the sweep that removes it:
+    #: :mod:`turnledger.ops.retention`). With :attr:`wait_deadline`, the head's next due
+    #: work: the store files it on ``by-wait`` under the earlier one's hour. ``None``:
+    #: nothing due.
+    retention_due: datetime | None = None
     #: The active pins, oldest first: every model call carries them (slow state: only a
     #: pin's change rewrites ``HEAD``, and a turn reads them with the head).
     pins: list[Pin] = Field(default_factory=list)

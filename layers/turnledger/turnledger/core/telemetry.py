@@ -13,7 +13,9 @@ Every span and attribute name the service emits is here, with the conventions' s
   extraction, a replay's candidate, told apart by ``turnledger.purpose``), with provider,
   model, response id, finish reasons and usage (cached input included);
 * ``execute_tool {name}``: one per tool call the service runs, with the call's id and
-  the approval's decision when it needed one.
+  the approval's decision when it needed one; an MCP tool's call also carries what the
+  MCP conventions' client span of a ``tools/call`` would (:func:`mcp_call`: that span is
+  merged into this one), and its requests carry the span's ``traceparent``.
 
 A failure sets ``error.type`` to the service's error code (``provider_timeout``...), or the
 exception's type when it has none. **No content**: message text, tool arguments and
@@ -104,6 +106,19 @@ PROVIDER_NAMES = {
     "openai-chat": "openai",
     "bedrock-converse": "aws.bedrock",
 }
+# --- names: an MCP tool's call (the MCP conventions' client span, merged into ``execute_tool``) --
+MCP_METHOD = "mcp.method.name"
+MCP_PROTOCOL_VERSION = "mcp.protocol.version"
+NETWORK_TRANSPORT = "network.transport"
+NETWORK_PROTOCOL = "network.protocol.name"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+#: The one MCP method an ``execute_tool`` span covers.
+MCP_TOOLS_CALL = "tools/call"
+#: The registry's label of the server, and the tool's name there (``gen_ai.tool.name`` is
+#: the name the model called: ``mcp__{label}__{tool}``).
+MCP_SERVER_LABEL = "turnledger.mcp.server_label"
+MCP_TOOL = "turnledger.mcp.tool"
 #: On a link: why the span links there (:data:`LINK_RESUMES`).
 LINK_KIND = "turnledger.link"
 LINK_RESUMES = "resumes_wait"
@@ -398,3 +413,34 @@ def tool_outcome(span: Span, *, is_error: bool, deferred: bool) -> None:
         span.set({TOOL_DEFERRED: True})
     if is_error:
         span.fail(TOOL_ERROR)
+
+
+def mcp_call(server_url: str, server_label: str, tool: str) -> None:
+    """Say on the current span (an MCP tool's ``execute_tool``) what the MCP conventions'
+    client span of a ``tools/call`` says of it: the method, the server's address and port
+    (from its URL: Streamable HTTP, over TCP), the server's label and the tool's name
+    there. Never the arguments or the result."""
+    if _active is OFF:
+        return
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server_url)
+    attributes: dict[str, AttributeValue] = {
+        MCP_METHOD: MCP_TOOLS_CALL,
+        NETWORK_TRANSPORT: "tcp",
+        NETWORK_PROTOCOL: "http",
+        MCP_SERVER_LABEL: server_label,
+        MCP_TOOL: tool,
+    }
+    if url.hostname:
+        attributes[SERVER_ADDRESS] = url.hostname
+        attributes[SERVER_PORT] = url.port or (443 if url.scheme == "https" else 80)
+    _active.current().set(attributes)
+
+
+def mcp_session(protocol_version: str) -> None:
+    """Say on the current span (an MCP tool's ``execute_tool``) which version of the
+    protocol its session agreed on (``mcp.protocol.version``)."""
+    if _active is OFF:
+        return
+    _active.current().set({MCP_PROTOCOL_VERSION: protocol_version})

@@ -5,11 +5,14 @@ point is :mod:`turnledger.handlers`) and tenant erasure share one :class:`Sweepe
 the composition root builds (:meth:`~turnledger.runtime.Runtime.sweeper`); each answers a
 :class:`~turnledger.turn.results.SweepReport` (what it removed and the read units it spent).
 
-**The scheduled sweep** (EventBridge, hourly by default) first records the
-approvals whose window closed in conversations nobody touches: the heads the
-``by-wait`` index files under the hours from its own cursor up to now get their
-expiry committed by the service (``Conversations.expire_waits``, which the composition
-root hands the sweeper), so they leave the approval inbox. It then finds expired heads
+**The scheduled sweep** (EventBridge, hourly by default) first does the due work of
+conversations nobody touches: the heads the ``by-wait`` index files under the hours from
+its own cursor up to now (the hour of a head's next due work: its earliest wait's
+deadline or its retained content's due time) get the approvals whose window closed
+recorded by the service (``Conversations.expire_waits``, which the composition root hands
+the sweeper), so they leave the approval inbox, and the content their class's retention
+no longer keeps removed (:func:`turnledger.ops.retention.retain_due`), the head then filed
+under its next due time. It then finds expired heads
 through the sparse ``by-expiry`` index, never a scan: a head that can expire
 carries ``xb = "<bucket>#<shard>"`` (:func:`turnledger.store.keys.expiry_bucket`), the hour
 it is filed under, so one hour's expiries are :data:`~turnledger.store.keys.EXPIRY_SHARDS`
@@ -31,7 +34,7 @@ buckets walked and of heads in them, not with the table.
   with heads written just before it ended), and only forward: concurrent
   sweeps are fine. Without a cursor (first run) the expiry pass starts
   :data:`SWEEP_LOOKBACK_BUCKETS` (7 days) back, anything older left to DynamoDB's TTL
-  and the stream below; the waits' pass reads :data:`WAIT_LOOKBACK_BUCKETS` (48 hours)
+  and the stream below; the pass over due work reads :data:`WAIT_LOOKBACK_BUCKETS` (48 hours)
   back at most.
 * Time budget: the sweep stops when the Lambda has less than its margin left
   (:class:`Deadline`) and reports ``complete: false``; the next run resumes at
@@ -47,8 +50,8 @@ buckets walked and of heads in them, not with the table.
 
 **On demand** (``{"conversation_ids": [...], "tenant": "..."}``, and
 ``POST /_local/sweep`` with a body) does the same for only these conversations:
-their expired waits recorded, expired ones purged, live ones otherwise untouched,
-tombstones finished.
+their expired waits recorded, their content past its retention removed, expired ones
+purged, live ones otherwise untouched, tombstones finished.
 
 **TTL deletions** (``{"Records": [...]}`` from the table's stream). DynamoDB's
 native TTL stays on as the backstop, and it deletes heads on its own. The
@@ -132,12 +135,13 @@ TIME_MARGIN_MS = 10_000
 TIME_MARGIN_FRACTION = 0.25
 #: Times a reclaim re-reads a conversation whose head keeps changing under it.
 RECLAIM_ATTEMPTS = 5
-#: Hours of ``by-wait`` buckets the expiry pass reads back from the current one at most
-#: (from its cursor when that is later: the first run, or one whose cursor a failing
-#: conversation held for this long). A head leaves the index once its expired calls are
-#: recorded, so only the failures of earlier passes sit further back; past this, the
-#: conversation's own TTL (never shorter than its approval windows) ends it, and the next
-#: request on it records the expiry.
+#: Hours of ``by-wait`` buckets the pass over due work reads back from the current one at
+#: most (from its cursor when that is later: the first run, or one whose cursor a failing
+#: conversation held for this long). A head leaves a bucket once its expired calls are
+#: recorded and its due content removed (it is filed under its next due time, or nowhere),
+#: so only the failures of earlier passes sit further back; past this, the conversation's
+#: own TTL (never shorter than its approval windows) ends it, and the next request on it
+#: records the expiry; the sweep run for it by name removes its due content.
 WAIT_LOOKBACK_BUCKETS = 48
 
 
@@ -183,7 +187,7 @@ class _Run:
     sweeper: Sweeper
     removed: PurgeReport = field(default_factory=PurgeReport)
     complete: bool = True
-    #: Calls whose approval window closed, recorded by the expiry pass.
+    #: Calls whose approval window closed, recorded by the pass over due work.
     waits_expired: int = 0
     #: Events whose content the class's retention removed.
     contents_removed: int = 0
@@ -253,16 +257,17 @@ class Sweeper:
     # --- the scheduled sweep ------------------------------------------------------------
 
     def expired(self) -> SweepReport:
-        """Record the approvals whose window closed (``by-wait``), then purge every expired
+        """Do the due work ``by-wait`` lists (record the approvals whose window closed,
+        remove the content whose class's retention is due), then purge every expired
         conversation the expiry index lists, each pass from its own cursor on."""
         run = _Run(self)
         now = self.clock()
-        if self.expire_waits is not None:
+        if self.expire_waits is not None or self.policy_of is not None:
             self._walk(
                 "waits",
                 now,
                 WAIT_LOOKBACK_BUCKETS,
-                lambda b: self._expire_waits(b, run),
+                lambda b: self._sweep_due(b, now, run),
                 bounded=True,
             )
         self._walk("expiry", now, SWEEP_LOOKBACK_BUCKETS, lambda b: self._sweep_bucket(b, now, run))
@@ -281,8 +286,8 @@ class Sweeper:
         bucket, and move the cursor past a bucket once ``sweep`` handled every candidate in
         it and it ended :data:`INDEX_SETTLE_SECONDS` ago. Without a cursor the walk starts
         ``lookback`` buckets back; ``bounded``: never further back, even from a cursor a
-        failing conversation held there (the waits' pass), else from wherever the cursor is
-        (the expiry pass). Stops at the deadline."""
+        failing conversation held there (the pass over due work), else from wherever the
+        cursor is (the expiry pass). Stops at the deadline."""
         epoch = int(now.timestamp())
         current = epoch // keys.EXPIRY_BUCKET_SECONDS
         settled = (epoch - INDEX_SETTLE_SECONDS) // keys.EXPIRY_BUCKET_SECONDS
@@ -312,15 +317,17 @@ class Sweeper:
                 handled = False
         return handled
 
-    def _expire_waits(self, bucket: int, run: _Run) -> bool:
-        """The expiry pass on one ``by-wait`` bucket: every conversation filed there (its
-        earliest decision window closed in that hour) gets ``approval_expired``, its
-        rejections and the model's error results recorded (and leaves the approval inbox),
-        though nobody touches it; True when every one was handled.
+    def _sweep_due(self, bucket: int, now: datetime, run: _Run) -> bool:
+        """The pass over due work on one ``by-wait`` bucket: every conversation filed there
+        (its earliest decision window closes, or its retained content falls due, in that
+        hour) gets ``approval_expired``, its rejections and the model's error results
+        recorded (and leaves the approval inbox), and the content its class's retention
+        no longer keeps removed (:func:`turnledger.ops.retention.retain_due`), though nobody
+        touches it; True when every one was handled.
 
-        :meth:`_walk` runs it from the pass's own cursor. A new wait is filed under the hour
-        its window closes, never before the current one, so it is never behind the cursor;
-        a run at steady state reads the current bucket or two, not the whole look-back.
+        :meth:`_walk` runs it from the pass's own cursor. Due work is filed under its hour,
+        never before the current one, so it is never behind the cursor; a run at steady
+        state reads the current bucket or two, not the whole look-back.
         """
         handled = True
         for shard in range(keys.EXPIRY_SHARDS):
@@ -329,11 +336,33 @@ class Sweeper:
                 return False
             for key in self.store.waiting_in(bucket, shard):
                 handled = self._expire_waits_of(key, run) and handled
+                handled = self._retain_due(key, now, run) and handled
         return handled
 
+    def _retain_due(self, key: ConversationKey, now: datetime, run: _Run) -> bool:
+        """Remove ``key``'s content whose class's retention is due (nothing when none is);
+        whether it was handled (``False``: it failed: a later run retries)."""
+        if self.policy_of is None:
+            return True
+        # Imported here: only a sweep of a deployment with a policy needs it.
+        from .retention import retain_due
+
+        try:
+            removal = retain_due(self.store, key, self.policy_of, now)
+        except Exception:
+            # One conversation must not stop the pass; the next run retries it.
+            logger.exception(
+                "could not remove content whose retention is due",
+                extra={"tenant": key.tenant, "conversation_id": key.conversation_id},
+            )
+            return False
+        run.contents_removed += len(removal.sequences)
+        return not removal.skipped
+
     def _expire_waits_of(self, key: ConversationKey, run: _Run) -> bool:
-        """The expiry pass's work on one conversation (nothing when none is due); whether
-        it was handled (``False``: a request held it, or it failed: a later run retries)."""
+        """The waits' work of the pass over due work on one conversation (nothing when
+        none is due); whether it was handled (``False``: a request held it, or it failed:
+        a later run retries)."""
         if self.expire_waits is None:
             return True
         try:

@@ -53,6 +53,7 @@ from ..core.models import (
     ContextCompacted,
     ConversationImported,
     ConversationKey,
+    DataClassRaised,
     Event,
     EventKind,
     Head,
@@ -478,6 +479,16 @@ def with_provenance(
     return [opening, *marked]
 
 
+def raised_to(events: list[Event]) -> str | None:
+    """The class the events' last ``data_class_raised`` rose to (``None``: never classed).
+
+    A class only rises, and an import must not lower it: the copy is held to the class its
+    source was (a name this deployment's policy lacks is held to its most sensitive class:
+    :meth:`~turnledger.context.policy.DataPolicy.effective`)."""
+    rises = [b for e in events if isinstance(b := e.body(), DataClassRaised)]
+    return rises[-1].to if rises else None
+
+
 def import_text(
     store: ConversationStore,
     key: ConversationKey,
@@ -535,6 +546,7 @@ def import_text(
         cost_usd=opening.cost_usd_carried_over,
         # The source's active pins, from its events: claims of the source, as they are.
         pins=pins_through(events),
+        data_class=raised_to(events),
     )
     return import_conversation(store, key, head, events, now)
 

@@ -32,7 +32,7 @@ from datetime import datetime
 
 from ..core.models import ConversationKey, Event, Head
 from . import commit as commit_protocol
-from . import forks, inbox, indexes, keys, purge, reads, records, sealed
+from . import forks, inbox, indexes, keys, purge, reads, records, retention, sealed
 from . import side as side_items
 from .backend import Backend, CapacityMeter, Page
 from .blobs import BlobStore
@@ -153,6 +153,11 @@ class ConversationStore(Backend):
     def refile(self, key: ConversationKey, head: Head) -> bool:
         """File a live head under its current expiry bucket: :func:`.purge.refile`."""
         return purge.refile(self, key, head)
+
+    def refile_retention(self, key: ConversationKey, head: Head, due: datetime | None) -> bool:
+        """File a live head as holding retained content due at ``due``:
+        :func:`.retention.refile_retention`."""
+        return retention.refile_retention(self, key, head, due)
 
     # --- forks (.forks) and imports (.imports) ------------------------------------------
 

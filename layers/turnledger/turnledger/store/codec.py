@@ -59,9 +59,10 @@ A_TENANT = "tn"
 #: On a head being cleared only: the token of the clear that fenced it (the purge
 #: protocol in :mod:`.base`). No turn ever writes it; conditional head writes compare it.
 A_FENCE = "fx"
-#: Wait index partition (sparse: only heads whose :attr:`Head.wait_deadline` is set, the
-#: earliest deadline of a wait, as the turn layer computed it):
-#: ``"<hour of that deadline>#<shard>"``, for the sweep's expiry pass.
+#: Wait index partition (sparse: only heads with due work: a :attr:`Head.wait_deadline`,
+#: the earliest deadline of a wait, as the turn layer computed it, or a
+#: :attr:`Head.retention_due`): ``"<hour of the earlier>#<shard>"``, for the sweep's pass
+#: over due work.
 A_WAIT_BUCKET = "wb"
 #: A side item's companion: the sort key of a side item in the tenant's own partition
 #: (:func:`.keys.tenant_items`) that a purge of the conversation deletes with it.
@@ -212,10 +213,11 @@ def encode_head(key: ConversationKey, head: Head) -> Item:
     if head.expires_at is not None:
         item[A_EXPIRES] = head.expires_at
         item[A_EXPIRY_BUCKET] = keys.expiry_bucket(head.filed_bucket, pk)
-    # The turn layer says when the earliest wait closes; the store only files it.
-    if head.wait_deadline is not None and head.status is not ConversationStatus.CLEARED:
-        due = int(head.wait_deadline.timestamp())
-        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(due), pk)
+    # The turn layer says when the earliest wait closes and when retained content falls
+    # due; the store only files the earlier.
+    due = [d for d in (head.wait_deadline, head.retention_due) if d is not None]
+    if due and head.status is not ConversationStatus.CLEARED:
+        item[A_WAIT_BUCKET] = keys.expiry_bucket(keys.bucket_of(int(min(due).timestamp())), pk)
     return item
 
 
@@ -422,6 +424,7 @@ SLOW_FIELDS = frozenset(
         "memory_off",
         "expiry_bucket",
         "data_class",
+        "retention_due",
         "pins",
     }
 )

@@ -13,8 +13,9 @@ what it returns, never to the table:
 
 * ``by-expiry`` (attribute ``xb``): the heads filed under one expiry bucket
   partition ``"<expires_at // 3600>#<shard>"`` (:func:`.keys.expiry_bucket`);
-* ``by-wait`` (attribute ``wb``, sharded alike): the heads whose earliest wait
-  (a decision's window, a deferred call's deadline) closes in that hour;
+* ``by-wait`` (attribute ``wb``, sharded alike): the heads whose next due work falls in
+  that hour: the earliest wait (a decision's window, a deferred call's deadline) closes,
+  or the content their class's retention keeps falls due (``retention_due``);
 * ``by-tenant`` (attribute ``tn``): every head of one tenant.
 
 (The approval inbox's ``by-inbox`` index is over entry items: :mod:`.inbox`.) On
@@ -47,8 +48,9 @@ if TYPE_CHECKING:
 #: Index names, as declared in template.yaml.
 EXPIRY_INDEX = "by-expiry"
 TENANT_INDEX = "by-tenant"
-#: Heads with a decision whose window closes, by the hour of the earliest such window
-#: (``wb``, sharded like ``xb``): the sweep's pass that records expired approvals.
+#: Heads with due work (a decision whose window closes, content whose retention falls
+#: due), by the hour of the earliest (``wb``, sharded like ``xb``): the sweep's pass over
+#: due work.
 WAIT_INDEX = "by-wait"
 
 
@@ -143,8 +145,9 @@ def expiring_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[C
 
 
 def waiting_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[ConversationKey]:
-    """Conversations whose earliest wait (a decision's window, a deferred call's deadline)
-    closes in ``bucket`` (``by-wait``).
+    """Conversations whose next due work falls in ``bucket`` (``by-wait``): the earliest
+    wait (a decision's window, a deferred call's deadline) closes, or retained content
+    falls due.
 
     Pages lazily; the index may lag behind the table: re-read before acting. A
     conversation is named once even when its head and inbox entries are all filed

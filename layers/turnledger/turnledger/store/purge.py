@@ -282,6 +282,12 @@ def refile(store: ConversationStore, key: ConversationKey, head: Head) -> bool:
             "wait_deadline": head.wait_deadline,
         }
     )
+    return replace_filing(store, key, item, moved)
+
+
+def replace_filing(store: ConversationStore, key: ConversationKey, item: Item, moved: Head) -> bool:
+    """Replace ``HEAD`` as read (``item``) by ``moved``, the same head filed anew (index
+    upkeep: its version stays), unless ``HEAD`` changed since; whether it was replaced."""
     refiled = codec.encode_head(key, moved)
     sealed = item.get(codec.A_CONTENT)
     if isinstance(sealed, bytes):

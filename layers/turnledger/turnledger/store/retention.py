@@ -19,6 +19,10 @@ Each rewrite is one conditional update of the item's body (:class:`.backend.Upda
 turn item carries stays as it is, and a body another writer changed meanwhile is not
 overwritten (the next sweep tries again). Only the conversation's own life is rewritten:
 events a fork inherits are its ancestor's, removed by its ancestor's retention.
+
+The rewrite also says when the oldest content it kept was written (:attr:`Removal.kept_since`):
+the sweep files the head under the time that falls due (:func:`refile_retention`), so the
+scheduled sweep finds it then on the ``by-wait`` index (docs/STORAGE.md).
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..core.models import ConversationKey, EventKind, Head
+from ..core.models import ConversationKey, ConversationStatus, EventKind, Head
 from . import codec, keys
 from .backend import ConditionFailed, Unchanged, Update
 from .codec import Item, StoredEvent
+from .purge import replace_filing
 from .reads import _fetch, leftover, pieces
 
 if TYPE_CHECKING:
@@ -114,6 +119,13 @@ class Removal:
     items: int = 0
     #: Event items another writer changed meanwhile: left for the next sweep.
     skipped: int = 0
+    #: When the oldest content left in place was written (``None``: none is left).
+    kept_since: datetime | None = None
+
+    def keep(self, at: datetime) -> None:
+        """Note content written at ``at`` that stays."""
+        if self.kept_since is None or at < self.kept_since:
+            self.kept_since = at
 
 
 def remove_content(
@@ -180,6 +192,8 @@ def _rewrite(
     for sequence, stored, _ in events:
         remove = REMOVABLE.get(stored.kind)
         if remove is None or stored.at >= before:
+            if remove is not None:
+                removal.keep(stored.at)
             changed.append(stored)
             continue
         payload = _fetch(store, stored.ref) if stored.ref is not None else stored.payload or {}
@@ -202,8 +216,36 @@ def _rewrite(
         )
     except ConditionFailed:
         removal.skipped += 1
+        # Kept for now: the next sweep must still find what it could not remove.
+        for _, unchanged, _ in events:
+            if unchanged.kind in REMOVABLE:
+                removal.keep(unchanged.at)
         return
     if objects:
         store.blobs.delete_keys(objects)
     removal.items += 1
     removal.sequences.extend(sequences)
+
+
+def refile_retention(
+    store: ConversationStore, key: ConversationKey, head: Head, due: datetime | None
+) -> bool:
+    """File ``key``'s ``HEAD`` (of ``head``'s life; ``head`` the effective head read) as
+    holding retained content that falls due at ``due`` (``None``: none), on ``by-wait``
+    under the earlier of ``due`` and its wait deadline; nothing else of it changes (its
+    version stays). Conditional on ``HEAD`` being unchanged since it is read here.
+
+    Returns:
+        Whether ``HEAD`` holds ``due`` now (``False``: it changed meanwhile, or is gone,
+        fenced or of another life: the writer that changed it filed it).
+    """
+    item = store._get_item(keys.partition_key(key), keys.HEAD_SK)
+    if item is None or item.get(codec.A_GEN) != head.gen or codec.A_FENCE in item:
+        return False
+    stored = codec.decode_head(codec.without_content(item))
+    if stored.status is ConversationStatus.CLEARED:
+        return False
+    if stored.retention_due == due and stored.wait_deadline == head.wait_deadline:
+        return True  # filed so already: nothing to write
+    moved = stored.model_copy(update={"retention_due": due, "wait_deadline": head.wait_deadline})
+    return replace_filing(store, key, item, moved)

@@ -1,16 +1,43 @@
 """The executor of ``mcp`` tools: one ``tools/call`` per call, through the process's
 :class:`~.mcp.McpLink` (its port loads the ``mcp`` package on the first call). A server
 that asks a person first answers with its question: the outcome carries it (the call
-waits for the answer), and the call's next run sends the answer back."""
+waits for the answer), and the call's next run sends the answer back.
+
+With telemetry on, the call is told on its ``execute_tool`` span
+(:func:`turnledger.core.telemetry.mcp_call`), and carries the span's W3C trace context
+(``traceparent``, ``tracestate``) both in its HTTP headers and in ``_meta`` (unprefixed,
+as SEP-414 and the MCP conventions give them), so the server's spans join the turn's
+trace whether it reads the transport's context or the message's.
+"""
 
 from __future__ import annotations
 
+from ..core import telemetry
 from ..core.models import Elicitation
 from ..core.observability import logger
 from .calls import ToolInvocation, ToolOutcome, short, unreachable
-from .mcp import CALL_ID_META, IDEMPOTENCY_KEY_META, McpError, call_timeout, elicitation_refusal
+from .mcp import (
+    CALL_ID_META,
+    IDEMPOTENCY_KEY_META,
+    McpError,
+    McpServerEntry,
+    call_timeout,
+    elicitation_refusal,
+)
 from .mcp_link import McpLink
 from .registry import McpExecutorConfig
+
+
+def traced(server: McpServerEntry, trace: dict[str, str]) -> McpServerEntry:
+    """The entry whose ``headers`` carry ``trace`` (the call's trace context; ``server``
+    itself when there is none). The trace context wins over a registry header of the same
+    name, in any case: the registry's would be fixed, naming no span of this call (an
+    ``http`` tool's request does the same)."""
+    if not trace:
+        return server
+    names = {name.lower() for name in trace}
+    kept = {name: value for name, value in server.headers.items() if name.lower() not in names}
+    return server.model_copy(update={"headers": {**kept, **trace}})
 
 
 class McpExecutor:
@@ -32,13 +59,16 @@ class McpExecutor:
             return ToolOutcome(
                 f"tool {name} was not run: the request ran out of time", is_error=True
             )
+        trace = telemetry.headers()
         meta = {
             CALL_ID_META: invocation.call.id,
             IDEMPOTENCY_KEY_META: invocation.idempotency_key,
+            **trace,
         }
+        telemetry.mcp_call(config.server.server_url, config.server.server_label, config.tool)
         try:
             result = self.link.port().call_tool(
-                config.server,
+                traced(config.server, trace),
                 config.tool,
                 invocation.call.arguments,
                 meta=meta,

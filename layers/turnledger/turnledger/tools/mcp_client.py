@@ -30,6 +30,7 @@ from mcp.client.session import ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from ..core import telemetry
 from ..core.models import Elicitation
 from .mcp import McpCallResult, McpError, McpListing, McpServerEntry, listing_of
 
@@ -73,9 +74,11 @@ async def _call(
     if answered is not None:
         responses = {answered.key: mcp_types.ElicitResult.model_validate(answered.answer or {})}
         state = answered.request_state
+    telemetry.mcp_session(client.protocol_version)
     pause = 0.05
     for _ in range(_STATE_ONLY_ROUNDS):
-        # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...).
+        # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...), the
+        # trace context's are not (SEP-414).
         result = await client.session.call_tool(
             tool,
             dict(arguments),

@@ -104,6 +104,13 @@ def apply_rise(
     return [(cursor.provider, cursor.response_id)]
 
 
+def retention_seconds(policy: DataPolicy | None, class_name: str) -> int | None:
+    """How long the class a conversation of ``class_name`` is held to keeps its content
+    (``None``: as long as the conversation, or no policy)."""
+    held = policy.effective(class_name) if policy is not None else None
+    return held.retention_seconds if held is not None else None
+
+
 def decide(
     policy: DataPolicy,
     class_name: str,

@@ -33,6 +33,7 @@ from .execution import TurnWork
 from .lifecycle import cancel_requested, holds_lease, is_running, is_tombstone
 from .machine import Step
 from .model_call import json_answer
+from .policy_gate import retention_seconds
 from .results import OutputText
 from .session import Session
 
@@ -320,6 +321,9 @@ class TurnRunner:
             ttl_seconds=self.service.settings.ttl_for(key.tenant),
         )
         session.on_commit = self.service.on_commit
+        session.retention_of = lambda name: retention_seconds(
+            self.service.data_policy(key.tenant), name
+        )
         self.opened.append((session, session.head))
         traces.opened(session)
         return session

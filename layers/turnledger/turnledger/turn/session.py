@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -52,6 +52,8 @@ Clock = Callable[[], datetime]
 #: Told of each commit that landed: the key, the pending calls before it, the head it
 #: wrote and its events (notifications; must not raise).
 CommitHook = Callable[[ConversationKey, list[PendingCall], Head, list[Event]], None]
+#: The retention in seconds of a data class by name (``None``: it keeps its content).
+RetentionOf = Callable[[str], int | None]
 
 
 def utc_now() -> datetime:
@@ -92,6 +94,11 @@ class Session:
     memory_off: bool = False
     #: The conversation's data class (:attr:`Head.data_class`): it only rises.
     data_class: str | None = None
+    #: When retained content falls due (:attr:`Head.retention_due`): as read; a commit
+    #: sets it when none is (:meth:`_retention_due`), the sweep moves it.
+    retention_due: datetime | None = None
+    #: The retention of a class of the tenant's policy (``None``: no policy).
+    retention_of: RetentionOf | None = None
     #: The active pins (:attr:`Head.pins`), oldest first.
     pins: list[Pin] = field(default_factory=list)
     #: The life (generation) this session writes: the head's, the tombstone's successor,
@@ -141,6 +148,7 @@ class Session:
             provider_cursor=head.provider_cursor,
             memory_off=head.memory_off,
             data_class=head.data_class,
+            retention_due=head.retention_due,
             pins=list(head.pins),
         )
 
@@ -179,6 +187,7 @@ class Session:
         self.provider_cursor = head.provider_cursor if head else None
         self.memory_off = head.memory_off if head else False
         self.data_class = head.data_class if head else None
+        self.retention_due = head.retention_due if head else None
         self.pins = list(head.pins) if head else []
         self.machine.reset(head.pending if head else [])
 
@@ -256,6 +265,27 @@ class Session:
             return filed
         return due
 
+    def _retention_due(self, now: datetime) -> datetime | None:
+        """When the content a commit at ``now`` leaves falls due: as read when set and the
+        class is the one read (the sweep that removes it moves it, so a plain turn writes
+        no ``HEAD``); else, for a class with a retention, the life's start plus the
+        retention, or ``now`` if that has passed, or the time read if earlier (early is
+        safe: the sweep removes nothing not due, then files the head under the true
+        time). A class that rose writes ``HEAD`` anyway. A conversation with no class asks
+        for no policy."""
+        read = self.retention_due
+        risen = self.head is None or self.head.data_class != self.data_class
+        if (read is not None and not risen) or self.data_class is None:
+            return read
+        if self.retention_of is None:
+            return read
+        seconds = self.retention_of(self.data_class)
+        if seconds is None:
+            return read
+        start = self.head.created_at if self.head is not None else now
+        due = max(start + timedelta(seconds=seconds), now)
+        return due if read is None else min(read, due)
+
     def commit(self) -> Head:
         """Write the staged events and the new head atomically, with the status the
         turn's state machine (:attr:`machine`) derives: no caller chooses a status.
@@ -293,6 +323,7 @@ class Session:
             fork=self.head.fork if self.head else None,
             memory_off=self.memory_off,
             data_class=self.data_class,
+            retention_due=self._retention_due(now),
             pins=self.pins,
         )
         changes = inbox_changes(self.key, previous, head)
@@ -311,6 +342,7 @@ class Session:
         self.history.extend(self.staged)
         self.staged = []
         self.head = head
+        self.retention_due = head.retention_due
         self.predecessor = None
         if self.on_commit is not None:
             self.on_commit(self.key, list(previous.pending) if previous else [], head, committed)
