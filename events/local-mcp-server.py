@@ -1,5 +1,6 @@
 """A sample MCP server for the guide's session (docs/GUIDE.md, "MCP servers as tools"):
-a read-only ``read_file`` and a ``delete_file`` that touch nothing, over Streamable HTTP.
+a read-only ``read_file``, a ``delete_file`` and a ``rename_file`` that asks the user for
+the new name mid-call (elicitation), all touching nothing, over Streamable HTTP.
 
     .venv/bin/python events/local-mcp-server.py 8001   # serves http://127.0.0.1:8001/mcp
 """
@@ -7,9 +8,12 @@ a read-only ``read_file`` and a ``delete_file`` that touch nothing, over Streama
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Elicit, ElicitationResult, Resolve
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 server = MCPServer("files")
 
@@ -24,6 +28,27 @@ def read_file(path: str) -> str:
 def delete_file(path: str) -> str:
     """Delete a file."""
     return f"deleted {path}"
+
+
+class NewName(BaseModel):
+    """What ``rename_file`` asks the user for."""
+
+    new_name: str
+
+
+def ask_new_name(path: str) -> Elicit[NewName]:
+    """``rename_file``'s question, asked before its body runs."""
+    return Elicit(f"Rename {path} to what?", NewName)
+
+
+@server.tool()
+def rename_file(
+    path: str, answer: Annotated[ElicitationResult[NewName], Resolve(ask_new_name)]
+) -> str:
+    """Rename a file, to the name the user gives."""
+    if answer.action != "accept":
+        return f"not renamed ({answer.action})"
+    return f"renamed {path} to {answer.data.new_name}"
 
 
 if __name__ == "__main__":

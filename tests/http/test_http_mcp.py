@@ -9,10 +9,6 @@ own paths (``/<conversation>``).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,113 +19,33 @@ import httpx
 import pytest
 from turnledger.core.models import ConversationKey
 from turnledger.turn.mcp_listings import LISTING_PREFIX
-from turnledger_local.runner import LocalConfig, LocalRunner
-from turnledger_local.template import PROJECT_ROOT
+from turnledger_local.runner import LocalRunner
 
 from tests.functional.test_tool_turns import tool_line
 from tests.http.conftest import store_of
-from tests.support.aws import unique_name
 from tests.support.concurrency import all_at_once
+from tests.support.mcp_loopback import ANN, Loopback, McpProcess, loopback
 
 pytestmark = pytest.mark.integration
 
-ANN = {"Authorization": "Bearer local:acme:ann"}
 BEN = {"Authorization": "Bearer local:acme:ben"}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class McpProcess:
-    """The files server in its own process on ``port``; its calls in ``calls_dir``."""
-
-    def __init__(self, port: int, calls_dir: Path) -> None:
-        self.port = port
-        self.calls_dir = calls_dir
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self, *, changed: bool = False, asking: bool = False) -> None:
-        args = [sys.executable, "-m", "tests.support.mcp_servers", str(self.port)]
-        args += ["--changed"] if changed else []
-        args += ["--asking"] if asking else []
-        self.process = subprocess.Popen(
-            args,
-            cwd=PROJECT_ROOT,
-            env={**os.environ, "MCP_CALLS_DIR": str(self.calls_dir)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("the MCP server did not start")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
-
-    def calls(self, path: str) -> list[dict[str, Any]]:
-        log = self.calls_dir / "calls.jsonl"
-        if not log.exists():
-            return []
-        seen = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-        return [c for c in seen if c["arguments"].get("path") == path]
-
-
-def files_entry(server: McpProcess) -> dict[str, Any]:
-    return {
-        "type": "mcp",
-        "server_label": "files",
-        "server_url": server.url,
-        "require_approval": {"never": {"read_only": True}},
-        "timeout_seconds": 10,
-    }
-
-
-def config_of(
-    server: McpProcess, ddb_local_endpoint: str, folder: Path, **overrides: Any
-) -> LocalConfig:
-    tools = folder / "tools.json"
-    tools.write_text(json.dumps({"tools": [files_entry(server)]}), encoding="utf-8")
-    return LocalConfig(
-        port=0,
-        tools_file=tools,
-        dynamodb_endpoint=ddb_local_endpoint,
-        table=unique_name("conversations"),
-        bucket=unique_name("artifacts"),
-        **overrides,
-    )
+@pytest.fixture(scope="module")
+def served(ddb_local_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loopback]:
+    """The files server and a runner that reaches it, shared by the module's tests."""
+    with loopback(ddb_local_endpoint, tmp_path_factory.mktemp("mcp-calls")) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
-def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpProcess]:
-    server = McpProcess(free_port(), tmp_path_factory.mktemp("mcp-calls"))
-    server.start()
-    yield server
-    server.stop()
+def mcp_server(served: Loopback) -> McpProcess:
+    return served.server
 
 
 @pytest.fixture(scope="module")
-def runner(
-    mcp_server: McpProcess, ddb_local_endpoint: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalRunner]:
-    config = config_of(mcp_server, ddb_local_endpoint, tmp_path_factory.mktemp("registry"))
-    with LocalRunner(config) as served:
-        yield served
+def runner(served: Loopback) -> LocalRunner:
+    return served.runner
 
 
 @pytest.fixture
@@ -234,39 +150,32 @@ def test_a_changed_definition_invalidates_the_waiting_approval(
     """The server restarts with another ``delete_file`` schema while a call waits: the
     approval is invalidated (recorded), deciding it is ``409 tool_definition_changed``,
     and the server sees no call."""
-    server = McpProcess(free_port(), tmp_path)
-    server.start()
-    try:
-        with (
-            LocalRunner(config_of(server, ddb_local_endpoint, tmp_path)) as runner,
-            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
-        ):
-            path = f"/{conversation}"
-            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
-            assert waiting.json()["status"] == "awaiting_approval", waiting.text
-            [pending] = waiting.json()["pending_tool_calls"]
-            server.stop()
-            server.start(changed=True)
-
-            refused = approve(http, conversation, pending["id"])
-            assert refused.status_code == 409, refused.text
-            error = refused.json()["error"]
-            assert error["code"] == "tool_definition_changed"
-            [changed] = error["details"]["calls"]
-            assert changed["id"] == pending["id"]
-            assert changed["approved_definition_sha256"] != changed["current_definition_sha256"]
-            assert server.calls(path) == []
-
-            log = events(http, conversation)
-            [resolved] = [e for e in log if e["kind"] == "approval_resolved"]
-            assert resolved["payload"]["decision"] == "rejected"
-            assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
-            again = approve(http, conversation, pending["id"])
-            assert again.status_code == 409, again.text
-            assert again.json()["error"]["code"] == "tool_definition_changed"  # it stays so
-            assert server.calls(path) == []
-    finally:
+    with loopback(ddb_local_endpoint, tmp_path) as served:
+        server, http = served.server, served.http
+        path = f"/{conversation}"
+        waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+        assert waiting.json()["status"] == "awaiting_approval", waiting.text
+        [pending] = waiting.json()["pending_tool_calls"]
         server.stop()
+        server.start(changed=True)
+
+        refused = approve(http, conversation, pending["id"])
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "tool_definition_changed"
+        [changed] = error["details"]["calls"]
+        assert changed["id"] == pending["id"]
+        assert changed["approved_definition_sha256"] != changed["current_definition_sha256"]
+        assert server.calls(path) == []
+
+        log = events(http, conversation)
+        [resolved] = [e for e in log if e["kind"] == "approval_resolved"]
+        assert resolved["payload"]["decision"] == "rejected"
+        assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
+        again = approve(http, conversation, pending["id"])
+        assert again.status_code == 409, again.text
+        assert again.json()["error"]["code"] == "tool_definition_changed"  # it stays so
+        assert server.calls(path) == []
 
 
 def test_a_refresh_that_records_a_changed_listing_invalidates_the_waiting_approval(
@@ -277,89 +186,226 @@ def test_a_refresh_that_records_a_changed_listing_invalidates_the_waiting_approv
     is invalidated (an event), the new listing is recorded, the conversation and the
     inbox no longer offer the call, the turn goes on, and deciding the call stays ``409
     tool_definition_changed``."""
-    server = McpProcess(free_port(), tmp_path)
-    server.start()
-    config = config_of(server, ddb_local_endpoint, tmp_path)
-    assert config.tools_file is not None
-    config.tools_file.write_text(
-        json.dumps({"tools": [{**files_entry(server), "max_list_age_seconds": 0}]}),
-        encoding="utf-8",
+    with loopback(ddb_local_endpoint, tmp_path, entry={"max_list_age_seconds": 0}) as served:
+        server, runner, http = served.server, served.runner, served.http
+        path = f"/{conversation}"
+        waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+        assert waiting.json()["status"] == "awaiting_approval", waiting.text
+        [pending] = waiting.json()["pending_tool_calls"]
+        server.stop()
+        server.start(changed=True)
+
+        went_on = post_turn(http, conversation, "never mind")
+        assert went_on.status_code == 200, went_on.text
+        assert went_on.json()["status"] == "complete"
+
+        log = events(http, conversation)
+        [resolved] = [e for e in log if e["kind"] == "approval_resolved"]
+        assert resolved["payload"]["call_id"] == pending["id"]
+        assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
+        [result] = [e for e in log if e["kind"] == "tool_result"]
+        assert result["payload"]["is_error"] is True
+        shown = http.get(f"/v1/conversations/{conversation}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["pending_tool_calls"] == []
+        offered = http.get("/v1/approvals", params={"conversation_id": conversation})
+        assert offered.status_code == 200, offered.text
+        assert offered.json()["items"] == []
+
+        refused = approve(http, conversation, pending["id"])
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "tool_definition_changed"
+        [changed] = error["details"]["calls"]
+        assert changed["id"] == pending["id"]
+        assert changed["approved_definition_sha256"] != changed["current_definition_sha256"]
+        assert server.calls(path) == []
+
+        store = store_of(runner)
+        key = ConversationKey(tenant="acme", conversation_id=conversation)
+        recorded = store.query_side_items(key, lower=LISTING_PREFIX, upper=LISTING_PREFIX + "~")
+        assert len(recorded) == 2  # the listing the call was asked under, and the new one
+
+
+@pytest.fixture
+def asking(ddb_local_endpoint: str, tmp_path: Path) -> Iterator[tuple[McpProcess, httpx.Client]]:
+    """The asking server (tools that elicit) on loopback, registered as ``asking`` with no
+    approval, and a client of a runner that reaches it."""
+    with loopback(
+        ddb_local_endpoint,
+        tmp_path,
+        asking=True,
+        entry={"server_label": "asking", "require_approval": "never"},
+    ) as started:
+        yield started.server, started.http
+
+
+def answer(http: httpx.Client, conversation: str, call_id: str, given: Any) -> httpx.Response:
+    output = given if isinstance(given, str) else json.dumps(given)
+    return http.post(
+        f"/v1/conversations/{conversation}/approvals",
+        json={"outputs": [{"id": call_id, "output": output}]},
     )
-    try:
-        with (
-            LocalRunner(config) as runner,
-            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
-        ):
-            path = f"/{conversation}"
-            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
-            assert waiting.json()["status"] == "awaiting_approval", waiting.text
-            [pending] = waiting.json()["pending_tool_calls"]
-            server.stop()
-            server.start(changed=True)
-
-            went_on = post_turn(http, conversation, "never mind")
-            assert went_on.status_code == 200, went_on.text
-            assert went_on.json()["status"] == "complete"
-
-            log = events(http, conversation)
-            [resolved] = [e for e in log if e["kind"] == "approval_resolved"]
-            assert resolved["payload"]["call_id"] == pending["id"]
-            assert resolved["payload"]["reason"] == "invalidated: tool definition changed"
-            [result] = [e for e in log if e["kind"] == "tool_result"]
-            assert result["payload"]["is_error"] is True
-            shown = http.get(f"/v1/conversations/{conversation}")
-            assert shown.status_code == 200, shown.text
-            assert shown.json()["pending_tool_calls"] == []
-            offered = http.get("/v1/approvals", params={"conversation_id": conversation})
-            assert offered.status_code == 200, offered.text
-            assert offered.json()["items"] == []
-
-            refused = approve(http, conversation, pending["id"])
-            assert refused.status_code == 409, refused.text
-            error = refused.json()["error"]
-            assert error["code"] == "tool_definition_changed"
-            [changed] = error["details"]["calls"]
-            assert changed["id"] == pending["id"]
-            assert changed["approved_definition_sha256"] != changed["current_definition_sha256"]
-            assert server.calls(path) == []
-
-            store = store_of(runner)
-            key = ConversationKey(tenant="acme", conversation_id=conversation)
-            recorded = store.query_side_items(key, lower=LISTING_PREFIX, upper=LISTING_PREFIX + "~")
-            assert len(recorded) == 2  # the listing the call was asked under, and the new one
-    finally:
-        server.stop()
 
 
-def test_a_server_that_asks_for_input_mid_call_is_cancelled_and_the_model_is_told(
-    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+def test_a_server_that_asks_for_input_mid_call_waits_in_the_inbox_for_the_answer(
+    asking: tuple[McpProcess, httpx.Client], conversation: str
 ) -> None:
-    """A tool that elicits (asks the user to confirm) mid-call: the elicitation is
-    cancelled at once (no person is asked yet), the server finishes its call with that
-    answer, and the model reads the server's output with a note saying what was asked."""
-    server = McpProcess(free_port(), tmp_path)
-    server.start(asking=True)
-    config = config_of(server, ddb_local_endpoint, tmp_path)
-    assert config.tools_file is not None
-    entry = {**files_entry(server), "server_label": "asking", "require_approval": "never"}
-    config.tools_file.write_text(json.dumps({"tools": [entry]}), encoding="utf-8")
-    try:
-        with (
-            LocalRunner(config) as runner,
-            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
-        ):
-            path = f"/{conversation}"
-            done = post_turn(http, conversation, tool_line("mcp__asking__rename_file", path=path))
-            assert done.status_code == 200, done.text
-            assert done.json()["status"] == "complete"
-            [seen] = server.calls(path)
-            assert seen["arguments"]["action"] == "cancel"
-            [result] = [e for e in events(http, conversation) if e["kind"] == "tool_result"]
-            output = result["payload"]["output"]
-            assert output.startswith("not renamed (cancel)"), output
-            assert f"the server asked for input (Rename {path}?)" in output
-    finally:
-        server.stop()
+    """``delete_file`` asks for the file's name mid-call (a 2026-07-28 elicitation): the
+    call is an inbox item of kind ``input`` with the server's message and schema; an
+    answer the schema refuses is ``422`` and the item stays; a valid one sends the call
+    again with the answer, the server finishes, and the model reads its output."""
+    server, http = asking
+    path = f"/{conversation}"
+    waiting = post_turn(http, conversation, tool_line("mcp__asking__delete_file", path=path))
+    assert waiting.status_code == 200, waiting.text
+    body = waiting.json()
+    assert (body["status"], body["awaiting"]) == ("awaiting_hitl", ["input"])
+    [pending] = body["pending_tool_calls"]
+    asked = f"Type the name of {path} to delete it"
+    assert (pending["requires"], pending["message"]) == ("input", asked)
+    assert pending["requested_schema"]["required"] == ["name"]
+    assert server.calls(path) == []  # the tool body has not run: it waits for the name
+
+    def inbox() -> list[dict[str, Any]]:
+        listed = http.get("/v1/approvals", params={"conversation_id": conversation})
+        assert listed.status_code == 200, listed.text
+        items: list[dict[str, Any]] = listed.json()["items"]
+        return items
+
+    [item] = inbox()
+    assert (item["kind"], item["id"], item["tool"]) == ("input", pending["id"], pending["name"])
+    assert item["message"] == asked
+    assert item["requested_schema"] == pending["requested_schema"]
+
+    for wrong in (
+        {"action": "accept", "content": {"nom": conversation}},
+        {"action": "accept", "content": {"name": 7}},
+        {"action": "accept"},
+        {"action": "maybe"},
+        "the name",
+    ):
+        refused = answer(http, conversation, pending["id"], wrong)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "validation_error"
+        assert [e["id"] for e in error["details"]["errors"]] == [pending["id"]]
+    assert inbox() == [item]
+    assert server.calls(path) == []
+
+    done = answer(
+        http, conversation, pending["id"], {"action": "accept", "content": {"name": conversation}}
+    )
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    assert f"deleted {path}" in done.json()["output_text"]  # the model read the output
+    [seen] = server.calls(path)
+    assert seen["arguments"] == {"path": path, "action": "accept", "name": conversation}
+    assert inbox() == []
+    log = events(http, conversation)
+    [requested] = [e for e in log if e["kind"] == "tool_input_requested"]
+    assert requested["payload"]["message"] == asked and requested["payload"]["round"] == 1
+    [provided] = [e for e in log if e["kind"] == "tool_input_provided"]
+    assert provided["payload"]["call_id"] == pending["id"]
+    [result] = [e for e in log if e["kind"] == "tool_result"]
+    assert (result["payload"]["output"], result["payload"]["is_error"]) == (
+        f"deleted {path}",
+        False,
+    )
+    told = http.get("/_local/notifications").json()["notifications"]
+    assert [
+        (n["detail-type"], n["detail"]["kind"])
+        for n in told
+        if n["detail"]["conversation_id"] == conversation
+    ] == [("input.requested", "input"), ("input.provided", "input")]
+
+
+def test_a_server_may_ask_again_and_a_person_may_decline(
+    asking: tuple[McpProcess, httpx.Client], conversation: str
+) -> None:
+    """A name that is not the file's makes ``delete_file`` ask a second question (another
+    round, a new inbox item); declining it is sent to the server as ``decline``, which
+    then does not delete."""
+    server, http = asking
+    path = f"/{conversation}"
+    waiting = post_turn(http, conversation, tool_line("mcp__asking__delete_file", path=path))
+    [pending] = waiting.json()["pending_tool_calls"]
+    again = answer(
+        http, conversation, pending["id"], {"action": "accept", "content": {"name": "x"}}
+    )
+    assert again.status_code == 200, again.text
+    assert again.json()["status"] == "awaiting_hitl"
+    [second] = again.json()["pending_tool_calls"]
+    assert second["id"] == pending["id"]
+    assert second["message"] == f"'x' is not the name of {path}: delete it anyway?"
+    listed = http.get("/v1/approvals", params={"conversation_id": conversation}).json()["items"]
+    assert [i["message"] for i in listed] == [second["message"]]
+    assert server.calls(path) == []
+
+    done = answer(http, conversation, pending["id"], {"action": "decline"})
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] == "complete"
+    [seen] = server.calls(path)
+    assert seen["arguments"] == {"path": path, "action": "accept", "name": "x", "sure": False}
+    [result] = [e for e in events(http, conversation) if e["kind"] == "tool_result"]
+    assert result["payload"]["output"] == "not deleted ('x' is not its name)"
+    rounds = [
+        e["payload"]["round"]
+        for e in events(http, conversation)
+        if e["kind"] == "tool_input_requested"
+    ]
+    assert rounds == [1, 2]
+
+
+def test_on_the_openai_face_a_servers_question_is_a_function_call_answered_by_its_output(
+    asking: tuple[McpProcess, httpx.Client], conversation: str
+) -> None:
+    """The Responses API has no item for a server's question: the waiting call is a
+    ``function_call`` and its ``function_call_output`` carries the answer, checked as on
+    the approvals route (``422`` in OpenAI's error shape when the schema refuses it)."""
+    import openai
+    from openai import OpenAI
+
+    server, http = asking
+    path = f"/{conversation}"
+    tools = [{"type": "mcp", "server_label": "asking", "server_url": server.url}]
+    with OpenAI(
+        base_url=f"{str(http.base_url).rstrip('/')}/openai/v1",
+        api_key="local:acme:ann",
+        max_retries=0,
+    ) as client:
+        paused = client.responses.create(
+            model="demo-1",
+            input=tool_line("mcp__asking__delete_file", path=path),
+            tools=tools,  # type: ignore[list-item]
+        )
+        [asked] = [item for item in paused.output if item.type == "function_call"]
+        assert asked.name == "mcp__asking__delete_file"
+
+        def reply(given: dict[str, Any]) -> Any:
+            return client.responses.create(
+                model="demo-1",
+                previous_response_id=paused.id,
+                input=[
+                    {
+                        "type": "function_call_output",
+                        "call_id": asked.call_id,
+                        "output": json.dumps(given),
+                    }
+                ],
+                tools=tools,  # type: ignore[arg-type]
+            )
+
+        with pytest.raises(openai.UnprocessableEntityError) as refused:
+            reply({"action": "accept", "content": {}})
+        error = refused.value.body
+        assert (error["type"], error["code"]) == ("invalid_request_error", "validation_error")
+        assert server.calls(path) == []
+        done = reply({"action": "accept", "content": {"name": conversation}})
+    [call] = [item for item in done.output if item.type == "mcp_call"]
+    assert (call.name, call.output) == ("delete_file", f"deleted {path}")
+    [seen] = server.calls(path)
+    assert seen["arguments"]["name"] == conversation
 
 
 # --- the OpenAI face ------------------------------------------------------------------
@@ -566,34 +612,49 @@ def test_streamed_mcp_items_have_their_events(
     assert call.output == f"contents of {path}"
 
 
+def test_a_decision_under_an_expired_listing_reads_the_server_once(
+    ddb_local_endpoint: str, tmp_path: Path, conversation: str
+) -> None:
+    """The kept listing is older than its age (``max_list_age_seconds: 3``) when the call
+    is decided: the decision's refresh (that invalidates what changed) and its check of
+    the definitions share one ``tools/list`` (as they do in a process that kept none)."""
+    with loopback(ddb_local_endpoint, tmp_path, entry={"max_list_age_seconds": 3}) as served:
+        server, http = served.server, served.http
+        path = f"/{conversation}"
+        waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+        [pending] = waiting.json()["pending_tool_calls"]
+        time.sleep(3.2)  # the kept listing expires
+        before = server.listings()
+        rejected = http.post(
+            f"/v1/conversations/{conversation}/approvals",
+            json={"reject": [{"id": pending["id"], "reason": "not now"}]},
+        )
+        assert rejected.status_code == 200, rejected.text
+        assert server.listings() - before == 1
+        assert server.calls(path) == []
+
+
 def test_a_server_that_is_down_blocks_approving_not_rejecting(
     ddb_local_endpoint: str, tmp_path: Path, conversation: str
 ) -> None:
     """Approving needs the server's current definition (``502`` while it is down, nothing
     decided); rejecting needs no server."""
-    server = McpProcess(free_port(), tmp_path)
-    server.start()
-    try:
-        with (
-            LocalRunner(config_of(server, ddb_local_endpoint, tmp_path)) as runner,
-            httpx.Client(base_url=runner.url, headers=ANN, timeout=60) as http,
-        ):
-            path = f"/{conversation}"
-            waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
-            [pending] = waiting.json()["pending_tool_calls"]
-            server.stop()
-            refused = approve(http, conversation, pending["id"])
-            assert refused.status_code == 502, refused.text
-            assert refused.json()["error"]["code"] == "tool_server_unavailable"
-            assert http.get(f"/v1/conversations/{conversation}").json()["status"] == (
-                "awaiting_approval"
-            )
-            rejected = http.post(
-                f"/v1/conversations/{conversation}/approvals",
-                json={"reject": [{"id": pending["id"], "reason": "not now"}]},
-            )
-            assert rejected.status_code == 200, rejected.text
-            assert rejected.json()["status"] == "complete"
-            assert server.calls(path) == []
-    finally:
+    with loopback(ddb_local_endpoint, tmp_path) as served:
+        server, http = served.server, served.http
+        path = f"/{conversation}"
+        waiting = post_turn(http, conversation, tool_line("mcp__files__delete_file", path=path))
+        [pending] = waiting.json()["pending_tool_calls"]
         server.stop()
+        refused = approve(http, conversation, pending["id"])
+        assert refused.status_code == 502, refused.text
+        assert refused.json()["error"]["code"] == "tool_server_unavailable"
+        assert http.get(f"/v1/conversations/{conversation}").json()["status"] == (
+            "awaiting_approval"
+        )
+        rejected = http.post(
+            f"/v1/conversations/{conversation}/approvals",
+            json={"reject": [{"id": pending["id"], "reason": "not now"}]},
+        )
+        assert rejected.status_code == 200, rejected.text
+        assert rejected.json()["status"] == "complete"
+        assert server.calls(path) == []

@@ -20,8 +20,9 @@ from turnledger.core.telemetry import ENV_OTLP_ENDPOINT
 from turnledger_local.runner import LocalRunner
 
 from tests.functional.test_tool_turns import tool_line
-from tests.http.test_http_mcp import ANN, McpProcess, config_of, free_port, post_turn
+from tests.http.test_http_mcp import post_turn
 from tests.http.test_http_telemetry import Received, receiver, wait_for
+from tests.support.mcp_loopback import ANN, McpProcess, config_of, free_port
 
 pytestmark = pytest.mark.integration
 

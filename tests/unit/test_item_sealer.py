@@ -110,6 +110,27 @@ def test_a_head_states_content_is_sealed_apart_and_put_back() -> None:
         assert not codec.holds_clear_content(sealed) and codec.holds_clear_content(item)
 
 
+def test_a_servers_question_on_a_waiting_call_is_sealed_with_its_request_state() -> None:
+    """An MCP call waiting for a person's answer keeps the server's question and its opaque
+    ``request_state`` on the pending call: content, sealed apart as its arguments are."""
+    sealer, _ = _environments()
+    asked = {
+        "key": "confirm",
+        "message": "Type the name of /a.txt",
+        "requested_schema": {"type": "object"},
+        "request_state": "v1.opaque-state",
+    }
+    call = {"id": "call_1", "name": "mcp__files__delete_file", "arguments": {"path": "/a.txt"}}
+    state = {"status": "awaiting_hitl", "pending": [{**call, "elicitation": asked}]}
+    head = {"pk": PK, "sk": "HEAD", "v": 2, "g": "g1", "d": json.dumps(state)}
+    sealed = sealer.seal(head)
+    assert (
+        "opaque-state" not in sealed[codec.A_BODY] and "Type the name" not in sealed[codec.A_BODY]
+    )
+    assert json.loads(sealed[codec.A_BODY])["pending"] == [{"id": "call_1", "name": call["name"]}]
+    assert json.loads(sealer.open(sealed)[codec.A_BODY]) == state
+
+
 # --- compression before sealing (issue 21) ------------------------------------------------
 
 #: An event body as a turn writes it: JSON whose ids, times and arguments repeat.

@@ -79,9 +79,18 @@ def test_a_settling_move_never_leaves_a_call_pending() -> None:
 def test_settled_calls_never_come_back() -> None:
     # Only a call being recorded starts anywhere; nothing moves back to waiting for a decision
     # once it ran or was deferred, and nothing leaves "settled".
-    for state in ("deferred", "awaiting_input", "awaiting_client", "rejected"):
+    for state in ("deferred", "awaiting_client", "rejected"):
         assert CALL_TRANSITIONS[state] == frozenset({"settled"})
     assert "settled" not in CALL_TRANSITIONS
+    # A call whose tool asked a person mid-call (an MCP elicitation) runs again once
+    # answered, and only then: nothing else leads back from waiting for input.
+    assert CALL_TRANSITIONS["awaiting_input"] == frozenset({"settled", "ready"})
+    assert [m for m, (sources, _) in CALL_MOVES.items() if "awaiting_input" in sources] == [
+        CallMove.ANSWER,
+        CallMove.SETTLE,
+        CallMove.CANCEL,
+    ]
+    assert CALL_MOVES[CallMove.ELICIT] == (frozenset({"ready"}), "awaiting_input")
 
 
 @pytest.mark.parametrize(

@@ -3,17 +3,19 @@ approval rule, and one call through the ``mcp`` package's client on an in-proces
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 from turnledger.core.exceptions import ToolServerUnavailable, UnknownTool
-from turnledger.core.models import ToolCall
+from turnledger.core.models import Elicitation, ToolCall
 from turnledger.tools import InvalidToolRegistry, ToolRegistry, requirement
 from turnledger.tools.calls import ToolInvocation
 from turnledger.tools.executors import ToolRunner
 from turnledger.tools.mcp import (
     CALL_ID_META,
+    REQUEST_STATE_MAX_BYTES,
     McpApprovalRule,
     McpError,
     McpListing,
@@ -164,7 +166,7 @@ def test_a_listing_is_reused_while_young_and_recorded_only_when_its_hash_changes
     assert again is first  # the same hash: the kept listing stays, nothing new is heard
     assert heard == [first]
     port.servers["files"] = files_server(changed=True).server
-    changed = link.listing(server, 5, refresh=True)
+    changed = link.listing(server, 5, read_since=clock.now + 1)  # no kept one is as new
     assert changed.sha256 != first.sha256
     assert heard == [first, changed]
     assert changed.tool("read_file") == first.tool("read_file")
@@ -211,21 +213,72 @@ def test_invalid_arguments_never_reach_the_server(files: FilesServer) -> None:
     assert files.calls == []
 
 
-def test_an_elicitation_is_cancelled_and_the_output_says_what_was_asked() -> None:
-    asking = asking_server()
-    link = McpLink(lambda: InMemoryMcp({"asking": asking.server}))
+def asking_runner(
+    asking: FilesServer, port: InMemoryMcp | None = None
+) -> tuple[ToolRegistry, ToolRunner]:
+    link = McpLink(lambda: port or InMemoryMcp({"asking": asking.server}))
     registry = ToolRegistry.from_json(
         json.dumps({"tools": [entry(server_label="asking")]}), mcp=link
     )
-    runner = ToolRunner(lambda: pytest.fail("no http"), None, mcp=link)
+    return registry, ToolRunner(lambda: pytest.fail("no http"), None, mcp=link)
+
+
+def test_an_older_servers_elicitation_is_cancelled_and_the_output_says_what_was_asked() -> None:
+    """Before 2026-07-28 the server asks while its call is open (``elicitation/create``):
+    nobody can be asked then, so it is answered ``cancel``."""
+    asking = asking_server()
+    registry, runner = asking_runner(asking, InMemoryMcp({"asking": asking.server}, mode="legacy"))
     outcome = runner.run_one(invocation(registry, "mcp__asking__rename_file", {"path": "/a"}))
-    assert not outcome.is_error
+    assert not outcome.is_error and outcome.elicitation is None
     assert outcome.output == (
         "not renamed (cancel)\n[the server asked for input (Rename /a?); it was cancelled: "
-        "a person cannot be asked in the middle of an MCP call yet]"
+        "a person is asked only by servers of the 2026-07-28 protocol, not in the middle of "
+        "a call]"
     )
     [(tool, seen, _)] = asking.calls
     assert (tool, seen) == ("rename_file", {"path": "/a", "action": "cancel"})
+
+
+def test_an_elicitation_is_the_outcome_and_the_answer_resumes_the_call() -> None:
+    asking = asking_server()
+    registry, runner = asking_runner(asking)
+    call = invocation(registry, "mcp__asking__delete_file", {"path": "/d/a.txt"})
+    outcome = runner.run_one(call)
+    asked = outcome.elicitation
+    assert asked is not None and (outcome.output, outcome.is_error) == ("", False)
+    assert (asked.message, asked.round) == ("Type the name of /d/a.txt to delete it", 1)
+    assert asked.requested_schema["required"] == ["name"]
+    assert asked.request_state and asked.answer is None
+    assert asking.calls == []
+
+    answered = asked.model_copy(
+        update={"answer": {"action": "accept", "content": {"name": "a.txt"}}}
+    )
+    done = runner.run_one(dataclasses.replace(call, elicitation=answered))
+    assert (done.output, done.is_error, done.elicitation) == ("deleted /d/a.txt", False, None)
+    [(tool, seen, _)] = asking.calls
+    assert tool == "delete_file"
+    assert seen == {"path": "/d/a.txt", "action": "accept", "name": "a.txt"}
+
+
+class HugeStatePort(InMemoryMcp):
+    """Asks with a ``request_state`` over the bound kept."""
+
+    def call_tool(self, *args: Any, **kwargs: Any) -> Any:
+        asked = super().call_tool(*args, **kwargs)
+        assert isinstance(asked, Elicitation)
+        return asked.model_copy(update={"request_state": "x" * (REQUEST_STATE_MAX_BYTES + 1)})
+
+
+def test_a_request_state_over_the_bound_is_refused_clearly() -> None:
+    asking = asking_server()
+    registry, runner = asking_runner(asking, HugeStatePort({"asking": asking.server}))
+    outcome = runner.run_one(invocation(registry, "mcp__asking__delete_file", {"path": "/a"}))
+    assert outcome.is_error and outcome.elicitation is None
+    assert outcome.output == (
+        "tool mcp__asking__delete_file asked for input that cannot be kept: its request_state "
+        f"is {REQUEST_STATE_MAX_BYTES + 1} bytes, over the {REQUEST_STATE_MAX_BYTES} kept"
+    )
 
 
 class SlowPort(InMemoryMcp):

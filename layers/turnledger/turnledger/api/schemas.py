@@ -212,6 +212,10 @@ class PendingToolCallView(Deferred):
     #: Why a call waits for a decision when it is not a plain approval
     #: (``outcome_unknown``: its tool may have run when its request died).
     reason: str | None = None
+    #: A call whose tool asked a person mid-call (an MCP server's elicitation): what it
+    #: asked, and the JSON Schema the answer's ``content`` must pass.
+    message: str | None = None
+    requested_schema: dict[str, Any] | None = None
     #: A deferred call's job id, as its tool named it.
     task_id: str | None = None
 
@@ -563,6 +567,15 @@ class InboxItemView(Deferred):
     reason: str | None = Field(
         default=None,
         description="Why it waits when it is not a plain request (its tool may have run).",
+    )
+    message: str | None = Field(
+        default=None,
+        description="A call whose tool asked a person mid-call (an MCP elicitation): its "
+        "question; null for any other call.",
+    )
+    requested_schema: dict[str, Any] | None = Field(
+        default=None,
+        description="The JSON Schema the answer's content must pass (with message).",
     )
 
 

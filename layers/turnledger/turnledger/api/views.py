@@ -119,6 +119,8 @@ def pending_view(pending: PendingCall) -> PendingToolCallView:
         expires_at=pending.expires_at,
         reason=shown_reason(pending),
         task_id=pending.task_id,
+        message=pending.elicitation.message if pending.elicitation else None,
+        requested_schema=pending.elicitation.requested_schema if pending.elicitation else None,
     )
 
 
@@ -259,6 +261,8 @@ def inbox_page(listing: InboxListing) -> InboxPageView:
                 requested_at=e.requested_at,
                 expires_at=e.expires_at,
                 reason=e.reason,
+                message=e.message,
+                requested_schema=e.requested_schema,
             )
             for e in listing.entries
         ],

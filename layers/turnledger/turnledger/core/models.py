@@ -146,6 +146,7 @@ class EventKind(StrEnum):
     TURN_FAILED = "turn_failed"
     TOOL_CALL_DEFERRED = "tool_call_deferred"
     TOOL_INPUT_PROVIDED = "tool_input_provided"
+    TOOL_INPUT_REQUESTED = "tool_input_requested"
     TOOL_CALL_SETTLED = "tool_call_settled"
     TURN_INTERRUPTED = "turn_interrupted"
     APPROVAL_EXPIRED = "approval_expired"
@@ -420,6 +421,18 @@ class ToolInputProvided(_Payload):
     via: Literal["approvals", "turn"]
 
 
+class ToolInputRequested(_Payload):
+    """A running call's tool asked a person for input (an MCP server's elicitation): the
+    call waits for the answer (``awaiting_input``), then is sent again with it."""
+
+    call_id: str
+    name: str
+    message: str
+    requested_schema: dict[str, Any]
+    #: 1 for the tool's first question in this call, 2 for the next, ...
+    round: int = 1
+
+
 class ToolCallSettled(_Payload):
     """A deferred call got its outcome: from its callback, its timeout, or a cancel."""
 
@@ -559,6 +572,7 @@ PAYLOAD_MODELS: dict[EventKind, type[_Strict]] = {
     EventKind.TURN_FAILED: TurnFailed,
     EventKind.TOOL_CALL_DEFERRED: ToolCallDeferred,
     EventKind.TOOL_INPUT_PROVIDED: ToolInputProvided,
+    EventKind.TOOL_INPUT_REQUESTED: ToolInputRequested,
     EventKind.TOOL_CALL_SETTLED: ToolCallSettled,
     EventKind.TURN_INTERRUPTED: TurnInterrupted,
     EventKind.APPROVAL_EXPIRED: ApprovalExpired,
@@ -581,6 +595,7 @@ Payload = (
     | TurnFailed
     | ToolCallDeferred
     | ToolInputProvided
+    | ToolInputRequested
     | ToolCallSettled
     | TurnInterrupted
     | ApprovalExpired
@@ -677,6 +692,22 @@ def arguments_sha256(arguments: Mapping[str, Any]) -> str:
 STORED_HASH_CHARS = 32
 
 
+class Elicitation(_Strict):
+    """What a running call's tool asked a person (an MCP server's elicitation, form mode),
+    kept on its pending call while it waits: the server's question, and the opaque state
+    the call is sent again with; ``answer`` once a person gave it (an MCP ``ElicitResult``:
+    ``{"action": "accept", "content": {...}}``, or ``decline`` / ``cancel``)."""
+
+    #: The server's key of the request (its answer is sent under it).
+    key: str
+    message: str
+    requested_schema: dict[str, Any]
+    #: The server's ``request_state``, sent back verbatim, never read.
+    request_state: str | None = None
+    answer: dict[str, Any] | None = None
+    round: int = 1
+
+
 class PendingCall(_Strict):
     """A tool call of the current turn that has no result yet.
 
@@ -709,6 +740,8 @@ class PendingCall(_Strict):
     requested_by: str | None = None
     #: An MCP tool's call: the sha256 of the tool definition it was requested under.
     definition_sha256: str | None = None
+    #: A call whose tool asked a person mid-call (``awaiting_input``): what it asked.
+    elicitation: Elicitation | None = None
 
     # Stored (serialized) calls keep the first half of ``arguments_sha256`` when it is the
     # hash of their ``arguments`` (an edit replaces both), and parsing one whose arguments

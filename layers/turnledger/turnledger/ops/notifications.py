@@ -62,6 +62,7 @@ from ..core.models import (
     PendingCall,
     ToolCallRequested,
     ToolInputProvided,
+    ToolInputRequested,
     TurnInterrupted,
 )
 from ..core.observability import logger, metrics
@@ -136,6 +137,9 @@ def notifications_of(
         elif isinstance(body, ToolCallRequested) and body.requires == "input":
             # A human-input call has no approval_requested event: its request is this one.
             told.append((INPUT_REQUESTED, body.call_id, {}))
+        elif isinstance(body, ToolInputRequested):
+            # An MCP call whose server asks a person mid-call (each round is told).
+            told.append((INPUT_REQUESTED, body.call_id, {}))
         elif isinstance(body, ToolInputProvided):
             extra = {"provided_by": body.provided_by, "via": body.via}
             told.append((INPUT_PROVIDED, body.call_id, extra))
@@ -157,7 +161,9 @@ def notifications_of(
                 "conversation_id": key.conversation_id,
                 "call_id": call.id,
                 "tool": call.name,
-                "kind": "input" if call.requires == "input" else "approval",
+                "kind": "input"
+                if call.requires == "input" or call.elicitation is not None
+                else "approval",
                 "expires_at": _TIME.dump_python(call.expires_at, mode="json")
                 if call.expires_at
                 else None,

@@ -463,6 +463,7 @@ STATE_CONTENT: dict[str, Any] = {
             "arguments": _Content(placeholder={}),
             "arguments_sha256": _Content(placeholder=""),
             "reason": _Content(),
+            "elicitation": _Content(),
         }
     ],
     "cancel": {"reason": _Content()},

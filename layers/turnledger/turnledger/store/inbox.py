@@ -78,6 +78,9 @@ class InboxEntry:
     expires_at: datetime | None
     #: ``outcome_unknown`` calls: a run of this call may have happened already.
     reason: str | None = None
+    #: A call whose tool asked a person mid-call (kind ``input``): its question.
+    message: str | None = None
+    requested_schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ def entry_item(key: ConversationKey, gen: str, entry: InboxEntry) -> Item:
         "expires_at": entry.expires_at.isoformat() if entry.expires_at else None,
         "reason": entry.reason,
     }
+    if entry.message is not None:
+        body["message"] = entry.message
+        body["requested_schema"] = entry.requested_schema
     pk = keys.partition_key(key)
     item: Item = {
         codec.A_PK: pk,
@@ -184,6 +190,8 @@ def decode_entry(item: Item) -> InboxEntry | None:
             if body.get("expires_at")
             else None,
             reason=body.get("reason"),
+            message=body.get("message"),
+            requested_schema=body.get("requested_schema"),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -83,6 +83,10 @@ def _output(payload: dict[str, Any], marker: dict[str, str]) -> dict[str, Any]:
     return {**payload, "output": _marker_text(marker)}
 
 
+def _question(payload: dict[str, Any], marker: dict[str, str]) -> dict[str, Any]:
+    return {**payload, "message": _marker_text(marker)}
+
+
 #: The kinds whose payload holds content, and what their payload becomes.
 REMOVABLE: dict[EventKind, Callable[[dict[str, Any], dict[str, str]], dict[str, Any]]] = {
     EventKind.USER_MESSAGE: _message,
@@ -90,6 +94,7 @@ REMOVABLE: dict[EventKind, Callable[[dict[str, Any], dict[str, str]], dict[str, 
     EventKind.TOOL_CALL_REQUESTED: _arguments,
     EventKind.TOOL_RESULT: _output,
     EventKind.TOOL_INPUT_PROVIDED: _output,
+    EventKind.TOOL_INPUT_REQUESTED: _question,
 }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.models import ToolCall
+from ..core.models import Elicitation, ToolCall
 from ..core.observability import logger
 from ..core.strict_json import BodyError, parse
 from .registry import ToolDefinition
@@ -43,6 +43,8 @@ class ToolInvocation:
     callback_url: str | None = None
     #: The decision the call runs under when it needed one (``approved``): telemetry's.
     approval: str | None = None
+    #: A call sent again once a person answered its tool's question (an MCP elicitation).
+    elicitation: Elicitation | None = None
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,14 @@ class ToolOutcome:
 
     ``task_id`` set: the tool accepted the call to finish it elsewhere (deferred);
     ``output`` is then empty and the outcome comes later, through its callback.
+    ``elicitation`` set: the tool asks a person first (an MCP server's elicitation);
+    ``output`` is empty and the call is sent again with the answer.
     """
 
     output: str
     is_error: bool = False
     task_id: str | None = None
+    elicitation: Elicitation | None = None
 
 
 class Executor(Protocol):

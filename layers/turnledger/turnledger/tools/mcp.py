@@ -19,6 +19,13 @@ asked for that hash, and a changed definition invalidates it
 (:func:`turnledger.turn.approval_edits.check_definitions`). A tool annotated
 ``readOnlyHint`` is idempotent; any other is not, so a crash after its dispatch is
 ``outcome_unknown`` and goes to a person, as for ``http`` tools.
+
+A server on the 2026-07-28 protocol that asks the user for input mid-call answers the
+call with its question (a form-mode elicitation) and an opaque ``request_state``
+instead of a result: the port returns it as an :class:`~turnledger.core.models.Elicitation`,
+the call waits for a person (``awaiting_input``), and is sent again with the answer and
+the state (:func:`elicitation_refusal` bounds what is kept). An older server's
+``elicitation/create`` mid-call is answered ``cancel`` (:mod:`.mcp_client`).
 """
 
 from __future__ import annotations
@@ -32,12 +39,20 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core import deadline
+from ..core.models import Elicitation
 
 #: What tool names of MCP servers start with.
 MCP_PREFIX = "mcp__"
 
 #: How long a listing is reused when its server gives no ``ttlMs`` (seconds).
 DEFAULT_MAX_LIST_AGE_SECONDS = 300
+
+#: The most of a server's question kept on a waiting call (its message, in characters;
+#: its requested schema and its ``request_state``, in bytes of JSON): the call lives in
+#: the conversation's head item (400 KB in all, shared by every pending call).
+ELICITATION_MESSAGE_MAX_CHARS = 4096
+ELICITATION_SCHEMA_MAX_BYTES = 16384
+REQUEST_STATE_MAX_BYTES = 65536
 
 #: The ``_meta`` key that carries turnledger's call id (and the one with its idempotency
 #: key) on every ``tools/call``.
@@ -213,6 +228,24 @@ class McpCallResult:
         return _compact(self.content)
 
 
+def elicitation_refusal(asked: Elicitation) -> str | None:
+    """Why ``asked`` cannot be kept on its call (over a bound above); ``None``: it can."""
+    state = len((asked.request_state or "").encode("utf-8"))
+    schema = len(_compact(asked.requested_schema).encode("utf-8"))
+    if state > REQUEST_STATE_MAX_BYTES:
+        return f"its request_state is {state} bytes, over the {REQUEST_STATE_MAX_BYTES} kept"
+    if schema > ELICITATION_SCHEMA_MAX_BYTES:
+        return (
+            f"its requested schema is {schema} bytes, over the {ELICITATION_SCHEMA_MAX_BYTES} kept"
+        )
+    if len(asked.message) > ELICITATION_MESSAGE_MAX_CHARS:
+        return (
+            f"its message is {len(asked.message)} characters, over the "
+            f"{ELICITATION_MESSAGE_MAX_CHARS} kept"
+        )
+    return None
+
+
 class McpError(Exception):
     """The server could not be reached, timed out or broke the protocol (the port's
     only exception: the adapters translate their library's errors into it)."""
@@ -240,8 +273,11 @@ class McpPort(Protocol):
         *,
         meta: Mapping[str, str],
         timeout: float,
-    ) -> McpCallResult:
-        """Call ``tool`` once with ``arguments`` and ``meta`` as the request's ``_meta``."""
+        answered: Elicitation | None = None,
+    ) -> McpCallResult | Elicitation:
+        """Call ``tool`` once with ``arguments`` and ``meta`` as the request's ``_meta``;
+        ``answered``: send it again with a person's answer to what it asked (and its
+        ``request_state``). Returns the result, or what the server asks a person first."""
         ...
 
 

@@ -1,5 +1,7 @@
 """The executor of ``mcp`` tools: one ``tools/call`` per call, through the process's
-:class:`~.mcp.McpLink` (its port loads the ``mcp`` package on the first call).
+:class:`~.mcp.McpLink` (its port loads the ``mcp`` package on the first call). A server
+that asks a person first answers with its question: the outcome carries it (the call
+waits for the answer), and the call's next run sends the answer back.
 
 With telemetry on, the call is told on its ``execute_tool`` span
 (:func:`turnledger.core.telemetry.mcp_call`), and carries the span's W3C trace context
@@ -11,9 +13,17 @@ trace whether it reads the transport's context or the message's.
 from __future__ import annotations
 
 from ..core import telemetry
+from ..core.models import Elicitation
 from ..core.observability import logger
 from .calls import ToolInvocation, ToolOutcome, short, unreachable
-from .mcp import CALL_ID_META, IDEMPOTENCY_KEY_META, McpError, McpServerEntry, call_timeout
+from .mcp import (
+    CALL_ID_META,
+    IDEMPOTENCY_KEY_META,
+    McpError,
+    McpServerEntry,
+    call_timeout,
+    elicitation_refusal,
+)
 from .mcp_link import McpLink
 from .registry import McpExecutorConfig
 
@@ -63,24 +73,32 @@ class McpExecutor:
                 invocation.call.arguments,
                 meta=meta,
                 timeout=timeout,
+                answered=invocation.elicitation,
             )
         except McpError as exc:
             unreachable(name, exc)
             if exc.timed_out:
                 return ToolOutcome(f"tool {name} timed out after {timeout:g}s", is_error=True)
             return ToolOutcome(f"tool {name} failed: {short(str(exc))}", is_error=True)
+        if isinstance(result, Elicitation):
+            refusal = elicitation_refusal(result)
+            if refusal is not None:
+                return ToolOutcome(
+                    f"tool {name} asked for input that cannot be kept: {refusal}", is_error=True
+                )
+            return ToolOutcome("", elicitation=result)
         output = result.output()
         if result.elicited:
-            # No person can answer within the call: the server was told "cancel" and the
-            # model reads why, with what was asked.
+            # An older server asks while its call is open: no person can answer within it,
+            # so the server was told "cancel" and the model reads why, with what was asked.
             logger.warning(
                 "an MCP server asked for input mid-call; the elicitation was cancelled",
                 extra={"tool": name, "call_id": invocation.call.id},
             )
             asked = "; ".join(short(m) for m in result.elicited)
             output += (
-                f"\n[the server asked for input ({asked}); it was cancelled: a person "
-                "cannot be asked in the middle of an MCP call yet]"
+                f"\n[the server asked for input ({asked}); it was cancelled: a person is "
+                "asked only by servers of the 2026-07-28 protocol, not in the middle of a call]"
             )
         if result.is_error:
             return ToolOutcome(f"tool {name} failed: {short(output)}", is_error=True)

@@ -8,9 +8,13 @@ requests, which fit Lambda, and the tool runner's threads each run their own. Th
 server's deadline bounds the whole session (``anyio.fail_after``); the library's
 errors become :class:`~.mcp.McpError`.
 
-A server that asks the user for input mid-call (elicitation) is answered ``cancel``
-and told nothing else: asking a person would need the call kept open across requests
-(see :func:`_cancelling`); the result says what was asked.
+A server on the 2026-07-28 protocol that asks the user for input mid-call answers the
+``tools/call`` with an ``InputRequiredResult`` (SEP-2322): its one form-mode elicitation
+is returned as an :class:`~turnledger.core.models.Elicitation` for a person to answer,
+and the call is sent again later with the answer and the server's ``request_state``
+(:func:`_call`); nothing is kept open across requests. An older server's
+``elicitation/create`` mid-call cannot wait for a person (its call is open while it
+asks): it is answered ``cancel`` (see :func:`_cancelling`); the result says what was asked.
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from ..core import telemetry
+from ..core.models import Elicitation
 from .mcp import McpCallResult, McpError, McpListing, McpServerEntry, listing_of
 
 _T = TypeVar("_T")
 
 #: Pages of a listing read at most (a server that pages for ever is cut here).
 _MAX_PAGES = 50
+
+#: Rounds of an ``InputRequiredResult`` that asks nothing (only ``request_state``: "call
+#: again") followed within one call, pausing 50 ms doubling to 250 ms (the library's).
+_STATE_ONLY_ROUNDS = 10
 
 
 async def _listing(client: mcp.Client, label: str) -> McpListing:
@@ -58,18 +67,70 @@ async def _call(
     arguments: Mapping[str, Any],
     meta: Mapping[str, str],
     asked: list[str],
-) -> McpCallResult:
+    answered: Elicitation | None,
+) -> McpCallResult | Elicitation:
+    responses: dict[str, Any] | None = None
+    state: str | None = None
+    if answered is not None:
+        responses = {answered.key: mcp_types.ElicitResult.model_validate(answered.answer or {})}
+        state = answered.request_state
     telemetry.mcp_session(client.protocol_version)
-    # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...), the trace
-    # context's are not (SEP-414).
-    result = await client.call_tool(tool, dict(arguments), meta=cast(Any, dict(meta)))
-    return McpCallResult(
-        content=[
-            b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content
-        ],
-        structured=result.structured_content,
-        is_error=bool(result.is_error),
-        elicited=tuple(asked),
+    pause = 0.05
+    for _ in range(_STATE_ONLY_ROUNDS):
+        # _meta is a TypedDict open to any key: ours are namespaced (turnledger/...), the
+        # trace context's are not (SEP-414).
+        result = await client.session.call_tool(
+            tool,
+            dict(arguments),
+            meta=cast(Any, dict(meta)),
+            input_responses=responses,
+            request_state=state,
+            allow_input_required=True,
+        )
+        if isinstance(result, mcp_types.CallToolResult):
+            return McpCallResult(
+                content=[
+                    b.model_dump(mode="json", by_alias=True, exclude_none=True)
+                    for b in result.content
+                ],
+                structured=result.structured_content,
+                is_error=bool(result.is_error),
+                elicited=tuple(asked),
+            )
+        if result.input_requests:
+            return _question(result, answered.round + 1 if answered else 1)
+        # Only request_state: the server asks to be called again as it is.
+        responses, state = None, result.request_state
+        await anyio.sleep(pause)
+        pause = min(pause * 2, 0.25)
+    raise McpError(f"the server asked to be called again more than {_STATE_ONLY_ROUNDS} times")
+
+
+def _question(result: mcp_types.InputRequiredResult, round: int) -> Elicitation:
+    """The one form-mode elicitation ``result`` asks, as a person answers it.
+
+    Raises:
+        McpError: it asks something else (several questions at once, a URL to visit,
+            sampling, the client's roots), which no person is asked here.
+    """
+    requests = list((result.input_requests or {}).items())
+    if len(requests) == 1:
+        key, request = requests[0]
+        if isinstance(request, mcp_types.ElicitRequest) and isinstance(
+            request.params, mcp_types.ElicitRequestFormParams
+        ):
+            return Elicitation(
+                key=key,
+                message=request.params.message,
+                requested_schema=dict(request.params.requested_schema),
+                request_state=result.request_state,
+                round=round,
+            )
+    kinds = sorted({request.method for _, request in requests})
+    raise McpError(
+        f"the server asked for input this client does not give ({len(requests)} "
+        f"request(s): {', '.join(kinds)}); a person is asked one form-mode elicitation "
+        "at a time"
     )
 
 
@@ -127,15 +188,17 @@ class _ClientPort:
         *,
         meta: Mapping[str, str],
         timeout: float,
-    ) -> McpCallResult:
-        """One ``tools/call``; :class:`McpError` on a failure of the server or network. A
-        server that asks for input mid-call is answered ``cancel`` (:func:`_cancelling`);
-        what it asked is in the result's ``elicited``."""
+        answered: Elicitation | None = None,
+    ) -> McpCallResult | Elicitation:
+        """One ``tools/call`` (``answered``: sent again with a person's answer); the result,
+        or the server's question for a person (:func:`_call`). :class:`McpError` on a
+        failure of the server or network. An older server's ``elicitation/create`` is
+        answered ``cancel`` (:func:`_cancelling`); what it asked is in ``elicited``."""
         asked: list[str] = []
         return self._run(
             server,
             timeout,
-            lambda c: _call(c, tool, arguments, meta, asked),
+            lambda c: _call(c, tool, arguments, meta, asked, answered),
             _cancelling(asked),
         )
 
@@ -160,8 +223,11 @@ class InMemoryMcp(_ClientPort):
     """In-process servers (``mcp.server.MCPServer`` objects) by label, for tests: the same
     client and protocol with no network."""
 
-    def __init__(self, servers: Mapping[str, Any]) -> None:
+    def __init__(self, servers: Mapping[str, Any], *, mode: str = "auto") -> None:
         self.servers = dict(servers)
+        #: The client's protocol: ``"auto"`` (the current one), ``"legacy"`` (the
+        #: handshake before 2026-07-28: an older server's behaviour).
+        self.mode = mode
 
     def _client(
         self, server: McpServerEntry, elicitation: ElicitationFnT | None = None
@@ -170,4 +236,4 @@ class InMemoryMcp(_ClientPort):
             target = self.servers[server.server_label]
         except KeyError:
             raise McpError(f"no in-memory server {server.server_label!r}") from None
-        return mcp.Client(target, cache=None, elicitation_callback=elicitation)
+        return mcp.Client(target, cache=None, elicitation_callback=elicitation, mode=self.mode)

@@ -80,11 +80,13 @@ class McpLink:
             return self._port
 
     def listing(
-        self, server: McpServerEntry, timeout: float, *, refresh: bool = False
+        self, server: McpServerEntry, timeout: float, *, read_since: float | None = None
     ) -> McpListing:
         """The listing of ``server``: the kept one while younger than the server's ``ttlMs``
         (else its ``max_list_age_seconds``), else a new one; a new listing with the kept
-        one's hash keeps the kept one.
+        one's hash keeps the kept one. ``read_since`` (an instant of :attr:`clock`):
+        the kept one only if it was read then or later, whatever its age, else a new one
+        (a decision's check reuses the listing the decision read, and reads one if not).
 
         Raises:
             McpError: the server could not list its tools.
@@ -93,7 +95,10 @@ class McpLink:
         now = self.clock()
         with self._lock:
             kept = self._kept.get(key)
-        if kept is not None and not refresh:
+        if kept is not None and read_since is not None:
+            if kept.fetched_at >= read_since:
+                return kept.listing
+        elif kept is not None:
             ttl_ms = kept.listing.ttl_ms
             max_age = ttl_ms / 1000 if ttl_ms else server.max_list_age_seconds
             if now - kept.fetched_at < max_age:
@@ -102,7 +107,9 @@ class McpLink:
         changed = kept is None or kept.listing.sha256 != fresh.sha256
         listing = fresh if kept is None or changed else kept.listing
         with self._lock:
-            self._kept[key] = _Kept(listing, now)
+            # Its age counts from its answer: a slow read (a cold process's first) is as
+            # young as any other when it lands.
+            self._kept[key] = _Kept(listing, self.clock())
         if changed and self.on_listing is not None:
             self.on_listing(listing)
         return listing
@@ -120,7 +127,11 @@ class McpCatalog:
         """The registered server called ``label``."""
         return self.servers.get(label)
 
-    def listing(self, label: str, *, refresh: bool = False) -> McpListing:
+    def now(self) -> float:
+        """The link's clock now: an instant to pass as ``read_since``."""
+        return self.link.clock()
+
+    def listing(self, label: str, *, read_since: float | None = None) -> McpListing:
         """The listing of server ``label`` (see :meth:`McpLink.listing`).
 
         Raises:
@@ -135,7 +146,7 @@ class McpCatalog:
             )
         try:
             return self.link.listing(
-                server, call_timeout(server, self.timeout_seconds), refresh=refresh
+                server, call_timeout(server, self.timeout_seconds), read_since=read_since
             )
         except McpError as exc:
             logger.warning(
@@ -147,14 +158,14 @@ class McpCatalog:
                 details={"server_label": label},
             ) from None
 
-    def tools(self, label: str, *, refresh: bool = False) -> list[McpTool]:
+    def tools(self, label: str, *, read_since: float | None = None) -> list[McpTool]:
         """The tools of server ``label`` the registry allows, whose names are valid here.
 
         Raises:
             UnknownTool: no server has that label.
             ToolServerUnavailable: the server could not list its tools.
         """
-        listing = self.listing(label, refresh=refresh)
+        listing = self.listing(label, read_since=read_since)
         server = self.servers[label]
         offered = []
         for tool in listing.tools:

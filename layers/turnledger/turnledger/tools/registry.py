@@ -185,6 +185,20 @@ def _describe(exc: fastjsonschema.JsonSchemaValueException) -> str:
     return message
 
 
+def schema_refusal(schema: dict[str, Any], value: Any, root: str) -> str | None:
+    """Why ``value`` fails the JSON Schema ``schema`` (no remote ``$ref``), naming its
+    root ``root``; ``None`` when it passes. A schema that does not compile refuses too."""
+    try:
+        validate = _compile(schema)
+    except ValueError as exc:
+        return str(exc).replace("parameters is", "the schema is", 1)
+    try:
+        validate(value)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        return _describe(exc).replace("arguments", root, 1)
+    return None
+
+
 class ToolDefinition(_Config):
     """One registered tool.
 
@@ -301,7 +315,7 @@ def _duplicate_errors(tools: list[ToolDefinition]) -> list[str]:
 
 
 def mcp_tool(
-    catalog: McpCatalog, label: str, tool: str, *, refresh: bool = False
+    catalog: McpCatalog, label: str, tool: str, *, read_since: float | None = None
 ) -> ToolDefinition:
     """The registered tool ``mcp__<label>__<tool>``, from its server's listing.
 
@@ -311,7 +325,7 @@ def mcp_tool(
     """
     server = catalog.server(label)
     listed = (
-        next((t for t in catalog.tools(label, refresh=refresh) if t.name == tool), None)
+        next((t for t in catalog.tools(label, read_since=read_since) if t.name == tool), None)
         if server is not None
         else None
     )
@@ -539,11 +553,12 @@ class ToolRegistry:
             return self.mcp.server(parts[0]) is not None
         return name in self._tools
 
-    def get(self, name: str, *, refresh: bool = False) -> ToolDefinition:
+    def get(self, name: str, *, read_since: float | None = None) -> ToolDefinition:
         """The tool called ``name``.
 
         Args:
-            refresh: an MCP tool's definition is listed anew, never a kept listing's.
+            read_since: an MCP tool's definition is from a listing read at or after this
+                instant (:meth:`~.mcp_link.McpCatalog.now`), never an older kept one's.
 
         Raises:
             UnknownTool: no tool has that name.
@@ -551,7 +566,7 @@ class ToolRegistry:
         """
         parts = split_name(name)
         if parts is not None and self.mcp.server(parts[0]) is not None:
-            return mcp_tool(self.mcp, *parts, refresh=refresh)
+            return mcp_tool(self.mcp, *parts, read_since=read_since)
         try:
             return self._tools[name]
         except KeyError:

@@ -124,11 +124,16 @@ def check_four_eyes(
 
 
 def check_definitions(
-    registry: ToolRegistry, awaiting: Mapping[str, PendingCall], approving: Collection[str]
+    registry: ToolRegistry,
+    awaiting: Mapping[str, PendingCall],
+    approving: Collection[str],
+    *,
+    read_since: float,
 ) -> None:
     """Refuse deciding MCP calls whose tool definition changed since they were asked for.
 
-    Each MCP tool among ``awaiting`` is listed anew (never from a kept listing): a
+    Each MCP tool among ``awaiting`` is from a listing read since ``read_since`` (the
+    decision's start: the one the decision read already, else one read now): a
     definition whose hash differs from the call's ``definition_sha256``, or a tool its
     server no longer offers, invalidates the approval. A server that cannot list its
     tools now blocks only the approval of its calls (``approving``): a rejection needs
@@ -149,7 +154,7 @@ def check_definitions(
             continue
         if pending.name not in listed:
             try:
-                executor = registry.get(pending.name, refresh=True).executor
+                executor = registry.get(pending.name, read_since=read_since).executor
             except UnknownTool:
                 listed[pending.name] = None
             except ToolServerUnavailable as exc:

@@ -58,7 +58,7 @@ from ..tools.registry import (
     ToolRegistry,
     requirement,
 )
-from . import callbacks, policy_gate
+from . import callbacks, elicitations, policy_gate
 from .approval_edits import check_definitions
 from .commands import ClientOutput
 from .lifecycle import AWAITING_DECISION, CallMove, call_target, lapsed
@@ -324,12 +324,16 @@ class ToolCalls:
                     if self._defers(pending)
                     else None,
                     approval="approved" if pending.requires == "approval" else None,
+                    elicitation=pending.elicitation,
                 )
             )
         outcomes = self._run_in_rounds(work, ready, invocations, committer)
         work.executed = True
         done = set()
         for pending, outcome in zip(ready, outcomes, strict=True):
+            if outcome.elicitation is not None:  # its tool asks a person first
+                elicitations.ask(session, pending, outcome.elicitation)
+                continue
             if outcome.task_id is not None:
                 # Accepted to finish elsewhere: it waits for its callback (or deadline).
                 session.add(
@@ -607,16 +611,18 @@ class ToolCalls:
         undecided: Mapping[str, PendingCall],
         approving: Collection[str],
         run: Runner,
+        read_since: float,
     ) -> None:
         """Before a decision: invalidate the waiting MCP calls whose tool definition changed
-        (:func:`.approval_edits.check_definitions`), whether or not the decision names them,
+        (:func:`.approval_edits.check_definitions`, on listings read since ``read_since``),
+        whether or not the decision names them,
         record that (with what it lets run, as after expired approvals), and refuse.
 
         Raises:
             ToolDefinitionChanged: such calls wait; their invalidation is committed.
         """
         try:
-            check_definitions(self.tools, undecided, approving)
+            check_definitions(self.tools, undecided, approving, read_since=read_since)
         except ToolDefinitionChanged as exc:
             session = work.session
             invalidate(session, [c["id"] for c in exc.details["calls"]])
@@ -686,10 +692,12 @@ class ToolCalls:
         via: Literal["approvals", "turn"],
     ) -> None:
         """Record outputs a person (or the application) supplied for human-input calls,
-        or for deferred calls it settles itself. Every id must name such a call.
+        or for deferred calls it settles itself, and answers to what a running call's tool
+        asked (:mod:`.elicitations`). Every id must name such a call.
 
         Raises:
             UnknownToolCall: an id names no call that waits for its output.
+            RequestValidationFailed: an answer does not fit the tool's question.
         """
         waiting = {
             p.id: p for p in session.machine.pending if p.state in ("awaiting_input", "deferred")
@@ -700,8 +708,12 @@ class ToolCalls:
                 "these call ids do not wait for an output",
                 details={"unknown": unknown, "pending": sorted(waiting)},
             )
+        answers = elicitations.check_answers(waiting, outputs)  # all checked, then recorded
         for call_id, output in outputs.items():
             pending = waiting[call_id]
+            if call_id in answers:
+                elicitations.answer(session, pending, answers[call_id], actor=actor, via=via)
+                continue
             if pending.state == "deferred":
                 self.settle_deferred(session, pending, "succeeded", output, via=via, actor=actor)
                 continue

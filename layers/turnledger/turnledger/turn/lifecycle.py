@@ -81,6 +81,10 @@ class CallMove(StrEnum):
     MARK_UNKNOWN = "mark_unknown"
     #: Its tool accepted it to finish elsewhere (202): it waits for its callback.
     DEFER = "defer"
+    #: Its tool asked a person for input mid-call (an MCP elicitation): it waits for it.
+    ELICIT = "elicit"
+    #: A person answered its tool's question: it is sent again with the answer.
+    ANSWER = "answer"
     #: Its result is recorded (a run, an output, a callback, a timeout, an error).
     SETTLE = "settle"
     #: The turn was cancelled: an error result says so.
@@ -104,6 +108,8 @@ CALL_MOVES: dict[CallMove, tuple[frozenset[CallPlace], CallPlace]] = {
     CallMove.EXPIRE: (_DECIDING, "rejected"),
     CallMove.MARK_UNKNOWN: (frozenset({"ready"}), "outcome_unknown"),
     CallMove.DEFER: (frozenset({"ready"}), "deferred"),
+    CallMove.ELICIT: (frozenset({"ready"}), "awaiting_input"),
+    CallMove.ANSWER: (frozenset({"awaiting_input"}), "ready"),
     CallMove.SETTLE: (
         frozenset({"ready", "deferred", "awaiting_input", "awaiting_client", "rejected"}),
         "settled",
@@ -283,6 +289,8 @@ def inbox_changes(key: ConversationKey, before: Head | None, after: Head) -> Inb
                 requested_at=call.requested_at or after.updated_at,
                 expires_at=call.expires_at,
                 reason=shown_reason(call),
+                message=call.elicitation.message if call.elicitation else None,
+                requested_schema=call.elicitation.requested_schema if call.elicitation else None,
             )
         )
     waiting = {p.id for p in after.pending if waits_for_person(p)}

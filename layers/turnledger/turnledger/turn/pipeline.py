@@ -371,6 +371,8 @@ class Conversations(ModelCall):
         session = run.session(key, head, snapshot.events)
         check_settler(session.machine.pending, decisions.outputs, decisions.approver_claims)
         run.admit(session, Rules())
+        # The check of the definitions below reuses a listing this decision reads.
+        begun = self.calls.tools.mcp.now()
         work = self._work(session)
         deciding = {p.id for p in session.machine.pending if p.state in AWAITING_DECISION}
         expired = [i for i in self.calls.expire_due(session) if i in deciding]
@@ -431,7 +433,7 @@ class Conversations(ModelCall):
             always=self.settings.approval_four_eyes,
             requester=turn_actor(session),
         )
-        self.calls.refuse_changed_definitions(work, undecided, set(approvals), run)
+        self.calls.refuse_changed_definitions(work, undecided, set(approvals), run, begun)
         edits = check_edits(self.calls.tools, undecided, approvals)
         for call_id in named:
             pending = undecided[call_id]

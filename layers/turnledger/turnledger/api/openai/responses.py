@@ -420,7 +420,8 @@ def respond(
     try:
         reply, pieces = _run(service, who, key, request, items, response_format, live)
         # Read before a store: false request's conversation is cleared.
-        decided = any(i.kind == "approval" for i in items)
+        # Decisions, and outputs (an answer to an MCP server's question), may run MCP calls.
+        decided = any(i.kind in ("approval", "function_call_output") for i in items)
         mcp_items = mcp.items(service, key, request.tools, reply, SERVER_LABEL, decided=decided)
     except Exception:
         if forked:
