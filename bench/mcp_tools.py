@@ -199,9 +199,12 @@ def render(samples: list[dict[str, Measured]], command: str) -> str:
         f"Median of {len(samples)} samples, each in a conversation that has one text turn "
         "already; the MCP server is the files server of `tests/support/mcp_servers.py`, "
         "reached by the `mcp` package's client in memory (`InMemoryMcp`), its sessions "
-        "counted. Over Streamable HTTP each session is two HTTP round trips "
-        "(`server/discover`, then the request: seen in the loopback server's log of "
-        "`tests/support/mcp_servers.py`). "
+        "counted. Over Streamable HTTP a listing session is two HTTP round trips "
+        "(`server/discover`, `tools/list`) and a call session three (`server/discover`, "
+        "`tools/call`, and the `tools/list` the `mcp` client sends after a result that is "
+        "no error, to check it against the tool's output schema, which its session learns "
+        "only by listing): seen in the loopback server's log of "
+        "`tests/support/mcp_servers.py`. "
         f'Registry: `require_approval: {{"never": {{"read_only": true}}}}`, '
         f"`max_list_age_seconds: {MAX_AGE}` (the server gives no `ttlMs`).",
         "",
