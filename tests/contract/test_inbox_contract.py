@@ -207,11 +207,11 @@ def test_waits_with_a_closing_window_are_on_by_wait(store: ConversationStore) ->
     bucket = keys.bucket_of(int(DEADLINE.timestamp()))
 
     def listed_in(hour: int) -> set[ConversationKey]:
-        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)}
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(hour, shard)}
 
     assert listed_in(bucket) == {early}
     assert listed_in(bucket + 3) == {early}
-    assert [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(bucket, shard)] == [
+    assert [k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(bucket, shard)] == [
         early
     ]
     ask(store, early, head, [])
@@ -231,7 +231,7 @@ def test_an_entry_files_its_wait_so_head_is_left_alone(store: ConversationStore)
     bucket = keys.bucket_of(int(DEADLINE.timestamp()))
 
     def listed_in(hour: int) -> list[ConversationKey]:
-        return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)]
+        return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(hour, shard)]
 
     assert listed_in(bucket) == [key]
     assert listed(store, "acme") == [("filed", "call_1")]
@@ -276,7 +276,7 @@ def test_entries_of_an_older_build_list_and_go(
     bucket = keys.bucket_of(int(DEADLINE.timestamp()))
 
     def listed_in(hour: int) -> list[ConversationKey]:
-        return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)]
+        return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(hour, shard)]
 
     assert listed(store, "acme") == [("older", "call_1"), ("older", "call_2")]
     assert listed_in(bucket) == [key]
@@ -323,7 +323,7 @@ def test_the_store_files_the_wait_deadline_it_is_given(store: ConversationStore)
     bucket = keys.bucket_of(int(DEADLINE.timestamp()))
 
     def listed_in(hour: int) -> set[ConversationKey]:
-        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)}
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(hour, shard)}
 
     assert listed_in(bucket) == {key}
     later = build_turn(key, turn.head, ["again"])

@@ -83,7 +83,7 @@ def test_nothing_is_due_nothing_is_written(store: ConversationStore) -> None:
 
 
 def _listed_in(store: ConversationStore, hour: int) -> list[ConversationKey]:
-    return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(hour, shard)]
+    return [k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(hour, shard)]
 
 
 def test_a_head_is_filed_under_its_retention_due_and_taken_off(store: ConversationStore) -> None:

@@ -923,7 +923,7 @@ def test_refiling_a_head_stored_without_its_wait_deadline_files_its_wait(
     bucket = keys.bucket_of(int(window.timestamp()))
 
     def waiting() -> set[ConversationKey]:
-        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.waiting_in(bucket, shard)}
+        return {k for shard in range(keys.EXPIRY_SHARDS) for k in store.due_in(bucket, shard)}
 
     assert waiting() == set()
     sweeper(store, clock).expired()

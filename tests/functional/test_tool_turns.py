@@ -986,13 +986,13 @@ def _counting_wait_queries(
 ) -> list[tuple[int, int]]:
     """The ``by-wait`` queries (bucket, shard) the store answers from now on."""
     asked: list[tuple[int, int]] = []
-    waiting_in = store.waiting_in
+    due_in = store.due_in
 
     def counted(bucket: int, shard: int) -> Iterator[ConversationKey]:
         asked.append((bucket, shard))
-        return waiting_in(bucket, shard)
+        return due_in(bucket, shard)
 
-    monkeypatch.setattr(store, "waiting_in", counted)
+    monkeypatch.setattr(store, "due_in", counted)
     return asked
 
 

@@ -334,7 +334,7 @@ class Sweeper:
             if self.deadline.reached():
                 run.complete = False
                 return False
-            for key in self.store.waiting_in(bucket, shard):
+            for key in self.store.due_in(bucket, shard):
                 handled = self._expire_waits_of(key, run) and handled
                 handled = self._retain_due(key, now, run) and handled
         return handled

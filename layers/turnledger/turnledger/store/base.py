@@ -253,9 +253,9 @@ class ConversationStore(Backend):
         """Conversations filed under one shard of an expiry bucket: :func:`.indexes.expiring_in`."""
         return indexes.expiring_in(self, bucket, shard)
 
-    def waiting_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
-        """Conversations whose earliest wait closes in ``bucket``: :func:`.indexes.waiting_in`."""
-        return indexes.waiting_in(self, bucket, shard)
+    def due_in(self, bucket: int, shard: int) -> Iterator[ConversationKey]:
+        """Conversations whose next due work falls in ``bucket``: :func:`.indexes.due_in`."""
+        return indexes.due_in(self, bucket, shard)
 
     def of_tenant(self, tenant: str) -> Iterator[ConversationKey]:
         """Every conversation of ``tenant`` that has a head: :func:`.indexes.of_tenant`."""

@@ -1,7 +1,7 @@
 """The vocabulary of the store's index and sweep operations, shared by every backend.
 
 The operations themselves are public methods of
-:class:`~.base.ConversationStore` (``expiring_in``, ``waiting_in``, ``of_tenant``,
+:class:`~.base.ConversationStore` (``expiring_in``, ``due_in``, ``of_tenant``,
 ``event_stamps``, ``delete_event``, ``read_sweep_cursor``,
 ``advance_sweep_cursor``), built on small backend primitives and run by the
 store contract suite on every backend. This module holds what they share and
@@ -144,7 +144,7 @@ def expiring_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[C
     return _index_keys(store, EXPIRY_INDEX, keys.expiry_partition(bucket, shard))
 
 
-def waiting_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[ConversationKey]:
+def due_in(store: ConversationStore, bucket: int, shard: int) -> Iterator[ConversationKey]:
     """Conversations whose next due work falls in ``bucket`` (``by-wait``): the earliest
     wait (a decision's window, a deferred call's deadline) closes, or retained content
     falls due.
