@@ -13,16 +13,17 @@ from typing import Annotated, Literal
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from ..context.policy import DataPolicy
 from ..core.exceptions import AdminScopeMissing
+from ..core.models import Deferred
 from ..runtime import get_runtime
 from ..store.data_policies import PolicyVersions
 from .resolver import app, caller, json_response, responses, scope_values
 
 
-class PolicyVersionView(BaseModel):
+class PolicyVersionView(Deferred):
     """One version a tenant set."""
 
     model_config = ConfigDict(extra="forbid")
@@ -33,7 +34,7 @@ class PolicyVersionView(BaseModel):
     set_at: datetime
 
 
-class DataPolicyView(BaseModel):
+class DataPolicyView(Deferred):
     """Answer of ``GET/PUT /v1/data-policy``."""
 
     model_config = ConfigDict(extra="forbid")

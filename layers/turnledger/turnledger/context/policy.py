@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..core.config import Settings
+from ..core.models import Deferred
 from .redaction import RULE_SECONDS, RULES_MAX_AGE_SECONDS, RedactionRule
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 ANY_MODEL = "*"
 
 
-class DataClass(BaseModel):
+class DataClass(Deferred):
     """One class of data and what it allows."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -61,7 +62,7 @@ class DataClass(BaseModel):
     retention_seconds: int | None = Field(default=None, ge=1)
 
 
-class DetectorRule(BaseModel):
+class DetectorRule(Deferred):
     """A pattern whose matches are values of ``class``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -78,7 +79,7 @@ class DetectorRule(BaseModel):
         return value
 
 
-class DataPolicy(BaseModel):
+class DataPolicy(Deferred):
     """A versioned policy: ordered classes and the detectors that raise a text to one."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -218,7 +219,7 @@ def detectors_of(policy: DataPolicy) -> Detectors:
 # --- routing ---------------------------------------------------------------------------------
 
 
-class Rejection(BaseModel):
+class Rejection(Deferred):
     """A model the routing did not choose, and why."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

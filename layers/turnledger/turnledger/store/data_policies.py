@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from ..core.models import Deferred
 from . import keys
 from .base import ConversationStore
 from .codec import SideItem
@@ -24,7 +25,7 @@ _BODY = "dp"
 _END = "\x7f"
 
 
-class StoredPolicy(BaseModel):
+class StoredPolicy(Deferred):
     """One version of a tenant's data policy, as it was set."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

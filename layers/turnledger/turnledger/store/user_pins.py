@@ -20,8 +20,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from ..core.models import Deferred
 from . import keys
 from .base import ConversationStore
 from .codec import SideItem
@@ -38,7 +39,7 @@ _END = "\x7f"
 UserPinKind = Literal["fact", "constraint"]
 
 
-class UserPin(BaseModel):
+class UserPin(Deferred):
     """A fact or a constraint an operator pinned for a user: every model call of that
     user's conversations carries its text verbatim until it is removed."""
 
@@ -53,7 +54,7 @@ class UserPin(BaseModel):
     added_at: datetime
 
 
-class UserPinRemoval(BaseModel):
+class UserPinRemoval(Deferred):
     """The record of a removed user pin: the pin as it stood, who removed it, when, why."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

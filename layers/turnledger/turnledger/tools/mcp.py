@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from ..core import deadline
-from ..core.models import Elicitation
+from ..core.models import Deferred, Elicitation
 
 #: What tool names of MCP servers start with.
 MCP_PREFIX = "mcp__"
@@ -60,7 +60,7 @@ CALL_ID_META = "turnledger/call_id"
 IDEMPOTENCY_KEY_META = "turnledger/idempotency_key"
 
 
-class _Config(BaseModel):
+class _Config(Deferred):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -20,10 +20,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import ConfigDict, ValidationError, model_validator
 
 from ..core.exceptions import RequestValidationFailed
-from ..core.models import Elicitation, PendingCall, ToolInputProvided, ToolInputRequested
+from ..core.models import Deferred, Elicitation, PendingCall, ToolInputProvided, ToolInputRequested
 from ..tools.registry import schema_refusal
 from .lifecycle import CallMove
 from .session import Session
@@ -31,7 +31,7 @@ from .session import Session
 __all__ = ["answer", "ask", "check_answers"]
 
 
-class _Answer(BaseModel):
+class _Answer(Deferred):
     """A person's answer, as MCP's ``ElicitResult`` has it."""
 
     model_config = ConfigDict(extra="forbid")

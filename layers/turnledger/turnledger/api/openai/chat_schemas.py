@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from ...core.exceptions import UnsupportedParameter, UnsupportedValue
-from ...core.models import JsonObjectFormat, JsonSchemaSpec
+from ...core.models import Deferred, JsonObjectFormat, JsonSchemaSpec
 
 __all__ = [
     "ChatAssistantMessage",
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-class _Checked(BaseModel):
+class _Checked(Deferred):
     """A body part whose undeclared fields are kept, to be refused by name."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
