@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -79,6 +80,41 @@ class Deferred(BaseModel):
     """
 
     model_config = ConfigDict(defer_build=True)
+
+    @classmethod
+    def model_rebuild(
+        cls,
+        *,
+        force: bool = False,
+        raise_errors: bool = True,
+        _parent_namespace_depth: int = 2,
+        _types_namespace: Any = None,
+    ) -> bool | None:
+        """Build the model, one thread at a time.
+
+        Pydantic's ``model_rebuild`` is not thread-safe before 2.14 (pydantic#11849; 2.14
+        takes a lock of its own, and the layer accepts 2.12 and later): the first uses of
+        a deferred model from several threads at once (the tool runner's, a replay's
+        workers) could validate with its parent's validator, whose ``extra="forbid"``
+        refused every field (seen once in a replay over every conversation of a
+        tenant). The mock validator of a deferred model rebuilds through this method, so
+        every first use and :func:`build_deferred` pass the lock.
+        """
+        with _BUILDING:
+            return super().model_rebuild(
+                force=force,
+                raise_errors=raise_errors,
+                # One frame more than pydantic counts: this one.
+                _parent_namespace_depth=_parent_namespace_depth + 1
+                if _parent_namespace_depth > 0
+                else 0,
+                _types_namespace=_types_namespace,
+            )
+
+
+#: Held while a :class:`Deferred` model is built (reentrant: building a model builds the
+#: deferred models its fields name).
+_BUILDING = threading.RLock()
 
 
 def build_deferred() -> int:
