@@ -75,3 +75,29 @@ def test_an_answer_holding_a_token_shows_the_value_to_a_scoped_reader(
         assert CARD in answers and not TOKEN.search(answers)
         answers = _export_answers(http, ANN)
         assert CARD not in answers and TOKEN.search(answers)
+
+
+def test_the_openai_faces_items_show_tokens_to_a_reader_without_the_scope(
+    runner_clock: ClockFile, tmp_path: Path
+) -> None:
+    """The face's transcript reads answer as the events route does: the card number to a
+    reader with the class's read scope, its token to any other."""
+    with serve(runner_clock, tmp_path) as http:
+        assert post_turn(http, "f", f"My card is {CARD}.").status_code == 200
+        items = "/openai/v1/conversations/f/items"
+        for headers, shows_value in ((PII_READER, True), (ANN, False)):
+            listed = http.get(items, headers=headers)
+            assert listed.status_code == 200, listed.text
+            assert (CARD in listed.text) is shows_value
+            assert ("[pii:card:" in listed.text) is not shows_value
+            first = listed.json()["data"][-1]["id"]
+            one = http.get(f"{items}/{first}", headers=headers)
+            assert one.status_code == 200, one.text
+            assert (CARD in one.text) is shows_value
+        added = http.post(
+            items,
+            json={"items": [{"type": "message", "role": "user", "content": f"Again {CARD}"}]},
+            headers=ANN,
+        )
+        assert added.status_code == 200, added.text
+        assert CARD not in added.text and "[pii:card:" in added.text

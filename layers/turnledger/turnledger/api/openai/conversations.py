@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
@@ -149,7 +149,7 @@ def list_items(
                 details={"param": "after"},
             )
         items = items[ids.index(after) + 1 :]
-    return json_response(200, _page(items[:limit], has_more=len(items) > limit))
+    return json_response(200, _for_reader(key, _page(items[:limit], has_more=len(items) > limit)))
 
 
 @app.post(f"{PREFIX}/conversations/<conversation_id>/items", include_in_schema=False)
@@ -162,7 +162,16 @@ def create_items(
     service = get_runtime().conversations_for(key.tenant)
     before = service.get(key).events
     _append(service, key, who.actor, request.items)
-    return json_response(200, _page(_items(service, key, after=before)))
+    return json_response(200, _for_reader(key, _page(_items(service, key, after=before))))
+
+
+def _for_reader(key: ConversationKey, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` (items of ``key``) as the caller may read it under the data policy: tokens
+    for the values of classes whose read scope it lacks (as the events route answers)."""
+    from ..policy_views import reader_view  # the data policy's: loaded by reads only
+
+    view = reader_view(key)
+    return body if view is None else cast(dict[str, Any], view(body))
 
 
 def _item(key: ConversationKey, item_id: str) -> dict[str, Any]:
@@ -180,7 +189,7 @@ def _item(key: ConversationKey, item_id: str) -> dict[str, Any]:
 def retrieve_item(conversation_id: OpenAIConversationId, item_id: ItemId) -> Response[str]:
     """One item of the conversation."""
     _, key = conversation(conversation_id)
-    return json_response(200, _item(key, item_id))
+    return json_response(200, _for_reader(key, _item(key, item_id)))
 
 
 @app.delete(f"{PREFIX}/conversations/<conversation_id>/items/<item_id>", include_in_schema=False)
